@@ -1,0 +1,89 @@
+"""TransformerLens hook factories (installed as ``rs_interp.hooks``).
+
+Each factory returns a function ``fn(tensor, *, hook)`` for ``model.hooks(...)`` or
+``model.run_with_hooks(...)``, so nothing stays attached after the run, even on exceptions.
+
+>>> import torch
+>>> from rs_interp import make_attn_only
+>>> from rs_interp.hooks import store
+>>> model, box = make_attn_only(1), {}
+>>> _ = model.run_with_hooks(torch.zeros(1, 4, dtype=torch.long),
+...                          fwd_hooks=[("blocks.0.attn.hook_pattern", store(box, "pattern"))])
+>>> tuple(box["pattern"].shape)
+(1, 2, 4, 4)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, MutableMapping, Sequence
+
+import torch
+from transformer_lens.hook_points import HookPoint
+
+__all__ = ["store", "replace", "replace_heads", "replace_heads_with", "add", "raise_in_hook"]
+
+HookFn = Callable[..., torch.Tensor | None]
+
+
+def store(box: MutableMapping[str, torch.Tensor], key: str | None = None) -> HookFn:
+    """Record the activation in ``box[key]`` (default: the hook's name) without changing it."""
+
+    def fn(tensor: torch.Tensor, *, hook: HookPoint) -> None:
+        box[key or hook.name] = tensor.detach()
+
+    return fn
+
+
+def replace(value: torch.Tensor) -> HookFn:
+    """Replace the whole activation with ``value`` (broadcast to the activation's shape)."""
+
+    def fn(tensor: torch.Tensor, *, hook: HookPoint) -> torch.Tensor:
+        return value.to(tensor.dtype).expand_as(tensor).clone()
+
+    return fn
+
+
+def replace_heads(value: torch.Tensor, heads: Sequence[int] | None = None) -> HookFn:
+    """Replace a per-head input ``(batch, pos, head_index, d_model)`` by ``value``.
+
+    ``value`` has shape ``(batch, pos, d_model)`` and goes to every head in ``heads`` (all heads
+    when ``None``); the other heads keep their input. Use on ``hook_q_input``, ``hook_k_input``
+    or ``hook_v_input`` (``cfg.use_split_qkv_input`` must be on).
+    """
+    return replace_heads_with(lambda _: value, heads)
+
+
+def replace_heads_with(make: Callable[[torch.Tensor], torch.Tensor], heads: Sequence[int] | None = None) -> HookFn:
+    """Like :func:`replace_heads`, with the value computed at hook time by ``make(tensor)``.
+
+    Computing late lets the value depend on activations recorded earlier in the same pass.
+    """
+
+    def fn(tensor: torch.Tensor, *, hook: HookPoint) -> torch.Tensor:
+        if tensor.ndim != 4:
+            raise ValueError(f"{hook.name}: expected a per-head input (batch, pos, head_index, d_model), got {tuple(tensor.shape)}")
+        value = make(tensor).to(tensor.dtype)
+        out = tensor.clone()
+        index = slice(None) if heads is None else list(heads)
+        out[:, :, index, :] = value[:, :, None, :]
+        return out
+
+    return fn
+
+
+def add(delta: torch.Tensor) -> HookFn:
+    """Add ``delta`` to the activation (e.g. ``c * ones`` to the residual stream)."""
+
+    def fn(tensor: torch.Tensor, *, hook: HookPoint) -> torch.Tensor:
+        return tensor + delta.to(tensor.dtype)
+
+    return fn
+
+
+def raise_in_hook(error: Exception) -> HookFn:
+    """Raise ``error`` when the hook fires: for testing that helpers clean up after failures."""
+
+    def fn(tensor: torch.Tensor, *, hook: HookPoint) -> None:
+        raise error
+
+    return fn

@@ -1,0 +1,77 @@
+"""rs_interp: the residual stream, usable and checkable, on TransformerLens.
+
+>>> import rs_interp as ri
+>>> model = ri.load_toy_model("induction-2l")
+>>> ri.evaluate(model, ri.induction_batch(100, seed=1)).accuracy > 0.9
+True
+"""
+
+from .ablation import run_with_key_input, run_with_query_input
+from .composition import composition_scores
+from .data import InductionBatch, induction_batch
+from .heads import (
+    InductionScores,
+    ScoreSensitivity,
+    attention_patterns,
+    induction_scores,
+    key_score_sensitivity,
+    positional_scores,
+    prev_token_scores,
+)
+from .lens import LogitLens, logit_lens
+from .models import (
+    CheckpointError,
+    as_dtype,
+    attn_only_config,
+    load_model,
+    load_toy_model,
+    make_attn_only,
+    save_model,
+)
+from .paths import (
+    DirectLogitAttribution,
+    PathAttribution,
+    PathExpansion,
+    direct_logit_attribution,
+    path_expansion,
+    path_logit_attribution,
+)
+from .training import Score, evaluate, score_logits, train_induction_model
+
+__all__ = [
+    # models and data
+    "attn_only_config",
+    "make_attn_only",
+    "as_dtype",
+    "save_model",
+    "load_model",
+    "load_toy_model",
+    "CheckpointError",
+    "InductionBatch",
+    "induction_batch",
+    # training
+    "train_induction_model",
+    "evaluate",
+    "score_logits",
+    "Score",
+    # circuits
+    "composition_scores",
+    "run_with_key_input",
+    "run_with_query_input",
+    "attention_patterns",
+    "prev_token_scores",
+    "induction_scores",
+    "InductionScores",
+    "positional_scores",
+    "key_score_sensitivity",
+    "ScoreSensitivity",
+    # paths and lens
+    "path_expansion",
+    "PathExpansion",
+    "path_logit_attribution",
+    "PathAttribution",
+    "direct_logit_attribution",
+    "DirectLogitAttribution",
+    "logit_lens",
+    "LogitLens",
+]

@@ -1,0 +1,38 @@
+"""Leave a model as it was found: hooks, config flags, training mode, grad mode."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from transformer_lens import HookedTransformer
+
+__all__: list[str] = []
+
+_FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_z", "use_attn_in", "use_hook_mlp_in")
+
+
+@contextlib.contextmanager
+def preserve_state(model: HookedTransformer, **flags: bool) -> Iterator[HookedTransformer]:
+    """Set the given ``cfg`` flags for the duration, then restore flags, mode and grad mode.
+
+    Hooks added inside ``model.hooks(...)`` are removed by TransformerLens itself; this context
+    restores what ``hooks`` does not: config flags flipped for the analysis, ``model.training``
+    and ``torch.is_grad_enabled()``, also when the body raises.
+    """
+    saved = {name: getattr(model.cfg, name) for name in _FLAGS if hasattr(model.cfg, name)}
+    unknown = set(flags) - set(saved)
+    if unknown:
+        raise ValueError(f"unknown cfg flags {sorted(unknown)}")
+    was_training, grad = model.training, torch.is_grad_enabled()
+    try:
+        for name, value in flags.items():
+            setattr(model.cfg, name, value)
+        model.eval()
+        yield model
+    finally:
+        for name, value in saved.items():
+            setattr(model.cfg, name, value)
+        model.train(was_training)
+        torch.set_grad_enabled(grad)

@@ -1,0 +1,100 @@
+"""Per-head input ablation through hooks: what does a layer's key (or query) input need?
+
+``run_with_key_input(model, tokens, layer=1, keep=[(0, h)])`` runs the model with layer 1's key
+input replaced by ``x_0 + write(0, h)``: the embedding stream plus the output of the kept heads
+(``A^{0h} x_0 W_OV^{0h}``, without the layer's output bias), everything else unchanged. With
+``keep=()`` the keys read the embeddings alone, so they cannot see anything earlier layers wrote.
+
+All of it happens in one forward pass: ``x_0`` and the kept heads' ``z`` are recorded as the
+pass goes, and the replacement is built when layer ``layer``'s key input hook fires.
+
+>>> from rs_interp import load_toy_model, induction_batch
+>>> model = load_toy_model("induction-2l")
+>>> logits = run_with_key_input(model, induction_batch(4, seed=0).tokens, layer=1)
+>>> tuple(logits.shape)
+(4, 48, 256)
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import torch
+from jaxtyping import Float, Int
+from transformer_lens import HookedTransformer
+
+from . import hooks as H
+from ._state import preserve_state
+from ._validate import check_heads, check_layer, check_tokens
+
+__all__ = ["run_with_key_input", "run_with_query_input", "run_with_input"]
+
+
+def run_with_input(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    which: Literal["q", "k", "v"],
+    layer: int,
+    keep: Sequence[tuple[int, int]] = (),
+    heads: Sequence[int] | None = None,
+) -> Float[torch.Tensor, "batch pos d_vocab"]:
+    """Run with layer ``layer``'s ``which`` input (for ``heads``, default all) set to ``x_0`` plus the kept heads' writes.
+
+    Raises:
+        ValueError: layer or head out of range, a ``keep`` head at or after ``layer``, bad tokens,
+            or an unknown ``which``.
+    """
+    if which not in ("q", "k", "v"):
+        raise ValueError(f"which must be 'q', 'k' or 'v', got {which!r}")
+    check_layer(model, layer)
+    kept = check_heads(model, keep, "keep")
+    for lk, hk in kept:
+        if lk >= layer:
+            raise ValueError(f"keep entry ({lk}, {hk}) must come before layer {layer} (keep layers must be < layer)")
+    if heads is not None:
+        heads = [check_heads(model, [(layer, h)], "heads")[0][1] for h in heads]
+    tokens = check_tokens(model, tokens)
+
+    box: dict[str, torch.Tensor] = {}
+    fwd = [("blocks.0.hook_resid_pre", H.store(box, "x0"))]
+    fwd += [(f"blocks.{l}.attn.hook_z", H.store(box, f"z{l}")) for l in sorted({l for l, _ in kept})]
+
+    def new_input(_: torch.Tensor) -> torch.Tensor:
+        x = box["x0"]
+        for lk, hk in kept:
+            attn = model.blocks[lk].attn
+            x = x + box[f"z{lk}"][:, :, hk, :] @ attn.W_O[hk]
+        return x
+
+    fwd.append((f"blocks.{layer}.hook_{which}_input", H.replace_heads_with(new_input, heads)))
+    with preserve_state(model, use_split_qkv_input=True), torch.no_grad():
+        with model.hooks(fwd_hooks=fwd):
+            return model(tokens, return_type="logits")
+
+
+def run_with_key_input(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    layer: int,
+    keep: Sequence[tuple[int, int]] = (),
+    heads: Sequence[int] | None = None,
+) -> Float[torch.Tensor, "batch pos d_vocab"]:
+    """Logits with layer ``layer``'s keys computed from ``x_0`` plus the writes of the ``keep`` heads.
+
+    ``keep=()`` gives "layer 1's keys read from x_0". See :func:`run_with_input`.
+    """
+    return run_with_input(model, tokens, which="k", layer=layer, keep=keep, heads=heads)
+
+
+def run_with_query_input(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    layer: int,
+    keep: Sequence[tuple[int, int]] = (),
+    heads: Sequence[int] | None = None,
+) -> Float[torch.Tensor, "batch pos d_vocab"]:
+    """Logits with layer ``layer``'s queries computed from ``x_0`` plus the writes of the ``keep`` heads."""
+    return run_with_input(model, tokens, which="q", layer=layer, keep=keep, heads=heads)

@@ -1,0 +1,132 @@
+"""Q-, K- and V-composition scores for every pair of heads, batched over the low-rank factors.
+
+The theory's score (Definition 4) of an earlier head A and a later head B is
+
+    ||W_OV^A M||_F / (||W_OV^A||_F ||M||_F),   W_OV = W_V W_O,
+
+with ``M = W_K^B`` (K), ``W_Q^B`` (Q) or ``W_OV^B`` (V). ``full_circuit=True`` gives the
+Elhage et al. / TransformerLens variant, ``M = W_QK^T`` for K and ``W_QK`` for Q, equal to
+``HookedTransformer.all_composition_scores``.
+
+Why it is fast: every matrix involved is a product of ``d_model x d_head`` factors, and
+Frobenius norms are invariant under orthonormal factors. With ``W_V = Q R`` (QR),
+``||W_V W_O M|| = ||R W_O M||``, and ``M``'s trailing factor reduces the same way, so each pair
+needs one ``(d_head x d_model) @ (d_model x d_head)`` product. For each source layer we do all
+of them as one matrix product against every later head at once: no loop over pairs and no
+``d_model x d_model`` matrix per pair.
+
+>>> from rs_interp import make_attn_only
+>>> s = composition_scores(make_attn_only(2), "K")
+>>> tuple(s.shape), bool(s[1, :, 0, :].isnan().all())
+((2, 2, 2, 2), True)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from jaxtyping import Float
+from transformer_lens import HookedTransformer
+
+__all__ = ["composition_scores", "random_baseline"]
+
+Kind = Literal["K", "Q", "V"]
+
+
+def _r_factor(w: torch.Tensor) -> torch.Tensor:
+    """R of the reduced QR of ``w`` (..., d_model, d_head): ``||X w^T||_F = ||X R^T||_F``, ``||w Y|| = ||R Y||``."""
+    return torch.linalg.qr(w, mode="r").R
+
+
+def _left_factors(W_V: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
+    """(layer, head, d_head, d_model) factors with ``||L Y||_F = ||W_V W_O Y||_F`` for any Y."""
+    return _r_factor(W_V) @ W_O
+
+
+def _right_factors(
+    W_Q: torch.Tensor, W_K: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, kind: Kind, full_circuit: bool
+) -> torch.Tensor:
+    """(layer, head, d_model, k) factors with ``||X F||_F = ||X M||_F`` for any X."""
+    if kind == "V":
+        return W_V @ _r_factor(W_O.transpose(-1, -2)).transpose(-1, -2)
+    if not full_circuit:
+        return W_K if kind == "K" else W_Q
+    if kind == "K":  # M = W_QK^T = W_K W_Q^T
+        return W_K @ _r_factor(W_Q).transpose(-1, -2)
+    return W_Q @ _r_factor(W_K).transpose(-1, -2)  # M = W_QK = W_Q W_K^T
+
+
+def composition_scores(
+    model: HookedTransformer,
+    kind: Kind,
+    *,
+    full_circuit: bool = False,
+    baseline: bool = False,
+    dtype: torch.dtype | None = None,
+) -> Float[torch.Tensor, "src_layer src_head dst_layer dst_head"] | tuple[torch.Tensor, float]:
+    """Composition scores of every (earlier, later) head pair; NaN where ``src_layer >= dst_layer``.
+
+    Args:
+        model: any ``HookedTransformer`` (toy models, GPT-2 small).
+        kind: ``"K"``, ``"Q"`` or ``"V"``.
+        full_circuit: use ``M = W_QK^T`` (K) / ``W_QK`` (Q) as TransformerLens does.
+        baseline: also return the expected score of random Gaussian matrices of the same shapes
+            (close to ``1/sqrt(d_model)``), to read the scores against chance.
+        dtype: compute dtype (default: the model's).
+
+    Returns:
+        A (src_layer, src_head, dst_layer, dst_head) tensor, or ``(scores, baseline)``.
+
+    >>> from rs_interp import load_toy_model
+    >>> k = composition_scores(load_toy_model(), "K")
+    >>> bool((k[0, :, 1, :] > 0).all())
+    True
+    """
+    if kind not in ("K", "Q", "V"):
+        raise ValueError(f"kind must be 'K', 'Q' or 'V', got {kind!r}")
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    with torch.no_grad():
+        dt = dtype or model.W_Q.dtype
+        W_Q, W_K, W_V, W_O = (w.to(dt) for w in (model.W_Q, model.W_K, model.W_V, model.W_O))
+        left = _left_factors(W_V, W_O)  # (L, H, d_head, d_model)
+        right = _right_factors(W_Q, W_K, W_V, W_O, kind, full_circuit)  # (L, H, d_model, k)
+        left_norm = left.flatten(-2).norm(dim=-1)  # (L, H)
+        right_norm = right.flatten(-2).norm(dim=-1)
+        scores = torch.full((L, H, L, H), float("nan"), dtype=dt, device=left.device)
+        d_head, k = left.shape[-2], right.shape[-1]
+        for src in range(L - 1):  # one product per source layer, against all later heads
+            lhs = left[src].reshape(H * d_head, -1)  # (H*d_head, d_model)
+            rhs = right[src + 1 :].permute(2, 0, 1, 3).reshape(lhs.shape[1], -1)  # (d_model, later*H*k)
+            prod = (lhs @ rhs).reshape(H, d_head, L - src - 1, H, k)
+            num = prod.pow(2).sum(dim=(1, 4)).sqrt()  # (H, later, H)
+            scores[src, :, src + 1 :, :] = num / left_norm[src][:, None, None] / right_norm[src + 1 :][None]
+    if baseline:
+        return scores, random_baseline(model, kind, full_circuit=full_circuit)
+    return scores
+
+
+def random_baseline(
+    model: HookedTransformer, kind: Kind, *, full_circuit: bool = False, n_samples: int = 200, seed: int = 0
+) -> float:
+    """Mean composition score of independent standard Gaussian factors of the model's shapes.
+
+    Deterministic (seeded) Monte Carlo over ``n_samples`` pairs; for the theory's definition of K
+    and Q it is close to ``sqrt(d_head / d_model) / sqrt(d_head) = 1/sqrt(d_model)``.
+    """
+    d_model, d_head = model.cfg.d_model, model.cfg.d_head
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    W_V, W_O = randn(n_samples, d_model, d_head), randn(n_samples, d_head, d_model)
+    ov = W_V @ W_O
+    if kind == "V":
+        m = randn(n_samples, d_model, d_head) @ randn(n_samples, d_head, d_model)
+    elif full_circuit:
+        m = randn(n_samples, d_model, d_head) @ randn(n_samples, d_head, d_model)
+    else:
+        m = randn(n_samples, d_model, d_head)
+    fro = lambda x: x.flatten(-2).norm(dim=-1)  # noqa: E731
+    return float((fro(ov @ m) / fro(ov) / fro(m)).mean())

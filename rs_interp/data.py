@@ -1,0 +1,86 @@
+"""Repeated random sequences: the induction task of the theory.
+
+A block of ``p`` random tokens, ``p`` uniform in ``[min_period, max_period]``, is repeated to
+``seq_len`` tokens. The logit at position ``i`` predicts token ``i + 1`` and is scored when
+``i >= p``: from there the current token occurred one period back and its successor is known.
+
+>>> b = induction_batch(4, seed=0)
+>>> b.tokens.shape, b.scored.shape
+(torch.Size([4, 48]), torch.Size([4, 47]))
+>>> bool((b.tokens[:, :b.periods[0]] == b.tokens[:, b.periods[0]:2*b.periods[0]])[0].all())
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Int
+
+from ._validate import check_int_range
+
+__all__ = ["InductionBatch", "induction_batch"]
+
+
+@dataclass(frozen=True)
+class InductionBatch:
+    """A batch of repeated random sequences.
+
+    Attributes:
+        tokens: (batch, pos) token ids.
+        periods: (batch,) the period ``p`` of each sequence.
+        scored: (batch, pos - 1) True where the logit at ``i`` (predicting ``i + 1``) is scored, ``i >= p``.
+    """
+
+    tokens: Int[torch.Tensor, "batch pos"]
+    periods: Int[torch.Tensor, " batch"]
+    scored: Bool[torch.Tensor, "batch pos_minus_1"]
+
+    @property
+    def targets(self) -> Int[torch.Tensor, "batch pos_minus_1"]:
+        """The token each scored logit should predict, ``tokens[:, 1:]``."""
+        return self.tokens[:, 1:]
+
+    @property
+    def induction_targets(self) -> Int[torch.Tensor, "batch pos_minus_1"]:
+        """Position ``i - p + 1`` for every query position ``i`` (meaningful where scored)."""
+        pos = torch.arange(self.tokens.shape[1] - 1)
+        return (pos[None] - self.periods[:, None] + 1).clamp(min=0)
+
+
+def induction_batch(
+    batch_size: int,
+    *,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    d_vocab: int = 256,
+    seq_len: int = 48,
+    min_period: int = 6,
+    max_period: int = 24,
+) -> InductionBatch:
+    """Draw ``batch_size`` repeated random sequences.
+
+    Give either ``seed`` (a fresh generator) or ``generator`` (advanced in place, for streams of
+    fresh batches); with neither, a seed-0 generator is used so the call stays deterministic.
+
+    Raises:
+        ValueError: ``batch_size < 1``, ``d_vocab < 1``, ``seq_len < 2``, or period bounds outside
+            ``1 <= min_period <= max_period <= seq_len``.
+    """
+    check_int_range("batch_size", batch_size, 1)
+    check_int_range("d_vocab", d_vocab, 1)
+    check_int_range("seq_len", seq_len, 2)
+    check_int_range("min_period", min_period, 1, seq_len)
+    check_int_range("max_period", max_period, min_period, seq_len)
+    if seed is not None and generator is not None:
+        raise ValueError("give seed or generator, not both")
+    if generator is None:
+        generator = torch.Generator().manual_seed(0 if seed is None else seed)
+    periods = torch.randint(min_period, max_period + 1, (batch_size,), generator=generator)
+    blocks = torch.randint(0, d_vocab, (batch_size, seq_len), generator=generator)
+    pos = torch.arange(seq_len)
+    # Position i copies position i mod p of the block.
+    tokens = torch.gather(blocks, 1, pos[None] % periods[:, None])
+    scored = pos[None, :-1] >= periods[:, None]
+    return InductionBatch(tokens=tokens, periods=periods, scored=scored)

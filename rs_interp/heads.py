@@ -1,0 +1,176 @@
+"""Head-role scores: previous-token, induction, the content-free positional kernel, and Proposition 5.
+
+>>> from rs_interp import load_toy_model, induction_batch
+>>> model = load_toy_model("induction-2l")
+>>> prev = prev_token_scores(model, induction_batch(16, seed=0).tokens)
+>>> tuple(prev.shape)
+(2, 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from transformer_lens import HookedTransformer
+
+from . import hooks as H
+from ._state import preserve_state
+from ._validate import check_int_range, check_layer, check_tokens
+from .data import InductionBatch
+
+__all__ = [
+    "attention_patterns",
+    "prev_token_scores",
+    "induction_scores",
+    "InductionScores",
+    "positional_scores",
+    "key_score_sensitivity",
+    "ScoreSensitivity",
+    "find_prev_token_head",
+]
+
+
+def attention_patterns(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer batch head query_pos key_pos"]:
+    """Every layer's attention pattern, from one forward pass (only the patterns are kept)."""
+    tokens = check_tokens(model, tokens)
+    box: dict[str, torch.Tensor] = {}
+    with preserve_state(model), torch.no_grad():
+        with model.hooks(fwd_hooks=[(lambda n: n.endswith("attn.hook_pattern"), H.store(box))]):
+            model(tokens, return_type=None)
+    return torch.stack([box[f"blocks.{l}.attn.hook_pattern"] for l in range(model.cfg.n_layers)])
+
+
+def prev_token_scores(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer head"]:
+    """Mean attention weight on the previous token, ``A[i, i-1]`` over positions ``i >= 1``.
+
+    >>> from rs_interp import load_toy_model, induction_batch
+    >>> s = prev_token_scores(load_toy_model(), induction_batch(8, seed=1).tokens)
+    >>> float(s[0].max()) > 0.8
+    True
+    """
+    tokens = check_tokens(model, tokens)
+    if tokens.shape[1] < 2:
+        raise ValueError("tokens must have at least 2 positions for previous-token scores")
+    pat = attention_patterns(model, tokens)
+    return pat.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(1, 3))
+
+
+def find_prev_token_head(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], layer: int = 0) -> int:
+    """The head of ``layer`` with the highest previous-token score (found from scores, never by index)."""
+    check_layer(model, layer)
+    return int(prev_token_scores(model, tokens)[layer].argmax())
+
+
+@dataclass(frozen=True)
+class InductionScores:
+    """Mean attention at scored positions, per (layer, head).
+
+    Attributes:
+        target: weight on the induction target ``i - p + 1``.
+        after_occurrence: total weight on every ``j <= i`` whose predecessor equals the current
+            token, ``t[j-1] == t[i]`` (the positions after any earlier occurrence).
+    """
+
+    target: Float[torch.Tensor, "layer head"]
+    after_occurrence: Float[torch.Tensor, "layer head"]
+
+
+def induction_scores(model: HookedTransformer, batch: InductionBatch) -> InductionScores:
+    """Induction scores of every head on a batch of repeated sequences (see :class:`InductionScores`).
+
+    >>> from rs_interp import load_toy_model, induction_batch
+    >>> s = induction_scores(load_toy_model(), induction_batch(32, seed=2))
+    >>> bool((s.target[1] > 0.45).all())
+    True
+    """
+    tokens = check_tokens(model, batch.tokens, "batch.tokens")
+    pat = attention_patterns(model, tokens)[..., :-1, :]  # query positions 0..pos-2 (the scored ones)
+    mask = batch.scored.to(pat.device)  # (batch, q)
+    n = mask.sum()
+    idx = batch.induction_targets.to(pat.device)  # (batch, q)
+    on_target = pat.gather(-1, idx[None, :, None, :, None].expand(*pat.shape[:-1], 1)).squeeze(-1)
+    # j is "after an occurrence" of t[i] when t[j-1] == t[i], for 1 <= j <= i.
+    t = tokens
+    same = t[:, None, :-1] == t[:, :-1, None]  # (batch, i, j-1): t[j-1] == t[i]
+    after = torch.zeros(t.shape[0], t.shape[1] - 1, t.shape[1], dtype=torch.bool, device=t.device)
+    after[:, :, 1:] = same
+    after &= torch.ones_like(after).tril()  # j <= i (the causal mask already zeros j > i)
+    on_after = (pat * after[None, :, None].to(pat.dtype)).sum(-1)
+    avg = lambda x: (x * mask[None, :, None].to(x.dtype)).sum(dim=(1, 3)) / n  # noqa: E731
+    return InductionScores(target=avg(on_target), after_occurrence=avg(on_after))
+
+
+def positional_scores(model: HookedTransformer, layer: int, *, max_offset: int | None = None) -> Float[torch.Tensor, "head offset"]:
+    """The content-free score ``b_q^T R(-Delta) b_k / sqrt(d_head)`` for offsets ``Delta = 0..max_offset``.
+
+    The part of a head's attention score that comes from its query and key biases alone, computed
+    with the model's own rotary implementation: the bias query at position ``Delta`` against the
+    bias key at position 0 (rotary scores depend on the offset only).
+
+    Raises:
+        ValueError: the model is not rotary, or ``max_offset`` is outside ``[0, n_ctx - 1]``.
+    """
+    check_layer(model, layer)
+    if model.cfg.positional_embedding_type != "rotary":
+        raise ValueError("positional_scores needs a rotary model (cfg.positional_embedding_type == 'rotary')")
+    n = model.cfg.n_ctx if max_offset is None else check_int_range("max_offset", max_offset, 0, model.cfg.n_ctx - 1) + 1
+    attn = model.blocks[layer].attn
+    with torch.no_grad():
+        q = attn.apply_rotary(attn.b_Q[None, None].expand(1, n, -1, -1).clone())  # (1, n, head, d_head)
+        k = attn.apply_rotary(attn.b_K[None, None].expand(1, n, -1, -1).clone())
+        return torch.einsum("ohd,hd->ho", q[0], k[0, 0]) / attn.attn_scale
+
+
+@dataclass(frozen=True)
+class ScoreSensitivity:
+    """How much the last layer's attention score at (i, j) moves when the token at j - 1 changes.
+
+    Attributes:
+        mean_abs_change: (head,) mean |delta score| over the sampled (i, j) pairs, ``j <= i``.
+        max_abs_change: (head,) the largest change.
+        n_pairs: how many (sequence, i, j) pairs were compared.
+    """
+
+    mean_abs_change: Float[torch.Tensor, " head"]
+    max_abs_change: Float[torch.Tensor, " head"]
+    n_pairs: int
+
+
+def key_score_sensitivity(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], *, seed: int = 0) -> ScoreSensitivity:
+    """Proposition 5: change the token before key position ``j`` and recompute the last layer's scores.
+
+    For each sequence a key position ``j >= 1`` is drawn, the token at ``j - 1`` is replaced by a
+    different random token, and the pre-softmax scores ``s(i, j)`` for every query ``i >= j`` are
+    compared (``i != j - 1``, so the query itself is unchanged). In a one-layer model the score is
+    a function of ``(t_i, i, t_j, j)`` and does not move; with a previous-token head below, it does.
+    Run in float64 to see the one-layer change at rounding level.
+    """
+    tokens = check_tokens(model, tokens)
+    b, n = tokens.shape
+    if n < 2:
+        raise ValueError("tokens must have at least 2 positions")
+    g = torch.Generator().manual_seed(seed)
+    j = torch.randint(1, n, (b,), generator=g)
+    shift = torch.randint(1, model.cfg.d_vocab, (b,), generator=g)
+    changed = tokens.clone()
+    rows = torch.arange(b)
+    changed[rows, j - 1] = (tokens[rows, j - 1] + shift.to(tokens.device)) % model.cfg.d_vocab
+    name = f"blocks.{model.cfg.n_layers - 1}.attn.hook_attn_scores"
+    scores = []
+    for toks in (tokens, changed):
+        box: dict[str, torch.Tensor] = {}
+        with preserve_state(model), torch.no_grad(), model.hooks(fwd_hooks=[(name, H.store(box, "s"))]):
+            model(toks, return_type=None)
+        scores.append(box["s"][rows, :, :, j])  # (batch, head, query)
+    q = torch.arange(n)[None, :]
+    valid = (q >= j[:, None]).to(tokens.device)  # (batch, query)
+    # Scores of queries before j are -inf (causal mask): select, never multiply, to avoid NaNs.
+    diff = torch.where(valid[:, None, :], (scores[1] - scores[0]).abs(), torch.zeros((), dtype=scores[0].dtype))
+    n_pairs = int(valid.sum())
+    return ScoreSensitivity(
+        mean_abs_change=diff.sum(dim=(0, 2)) / n_pairs,
+        max_abs_change=diff.amax(dim=(0, 2)),
+        n_pairs=n_pairs,
+    )

@@ -1,0 +1,267 @@
+"""The toy attention-only models of the theory, and their checkpoints.
+
+Definition 4 of the theory: embedding ``E``, unembedding ``U``, ``n_layers`` blocks of causal
+multi-head attention with rotary positions on the full head and query/key biases, no MLP, no
+LayerNorm; the logits are exactly ``x_L W_U``. TransformerLens always carries value, output and
+unembedding biases; we keep them at zero and out of the optimiser (see
+:func:`rs_interp.training.trainable_parameters`).
+
+Checkpoints are a safetensors file for the weights and a JSON file for the config: nothing is
+ever unpickled.
+
+>>> model = make_attn_only(2, seed=0)
+>>> model.cfg.n_heads, model.cfg.d_head, model.cfg.positional_embedding_type
+(2, 16, 'rotary')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from ._validate import check_int_range
+
+__all__ = [
+    "attn_only_config",
+    "make_attn_only",
+    "build_model",
+    "as_dtype",
+    "save_model",
+    "load_model",
+    "load_toy_model",
+    "TOY_MODELS",
+    "CheckpointError",
+]
+
+#: Names of the shipped toy models and the layer count of each.
+TOY_MODELS = {"induction-2l": 2, "induction-1l": 1}
+
+_CONFIG_SUFFIX = ".json"
+_WEIGHTS_SUFFIX = ".safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, truncated, corrupted or has an invalid config."""
+
+
+def attn_only_config(n_layers: int = 2, **overrides: Any) -> HookedTransformerConfig:
+    """The theory's attention-only model as a ``HookedTransformerConfig``.
+
+    ``d_model=32``, two heads of ``d_head=16``, ``d_vocab=256``, ``n_ctx=48``, causal attention,
+    rotary positions over the whole head, no LayerNorm and no MLP. Any field can be overridden.
+
+    >>> cfg = attn_only_config(1, d_vocab=64)
+    >>> (cfg.n_layers, cfg.d_model, cfg.rotary_dim, cfg.normalization_type)
+    (1, 32, 16, None)
+    """
+    check_int_range("n_layers", n_layers, 1)
+    fields: dict[str, Any] = dict(
+        n_layers=n_layers,
+        d_model=32,
+        n_heads=2,
+        d_head=16,
+        d_vocab=256,
+        n_ctx=48,
+        attn_only=True,
+        normalization_type=None,
+        positional_embedding_type="rotary",
+        rotary_dim=16,
+        attention_dir="causal",
+        act_fn=None,
+        seed=None,
+        device="cpu",
+    )
+    fields.update(overrides)
+    if "rotary_dim" not in overrides and "d_head" in overrides:
+        fields["rotary_dim"] = fields["d_head"]
+    return HookedTransformerConfig(**fields)
+
+
+def build_model(cfg: HookedTransformerConfig) -> HookedTransformer:
+    """Construct a ``HookedTransformer`` from ``cfg``.
+
+    TransformerLens 3.x warns that ``HookedTransformer`` is deprecated in favour of
+    ``TransformerBridge``; the bridge needs a Hugging Face model, which the toy models are not.
+    We silence exactly that warning here and nowhere else.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
+        return HookedTransformer(cfg)
+
+
+def make_attn_only(n_layers: int = 2, *, seed: int = 0, **overrides: Any) -> HookedTransformer:
+    """A freshly initialised toy model, deterministic for a given ``seed``.
+
+    Weights come from TransformerLens's GPT-2-style initialisation; ``b_V``, ``b_O`` and ``b_U``
+    are zero (TransformerLens initialises every bias to zero).
+
+    >>> a, b = make_attn_only(1, seed=3), make_attn_only(1, seed=3)
+    >>> bool(torch.equal(a.W_E, b.W_E))
+    True
+    """
+    check_int_range("seed", seed, 0)
+    cfg = attn_only_config(n_layers, **overrides)
+    # The global RNG is what TransformerLens's initialisers draw from: fork it so that building
+    # a model never changes the caller's random state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(cfg)
+    model.eval()
+    return model
+
+
+def as_dtype(model: HookedTransformer, dtype: torch.dtype) -> HookedTransformer:
+    """A copy of ``model`` in ``dtype`` (e.g. ``torch.float64`` for the exact identities); the original is untouched.
+
+    >>> m64 = as_dtype(make_attn_only(1), torch.float64)
+    >>> m64.W_Q.dtype, m64.cfg.dtype
+    (torch.float64, torch.float64)
+    """
+    cfg = dataclasses.replace(model.cfg, dtype=dtype) if dataclasses.is_dataclass(model.cfg) else None
+    if cfg is None:
+        raise ValueError("model.cfg must be a HookedTransformerConfig")
+    copy = build_model(cfg)
+    copy.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()})
+    if model.tokenizer is not None:
+        copy.set_tokenizer(model.tokenizer)
+    copy.train(model.training)
+    return copy
+
+
+def _config_to_json(cfg: HookedTransformerConfig) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if isinstance(v, torch.dtype):
+            v = str(v).removeprefix("torch.")
+        elif isinstance(v, torch.device):
+            v = str(v)
+        try:
+            json.dumps(v)
+        except TypeError:
+            continue  # tokenizer objects and the like are not part of a checkpoint
+        out[f.name] = v
+    return out
+
+
+_REQUIRED_FIELDS = {"n_layers": int, "d_model": int, "n_ctx": int, "d_head": int, "n_heads": int, "d_vocab": int}
+
+
+def _config_from_json(data: Any, where: Path) -> HookedTransformerConfig:
+    if not isinstance(data, dict):
+        raise CheckpointError(f"config {where} must hold a JSON object, got {type(data).__name__}")
+    for key, typ in _REQUIRED_FIELDS.items():
+        if key not in data:
+            raise CheckpointError(f"config {where} is missing the field {key!r}")
+        if isinstance(data[key], bool) or not isinstance(data[key], typ) or data[key] < 1:
+            raise CheckpointError(f"config {where}: field {key!r} must be a positive integer, got {data[key]!r}")
+    known = {f.name for f in dataclasses.fields(HookedTransformerConfig)}
+    unknown = set(data) - known
+    if unknown:
+        raise CheckpointError(f"config {where} has unknown fields {sorted(unknown)}")
+    fields = dict(data)
+    if isinstance(fields.get("dtype"), str):
+        dt = getattr(torch, fields["dtype"], None)
+        if not isinstance(dt, torch.dtype):
+            raise CheckpointError(f"config {where}: unknown dtype {fields['dtype']!r}")
+        fields["dtype"] = dt
+    fields["device"] = "cpu"
+    try:
+        return HookedTransformerConfig(**fields)
+    except Exception as err:  # TransformerLens raises assorted errors for inconsistent configs
+        raise CheckpointError(f"config {where} is not a valid HookedTransformerConfig: {err}") from err
+
+
+def _paths(path: str | Path) -> tuple[Path, Path]:
+    path = Path(path)
+    if path.suffix in (_CONFIG_SUFFIX, _WEIGHTS_SUFFIX):
+        path = path.with_suffix("")
+    return path.with_name(path.name + _CONFIG_SUFFIX), path.with_name(path.name + _WEIGHTS_SUFFIX)
+
+
+def save_model(model: HookedTransformer, path: str | Path, *, metadata: dict[str, Any] | None = None) -> Path:
+    """Save ``model`` as ``path.json`` (config, plus ``metadata``) and ``path.safetensors``.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> p = save_model(make_attn_only(1), f"{d}/toy")
+    >>> load_model(p).cfg.n_layers
+    1
+    """
+    cfg_path, w_path = _paths(path)
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    save_file(state, str(w_path))
+    payload = {"config": _config_to_json(model.cfg), "metadata": metadata or {}}
+    cfg_path.write_text(json.dumps(payload, indent=2, sort_keys=True))
+    return cfg_path.with_suffix("")
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """The ``metadata`` dictionary stored beside a checkpoint (seeds, training settings, metrics)."""
+    cfg_path, _ = _paths(path)
+    return dict(json.loads(cfg_path.read_text()).get("metadata", {}))
+
+
+def load_model(path: str | Path) -> HookedTransformer:
+    """Load a checkpoint written by :func:`save_model`, validating both files.
+
+    Raises:
+        CheckpointError: (a ``ValueError``) if a file is missing, the JSON config lacks or has
+            wrong fields, or the safetensors file is truncated, corrupted or does not match.
+    """
+    cfg_path, w_path = _paths(path)
+    for p in (cfg_path, w_path):
+        if not p.is_file():
+            raise CheckpointError(f"checkpoint file {p} does not exist (path={str(path)!r})")
+    try:
+        payload = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"config {cfg_path} is not valid JSON: {err}") from err
+    if not isinstance(payload, dict) or "config" not in payload:
+        raise CheckpointError(f"config {cfg_path} must be a JSON object with a 'config' field")
+    cfg = _config_from_json(payload["config"], cfg_path)
+    try:
+        state = load_file(str(w_path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"weights {w_path} are truncated or corrupted: {err}") from err
+    model = build_model(cfg)
+    expected = model.state_dict()
+    missing, extra = set(expected) - set(state), set(state) - set(expected)
+    if missing or extra:
+        raise CheckpointError(f"weights {w_path} do not match the config: missing {sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}")
+    for k, v in state.items():
+        if v.shape != expected[k].shape:
+            raise CheckpointError(f"weights {w_path}: {k} has shape {tuple(v.shape)}, config wants {tuple(expected[k].shape)}")
+    model.load_state_dict(state)
+    model.eval()
+    return model
+
+
+def toy_model_path(name: str) -> Path:
+    """Where the shipped checkpoint ``name`` (``"induction-2l"`` or ``"induction-1l"``) lives."""
+    if name not in TOY_MODELS:
+        raise ValueError(f"name must be one of {sorted(TOY_MODELS)}, got {name!r}")
+    return Path(str(resources.files("rs_interp") / "toy_models" / name))
+
+
+def load_toy_model(name: str = "induction-2l") -> HookedTransformer:
+    """Load a shipped, trained toy model.
+
+    The checkpoints were produced by :func:`rs_interp.train_induction_model` with the seed and
+    settings recorded in their metadata (:func:`read_metadata`); ``rs-interp reproduce --retrain``
+    rebuilds them.
+
+    >>> model = load_toy_model("induction-2l")
+    >>> model.cfg.n_layers
+    2
+    """
+    return load_model(toy_model_path(name))

@@ -1,0 +1,182 @@
+"""The theory's tables, computed section by section for ``rs-interp reproduce``.
+
+Each section function returns a :class:`Section`: rows side by side with the theory's value and
+the band an issue accepts, the JSON for ``results.json``, and the figures for the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import plotly.graph_objects as go
+import torch
+from transformer_lens import HookedTransformer
+
+__all__ = ["Row", "Section", "Context", "induction_section", "circuits_section", "paths_section"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured quantity: its value, the theory's value and the accepted band."""
+
+    label: str
+    value: float | int | str
+    theory: str
+    band: str
+    ok: bool | None  # None: reported, no band
+
+    def formatted(self) -> str:
+        v = self.value
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+@dataclass(frozen=True)
+class Section:
+    key: str
+    title: str
+    rows: tuple[Row, ...]
+    results: dict[str, Any]
+    figures: tuple[go.Figure, ...] = ()
+    notes: str = ""
+
+
+def band_row(label: str, value: float, theory: str, *, lo: float | None = None, hi: float | None = None) -> Row:
+    """A row whose band is ``lo <= value <= hi`` (either bound optional)."""
+    parts = []
+    if lo is not None:
+        parts.append(f">= {lo:g}")
+    if hi is not None:
+        parts.append(f"<= {hi:g}")
+    ok = (lo is None or value >= lo) and (hi is None or value <= hi)
+    return Row(label, float(value), theory, " and ".join(parts) or "report", ok if parts else None)
+
+
+@dataclass
+class Context:
+    """What the sections share: the trained models and the test batch (loaded or trained once)."""
+
+    retrain: bool = False
+    seed: int = 0
+    progress: bool = True
+    log: Callable[[str], None] = lambda _msg: None
+    _models: dict[str, HookedTransformer] = field(default_factory=dict)
+
+    def model(self, name: str) -> HookedTransformer:
+        from .models import load_toy_model
+        from .training import TOY_TRAINING, train_induction_model
+
+        if name not in self._models:
+            if self.retrain:
+                self.log(f"training {name} (seed {self.seed})")
+                settings = dict(TOY_TRAINING[name], seed=self.seed)
+                self._models[name] = train_induction_model(**settings, progress=self.progress)
+            else:
+                self._models[name] = load_toy_model(name)
+        return self._models[name]
+
+    @property
+    def batch(self):
+        from .training import test_batch
+
+        return test_batch()
+
+
+def induction_section(ctx: Context) -> Section:
+    from .training import evaluate
+
+    s2, s1 = evaluate(ctx.model("induction-2l"), ctx.batch), evaluate(ctx.model("induction-1l"), ctx.batch)
+    rows = (
+        band_row("two layers: loss (nats)", s2.loss, "0.157", hi=0.30),
+        band_row("two layers: accuracy", s2.accuracy, "0.974", lo=0.95),
+        band_row("one layer: loss (nats)", s1.loss, "4.280", lo=3.5),
+        band_row("one layer: accuracy", s1.accuracy, "0.108", hi=0.20),
+    )
+    results = {"two_layers": {"loss": s2.loss, "accuracy": s2.accuracy},
+               "one_layer": {"loss": s1.loss, "accuracy": s1.accuracy}}
+    return Section("induction", "Induction: two layers vs one (1000 test sequences)", rows, results)
+
+
+def circuits_section(ctx: Context) -> list[Section]:
+    """Key ablation, head roles and composition scores on the two-layer model (three sections)."""
+    from .ablation import run_with_key_input
+    from .composition import composition_scores
+    from .heads import induction_scores, positional_scores, prev_token_scores
+    from .models import make_attn_only
+    from .training import TOY_TRAINING, score_logits
+
+    model, batch = ctx.model("induction-2l"), ctx.batch
+    prev = prev_token_scores(model, batch.tokens)
+    ph = int(prev[0].argmax())  # the previous-token head: found from the scores, never by index
+    other = [h for h in range(model.cfg.n_heads) if h != ph]
+    ablations = {
+        "keys_from_x0": score_logits(run_with_key_input(model, batch.tokens, layer=1), batch),
+        "keys_x0_plus_prev_token_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, ph)]), batch),
+        "keys_x0_plus_other_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, h) for h in other]), batch),
+    }
+    a = ablations
+    abl_rows = (
+        band_row("layer 1's keys read from x_0: loss", a["keys_from_x0"].loss, "6.135", lo=5.0),
+        band_row("layer 1's keys read from x_0: accuracy", a["keys_from_x0"].accuracy, "0.075", hi=0.15),
+        band_row(f"keys = x_0 + prev-token head (0,{ph}): accuracy", a["keys_x0_plus_prev_token_head"].accuracy, "0.969", lo=0.93),
+        band_row(f"keys = x_0 + prev-token head (0,{ph}): loss", a["keys_x0_plus_prev_token_head"].loss, "0.228"),
+        band_row(f"keys = x_0 + other head {tuple((0, h) for h in other)}: accuracy", a["keys_x0_plus_other_head"].accuracy, "0.084", hi=0.20),
+        band_row(f"keys = x_0 + other head {tuple((0, h) for h in other)}: loss", a["keys_x0_plus_other_head"].loss, "5.391"),
+    )
+    key_ablation = Section("key_ablation", "Per-head key ablation (layer 1's key input)", abl_rows,
+                           {k: {"loss": v.loss, "accuracy": v.accuracy} for k, v in ablations.items()} | {"prev_token_head": [0, ph]})
+
+    ind = induction_scores(model, batch)
+    pos = positional_scores(model, 0, max_offset=model.cfg.n_ctx - 1)
+    head_rows = [band_row(f"prev-token head (0,{ph}): weight on i-1", float(prev[0, ph]), "0.887", lo=0.80)]
+    for h in range(model.cfg.n_heads):
+        head_rows.append(band_row(f"head (1,{h}): weight on i-p+1", float(ind.target[1, h]), ("0.593", "0.594")[h % 2], lo=0.45))
+        head_rows.append(band_row(f"head (1,{h}): weight after any earlier occurrence", float(ind.after_occurrence[1, h]), ("0.943", "0.940")[h % 2]))
+    head_rows.append(band_row(f"prev-token head (0,{ph}): content-free score at offset 1", float(pos[ph, 1]), "7.783"))
+    head_rows.append(band_row(f"prev-token head (0,{ph}): content-free score at offset 0", float(pos[ph, 0]), "6.709"))
+    heads = Section("heads", "Head roles on the two-layer model", tuple(head_rows), {
+        "prev_token": prev.tolist(), "induction_target": ind.target.tolist(), "after_occurrence": ind.after_occurrence.tolist(),
+        "prev_token_head": [0, ph], "positional_score_prev_head": pos[ph].tolist()})
+
+    comp = {k: composition_scores(model, k) for k in "KQV"}
+    init = make_attn_only(2, seed=TOY_TRAINING["induction-2l"]["seed"] if not ctx.retrain else ctx.seed)
+    init_k = float(composition_scores(init, "K")[0, :, 1, :].max())
+    k_prev = comp["K"][0, ph, 1, :]
+    qv_max = float(torch.maximum(comp["Q"][0, ph, 1, :], comp["V"][0, ph, 1, :]).max())
+    comp_rows = [band_row(f"K: prev-token head (0,{ph}) -> (1,{h})", float(k_prev[h]), "0.245-0.272", lo=max(qv_max, init_k))
+                 for h in range(model.cfg.n_heads)]
+    comp_rows.append(band_row(f"max Q and V score of the same pairs", qv_max, "0.036-0.076"))
+    comp_rows.append(band_row("max K score at initialisation", init_k, "0.188"))
+    composition = Section("composition", "Composition scores (theory's definition)", tuple(comp_rows), {
+        k: v[0, :, 1, :].tolist() for k, v in comp.items()} | {"init_max_K": init_k, "prev_token_head": [0, ph]},
+        notes="Band of the K rows: above every Q and V score of the same pairs and above the largest K score at initialisation.")
+    return [key_ablation, heads, composition]
+
+
+def paths_section(ctx: Context) -> list[Section]:
+    from .lens import logit_lens
+    from .models import as_dtype
+    from .paths import path_expansion, path_logit_attribution
+
+    model, batch = ctx.model("induction-2l"), ctx.batch
+    m64 = as_dtype(model, torch.float64)
+    pe = path_expansion(m64, batch.tokens)
+    with torch.no_grad():
+        err = float((pe.total() - m64(batch.tokens)).abs().max())
+    att = path_logit_attribution(model, batch)
+    share = float(att.share_ending_in(model.cfg.n_layers - 1).median())
+    paths = Section("paths", "Theorem 3: the path expansion", (
+        Row("number of paths", len(pe.labels), "9", "= 9", len(pe.labels) == 9),
+        band_row("max |path sum - logits| (float64)", err, "2e-14", hi=1e-10),
+        band_row("median share of layer-1-ending paths", share, "> 0.90", lo=0.80),
+        band_row("direct + layer-0 paths rank correct first", att.top1_without_last_layer, "< 0.05", hi=0.10),
+    ), {"n_paths": len(pe.labels), "max_abs_error": err, "layer1_share_median": share,
+        "direct_or_layer0_top1_rate": att.top1_without_last_layer, "labels": list(pe.labels)})
+    targets = torch.cat([batch.tokens[:, 1:], torch.full_like(batch.tokens[:, :1], -1)], 1)
+    lens = logit_lens(model, batch.tokens, targets=targets, batch_chunk=250, row_chunk=4096)
+    mask = torch.cat([batch.scored, torch.zeros_like(batch.scored[:, :1])], 1)
+    p = [float(lens.target_probs[i][mask].mean()) for i in range(len(lens.labels))]
+    theory, bands = ("0.004", "0.004", "0.958"), (dict(hi=0.01), dict(hi=0.01), dict(lo=0.90))
+    names = ("after the embedding", "after layer 0", "after layer 1")
+    lens_rows = tuple(band_row(f"P(correct) {n}", v, t, **b) for n, v, t, b in zip(names, p, theory, bands))
+    return [paths, Section("logit_lens", "The logit lens on the two-layer model", lens_rows, {"p_correct": p, "labels": list(lens.labels)})]

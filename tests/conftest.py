@@ -1,0 +1,74 @@
+"""Shared, seeded models and batches. Session-scoped: helpers must never mutate them (issue 9
+checks that), so sharing is safe and keeps the suite fast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rs_interp as ri
+from rs_interp.training import test_batch as _test_batch
+
+
+@pytest.fixture(scope="session")
+def toy2():
+    return ri.load_toy_model("induction-2l")
+
+
+@pytest.fixture(scope="session")
+def toy1():
+    return ri.load_toy_model("induction-1l")
+
+
+@pytest.fixture(scope="session")
+def toy2_f64(toy2):
+    return ri.as_dtype(toy2, torch.float64)
+
+
+@pytest.fixture(scope="session")
+def toy1_f64(toy1):
+    return ri.as_dtype(toy1, torch.float64)
+
+
+@pytest.fixture(scope="session")
+def test_set():
+    """The 1000 held-out test sequences every table is evaluated on."""
+    return _test_batch()
+
+
+@pytest.fixture(scope="session")
+def small_batch():
+    return ri.induction_batch(32, seed=7)
+
+
+@pytest.fixture(scope="session")
+def random3x3():
+    """A random attention-only model of another shape (3 layers of 3 heads), biases nonzero, float64."""
+    model = ri.make_attn_only(3, n_heads=3, d_head=8, d_model=24, seed=3, dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+@pytest.fixture(scope="session")
+def gpt2_tiny():
+    """A GPT-2-shaped model (LayerNorm, GELU MLPs, learned positions) small enough to be quick."""
+    from transformer_lens import HookedTransformerConfig
+
+    from rs_interp.models import build_model
+
+    cfg = HookedTransformerConfig(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, d_vocab=300, n_ctx=32,
+                                  act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
+                                  seed=None, device="cpu")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")) or name.endswith(".b"):
+                    p.normal_(0, 0.1)
+                elif name.endswith(".w"):
+                    p.uniform_(0.5, 1.5)
+    return model.eval()

@@ -1,0 +1,74 @@
+import pytest
+import torch
+
+import rs_interp as ri
+from rs_interp.heads import find_prev_token_head
+
+
+@pytest.fixture(scope="module")
+def prev_head(toy2, test_set):
+    return find_prev_token_head(toy2, test_set.tokens[:200])
+
+
+def test_keys_from_x0_break_the_circuit(toy2, test_set):
+    s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1), test_set)
+    assert s.loss >= 5.0 and s.accuracy <= 0.15  # theory 6.135 / 0.075
+
+
+def test_keeping_the_prev_token_head_restores_it(toy2, test_set, prev_head):
+    s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1, keep=[(0, prev_head)]), test_set)
+    assert s.accuracy >= 0.93  # theory 0.969
+
+
+def test_keeping_the_other_head_does_not(toy2, test_set, prev_head):
+    other = 1 - prev_head
+    s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1, keep=[(0, other)]), test_set)
+    assert s.accuracy <= 0.20  # theory 0.084
+
+
+def test_keeping_every_earlier_head_is_the_clean_run(toy2_f64, small_batch):
+    """x_0 plus every layer-0 head's write (b_O is zero) is exactly x_1: the run is unchanged."""
+    clean = toy2_f64(small_batch.tokens)
+    for fn in (ri.run_with_key_input, ri.run_with_query_input):
+        patched = fn(toy2_f64, small_batch.tokens, layer=1, keep=[(0, 0), (0, 1)])
+        assert (patched - clean).abs().max() < 1e-10
+
+
+def test_layer0_keys_from_x0_change_nothing(toy2_f64, small_batch):
+    patched = ri.run_with_key_input(toy2_f64, small_batch.tokens, layer=0)
+    assert (patched - toy2_f64(small_batch.tokens)).abs().max() < 1e-10
+
+
+def test_query_ablation_moves_the_output(toy2, small_batch):
+    patched = ri.run_with_query_input(toy2, small_batch.tokens, layer=1)
+    assert (patched - toy2(small_batch.tokens)).abs().max() > 1.0
+
+
+def test_single_head_ablation(toy2_f64, small_batch):
+    """Only the chosen head's key input is replaced: the other head's pattern is untouched."""
+    box = {}
+    store = lambda t, hook: box.__setitem__(len(box), t)  # noqa: E731
+    with toy2_f64.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", store)]):
+        toy2_f64(small_batch.tokens)
+        ri.run_with_key_input(toy2_f64, small_batch.tokens, layer=1, heads=[0])
+    clean, patched = box[0], box[1]
+    assert (clean[:, 1] - patched[:, 1]).abs().max() < 1e-12
+    assert (clean[:, 0] - patched[:, 0]).abs().max() > 0.1
+
+
+@pytest.mark.parametrize(
+    "kwargs,arg",
+    [
+        (dict(layer=2), "layer"),
+        (dict(layer=-1), "layer"),
+        (dict(layer=1, keep=[(1, 0)]), "keep"),
+        (dict(layer=1, keep=[(0, 2)]), "keep"),
+        (dict(layer=1, keep=[(0,)]), "keep"),
+        (dict(layer=1, heads=[5]), "heads"),
+    ],
+)
+def test_bad_arguments(toy2, small_batch, kwargs, arg):
+    with pytest.raises(ValueError, match=arg):
+        ri.run_with_key_input(toy2, small_batch.tokens, **kwargs)
+    assert not toy2.cfg.use_split_qkv_input
+    assert all(not hp.fwd_hooks for hp in toy2.hook_dict.values())

@@ -1,0 +1,33 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rs_interp.cli import main
+
+
+def test_reproduce_writes_results(tmp_path, capsys):
+    assert main(["reproduce", "--out", str(tmp_path), "--only", "induction", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "two layers: loss" in out and "0.157" in out  # printed beside the theory's value
+    data = json.loads((tmp_path / "results.json").read_text())
+    two, one = data["induction"]["two_layers"], data["induction"]["one_layer"]
+    assert two["loss"] <= 0.30 and two["accuracy"] >= 0.95
+    assert one["loss"] >= 3.5 and one["accuracy"] <= 0.20
+    assert all(row["ok"] for row in data["bands"]["induction"])
+    assert (tmp_path / "report.html").is_file()
+
+
+def test_help_and_bad_arguments():
+    ok = subprocess.run([sys.executable, "-m", "rs_interp.cli", "--help"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "reproduce" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "rs_interp.cli", "reproduce", "--seed", "x"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--seed" in bad.stderr
+
+
+def test_hooks_is_not_a_global_package(tmp_path):
+    """hooks/ installs as rs_interp.hooks only: from outside the repo, `import hooks` fails."""
+    code = "import importlib.util, rs_interp.hooks; print(importlib.util.find_spec('hooks') is None)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr

@@ -1,0 +1,106 @@
+import math
+
+import pytest
+import torch
+
+import rs_interp as ri
+from rs_interp.heads import find_prev_token_head
+
+
+def _dense_theory_score(model, kind, src, dst):
+    """The definition, computed densely in float64, pair by pair (the slow way, independently)."""
+    (l1, h1), (l2, h2) = src, dst
+    W = lambda name, l, h: getattr(model, name)[l, h].detach().double()  # noqa: E731
+    ov = W("W_V", l1, h1) @ W("W_O", l1, h1)
+    m = {"K": W("W_K", l2, h2), "Q": W("W_Q", l2, h2), "V": W("W_V", l2, h2) @ W("W_O", l2, h2)}[kind]
+    return float(torch.linalg.norm(ov @ m) / (torch.linalg.norm(ov) * torch.linalg.norm(m)))
+
+
+@pytest.mark.parametrize("kind", ["K", "Q", "V"])
+def test_matches_dense_definition(kind, random3x3):
+    s = ri.composition_scores(random3x3, kind)
+    assert s.shape == (3, 3, 3, 3)
+    for l1 in range(3):
+        for l2 in range(3):
+            block = s[l1, :, l2, :]
+            if l1 >= l2:
+                assert block.isnan().all()
+                continue
+            for h1 in range(3):
+                for h2 in range(3):
+                    assert float(block[h1, h2]) == pytest.approx(_dense_theory_score(random3x3, kind, (l1, h1), (l2, h2)), abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["K", "Q", "V"])
+@pytest.mark.parametrize("shape", [dict(n_layers=2), dict(n_layers=4, d_model=48, n_heads=3, d_head=8)])
+def test_full_circuit_matches_transformerlens(kind, shape):
+    model = ri.make_attn_only(seed=1, **shape)
+    ours = ri.composition_scores(model, kind, full_circuit=True)
+    theirs = model.all_composition_scores(kind)
+    upper = ~ours.isnan()
+    assert upper.sum() > 0
+    assert (ours[upper] - theirs[upper]).abs().max() <= 1e-5
+
+
+def test_baseline_is_near_one_over_sqrt_d_model(toy2):
+    _, base = ri.composition_scores(toy2, "K", baseline=True)
+    assert abs(base - 1 / math.sqrt(toy2.cfg.d_model)) < 0.02
+
+
+def test_k_composition_of_trained_model(toy2, test_set):
+    """The table's K-composition row: prev-token head -> each layer-1 head reads as K, not Q or V."""
+    ph = find_prev_token_head(toy2, test_set.tokens[:200])
+    k, q, v = (ri.composition_scores(toy2, kind)[0, ph, 1, :] for kind in "KQV")
+    init_k = ri.composition_scores(ri.make_attn_only(2, seed=0), "K")[0, :, 1, :].max()
+    assert (k > torch.maximum(q, v).max()).all()
+    assert (k > init_k).all()
+
+
+def test_unknown_kind(toy2):
+    with pytest.raises(ValueError, match="kind"):
+        ri.composition_scores(toy2, "X")
+
+
+def _orthogonal_model(restrict_queries: bool):
+    """Proposition 4: layer-0 heads write into coordinates 0..15, layer-1 keys read 16..31."""
+    model = ri.make_attn_only(2, seed=2, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+        for block in model.blocks:  # model.b_O etc. are stacked copies: zero the parameters themselves
+            block.attn.b_V.zero_()
+            block.attn.b_O.zero_()
+        model.unembed.b_U.zero_()
+        model.blocks[0].attn.W_O[..., 16:] = 0.0
+        model.blocks[1].attn.W_K[:, :16, :] = 0.0
+        if restrict_queries:
+            model.blocks[1].attn.W_Q[:, :16, :] = 0.0
+    return model
+
+
+def _layer1_pattern(model, tokens, remove_layer0: bool):
+    box = {}
+    def capture(t, hook):
+        box["p"] = t
+    hooks = [("blocks.1.attn.hook_pattern", capture)]
+    if remove_layer0:
+        hooks.append(("blocks.0.hook_attn_out", lambda t, hook: torch.zeros_like(t)))
+    model.run_with_hooks(tokens, fwd_hooks=hooks)
+    return box["p"]
+
+
+def test_proposition_4_orthogonal_subspaces(test_set):
+    tokens = test_set.tokens[:50]
+    model = _orthogonal_model(restrict_queries=False)
+    assert ri.composition_scores(model, "K")[0, :, 1, :].abs().max() < 1e-12
+    _, cache = model.run_with_cache(tokens)
+    k_x1 = cache["blocks.1.attn.hook_k"]
+    k_x0 = torch.einsum("bpd,hde->bphe", cache["blocks.0.hook_resid_pre"], model.blocks[1].attn.W_K) + model.blocks[1].attn.b_K
+    assert (k_x1 - k_x0).abs().max() < 1e-12
+    with_l0, without_l0 = _layer1_pattern(model, tokens, False), _layer1_pattern(model, tokens, True)
+    tv = 0.5 * (with_l0 - without_l0).abs().sum(-1).mean()
+    assert tv > 1e-3  # queries still read x_1 (theory: mean total variation 0.104)
+    model_q = _orthogonal_model(restrict_queries=True)
+    diff = (_layer1_pattern(model_q, tokens, False) - _layer1_pattern(model_q, tokens, True)).abs().max()
+    assert diff < 1e-12

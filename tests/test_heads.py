@@ -1,0 +1,69 @@
+import pytest
+import torch
+
+import rs_interp as ri
+
+
+def test_prev_token_head(toy2, test_set):
+    prev = ri.prev_token_scores(toy2, test_set.tokens)
+    ph = int(prev[0].argmax())
+    assert prev[0, ph] >= 0.80  # theory 0.887
+    assert prev[0, 1 - ph] < 0.5
+
+
+def test_prev_token_scores_on_a_known_pattern():
+    """A head that attends only to i-1 scores 1; built by overriding the pattern with a hook."""
+    model = ri.make_attn_only(1, seed=0)
+    n = 10
+    shifted = torch.zeros(n, n)
+    shifted[0, 0] = 1.0
+    shifted[torch.arange(1, n), torch.arange(n - 1)] = 1.0
+    tokens = torch.randint(0, 256, (3, n))
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", lambda t, hook: shifted.expand_as(t).clone())]):
+        prev = ri.prev_token_scores(model, tokens)
+    assert torch.allclose(prev, torch.ones(1, 2))
+
+
+def test_induction_heads(toy2, test_set):
+    s = ri.induction_scores(toy2, test_set)
+    assert (s.target[1] >= 0.45).all()  # theory 0.593 / 0.594
+    assert (s.after_occurrence[1] >= s.target[1]).all()  # the target is one of the after-occurrence positions
+    assert (s.target[0] < 0.05).all()
+
+
+def test_one_layer_model_has_no_induction_head(toy1, test_set):
+    assert (ri.induction_scores(toy1, test_set).target < 0.2).all()
+
+
+def test_positional_scores_match_the_model(toy2):
+    """The bias-only score from the kernel equals the model's score on an input whose stream is zero."""
+    ps = ri.positional_scores(toy2, 0)
+    assert ps.shape == (2, 48)
+    zeros = torch.zeros(1, 48, 2, 32)
+    attn = toy2.blocks[0].attn
+    q = attn.apply_rotary(torch.einsum("bphd,hde->bphe", zeros, attn.W_Q) + attn.b_Q)
+    k = attn.apply_rotary(torch.einsum("bphd,hde->bphe", zeros, attn.W_K) + attn.b_K)
+    scores = torch.einsum("bqhe,bkhe->hqk", q, k) / attn.attn_scale
+    for delta in (0, 1, 5, 39):
+        assert torch.allclose(ps[:, delta], scores[:, 45, 45 - delta], atol=1e-5)
+
+
+def test_prev_token_head_kernel_peaks_at_one(toy2, test_set):
+    ph = int(ri.prev_token_scores(toy2, test_set.tokens[:100])[0].argmax())
+    ps = ri.positional_scores(toy2, 0, max_offset=10)[ph]
+    assert int(ps.argmax()) == 1  # theory: 7.783 at offset 1 against 6.709 at 0
+
+
+def test_proposition_5(toy1_f64, toy2_f64, test_set):
+    tokens = test_set.tokens[:300]
+    one = ri.key_score_sensitivity(toy1_f64, tokens)
+    two = ri.key_score_sensitivity(toy2_f64, tokens)
+    assert one.n_pairs > 1000
+    assert one.max_abs_change.max() < 1e-10  # a one-layer score cannot see predecessors
+    assert two.mean_abs_change.min() > 1.0  # theory: 4.45 on average
+
+
+def test_positional_scores_need_rotary():
+    model = ri.make_attn_only(1, positional_embedding_type="standard")
+    with pytest.raises(ValueError, match="rotary"):
+        ri.positional_scores(model, 0)

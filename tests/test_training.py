@@ -1,0 +1,61 @@
+import math
+
+import pytest
+import torch
+
+import rs_interp as ri
+from rs_interp.models import read_metadata, toy_model_path
+from rs_interp.training import TOY_TRAINING, train_toy_model
+
+
+def test_two_layer_model_solves_induction(toy2, test_set):
+    s = ri.evaluate(toy2, test_set)
+    assert s.loss <= 0.30 and s.accuracy >= 0.95  # theory: 0.157 / 0.974
+
+
+def test_one_layer_model_cannot(toy1, test_set):
+    s = ri.evaluate(toy1, test_set)
+    assert s.loss >= 3.5 and s.accuracy <= 0.20  # theory: 4.280 / 0.108
+
+
+def test_untrained_model_is_at_chance(test_set):
+    s = ri.evaluate(ri.make_attn_only(2), test_set)
+    assert abs(s.loss - math.log(256)) < 0.5 and s.accuracy < 0.02
+
+
+def test_evaluate_matches_score_logits(toy2, small_batch):
+    a = ri.evaluate(toy2, small_batch, chunk_size=5)
+    b = ri.score_logits(toy2(small_batch.tokens), small_batch)
+    assert a.n_scored == b.n_scored == int(small_batch.scored.sum())
+    assert a.accuracy == pytest.approx(b.accuracy, abs=1e-12) and a.loss == pytest.approx(b.loss, rel=1e-5)
+
+
+def test_short_training_is_bitwise_deterministic_and_learns():
+    a = ri.train_induction_model(2, steps=30, batch_size=16, seed=11, progress=False)
+    b = ri.train_induction_model(2, steps=30, batch_size=16, seed=11, progress=False)
+    for (n, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), n
+    assert not a.b_V.any() and not a.b_O.any() and not a.b_U.any()
+    batch = ri.induction_batch(64, seed=99)
+    assert ri.evaluate(a, batch).loss < ri.evaluate(ri.make_attn_only(2, seed=11), batch).loss
+
+
+@pytest.mark.parametrize("kwargs,arg", [(dict(n_layers=0), "n_layers"), (dict(n_layers=1, batch_size=0), "batch_size"),
+                                        (dict(n_layers=1, steps=-1), "steps"), (dict(n_layers=1, lr=0.0), "lr")])
+def test_bad_training_arguments(kwargs, arg):
+    with pytest.raises(ValueError, match=arg):
+        ri.train_induction_model(**kwargs, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TOY_TRAINING))
+def test_retraining_from_recorded_seed_reproduces_shipped_model(name, test_set):
+    """The shipped checkpoints are this training code's output: retrain and compare (1e-6)."""
+    model, meta = train_toy_model(name, progress=False)
+    shipped = read_metadata(toy_model_path(name))
+    assert meta["training"] == shipped["training"]
+    assert meta["test_loss"] == pytest.approx(shipped["test_loss"], abs=1e-6)
+    assert meta["test_accuracy"] == pytest.approx(shipped["test_accuracy"], abs=1e-6)
+    reloaded = ri.load_toy_model(name)
+    max_diff = max((p - q).abs().max().item() for p, q in zip(model.state_dict().values(), reloaded.state_dict().values()))
+    assert max_diff <= 1e-6
