@@ -18,7 +18,10 @@ from .heads import (
     positional_scores,
     prev_token_scores,
 )
+from . import hooks
+from .gpt2 import GPT2Analysis, GPT2WeightsUnavailable, analyse_gpt2, load_gpt2
 from .lens import LogitLens, logit_lens
+from .params import ParameterCount, count_parameters, gpt2_config
 from .models import (
     CheckpointError,
     as_dtype,
@@ -74,4 +77,14 @@ __all__ = [
     "DirectLogitAttribution",
     "logit_lens",
     "LogitLens",
+    # GPT-2
+    "gpt2_config",
+    "load_gpt2",
+    "GPT2WeightsUnavailable",
+    "count_parameters",
+    "ParameterCount",
+    "analyse_gpt2",
+    "GPT2Analysis",
+    # hook factories
+    "hooks",
 ]

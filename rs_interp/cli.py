@@ -42,6 +42,33 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpt2(args: argparse.Namespace) -> int:
+    from .gpt2 import analyse_gpt2, find_pretrained_gpt2, load_gpt2
+    from .params import count_parameters
+
+    if args.weights == "random":
+        model, source = load_gpt2("random", seed=args.seed), "random initialisation"
+    elif args.weights:
+        model, source = load_gpt2(args.weights), f"pretrained weights from {args.weights}"
+    else:
+        model, source = find_pretrained_gpt2()
+        if model is None:
+            raise RuntimeError(source + " Or run with --weights random for a structure-only run.")
+    kind = "random" if args.weights == "random" else "pretrained"
+    print(f"GPT-2 small, {kind} weights: {source}")
+    pc = count_parameters(model)
+    print(f"parameters: {pc.total:,} = " + " + ".join(f"{v:,} {k}" for k, v in pc.by_category.items()))
+    a = analyse_gpt2(model, weights=kind, source=source, seed=args.seed)
+    print("top previous-token heads:", ", ".join(a.top_prev_token))
+    print("top induction heads:     ", ", ".join(a.top_induction))
+    if a.prompt is not None:
+        print(f"prompt {a.prompt!r}: top prediction {a.final_top_token!r}")
+        print("logit lens, P(%r): " % a.prompt_answer + ", ".join(f"{l} {p:.3f}" for l, p in zip(a.lens_labels, a.lens_p_answer)))
+    else:
+        print("no tokenizer with these weights: the logit-lens prompt is skipped")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rs-interp", description="Residual-stream interpretability on TransformerLens: reproduce the theory's tables, run the GPT-2 analyses, train the toy models.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -53,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--only", nargs="+", metavar="SECTION", help="compute only these sections")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)
+    g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",
+                       description=f"Run the GPT-2 small analyses (parameter count, head roles, logit lens). Weights: --weights PATH (a local Hugging Face checkpoint directory), --weights random, or by default ${{RS_INTERP_GPT2_PATH}} or the Hugging Face cache.")
+    g.add_argument("--weights", metavar="PATH", help="a local Hugging Face GPT-2 checkpoint directory, or 'random'")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random tokens (and random weights) (default: %(default)s)")
+    g.set_defaults(func=_gpt2)
     t = sub.add_parser("train", help="train a toy induction model and save it", description="Train a toy induction model with the recorded settings and save it as safetensors + JSON.")
     t.add_argument("name", choices=["induction-2l", "induction-1l"])
     t.add_argument("--seed", type=int, default=0, help="training seed (default: %(default)s)")

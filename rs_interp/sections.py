@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import torch
 from transformer_lens import HookedTransformer
 
-__all__ = ["Row", "Section", "Context", "induction_section", "circuits_section", "paths_section"]
+__all__ = ["Row", "Section", "Context", "induction_section", "circuits_section", "paths_section", "gpt2_section"]
 
 
 @dataclass(frozen=True)
@@ -180,3 +180,32 @@ def paths_section(ctx: Context) -> list[Section]:
     names = ("after the embedding", "after layer 0", "after layer 1")
     lens_rows = tuple(band_row(f"P(correct) {n}", v, t, **b) for n, v, t, b in zip(names, p, theory, bands))
     return [paths, Section("logit_lens", "The logit lens on the two-layer model", lens_rows, {"p_correct": p, "labels": list(lens.labels)})]
+
+
+def gpt2_section(ctx: Context) -> Section:
+    """GPT-2 small: the exact parameter count, the offline conversion check, and (with real weights) Paris."""
+    from .gpt2 import analyse_gpt2, conversion_check, find_pretrained_gpt2
+    from .params import count_parameters, gpt2_config
+
+    pc = count_parameters(gpt2_config("small"))
+    expected = {"token_embedding": 38_597_376, "positional_embedding": 786_432, "attention": 28_348_416,
+                "mlp": 56_669_184, "layernorm": 38_400}
+    rows = [Row(f"parameters: {k}", v, f"{expected[k]:,}", "exact", v == expected[k]) for k, v in pc.by_category.items()]
+    rows.append(Row("parameters: total", pc.total, "124,439,808", "exact", pc.total == 124_439_808))
+    ctx.log("GPT-2: converting a random-weight Hugging Face checkpoint")
+    diff = conversion_check(seed=ctx.seed)
+    rows.append(band_row("conversion: max |centered logit diff| vs Hugging Face", diff, "-", hi=1e-4))
+    ctx.log("GPT-2: looking for pretrained weights")
+    model, why = find_pretrained_gpt2()
+    results: dict[str, Any] = {"parameters": dict(pc.by_category, total=pc.total, per_layer=pc.per_layer,
+                                                  unembed_bias_not_in_checkpoint=pc.unembed_bias),
+                               "conversion_max_abs_diff": diff, "weights": "pretrained" if model is not None else "random",
+                               "weights_note": why}
+    if model is not None:
+        a = analyse_gpt2(model, weights="pretrained", source=why, seed=ctx.seed)
+        rows.append(Row("top prediction for 'The Eiffel Tower is in the city of'", repr(a.final_top_token), "' Paris'",
+                        "= ' Paris'", a.final_top_token == " Paris"))
+        results |= {"lens_p_paris": dict(zip(a.lens_labels, a.lens_p_answer)), "top_induction": list(a.top_induction),
+                    "top_prev_token": list(a.top_prev_token)}
+    notes = f"Weights: {results['weights']} ({why})"
+    return Section("gpt2", "GPT-2 small: parameters, conversion, weights", tuple(rows), results, notes=notes)

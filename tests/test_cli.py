@@ -31,3 +31,11 @@ def test_hooks_is_not_a_global_package(tmp_path):
     code = "import importlib.util, rs_interp.hooks; print(importlib.util.find_spec('hooks') is None)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+def test_gpt2_without_weights_is_one_clean_line(tmp_path):
+    env = {k: v for k, v in __import__("os").environ.items() if k != "RS_INTERP_GPT2_PATH"}
+    env["HF_HOME"] = str(tmp_path)  # an empty cache
+    r = subprocess.run([sys.executable, "-m", "rs_interp.cli", "gpt2"], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "RS_INTERP_GPT2_PATH" in r.stderr and "--weights random" in r.stderr
