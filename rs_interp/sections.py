@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import torch
 from transformer_lens import HookedTransformer
 
-__all__ = ["Row", "Section", "Context", "induction_section", "circuits_section", "paths_section", "gpt2_section"]
+__all__ = ["Row", "Section", "Context", "induction_section", "circuits_section", "paths_section", "gpt2_section", "geometry_section"]
 
 
 @dataclass(frozen=True)
@@ -209,3 +209,58 @@ def gpt2_section(ctx: Context) -> Section:
                     "top_prev_token": list(a.top_prev_token)}
     notes = f"Weights: {results['weights']} ({why})"
     return Section("gpt2", "GPT-2 small: parameters, conversion, weights", tuple(rows), results, notes=notes)
+
+
+def geometry_section(ctx: Context) -> Section:
+    """Collapse and the skip, and the pre-LN vs post-LN gradient table."""
+    from .geometry import collapse_cloud, collapse_run
+    from .gradients import gradient_scaling
+    from .plots import collapse_figure, layernorm_figure
+
+    X0 = collapse_cloud(ctx.seed)
+    betas = (0.25, 0.5, 1.0, 2.0, 4.0)
+    runs = [collapse_run(X0, b, skip=s) for b in betas for s in (False, True)]
+    pure = {r.beta: r for r in runs if not r.skip}
+    skip = {r.beta: r for r in runs if r.skip}
+    theory_tau = dict(zip(betas, ("0.188", "0.369", "0.667", "0.940", "0.999")))
+    rows = [band_row(f"β = {b:g}: τ of the first layer", float(pure[b].tau[0]), theory_tau[b]) for b in betas]
+    bound_ok = all(bool((r.diameter <= r.bound + 1e-12).all()) for r in pure.values())
+    rows.append(Row("pure stack: diameter under the Theorem 1 bound at every layer", str(bound_ok), "holds", "True", bound_ok))
+    never = all(bool((r.diameter[1:] >= r.diameter[:-1] - 1e-12).all()) for r in skip.values())
+    rows.append(Row("with the skip: the diameter never shrinks", str(never), "holds", "True", never))
+    for b in betas:
+        rows.append(band_row(f"β = {b:g}: pure stack, diameter at layer 12", float(pure[b].diameter[-1]), "1.997" if b == 4 else "< 1e-10"))
+    for b in betas:
+        rows.append(band_row(f"β = {b:g}: with the skip, diam(X_12) / diam(X_0)", float(skip[b].diameter[-1] / skip[b].diameter[0]),
+                             "3.58" if b == 0.25 else "-", lo=1.0))
+    rows.append(band_row("β = 0.25: with the skip, relative spread at layer 12", float(skip[0.25].relative_spread[-1]), "0.0016"))
+    ctx.log("geometry: pre-LN vs post-LN gradients (3 depths x 8 draws)")
+    grads = gradient_scaling((6, 12, 24), n_draws=8, seed=ctx.seed)
+    r6, r12, r24 = grads
+    posts = [r.post_ln_last for r in grads]
+    prods = [r.pre_ln_last * r.pre_ln_stream_norm for r in grads]
+    theory_pre, theory_post, theory_norm = ("10.169", "7.673", "5.218"), ("22.019", "23.416", "22.718"), ("24.659", "33.641", "49.281")
+    for r, tp, tq, tn in zip(grads, theory_pre, theory_post, theory_norm):
+        rows.append(band_row(f"L = {r.depth}: pre-LN last ||dL/dW_2||_F", r.pre_ln_last, tp))
+        rows.append(band_row(f"L = {r.depth}: post-LN last ||dL/dW_2||_F", r.post_ln_last, tq))
+        rows.append(band_row(f"L = {r.depth}: pre-LN ||x_L||", r.pre_ln_stream_norm, tn))
+    rows += [
+        band_row("pre-LN fall from L = 6 to 24", r6.pre_ln_last / r24.pre_ln_last, "1.95", lo=1.5, hi=2.5),
+        band_row("post-LN max/min across depths", max(posts) / min(posts), "flat", hi=1.25),
+        band_row("post-LN / pre-LN at L = 24", r24.post_ln_last / r24.pre_ln_last, "4.35", lo=2.5),
+        band_row("(pre-LN gradient) x ||x_L||: max/min across depths", max(prods) / min(prods), "257/251 = 1.02", hi=1.15),
+        band_row("first block's gradient, L = 24 / L = 6", r24.pre_ln_first / r6.pre_ln_first, "23.904/23.403 = 1.02", lo=1.0),
+    ]
+    results = {
+        "gradient_table": [{"depth": r.depth, "pre_ln_last": r.pre_ln_last, "post_ln_last": r.post_ln_last,
+                            "pre_ln_first": r.pre_ln_first, "pre_ln_stream_norm": r.pre_ln_stream_norm} for r in grads],
+        "tau_first_layer": {str(b): float(pure[b].tau[0]) for b in betas},
+        "collapse_diameter_layer12": {str(b): {"pure": float(pure[b].diameter[-1]), "skip": float(skip[b].diameter[-1])} for b in betas},
+        "relative_spread_layer12_skip": {str(b): float(skip[b].relative_spread[-1]) for b in betas},
+        "cloud": {"seed": ctx.seed, "diameter": float(pure[0.25].diameter[0])},
+    }
+    notes = (f"Cloud: ten tokens in the plane, torch.randn(10, 2) seeded with {ctx.seed} (diameter "
+             f"{float(pure[0.25].diameter[0]):.3f}; the theory's cloud is not published, its numbers are not targets). "
+             "Gradients: d = 64, 4 heads, ReLU MLP of width 256, RMS over 8 draws, float64.")
+    return Section("geometry", "Residual-stream geometry: collapse, the skip, pre-LN vs post-LN", tuple(rows), results,
+                   figures=(collapse_figure(runs), layernorm_figure()), notes=notes)

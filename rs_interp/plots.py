@@ -1,0 +1,176 @@
+"""Figures, each returned as a ``plotly.graph_objects.Figure`` (never shown by the library).
+
+>>> from rs_interp import load_toy_model
+>>> fig = composition_heatmaps(load_toy_model())
+>>> type(fig).__name__
+'Figure'
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+from transformer_lens import HookedTransformer
+
+__all__ = [
+    "attention_figure",
+    "path_contributions_figure",
+    "logit_lens_figure",
+    "composition_heatmaps",
+    "collapse_figure",
+    "layernorm_figure",
+    "parameter_breakdown_figure",
+    "finance_figure",
+    "period_sequence",
+]
+
+
+def period_sequence(period: int = 11, *, seed: int = 0, d_vocab: int = 256, seq_len: int = 48) -> torch.Tensor:
+    """One test sequence (1, seq_len) of the given period, seeded."""
+    from .data import induction_batch
+
+    return induction_batch(1, seed=seed, d_vocab=d_vocab, seq_len=seq_len, min_period=period, max_period=period).tokens
+
+
+def attention_figure(model: HookedTransformer, tokens: torch.Tensor, heads: Sequence[tuple[int, int]], *, period: int | None = None) -> go.Figure:
+    """Attention patterns of ``heads`` on one sequence; with ``period``, the induction target ``i - p + 1`` is outlined.
+
+    >>> from rs_interp import load_toy_model
+    >>> fig = attention_figure(load_toy_model(), period_sequence(11), [(0, 0), (1, 0)], period=11)
+    >>> len(fig.data) >= 2
+    True
+    """
+    from .heads import attention_patterns
+
+    pat = attention_patterns(model, tokens[:1] if tokens.ndim == 2 else tokens[None])[:, 0]
+    fig = make_subplots(rows=1, cols=len(heads), subplot_titles=[f"head ({l},{h})" for l, h in heads], horizontal_spacing=0.08)
+    n = pat.shape[-1]
+    for c, (l, h) in enumerate(heads, start=1):
+        fig.add_trace(go.Heatmap(z=pat[l, h].tolist(), colorscale="Blues", zmin=0, zmax=1, showscale=c == len(heads),
+                                 hovertemplate="query %{y}, key %{x}: %{z:.3f}<extra></extra>"), row=1, col=c)
+        if period is not None:
+            qs = list(range(period, n))
+            fig.add_trace(go.Scatter(x=[q - period + 1 for q in qs], y=qs, mode="markers", name="induction target i-p+1",
+                                     marker=dict(symbol="square-open", size=7, color="#d62728"), showlegend=c == 1), row=1, col=c)
+        fig.update_yaxes(autorange="reversed", title_text="query position i" if c == 1 else None, row=1, col=c)
+        fig.update_xaxes(title_text="key position j", row=1, col=c)
+    fig.update_layout(title="Attention patterns" + (f" on a sequence of period {period}" if period else ""), height=460)
+    return fig
+
+
+def path_contributions_figure(labels: Sequence[str], contributions: Sequence[float], *, title: str = "The correct token's logit, split into paths") -> go.Figure:
+    """Bar chart of each path's contribution (e.g. one column of a :class:`~rs_interp.PathExpansion`)."""
+    vals = [float(v) for v in contributions]
+    colors = ["#1f77b4" if v >= 0 else "#d62728" for v in vals]
+    fig = go.Figure(go.Bar(x=list(labels), y=vals, marker_color=colors, hovertemplate="%{x}: %{y:.3f}<extra></extra>"))
+    fig.add_hline(y=0, line_color="#444")
+    fig.update_layout(title=f"{title} (total {sum(vals):.2f})", xaxis_title="path", yaxis_title="logit contribution", height=420)
+    return fig
+
+
+def logit_lens_figure(labels: Sequence[str], probs: Mapping[str, Sequence[float]], *, chance: float | None = None,
+                      title: str = "Logit lens") -> go.Figure:
+    """P(target) per reading point, one line per series in ``probs``."""
+    fig = go.Figure()
+    for name, ys in probs.items():
+        fig.add_trace(go.Scatter(x=list(labels), y=[float(y) for y in ys], mode="lines+markers", name=name))
+    if chance is not None:
+        fig.add_hline(y=chance, line_dash="dot", annotation_text="chance", line_color="#888")
+    fig.update_layout(title=title, xaxis_title="reading point", yaxis_title="probability", yaxis_range=[0, 1.02], height=400)
+    return fig
+
+
+def composition_heatmaps(model: HookedTransformer, *, full_circuit: bool = False) -> go.Figure:
+    """K, Q and V composition scores of every (earlier head, later head) pair, the random baseline in each title."""
+    from .composition import composition_scores
+
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.1, subplot_titles=["K", "Q", "V"])
+    zmax = 0.0
+    mats = {}
+    for kind in "KQV":
+        s, base = composition_scores(model, kind, full_circuit=full_circuit, baseline=True)
+        m = s.reshape(L * H, L * H)
+        mats[kind] = (m, base)
+        zmax = max(zmax, float(m.nan_to_num(0).max()))
+    names = [f"{l}.{h}" for l in range(L) for h in range(H)]
+    for c, kind in enumerate("KQV", start=1):
+        m, base = mats[kind]
+        z = [[None if math.isnan(v) else v for v in row] for row in m.tolist()]
+        fig.add_trace(go.Heatmap(z=z, x=names, y=names, zmin=0, zmax=zmax, colorscale="Viridis", showscale=c == 3,
+                                 hovertemplate="src %{y} -> dst %{x}: %{z:.3f}<extra></extra>"), row=1, col=c)
+        fig.layout.annotations[c - 1].text = f"{kind}-composition (random baseline {base:.3f})"
+        fig.update_xaxes(title_text="later head", row=1, col=c)
+        fig.update_yaxes(title_text="earlier head" if c == 1 else None, autorange="reversed", row=1, col=c)
+    fig.update_layout(title="Composition scores (empty: the later head is not later)", height=430)
+    return fig
+
+
+def collapse_figure(runs: Sequence) -> go.Figure:
+    """Diameter per layer, pure stack vs skip, with Theorem 1 (iii)'s bound, one panel per beta (log scale)."""
+    betas = sorted({r.beta for r in runs})
+    fig = make_subplots(rows=1, cols=len(betas), subplot_titles=[f"β = {b:g}" for b in betas], shared_yaxes=True)
+    style = {False: ("pure attention", "#d62728"), True: ("with the skip", "#1f77b4")}
+    for c, beta in enumerate(betas, start=1):
+        for run in (r for r in runs if r.beta == beta):
+            name, color = style[run.skip]
+            layers = list(range(len(run.diameter)))
+            fig.add_trace(go.Scatter(x=layers, y=[max(float(v), 1e-16) for v in run.diameter], name=name, mode="lines+markers",
+                                     line=dict(color=color), legendgroup=name, showlegend=c == 1), row=1, col=c)
+            if not run.skip:
+                fig.add_trace(go.Scatter(x=layers, y=[max(float(v), 1e-16) for v in run.bound], name="Theorem 1 bound",
+                                         line=dict(color="#555", dash="dash"), legendgroup="bound", showlegend=c == 1), row=1, col=c)
+        fig.update_xaxes(title_text="layer", row=1, col=c)
+    fig.update_yaxes(type="log", title_text="diameter", row=1, col=1)
+    fig.update_layout(title="Attention collapses; the skip keeps the diameter", height=420)
+    return fig
+
+
+def layernorm_figure(n_points: int = 40, *, seed: int = 0) -> go.Figure:
+    """LayerNorm at d = 3: the plane x + y + z = 0, the circle of radius sqrt(3), a cloud before and after."""
+    from .geometry import layer_norm
+
+    g = torch.Generator().manual_seed(seed)
+    cloud = torch.randn(n_points, 3, generator=g, dtype=torch.float64) * torch.tensor([1.5, 0.7, 0.4], dtype=torch.float64) + torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    after = layer_norm(cloud)
+    e1 = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64) / math.sqrt(2)
+    e2 = torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64) / math.sqrt(6)
+    t = torch.linspace(0, 2 * math.pi, 120, dtype=torch.float64)
+    circle = math.sqrt(3) * (torch.cos(t)[:, None] * e1 + torch.sin(t)[:, None] * e2)
+    s = torch.linspace(-3, 3, 2, dtype=torch.float64)
+    grid = s[:, None, None] * e1 + s[None, :, None] * e2
+    fig = go.Figure()
+    fig.add_trace(go.Surface(x=grid[..., 0].tolist(), y=grid[..., 1].tolist(), z=grid[..., 2].tolist(), opacity=0.25,
+                             showscale=False, colorscale=[[0, "#9ecae1"], [1, "#9ecae1"]], name="plane x+y+z=0", hoverinfo="skip"))
+    fig.add_trace(go.Scatter3d(x=circle[:, 0].tolist(), y=circle[:, 1].tolist(), z=circle[:, 2].tolist(), mode="lines",
+                               line=dict(color="#1f77b4", width=5), name="circle of radius √3"))
+    for pts, name, color in ((cloud, "a cloud", "#ff7f0e"), (after, "LN(cloud)", "#2ca02c")):
+        fig.add_trace(go.Scatter3d(x=pts[:, 0].tolist(), y=pts[:, 1].tolist(), z=pts[:, 2].tolist(), mode="markers",
+                                   marker=dict(size=3, color=color), name=name))
+    fig.update_layout(title="LayerNorm is a sphere in a hyperplane (d = 3)", height=520, scene=dict(aspectmode="data"))
+    return fig
+
+
+def parameter_breakdown_figure(by_category: Mapping[str, int], *, title: str = "GPT-2 small: where the parameters live") -> go.Figure:
+    """One stacked horizontal bar of parameter counts per category."""
+    total = sum(by_category.values())
+    fig = go.Figure()
+    for name, n in by_category.items():
+        fig.add_trace(go.Bar(y=["GPT-2 small"], x=[n], name=f"{name} ({n:,}, {100 * n / total:.1f}%)", orientation="h",
+                             hovertemplate=f"{name}: {n:,}<extra></extra>"))
+    fig.update_layout(barmode="stack", title=f"{title}: {total:,}", xaxis_title="parameters", height=300)
+    return fig
+
+
+def finance_figure(seen: Mapping[str, float], unseen: Mapping[str, float]) -> go.Figure:
+    """Fraction of company-name queries completed per reader, seen vs unseen companies."""
+    readers = list(seen)
+    fig = go.Figure([go.Bar(name="seen companies", x=readers, y=[seen[r] for r in readers]),
+                     go.Bar(name="unseen companies", x=readers, y=[unseen[r] for r in readers])])
+    fig.update_layout(barmode="group", title="Completing company names in filings", yaxis_title="fraction completed",
+                      yaxis_range=[0, 1], height=420)
+    return fig
