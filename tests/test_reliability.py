@@ -1,0 +1,337 @@
+"""Issue 9: every public helper leaves the model as it found it, and bad input gets a clear error."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import rs_interp as ri
+from rs_interp import finance
+
+# ---- the registry: every public helper that runs (or reads) a model, called on a toy model ----------
+
+
+def _batch():
+    return ri.induction_batch(4, seed=0)
+
+
+HELPERS = {
+    "evaluate": lambda m: ri.evaluate(m, _batch()),
+    "run_with_key_input": lambda m: ri.run_with_key_input(m, _batch().tokens, layer=1, keep=[(0, 0)]),
+    "run_with_query_input": lambda m: ri.run_with_query_input(m, _batch().tokens, layer=1, keep=[(0, 1)]),
+    "attention_patterns": lambda m: ri.attention_patterns(m, _batch().tokens),
+    "prev_token_scores": lambda m: ri.prev_token_scores(m, _batch().tokens),
+    "induction_scores": lambda m: ri.induction_scores(m, _batch()),
+    "positional_scores": lambda m: ri.positional_scores(m, 0),
+    "key_score_sensitivity": lambda m: ri.key_score_sensitivity(m, _batch().tokens),
+    "composition_scores": lambda m: ri.composition_scores(m, "K", baseline=True),
+    "path_expansion": lambda m: ri.path_expansion(m, _batch().tokens),
+    "path_logit_attribution": lambda m: ri.path_logit_attribution(m, _batch()),
+    "direct_logit_attribution": lambda m: ri.direct_logit_attribution(m, _batch().tokens, targets=_batch().tokens),
+    "logit_lens": lambda m: ri.logit_lens(m, _batch().tokens, targets=_batch().tokens, batch_chunk=3),
+    "count_parameters": lambda m: ri.count_parameters(m),
+    "as_dtype": lambda m: ri.as_dtype(m, torch.float64),
+    "save_model": lambda m: ri.save_model(m, __import__("tempfile").mkdtemp() + "/m"),
+    "analyse_gpt2": lambda m: ri.analyse_gpt2(m, weights="random", n_sequences=2, period=20),
+    "finance_readers": lambda m: finance.complete_queries(
+        {"model": finance._model_reader(m), "direct": finance._model_reader(m, direct_only=True)},
+        finance.find_queries(finance.make_corpus(n_train=1, n_seen=2, n_unseen=1).seen)[:3]),
+}
+
+
+def _takes_a_model(obj) -> bool:
+    try:
+        params = list(inspect.signature(obj).parameters)
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0] in ("model", "model_or_cfg")
+
+
+def test_every_public_helper_is_covered():
+    """A new public helper that takes a model must be added to HELPERS (and so to these tests)."""
+    public = {name for name in ri.__all__ if inspect.isfunction(getattr(ri, name)) and _takes_a_model(getattr(ri, name))}
+    assert public - set(HELPERS) == set(), f"helpers without state-safety coverage: {sorted(public - set(HELPERS))}"
+
+
+# ---- the snapshot of everything a helper could leave behind ----------------------------------------
+
+
+def _snapshot(model):
+    return {
+        "hooks": {name: (len(hp._forward_hooks), len(hp._backward_hooks), len(hp.fwd_hooks), len(hp.bwd_hooks))
+                  for name, hp in model.hook_dict.items()},
+        "module_hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in model.modules()),
+        "cfg": json.dumps({k: repr(v) for k, v in vars(model.cfg).items()}, sort_keys=True),
+        "weights": {k: v.clone() for k, v in model.state_dict().items()},
+        "training": [m.training for m in model.modules()],
+        "grad": torch.is_grad_enabled(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _assert_same(before, after):
+    assert after["hooks"] == before["hooks"], "a hook was left attached (or a user hook removed)"
+    assert after["module_hooks"] == before["module_hooks"]
+    assert after["cfg"] == before["cfg"], "a cfg flag was left flipped"
+    for k, v in before["weights"].items():
+        assert torch.equal(after["weights"][k], v), f"weight {k} changed"
+    assert after["training"] == before["training"], "training mode changed"
+    assert after["grad"] == before["grad"], "torch.is_grad_enabled() changed"
+    assert after["threads"] == before["threads"]
+
+
+def _model_for(name):
+    if name in ("analyse_gpt2",):
+        from rs_interp.params import gpt2_config
+        from rs_interp.models import build_model
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return build_model(gpt2_config("small", n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, d_vocab=500, n_ctx=64))
+    return ri.load_toy_model("induction-2l")
+
+
+@pytest.mark.parametrize("name", sorted(HELPERS))
+@pytest.mark.parametrize("training,grad", [(False, True), (True, False)])
+def test_helper_leaves_model_as_found(name, training, grad):
+    model = _model_for(name)
+    model.train(training)
+    fired = []
+    model.add_hook("hook_embed", lambda t, hook: fired.append(1))  # the user's own hook
+    before = _snapshot(model)
+    with torch.set_grad_enabled(grad):
+        before["grad"] = torch.is_grad_enabled()
+        HELPERS[name](model)
+        after = _snapshot(model)
+    _assert_same(before, after)
+    n = len(fired)
+    model(torch.zeros(1, 3, dtype=torch.long))
+    assert len(fired) == n + 1, "the user's hook must stay attached and still fire"
+
+
+class _Injected(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"composition_scores", "count_parameters", "positional_scores", "as_dtype", "save_model"}))
+def test_helper_cleans_up_after_a_failing_hook(name):
+    """A user hook that raises mid-forward: the error propagates and nothing of the helper's stays."""
+    model = _model_for(name)
+    armed = {"on": False}
+
+    def boom(t, hook):
+        if armed["on"]:
+            raise _Injected("injected")
+
+    model.add_hook(f"blocks.{model.cfg.n_layers - 1}.hook_resid_pre", boom)
+    before = _snapshot(model)
+    armed["on"] = True
+    with pytest.raises(_Injected):
+        HELPERS[name](model)
+    armed["on"] = False
+    _assert_same(before, _snapshot(model))
+
+
+# ---- bad input: a ValueError naming the argument, and no hook left behind ---------------------------------
+
+GOOD = ri.induction_batch(2, seed=0).tokens
+BAD_TOKENS = {
+    "out of vocabulary": GOOD.clone().index_fill_(1, torch.tensor([3]), 256),
+    "negative": GOOD.clone().index_fill_(1, torch.tensor([0]), -1),
+    "float dtype": GOOD.float(),
+    "bool dtype": GOOD > 3,
+    "3-d": GOOD[None],
+    "too long": torch.zeros(1, 49, dtype=torch.long),
+    "empty": torch.zeros(1, 0, dtype=torch.long),
+    "not a tensor": GOOD.tolist(),
+}
+TOKEN_HELPERS = {
+    "run_with_key_input": lambda m, t: ri.run_with_key_input(m, t, layer=1),
+    "run_with_query_input": lambda m, t: ri.run_with_query_input(m, t, layer=1),
+    "prev_token_scores": lambda m, t: ri.prev_token_scores(m, t),
+    "attention_patterns": lambda m, t: ri.attention_patterns(m, t),
+    "key_score_sensitivity": lambda m, t: ri.key_score_sensitivity(m, t),
+    "path_expansion": lambda m, t: ri.path_expansion(m, t),
+    "direct_logit_attribution": lambda m, t: ri.direct_logit_attribution(m, t, targets=t),
+    "logit_lens": lambda m, t: ri.logit_lens(m, t),
+}
+
+
+@pytest.fixture(scope="module")
+def shared_toy():
+    return ri.load_toy_model("induction-2l")
+
+
+@pytest.mark.parametrize("helper", sorted(TOKEN_HELPERS))
+@pytest.mark.parametrize("case", sorted(BAD_TOKENS))
+def test_bad_tokens(shared_toy, helper, case):
+    before = _snapshot(shared_toy)
+    with pytest.raises(ValueError, match="tokens"):
+        TOKEN_HELPERS[helper](shared_toy, BAD_TOKENS[case])
+    _assert_same(before, _snapshot(shared_toy))
+
+
+BAD_CALLS = {
+    "layer out of range": (lambda m: ri.run_with_key_input(m, GOOD, layer=2), "layer"),
+    "negative layer": (lambda m: ri.run_with_query_input(m, GOOD, layer=-1), "layer"),
+    "keep at the layer": (lambda m: ri.run_with_key_input(m, GOOD, layer=1, keep=[(1, 0)]), "keep"),
+    "keep after the layer": (lambda m: ri.run_with_key_input(m, GOOD, layer=0, keep=[(1, 0)]), "keep"),
+    "keep head out of range": (lambda m: ri.run_with_key_input(m, GOOD, layer=1, keep=[(0, 7)]), "keep"),
+    "heads out of range": (lambda m: ri.run_with_key_input(m, GOOD, layer=1, heads=[2]), "heads"),
+    "positional layer": (lambda m: ri.positional_scores(m, 3), "layer"),
+    "positional offset": (lambda m: ri.positional_scores(m, 0, max_offset=48), "max_offset"),
+    "composition kind": (lambda m: ri.composition_scores(m, "W"), "kind"),
+    "targets shape": (lambda m: ri.path_expansion(m, GOOD, targets=GOOD[:, :5]), "targets"),
+    "targets vocab": (lambda m: ri.path_expansion(m, GOOD, targets=GOOD + 300), "targets"),
+    "dla targets shape": (lambda m: ri.direct_logit_attribution(m, GOOD, targets=GOOD[:1]), "targets"),
+    "dla contrast": (lambda m: ri.direct_logit_attribution(m, GOOD, targets=GOOD, contrast=GOOD.float()), "contrast"),
+    "lens targets": (lambda m: ri.logit_lens(m, GOOD, targets=GOOD[:, :3]), "targets"),
+    "lens top_k": (lambda m: ri.logit_lens(m, GOOD, top_k=0), "top_k"),
+    "path expansion on LN": (lambda m: ri.path_expansion(ri.make_attn_only(1, normalization_type="LN"), GOOD), "LayerNorm"),
+    "evaluate chunk": (lambda m: ri.evaluate(m, ri.induction_batch(2), chunk_size=0), "chunk_size"),
+    "batch_size": (lambda m: ri.induction_batch(0), "batch_size"),
+    "min_period": (lambda m: ri.induction_batch(2, min_period=0), "min_period"),
+    "max_period": (lambda m: ri.induction_batch(2, max_period=100), "max_period"),
+    "n_layers": (lambda m: ri.make_attn_only(0), "n_layers"),
+    "toy name": (lambda m: ri.load_toy_model("nope"), "name"),
+    "gpt2 size": (lambda m: ri.gpt2_config("tiny"), "size"),
+    "train lr": (lambda m: ri.train_induction_model(1, lr=-1.0, progress=False), "lr"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_arguments(shared_toy, case):
+    fn, arg = BAD_CALLS[case]
+    before = _snapshot(shared_toy)
+    with pytest.raises(ValueError, match=arg):
+        fn(shared_toy)
+    _assert_same(before, _snapshot(shared_toy))
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def checkpoint(tmp_path, shared_toy):
+    return ri.save_model(shared_toy, tmp_path / "toy")
+
+
+def _corrupt(path, how):
+    cfg, w = path.with_name(path.name + ".json"), path.with_name(path.name + ".safetensors")
+    if how == "missing weights":
+        w.unlink()
+    elif how == "missing config":
+        cfg.unlink()
+    elif how == "truncated weights":
+        w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    elif how == "garbage weights":
+        w.write_bytes(b"\x00\x01garbage" * 10)
+    elif how == "not json":
+        cfg.write_text("{not json")
+    elif how == "json list":
+        cfg.write_text("[1, 2]")
+    elif how == "missing field":
+        d = json.loads(cfg.read_text()); del d["config"]["d_model"]; cfg.write_text(json.dumps(d))
+    elif how == "wrong field type":
+        d = json.loads(cfg.read_text()); d["config"]["n_heads"] = "two"; cfg.write_text(json.dumps(d))
+    elif how == "unknown field":
+        d = json.loads(cfg.read_text()); d["config"]["evil"] = 1; cfg.write_text(json.dumps(d))
+    elif how == "shape mismatch":
+        d = json.loads(cfg.read_text()); d["config"]["d_vocab"] = 300; cfg.write_text(json.dumps(d))
+    elif how == "bad dtype":
+        d = json.loads(cfg.read_text()); d["config"]["dtype"] = "os.system"; cfg.write_text(json.dumps(d))
+
+
+CORRUPTIONS = ["missing weights", "missing config", "truncated weights", "garbage weights", "not json", "json list",
+               "missing field", "wrong field type", "unknown field", "shape mismatch", "bad dtype"]
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_bad_checkpoints(checkpoint, how):
+    _corrupt(checkpoint, how)
+    with pytest.raises(ri.CheckpointError):
+        ri.load_model(checkpoint)
+
+
+def test_checkpoint_path_that_does_not_exist(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        ri.load_model(tmp_path / "nothing")
+
+
+def test_no_pickle_anywhere_in_the_library():
+    """Loading never unpickles: no torch.load / pickle in rs_interp (safetensors + JSON only)."""
+    import pathlib
+
+    src = pathlib.Path(ri.__file__).parent
+    for f in list(src.glob("*.py")) + list((src.parent / "hooks").glob("*.py")):
+        text = f.read_text()
+        assert not re.search(r"^\s*(import|from)\s+(c?pickle|dill|joblib)\b|pickle\.loads?\(", text, re.M), f
+        for line in text.splitlines():
+            if "torch.load(" in line:
+                assert "weights_only=True" in line, f"{f}: {line}"
+
+
+# ---- determinism ------------------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_weights_across_processes():
+    import subprocess
+    import sys
+
+    code = ("import hashlib, rs_interp as ri\n"
+            "m = ri.train_induction_model(2, steps=20, batch_size=8, seed=5, progress=False)\n"
+            "print(hashlib.sha256(b''.join(v.numpy().tobytes() for v in m.state_dict().values())).hexdigest())")
+    hashes = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)}
+    m = ri.train_induction_model(2, steps=20, batch_size=8, seed=5, progress=False)
+    import hashlib
+
+    here = hashlib.sha256(b"".join(v.numpy().tobytes() for v in m.state_dict().values())).hexdigest()
+    assert hashes == {here}
+
+
+# ---- property-based ----------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 3), pos=st.integers(1, 48), seed=st.integers(0, 2**16),
+       n_layers=st.integers(1, 3), n_heads=st.integers(1, 3))
+def test_path_expansion_is_exact_for_random_shapes(batch, pos, seed, n_layers, n_heads):
+    model = ri.make_attn_only(n_layers, n_heads=n_heads, d_head=8, d_model=16, seed=seed % 100, dtype=torch.float64)
+    tokens = torch.randint(0, 256, (batch, pos), generator=torch.Generator().manual_seed(seed))
+    pe = ri.path_expansion(model, tokens)
+    assert len(pe.labels) == (1 + n_heads) ** n_layers
+    assert (pe.total() - model(tokens)).abs().max() <= 1e-10
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layer=st.integers(-3, 4), keep=st.lists(st.tuples(st.integers(-1, 3), st.integers(-1, 3)), max_size=3))
+def test_ablation_arguments_either_run_or_raise_valueerror(shared_toy, layer, keep):
+    valid = 0 <= layer < 2 and all(0 <= l < layer and 0 <= h < 2 for l, h in keep)
+    try:
+        out = ri.run_with_key_input(shared_toy, GOOD, layer=layer, keep=keep)
+    except ValueError:
+        assert not valid
+    else:
+        assert valid and out.shape == (2, 48, 256)
+    assert not shared_toy.cfg.use_split_qkv_input
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.lists(st.integers(-5, 300), min_size=0, max_size=60), width=st.integers(1, 60))
+def test_random_token_values_either_run_or_raise_valueerror(shared_toy, data, width):
+    tokens = torch.tensor(data, dtype=torch.long)
+    if len(data) >= width and len(data) % width == 0:
+        tokens = tokens.reshape(-1, width)
+    valid = len(data) > 0 and tokens.ndim <= 2 and tokens.shape[-1] <= 48 and min(data) >= 0 and max(data) < 256
+    try:
+        ri.logit_lens(shared_toy, tokens, top_k=2)
+    except ValueError:
+        assert not valid
+    else:
+        assert valid
