@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import torch
 from transformer_lens import HookedTransformer
 
-__all__ = ["Row", "Section", "Context", "induction_section", "circuits_section", "paths_section", "gpt2_section", "geometry_section"]
+__all__ = ["Row", "Section", "Context", "induction_section", "circuits_section", "paths_section", "gpt2_section", "geometry_section", "finance_section"]
 
 
 @dataclass(frozen=True)
@@ -264,3 +264,32 @@ def geometry_section(ctx: Context) -> Section:
              "Gradients: d = 64, 4 heads, ReLU MLP of width 256, RMS over 8 draws, float64.")
     return Section("geometry", "Residual-stream geometry: collapse, the skip, pre-LN vs post-LN", tuple(rows), results,
                    figures=(collapse_figure(runs), layernorm_figure()), notes=notes)
+
+
+def finance_section(ctx: Context) -> Section:
+    """The five readers on seen and unseen companies, and the demo filing."""
+    from .finance import READERS, run_case_study
+    from .plots import finance_figure
+
+    ctx.log("finance: generating the corpus and training the filing model")
+    res = run_case_study(seed=ctx.seed, induction_1l=ctx.model("induction-1l"), induction_2l=ctx.model("induction-2l"),
+                         progress=ctx.progress)
+    theory = {"bigram table": ("0.576", "0.000"), "filing-trained model, direct path": ("0.717", "0.000"),
+              "filing-trained model": ("0.814", "0.000"), "induction model, one layer": ("0.056", "0.071"),
+              "induction model, two layers": ("0.710", "0.768")}
+    bands = {"bigram table": (dict(lo=0.40), dict(hi=0.0)), "filing-trained model, direct path": ({}, dict(hi=0.05)),
+             "filing-trained model": (dict(lo=0.60), dict(hi=0.05)), "induction model, one layer": (dict(hi=0.20), dict(hi=0.20)),
+             "induction model, two layers": (dict(lo=0.55), dict(lo=0.60))}
+    rows = []
+    for r in READERS:
+        rows.append(band_row(f"{r}: seen companies", res.seen[r], theory[r][0], **bands[r][0]))
+        rows.append(band_row(f"{r}: unseen companies", res.unseen[r], theory[r][1], **bands[r][1]))
+    rows.append(Row("queries: seen / unseen", f"{res.n_queries['seen']} / {res.n_queries['unseen']}", "269 / 336", "report", None))
+    demo = {r: f"{sum(v)} of {len(v)}" for r, v in res.demo.items()}
+    for r in READERS:
+        rows.append(Row(f"demo filing: {r}", demo[r], "11 of 12" if r == "induction model, two layers" else "0", "report", None))
+    results = {"seen": res.seen, "unseen": res.unseen, "n_queries": res.n_queries,
+               "demo": {"queries": list(res.demo_queries), "completed": {r: v for r, v in res.demo.items()}}}
+    return Section("finance", "Finance case study: completing company names by induction", tuple(rows), results,
+                   figures=(finance_figure(res.seen, res.unseen),),
+                   notes="Synthetic filings (seeded, generated in-process); words hashed to 256 symbols by CRC-32.")
