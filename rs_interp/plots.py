@@ -58,7 +58,8 @@ def attention_figure(model: HookedTransformer, tokens: torch.Tensor, heads: Sequ
                                      marker=dict(symbol="square-open", size=7, color="#d62728"), showlegend=c == 1), row=1, col=c)
         fig.update_yaxes(autorange="reversed", title_text="query position i" if c == 1 else None, row=1, col=c)
         fig.update_xaxes(title_text="key position j", row=1, col=c)
-    fig.update_layout(title="Attention patterns" + (f" on a sequence of period {period}" if period else ""), height=460)
+    fig.update_layout(title="Attention patterns" + (f" on a sequence of period {period}" if period else ""), height=500,
+                      legend=dict(orientation="h", yanchor="top", y=-0.18, x=0))
     return fig
 
 
@@ -97,7 +98,7 @@ def composition_heatmaps(model: HookedTransformer, *, full_circuit: bool = False
         m = s.reshape(L * H, L * H)
         mats[kind] = (m, base)
         zmax = max(zmax, float(m.nan_to_num(0).max()))
-    names = [f"{l}.{h}" for l in range(L) for h in range(H)]
+    names = [f"L{l}H{h}" for l in range(L) for h in range(H)]  # not "0.1": plotly would read it as a number
     for c, kind in enumerate("KQV", start=1):
         m, base = mats[kind]
         z = [[None if math.isnan(v) else v for v in row] for row in m.tolist()]
@@ -113,7 +114,7 @@ def composition_heatmaps(model: HookedTransformer, *, full_circuit: bool = False
 def collapse_figure(runs: Sequence) -> go.Figure:
     """Diameter per layer, pure stack vs skip, with Theorem 1 (iii)'s bound, one panel per beta (log scale)."""
     betas = sorted({r.beta for r in runs})
-    fig = make_subplots(rows=1, cols=len(betas), subplot_titles=[f"β = {b:g}" for b in betas], shared_yaxes=True)
+    fig = make_subplots(rows=1, cols=len(betas), subplot_titles=[f"β = {b:g}" for b in betas], horizontal_spacing=0.05)
     style = {False: ("pure attention", "#d62728"), True: ("with the skip", "#1f77b4")}
     for c, beta in enumerate(betas, start=1):
         for run in (r for r in runs if r.beta == beta):
@@ -125,7 +126,8 @@ def collapse_figure(runs: Sequence) -> go.Figure:
                 fig.add_trace(go.Scatter(x=layers, y=[max(float(v), 1e-16) for v in run.bound], name="Theorem 1 bound",
                                          line=dict(color="#555", dash="dash"), legendgroup="bound", showlegend=c == 1), row=1, col=c)
         fig.update_xaxes(title_text="layer", row=1, col=c)
-    fig.update_yaxes(type="log", title_text="diameter", row=1, col=1)
+    fig.update_yaxes(type="log", exponentformat="power")
+    fig.update_yaxes(title_text="diameter (log; 0 drawn at 1e-16)", row=1, col=1)
     fig.update_layout(title="Attention collapses; the skip keeps the diameter", height=420)
     return fig
 

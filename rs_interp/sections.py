@@ -6,6 +6,7 @@ the band an issue accepts, the JSON for ``results.json``, and the figures for th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -103,6 +104,7 @@ def circuits_section(ctx: Context) -> list[Section]:
     from .composition import composition_scores
     from .heads import induction_scores, positional_scores, prev_token_scores
     from .models import make_attn_only
+    from .plots import attention_figure, composition_heatmaps, period_sequence
     from .training import TOY_TRAINING, score_logits
 
     model, batch = ctx.model("induction-2l"), ctx.batch
@@ -149,7 +151,10 @@ def circuits_section(ctx: Context) -> list[Section]:
     comp_rows.append(band_row("max K score at initialisation", init_k, "0.188"))
     composition = Section("composition", "Composition scores (theory's definition)", tuple(comp_rows), {
         k: v[0, :, 1, :].tolist() for k, v in comp.items()} | {"init_max_K": init_k, "prev_token_head": [0, ph]},
+        figures=(composition_heatmaps(model),),
         notes="Band of the K rows: above every Q and V score of the same pairs and above the largest K score at initialisation.")
+    induction_head = (1, int(ind.target[1].argmax()))
+    heads = dataclasses.replace(heads, figures=(attention_figure(model, period_sequence(11, seed=ctx.seed), [(0, ph), induction_head], period=11),))
     return [key_ablation, heads, composition]
 
 
@@ -157,6 +162,7 @@ def paths_section(ctx: Context) -> list[Section]:
     from .lens import logit_lens
     from .models import as_dtype
     from .paths import path_expansion, path_logit_attribution
+    from .plots import logit_lens_figure, path_contributions_figure, period_sequence
 
     model, batch = ctx.model("induction-2l"), ctx.batch
     m64 = as_dtype(model, torch.float64)
@@ -165,13 +171,18 @@ def paths_section(ctx: Context) -> list[Section]:
         err = float((pe.total() - m64(batch.tokens)).abs().max())
     att = path_logit_attribution(model, batch)
     share = float(att.share_ending_in(model.cfg.n_layers - 1).median())
+    seq = period_sequence(11, seed=ctx.seed)
+    pos = seq.shape[1] - 2  # the last position with a next token
+    one = path_expansion(model, seq, targets=seq.roll(-1, 1))
+    fig = path_contributions_figure(one.labels, one.contributions[:, 0, pos].tolist(),
+                                    title=f"The correct token's logit at position {pos} (period 11), split into its {len(one.labels)} paths")
     paths = Section("paths", "Theorem 3: the path expansion", (
         Row("number of paths", len(pe.labels), "9", "= 9", len(pe.labels) == 9),
         band_row("max |path sum - logits| (float64)", err, "2e-14", hi=1e-10),
         band_row("median share of layer-1-ending paths", share, "> 0.90", lo=0.80),
         band_row("direct + layer-0 paths rank correct first", att.top1_without_last_layer, "< 0.05", hi=0.10),
     ), {"n_paths": len(pe.labels), "max_abs_error": err, "layer1_share_median": share,
-        "direct_or_layer0_top1_rate": att.top1_without_last_layer, "labels": list(pe.labels)})
+        "direct_or_layer0_top1_rate": att.top1_without_last_layer, "labels": list(pe.labels)}, figures=(fig,))
     targets = torch.cat([batch.tokens[:, 1:], torch.full_like(batch.tokens[:, :1], -1)], 1)
     lens = logit_lens(model, batch.tokens, targets=targets, batch_chunk=250, row_chunk=4096)
     mask = torch.cat([batch.scored, torch.zeros_like(batch.scored[:, :1])], 1)
@@ -179,13 +190,17 @@ def paths_section(ctx: Context) -> list[Section]:
     theory, bands = ("0.004", "0.004", "0.958"), (dict(hi=0.01), dict(hi=0.01), dict(lo=0.90))
     names = ("after the embedding", "after layer 0", "after layer 1")
     lens_rows = tuple(band_row(f"P(correct) {n}", v, t, **b) for n, v, t, b in zip(names, p, theory, bands))
-    return [paths, Section("logit_lens", "The logit lens on the two-layer model", lens_rows, {"p_correct": p, "labels": list(lens.labels)})]
+    lens_fig = logit_lens_figure(lens.labels, {"P(correct), mean over scored positions": p}, chance=1 / model.cfg.d_vocab,
+                                 title="Logit lens on the two-layer model: the answer exists only after layer 1")
+    return [paths, Section("logit_lens", "The logit lens on the two-layer model", lens_rows, {"p_correct": p, "labels": list(lens.labels)},
+                           figures=(lens_fig,))]
 
 
 def gpt2_section(ctx: Context) -> Section:
     """GPT-2 small: the exact parameter count, the offline conversion check, and (with real weights) Paris."""
     from .gpt2 import analyse_gpt2, conversion_check, find_pretrained_gpt2
     from .params import count_parameters, gpt2_config
+    from .plots import logit_lens_figure, parameter_breakdown_figure
 
     pc = count_parameters(gpt2_config("small"))
     expected = {"token_embedding": 38_597_376, "positional_embedding": 786_432, "attention": 28_348_416,
@@ -208,7 +223,10 @@ def gpt2_section(ctx: Context) -> Section:
         results |= {"lens_p_paris": dict(zip(a.lens_labels, a.lens_p_answer)), "top_induction": list(a.top_induction),
                     "top_prev_token": list(a.top_prev_token)}
     notes = f"Weights: {results['weights']} ({why})"
-    return Section("gpt2", "GPT-2 small: parameters, conversion, weights", tuple(rows), results, notes=notes)
+    figures = [parameter_breakdown_figure(pc.by_category)]
+    if model is not None:
+        figures.append(logit_lens_figure(a.lens_labels, {"P(' Paris')": a.lens_p_answer}, title="GPT-2 small: logit lens on 'The Eiffel Tower is in the city of'"))
+    return Section("gpt2", "GPT-2 small: parameters, conversion, weights", tuple(rows), results, figures=tuple(figures), notes=notes)
 
 
 def geometry_section(ctx: Context) -> Section:

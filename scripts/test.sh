@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+bash scripts/setup_browser.sh
 exec "${RS_INTERP_VENV:-.venv}/bin/python" -m pytest "$@"

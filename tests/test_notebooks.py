@@ -1,0 +1,27 @@
+"""Every notebook runs top to bottom with the public API (nbclient, a fresh kernel each)."""
+
+import pathlib
+import time
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_the_four_notebooks_exist():
+    assert {p.stem for p in NOTEBOOKS} >= {"induction_circuit", "residual_geometry", "finance_case", "gpt2_small"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes(path):
+    nb = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    elapsed = time.perf_counter() - start
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert errors == []
+    print(f"{path.stem}: {elapsed:.1f} s")
+    assert elapsed < 60, f"{path.stem} took {elapsed:.0f} s (goal: under a minute on 2 cores)"
