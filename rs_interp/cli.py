@@ -66,24 +66,45 @@ def _gpt2(args: argparse.Namespace) -> int:
         print("logit lens, P(%r): " % a.prompt_answer + ", ".join(f"{l} {p:.3f}" for l, p in zip(a.lens_labels, a.lens_p_answer)))
     else:
         print("no tokenizer with these weights: the logit-lens prompt is skipped")
+    if args.out:
+        import json
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        payload = {"weights": kind, "source": source, "parameters": dict(pc.by_category, total=pc.total),
+                   "top_prev_token": list(a.top_prev_token), "top_induction": list(a.top_induction),
+                   "prev_token": a.prev_token.tolist(), "induction": a.induction.tolist(),
+                   "lens_p_answer": dict(zip(a.lens_labels, a.lens_p_answer)), "final_top_token": a.final_top_token}
+        (out / "gpt2.json").write_text(json.dumps(payload, indent=2))
+        print(f"wrote {out / 'gpt2.json'}")
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr, no usage dump, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rs-interp", description="Residual-stream interpretability on TransformerLens: reproduce the theory's tables, run the GPT-2 analyses, train the toy models.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = _Parser(prog="rs-interp", description="Residual-stream interpretability on TransformerLens: reproduce the theory's tables, run the GPT-2 analyses, train the toy models.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     r = sub.add_parser("reproduce", help="reproduce every table of the theory offline; write results.json and report.html",
                        description="Reproduce every table of the theory offline, print each beside the theory's values, and write DIR/results.json and DIR/report.html.")
     r.add_argument("--out", default="rs_interp_out", metavar="DIR", help="output directory (default: %(default)s)")
     r.add_argument("--retrain", action="store_true", help="retrain the toy models instead of loading the shipped ones (~1 minute)")
-    r.add_argument("--seed", type=int, default=0, help="training seed with --retrain (default: %(default)s, the shipped models' seed)")
-    r.add_argument("--only", nargs="+", metavar="SECTION", help="compute only these sections")
+    r.add_argument("--seed", type=int, default=0, help="seed of retraining (with --retrain), the collapse cloud, the gradient draws, the finance corpus and "
+                        "model (default: %(default)s, the shipped models' seed)")
+    r.add_argument("--only", nargs="+", metavar="SECTION", choices=["induction", "circuits", "paths", "gpt2", "geometry", "finance"],
+                   help="compute only these sections: induction, circuits, paths, gpt2, geometry, finance")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)
     g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",
                        description=f"Run the GPT-2 small analyses (parameter count, head roles, logit lens). Weights: --weights PATH (a local Hugging Face checkpoint directory), --weights random, or by default ${{RS_INTERP_GPT2_PATH}} or the Hugging Face cache.")
     g.add_argument("--weights", metavar="PATH", help="a local Hugging Face GPT-2 checkpoint directory, or 'random'")
     g.add_argument("--seed", type=int, default=0, help="seed of the random tokens (and random weights) (default: %(default)s)")
+    g.add_argument("--out", metavar="DIR", help="also write DIR/gpt2.json with the scores")
     g.set_defaults(func=_gpt2)
     t = sub.add_parser("train", help="train a toy induction model and save it", description="Train a toy induction model with the recorded settings and save it as safetensors + JSON.")
     t.add_argument("name", choices=["induction-2l", "induction-1l"])
@@ -99,9 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as err:
+    except (ValueError, RuntimeError, OSError) as err:
+        # One line, no traceback: bad input, missing weights, unwritable output directory.
         print(f"rs-interp: error: {err}", file=sys.stderr)
-        return 2
+        return 1
+    except KeyboardInterrupt:
+        print("rs-interp: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

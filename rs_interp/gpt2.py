@@ -65,10 +65,11 @@ def _from_local(path: Path, *, fold_ln: bool, center_writing_weights: bool, cent
     model = build_model(cfg)
     model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                       center_unembed=center_unembed)
-    try:
-        model.set_tokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
-    except (OSError, ValueError, TypeError):
-        pass  # a checkpoint without tokenizer files still runs on token ids
+    has_tokenizer_files = any((path / f).is_file() for f in ("tokenizer.json", "vocab.json"))
+    if has_tokenizer_files:  # without them transformers builds an empty tokenizer; token ids still work
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        if len(tokenizer) >= cfg.d_vocab - 1:
+            model.set_tokenizer(tokenizer)
     return model.eval()
 
 
@@ -209,9 +210,12 @@ def analyse_gpt2(
     ind = induction_scores(model, batch).target
     out = dict(weights=weights, source=source, prev_token=prev, induction=ind,
                top_prev_token=_top_heads(prev), top_induction=_top_heads(ind))
+    answer_ids = model.to_tokens(answer, prepend_bos=False)[0] if model.tokenizer is not None else None
+    if answer_ids is not None and answer_ids.numel() != 1:
+        raise ValueError(f"answer must be a single token for this tokenizer, got {answer!r} -> {answer_ids.tolist()}")
     if model.tokenizer is not None:
         tokens = model.to_tokens(prompt)
-        answer_id = model.to_single_token(answer)
+        answer_id = int(answer_ids[0])
         targets = torch.full_like(tokens, -1)
         targets[0, -1] = answer_id
         lens = logit_lens(model, tokens, targets=targets, top_k=1)

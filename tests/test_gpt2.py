@@ -164,3 +164,14 @@ def test_known_induction_and_prev_token_heads(pretrained):
 
 def test_pretrained_parameter_count(pretrained):
     assert ri.count_parameters(pretrained).total == 124_439_808
+
+
+def test_cli_gpt2_says_which_weights(hf_random, tmp_path, capsys):
+    from rs_interp.cli import main
+
+    assert main(["gpt2", "--weights", hf_random[1], "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"pretrained weights from {hf_random[1]}" in out and "124,439,808" in out
+    assert (tmp_path / "gpt2.json").is_file()
+    assert main(["gpt2", "--weights", "random"]) == 0
+    assert "random weights" in capsys.readouterr().out

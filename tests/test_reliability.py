@@ -335,3 +335,12 @@ def test_random_token_values_either_run_or_raise_valueerror(shared_toy, data, wi
         assert not valid
     else:
         assert valid
+
+
+@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"save_model", "count_parameters", "finance_readers", "as_dtype"}))
+def test_helpers_accept_float64_models(name):
+    model = ri.as_dtype(_model_for(name), torch.float64)
+    out = HELPERS[name](model)
+    tensors = [v for v in (out if isinstance(out, tuple) else vars(out).values() if hasattr(out, "__dict__") else [out])
+               if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    assert all(t.dtype == torch.float64 for t in tensors), [t.dtype for t in tensors]
