@@ -20,7 +20,7 @@ from typing import Callable, MutableMapping, Sequence
 import torch
 from transformer_lens.hook_points import HookPoint
 
-__all__ = ["store", "replace", "replace_heads", "replace_heads_with", "add", "raise_in_hook"]
+__all__ = ["store", "replace", "replace_heads", "replace_heads_with", "add"]
 
 HookFn = Callable[..., torch.Tensor | None]
 
@@ -76,14 +76,5 @@ def add(delta: torch.Tensor) -> HookFn:
 
     def fn(tensor: torch.Tensor, *, hook: HookPoint) -> torch.Tensor:
         return tensor + delta.to(tensor.dtype)
-
-    return fn
-
-
-def raise_in_hook(error: Exception) -> HookFn:
-    """Raise ``error`` when the hook fires: for testing that helpers clean up after failures."""
-
-    def fn(tensor: torch.Tensor, *, hook: HookPoint) -> None:
-        raise error
 
     return fn

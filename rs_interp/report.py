@@ -13,21 +13,15 @@ from plotly.offline import get_plotlyjs
 
 from .sections import Context, Section
 
-__all__ = ["run_sections", "format_table", "write_results", "write_report", "SECTION_BUILDERS"]
+__all__ = ["run_sections", "format_table", "write_results", "write_report"]
 
 
 def _builders() -> list[tuple[str, Callable[[Context], Section | list[Section]]]]:
+    """The sections of ``reproduce``, in report order (``--only`` takes these names)."""
     from . import sections as S
 
-    out: list[tuple[str, Callable]] = [("induction", S.induction_section), ("circuits", S.circuits_section),
-                                       ("paths", S.paths_section)]
-    for name in ("gpt2_section", "geometry_section", "finance_section"):
-        if hasattr(S, name):
-            out.append((name.removesuffix("_section"), getattr(S, name)))
-    return out
-
-
-SECTION_BUILDERS = _builders
+    return [("induction", S.induction_section), ("circuits", S.circuits_section), ("paths", S.paths_section),
+            ("gpt2", S.gpt2_section), ("geometry", S.geometry_section), ("finance", S.finance_section)]
 
 
 def run_sections(ctx: Context, only: Iterable[str] | None = None) -> list[Section]:

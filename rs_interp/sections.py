@@ -7,6 +7,7 @@ the band an issue accepts, the JSON for ``results.json``, and the figures for th
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -45,10 +46,13 @@ class Section:
 def band_row(label: str, value: float, theory: str, *, lo: float | None = None, hi: float | None = None) -> Row:
     """A row whose band is ``lo <= value <= hi`` (either bound optional)."""
     parts = []
-    if lo is not None:
-        parts.append(f">= {lo:g}")
-    if hi is not None:
-        parts.append(f"<= {hi:g}")
+    if lo is not None and lo == hi:
+        parts.append(f"= {lo:g}")
+    else:
+        if lo is not None:
+            parts.append(f">= {lo:g}")
+        if hi is not None:
+            parts.append(f"<= {hi:g}")
     ok = (lo is None or value >= lo) and (hi is None or value <= hi)
     return Row(label, float(value), theory, " and ".join(parts) or "report", ok if parts else None)
 
@@ -76,8 +80,9 @@ class Context:
                 self._models[name] = load_toy_model(name)
         return self._models[name]
 
-    @property
+    @functools.cached_property
     def batch(self):
+        """The 1000 held-out test sequences."""
         from .training import test_batch
 
         return test_batch()
@@ -111,6 +116,7 @@ def circuits_section(ctx: Context) -> list[Section]:
     prev = prev_token_scores(model, batch.tokens)
     ph = int(prev[0].argmax())  # the previous-token head: found from the scores, never by index
     other = [h for h in range(model.cfg.n_heads) if h != ph]
+    other_label = " + ".join(f"(0,{h})" for h in other)
     ablations = {
         "keys_from_x0": score_logits(run_with_key_input(model, batch.tokens, layer=1), batch),
         "keys_x0_plus_prev_token_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, ph)]), batch),
@@ -122,8 +128,8 @@ def circuits_section(ctx: Context) -> list[Section]:
         band_row("layer 1's keys read from x_0: accuracy", a["keys_from_x0"].accuracy, "0.075", hi=0.15),
         band_row(f"keys = x_0 + prev-token head (0,{ph}): accuracy", a["keys_x0_plus_prev_token_head"].accuracy, "0.969", lo=0.93),
         band_row(f"keys = x_0 + prev-token head (0,{ph}): loss", a["keys_x0_plus_prev_token_head"].loss, "0.228"),
-        band_row(f"keys = x_0 + other head {tuple((0, h) for h in other)}: accuracy", a["keys_x0_plus_other_head"].accuracy, "0.084", hi=0.20),
-        band_row(f"keys = x_0 + other head {tuple((0, h) for h in other)}: loss", a["keys_x0_plus_other_head"].loss, "5.391"),
+        band_row(f"keys = x_0 + other head {other_label}: accuracy", a["keys_x0_plus_other_head"].accuracy, "0.084", hi=0.20),
+        band_row(f"keys = x_0 + other head {other_label}: loss", a["keys_x0_plus_other_head"].loss, "5.391"),
     )
     key_ablation = Section("key_ablation", "Per-head key ablation (layer 1's key input)", abl_rows,
                            {k: {"loss": v.loss, "accuracy": v.accuracy} for k, v in ablations.items()} | {"prev_token_head": [0, ph]})
@@ -295,7 +301,7 @@ def finance_section(ctx: Context) -> Section:
     theory = {"bigram table": ("0.576", "0.000"), "filing-trained model, direct path": ("0.717", "0.000"),
               "filing-trained model": ("0.814", "0.000"), "induction model, one layer": ("0.056", "0.071"),
               "induction model, two layers": ("0.710", "0.768")}
-    bands = {"bigram table": (dict(lo=0.40), dict(hi=0.0)), "filing-trained model, direct path": ({}, dict(hi=0.05)),
+    bands = {"bigram table": (dict(lo=0.40), dict(lo=0.0, hi=0.0)), "filing-trained model, direct path": ({}, dict(hi=0.05)),
              "filing-trained model": (dict(lo=0.60), dict(hi=0.05)), "induction model, one layer": (dict(hi=0.20), dict(hi=0.20)),
              "induction model, two layers": (dict(lo=0.55), dict(lo=0.60))}
     rows = []
