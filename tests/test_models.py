@@ -79,3 +79,15 @@ def test_shipped_models_record_their_training(name, n_layers):
 def test_unknown_toy_model():
     with pytest.raises(ValueError, match="name"):
         ri.load_toy_model("induction-3l")
+
+
+def test_model_construction_silences_only_the_hookedtransformer_deprecation():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ri.make_attn_only(1)
+        warnings.warn("an unrelated deprecation", DeprecationWarning)
+    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert not any("HookedTransformer is deprecated" in m for m in messages)
+    assert "an unrelated deprecation" in messages  # the filter is scoped to construction

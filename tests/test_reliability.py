@@ -344,3 +344,23 @@ def test_helpers_accept_float64_models(name):
     tensors = [v for v in (out if isinstance(out, tuple) else vars(out).values() if hasattr(out, "__dict__") else [out])
                if isinstance(v, torch.Tensor) and v.is_floating_point()]
     assert all(t.dtype == torch.float64 for t in tensors), [t.dtype for t in tensors]
+
+
+@pytest.mark.slow
+def test_tables_are_identical_across_processes(tmp_path):
+    import subprocess
+    import sys
+
+    for name in ("a", "b"):
+        subprocess.run([sys.executable, "-m", "rs_interp.cli", "reproduce", "--only", "induction", "paths", "geometry",
+                        "--quiet", "--out", str(tmp_path / name)], check=True, capture_output=True)
+    assert (tmp_path / "a" / "results.json").read_bytes() == (tmp_path / "b" / "results.json").read_bytes()
+
+
+def test_tables_are_identical_within_a_process():
+    from rs_interp.report import run_sections
+    from rs_interp.sections import Context
+
+    first = [s.results for s in run_sections(Context(progress=False), ["circuits"])]
+    second = [s.results for s in run_sections(Context(progress=False), ["circuits"])]
+    assert first == second
