@@ -15,7 +15,41 @@ import plotly.graph_objects as go
 import torch
 from transformer_lens import HookedTransformer
 
-__all__ = ["Row", "Section", "Context", "induction_section", "circuits_section", "paths_section", "gpt2_section", "geometry_section", "finance_section"]
+from .ablation import run_with_key_input
+from .composition import composition_scores
+from .finance import READERS, run_case_study
+from .geometry import collapse_cloud, collapse_run
+from .gpt2 import analyse_gpt2, conversion_check, find_pretrained_gpt2
+from .gradients import gradient_scaling
+from .heads import induction_scores, positional_scores, prev_token_scores
+from .lens import logit_lens
+from .models import as_dtype, load_toy_model, make_attn_only
+from .params import count_parameters, gpt2_config
+from .paths import path_expansion, path_logit_attribution
+from .plots import (
+    attention_figure,
+    collapse_figure,
+    composition_heatmaps,
+    finance_figure,
+    layernorm_figure,
+    logit_lens_figure,
+    parameter_breakdown_figure,
+    path_contributions_figure,
+    period_sequence,
+)
+from .training import TOY_TRAINING, evaluate, score_logits, test_batch, train_induction_model
+
+__all__ = [
+    "Row",
+    "Section",
+    "Context",
+    "induction_section",
+    "circuits_section",
+    "paths_section",
+    "gpt2_section",
+    "geometry_section",
+    "finance_section",
+]
 
 
 @dataclass(frozen=True)
@@ -68,9 +102,6 @@ class Context:
     _models: dict[str, HookedTransformer] = field(default_factory=dict)
 
     def model(self, name: str) -> HookedTransformer:
-        from .models import load_toy_model
-        from .training import TOY_TRAINING, train_induction_model
-
         if name not in self._models:
             if self.retrain:
                 self.log(f"training {name} (seed {self.seed})")
@@ -83,14 +114,10 @@ class Context:
     @functools.cached_property
     def batch(self):
         """The 1000 held-out test sequences."""
-        from .training import test_batch
-
         return test_batch()
 
 
 def induction_section(ctx: Context) -> Section:
-    from .training import evaluate
-
     s2, s1 = evaluate(ctx.model("induction-2l"), ctx.batch), evaluate(ctx.model("induction-1l"), ctx.batch)
     rows = (
         band_row("two layers: loss (nats)", s2.loss, "0.157", hi=0.30),
@@ -105,13 +132,6 @@ def induction_section(ctx: Context) -> Section:
 
 def circuits_section(ctx: Context) -> list[Section]:
     """Key ablation, head roles and composition scores on the two-layer model (three sections)."""
-    from .ablation import run_with_key_input
-    from .composition import composition_scores
-    from .heads import induction_scores, positional_scores, prev_token_scores
-    from .models import make_attn_only
-    from .plots import attention_figure, composition_heatmaps, period_sequence
-    from .training import TOY_TRAINING, score_logits
-
     model, batch = ctx.model("induction-2l"), ctx.batch
     prev = prev_token_scores(model, batch.tokens)
     ph = int(prev[0].argmax())  # the previous-token head: found from the scores, never by index
@@ -165,11 +185,6 @@ def circuits_section(ctx: Context) -> list[Section]:
 
 
 def paths_section(ctx: Context) -> list[Section]:
-    from .lens import logit_lens
-    from .models import as_dtype
-    from .paths import path_expansion, path_logit_attribution
-    from .plots import logit_lens_figure, path_contributions_figure, period_sequence
-
     model, batch = ctx.model("induction-2l"), ctx.batch
     m64 = as_dtype(model, torch.float64)
     pe = path_expansion(m64, batch.tokens)
@@ -204,10 +219,6 @@ def paths_section(ctx: Context) -> list[Section]:
 
 def gpt2_section(ctx: Context) -> Section:
     """GPT-2 small: the exact parameter count, the offline conversion check, and (with real weights) Paris."""
-    from .gpt2 import analyse_gpt2, conversion_check, find_pretrained_gpt2
-    from .params import count_parameters, gpt2_config
-    from .plots import logit_lens_figure, parameter_breakdown_figure
-
     pc = count_parameters(gpt2_config("small"))
     expected = {"token_embedding": 38_597_376, "positional_embedding": 786_432, "attention": 28_348_416,
                 "mlp": 56_669_184, "layernorm": 38_400}
@@ -237,10 +248,6 @@ def gpt2_section(ctx: Context) -> Section:
 
 def geometry_section(ctx: Context) -> Section:
     """Collapse and the skip, and the pre-LN vs post-LN gradient table."""
-    from .geometry import collapse_cloud, collapse_run
-    from .gradients import gradient_scaling
-    from .plots import collapse_figure, layernorm_figure
-
     X0 = collapse_cloud(ctx.seed)
     betas = (0.25, 0.5, 1.0, 2.0, 4.0)
     runs = [collapse_run(X0, b, skip=s) for b in betas for s in (False, True)]
@@ -292,9 +299,6 @@ def geometry_section(ctx: Context) -> Section:
 
 def finance_section(ctx: Context) -> Section:
     """The five readers on seen and unseen companies, and the demo filing."""
-    from .finance import READERS, run_case_study
-    from .plots import finance_figure
-
     ctx.log("finance: generating the corpus and training the filing model")
     res = run_case_study(seed=ctx.seed, induction_1l=ctx.model("induction-1l"), induction_2l=ctx.model("induction-2l"),
                          progress=ctx.progress)

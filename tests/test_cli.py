@@ -39,3 +39,15 @@ def test_gpt2_without_weights_is_one_clean_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "rs_interp.cli", "gpt2"], capture_output=True, text=True, env=env)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "RS_INTERP_GPT2_PATH" in r.stderr and "--weights random" in r.stderr
+
+
+@pytest.mark.slow
+def test_reproduce_retrain_matches_the_shipped_models(tmp_path):
+    """--retrain rebuilds both toy models from the recorded seed: the table is the shipped one's."""
+    assert main(["reproduce", "--out", str(tmp_path / "shipped"), "--only", "induction", "--quiet"]) == 0
+    assert main(["reproduce", "--out", str(tmp_path / "retrained"), "--only", "induction", "--retrain", "--quiet"]) == 0
+    a = json.loads((tmp_path / "shipped" / "results.json").read_text())["induction"]
+    b = json.loads((tmp_path / "retrained" / "results.json").read_text())["induction"]
+    for model in ("two_layers", "one_layer"):
+        for metric in ("loss", "accuracy"):
+            assert b[model][metric] == pytest.approx(a[model][metric], abs=1e-6)
