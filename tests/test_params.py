@@ -42,14 +42,17 @@ def test_count_matches_an_allocated_transformerlens_model(gpt2_tiny):
     assert pc.total == n - pc.unembed_bias
 
 
-def test_config_matches_what_transformerlens_derives(monkeypatch):
-    """TransformerLens's own conversion of the released config (served from GPT2Config() offline)."""
+@pytest.mark.parametrize("size", sorted(GPT2_SIZES))
+def test_config_matches_what_transformerlens_derives(size, monkeypatch):
+    """TransformerLens's own conversion of each released config (served offline from GPT2Config)."""
     import transformers
     from transformer_lens import loading_from_pretrained as loading
 
-    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **k: GPT2Config(n_ctx=1024, architectures=["GPT2LMHeadModel"]))
-    theirs = loading.convert_hf_model_config("gpt2")
-    ours = ri.gpt2_config("small")
+    n_layers, d_model, n_heads = GPT2_SIZES[size]
+    released = GPT2Config(n_layer=n_layers, n_embd=d_model, n_head=n_heads, n_ctx=1024, architectures=["GPT2LMHeadModel"])
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **k: released)
+    theirs = loading.convert_hf_model_config({"small": "gpt2"}.get(size, f"gpt2-{size}"))
+    ours = ri.gpt2_config(size)
     for key, value in theirs.items():
         if hasattr(ours, key) and key not in ("tokenizer_name",):
             assert getattr(ours, key) == value, key
