@@ -142,10 +142,11 @@ def test_head_roles_on_gpt2(gpt2_random):
 
 @pytest.fixture(scope="module")
 def pretrained():
-    model, why = find_pretrained_gpt2()
+    model, _ = find_pretrained_gpt2()
     if model is None:
-        pytest.skip(f"needs pretrained GPT-2 small: set {ENV_VAR} to a local Hugging Face checkpoint directory "
-                    f"(config.json + model.safetensors + tokenizer files) or put 'gpt2' in the HF cache. ({why[:120]})")
+        pytest.skip(f"needs pretrained GPT-2 small, absent here: set {ENV_VAR}=DIR, a local Hugging Face checkpoint "
+                    "directory (config.json, model.safetensors, tokenizer files; see README 'GPT-2 small'), or put "
+                    "'gpt2' in the Hugging Face cache")
     return model
 
 
