@@ -32,13 +32,11 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from .models import save_model
-    from .training import TOY_TRAINING, evaluate, test_batch, train_induction_model
+    from .training import train_toy_model
 
-    settings = dict(TOY_TRAINING[args.name], seed=args.seed)
-    model = train_induction_model(**settings, progress=not args.quiet)
-    score = evaluate(model, test_batch())
-    path = save_model(model, Path(args.out) / args.name, metadata={"training": settings, "test_loss": score.loss, "test_accuracy": score.accuracy})
-    print(f"{args.name}: loss {score.loss:.4f}, accuracy {score.accuracy:.4f}; saved to {path}")
+    model, meta = train_toy_model(args.name, seed=args.seed, progress=not args.quiet)
+    path = save_model(model, Path(args.out) / args.name, metadata=meta)
+    print(f"{args.name}: loss {meta['test_loss']:.4f}, accuracy {meta['test_accuracy']:.4f}; saved to {path}")
     return 0
 
 

@@ -179,6 +179,14 @@ def _roster(rng: random.Random) -> list[Company]:
     return companies
 
 
+def _as_filing(company: Company, text: str) -> Filing:
+    """Tokenize ``text`` and find every full mention of ``company``'s name."""
+    words, symbols = tokenize(text)
+    n = len(company.name)
+    mentions = tuple(i for i in range(len(words) - n + 1) if tuple(words[i : i + n]) == company.name)
+    return Filing(company=company, words=tuple(words), symbols=tuple(symbols), mentions=mentions)
+
+
 def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
@@ -197,10 +205,7 @@ def _filing(company: Company, rng: random.Random) -> Filing:
             parts.append(fill(rng.choice(_MENTIONS)) + " " + _lower_first(fill(rng.choice(_FILLER[1:6]))))
         else:
             parts.append("The company said that " + _lower_first(fill(rng.choice(_FILLER[1:6]))))
-    words, symbols = tokenize(" ".join(parts))
-    n = len(company.name)
-    mentions = tuple(i for i in range(len(words) - n + 1) if tuple(words[i : i + n]) == company.name)
-    return Filing(company=company, words=tuple(words), symbols=tuple(symbols), mentions=mentions)
+    return _as_filing(company, " ".join(parts))
 
 
 def make_corpus(seed: int = 0, *, n_train: int = 300, n_seen: int = 100, n_unseen: int = 100) -> Corpus:
@@ -235,16 +240,12 @@ def find_queries(filings: Sequence[Filing]) -> list[Query]:
     for f_index, f in enumerate(filings):
         n = len(f.company.name)
         for m_index, start in enumerate(f.mentions):
-            earlier = [s for s in f.mentions[:m_index] if s >= start - N_CTX]
-            if not earlier:
-                continue
             for k in range(n - 1):
                 pos = start + k
                 ctx_start = max(0, pos - N_CTX + 1)
-                if earlier[0] < ctx_start:  # the full earlier mention must lie inside the window
-                    earlier_in = [s for s in earlier if s >= ctx_start]
-                    if not earlier_in:
-                        continue
+                # an earlier full mention must lie inside the window the reader sees
+                if not any(s >= ctx_start for s in f.mentions[:m_index]):
+                    continue
                 out.append(Query(filing=f_index, position=pos, context=tuple(f.symbols[ctx_start : pos + 1]),
                                  answer=f.symbols[pos + 1], query_word=f.words[pos], answer_word=f.words[pos + 1]))
     return out
@@ -345,10 +346,7 @@ def demo_filing(company: Company, *, seed: int = 1, mentions: int = 8) -> Filing
     for i in range(mentions - 1):
         parts.append(templates[i % len(templates)].format(name=company.full_name, pct=rng.randint(1, 30),
                                                           small=rng.choice(_SMALL), num=rng.choice(_NUMS)))
-    words, symbols = tokenize(" ".join(parts))
-    n = len(company.name)
-    ment = tuple(i for i in range(len(words) - n + 1) if tuple(words[i : i + n]) == company.name)
-    return Filing(company=company, words=tuple(words), symbols=tuple(symbols), mentions=ment)
+    return _as_filing(company, " ".join(parts))
 
 
 def run_case_study(*, seed: int = 0, induction_1l: HookedTransformer | None = None,

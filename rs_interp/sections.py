@@ -37,7 +37,7 @@ from .plots import (
     path_contributions_figure,
     period_sequence,
 )
-from .training import TOY_TRAINING, evaluate, score_logits, test_batch, train_induction_model
+from .training import evaluate, score_logits, test_batch, toy_settings, train_induction_model
 
 __all__ = [
     "Row",
@@ -105,8 +105,7 @@ class Context:
         if name not in self._models:
             if self.retrain:
                 self.log(f"training {name} (seed {self.seed})")
-                settings = dict(TOY_TRAINING[name], seed=self.seed)
-                self._models[name] = train_induction_model(**settings, progress=self.progress)
+                self._models[name] = train_induction_model(**toy_settings(name, seed=self.seed), progress=self.progress)
             else:
                 self._models[name] = load_toy_model(name)
         return self._models[name]
@@ -167,7 +166,7 @@ def circuits_section(ctx: Context) -> list[Section]:
         "prev_token_head": [0, ph], "positional_score_prev_head": pos[ph].tolist()})
 
     comp = {k: composition_scores(model, k) for k in "KQV"}
-    init = make_attn_only(2, seed=TOY_TRAINING["induction-2l"]["seed"] if not ctx.retrain else ctx.seed)
+    init = make_attn_only(2, seed=toy_settings("induction-2l", seed=ctx.seed if ctx.retrain else None)["seed"])
     init_k = float(composition_scores(init, "K")[0, :, 1, :].max())
     k_prev = comp["K"][0, ph, 1, :]
     qv_max = float(torch.maximum(comp["Q"][0, ph, 1, :], comp["V"][0, ph, 1, :]).max())

@@ -35,6 +35,7 @@ __all__ = [
     "evaluate",
     "train_induction_model",
     "train_toy_model",
+    "toy_settings",
     "train_on_batches",
     "trainable_parameters",
     "masked_next_token_loss",
@@ -137,7 +138,16 @@ def train_on_batches(
     model.train()
     bar: Iterator[int] = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
     with _one_thread():
-        _run_steps(model, batches, opt, bar, losses, progress)
+        for step in bar:
+            tokens, mask = batches(step)
+            logits = model(tokens, return_type="logits")
+            loss, _ = masked_next_token_loss(logits, tokens, mask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if progress and step % 50 == 0:
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses
 
@@ -150,19 +160,6 @@ def _one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(n)
-
-
-def _run_steps(model, batches, opt, bar, losses, progress) -> None:
-    for step in bar:
-        tokens, mask = batches(step)
-        logits = model(tokens, return_type="logits")
-        loss, _ = masked_next_token_loss(logits, tokens, mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if progress and step % 50 == 0:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
 
 
 def train_induction_model(
@@ -210,17 +207,22 @@ def test_batch() -> InductionBatch:
     return induction_batch(TEST_SIZE, seed=TEST_SEED)
 
 
-def train_toy_model(name: str, *, progress: bool = True) -> tuple[HookedTransformer, dict]:
-    """Retrain the shipped toy model ``name`` from its recorded settings.
+def toy_settings(name: str, *, seed: int | None = None) -> dict:
+    """The recorded training settings of toy model ``name``, with ``seed`` replaced if given."""
+    if name not in TOY_TRAINING:
+        raise ValueError(f"name must be one of {sorted(TOY_TRAINING)}, got {name!r}")
+    return dict(TOY_TRAINING[name]) if seed is None else dict(TOY_TRAINING[name], seed=seed)
+
+
+def train_toy_model(name: str, *, seed: int | None = None, progress: bool = True) -> tuple[HookedTransformer, dict]:
+    """Retrain the toy model ``name`` from its recorded settings (``seed``: the recorded one by default).
 
     Returns the model and the metadata stored beside the checkpoint: the settings and the
     test-set metrics.
     """
-    if name not in TOY_TRAINING:
-        raise ValueError(f"name must be one of {sorted(TOY_TRAINING)}, got {name!r}")
-    settings = TOY_TRAINING[name]
+    settings = toy_settings(name, seed=seed)
     model = train_induction_model(**settings, progress=progress)
     score = evaluate(model, test_batch())
-    meta = {"training": dict(settings), "test_seed": TEST_SEED, "test_size": TEST_SIZE,
+    meta = {"training": settings, "test_seed": TEST_SEED, "test_size": TEST_SIZE,
             "test_loss": score.loss, "test_accuracy": score.accuracy}
     return model, meta
