@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from rs_interp.cli import main
+from rs_interp.training import RETRAIN_TOLERANCE
 
 
 def test_reproduce_writes_results(tmp_path, capsys):
@@ -43,11 +44,12 @@ def test_gpt2_without_weights_is_one_clean_line(tmp_path):
 
 @pytest.mark.slow
 def test_reproduce_retrain_matches_the_shipped_models(tmp_path):
-    """--retrain rebuilds both toy models from the recorded seed: the table is the shipped one's."""
+    """--retrain rebuilds both toy models from the recorded seed: the table is the shipped one's, within
+    RETRAIN_TOLERANCE (another processor rounds the training differently)."""
     assert main(["reproduce", "--out", str(tmp_path / "shipped"), "--only", "induction", "--quiet"]) == 0
     assert main(["reproduce", "--out", str(tmp_path / "retrained"), "--only", "induction", "--retrain", "--quiet"]) == 0
     a = json.loads((tmp_path / "shipped" / "results.json").read_text())["induction"]
     b = json.loads((tmp_path / "retrained" / "results.json").read_text())["induction"]
     for model in ("two_layers", "one_layer"):
         for metric in ("loss", "accuracy"):
-            assert b[model][metric] == pytest.approx(a[model][metric], abs=1e-6)
+            assert b[model][metric] == pytest.approx(a[model][metric], abs=RETRAIN_TOLERANCE[f"test_{metric}"])

@@ -1,11 +1,15 @@
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import rs_interp as ri
 from rs_interp.models import read_metadata, toy_model_path
-from rs_interp.training import TOY_TRAINING, train_toy_model
+from rs_interp.training import RETRAIN_TOLERANCE, TOY_TRAINING, train_toy_model
 
 
 def test_two_layer_model_solves_induction(toy2, test_set):
@@ -53,16 +57,48 @@ def test_bad_training_arguments(kwargs, arg):
         ri.train_induction_model(**kwargs, progress=False)
 
 
+def _within_tolerance(meta: dict, shipped: dict) -> None:
+    for metric, tol in RETRAIN_TOLERANCE.items():
+        assert abs(meta[metric] - shipped[metric]) <= tol, (metric, meta[metric], shipped[metric], tol)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TOY_TRAINING))
-def test_retraining_from_recorded_seed_reproduces_shipped_model(name, test_set):
-    """The shipped checkpoints are this training code's output: retrain and compare (1e-6)."""
+def test_retraining_from_recorded_seed_reproduces_shipped_metrics(name):
+    """The shipped checkpoints are this training code's output: retrain, and the test metrics agree
+    within RETRAIN_TOLERANCE (not bit for bit: the shipped weights were rounded by another processor)."""
     model, meta = train_toy_model(name, progress=False)
     shipped = read_metadata(toy_model_path(name))
     assert meta["training"] == shipped["training"]
-    assert meta["test_loss"] == pytest.approx(shipped["test_loss"], abs=1e-6)
-    assert meta["test_accuracy"] == pytest.approx(shipped["test_accuracy"], abs=1e-6)
-    reloaded = ri.load_toy_model(name)
-    pairs = [(p, q) for p, q in zip(model.state_dict().values(), reloaded.state_dict().values()) if p.is_floating_point()]
-    max_diff = max((p - q).abs().max().item() for p, q in pairs)
-    assert max_diff <= 1e-6
+    _within_tolerance(meta, shipped)
+    # The same circuit, not only the same numbers: the previous-token head is the shipped model's.
+    tokens = ri.induction_batch(64, seed=3).tokens
+    shipped_model = ri.load_toy_model(name)
+    assert int(ri.prev_token_scores(model, tokens)[0].argmax()) == int(ri.prev_token_scores(shipped_model, tokens)[0].argmax())
+
+
+_RETRAIN_ON_GENERIC_KERNELS = """
+import json, torch
+from rs_interp.training import train_toy_model
+model, meta = train_toy_model("induction-2l", progress=False)
+print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), **meta}))
+"""
+
+
+@pytest.mark.slow
+def test_retraining_on_another_kernel_path_stays_within_tolerance():
+    """ATEN_CPU_CAPABILITY=default forces ATen's generic kernels: another rounding path, standing in
+    for another processor. The metrics move (measured ~1e-4) but stay within RETRAIN_TOLERANCE."""
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    r = subprocess.run([sys.executable, "-c", _RETRAIN_ON_GENERIC_KERNELS], capture_output=True, text=True, env=env, check=True)
+    meta = json.loads(r.stdout.strip().splitlines()[-1])
+    assert meta.pop("capability") == "DEFAULT"
+    _within_tolerance(meta, read_metadata(toy_model_path("induction-2l")))
+
+
+@pytest.mark.slow
+def test_tolerance_tells_another_seed_apart():
+    """RETRAIN_TOLERANCE is no blanket: a model trained from another seed falls outside it."""
+    _, meta = train_toy_model("induction-2l", seed=1, progress=False)
+    shipped = read_metadata(toy_model_path("induction-2l"))
+    assert any(abs(meta[m] - shipped[m]) > tol for m, tol in RETRAIN_TOLERANCE.items())
