@@ -18,14 +18,16 @@ def preserve_state(model: HookedTransformer, **flags: bool) -> Iterator[HookedTr
     """Set the given ``cfg`` flags for the duration, then restore flags, mode and grad mode.
 
     Hooks added inside ``model.hooks(...)`` are removed by TransformerLens itself; this context
-    restores what ``hooks`` does not: config flags flipped for the analysis, ``model.training``
-    and ``torch.is_grad_enabled()``, also when the body raises.
+    restores what ``hooks`` does not: config flags flipped for the analysis, the ``training``
+    flag of every submodule as found (not one flag for the whole model) and
+    ``torch.is_grad_enabled()``, also when the body raises.
     """
     saved = {name: getattr(model.cfg, name) for name in _FLAGS if hasattr(model.cfg, name)}
     unknown = set(flags) - set(saved)
     if unknown:
         raise ValueError(f"unknown cfg flags {sorted(unknown)}")
-    was_training, grad = model.training, torch.is_grad_enabled()
+    # Every submodule's own flag: a model in train mode may hold a block in eval mode on purpose.
+    modes, grad = [(m, m.training) for m in model.modules()], torch.is_grad_enabled()
     try:
         for name, value in flags.items():
             setattr(model.cfg, name, value)
@@ -34,5 +36,6 @@ def preserve_state(model: HookedTransformer, **flags: bool) -> Iterator[HookedTr
     finally:
         for name, value in saved.items():
             setattr(model.cfg, name, value)
-        model.train(was_training)
+        for module, mode in modes:
+            module.training = mode
         torch.set_grad_enabled(grad)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import operator
+from typing import Iterable
 
 import torch
 from jaxtyping import Int
@@ -11,32 +12,74 @@ from transformer_lens import HookedTransformer
 __all__: list[str] = []
 
 
-def check_int_range(name: str, value: int, low: int, high: int | None = None) -> int:
-    """Return ``value`` if ``low <= value (<= high)``; raise ``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {type(value).__name__}")
+def as_int(name: str, value: object) -> int:
+    """``value`` as a Python int if it is integer-like (``int``, a numpy integer, a 0-d integer
+    tensor: anything with ``__index__``); ``ValueError`` naming ``name`` otherwise (bools and
+    floats such as ``0.5`` are refused, never truncated)."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if isinstance(value, torch.Tensor) and value.ndim != 0:
+        raise ValueError(f"{name} must be an int, got a tensor of shape {tuple(value.shape)}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def check_int_range(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` as an int if ``low <= value (<= high)``; raise ``ValueError`` naming ``name`` otherwise."""
+    value = as_int(name, value)
     if value < low or (high is not None and value > high):
         allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name} must be {allowed}, got {value}")
     return value
 
 
-def check_layer(model: HookedTransformer, layer: int, name: str = "layer") -> int:
+def check_layer(model: HookedTransformer, layer: object, name: str = "layer") -> int:
     return check_int_range(name, layer, 0, model.cfg.n_layers - 1)
 
 
-def check_head(model: HookedTransformer, layer: int, head: int, name: str = "head") -> tuple[int, int]:
-    check_layer(model, layer, f"{name} layer")
-    check_int_range(f"{name} index", head, 0, model.cfg.n_heads - 1)
-    return layer, head
+def check_head(model: HookedTransformer, layer: object, head: object, name: str = "head") -> tuple[int, int]:
+    return check_layer(model, layer, f"{name} layer"), check_int_range(f"{name} index", head, 0, model.cfg.n_heads - 1)
 
 
-def check_heads(model: HookedTransformer, heads: Iterable[Sequence[int]], name: str) -> list[tuple[int, int]]:
-    out = []
-    for entry in heads:
-        if len(entry) != 2:
+def _is_scalar(x: object) -> bool:
+    return not isinstance(x, (str, bytes)) and (not hasattr(x, "__len__") or (isinstance(x, torch.Tensor) and x.ndim == 0))
+
+
+def check_heads(model: HookedTransformer, heads: object, name: str, *, allow_empty: bool = True) -> list[tuple[int, int]]:
+    """Validate a list of ``(layer, head)`` pairs.
+
+    One meaning everywhere: each entry names one head; a bare pair ``(l, h)`` is that one head;
+    entries must be integer-like; **a head named twice is refused** (a head's write is counted
+    once, never twice). ``ValueError`` naming ``name`` on any violation.
+    """
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise ValueError(f"{name} must be a list of (layer, head) pairs, got {type(heads).__name__} {heads!r}")
+    entries = list(heads)
+    if len(entries) == 2 and all(_is_scalar(x) for x in entries):
+        entries = [tuple(entries)]  # a bare pair: one head
+    out: list[tuple[int, int]] = []
+    for entry in entries:
+        if _is_scalar(entry) or isinstance(entry, (str, bytes)) or len(entry) != 2:
             raise ValueError(f"{name} entries must be (layer, head) pairs, got {entry!r}")
-        out.append(check_head(model, int(entry[0]), int(entry[1]), name=f"{name} entry {tuple(entry)!r}:"))
+        pair = check_head(model, entry[0], entry[1], name=f"{name} entry {tuple(entry)!r}:")
+        if pair in out:
+            raise ValueError(f"{name} names head {pair} twice; name each head once")
+        out.append(pair)
+    if not out and not allow_empty:
+        raise ValueError(f"{name} is empty; name at least one (layer, head) pair")
+    return out
+
+
+def check_head_indices(model: HookedTransformer, heads: object, name: str) -> list[int]:
+    """Validate head indices within one layer: a bare index is one head; duplicates and an empty list are refused."""
+    items = [heads] if _is_scalar(heads) else list(heads)  # type: ignore[call-overload]
+    out = [check_int_range(f"{name} entry", h, 0, model.cfg.n_heads - 1) for h in items]
+    if not out:
+        raise ValueError(f"{name} is empty; pass None for every head, or name at least one")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} names a head twice: {out}")
     return out
 
 

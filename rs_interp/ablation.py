@@ -25,7 +25,7 @@ from transformer_lens import HookedTransformer
 
 from . import hooks as H
 from ._state import preserve_state
-from ._validate import check_heads, check_layer, check_tokens
+from ._validate import check_head_indices, check_heads, check_layer, check_tokens
 
 __all__ = ["run_with_key_input", "run_with_query_input", "run_with_input"]
 
@@ -37,23 +37,33 @@ def run_with_input(
     which: Literal["q", "k", "v"],
     layer: int,
     keep: Sequence[tuple[int, int]] = (),
-    heads: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = None,
+    keep_biases: bool = False,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Run with layer ``layer``'s ``which`` input (for ``heads``, default all) set to ``x_0`` plus the kept heads' writes.
 
+    The replacement is ``x_0 + sum over keep of z^{lh} W_O^{lh}`` (plus every earlier layer's
+    ``b_O`` with ``keep_biases=True``). Identity: on an attention-only model, keeping every head
+    of the layers below ``layer`` **and** their biases (or a model whose ``b_O`` are zero, as the
+    toy models') reproduces the clean run exactly; without the biases it does not where a ``b_O``
+    is nonzero. (With MLPs below ``layer`` their writes are never kept.)
+
+    ``keep`` is a list of ``(layer, head)`` pairs (a bare pair is one head; a head named twice is
+    refused); ``heads`` a list of head indices of ``layer`` (a bare index is one head).
+
     Raises:
-        ValueError: layer or head out of range, a ``keep`` head at or after ``layer``, bad tokens,
-            or an unknown ``which``.
+        ValueError: layer or head out of range, a ``keep`` head at or after ``layer``, a head named
+            twice, an empty ``heads``, bad tokens, or an unknown ``which``.
     """
     if which not in ("q", "k", "v"):
         raise ValueError(f"which must be 'q', 'k' or 'v', got {which!r}")
-    check_layer(model, layer)
+    layer = check_layer(model, layer)
     kept = check_heads(model, keep, "keep")
     for lk, hk in kept:
         if lk >= layer:
             raise ValueError(f"keep entry ({lk}, {hk}) must come before layer {layer} (keep layers must be < layer)")
     if heads is not None:
-        heads = [check_heads(model, [(layer, h)], "heads")[0][1] for h in heads]
+        heads = check_head_indices(model, heads, "heads")
     tokens = check_tokens(model, tokens)
 
     box: dict[str, torch.Tensor] = {}
@@ -63,8 +73,10 @@ def run_with_input(
     def new_input(_: torch.Tensor) -> torch.Tensor:
         x = box["x0"]
         for lk, hk in kept:
-            attn = model.blocks[lk].attn
-            x = x + box[f"z{lk}"][:, :, hk, :] @ attn.W_O[hk]
+            x = x + box[f"z{lk}"][:, :, hk, :] @ model.blocks[lk].attn.W_O[hk]
+        if keep_biases:
+            for lb in range(layer):
+                x = x + model.blocks[lb].attn.b_O
         return x
 
     fwd.append((f"blocks.{layer}.hook_{which}_input", H.replace_heads_with(new_input, heads)))
@@ -79,13 +91,15 @@ def run_with_key_input(
     *,
     layer: int,
     keep: Sequence[tuple[int, int]] = (),
-    heads: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = None,
+    keep_biases: bool = False,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Logits with layer ``layer``'s keys computed from ``x_0`` plus the writes of the ``keep`` heads.
 
-    ``keep=()`` gives "layer 1's keys read from x_0". See :func:`run_with_input`.
+    ``keep=()`` gives "layer 1's keys read from x_0". See :func:`run_with_input` (the identity
+    with ``keep_biases``).
     """
-    return run_with_input(model, tokens, which="k", layer=layer, keep=keep, heads=heads)
+    return run_with_input(model, tokens, which="k", layer=layer, keep=keep, heads=heads, keep_biases=keep_biases)
 
 
 def run_with_query_input(
@@ -94,7 +108,8 @@ def run_with_query_input(
     *,
     layer: int,
     keep: Sequence[tuple[int, int]] = (),
-    heads: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = None,
+    keep_biases: bool = False,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Logits with layer ``layer``'s queries computed from ``x_0`` plus the writes of the ``keep`` heads."""
-    return run_with_input(model, tokens, which="q", layer=layer, keep=keep, heads=heads)
+    return run_with_input(model, tokens, which="q", layer=layer, keep=keep, heads=heads, keep_biases=keep_biases)

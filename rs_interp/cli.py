@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,15 +15,27 @@ def _log(msg: str) -> None:
     print(f"[rs-interp {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _writable_dir(path: str | Path) -> Path:
+    """Create ``path`` if needed and prove it writable, before any long work (one clear line if not)."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise OSError(f"--out {str(path)!r} is not a writable directory: {err.strerror or err}") from None
+    return out
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     from .report import format_table, run_sections, write_report, write_results
     from .sections import Context
 
+    out = _writable_dir(args.out)
     ctx = Context(retrain=args.retrain, seed=args.seed, progress=not args.quiet, log=_log)
     sections = run_sections(ctx, args.only)
     for s in sections:
         print(format_table(s) + "\n", flush=True)
-    out = Path(args.out)
     write_results(sections, out / "results.json")
     write_report(sections, out / "report.html")
     n_out = sum(r.ok is False for s in sections for r in s.rows)
@@ -34,8 +47,9 @@ def _train(args: argparse.Namespace) -> int:
     from .models import save_model
     from .training import train_toy_model
 
+    out = _writable_dir(args.out)
     model, meta = train_toy_model(args.name, seed=args.seed, progress=not args.quiet)
-    path = save_model(model, Path(args.out) / args.name, metadata=meta)
+    path = save_model(model, out / args.name, metadata=meta)
     print(f"{args.name}: loss {meta['test_loss']:.4f}, accuracy {meta['test_accuracy']:.4f}; saved to {path}")
     return 0
 
@@ -44,6 +58,7 @@ def _gpt2(args: argparse.Namespace) -> int:
     from .gpt2 import analyse_gpt2, find_pretrained_gpt2, load_gpt2
     from .params import count_parameters
 
+    out = _writable_dir(args.out) if args.out else None
     if args.weights == "random":
         model, source = load_gpt2("random", seed=args.seed), "random initialisation"
     elif args.weights:
@@ -64,11 +79,9 @@ def _gpt2(args: argparse.Namespace) -> int:
         print("logit lens, P(%r): " % a.prompt_answer + ", ".join(f"{l} {p:.3f}" for l, p in zip(a.lens_labels, a.lens_p_answer)))
     else:
         print("no tokenizer with these weights: the logit-lens prompt is skipped")
-    if args.out:
+    if out is not None:
         import json
 
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         payload = {"weights": kind, "source": source, "parameters": dict(pc.by_category, total=pc.total),
                    "top_prev_token": list(a.top_prev_token), "top_induction": list(a.top_induction),
                    "prev_token": a.prev_token.tolist(), "induction": a.induction.tolist(),
@@ -76,6 +89,17 @@ def _gpt2(args: argparse.Namespace) -> int:
         (out / "gpt2.json").write_text(json.dumps(payload, indent=2))
         print(f"wrote {out / 'gpt2.json'}")
     return 0
+
+
+def _seed(text: str) -> int:
+    """A non-negative integer seed, checked at parse time rather than after minutes of work."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: a non-negative integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid seed {value}: a non-negative integer")
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Reproduce every table of the theory offline, print each beside the theory's values, and write DIR/results.json and DIR/report.html.")
     r.add_argument("--out", default="rs_interp_out", metavar="DIR", help="output directory (default: %(default)s)")
     r.add_argument("--retrain", action="store_true", help="retrain the toy models instead of loading the shipped ones (~1 minute)")
-    r.add_argument("--seed", type=int, default=0, help="seed of retraining (with --retrain), the collapse cloud, the gradient draws, the finance corpus and "
+    r.add_argument("--seed", type=_seed, default=0, help="seed of retraining (with --retrain), the collapse cloud, the gradient draws, the finance corpus and "
                         "model (default: %(default)s, the shipped models' seed)")
     r.add_argument("--only", nargs="+", metavar="SECTION", choices=["induction", "circuits", "paths", "gpt2", "geometry", "finance"],
                    help="compute only these sections: induction, circuits, paths, gpt2, geometry, finance")
@@ -101,12 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",
                        description=f"Run the GPT-2 small analyses (parameter count, head roles, logit lens). Weights: --weights PATH (a local Hugging Face checkpoint directory), --weights random, or by default ${{RS_INTERP_GPT2_PATH}} or the Hugging Face cache.")
     g.add_argument("--weights", metavar="PATH", help="a local Hugging Face GPT-2 checkpoint directory, or 'random'")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random tokens (and random weights) (default: %(default)s)")
+    g.add_argument("--seed", type=_seed, default=0, help="seed of the random tokens (and random weights) (default: %(default)s)")
     g.add_argument("--out", metavar="DIR", help="also write DIR/gpt2.json with the scores")
     g.set_defaults(func=_gpt2)
     t = sub.add_parser("train", help="train a toy induction model and save it", description="Train a toy induction model with the recorded settings and save it as safetensors + JSON.")
     t.add_argument("name", choices=["induction-2l", "induction-1l"])
-    t.add_argument("--seed", type=int, default=0, help="training seed (default: %(default)s)")
+    t.add_argument("--seed", type=_seed, default=0, help="training seed (default: %(default)s)")
     t.add_argument("--out", default="rs_interp_out", metavar="DIR", help="output directory (default: %(default)s)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)

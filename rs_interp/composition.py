@@ -29,6 +29,8 @@ import torch
 from jaxtyping import Float
 from transformer_lens import HookedTransformer
 
+from ._exact import compute_dtype
+
 __all__ = ["composition_scores", "random_baseline"]
 
 Kind = Literal["K", "Q", "V"]
@@ -73,7 +75,7 @@ def composition_scores(
         full_circuit: use ``M = W_QK^T`` (K) / ``W_QK`` (Q) as TransformerLens does.
         baseline: also return the expected score of random Gaussian matrices of the same shapes
             (close to ``1/sqrt(d_model)``), to read the scores against chance.
-        dtype: compute dtype (default: the model's).
+        dtype: compute dtype (default: the model's; float32 for float16/bfloat16 models).
 
     Returns:
         A (src_layer, src_head, dst_layer, dst_head) tensor, or ``(scores, baseline)``.
@@ -87,7 +89,9 @@ def composition_scores(
         raise ValueError(f"kind must be 'K', 'Q' or 'V', got {kind!r}")
     L, H = model.cfg.n_layers, model.cfg.n_heads
     with torch.no_grad():
-        dt = dtype or model.W_Q.dtype
+        dt = dtype or compute_dtype(model)  # float32 for half models: QR has no half-precision CPU kernel
+        if dt in (torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype must be float32 or float64 (QR has no {dt} kernel), got {dt}")
         W_Q, W_K, W_V, W_O = (w.to(dt) for w in (model.W_Q, model.W_K, model.W_V, model.W_O))
         left = _left_factors(W_V, W_O)  # (L, H, d_head, d_model)
         right = _right_factors(W_Q, W_K, W_V, W_O, kind, full_circuit)  # (L, H, d_model, k)

@@ -89,6 +89,8 @@ def induction_scores(model: HookedTransformer, batch: InductionBatch) -> Inducti
     pat = attention_patterns(model, tokens)[..., :-1, :]  # query positions 0..pos-2 (the scored ones)
     mask = batch.scored.to(pat.device)  # (batch, q)
     n = mask.sum()
+    if int(n) == 0:
+        raise ValueError("batch has no scored positions")
     idx = batch.induction_targets.to(pat.device)  # (batch, q)
     on_target = pat.gather(-1, idx[None, :, None, :, None].expand(*pat.shape[:-1], 1)).squeeze(-1)
     # j is "after an occurrence" of t[i] when t[j-1] == t[i], for 1 <= j <= i.

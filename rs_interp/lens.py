@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from . import hooks as H
+from ._exact import compute_dtype
 from ._state import preserve_state
 from ._validate import check_int_range, check_targets, check_tokens
 
@@ -109,7 +110,7 @@ def logit_lens(
     points = reading_points(model, sublayers)
     B, P = tokens.shape
     n_pts = len(points)
-    dt = model.cfg.dtype
+    dt = compute_dtype(model)  # float32 for half-precision models: softmax and entropy need the range
     top_tokens = torch.empty(n_pts, B, P, top_k, dtype=torch.long)
     top_probs = torch.empty(n_pts, B, P, top_k, dtype=dt)
     entropy = torch.empty(n_pts, B, P, dtype=dt)
@@ -127,7 +128,7 @@ def logit_lens(
                 flat = resid.reshape(nb * P, -1)
                 for r0 in range(0, flat.shape[0], row_chunk):
                     rows = slice(r0, r0 + row_chunk)
-                    lp = _decode(model, flat[rows]).log_softmax(-1)
+                    lp = _decode(model, flat[rows]).to(dt).log_softmax(-1)
                     bi = torch.arange(r0, min(r0 + row_chunk, nb * P))
                     bb, pp = b0 + bi // P, bi % P
                     tp, tt = lp.topk(top_k, dim=-1)

@@ -133,7 +133,8 @@ def as_dtype(model: HookedTransformer, dtype: torch.dtype) -> HookedTransformer:
     copy.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()})
     if model.tokenizer is not None:
         copy.set_tokenizer(model.tokenizer)
-    copy.train(model.training)
+    for mine, theirs in zip(copy.modules(), model.modules()):
+        mine.training = theirs.training  # every submodule's mode, as in the original
     return copy
 
 

@@ -31,6 +31,7 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from . import hooks as H
+from ._exact import attached_hooks, check_normalization, check_sum, compute_dtype, frozen_final_norm
 from ._state import preserve_state
 from ._validate import check_targets, check_tokens
 from .data import InductionBatch
@@ -57,20 +58,23 @@ class PathExpansion:
         contributions: (path, batch, pos, d_vocab), or (path, batch, pos) for the ``targets``.
         heads: per path, the chain of (layer, head) it passes through (empty for direct/biases).
         targets: the target token ids, or None for the full vocabulary.
+        layers: per path, the layer that wrote its last term (see :meth:`last_layer`).
     """
 
     labels: tuple[str, ...]
     contributions: torch.Tensor
     heads: tuple[tuple[tuple[int, int], ...], ...]
     targets: torch.Tensor | None
+    layers: tuple[int, ...] = ()
 
     def total(self) -> torch.Tensor:
         """The sum over paths: the model's logits (at the targets, if given)."""
         return self.contributions.sum(0)
 
     def last_layer(self) -> torch.Tensor:
-        """(path,) the layer of each path's last head, -1 for paths through no head."""
-        return torch.tensor([h[-1][0] if h else -1 for h in self.heads])
+        """(path,) the layer that wrote each path's last term: its last head's layer, a bias
+        term's own layer (``"bias L0"`` belongs to layer 0), -1 for the direct path and ``b_U``."""
+        return torch.tensor(self.layers)
 
 
 def _check_attn_only(model: HookedTransformer, what: str) -> None:
@@ -81,36 +85,46 @@ def _check_attn_only(model: HookedTransformer, what: str) -> None:
             f"(this model has attn_only={cfg.attn_only}, normalization_type={cfg.normalization_type!r}); "
             "use rs_interp.direct_logit_attribution, which freezes each token's LayerNorm scale"
         )
-    if cfg.positional_embedding_type not in ("rotary", "standard"):
-        raise ValueError(f"{what} supports rotary or standard positional embeddings, not {cfg.positional_embedding_type!r}")
 
 
-def _stream_paths(model: HookedTransformer, tokens: torch.Tensor) -> tuple[list[str], list[tuple], list[torch.Tensor]]:
-    """Every path's contribution to the final residual stream, (batch, pos, d_model) each."""
+def _stream_paths(
+    model: HookedTransformer, tokens: torch.Tensor
+) -> tuple[list[str], list[tuple], list[int], list[torch.Tensor], torch.Tensor]:
+    """Every path's contribution to the final residual stream, (batch, pos, d_model) each.
+
+    Returns labels, head chains, the layer that last wrote each term (-1: the embedding), the
+    terms, and the run's own logits (for the sum check). Works for every positional scheme: the
+    patterns are taken from the run, and ``x_0`` is what block 0 reads (with the positional
+    embedding only where it enters the stream).
+    """
+    dt = compute_dtype(model)
     box: dict[str, torch.Tensor] = {}
     names = lambda n: n == "blocks.0.hook_resid_pre" or n.endswith("attn.hook_pattern")  # noqa: E731
     with preserve_state(model), torch.no_grad():
         with model.hooks(fwd_hooks=[(names, H.store(box))]):
-            model(tokens, return_type=None)
-        labels, heads, terms = [DIRECT], [()], [box["blocks.0.hook_resid_pre"]]
+            logits = model(tokens, return_type="logits")
+        labels, heads, layers, terms = [DIRECT], [()], [-1], [box["blocks.0.hook_resid_pre"].to(dt)]
         for l in range(model.cfg.n_layers):
             attn = model.blocks[l].attn
-            pattern = box[f"blocks.{l}.attn.hook_pattern"]  # (batch, head, q, k)
-            W_OV = attn.W_V @ attn.W_O  # (head, d_model, d_model)
-            new_labels, new_heads, new_terms = [], [], []
+            pattern = box[f"blocks.{l}.attn.hook_pattern"].to(dt)  # (batch, head, q, k)
+            W_O = attn.W_O.to(dt)
+            W_OV = attn.W_V.to(dt) @ W_O  # (head, d_model, d_model)
+            new: list[tuple[str, tuple, int, torch.Tensor]] = []
             for label, chain, term in zip(labels, heads, terms):
                 for h in range(model.cfg.n_heads):
-                    new_labels.append(f"{label}>L{l}H{h}" if label != DIRECT else f"L{l}H{h}")
-                    new_heads.append(chain + ((l, h),))
-                    new_terms.append(pattern[:, h] @ (term @ W_OV[h]))
-            # b_V reaches the output as b_V W_O (pattern rows sum to one); with b_O it is a constant write.
-            bias = torch.einsum("hd,hdm->m", attn.b_V, attn.W_O) + attn.b_O
+                    new.append((f"{label}>L{l}H{h}" if label != DIRECT else f"L{l}H{h}", chain + ((l, h),), l,
+                                pattern[:, h] @ (term @ W_OV[h])))
+            # b_V reaches the output as b_V W_O (pattern rows sum to one); with b_O it is a constant
+            # written by layer l (so it belongs to layer l), then carried by later heads like x_0.
+            bias = torch.einsum("hd,hdm->m", attn.b_V.to(dt), W_O) + attn.b_O.to(dt)
             if bool(bias.any()):
-                new_labels.append(f"bias L{l}")
-                new_heads.append(())
-                new_terms.append(bias.expand_as(terms[0]))
-            labels, heads, terms = labels + new_labels, heads + new_heads, terms + new_terms
-    return labels, heads, terms
+                new.append((f"bias L{l}", (), l, bias.expand_as(terms[0])))
+            for label, chain, layer, term in new:
+                labels.append(label)
+                heads.append(chain)
+                layers.append(layer)
+                terms.append(term)
+    return labels, heads, layers, terms, logits
 
 
 def path_expansion(
@@ -122,35 +136,41 @@ def path_expansion(
     """Theorem 3: the logits as an exact sum over paths (see the module docstring).
 
     Args:
-        model: an attention-only ``HookedTransformer`` (no LayerNorm, no MLP).
+        model: an attention-only ``HookedTransformer`` (no LayerNorm, no MLP), any positional
+            scheme (the patterns are the run's).
         tokens: (batch, pos) token ids.
         targets: optional (batch, pos) token ids; then each path's logit for that token only,
             computed without ever forming the full vocabulary.
 
-    In float64 the sum equals the logits to ~1e-14 (tested to 1e-10).
+    In float64 the sum equals the logits to ~1e-14 (tested to 1e-10); float16/bfloat16 models
+    are expanded in float32. The sum is checked against the run's own logits.
 
     Raises:
-        ValueError: the model has LayerNorm or MLPs, or tokens/targets are malformed.
+        ValueError: the model has LayerNorm or MLPs; tokens/targets are malformed; or a hook the
+            caller attached changed the run, so no sum of paths equals it (the error names it).
     """
     _check_attn_only(model, "path_expansion")
     tokens = check_tokens(model, tokens)
     if targets is not None:
         targets = check_targets(targets, tokens, model.cfg.d_vocab)
-    labels, heads, terms = _stream_paths(model, tokens)
+    user_hooks = attached_hooks(model)
+    labels, heads, layers, terms, logits = _stream_paths(model, tokens)
+    dt = terms[0].dtype
     with torch.no_grad():
         stack = torch.stack(terms)  # (path, batch, pos, d_model)
+        W_U, b_U_all = model.W_U.to(dt), model.b_U.to(dt)
         if targets is None:
-            out = stack @ model.W_U
-            b_U = model.b_U
+            out, b_U, run = stack @ W_U, b_U_all, logits
         else:
-            w = model.W_U.T[targets]  # (batch, pos, d_model)
-            out = (stack * w).sum(-1)
-            b_U = model.b_U[targets]
-        if bool(model.b_U.any()):
+            out = (stack * W_U.T[targets]).sum(-1)
+            b_U, run = b_U_all[targets], logits.gather(-1, targets[..., None])[..., 0]
+        if bool(b_U_all.any()):
             labels.append("b_U")
             heads.append(())
+            layers.append(-1)
             out = torch.cat([out, b_U.expand_as(out[0])[None]])
-    return PathExpansion(labels=tuple(labels), contributions=out, heads=tuple(heads), targets=targets)
+    check_sum("path_expansion", out.sum(0), run, out, user_hooks, model.cfg.dtype)
+    return PathExpansion(labels=tuple(labels), contributions=out, heads=tuple(heads), targets=targets, layers=tuple(layers))
 
 
 @dataclass(frozen=True)
@@ -158,10 +178,12 @@ class PathAttribution:
     """Each path's share of the correct token's centered logit at scored positions.
 
     Attributes:
-        labels: path labels (as in :class:`PathExpansion`).
-        centered: (path, n_scored) each path's part of ``logit[correct] - mean(logit)``.
+        labels: path labels (as in :class:`PathExpansion`), ``"b_U"`` last when the model has one.
+        centered: (path, n_scored) each path's part of ``logit[correct] - mean(logit)``; they sum
+            to it exactly, ``b_U``'s part included.
         share: (path, n_scored) ``centered / centered.sum(0)``.
-        last_layer: (path,) the layer of each path's last head (-1: none).
+        last_layer: (path,) the layer that wrote each path's last term: its last head's, a bias
+            term's own layer, -1 for the direct path and ``b_U``.
         top1_without_last_layer: fraction of scored positions where the paths that do not end
             in the last layer alone rank the correct token first.
     """
@@ -173,12 +195,16 @@ class PathAttribution:
     top1_without_last_layer: float
 
     def share_ending_in(self, layer: int) -> torch.Tensor:
-        """(n_scored,) the summed share of the paths whose last head is in ``layer``."""
+        """(n_scored,) the summed share of the paths whose last term was written by ``layer``."""
         return self.share[self.last_layer == layer].sum(0)
 
 
 def path_logit_attribution(model: HookedTransformer, batch: InductionBatch) -> PathAttribution:
     """Split the correct token's centered logit into paths at ``batch``'s scored positions.
+
+    Raises:
+        ValueError: the model is not attention-only, the batch has no scored position, or a hook
+            the caller attached changed the run.
 
     >>> from rs_interp import load_toy_model, induction_batch
     >>> att = path_logit_attribution(load_toy_model(), induction_batch(16, seed=0))
@@ -187,15 +213,27 @@ def path_logit_attribution(model: HookedTransformer, batch: InductionBatch) -> P
     """
     _check_attn_only(model, "path_logit_attribution")
     tokens = check_tokens(model, batch.tokens, "batch.tokens")
-    labels, heads, terms = _stream_paths(model, tokens)
     mask = batch.scored.to(tokens.device)
+    if not bool(mask.any()):
+        raise ValueError("batch has no scored positions")
+    user_hooks = attached_hooks(model)
+    labels, heads, layers, terms, logits = _stream_paths(model, tokens)
+    dt = terms[0].dtype
     with torch.no_grad():
         stack = torch.stack(terms)[:, :, :-1][:, mask]  # (path, n, d_model)
         correct = tokens[:, 1:][mask]  # (n,)
-        w = model.W_U.T[correct] - model.W_U.mean(1)  # centered unembedding columns, (n, d_model)
+        W_U, b_U = model.W_U.to(dt), model.b_U.to(dt)
+        w = W_U.T[correct] - W_U.mean(1)  # centered unembedding columns, (n, d_model)
         centered = (stack * w).sum(-1)
-        last = torch.tensor([h[-1][0] if h else -1 for h in heads], device=stack.device)
-        partial = stack[last != model.cfg.n_layers - 1].sum(0) @ model.W_U + model.b_U
+        last = torch.tensor(layers, device=stack.device)
+        if bool(b_U.any()):  # b_U is a term of the logits too: attribute it, so the parts sum exactly
+            labels.append("b_U")
+            centered = torch.cat([centered, (b_U[correct] - b_U.mean())[None]])
+            last = torch.cat([last, last.new_tensor([-1])])
+        run = logits[:, :-1][mask].to(dt)
+        check_sum("path_logit_attribution", centered.sum(0), run.gather(-1, correct[:, None])[:, 0] - run.mean(-1),
+                  centered, user_hooks, model.cfg.dtype)
+        partial = stack[last[: len(stack)] != model.cfg.n_layers - 1].sum(0) @ W_U + b_U
         top1 = float((partial.argmax(-1) == correct).float().mean())
     return PathAttribution(labels=tuple(labels), centered=centered, share=centered / centered.sum(0),
                            last_layer=last, top1_without_last_layer=top1)
@@ -229,13 +267,20 @@ def direct_logit_attribution(
 ) -> DirectLogitAttribution:
     """Split the target's centered logit (or ``logit[target] - logit[contrast]``) into components.
 
-    The final residual stream is the sum of the embeddings, every head's write ``z W_O``, every
-    layer's attention output bias and every MLP's output. Each is pushed through the final
-    LayerNorm *with each token's scale frozen from the forward pass* (centering is linear, the
-    division by the scale is not), then through ``W_U``. **This is exact only with the scale
-    frozen**: it attributes the logits of the run you made, not of a run without the component.
-    The LayerNorm bias and ``b_U`` are their own terms; the contributions sum to the metric to
-    float rounding (tested to 1e-4 in float32 on GPT-2-shaped models).
+    The final residual stream is the sum of what enters at the bottom (the token embedding, plus
+    the positional embedding for ``"standard"`` positions only: shortformer, rotary and alibi
+    models never add one to the stream), every head's write ``z W_O``, every layer's attention
+    output bias and every MLP's output. Each is pushed through the final norm *with each token's
+    scale frozen from the forward pass* (LN, LNPre, RMS, RMSPre or none; centering and the gain
+    are linear, the division by the scale is not), then through ``W_U``. **This is exact only with
+    the scale frozen**: it attributes the logits of the run you made, not of a run without the
+    component. The LN bias and ``b_U`` are their own terms. The sum is checked against the run's
+    own metric; float16/bfloat16 models are decomposed in float32.
+
+    Raises:
+        ValueError: bad tokens/targets; or the parts do not sum to the run's metric, because a
+            hook attached by the caller changed the run (the error names it) or the model has a
+            part with no exact split.
 
     >>> from rs_interp import load_toy_model
     >>> import torch
@@ -244,50 +289,51 @@ def direct_logit_attribution(
     >>> bool(torch.allclose(dla.total(), dla.metric, atol=1e-4))
     True
     """
+    check_normalization(model, "direct_logit_attribution")
     tokens = check_tokens(model, tokens)
     targets = check_targets(targets, tokens, model.cfg.d_vocab)
     if contrast is not None:
         contrast = check_targets(contrast, tokens, model.cfg.d_vocab, "contrast")
-    cfg = model.cfg
+    cfg, dt = model.cfg, compute_dtype(model)
+    user_hooks = attached_hooks(model)
     box: dict[str, torch.Tensor] = {}
     wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", "ln_final.hook_scale")
     with preserve_state(model), torch.no_grad():
         with model.hooks(fwd_hooks=[(lambda n: n.endswith(wanted), H.store(box))]):
-            logits = model(tokens, return_type="logits")
-        labels, comps = ["embed"], [box["hook_embed"]]
-        if "hook_pos_embed" in box:
+            logits = model(tokens, return_type="logits").to(dt)
+        labels, comps = ["embed"], [box["hook_embed"].to(dt)]
+        if cfg.positional_embedding_type == "standard":
             labels.append("pos_embed")
-            comps.append(box["hook_pos_embed"])
+            comps.append(box["hook_pos_embed"].to(dt))
         for l in range(cfg.n_layers):
             attn = model.blocks[l].attn
-            z = box[f"blocks.{l}.attn.hook_z"]
+            z = box[f"blocks.{l}.attn.hook_z"].to(dt)
+            W_O = attn.W_O.to(dt)
             for h in range(cfg.n_heads):
                 labels.append(f"L{l}H{h}")
-                comps.append(z[:, :, h] @ attn.W_O[h])
+                comps.append(z[:, :, h] @ W_O[h])
             labels.append(f"attn bias L{l}")
-            comps.append(attn.b_O.expand_as(comps[0]))
+            comps.append(attn.b_O.to(dt).expand_as(comps[0]))
             if not cfg.attn_only:
                 labels.append(f"mlp L{l}")
-                comps.append(box[f"blocks.{l}.hook_mlp_out"])
-        stack = torch.stack(comps)  # (component, batch, pos, d_model)
-        if cfg.normalization_type is not None:
-            scale = box["ln_final.hook_scale"]  # (batch, pos, 1), frozen
-            stack = (stack - stack.mean(-1, keepdim=True)) / scale
-            if cfg.normalization_type == "LN":
-                stack = stack * model.ln_final.w
-        direction = model.W_U.T[targets]
+                comps.append(box[f"blocks.{l}.hook_mlp_out"].to(dt))
+        stack = frozen_final_norm(model, torch.stack(comps), box.get("ln_final.hook_scale"))  # (component, batch, pos, d_model)
+        W_U, b_U_all = model.W_U.to(dt), model.b_U.to(dt)
+        direction = W_U.T[targets]
         if contrast is None:
-            direction = direction - model.W_U.mean(1)
-            b_U = model.b_U[targets] - model.b_U.mean()
+            direction = direction - W_U.mean(1)
+            b_U = b_U_all[targets] - b_U_all.mean()
             metric = logits.gather(-1, targets[..., None])[..., 0] - logits.mean(-1)
         else:
-            direction = direction - model.W_U.T[contrast]
-            b_U = model.b_U[targets] - model.b_U[contrast]
+            direction = direction - W_U.T[contrast]
+            b_U = b_U_all[targets] - b_U_all[contrast]
             metric = logits.gather(-1, targets[..., None])[..., 0] - logits.gather(-1, contrast[..., None])[..., 0]
         out = [(stack * direction).sum(-1)]
         if cfg.normalization_type == "LN":
             labels.append("ln_final bias")
-            out.append((model.ln_final.b * direction).sum(-1)[None])
+            out.append((model.ln_final.b.to(dt) * direction).sum(-1)[None])
         labels.append("b_U")
         out.append(b_U[None])
-    return DirectLogitAttribution(labels=tuple(labels), contributions=torch.cat(out), metric=metric)
+        contributions = torch.cat(out)
+    check_sum("direct_logit_attribution", contributions.sum(0), metric, contributions, user_hooks, cfg.dtype)
+    return DirectLogitAttribution(labels=tuple(labels), contributions=contributions, metric=metric)

@@ -72,3 +72,39 @@ def gpt2_tiny():
                 elif name.endswith(".w"):
                     p.uniform_(0.5, 1.5)
     return model.eval()
+
+
+NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
+POSITIONS = ("standard", "rotary", "shortformer", "alibi")
+
+
+def make_variant(norm, pos, attn_only, *, dtype=torch.float64, seed=0, n_layers=2, n_heads=2, d_head=8, d_model=16,
+                 d_vocab=50, n_ctx=12):
+    """A small random model of any TransformerLens variant, with every bias and gain nonzero."""
+    from transformer_lens import HookedTransformerConfig
+
+    from rs_interp.models import build_model
+
+    cfg = HookedTransformerConfig(
+        n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_head, d_vocab=d_vocab, n_ctx=n_ctx,
+        attn_only=attn_only, d_mlp=None if attn_only else 4 * d_model, act_fn=None if attn_only else "gelu",
+        normalization_type=norm, positional_embedding_type=pos, rotary_dim=d_head if pos == "rotary" else None,
+        dtype=dtype, seed=None, device="cpu")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".w"):
+                    p.uniform_(0.5, 1.5)  # gains away from one
+                elif name.rsplit(".", 1)[-1].startswith("b"):
+                    p.normal_(0, 0.2)  # every bias nonzero
+    return model.eval()
+
+
+VARIANTS = [(n, p, a) for n in NORMALIZATIONS for p in POSITIONS for a in (True, False)]
+
+
+def variant_id(v) -> str:
+    n, p, a = v
+    return f"{n or 'none'}-{p}-{'attn' if a else 'mlp'}"

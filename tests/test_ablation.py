@@ -72,3 +72,41 @@ def test_bad_arguments(toy2, small_batch, kwargs, arg):
         ri.run_with_key_input(toy2, small_batch.tokens, **kwargs)
     assert not toy2.cfg.use_split_qkv_input
     assert all(not hp.fwd_hooks for hp in toy2.hook_dict.values())
+
+
+@pytest.mark.parametrize("fn", [ri.run_with_key_input, ri.run_with_query_input])
+@pytest.mark.parametrize("layer", [1, 2])
+def test_identity_holds_with_its_condition(random3x3, small_batch, fn, layer):
+    """Keeping every earlier head reproduces the clean run only with the layers' b_O kept too
+    (random3x3 has every bias nonzero); without them it does not."""
+    toks = small_batch.tokens[:4]
+    clean = random3x3(toks)
+    every = [(l, h) for l in range(layer) for h in range(3)]
+    assert (fn(random3x3, toks, layer=layer, keep=every, keep_biases=True) - clean).abs().max() < 1e-10
+    assert (fn(random3x3, toks, layer=layer, keep=every) - clean).abs().max() > 1e-3
+
+
+def test_head_list_meaning(toy2_f64, small_batch):
+    """A bare pair is one head; numpy and 0-d tensor integers work where an int does."""
+    import numpy as np
+
+    toks = small_batch.tokens[:4]
+    want = ri.run_with_key_input(toy2_f64, toks, layer=1, keep=[(0, 1)], heads=[0])
+    for keep, heads, layer in [((0, 1), 0, 1), ([(np.int64(0), np.int32(1))], [np.int64(0)], np.int64(1)),
+                               ([(torch.tensor(0), torch.tensor(1))], torch.tensor([0]), torch.tensor(1))]:
+        got = ri.run_with_key_input(toy2_f64, toks, layer=layer, keep=keep, heads=heads)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(keep=[(0, 0), (0, 0)]), "twice"),
+    (dict(keep=[(0.5, 0)]), "must be an int"),
+    (dict(keep=[(True, 0)]), "must be an int"),
+    (dict(keep="00"), "list of"),
+    (dict(keep=[(0, 1)], heads=[0, 0]), "twice"),
+    (dict(heads=[]), "empty"),
+    (dict(heads=[1.0]), "must be an int"),
+])
+def test_head_lists_refuse_ambiguity(toy2, small_batch, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ri.run_with_key_input(toy2, small_batch.tokens[:2], layer=1, **kwargs)

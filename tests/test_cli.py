@@ -53,3 +53,24 @@ def test_reproduce_retrain_matches_the_shipped_models(tmp_path):
     for model in ("two_layers", "one_layer"):
         for metric in ("loss", "accuracy"):
             assert b[model][metric] == pytest.approx(a[model][metric], abs=RETRAIN_TOLERANCE[f"test_{metric}"])
+
+
+@pytest.mark.parametrize("command,work", [(["train", "induction-1l"], "rs_interp.training.train_toy_model"),
+                                          (["reproduce", "--only", "induction"], "rs_interp.report.run_sections"),
+                                          (["gpt2", "--weights", "random"], "rs_interp.gpt2.load_gpt2")])
+def test_unwritable_out_fails_before_any_work(tmp_path, capsys, monkeypatch, command, work):
+    """--out under a file: one line and a non-zero code before the long work is even started."""
+    def never(*args, **kwargs):
+        raise AssertionError("the long work started before --out was checked")
+
+    monkeypatch.setattr(work, never)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert main([*command, "--out", str(blocker / "sub")]) == 1
+    err = capsys.readouterr().err
+    assert "--out" in err and "not a writable directory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_negative_seed_is_refused_at_parse_time():
+    r = subprocess.run([sys.executable, "-m", "rs_interp.cli", "reproduce", "--seed", "-1"], capture_output=True, text=True)
+    assert r.returncode == 2 and "seed" in r.stderr and "Traceback" not in r.stderr

@@ -64,3 +64,145 @@ def test_dla_sums_to_the_metric_on_a_gpt2_shaped_model(gpt2_tiny):
     other = toks
     diff = ri.direct_logit_attribution(gpt2_tiny, toks, targets=tg, contrast=other)
     assert (diff.total() - diff.metric).abs().max() <= 1e-4
+
+
+# ---- issue 12: exact on every variant TransformerLens builds -----------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from conftest import NORMALIZATIONS, POSITIONS, VARIANTS, make_variant, variant_id  # noqa: E402
+
+
+def _brute_force_dla(model, tokens, targets):
+    """Independent of the helper: TransformerLens's own per-head results (use_attn_result), and each
+    component's part as (d metric / d final stream) . component by autograd, with the final norm's
+    scale detached (frozen). The constant rest (LN bias, b_U) is metric - grad . stream."""
+    cache, stream = {}, {}
+    name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+
+    def keep(t, hook):
+        cache[hook.name] = t.detach()
+
+    def leaf(t, hook):
+        stream["x"] = t.detach().requires_grad_(True)
+        return stream["x"]
+
+    fwd = [(lambda n: n.endswith(("hook_embed", "hook_pos_embed", "hook_result", "hook_mlp_out")), keep), (name, leaf)]
+    if model.cfg.normalization_type is not None:
+        fwd.append(("ln_final.hook_scale", lambda t, hook: t.detach()))
+    model.cfg.use_attn_result = True
+    try:
+        with torch.enable_grad():
+            logits = model.run_with_hooks(tokens, fwd_hooks=fwd)
+            metric = logits.gather(-1, targets[..., None])[..., 0] - logits.mean(-1)
+            (grad,) = torch.autograd.grad(metric.sum(), stream["x"])
+    finally:
+        model.cfg.use_attn_result = False
+    part = lambda c: (grad * c).sum(-1)  # noqa: E731
+    out = {"embed": part(cache["hook_embed"])}
+    if model.cfg.positional_embedding_type == "standard":
+        out["pos_embed"] = part(cache["hook_pos_embed"])
+    for l in range(model.cfg.n_layers):
+        for h in range(model.cfg.n_heads):
+            out[f"L{l}H{h}"] = part(cache[f"blocks.{l}.attn.hook_result"][:, :, h])
+        out[f"attn bias L{l}"] = part(model.blocks[l].attn.b_O.detach().expand_as(cache["hook_embed"]))
+        if not model.cfg.attn_only:
+            out[f"mlp L{l}"] = part(cache[f"blocks.{l}.hook_mlp_out"])
+    out["constant"] = metric.detach() - part(stream["x"].detach())
+    return out, metric.detach()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_dla_is_exact_on_every_variant(variant):
+    """Each component equals the autograd brute force (1e-9), and the sum equals the metric (1e-6), float64."""
+    model = make_variant(*variant, seed=1)
+    g = torch.Generator().manual_seed(2)
+    toks = torch.randint(0, model.cfg.d_vocab, (2, 10), generator=g)
+    tg = torch.randint(0, model.cfg.d_vocab, (2, 10), generator=g)
+    dla = ri.direct_logit_attribution(model, toks, targets=tg)
+    brute, metric = _brute_force_dla(model, toks, tg)
+    assert (dla.metric - metric).abs().max() <= 1e-10
+    assert (dla.total() - metric).abs().max() <= 1e-6
+    got = dict(zip(dla.labels, dla.contributions))
+    constant = sum(got.pop(k) for k in ("ln_final bias", "b_U") if k in got)
+    assert set(got) == set(brute) - {"constant"}  # pos_embed only where it enters the stream
+    for k, v in got.items():
+        assert (v - brute[k]).abs().max() <= 1e-9, k
+    assert (constant - brute["constant"]).abs().max() <= 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(variant=st.sampled_from(VARIANTS), seed=st.integers(0, 1000), n_layers=st.integers(1, 3), n_heads=st.integers(1, 3),
+       dtype=st.sampled_from([torch.float32, torch.float64]), contrast=st.booleans())
+def test_dla_sums_to_the_metric_property(variant, seed, n_layers, n_heads, dtype, contrast):
+    model = make_variant(*variant, seed=seed, n_layers=n_layers, n_heads=n_heads, dtype=dtype)
+    g = torch.Generator().manual_seed(seed)
+    toks = torch.randint(0, model.cfg.d_vocab, (2, 7), generator=g)
+    tg = torch.randint(0, model.cfg.d_vocab, (2, 7), generator=g)
+    dla = ri.direct_logit_attribution(model, toks, targets=tg, contrast=toks if contrast else None)
+    tol = 1e-6 if dtype == torch.float64 else 1e-4
+    assert (dla.total() - dla.metric).abs().max() <= tol
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+def test_path_expansion_is_exact_for_every_positional_scheme(pos):
+    """Attention-only, no norm, every bias nonzero: the paths (b_U included) sum to the logits."""
+    model = make_variant(None, pos, True, seed=3, n_layers=3)
+    toks = torch.randint(0, model.cfg.d_vocab, (3, 11), generator=torch.Generator().manual_seed(4))
+    pe = ri.path_expansion(model, toks)
+    assert "b_U" in pe.labels and "bias L0" in pe.labels
+    assert (pe.total() - model(toks)).abs().max() <= 1e-10
+
+
+def test_bias_terms_belong_to_the_layer_that_writes_them(random3x3, small_batch):
+    pe = ri.path_expansion(random3x3, small_batch.tokens[:2])
+    layer = dict(zip(pe.labels, pe.last_layer().tolist()))
+    assert layer["bias L0"] == 0 and layer["bias L2"] == 2 and layer["bias L0>L1H2"] == 1
+    assert layer["direct"] == -1 and layer["b_U"] == -1 and layer["L0H1>L2H0"] == 2
+
+
+def test_path_attribution_counts_b_U(small_batch):
+    """The centered logit of the correct token, b_U's part included, is the sum of the parts."""
+    model = make_variant(None, "rotary", True, seed=5, n_layers=2, d_vocab=256, n_ctx=48)
+    att = ri.path_logit_attribution(model, small_batch)
+    assert att.labels[-1] == "b_U"
+    toks = small_batch.tokens
+    logits = model(toks)[:, :-1][small_batch.scored]
+    correct = toks[:, 1:][small_batch.scored]
+    centered = logits.gather(-1, correct[:, None])[:, 0] - logits.mean(-1)
+    assert (att.centered.sum(0) - centered).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("helper", ["path_expansion", "direct_logit_attribution", "path_logit_attribution"])
+def test_a_hook_that_changes_the_run_is_named_not_silently_decomposed(helper, small_batch):
+    model = make_variant(None, "rotary", True, seed=6, n_layers=2, d_vocab=256, n_ctx=48)
+    toks = small_batch.tokens[:4]
+    call = {"path_expansion": lambda: ri.path_expansion(model, toks),
+            "direct_logit_attribution": lambda: ri.direct_logit_attribution(model, toks, targets=toks),
+            "path_logit_attribution": lambda: ri.path_logit_attribution(model, small_batch)}[helper]
+    model.add_hook("blocks.0.hook_resid_post", lambda t, hook: t * 1.5)
+    try:
+        with pytest.raises(ValueError, match=r"blocks\.0\.hook_resid_post"):
+            call()
+    finally:
+        model.reset_hooks()
+    model.add_hook("blocks.0.hook_resid_post", lambda t, hook: None)  # a passive hook: decomposed as usual
+    try:
+        call()
+    finally:
+        model.reset_hooks()
+
+
+def test_a_hook_on_z_is_decomposed_with_it():
+    """DLA reads z after the user's hook on it: the split is that of the hooked run, and it sums to it."""
+    model = make_variant("LN", "standard", False, seed=7)
+    toks = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    model.add_hook("blocks.0.attn.hook_z", lambda t, hook: t * 2.0)
+    try:
+        dla = ri.direct_logit_attribution(model, toks, targets=toks)
+        hooked = model(toks)
+    finally:
+        model.reset_hooks()
+    metric = hooked.gather(-1, toks[..., None])[..., 0] - hooked.mean(-1)
+    assert (dla.total() - metric).abs().max() <= 1e-8

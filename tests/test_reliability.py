@@ -98,10 +98,14 @@ def _model_for(name):
 
 
 @pytest.mark.parametrize("name", sorted(HELPERS))
-@pytest.mark.parametrize("training,grad", [(False, True), (True, False)])
+@pytest.mark.parametrize("training,grad", [(False, True), (True, False), ("mixed", True)])
 def test_helper_leaves_model_as_found(name, training, grad):
     model = _model_for(name)
-    model.train(training)
+    if training == "mixed":  # train mode with one block held in eval mode: each flag must come back as found
+        model.train()
+        model.blocks[0].eval()
+    else:
+        model.train(training)
     fired = []
     model.add_hook("hook_embed", lambda t, hook: fired.append(1))  # the user's own hook
     before = _snapshot(model)
@@ -364,3 +368,50 @@ def test_tables_are_identical_within_a_process():
     first = [s.results for s in run_sections(Context(progress=False), ["circuits"])]
     second = [s.results for s in run_sections(Context(progress=False), ["circuits"])]
     assert first == second
+
+
+# ---- issue 12: half precision, empty selections ---------------------------------------------------------------
+
+_HALF_TOLERANCE = {torch.float16: 0.05, torch.bfloat16: 0.3}  # |half - float32| on the toy model's logit-sized outputs
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"save_model", "count_parameters", "finance_readers", "as_dtype"}))
+def test_helpers_run_on_half_precision_models(name, dtype):
+    """Every helper runs on float16/bfloat16 models and agrees with the float32 run within the
+    documented tolerance (decompositions compute in float32 inside)."""
+    ref = _model_for(name)
+    half = ri.as_dtype(ref, dtype)
+    out, want = HELPERS[name](half), HELPERS[name](ref)
+    pairs = _tensor_pairs(out, want)
+    assert pairs, name
+    for a, b in pairs:
+        if a.dtype == torch.long:
+            continue
+        finite = torch.isfinite(b)
+        assert bool(torch.isfinite(a[finite]).all())
+        scale = max(1.0, float(b[finite].abs().max()))
+        assert float((a.float() - b.float())[finite].abs().max()) <= _HALF_TOLERANCE[dtype] * scale, name
+
+
+def _tensor_pairs(a, b):
+    if isinstance(a, torch.Tensor):
+        return [(a, b)]
+    if isinstance(a, tuple):
+        return [p for x, y in zip(a, b) for p in _tensor_pairs(x, y)]
+    if hasattr(a, "__dataclass_fields__"):
+        return [p for k in a.__dataclass_fields__ for p in _tensor_pairs(getattr(a, k), getattr(b, k))]
+    if isinstance(a, float):
+        return [(torch.tensor(a), torch.tensor(b))]
+    return []
+
+
+def test_empty_selections_raise(toy2):
+    b = _batch()
+    empty = ri.InductionBatch(tokens=b.tokens, periods=b.periods, scored=torch.zeros_like(b.scored))
+    for call in (lambda: ri.evaluate(toy2, empty), lambda: ri.induction_scores(toy2, empty),
+                 lambda: ri.path_logit_attribution(toy2, empty), lambda: ri.score_logits(toy2(empty.tokens), empty)):
+        with pytest.raises(ValueError, match="no scored positions"):
+            call()
+    with pytest.raises(ValueError, match="heads is empty"):
+        ri.run_with_key_input(toy2, empty.tokens, layer=1, heads=[])

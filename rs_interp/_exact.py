@@ -1,0 +1,75 @@
+"""What the exact decompositions share: the compute dtype, the frozen final norm, and the check
+that a decomposition really sums to the run it claims to split (user hooks included)."""
+
+from __future__ import annotations
+
+import torch
+from transformer_lens import HookedTransformer
+
+__all__: list[str] = []
+
+#: The normalizations TransformerLens offers; each has an exact split once its scale is frozen.
+NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
+
+#: Slack of the sum check, in units of machine epsilon (of the coarser of the run's dtype and the
+#: compute dtype: a float16 run was rounded in float16 however exactly we split it) times the size
+#: of the terms summed (the sum of their magnitudes). Measured gaps: ~1 such unit in float16 and
+#: bfloat16, < 10 in float32 and float64; a hook that changes the run moves it by far more (but in
+#: bfloat16 the check catches only gross changes).
+_EPS_FACTOR = 64
+
+
+def compute_dtype(model: HookedTransformer) -> torch.dtype:
+    """The dtype the decompositions compute in: the model's, or float32 for float16/bfloat16 models
+    (CPU kernels such as QR have no half-precision version, and sums of many half-precision terms
+    lose the identities the decompositions promise)."""
+    dt = model.cfg.dtype
+    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+
+
+def check_normalization(model: HookedTransformer, what: str) -> None:
+    if model.cfg.normalization_type not in NORMALIZATIONS:
+        raise ValueError(f"{what}: no exact split is known for normalization_type={model.cfg.normalization_type!r} "
+                         f"(supported: {NORMALIZATIONS})")
+
+
+def frozen_final_norm(model: HookedTransformer, stack: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Push stream components ``(..., batch, pos, d_model)`` through the final norm with each token's
+    scale frozen from the forward pass: linear in each component, so the parts sum to the whole.
+
+    LN: ``(c - mean c) / s * w``; LNPre: ``(c - mean c) / s``; RMS: ``c / s * w``; RMSPre: ``c / s``;
+    none: ``c``. The LN bias is not a component's: callers add it as its own term.
+    """
+    kind = model.cfg.normalization_type
+    if kind is None:
+        return stack
+    if kind in ("LN", "LNPre"):
+        stack = stack - stack.mean(-1, keepdim=True)
+    stack = stack / scale.to(stack.dtype)
+    if kind in ("LN", "RMS"):
+        stack = stack * model.ln_final.w.to(stack.dtype)
+    return stack
+
+
+def attached_hooks(model: HookedTransformer) -> list[str]:
+    """Names of the hook points that carry forward hooks right now (the user's, before ours)."""
+    return [name for name, hp in model.hook_dict.items() if hp._forward_hooks]
+
+
+def check_sum(
+    what: str, total: torch.Tensor, target: torch.Tensor, terms: torch.Tensor, user_hooks: list[str], run_dtype: torch.dtype
+) -> None:
+    """Raise ``ValueError`` unless ``total`` (the sum of ``terms``) equals ``target`` (the run's own
+    value) to rounding. A gap means the run is not the one decomposed: a hook changed it, or the
+    model has a part the decomposition does not know."""
+    eps = max(torch.finfo(terms.dtype).eps, torch.finfo(run_dtype).eps)
+    size = terms.abs().sum(0).amax() + target.abs().amax() + 1.0
+    gap = (total - target.to(total.dtype)).abs().amax()
+    if bool(gap <= _EPS_FACTOR * eps * size):
+        return
+    if user_hooks:
+        why = (f"the run was changed by the hooks attached at {user_hooks}; the decomposition cannot follow "
+               "a changed activation: remove them (model.reset_hooks()) or decompose without them")
+    else:
+        why = "this model has a part the decomposition does not split (no exact split exists for its config)"
+    raise ValueError(f"{what}: the parts sum to a value {float(gap):.3g} away from the run's own output: {why}")
