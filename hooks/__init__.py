@@ -20,7 +20,7 @@ from typing import Callable, MutableMapping, Sequence
 import torch
 from transformer_lens.hook_points import HookPoint
 
-__all__ = ["store", "replace", "replace_heads", "replace_heads_with", "add"]
+__all__ = ["store", "replace", "replace_heads", "replace_heads_with", "add", "zero_heads", "mean_heads", "resample_heads"]
 
 HookFn = Callable[..., torch.Tensor | None]
 
@@ -78,3 +78,46 @@ def add(delta: torch.Tensor) -> HookFn:
         return tensor + delta.to(tensor.dtype)
 
     return fn
+
+
+def _set_heads(value: torch.Tensor, heads: Sequence[int]) -> HookFn:
+    """Replace heads ``heads`` of a ``hook_z`` activation (batch, pos, head_index, d_head) by the same
+    heads of ``value`` (broadcast to the activation's shape)."""
+    index = list(heads)
+
+    def fn(tensor: torch.Tensor, *, hook: HookPoint) -> torch.Tensor:
+        if tensor.ndim != 4:
+            raise ValueError(f"{hook.name}: expected hook_z's (batch, pos, head_index, d_head), got {tuple(tensor.shape)}")
+        out = tensor.clone()
+        out[:, :, index] = value.to(tensor.dtype).expand_as(tensor)[:, :, index]
+        return out
+
+    return fn
+
+
+def zero_heads(heads: Sequence[int]) -> HookFn:
+    """Zero ablation at ``blocks.L.attn.hook_z``: heads ``heads`` of that layer write nothing
+    (their ``z`` is 0, so ``z W_O`` is 0; the layer's ``b_O`` stays).
+
+    >>> import torch
+    >>> from rs_interp import make_attn_only
+    >>> model = make_attn_only(1)
+    >>> with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", zero_heads([0, 1]))]):
+    ...     out = model(torch.zeros(1, 4, dtype=torch.long))
+    >>> bool(torch.allclose(out, model.W_E[0] @ model.W_U + model.b_U))
+    True
+    """
+    return _set_heads(torch.zeros(()), heads)
+
+
+def mean_heads(mean: torch.Tensor, heads: Sequence[int]) -> HookFn:
+    """Mean ablation at ``hook_z``: heads ``heads`` output ``mean[head]`` at every position, with
+    ``mean`` of shape (head_index, d_head) (e.g. a reference run's ``z`` averaged over batch and
+    positions)."""
+    return _set_heads(mean[None, None], heads)
+
+
+def resample_heads(z_reference: torch.Tensor, heads: Sequence[int]) -> HookFn:
+    """Resample ablation at ``hook_z``: heads ``heads`` output their ``z`` from a reference run,
+    ``z_reference`` of shape (batch, pos, head_index, d_head), the activation's own shape."""
+    return _set_heads(z_reference, heads)

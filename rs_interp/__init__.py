@@ -8,6 +8,7 @@ True
 
 from .ablation import run_with_key_input, run_with_query_input
 from .composition import composition_scores
+from .copying import copying_scores
 from .data import InductionBatch, induction_batch
 from .heads import (
     InductionScores,
@@ -19,6 +20,7 @@ from .heads import (
     prev_token_scores,
 )
 from . import hooks
+from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
 from .gpt2 import GPT2Analysis, GPT2WeightsUnavailable, analyse_gpt2, load_gpt2
 from .lens import LogitLens, logit_lens
 from .params import ParameterCount, count_parameters, gpt2_config
@@ -61,6 +63,10 @@ __all__ = [
     "composition_scores",
     "run_with_key_input",
     "run_with_query_input",
+    "ablate_heads",
+    "head_ablation_scan",
+    "HeadAblationScan",
+    "copying_scores",
     "attention_patterns",
     "prev_token_scores",
     "induction_scores",

@@ -118,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--retrain", action="store_true", help="retrain the toy models instead of loading the shipped ones (~1 minute)")
     r.add_argument("--seed", type=_seed, default=0, help="seed of retraining (with --retrain), the collapse cloud, the gradient draws, the finance corpus and "
                         "model (default: %(default)s, the shipped models' seed)")
-    r.add_argument("--only", nargs="+", metavar="SECTION", choices=["induction", "circuits", "paths", "gpt2", "geometry", "finance"],
-                   help="compute only these sections: induction, circuits, paths, gpt2, geometry, finance")
+    r.add_argument("--only", nargs="+", metavar="SECTION", choices=["induction", "circuits", "ablation", "paths", "gpt2", "geometry", "finance"],
+                   help="compute only these sections: induction, circuits, ablation, paths, gpt2, geometry, finance")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)
     g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",

@@ -176,3 +176,20 @@ def finance_figure(seen: Mapping[str, float], unseen: Mapping[str, float]) -> go
     fig.update_layout(barmode="group", title="Completing company names in filings", yaxis_title="fraction completed",
                       yaxis_range=[0, 1], height=420)
     return fig
+
+
+def head_scan_figure(values: torch.Tensor, *, title: str, colorbar: str = "effect", symmetric: bool = True) -> go.Figure:
+    """A (layer, head) heatmap, e.g. a :class:`~rs_interp.HeadAblationScan`'s ``effect`` or copying scores.
+
+    Takes computed values and computes nothing; ``symmetric`` centres the colour scale on zero.
+    """
+    L, H = values.shape
+    z = values.double().tolist()
+    zmax = float(values.abs().max()) if symmetric else None
+    fig = go.Figure(go.Heatmap(z=z, x=[f"H{h}" for h in range(H)], y=[f"L{l}" for l in range(L)], colorscale="RdBu_r" if symmetric else "Viridis",
+                               zmid=0 if symmetric else None, zmin=-zmax if symmetric else None, zmax=zmax,
+                               colorbar=dict(title=colorbar), hovertemplate="%{y}%{x}: %{z:.3f}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", title="layer")
+    fig.update_xaxes(title="head")
+    fig.update_layout(title=title, height=160 + 60 * L)
+    return fig

@@ -20,7 +20,8 @@ def _builders() -> list[tuple[str, Callable[[Context], Section | list[Section]]]
     """The sections of ``reproduce``, in report order (``--only`` takes these names)."""
     from . import sections as S
 
-    return [("induction", S.induction_section), ("circuits", S.circuits_section), ("paths", S.paths_section),
+    return [("induction", S.induction_section), ("circuits", S.circuits_section),
+            ("ablation", S.ablation_section), ("paths", S.paths_section),
             ("gpt2", S.gpt2_section), ("geometry", S.geometry_section), ("finance", S.finance_section)]
 
 

@@ -17,6 +17,8 @@ from transformer_lens import HookedTransformer
 
 from .ablation import run_with_key_input
 from .composition import composition_scores
+from .copying import copying_scores
+from .head_ablation import ablate_heads, head_ablation_scan
 from .finance import READERS, run_case_study
 from .geometry import collapse_cloud, collapse_run
 from .gpt2 import analyse_gpt2, conversion_check, find_pretrained_gpt2
@@ -31,6 +33,7 @@ from .plots import (
     collapse_figure,
     composition_heatmaps,
     finance_figure,
+    head_scan_figure,
     layernorm_figure,
     logit_lens_figure,
     parameter_breakdown_figure,
@@ -45,6 +48,7 @@ __all__ = [
     "Context",
     "induction_section",
     "circuits_section",
+    "ablation_section",
     "paths_section",
     "gpt2_section",
     "geometry_section",
@@ -181,6 +185,40 @@ def circuits_section(ctx: Context) -> list[Section]:
     induction_head = (1, int(ind.target[1].argmax()))
     heads = dataclasses.replace(heads, figures=(attention_figure(model, period_sequence(11, seed=ctx.seed), [(0, ph), induction_head], period=11),))
     return [key_ablation, heads, composition]
+
+
+def ablation_section(ctx: Context) -> Section:
+    """Mean ablation of every head, one at a time (a scan), the induction heads together, copying scores."""
+    model, batch = ctx.model("induction-2l"), ctx.batch
+    tokens, scored = batch.tokens, batch.scored
+
+    def loss(logits: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits[:, :-1][scored].float(), tokens[:, 1:][scored])
+
+    prev = prev_token_scores(model, tokens)
+    ph = int(prev[0].argmax())
+    induction = [(1, h) for h in range(model.cfg.n_heads)]
+    scan = head_ablation_scan(model, tokens, loss, method="mean", progress=ctx.progress)
+    both = float(loss(ablate_heads(model, tokens, induction, method="mean"))) - scan.clean
+    copying = copying_scores(model)
+    top_label, _ = scan.top(1)[0]
+    rows = [
+        band_row("clean loss (nats)", scan.clean, "0.157"),
+        band_row(f"prev-token head (0,{ph}) mean-ablated: loss rise", float(scan.effect[0, ph]), "-", lo=2.0),
+        Row("the costliest single head", top_label, "the prev-token head", f"= L0H{ph}", top_label == f"L0H{ph}"),
+    ]
+    rows += [band_row(f"head (0,{h}) mean-ablated: loss rise", float(scan.effect[0, h]), "-") for h in range(model.cfg.n_heads) if h != ph]
+    rows += [band_row(f"induction head (1,{h}) mean-ablated alone: loss rise", float(scan.effect[1, h]), "-") for h in range(model.cfg.n_heads)]
+    rows.append(band_row("both layer-1 heads mean-ablated: loss rise", both, "-", lo=3.0))
+    rows += [band_row(f"copying score, induction head (1,{h})", float(copying[1, h]), "-", lo=0.9) for h in range(model.cfg.n_heads)]
+    rows += [band_row(f"copying score, head (0,{h})", float(copying[0, h]), "-") for h in range(model.cfg.n_heads)]
+    results = {"clean_loss": scan.clean, "effect": scan.effect.tolist(), "both_induction_heads": both,
+               "copying_scores": copying.tolist(), "prev_token_head": [0, ph], "method": scan.method}
+    figures = (head_scan_figure(scan.effect, title="Mean ablation of each head: rise of the loss at scored positions (nats)", colorbar="nats"),
+               head_scan_figure(copying, title="Copying scores of the full OV circuits", colorbar="score"))
+    notes = ("Each induction head alone costs little: the two layer-1 heads are redundant, so the pair is the row with a band. "
+             "Copying score: sum(eig)/sum(|eig|) of W_E W_V W_O W_U (1 = pure copying).")
+    return Section("ablation", "Head ablation: a scan of every head, and copying scores", tuple(rows), results, figures=figures, notes=notes)
 
 
 def paths_section(ctx: Context) -> list[Section]:

@@ -36,6 +36,10 @@ HELPERS = {
     "direct_logit_attribution": lambda m: ri.direct_logit_attribution(m, _batch().tokens, targets=_batch().tokens),
     "logit_lens": lambda m: ri.logit_lens(m, _batch().tokens, targets=_batch().tokens, batch_chunk=3),
     "count_parameters": lambda m: ri.count_parameters(m),
+    "ablate_heads": lambda m: ri.ablate_heads(m, _batch().tokens, [(0, 0), (1, 1)], method="resample",
+                                              reference=ri.induction_batch(4, seed=1).tokens),
+    "head_ablation_scan": lambda m: ri.head_ablation_scan(m, _batch().tokens, lambda lg: lg[:, -1].float().mean(), method="mean"),
+    "copying_scores": lambda m: ri.copying_scores(m),
     "as_dtype": lambda m: ri.as_dtype(m, torch.float64),
     "save_model": lambda m: ri.save_model(m, __import__("tempfile").mkdtemp() + "/m"),
     "analyse_gpt2": lambda m: ri.analyse_gpt2(m, weights="random", n_sequences=2, period=20),
@@ -123,7 +127,7 @@ class _Injected(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"composition_scores", "count_parameters", "positional_scores", "as_dtype", "save_model"}))
+@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"composition_scores", "copying_scores", "count_parameters", "positional_scores", "as_dtype", "save_model"}))
 def test_helper_cleans_up_after_a_failing_hook(name):
     """A user hook that raises mid-forward: the error propagates and nothing of the helper's stays."""
     model = _model_for(name)
@@ -316,7 +320,7 @@ def test_path_expansion_is_exact_for_random_shapes(batch, pos, seed, n_layers, n
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(layer=st.integers(-3, 4), keep=st.lists(st.tuples(st.integers(-1, 3), st.integers(-1, 3)), max_size=3))
 def test_ablation_arguments_either_run_or_raise_valueerror(shared_toy, layer, keep):
-    valid = 0 <= layer < 2 and all(0 <= l < layer and 0 <= h < 2 for l, h in keep)
+    valid = 0 <= layer < 2 and all(0 <= l < layer and 0 <= h < 2 for l, h in keep) and len(set(keep)) == len(keep)
     try:
         out = ri.run_with_key_input(shared_toy, GOOD, layer=layer, keep=keep)
     except ValueError:

@@ -8,7 +8,7 @@ import pytest
 
 from rs_interp.cli import main
 
-SECTIONS = ["induction", "key_ablation", "heads", "composition", "paths", "logit_lens", "gpt2", "geometry", "finance"]
+SECTIONS = ["induction", "key_ablation", "heads", "composition", "ablation", "paths", "logit_lens", "gpt2", "geometry", "finance"]
 
 
 @pytest.fixture(scope="module")

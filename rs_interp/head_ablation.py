@@ -1,0 +1,204 @@
+"""Ablating attention heads at ``hook_z``: zero, mean and resample ablation, and whole-model scans.
+
+A head's write is ``z W_O``; ablating it replaces its ``z`` (batch, pos, d_head) by
+
+- ``"zero"``: 0, so the head writes nothing (the layer's ``b_O`` stays);
+- ``"mean"``: its mean over the batch and positions of ``reference`` (default: ``tokens``);
+- ``"resample"``: its ``z`` from the run on ``reference`` (same shape as ``tokens``), i.e. activation
+  patching from the reference run into this one.
+
+:func:`head_ablation_scan` ablates every head in turn without a full forward pass per head: the
+residual stream before layer ``l`` is the clean run's, cached once, so each pass starts at layer
+``l``; the heads of a layer share passes, stacked along the batch, as many as fit the memory budget.
+
+>>> from rs_interp import load_toy_model, induction_batch
+>>> model, batch = load_toy_model("induction-2l"), induction_batch(8, seed=0)
+>>> scan = head_ablation_scan(model, batch.tokens, lambda logits: logits[:, -1].logsumexp(-1).mean())
+>>> tuple(scan.values.shape), scan.method
+((2, 2), 'zero')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from . import hooks as H
+from ._state import preserve_state
+from ._validate import check_heads, check_int_range, check_tokens
+
+__all__ = ["ablate_heads", "head_ablation_scan", "HeadAblationScan"]
+
+Method = Literal["zero", "mean", "resample"]
+Metric = Callable[[torch.Tensor], torch.Tensor | float]
+_METHODS = ("zero", "mean", "resample")
+
+
+@dataclass(frozen=True)
+class HeadAblationScan:
+    """``metric(logits)`` with each head ablated on its own.
+
+    Attributes:
+        values: (layer, head) the metric with that one head ablated.
+        clean: the metric of the clean run.
+        effect: (layer, head) ``values - clean``.
+        method: ``"zero"``, ``"mean"`` or ``"resample"``.
+        labels: ``"L{l}H{h}"`` per head, row-major.
+    """
+
+    values: Float[torch.Tensor, "layer head"]
+    clean: float
+    effect: Float[torch.Tensor, "layer head"]
+    method: str
+    labels: tuple[str, ...]
+
+    def top(self, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` heads whose ablation moves the metric most, with their effect."""
+        flat = self.effect.flatten()
+        order = flat.abs().argsort(descending=True)[:k]
+        return [(self.labels[int(i)], float(flat[i])) for i in order]
+
+
+def _check_method(model: HookedTransformer, tokens: torch.Tensor, method: str, reference: torch.Tensor | None) -> torch.Tensor:
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if reference is None:
+        if method == "resample":
+            raise ValueError("method='resample' needs reference= tokens (the run each head's z is taken from)")
+        return tokens
+    reference = check_tokens(model, reference, "reference")
+    if method == "resample" and reference.shape != tokens.shape:
+        raise ValueError(f"reference must have the shape of tokens {tuple(tokens.shape)} for resample ablation, got {tuple(reference.shape)}")
+    return reference
+
+
+def _reference_z(model: HookedTransformer, reference: torch.Tensor, method: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
+    """Per layer, what ablated heads output: the mean (head, d_head) or the reference z (batch, pos, head, d_head)."""
+    if method == "zero":
+        return {}
+    box: dict[str, torch.Tensor] = {}
+    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_z", H.store(box, str(l))) for l in layers]):
+        model(reference, return_type=None)
+    return {l: box[str(l)].mean(dim=(0, 1)) if method == "mean" else box[str(l)] for l in layers}
+
+
+def _hook(method: str, value: torch.Tensor | None, heads: Sequence[int]) -> Callable:
+    if method == "zero":
+        return H.zero_heads(heads)
+    return H.mean_heads(value, heads) if method == "mean" else H.resample_heads(value, heads)
+
+
+def ablate_heads(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    heads: Sequence[tuple[int, int]],
+    *,
+    method: Method = "zero",
+    reference: Int[torch.Tensor, "batch pos"] | None = None,
+) -> Float[torch.Tensor, "batch pos d_vocab"]:
+    """Logits with ``heads`` ablated together (see the module docstring for the methods).
+
+    Args:
+        model: any ``HookedTransformer``.
+        tokens: (batch, pos) token ids.
+        heads: ``(layer, head)`` pairs (a bare pair is one head; a head named twice is refused).
+        method: ``"zero"``, ``"mean"`` (mean over batch and positions of ``reference``, default
+            ``tokens``) or ``"resample"`` (``z`` from the run on ``reference``, same shape).
+        reference: the reference tokens.
+
+    >>> from rs_interp import load_toy_model, induction_batch
+    >>> model, b = load_toy_model(), induction_batch(4, seed=0)
+    >>> tuple(ablate_heads(model, b.tokens, [(0, 0)], method="mean").shape)
+    (4, 48, 256)
+    """
+    tokens = check_tokens(model, tokens)
+    pairs = check_heads(model, heads, "heads", allow_empty=False)
+    ref = _check_method(model, tokens, method, reference)
+    layers = sorted({l for l, _ in pairs})
+    with preserve_state(model), torch.no_grad():
+        values = _reference_z(model, ref, method, layers)
+        fwd = [(f"blocks.{l}.attn.hook_z", _hook(method, values.get(l), [h for ll, h in pairs if ll == l])) for l in layers]
+        with model.hooks(fwd_hooks=fwd):
+            return model(tokens, return_type="logits")
+
+
+def _scalar(value: torch.Tensor | float, what: str) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"metric must return a scalar, got a tensor of shape {tuple(value.shape)} ({what})")
+        return float(value.detach())
+    return float(value)
+
+
+def head_ablation_scan(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    metric: Metric,
+    *,
+    method: Method = "zero",
+    reference: Int[torch.Tensor, "batch pos"] | None = None,
+    memory_budget: int = 2**30,
+    progress: bool = False,
+) -> HeadAblationScan:
+    """``metric(logits)`` with each head ablated in turn, the clean metric and the effect.
+
+    Equal to a loop of ``ablate_heads(model, tokens, [(l, h)], ...)`` (tested to 1e-9 in float64)
+    but without a full forward pass per head: one clean pass caches the stream before every layer,
+    and each layer's heads then run from there, several per pass (stacked along the batch, as
+    many as keep the pass's logits and activations under ``memory_budget`` bytes).
+
+    Args:
+        metric: any function of the logits (batch, pos, d_vocab) returning a scalar (a 0-d tensor
+            or a float), e.g. the mean loss at some positions.
+        method, reference: as in :func:`ablate_heads`.
+        memory_budget: bytes one stacked pass may use (roughly); at least one head per pass.
+        progress: show a progress bar over the passes.
+    """
+    tokens = check_tokens(model, tokens)
+    ref = _check_method(model, tokens, method, reference)
+    check_int_range("memory_budget", memory_budget, 1)
+    cfg = model.cfg
+    L, n_heads = cfg.n_layers, cfg.n_heads
+    values = torch.full((L, n_heads), float("nan"), dtype=torch.float64)
+    box: dict[str, torch.Tensor] = {}
+    names = lambda n: n.endswith("hook_resid_pre") or n == "hook_pos_embed"  # noqa: E731
+    B, P = tokens.shape
+    row_bytes = P * (cfg.d_vocab + 8 * cfg.d_model + (cfg.d_mlp or 0)) * torch.finfo(cfg.dtype).bits // 8
+    per_pass = max(1, min(n_heads, memory_budget // max(1, B * row_bytes)))
+    with preserve_state(model), torch.no_grad():
+        refs = _reference_z(model, ref, method, range(L))
+        with model.hooks(fwd_hooks=[(names, H.store(box))]):
+            clean = _scalar(metric(model(tokens, return_type="logits")), "clean run")
+        spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
+        jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads)))) for l in range(L) for h0 in range(0, n_heads, per_pass)]
+        for l, group in tqdm(jobs, desc="head ablation scan", disable=not progress, leave=False):
+            k = len(group)
+            resid = box[f"blocks.{l}.hook_resid_pre"].repeat(k, 1, 1)  # replica i ablates head group[i]
+            value = refs.get(l)
+            if method == "resample":
+                value = value.repeat(k, 1, 1, 1)
+
+            def ablate(z: torch.Tensor, *, hook, group=group, value=value) -> torch.Tensor:
+                out = z.clone()
+                for i, h in enumerate(group):
+                    rows = slice(i * B, (i + 1) * B)
+                    if method == "zero":
+                        out[rows, :, h] = 0
+                    elif method == "mean":
+                        out[rows, :, h] = value[h].to(z.dtype)
+                    else:
+                        out[rows, :, h] = value[rows, :, h].to(z.dtype)
+                return out
+
+            with model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_z", ablate)]):
+                logits = model(resid, start_at_layer=l, return_type="logits",
+                               shortformer_pos_embed=None if spe is None else spe.repeat(k, 1, 1))
+            for i, h in enumerate(group):
+                values[l, h] = _scalar(metric(logits[i * B : (i + 1) * B]), f"head ({l}, {h})")
+    labels = tuple(f"L{l}H{h}" for l in range(L) for h in range(n_heads))
+    return HeadAblationScan(values=values, clean=clean, effect=values - clean, method=method, labels=labels)

@@ -1,0 +1,123 @@
+"""Issue 15: head ablation and scans against a brute-force hook on hook_z, and TransformerLens's patching."""
+
+import pytest
+import torch
+from transformer_lens import FactoredMatrix
+from transformer_lens import patching as tl_patching
+
+import rs_interp as ri
+from conftest import make_variant
+
+
+def _brute_force(model, tokens, heads, method, reference):
+    """Written apart from the library: one plain hook per layer on the raw forward pass."""
+    ref_z = {}
+    if method != "zero":
+        _, cache = model.run_with_cache(reference, names_filter=lambda n: n.endswith("hook_z"))
+        ref_z = {l: cache[f"blocks.{l}.attn.hook_z"] for l in range(model.cfg.n_layers)}
+
+    def hook(z, hook):
+        l = int(hook.name.split(".")[1])
+        z = z.clone()
+        for ll, h in heads:
+            if ll == l:
+                z[:, :, h] = 0 if method == "zero" else ref_z[l][:, :, h].mean((0, 1)) if method == "mean" else ref_z[l][:, :, h]
+        return z
+
+    with torch.no_grad():
+        return model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_z"), hook)])
+
+
+def _models():
+    return {"toy": ri.as_dtype(ri.load_toy_model(), torch.float64),
+            "ln_mlp": make_variant("LN", "standard", False, seed=2, n_layers=3, n_heads=3),
+            "rms_shortformer": make_variant("RMSPre", "shortformer", False, seed=3, n_layers=2, n_heads=2)}
+
+
+MODELS = _models()
+
+
+def _tokens(model, n=3, seed=0):
+    return torch.randint(0, model.cfg.d_vocab, (n, min(10, model.cfg.n_ctx)), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+def test_ablate_heads_equals_brute_force(name, method):
+    model = MODELS[name]
+    toks, ref = _tokens(model), _tokens(model, seed=1)
+    heads = [(0, 1), (model.cfg.n_layers - 1, 0)]
+    got = ri.ablate_heads(model, toks, heads, method=method, reference=ref if method != "zero" else None)
+    want = _brute_force(model, toks, heads, method, ref if method != "zero" else toks)
+    assert (got - want).abs().max() <= 1e-9
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+@pytest.mark.parametrize("budget", [1, 2**30])  # one head per pass, and every head of a layer in one pass
+def test_scan_equals_one_brute_force_run_per_head(name, method, budget):
+    model = MODELS[name]
+    toks, ref = _tokens(model), _tokens(model, seed=1)
+    metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 3].mean()  # noqa: E731
+    scan = ri.head_ablation_scan(model, toks, metric, method=method, reference=ref if method != "zero" else None,
+                                 memory_budget=budget)
+    with torch.no_grad():
+        assert scan.clean == pytest.approx(float(metric(model(toks))), abs=1e-12)
+    for l in range(model.cfg.n_layers):
+        for h in range(model.cfg.n_heads):
+            want = float(metric(_brute_force(model, toks, [(l, h)], method, ref if method != "zero" else toks)))
+            assert abs(float(scan.values[l, h]) - want) <= 1e-9, (l, h)
+    assert torch.equal(scan.effect, scan.values - scan.clean)
+
+
+def test_resample_scan_equals_transformer_lens_patching(gpt2_tiny):
+    """TL's get_act_patch_attn_head_out_all_pos, with the reference run as its 'clean' cache (float32)."""
+    toks, ref = _tokens(gpt2_tiny, n=2), _tokens(gpt2_tiny, n=2, seed=5)
+    metric = lambda logits: logits[:, -1, 7].mean()  # noqa: E731
+    _, ref_cache = gpt2_tiny.run_with_cache(ref)
+    want = tl_patching.get_act_patch_attn_head_out_all_pos(gpt2_tiny, toks, ref_cache, metric)
+    got = ri.head_ablation_scan(gpt2_tiny, toks, metric, method="resample", reference=ref)
+    assert (got.values.float() - want).abs().max() <= 1e-4
+
+
+def test_copying_scores_equal_factored_matrix_eigenvalues(gpt2_tiny):
+    scores = ri.copying_scores(gpt2_tiny)
+    with torch.no_grad():
+        for l in range(gpt2_tiny.cfg.n_layers):
+            for h in range(gpt2_tiny.cfg.n_heads):
+                fm = FactoredMatrix((gpt2_tiny.W_E @ gpt2_tiny.W_V[l, h]).double(), (gpt2_tiny.W_O[l, h] @ gpt2_tiny.W_U).double())
+                eig = fm.eigenvalues
+                assert float(scores[l, h]) == pytest.approx(float(eig.sum().real / eig.abs().sum()), abs=1e-6)
+
+
+def test_trained_toy_heads_stand_out(toy2, test_set):
+    """On the trained toy: the previous-token head is the costliest single ablation, ablating both
+    induction heads breaks induction, and the induction heads copy."""
+    batch = test_set
+    tokens = batch.tokens[:200]
+    scored = batch.scored[:200]
+
+    def loss(logits):
+        return torch.nn.functional.cross_entropy(logits[:, :-1][scored].float(), tokens[:, 1:][scored])
+
+    prev = int(ri.prev_token_scores(toy2, tokens)[0].argmax())
+    scan = ri.head_ablation_scan(toy2, tokens, loss, method="mean")
+    assert scan.top(1)[0][0] == f"L0H{prev}" and float(scan.effect[0, prev]) >= 2.0
+    both = float(loss(ri.ablate_heads(toy2, tokens, [(1, 0), (1, 1)], method="mean")))
+    assert both - scan.clean >= 3.0
+    assert bool((ri.copying_scores(toy2)[1] >= 0.9).all())
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(heads=[]), "empty"), (dict(heads=[(0, 0), (0, 0)]), "twice"), (dict(heads=[(0, 0)], method="max"), "method"),
+    (dict(heads=[(0, 0)], method="resample"), "reference"),
+    (dict(heads=[(0, 0)], method="resample", reference=torch.zeros(1, 5, dtype=torch.long)), "shape"),
+])
+def test_bad_arguments(toy2, small_batch, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ri.ablate_heads(toy2, small_batch.tokens[:2], **kwargs)
+
+
+def test_metric_must_be_a_scalar(toy2, small_batch):
+    with pytest.raises(ValueError, match="scalar"):
+        ri.head_ablation_scan(toy2, small_batch.tokens[:2], lambda logits: logits[:, -1, 0])
