@@ -41,6 +41,7 @@ from .paths import (
     path_expansion,
     path_logit_attribution,
 )
+from .second_order import SecondOrderAttribution, second_order_attribution
 from .training import Score, evaluate, score_logits, train_induction_model
 
 __all__ = [
@@ -81,6 +82,8 @@ __all__ = [
     "PathAttribution",
     "direct_logit_attribution",
     "DirectLogitAttribution",
+    "second_order_attribution",
+    "SecondOrderAttribution",
     "logit_lens",
     "LogitLens",
     # GPT-2

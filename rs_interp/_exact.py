@@ -73,3 +73,32 @@ def check_sum(
     else:
         why = "this model has a part the decomposition does not split (no exact split exists for its config)"
     raise ValueError(f"{what}: the parts sum to a value {float(gap):.3g} away from the run's own output: {why}")
+
+
+def unembed_direction(
+    model: HookedTransformer, targets: torch.Tensor, contrast: torch.Tensor | None, dt: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The metric's direction in the unembedding space and its ``b_U`` term, (batch, pos, d_model) and
+    (batch, pos): the target's centered logit, or ``logit[target] - logit[contrast]``."""
+    W_U, b_U = model.W_U.to(dt), model.b_U.to(dt)
+    if contrast is None:
+        return W_U.T[targets] - W_U.mean(1), b_U[targets] - b_U.mean()
+    return W_U.T[targets] - W_U.T[contrast], b_U[targets] - b_U[contrast]
+
+
+def metric_of(logits: torch.Tensor, targets: torch.Tensor, contrast: torch.Tensor | None) -> torch.Tensor:
+    """The run's own metric, (batch, pos), from its logits."""
+    picked = logits.gather(-1, targets[..., None])[..., 0]
+    return picked - (logits.mean(-1) if contrast is None else logits.gather(-1, contrast[..., None])[..., 0])
+
+
+def frozen_norm_readout(kind: str | None, direction: torch.Tensor, w: torch.Tensor | None, scale: torch.Tensor | None) -> torch.Tensor:
+    """The vector ``g`` with ``N(c) . direction = c . g`` for a norm ``N`` with frozen ``scale``
+    (centering is a symmetric projection, so it moves onto the direction): ``center(w * d) / s``."""
+    if kind is None:
+        return direction
+    if kind in ("LN", "RMS"):
+        direction = direction * w.to(direction.dtype)
+    if kind in ("LN", "LNPre"):
+        direction = direction - direction.mean(-1, keepdim=True)
+    return direction / scale.to(direction.dtype)

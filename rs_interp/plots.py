@@ -193,3 +193,16 @@ def head_scan_figure(values: torch.Tensor, *, title: str, colorbar: str = "effec
     fig.update_xaxes(title="head")
     fig.update_layout(title=title, height=160 + 60 * L)
     return fig
+
+
+def second_order_figure(sources: Sequence[str], destinations: Sequence[str], matrix: torch.Tensor, *, title: str) -> go.Figure:
+    """A (source x destination) heatmap of second-order attributions at one position, e.g.
+    ``so.matrix(batch=0, position=-1)`` of a :class:`~rs_interp.SecondOrderAttribution`."""
+    z = matrix.double()
+    zmax = float(z.abs().max()) or 1.0
+    fig = go.Figure(go.Heatmap(z=z.tolist(), x=list(destinations), y=list(sources), colorscale="RdBu_r", zmid=0, zmin=-zmax, zmax=zmax,
+                               colorbar=dict(title="logit"), hovertemplate="%{y} -> %{x}: %{z:.3f}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", title="source (what the head read)")
+    fig.update_xaxes(title="destination head")
+    fig.update_layout(title=title, height=200 + 18 * len(sources))
+    return fig

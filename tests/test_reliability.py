@@ -40,6 +40,7 @@ HELPERS = {
                                               reference=ri.induction_batch(4, seed=1).tokens),
     "head_ablation_scan": lambda m: ri.head_ablation_scan(m, _batch().tokens, lambda lg: lg[:, -1].float().mean(), method="mean"),
     "copying_scores": lambda m: ri.copying_scores(m),
+    "second_order_attribution": lambda m: ri.second_order_attribution(m, _batch().tokens, targets=_batch().tokens, positions=[-1]),
     "as_dtype": lambda m: ri.as_dtype(m, torch.float64),
     "save_model": lambda m: ri.save_model(m, __import__("tempfile").mkdtemp() + "/m"),
     "analyse_gpt2": lambda m: ri.analyse_gpt2(m, weights="random", n_sequences=2, period=20),
