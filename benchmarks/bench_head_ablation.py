@@ -12,41 +12,31 @@ Goal (issue 15): at least 2x faster than TransformerLens, same numbers.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 
-_CHILD = r"""
-import json, resource, sys, time, warnings, torch
-warnings.filterwarnings("ignore")
-import rs_interp as ri
+from _child import run_child
+
+_SETUP = r"""
 from transformer_lens import patching
-torch.set_grad_enabled(False)
 tool, batch, pos = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 model = ri.load_gpt2("random")
 g = torch.Generator().manual_seed(0)
 tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
 reference = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
 metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 42].mean()
-def rss_now():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-base = rss_now()
-t = time.perf_counter()
+"""
+
+_BODY = r"""
 if tool == "ours":
     values = ri.head_ablation_scan(model, tokens, metric, method="resample", reference=reference).values
 else:
     _, cache = model.run_with_cache(reference, names_filter=lambda n: n.endswith("hook_z"))
     values = patching.get_act_patch_attn_head_out_all_pos(model, tokens, cache, metric)
-elapsed = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"seconds": elapsed, "peak_extra_bytes": peak - base, "values": values.double().flatten().tolist()}))
+out = {"values": values.double().flatten().tolist()}
 """
 
 
 def _run(tool: str, batch: int, pos: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, tool, str(batch), str(pos)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(_SETUP, _BODY, tool, batch, pos)
 
 
 def main() -> None:

@@ -10,25 +10,18 @@ Goal (issue 16): under 3 s for 1 x 64 on 2 cores; bounded memory.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 
-_CHILD = r"""
-import json, resource, sys, time, warnings, torch
-warnings.filterwarnings("ignore")
-import rs_interp as ri
-torch.set_grad_enabled(False)
+from _child import run_child
+
+_SETUP = r"""
 tool, batch, pos = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 model = ri.load_gpt2("random")
 g = torch.Generator().manual_seed(0)
 tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
 targets = tokens.roll(-1, 1)
-def rss_now():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-base = rss_now()
-t = time.perf_counter()
+"""
+
+_BODY = r"""
 if tool == "ours":
     out = ri.second_order_attribution(model, tokens, targets=targets).contributions
     check = out[:-2].sum().item()  # the upstream sources (not the own-bias terms)
@@ -53,15 +46,12 @@ else:
         srcs += [z[:, :, h] @ blk.attn.W_O[h] for h in range(model.cfg.n_heads)]
         srcs += [blk.attn.b_O.expand_as(srcs[0]), cache[f"blocks.{l}.hook_mlp_out"]]
     check = total
-elapsed = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"seconds": elapsed, "peak_extra_bytes": peak - base, "check": check}))
+out = {"check": check}
 """
 
 
 def _run(tool: str, batch: int, pos: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, tool, str(batch), str(pos)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(_SETUP, _BODY, tool, batch, pos)
 
 
 def main() -> None:
