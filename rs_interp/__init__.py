@@ -7,6 +7,12 @@ True
 """
 
 from .ablation import run_with_key_input, run_with_query_input
+from .attribution_patching import (
+    AttributionPatching,
+    EdgeAttributionPatching,
+    attribution_patching,
+    edge_attribution_patching,
+)
 from .composition import composition_scores
 from .copying import copying_scores
 from .data import InductionBatch, induction_batch
@@ -68,6 +74,10 @@ __all__ = [
     "head_ablation_scan",
     "HeadAblationScan",
     "copying_scores",
+    "attribution_patching",
+    "AttributionPatching",
+    "edge_attribution_patching",
+    "EdgeAttributionPatching",
     "attention_patterns",
     "prev_token_scores",
     "induction_scores",

@@ -102,6 +102,10 @@ def _seed(text: str) -> int:
     return value
 
 
+#: The names ``--only`` takes, in report order (rs_interp.report's registry must list the same; a test checks it).
+SECTIONS = ["induction", "circuits", "ablation", "attribution_patching", "paths", "gpt2", "geometry", "finance"]
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad arguments: one line on stderr, no usage dump, exit code 2."""
 
@@ -118,8 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--retrain", action="store_true", help="retrain the toy models instead of loading the shipped ones (~1 minute)")
     r.add_argument("--seed", type=_seed, default=0, help="seed of retraining (with --retrain), the collapse cloud, the gradient draws, the finance corpus and "
                         "model (default: %(default)s, the shipped models' seed)")
-    r.add_argument("--only", nargs="+", metavar="SECTION", choices=["induction", "circuits", "ablation", "paths", "gpt2", "geometry", "finance"],
-                   help="compute only these sections: induction, circuits, ablation, paths, gpt2, geometry, finance")
+    r.add_argument("--only", nargs="+", metavar="SECTION", choices=SECTIONS, help="compute only these sections: " + ", ".join(SECTIONS))
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)
     g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",

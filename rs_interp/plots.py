@@ -206,3 +206,13 @@ def second_order_figure(sources: Sequence[str], destinations: Sequence[str], mat
     fig.update_xaxes(title="destination head")
     fig.update_layout(title=title, height=200 + 18 * len(sources))
     return fig
+
+
+def estimate_vs_exact_figure(labels: Sequence[str], exact: Sequence[float], estimate: Sequence[float], *, title: str) -> go.Figure:
+    """Scatter of a first-order estimate (e.g. attribution patching) against the exact patch, with y = x."""
+    lo, hi = min(list(exact) + list(estimate)), max(list(exact) + list(estimate))
+    fig = go.Figure([go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(dash="dot", color="grey"), name="estimate = exact"),
+                     go.Scatter(x=list(exact), y=list(estimate), mode="markers+text", text=list(labels), textposition="top center",
+                                name="heads", hovertemplate="%{text}: exact %{x:.3f}, estimate %{y:.3f}<extra></extra>")])
+    fig.update_layout(title=title, xaxis_title="exact patch (resample ablation scan)", yaxis_title="attribution patching estimate", height=420)
+    return fig

@@ -21,7 +21,8 @@ def _builders() -> list[tuple[str, Callable[[Context], Section | list[Section]]]
     from . import sections as S
 
     return [("induction", S.induction_section), ("circuits", S.circuits_section),
-            ("ablation", S.ablation_section), ("paths", S.paths_section),
+            ("ablation", S.ablation_section), ("attribution_patching", S.attribution_patching_section),
+            ("paths", S.paths_section),
             ("gpt2", S.gpt2_section), ("geometry", S.geometry_section), ("finance", S.finance_section)]
 
 

@@ -17,7 +17,9 @@ from transformer_lens import HookedTransformer
 
 from .ablation import run_with_key_input
 from .composition import composition_scores
+from .attribution_patching import attribution_patching
 from .copying import copying_scores
+from .data import induction_batch
 from .head_ablation import ablate_heads, head_ablation_scan
 from .finance import READERS, run_case_study
 from .geometry import collapse_cloud, collapse_run
@@ -32,6 +34,7 @@ from .plots import (
     attention_figure,
     collapse_figure,
     composition_heatmaps,
+    estimate_vs_exact_figure,
     finance_figure,
     head_scan_figure,
     layernorm_figure,
@@ -49,6 +52,7 @@ __all__ = [
     "induction_section",
     "circuits_section",
     "ablation_section",
+    "attribution_patching_section",
     "paths_section",
     "gpt2_section",
     "geometry_section",
@@ -219,6 +223,49 @@ def ablation_section(ctx: Context) -> Section:
     notes = ("Each induction head alone costs little: the two layer-1 heads are redundant, so the pair is the row with a band. "
              "Copying score: sum(eig)/sum(|eig|) of W_E W_V W_O W_U (1 = pure copying).")
     return Section("ablation", "Head ablation: a scan of every head, and copying scores", tuple(rows), results, figures=figures, notes=notes)
+
+
+def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    ra, rb = (x.flatten().argsort().argsort().double() for x in (a, b))
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
+
+def attribution_patching_section(ctx: Context) -> Section:
+    """Attribution patching (one backward pass) against the exact resample scan, on the trained toy."""
+    model, batch = ctx.model("induction-2l"), ctx.batch
+    tokens, scored = batch.tokens[:200], batch.scored[:200]
+    reference = induction_batch(200, seed=ctx.seed + 12).tokens  # other random sequences, same periods' statistics
+    targets = tokens[:, 1:][scored]
+
+    def correct_logit(logits: torch.Tensor) -> torch.Tensor:
+        x = logits[:, :-1][scored].float()
+        return (x.gather(-1, targets[:, None])[:, 0] - x.mean(-1)).mean()
+
+    def loss(logits: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits[:, :-1][scored].float(), targets)
+
+    rows, results, figures = [], {}, []
+    for name, metric in (("centered logit", correct_logit), ("loss", loss)):
+        exact = head_ablation_scan(model, tokens, metric, method="resample", reference=reference).effect
+        estimate = attribution_patching(model, tokens, metric, reference=reference).values
+        rho = _spearman(exact, estimate)
+        results[name] = {"exact": exact.tolist(), "estimate": estimate.tolist(), "spearman": rho}
+        rows.append(band_row(f"{name}: rank correlation, estimate vs exact (4 heads)", rho, "-"))
+        if name == "centered logit":
+            gap = float((exact[1] - estimate[1]).abs().max())
+            rows.append(band_row("centered logit: layer-1 heads, |estimate - exact| (linear: they write to the logits)", gap, "0", hi=1e-3))
+        for l in range(model.cfg.n_layers):
+            for h in range(model.cfg.n_heads):
+                rows.append(band_row(f"{name}: head ({l},{h}) exact / estimate", float(exact[l, h]), f"{float(estimate[l, h]):.3g} (estimate)"))
+        labels = [f"L{l}H{h}" for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+        figures.append(estimate_vs_exact_figure(labels, exact.flatten().tolist(), estimate.flatten().tolist(),
+                                                title=f"Attribution patching vs the exact resample scan: {name}"))
+    notes = ("Where the estimate fails and why: with the loss the clean run sits at the loss's minimum (softmax saturated, "
+             "accuracy ~0.97), so every gradient is near 0 whatever the patch does. With the centered logit the layer-1 heads "
+             "write straight to the logits, so the estimate is exact; the layer-0 heads act through layer 1's attention "
+             "patterns (a softmax), and the first-order estimate misses most of their effect.")
+    return Section("attribution_patching", "Attribution patching against the exact scan (trained toy, 200 sequences)", tuple(rows), results,
+                   figures=tuple(figures), notes=notes)
 
 
 def paths_section(ctx: Context) -> list[Section]:

@@ -8,7 +8,7 @@ import pytest
 
 from rs_interp.cli import main
 
-SECTIONS = ["induction", "key_ablation", "heads", "composition", "ablation", "paths", "logit_lens", "gpt2", "geometry", "finance"]
+SECTIONS = ["induction", "key_ablation", "heads", "composition", "ablation", "attribution_patching", "paths", "logit_lens", "gpt2", "geometry", "finance"]
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +74,10 @@ def test_report_renders_in_headless_chromium(report_dir, tmp_path):
     assert [u for u in requests if not u.startswith("file://")] == [], "the page made a network request"
     assert errors == [], errors
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_cli_sections_are_the_report_registry():
+    from rs_interp.cli import SECTIONS as CLI
+    from rs_interp.report import _builders
+
+    assert CLI == [name for name, _ in _builders()]
