@@ -3,7 +3,8 @@ vs TransformerLens's ``patching.get_act_patch_attn_head_out_all_pos`` (one full 
 head), side by side in one run, each in its own subprocess so that each peak RSS is its own.
 
 Both compute the same numbers (checked here, and to 1e-4 in the tests): TL patches ``z`` from a
-"clean" cache into a "corrupted" run; we pass the reference run as TL's clean cache.
+"clean" cache into a "corrupted" run; we pass the reference run as TL's clean cache. The metric reads
+the last position, so rs_interp is told so (``positions=[-1]``) and unembeds only there.
 
 Usage: python benchmarks/bench_head_ablation.py [--sizes 2x24 8x64]
 Goal (issue 15): at least 2x faster than TransformerLens, same numbers.
@@ -22,12 +23,12 @@ model = ri.load_gpt2("random")
 g = torch.Generator().manual_seed(0)
 tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
 reference = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
-metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 42].mean()
+metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 42].mean()  # reads the last position only
 """
 
 _BODY = r"""
 if tool == "ours":
-    values = ri.head_ablation_scan(model, tokens, metric, method="resample", reference=reference).values
+    values = ri.head_ablation_scan(model, tokens, metric, method="resample", reference=reference, positions=[-1]).values
 else:
     _, cache = model.run_with_cache(reference, names_filter=lambda n: n.endswith("hook_z"))
     values = patching.get_act_patch_attn_head_out_all_pos(model, tokens, cache, metric)

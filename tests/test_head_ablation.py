@@ -121,3 +121,14 @@ def test_bad_arguments(toy2, small_batch, kwargs, message):
 def test_metric_must_be_a_scalar(toy2, small_batch):
     with pytest.raises(ValueError, match="scalar"):
         ri.head_ablation_scan(toy2, small_batch.tokens[:2], lambda logits: logits[:, -1, 0])
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_positions_restrict_the_logits_not_the_numbers(name):
+    model = MODELS[name]
+    toks, ref = _tokens(model), _tokens(model, seed=1)
+    full = ri.head_ablation_scan(model, toks, lambda lg: lg[:, -1, 3].mean() + lg[:, 2, 1].sum(), method="resample", reference=ref)
+    part = ri.head_ablation_scan(model, toks, lambda lg: lg[:, 1, 3].mean() + lg[:, 0, 1].sum(), method="resample", reference=ref,
+                                 positions=[2, -1])
+    assert part.clean == pytest.approx(full.clean, abs=1e-10)
+    assert (part.values - full.values).abs().max() <= 1e-10
