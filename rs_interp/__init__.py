@@ -15,7 +15,7 @@ from .attribution_patching import (
 )
 from .composition import composition_scores
 from .copying import copying_scores
-from .data import InductionBatch, induction_batch
+from .data import InductionBatch, induction_batch, next_token_targets
 from .heads import (
     InductionScores,
     ScoreSensitivity,
@@ -27,9 +27,9 @@ from .heads import (
 )
 from . import hooks
 from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
-from .gpt2 import GPT2Analysis, GPT2WeightsUnavailable, analyse_gpt2, load_gpt2
-from .lens import LogitLens, logit_lens
-from .params import ParameterCount, count_parameters, gpt2_config
+from .gpt2 import GPT2WeightsUnavailable, load_gpt2
+from .lens import LogitLensReadings, logit_lens
+from .gpt2_config import ParameterCount, count_parameters, gpt2_config
 from .models import (
     CheckpointError,
     as_dtype,
@@ -39,14 +39,8 @@ from .models import (
     make_attn_only,
     save_model,
 )
-from .paths import (
-    DirectLogitAttribution,
-    PathAttribution,
-    PathExpansion,
-    direct_logit_attribution,
-    path_expansion,
-    path_logit_attribution,
-)
+from .attribution import DirectLogitAttribution, direct_logit_attribution
+from .path_expansion import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
 from .second_order import SecondOrderAttribution, second_order_attribution
 from .training import Score, evaluate, score_logits, train_induction_model
 
@@ -61,6 +55,7 @@ __all__ = [
     "CheckpointError",
     "InductionBatch",
     "induction_batch",
+    "next_token_targets",
     # training
     "train_induction_model",
     "evaluate",
@@ -95,15 +90,27 @@ __all__ = [
     "second_order_attribution",
     "SecondOrderAttribution",
     "logit_lens",
-    "LogitLens",
+    "LogitLensReadings",
     # GPT-2
     "gpt2_config",
     "load_gpt2",
     "GPT2WeightsUnavailable",
     "count_parameters",
     "ParameterCount",
-    "analyse_gpt2",
-    "GPT2Analysis",
     # hook factories
     "hooks",
 ]
+
+
+_DEPRECATED = {"LogitLens": ("rs_interp.lens", "LogitLens"), "analyse_gpt2": ("rs_interp.gpt2", "analyse_gpt2"),
+               "GPT2Analysis": ("rs_interp.gpt2", "GPT2Analysis")}
+
+
+def __getattr__(name: str):
+    """Renamed and moved names keep working, with a DeprecationWarning saying where they went."""
+    if name in _DEPRECATED:
+        import importlib
+
+        module, attr = _DEPRECATED[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

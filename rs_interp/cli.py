@@ -8,6 +8,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .reproduce import SECTIONS
+
 __all__ = ["main"]
 
 
@@ -28,8 +30,8 @@ def _writable_dir(path: str | Path) -> Path:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from .report import format_table, run_sections, write_report, write_results
-    from .sections import Context
+    from .reproduce import Context, run_sections
+    from .reproduce.report import format_table, write_report, write_results
 
     out = _writable_dir(args.out)
     ctx = Context(retrain=args.retrain, seed=args.seed, progress=not args.quiet, log=_log)
@@ -45,9 +47,17 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from .models import save_model
-    from .training import train_toy_model
+    from .reproduce.recipes import train_toy_model
 
     out = _writable_dir(args.out)
+    if args.name == "code-2l":
+        from .code_model import CODE_TRAINING, train_code_model
+
+        model, tokenizer, meta = train_code_model(seed=CODE_TRAINING["seed"] if args.seed is None else args.seed, progress=not args.quiet)
+        path = save_model(model, out / args.name, metadata=meta)
+        tokenizer.save(str(path.with_name(path.name + ".tokenizer.json")))
+        print(f"{args.name}: held-out loss {meta['heldout_loss']:.4f} (unigram {meta['unigram_loss']:.4f}); saved to {path}")
+        return 0
     model, meta = train_toy_model(args.name, seed=args.seed, progress=not args.quiet)
     path = save_model(model, out / args.name, metadata=meta)
     print(f"{args.name}: loss {meta['test_loss']:.4f}, accuracy {meta['test_accuracy']:.4f}; saved to {path}")
@@ -55,8 +65,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _gpt2(args: argparse.Namespace) -> int:
-    from .gpt2 import analyse_gpt2, find_pretrained_gpt2, load_gpt2
-    from .params import count_parameters
+    from .gpt2 import find_pretrained_gpt2, load_gpt2
+    from .gpt2_config import count_parameters
+    from .reproduce.gpt2_check import analyse_gpt2
 
     out = _writable_dir(args.out) if args.out else None
     if args.weights == "random":
@@ -102,9 +113,6 @@ def _seed(text: str) -> int:
     return value
 
 
-#: The names ``--only`` takes, in report order (rs_interp.report's registry must list the same; a test checks it).
-SECTIONS = ["induction", "circuits", "ablation", "attribution_patching", "paths", "gpt2", "geometry", "finance"]
-
 
 class _Parser(argparse.ArgumentParser):
     """Bad arguments: one line on stderr, no usage dump, exit code 2."""
@@ -122,18 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--retrain", action="store_true", help="retrain the toy models instead of loading the shipped ones (~1 minute)")
     r.add_argument("--seed", type=_seed, default=0, help="seed of retraining (with --retrain), the collapse cloud, the gradient draws, the finance corpus and "
                         "model (default: %(default)s, the shipped models' seed)")
-    r.add_argument("--only", nargs="+", metavar="SECTION", choices=SECTIONS, help="compute only these sections: " + ", ".join(SECTIONS))
+    r.add_argument("--only", nargs="+", metavar="SECTION", choices=list(SECTIONS), help="compute only these sections: " + ", ".join(SECTIONS))
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)
     g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",
-                       description=f"Run the GPT-2 small analyses (parameter count, head roles, logit lens). Weights: --weights PATH (a local Hugging Face checkpoint directory), --weights random, or by default ${{RS_INTERP_GPT2_PATH}} or the Hugging Face cache.")
+                       description="Run the GPT-2 small analyses (parameter count, head roles, logit lens). Weights: --weights PATH (a local Hugging Face checkpoint directory), --weights random, or by default $RS_INTERP_GPT2_PATH or the Hugging Face cache.")
     g.add_argument("--weights", metavar="PATH", help="a local Hugging Face GPT-2 checkpoint directory, or 'random'")
     g.add_argument("--seed", type=_seed, default=0, help="seed of the random tokens (and random weights) (default: %(default)s)")
     g.add_argument("--out", metavar="DIR", help="also write DIR/gpt2.json with the scores")
     g.set_defaults(func=_gpt2)
     t = sub.add_parser("train", help="train a toy induction model and save it", description="Train a toy induction model with the recorded settings and save it as safetensors + JSON.")
-    t.add_argument("name", choices=["induction-2l", "induction-1l"])
-    t.add_argument("--seed", type=_seed, default=0, help="training seed (default: %(default)s)")
+    t.add_argument("name", choices=["induction-2l", "induction-1l", "code-2l"])
+    t.add_argument("--seed", type=_seed, default=None, help="training seed (default: the recorded one, 0)")
     t.add_argument("--out", default="rs_interp_out", metavar="DIR", help="output directory (default: %(default)s)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)

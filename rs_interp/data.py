@@ -20,7 +20,7 @@ from jaxtyping import Bool, Int
 
 from ._validate import check_int_range
 
-__all__ = ["InductionBatch", "induction_batch"]
+__all__ = ["InductionBatch", "induction_batch", "next_token_targets"]
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,29 @@ class InductionBatch:
         return self.tokens[:, 1:]
 
     @property
+    def next_tokens(self) -> Int[torch.Tensor, "batch pos"]:
+        """Next-token targets of shape (batch, pos) for the lens and the attributions: the next token
+        at scored positions, -1 elsewhere (the lens reports NaN there)."""
+        out = next_token_targets(self.tokens)
+        out[:, :-1][~self.scored] = -1
+        return out
+
+    @property
     def induction_targets(self) -> Int[torch.Tensor, "batch pos_minus_1"]:
         """Position ``i - p + 1`` for every query position ``i`` (meaningful where scored)."""
         pos = torch.arange(self.tokens.shape[1] - 1)
         return (pos[None] - self.periods[:, None] + 1).clamp(min=0)
+
+
+def next_token_targets(tokens: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, "batch pos"]:
+    """The token after each position, (batch, pos), with -1 at the last position (no next token).
+
+    The shape the lens and the path helpers take (``targets=``); -1 marks a position to skip.
+
+    >>> next_token_targets(torch.tensor([[5, 6, 7]])).tolist()
+    [[6, 7, -1]]
+    """
+    return torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], -1)], 1)
 
 
 def induction_batch(

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from transformer_lens import HookedTransformer
 
 from . import hooks as H
@@ -30,12 +30,12 @@ from ._exact import compute_dtype
 from ._state import preserve_state
 from ._validate import check_int_range, check_targets, check_tokens
 
-__all__ = ["LogitLens", "logit_lens", "reading_points"]
+__all__ = ["LogitLensReadings", "logit_lens", "reading_points"]
 
 
 @dataclass(frozen=True)
-class LogitLens:
-    """Logit-lens readings.
+class LogitLensReadings:
+    """What the logit lens read at every reading point (the lens itself is :func:`logit_lens`).
 
     Attributes:
         labels: reading points, ``"embed"``, ``"L0"`` (after block 0), ``"L0 attn"`` (after block
@@ -82,7 +82,7 @@ def logit_lens(
     full: bool = False,
     batch_chunk: int = 1,
     row_chunk: int = 256,
-) -> LogitLens:
+) -> LogitLensReadings:
     """Decode the residual stream at every reading point (see the module docstring).
 
     Args:
@@ -141,5 +141,15 @@ def logit_lens(
                         target_probs[i, bb[ok.cpu()], pp[ok.cpu()]] = vals[ok].cpu()
                     if log_probs is not None:
                         log_probs[i, bb, pp] = lp.cpu()
-    return LogitLens(labels=tuple(l for l, _ in points), target_probs=target_probs, top_tokens=top_tokens,
+    return LogitLensReadings(labels=tuple(l for l, _ in points), target_probs=target_probs, top_tokens=top_tokens,
                      top_probs=top_probs, entropy=entropy, log_probs=log_probs)
+
+
+def __getattr__(name: str):
+    if name == "LogitLens":
+        import warnings
+
+        warnings.warn("rs_interp.LogitLens is now LogitLensReadings (a record of readings; the lens is logit_lens)",
+                      DeprecationWarning, stacklevel=2)
+        return LogitLensReadings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

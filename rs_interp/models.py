@@ -42,8 +42,9 @@ __all__ = [
     "CheckpointError",
 ]
 
-#: Names of the shipped toy models and the layer count of each.
-TOY_MODELS = {"induction-2l": 2, "induction-1l": 1}
+#: Names of the shipped toy models and the layer count of each (``code-2l``: GPT-2's architecture
+#: trained on Python sources, see :mod:`rs_interp.code_model`).
+TOY_MODELS = {"induction-2l": 2, "induction-1l": 1, "code-2l": 2}
 
 _CONFIG_SUFFIX = ".json"
 _WEIGHTS_SUFFIX = ".safetensors"
@@ -182,7 +183,7 @@ def _config_from_json(data: Any, where: Path) -> HookedTransformerConfig:
         raise CheckpointError(f"config {where} is not a valid HookedTransformerConfig: {err}") from err
 
 
-def _paths(path: str | Path) -> tuple[Path, Path]:
+def _checkpoint_files(path: str | Path) -> tuple[Path, Path]:
     path = Path(path)
     if path.suffix in (_CONFIG_SUFFIX, _WEIGHTS_SUFFIX):
         path = path.with_suffix("")
@@ -197,7 +198,7 @@ def save_model(model: HookedTransformer, path: str | Path, *, metadata: dict[str
     >>> load_model(p).cfg.n_layers
     1
     """
-    cfg_path, w_path = _paths(path)
+    cfg_path, w_path = _checkpoint_files(path)
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     save_file(state, str(w_path))
@@ -208,7 +209,7 @@ def save_model(model: HookedTransformer, path: str | Path, *, metadata: dict[str
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """The ``metadata`` dictionary stored beside a checkpoint (seeds, training settings, metrics)."""
-    cfg_path, _ = _paths(path)
+    cfg_path, _ = _checkpoint_files(path)
     return dict(json.loads(cfg_path.read_text()).get("metadata", {}))
 
 
@@ -219,7 +220,7 @@ def load_model(path: str | Path) -> HookedTransformer:
         CheckpointError: (a ``ValueError``) if a file is missing, the JSON config lacks or has
             wrong fields, or the safetensors file is truncated, corrupted or does not match.
     """
-    cfg_path, w_path = _paths(path)
+    cfg_path, w_path = _checkpoint_files(path)
     for p in (cfg_path, w_path):
         if not p.is_file():
             raise CheckpointError(f"checkpoint file {p} does not exist (path={str(path)!r})")

@@ -1,7 +1,9 @@
-"""Figures, each returned as a ``plotly.graph_objects.Figure`` (never shown by the library).
+"""Figures, each returned as a ``plotly.graph_objects.Figure`` (never shown by the library). They take
+computed results (scores, patterns, scans) and compute nothing themselves.
 
->>> from rs_interp import load_toy_model
->>> fig = composition_heatmaps(load_toy_model())
+>>> from rs_interp import composition_scores, load_toy_model
+>>> model = load_toy_model()
+>>> fig = composition_heatmaps({kind: composition_scores(model, kind) for kind in "KQV"})
 >>> type(fig).__name__
 'Figure'
 """
@@ -14,7 +16,6 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
-from transformer_lens import HookedTransformer
 
 __all__ = [
     "attention_figure",
@@ -25,6 +26,10 @@ __all__ = [
     "layernorm_figure",
     "parameter_breakdown_figure",
     "finance_figure",
+    "head_scan_figure",
+    "second_order_figure",
+    "estimate_vs_exact_figure",
+    "loss_curve_figure",
     "period_sequence",
 ]
 
@@ -36,17 +41,17 @@ def period_sequence(period: int = 11, *, seed: int = 0, d_vocab: int = 256, seq_
     return induction_batch(1, seed=seed, d_vocab=d_vocab, seq_len=seq_len, min_period=period, max_period=period).tokens
 
 
-def attention_figure(model: HookedTransformer, tokens: torch.Tensor, heads: Sequence[tuple[int, int]], *, period: int | None = None) -> go.Figure:
-    """Attention patterns of ``heads`` on one sequence; with ``period``, the induction target ``i - p + 1`` is outlined.
+def attention_figure(patterns: torch.Tensor, heads: Sequence[tuple[int, int]], *, period: int | None = None) -> go.Figure:
+    """Attention patterns of ``heads`` on one sequence, from ``patterns`` (layer, head, query, key), e.g.
+    ``rs_interp.attention_patterns(model, tokens)[:, 0]``; with ``period``, the induction target
+    ``i - p + 1`` is outlined.
 
-    >>> from rs_interp import load_toy_model
-    >>> fig = attention_figure(load_toy_model(), period_sequence(11), [(0, 0), (1, 0)], period=11)
-    >>> len(fig.data) >= 2
+    >>> from rs_interp import load_toy_model, attention_patterns
+    >>> pat = attention_patterns(load_toy_model(), period_sequence(11))[:, 0]
+    >>> len(attention_figure(pat, [(0, 0), (1, 0)], period=11).data) >= 2
     True
     """
-    from .heads import attention_patterns
-
-    pat = attention_patterns(model, tokens[:1] if tokens.ndim == 2 else tokens[None])[:, 0]
+    pat = patterns
     fig = make_subplots(rows=1, cols=len(heads), subplot_titles=[f"head ({l},{h})" for l, h in heads], horizontal_spacing=0.08)
     n = pat.shape[-1]
     for c, (l, h) in enumerate(heads, start=1):
@@ -85,26 +90,22 @@ def logit_lens_figure(labels: Sequence[str], probs: Mapping[str, Sequence[float]
     return fig
 
 
-def composition_heatmaps(model: HookedTransformer, *, full_circuit: bool = False) -> go.Figure:
-    """K, Q and V composition scores of every (earlier head, later head) pair, the random baseline in each title."""
-    from .composition import composition_scores
-
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.1, subplot_titles=["K", "Q", "V"])
-    zmax = 0.0
-    mats = {}
-    for kind in "KQV":
-        s, base = composition_scores(model, kind, full_circuit=full_circuit, baseline=True)
-        m = s.reshape(L * H, L * H)
-        mats[kind] = (m, base)
-        zmax = max(zmax, float(m.nan_to_num(0).max()))
+def composition_heatmaps(scores: Mapping[str, torch.Tensor], baselines: Mapping[str, float] | None = None) -> go.Figure:
+    """K, Q and V composition scores of every (earlier head, later head) pair, from ``scores[kind]``
+    (src_layer, src_head, dst_layer, dst_head) as :func:`rs_interp.composition_scores` returns; the
+    random baseline of each kind in its title when given."""
+    kinds = [k for k in "KQV" if k in scores]
+    L, H = next(iter(scores.values())).shape[:2]
+    fig = make_subplots(rows=1, cols=len(kinds), horizontal_spacing=0.1, subplot_titles=kinds)
+    mats = {k: scores[k].reshape(L * H, L * H) for k in kinds}
+    zmax = max(float(m.nan_to_num(0).max()) for m in mats.values())
     names = [f"L{l}H{h}" for l in range(L) for h in range(H)]  # not "0.1": plotly would read it as a number
-    for c, kind in enumerate("KQV", start=1):
-        m, base = mats[kind]
-        z = [[None if math.isnan(v) else v for v in row] for row in m.tolist()]
-        fig.add_trace(go.Heatmap(z=z, x=names, y=names, zmin=0, zmax=zmax, colorscale="Viridis", showscale=c == 3,
+    for c, kind in enumerate(kinds, start=1):
+        z = [[None if math.isnan(v) else v for v in row] for row in mats[kind].tolist()]
+        fig.add_trace(go.Heatmap(z=z, x=names, y=names, zmin=0, zmax=zmax, colorscale="Viridis", showscale=c == len(kinds),
                                  hovertemplate="src %{y} -> dst %{x}: %{z:.3f}<extra></extra>"), row=1, col=c)
-        fig.layout.annotations[c - 1].text = f"{kind}-composition (random baseline {base:.3f})"
+        base = f" (random baseline {baselines[kind]:.3f})" if baselines and kind in baselines else ""
+        fig.layout.annotations[c - 1].text = f"{kind}-composition{base}"
         fig.update_xaxes(title_text="later head", row=1, col=c)
         fig.update_yaxes(title_text="earlier head" if c == 1 else None, autorange="reversed", row=1, col=c)
     fig.update_layout(title="Composition scores (empty: the later head is not later)", height=430)
@@ -215,4 +216,13 @@ def estimate_vs_exact_figure(labels: Sequence[str], exact: Sequence[float], esti
                      go.Scatter(x=list(exact), y=list(estimate), mode="markers+text", text=list(labels), textposition="top center",
                                 name="heads", hovertemplate="%{text}: exact %{x:.3f}, estimate %{y:.3f}<extra></extra>")])
     fig.update_layout(title=title, xaxis_title="exact patch (resample ablation scan)", yaxis_title="attribution patching estimate", height=420)
+    return fig
+
+
+def loss_curve_figure(losses: Sequence[float], *, every: int = 1, baseline: float | None = None, title: str = "Training loss") -> go.Figure:
+    """A recorded loss curve (one value every ``every`` steps), with an optional baseline line."""
+    fig = go.Figure(go.Scatter(x=[i * every for i in range(len(losses))], y=list(losses), mode="lines", name="training loss"))
+    if baseline is not None:
+        fig.add_hline(y=baseline, line_dash="dot", annotation_text="unigram baseline", line_color="#888")
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="loss (nats)", height=380)
     return fig

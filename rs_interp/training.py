@@ -10,7 +10,8 @@ Reproducibility, stated as it holds:
 - **Across machines** it is not: float32 kernels round differently per CPU capability (AVX2,
   AVX512, the generic path), and 1000 Adam steps carry the last-bit difference into every
   weight. What holds is that the retrained model's test metrics sit within
-  :data:`RETRAIN_TOLERANCE` of the shipped ones (see that constant for the measured spread).
+  :data:`rs_interp.reproduce.recipes.RETRAIN_TOLERANCE` of the shipped ones (see that constant
+  for the measured spread).
 
 >>> model = train_induction_model(1, steps=5, progress=False)
 >>> score = evaluate(model, induction_batch(64, seed=123))
@@ -40,14 +41,10 @@ __all__ = [
     "Score",
     "evaluate",
     "train_induction_model",
-    "train_toy_model",
-    "toy_settings",
     "train_on_batches",
     "trainable_parameters",
     "masked_next_token_loss",
-    "test_batch",
     "score_logits",
-    "RETRAIN_TOLERANCE",
 ]
 
 #: The default Adam learning rate of the toy models.
@@ -131,16 +128,17 @@ def train_on_batches(
     lr: float,
     progress: bool = True,
     desc: str = "training",
+    params: list[torch.nn.Parameter] | None = None,
 ) -> list[float]:
     """Train ``model`` in place with Adam for ``steps`` steps; ``batches(step)`` gives ``(tokens, mask)``.
 
-    Only :func:`trainable_parameters` are updated. Returns the loss per step.
+    Updates ``params`` (default: :func:`trainable_parameters`, the toy models' set). Returns the
+    loss per step.
     """
     check_int_range("steps", steps, 0)
     if not (lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr must be a positive finite float, got {lr}")
-    params = trainable_parameters(model)
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = torch.optim.Adam(trainable_parameters(model) if params is None else params, lr=lr)
     losses: list[float] = []
     model.train()
     bar: Iterator[int] = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
@@ -200,50 +198,17 @@ def train_induction_model(
     return model
 
 
-#: Seed of the 1000 held-out test sequences every table is evaluated on.
-TEST_SEED = 20_261_130
-#: Number of test sequences.
-TEST_SIZE = 1000
-#: The recorded training settings of the shipped toy models.
-TOY_TRAINING = {"induction-2l": dict(n_layers=2, steps=1000, batch_size=64, lr=DEFAULT_LR, seed=0),
-                "induction-1l": dict(n_layers=1, steps=1000, batch_size=64, lr=DEFAULT_LR, seed=0)}
+_MOVED = {"TEST_SEED", "TEST_SIZE", "TOY_TRAINING", "RETRAIN_TOLERANCE", "toy_settings", "train_toy_model", "test_batch"}
 
 
-#: How far a retrained toy model's test metrics may sit from the shipped ones (absolute), on any
-#: processor. Measured by retraining both shipped models (recorded seed 0) on each kernel path
-#: torch 2.13 offers on an AVX512 machine, against the shipped checkpoints (made on AVX2):
-#:
-#: - two layers, AVX2 / AVX512 / generic: loss 0 / 6.6e-6 / 1.4e-4, accuracy 0 / 9.3e-5 / 0;
-#: - one layer, same paths: loss 0 / 1.2e-7 / 1.2e-7, accuracy 0 / 0 / 0
-#:
-#: (largest weight difference: 0.015 two layers, 1.3e-4 one layer: weights are not compared
-#: across machines). The tolerances are 7x and 5x the largest of these, and still tell another
-#: seed apart: seeds 1 and 2 move the two-layer loss by 4.1e-3 / 2.6e-3 and its accuracy by
-#: 2.4e-3 / 1.1e-3, the one-layer accuracy by 6.2e-3 / 3.5e-3.
-RETRAIN_TOLERANCE = {"test_loss": 1e-3, "test_accuracy": 5e-4}
+def __getattr__(name: str):
+    """The toy recipes moved to :mod:`rs_interp.reproduce.recipes` (``test_batch`` is ``held_out_batch`` there)."""
+    if name in _MOVED:
+        import warnings
 
+        from .reproduce import recipes
 
-def test_batch() -> InductionBatch:
-    """The 1000 fresh test sequences (seeded by :data:`TEST_SEED`, disjoint from training draws)."""
-    return induction_batch(TEST_SIZE, seed=TEST_SEED)
-
-
-def toy_settings(name: str, *, seed: int | None = None) -> dict:
-    """The recorded training settings of toy model ``name``, with ``seed`` replaced if given."""
-    if name not in TOY_TRAINING:
-        raise ValueError(f"name must be one of {sorted(TOY_TRAINING)}, got {name!r}")
-    return dict(TOY_TRAINING[name]) if seed is None else dict(TOY_TRAINING[name], seed=seed)
-
-
-def train_toy_model(name: str, *, seed: int | None = None, progress: bool = True) -> tuple[HookedTransformer, dict]:
-    """Retrain the toy model ``name`` from its recorded settings (``seed``: the recorded one by default).
-
-    Returns the model and the metadata stored beside the checkpoint: the settings and the
-    test-set metrics.
-    """
-    settings = toy_settings(name, seed=seed)
-    model = train_induction_model(**settings, progress=progress)
-    score = evaluate(model, test_batch())
-    meta = {"training": settings, "test_seed": TEST_SEED, "test_size": TEST_SIZE,
-            "test_loss": score.loss, "test_accuracy": score.accuracy}
-    return model, meta
+        new = "held_out_batch" if name == "test_batch" else name
+        warnings.warn(f"rs_interp.training.{name} moved to rs_interp.reproduce.recipes.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(recipes, new)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.training import test_batch as _test_batch
+from rs_interp.reproduce.recipes import held_out_batch
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +33,7 @@ def toy1_f64(toy1):
 @pytest.fixture(scope="session")
 def test_set():
     """The 1000 held-out test sequences every table is evaluated on."""
-    return _test_batch()
+    return held_out_batch()
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ import torch
 
 import rs_interp as ri
 from rs_interp.heads import find_prev_token_head
+from rs_interp.reproduce.expected import EXPECTED
 
 
 @pytest.fixture(scope="module")
@@ -12,18 +13,18 @@ def prev_head(toy2, test_set):
 
 def test_keys_from_x0_break_the_circuit(toy2, test_set):
     s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1), test_set)
-    assert s.loss >= 5.0 and s.accuracy <= 0.15  # theory 6.135 / 0.075
+    assert EXPECTED["key_ablation.x0_loss"].holds(s.loss) and EXPECTED["key_ablation.x0_accuracy"].holds(s.accuracy)
 
 
 def test_keeping_the_prev_token_head_restores_it(toy2, test_set, prev_head):
     s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1, keep=[(0, prev_head)]), test_set)
-    assert s.accuracy >= 0.93  # theory 0.969
+    assert EXPECTED["key_ablation.prev_head_accuracy"].holds(s.accuracy)
 
 
 def test_keeping_the_other_head_does_not(toy2, test_set, prev_head):
     other = 1 - prev_head
     s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1, keep=[(0, other)]), test_set)
-    assert s.accuracy <= 0.20  # theory 0.084
+    assert EXPECTED["key_ablation.other_head_accuracy"].holds(s.accuracy)
 
 
 def test_keeping_every_earlier_head_is_the_clean_run(toy2_f64, small_batch):

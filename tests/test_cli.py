@@ -5,7 +5,8 @@ import sys
 import pytest
 
 from rs_interp.cli import main
-from rs_interp.training import RETRAIN_TOLERANCE
+from rs_interp.reproduce.expected import EXPECTED
+from rs_interp.reproduce.recipes import RETRAIN_TOLERANCE
 
 
 def test_reproduce_writes_results(tmp_path, capsys):
@@ -14,8 +15,9 @@ def test_reproduce_writes_results(tmp_path, capsys):
     assert "two layers: loss" in out and "0.157" in out  # printed beside the theory's value
     data = json.loads((tmp_path / "results.json").read_text())
     two, one = data["induction"]["two_layers"], data["induction"]["one_layer"]
-    assert two["loss"] <= 0.30 and two["accuracy"] >= 0.95
-    assert one["loss"] >= 3.5 and one["accuracy"] <= 0.20
+    for key, value in (("two_layers_loss", two["loss"]), ("two_layers_accuracy", two["accuracy"]),
+                       ("one_layer_loss", one["loss"]), ("one_layer_accuracy", one["accuracy"])):
+        assert EXPECTED[f"induction.{key}"].holds(value), key
     assert all(row["ok"] for row in data["bands"]["induction"])
     assert (tmp_path / "report.html").is_file()
 
@@ -55,8 +57,8 @@ def test_reproduce_retrain_matches_the_shipped_models(tmp_path):
             assert b[model][metric] == pytest.approx(a[model][metric], abs=RETRAIN_TOLERANCE[f"test_{metric}"])
 
 
-@pytest.mark.parametrize("command,work", [(["train", "induction-1l"], "rs_interp.training.train_toy_model"),
-                                          (["reproduce", "--only", "induction"], "rs_interp.report.run_sections"),
+@pytest.mark.parametrize("command,work", [(["train", "induction-1l"], "rs_interp.reproduce.recipes.train_toy_model"),
+                                          (["reproduce", "--only", "induction"], "rs_interp.reproduce.run_sections"),
                                           (["gpt2", "--weights", "random"], "rs_interp.gpt2.load_gpt2")])
 def test_unwritable_out_fails_before_any_work(tmp_path, capsys, monkeypatch, command, work):
     """--out under a file: one line and a non-zero code before the long work is even started."""

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rs_interp import finance as F
+from rs_interp.reproduce.expected import EXPECTED
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,8 @@ def test_the_table():
     assert s["bigram table"] >= 0.40 and u["bigram table"] == 0.0  # theory 0.576 / 0.000
     assert u["filing-trained model, direct path"] <= 0.05  # theory 0.717 / 0.000 (seen: report)
     assert s["filing-trained model"] >= 0.60 and u["filing-trained model"] <= 0.05  # theory 0.814 / 0.000
-    assert s["induction model, one layer"] <= 0.20 and u["induction model, one layer"] <= 0.20  # 0.056 / 0.071
+    assert EXPECTED["finance.induction model, one layer.seen"].holds(s["induction model, one layer"])
+    assert EXPECTED["finance.induction model, one layer.unseen"].holds(u["induction model, one layer"])
     assert s["induction model, two layers"] >= 0.55 and u["induction model, two layers"] >= 0.60  # 0.710 / 0.768
     demo = res.demo
     assert sum(demo["induction model, two layers"]) >= 0.8 * len(demo["induction model, two layers"])

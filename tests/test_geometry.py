@@ -215,7 +215,7 @@ def test_identity_path_subset_sum(L):
 
 @pytest.mark.slow
 def test_pre_vs_post_ln_gradient_table():
-    from rs_interp.gradients import gradient_scaling
+    from rs_interp.reproduce.gradients import gradient_scaling
 
     r6, r12, r24 = gradient_scaling((6, 12, 24), n_draws=8)
     fall = r6.pre_ln_last / r24.pre_ln_last

@@ -13,7 +13,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import rs_interp as ri
-from rs_interp.gpt2 import ENV_VAR, GPT2WeightsUnavailable, analyse_gpt2, find_pretrained_gpt2
+from rs_interp.gpt2 import ENV_VAR, GPT2WeightsUnavailable, find_pretrained_gpt2
+from rs_interp.reproduce.gpt2_check import analyse_gpt2
 
 
 @pytest.fixture(scope="module")

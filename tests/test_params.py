@@ -3,7 +3,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import rs_interp as ri
-from rs_interp.params import GPT2_SIZES
+from rs_interp.gpt2_config import GPT2_SIZES
 
 
 def test_gpt2_small_is_exactly_124439808():

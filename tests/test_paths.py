@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import rs_interp as ri
+from rs_interp.reproduce.expected import EXPECTED
 
 
 def test_nine_paths_sum_to_the_logits(toy2_f64, test_set):
@@ -43,8 +44,8 @@ def test_other_shapes(shape, small_batch):
 
 def test_layer1_paths_carry_the_answer(toy2, test_set):
     att = ri.path_logit_attribution(toy2, test_set)
-    assert float(att.share_ending_in(1).median()) >= 0.80  # theory > 0.90
-    assert att.top1_without_last_layer <= 0.10  # theory < 0.05
+    assert EXPECTED["paths.layer1_share"].holds(float(att.share_ending_in(1).median()))
+    assert EXPECTED["paths.top1_without_last"].holds(att.top1_without_last_layer)
     assert torch.allclose(att.share.sum(0), torch.ones(att.share.shape[1]), atol=1e-4)
 
 

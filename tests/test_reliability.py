@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import rs_interp as ri
 from rs_interp import finance
+from rs_interp.reproduce import gpt2_check
 
 # ---- the registry: every public helper that runs (or reads) a model, called on a toy model ----------
 
@@ -47,7 +48,7 @@ HELPERS = {
     "second_order_attribution": lambda m: ri.second_order_attribution(m, _batch().tokens, targets=_batch().tokens, positions=[-1]),
     "as_dtype": lambda m: ri.as_dtype(m, torch.float64),
     "save_model": lambda m: ri.save_model(m, __import__("tempfile").mkdtemp() + "/m"),
-    "analyse_gpt2": lambda m: ri.analyse_gpt2(m, weights="random", n_sequences=2, period=20),
+    "analyse_gpt2": lambda m: gpt2_check.analyse_gpt2(m, weights="random", n_sequences=2, period=20),
     "finance_readers": lambda m: finance.complete_queries(
         {"model": finance._model_reader(m), "direct": finance._model_reader(m, direct_only=True)},
         finance.find_queries(finance.make_corpus(n_train=1, n_seen=2, n_unseen=1).seen)[:3]),
@@ -97,7 +98,7 @@ def _assert_same(before, after):
 
 def _model_for(name):
     if name in ("analyse_gpt2",):
-        from rs_interp.params import gpt2_config
+        from rs_interp.gpt2_config import gpt2_config
         from rs_interp.models import build_model
 
         with torch.random.fork_rng(devices=[]):
@@ -371,8 +372,7 @@ def test_tables_are_identical_across_processes(tmp_path):
 
 
 def test_tables_are_identical_within_a_process():
-    from rs_interp.report import run_sections
-    from rs_interp.sections import Context
+    from rs_interp.reproduce import Context, run_sections
 
     first = [s.results for s in run_sections(Context(progress=False), ["circuits"])]
     second = [s.results for s in run_sections(Context(progress=False), ["circuits"])]

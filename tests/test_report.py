@@ -8,7 +8,11 @@ import pytest
 
 from rs_interp.cli import main
 
-SECTIONS = ["induction", "key_ablation", "heads", "composition", "ablation", "attribution_patching", "paths", "logit_lens", "gpt2", "geometry", "finance"]
+# Each registry entry and the tables it builds: a section added to the registry but not here fails below.
+PARTS = {"induction": ["induction"], "circuits": ["key_ablation", "heads", "composition"], "ablation": ["ablation"],
+         "attribution_patching": ["attribution_patching"], "code_model": ["code_model"], "paths": ["paths", "logit_lens"],
+         "gpt2": ["gpt2"], "geometry": ["geometry"], "finance": ["finance"]}
+SECTIONS = [key for keys in PARTS.values() for key in keys]
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +80,49 @@ def test_report_renders_in_headless_chromium(report_dir, tmp_path):
     assert (tmp_path / "report.png").stat().st_size > 10_000
 
 
-def test_cli_sections_are_the_report_registry():
-    from rs_interp.cli import SECTIONS as CLI
-    from rs_interp.report import _builders
+def test_the_registry_is_the_one_list():
+    """The CLI's --only choices, the report's order and these tests all read rs_interp.reproduce.SECTIONS."""
+    from rs_interp.cli import build_parser
+    from rs_interp.reproduce import SECTIONS as REGISTRY, builder
 
-    assert CLI == [name for name, _ in _builders()]
+    reproduce = next(a for a in build_parser()._subparsers._group_actions[0].choices["reproduce"]._actions if a.dest == "only")
+    assert list(reproduce.choices) == list(REGISTRY)
+    assert list(PARTS) == list(REGISTRY), "a registered section is missing from this test's PARTS (or the order differs)"
+    for name in REGISTRY:
+        assert callable(builder(name)), name
+
+
+@pytest.mark.slow
+def test_the_report_holds_every_registered_section(report_dir):
+    data = json.loads((report_dir / "results.json").read_text())
+    assert data["parts"] == PARTS
+
+
+def test_the_library_never_imports_the_reproduction():
+    """One-way imports: no library module imports rs_interp.reproduce at module level (the only
+    references are the lazy deprecation pointers inside functions)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).parent.parent / "rs_interp"
+    for path in root.glob("*.py"):
+        if path.name == "cli.py":
+            continue  # the command line is the application on top of both
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module level only
+            if isinstance(node, ast.ImportFrom):
+                target = ("." * node.level) + (node.module or "")
+                assert not target.lstrip(".").startswith("reproduce"), f"{path.name} imports {target}"
+
+
+@pytest.mark.parametrize("old,name", [("rs_interp.paths", "path_expansion"), ("rs_interp.paths", "direct_logit_attribution"),
+                                      ("rs_interp.params", "gpt2_config"), ("rs_interp.sections", "Context"),
+                                      ("rs_interp.report", "write_results"), ("rs_interp.gradients", "gradient_scaling"),
+                                      ("rs_interp.training", "test_batch"), ("rs_interp.training", "TOY_TRAINING"),
+                                      ("rs_interp", "LogitLens"), ("rs_interp", "analyse_gpt2"), ("rs_interp.gpt2", "GPT2Analysis")])
+def test_old_names_still_work_and_say_where_they_went(old, name):
+    import importlib
+
+    module = importlib.import_module(old)
+    with pytest.warns(DeprecationWarning, match="rs_interp"):
+        assert getattr(module, name) is not None

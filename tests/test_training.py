@@ -9,17 +9,18 @@ import torch
 
 import rs_interp as ri
 from rs_interp.models import read_metadata, toy_model_path
-from rs_interp.training import RETRAIN_TOLERANCE, TOY_TRAINING, train_toy_model
+from rs_interp.reproduce.expected import EXPECTED
+from rs_interp.reproduce.recipes import RETRAIN_TOLERANCE, TOY_TRAINING, train_toy_model
 
 
 def test_two_layer_model_solves_induction(toy2, test_set):
     s = ri.evaluate(toy2, test_set)
-    assert s.loss <= 0.30 and s.accuracy >= 0.95  # theory: 0.157 / 0.974
+    assert EXPECTED["induction.two_layers_loss"].holds(s.loss) and EXPECTED["induction.two_layers_accuracy"].holds(s.accuracy)
 
 
 def test_one_layer_model_cannot(toy1, test_set):
     s = ri.evaluate(toy1, test_set)
-    assert s.loss >= 3.5 and s.accuracy <= 0.20  # theory: 4.280 / 0.108
+    assert EXPECTED["induction.one_layer_loss"].holds(s.loss) and EXPECTED["induction.one_layer_accuracy"].holds(s.accuracy)
 
 
 def test_untrained_model_is_at_chance(test_set):
@@ -79,7 +80,7 @@ def test_retraining_from_recorded_seed_reproduces_shipped_metrics(name):
 
 _RETRAIN_ON_GENERIC_KERNELS = """
 import json, torch
-from rs_interp.training import train_toy_model
+from rs_interp.reproduce.recipes import train_toy_model
 model, meta = train_toy_model("induction-2l", progress=False)
 print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), **meta}))
 """

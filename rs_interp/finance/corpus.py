@@ -1,4 +1,4 @@
-"""The finance case study: completing company names in filings by induction.
+"""The finance corpus: synthetic filings, hashed tokens and the queries (see :mod:`rs_interp.finance`).
 
 The corpus is synthetic, seeded and generated here in well under a second; nothing is downloaded.
 
@@ -25,11 +25,6 @@ name the same filing already gave within the 48 words before it; the answer is t
 word. A reader sees the (at most) 48 symbols ending at the query word and completes the query
 when its top prediction is the answer's symbol.
 
-**Readers.** The bigram table counted on the training filings (no prediction for a symbol it
-never saw); a two-layer model of the toy shape trained on the training filings; that model's
-direct path alone (``x_0 W_U`` from the path expansion); the one- and two-layer induction models
-trained only on repeated random sequences.
-
 >>> corpus = make_corpus()
 >>> len(corpus.train), len(corpus.seen), len(corpus.unseen)
 (300, 100, 100)
@@ -42,13 +37,12 @@ from __future__ import annotations
 import random
 import re
 import zlib
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
-
-import torch
-from transformer_lens import HookedTransformer
+from dataclasses import dataclass
+from typing import Sequence
 
 __all__ = [
+    "N_CTX",
+    "D_VOCAB",
     "word_symbol",
     "tokenize",
     "Company",
@@ -57,14 +51,7 @@ __all__ = [
     "make_corpus",
     "Query",
     "find_queries",
-    "BigramTable",
-    "train_filing_model",
-    "READERS",
-    "evaluate_readers",
-    "FinanceResult",
     "demo_filing",
-    "complete_queries",
-    "run_case_study",
 ]
 
 N_CTX = 48
@@ -251,92 +238,6 @@ def find_queries(filings: Sequence[Filing]) -> list[Query]:
     return out
 
 
-class BigramTable:
-    """Next-symbol counts over the training filings; predicts the most frequent successor (lowest symbol on ties)."""
-
-    def __init__(self, filings: Sequence[Filing]):
-        self.counts = torch.zeros(D_VOCAB, D_VOCAB, dtype=torch.long)
-        for f in filings:
-            s = torch.tensor(f.symbols)
-            self.counts.index_put_((s[:-1], s[1:]), torch.ones(len(s) - 1, dtype=torch.long), accumulate=True)
-
-    def predict(self, symbol: int) -> int | None:
-        row = self.counts[symbol]
-        return None if int(row.sum()) == 0 else int(row.argmax())
-
-
-def _windows(filings: Sequence[Filing]) -> torch.Tensor:
-    """Every 48-symbol window of the training filings (stride 8), for training batches."""
-    out = []
-    for f in filings:
-        s = list(f.symbols)
-        for start in range(0, max(1, len(s) - N_CTX + 1), 8):
-            w = s[start : start + N_CTX]
-            if len(w) == N_CTX:
-                out.append(w)
-    return torch.tensor(out)
-
-
-def train_filing_model(filings: Sequence[Filing], *, steps: int = 600, batch_size: int = 64, lr: float = 1e-2,
-                       seed: int = 0, progress: bool = True) -> HookedTransformer:
-    """A two-layer model of the toy shape trained on next-symbol prediction over the training filings.
-
-    Adam, batches of 64 random 48-symbol windows, every position scored, deterministic for a seed.
-    """
-    from .models import make_attn_only
-    from .training import train_on_batches
-
-    windows = _windows(filings)
-    model = make_attn_only(2, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    mask = torch.ones(batch_size, N_CTX - 1, dtype=torch.bool)
-
-    def batches(_: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return windows[torch.randint(0, len(windows), (batch_size,), generator=g)], mask
-
-    train_on_batches(model, batches, steps=steps, lr=lr, progress=progress, desc="training the filing model")
-    return model
-
-
-def _model_reader(model: HookedTransformer, *, direct_only: bool = False) -> Callable[[Sequence[Query]], list[int | None]]:
-    from .paths import path_expansion
-
-    def read(queries: Sequence[Query]) -> list[int | None]:
-        preds: list[int | None] = []
-        for q in queries:  # contexts differ in length; each is a short single forward pass
-            toks = torch.tensor(q.context)[None]
-            if direct_only:
-                logits = path_expansion(model, toks).contributions[0, 0, -1]
-            else:
-                with torch.no_grad():
-                    logits = model(toks)[0, -1]
-            preds.append(int(logits.argmax()))
-        return preds
-
-    return read
-
-
-#: Reader names, in the order of the theory's table.
-READERS = ("bigram table", "filing-trained model, direct path", "filing-trained model",
-           "induction model, one layer", "induction model, two layers")
-
-
-@dataclass(frozen=True)
-class FinanceResult:
-    """Fraction of queries completed per reader, on seen and unseen companies."""
-
-    seen: dict[str, float]
-    unseen: dict[str, float]
-    n_queries: dict[str, int]
-    demo: dict[str, list[bool]] = field(default_factory=dict)
-    demo_queries: tuple[str, ...] = ()
-
-
-def complete_queries(readers: Mapping[str, Callable[[Sequence[Query]], list[int | None]]], queries: Sequence[Query]) -> dict[str, list[bool]]:
-    """Per reader, whether each query was completed."""
-    return {name: [p == q.answer for p, q in zip(read(queries), queries)] for name, read in readers.items()}
-
-
 def demo_filing(company: Company, *, seed: int = 1, mentions: int = 8) -> Filing:
     """A held-out filing naming ``company`` in full ``mentions`` times (with a figure between mentions)."""
     rng = random.Random(seed)
@@ -349,44 +250,3 @@ def demo_filing(company: Company, *, seed: int = 1, mentions: int = 8) -> Filing
     return _as_filing(company, " ".join(parts))
 
 
-def run_case_study(*, seed: int = 0, induction_1l: HookedTransformer | None = None,
-                   induction_2l: HookedTransformer | None = None, progress: bool = True) -> FinanceResult:
-    """The whole case study: corpus, filing-trained model, the five readers, the demo filing.
-
-    The demo filing is about the first held-out company with a three-word name.
-
-    >>> result = run_case_study(progress=False)   # doctest: +SKIP
-    >>> result.unseen["induction model, two layers"] > 0.6   # doctest: +SKIP
-    True
-    """
-    from .models import load_toy_model
-
-    corpus = make_corpus(seed)
-    filing_model = train_filing_model(corpus.train, seed=seed, progress=progress)
-    demo_company = next((c for c in corpus.heldout_companies if len(c.name) == 3), corpus.heldout_companies[0])
-    return evaluate_readers(corpus, filing_model=filing_model, induction_1l=induction_1l or load_toy_model("induction-1l"),
-                            induction_2l=induction_2l or load_toy_model("induction-2l"), demo_company=demo_company)
-
-
-def evaluate_readers(corpus: Corpus, *, filing_model: HookedTransformer, induction_1l: HookedTransformer,
-                     induction_2l: HookedTransformer, demo_company: Company | None = None) -> FinanceResult:
-    """Ask the five readers every query of the seen and unseen sets (and the demo filing)."""
-    table = BigramTable(corpus.train)
-    readers = {
-        "bigram table": lambda qs: [table.predict(q.context[-1]) for q in qs],
-        "filing-trained model, direct path": _model_reader(filing_model, direct_only=True),
-        "filing-trained model": _model_reader(filing_model),
-        "induction model, one layer": _model_reader(induction_1l),
-        "induction model, two layers": _model_reader(induction_2l),
-    }
-    seen_q, unseen_q = find_queries(corpus.seen), find_queries(corpus.unseen)
-    seen = {k: sum(v) / len(v) for k, v in complete_queries(readers, seen_q).items()}
-    unseen = {k: sum(v) / len(v) for k, v in complete_queries(readers, unseen_q).items()}
-    demo, demo_labels = {}, ()
-    if demo_company is not None:
-        f = demo_filing(demo_company)
-        dq = find_queries([f])
-        demo = complete_queries(readers, dq)
-        demo_labels = tuple(f"{q.query_word} -> {q.answer_word}" for q in dq)
-    return FinanceResult(seen=seen, unseen=unseen, n_queries={"seen": len(seen_q), "unseen": len(unseen_q)},
-                         demo=demo, demo_queries=demo_labels)

@@ -1,0 +1,125 @@
+"""First-order direct logit attribution: the metric split over the components that write the
+final residual stream, exact with each token's final-norm scale frozen.
+
+>>> from rs_interp import load_toy_model
+>>> import torch
+>>> toks = torch.randint(0, 256, (1, 10))
+>>> dla = direct_logit_attribution(load_toy_model(), toks, targets=toks)
+>>> bool(torch.allclose(dla.total(), dla.metric, atol=1e-4))
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Int
+from transformer_lens import HookedTransformer
+
+from . import hooks as H
+from ._exact import attached_hooks, check_normalization, check_sum, compute_dtype, frozen_final_norm
+from ._state import preserve_state
+from ._validate import check_targets, check_tokens
+
+__all__ = ["DirectLogitAttribution", "direct_logit_attribution"]
+
+
+@dataclass(frozen=True)
+class DirectLogitAttribution:
+    """Per-component direct logit attribution with the final LayerNorm scale frozen.
+
+    Attributes:
+        labels: ``"embed"``, ``"pos_embed"``, ``"L{l}H{h}"``, ``"attn bias L{l}"``, ``"mlp L{l}"``,
+            ``"ln_final bias"``, ``"b_U"`` (those the model has).
+        contributions: (component, batch, pos): each component's part of the metric.
+        metric: (batch, pos) the metric itself (centered logit of the target, or the logit difference).
+    """
+
+    labels: tuple[str, ...]
+    contributions: torch.Tensor
+    metric: torch.Tensor
+
+    def total(self) -> torch.Tensor:
+        return self.contributions.sum(0)
+
+
+def direct_logit_attribution(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    targets: Int[torch.Tensor, "batch pos"],
+    contrast: Int[torch.Tensor, "batch pos"] | None = None,
+) -> DirectLogitAttribution:
+    """Split the target's centered logit (or ``logit[target] - logit[contrast]``) into components.
+
+    The final residual stream is the sum of what enters at the bottom (the token embedding, plus
+    the positional embedding for ``"standard"`` positions only: shortformer, rotary and alibi
+    models never add one to the stream), every head's write ``z W_O``, every layer's attention
+    output bias and every MLP's output. Each is pushed through the final norm *with each token's
+    scale frozen from the forward pass* (LN, LNPre, RMS, RMSPre or none; centering and the gain
+    are linear, the division by the scale is not), then through ``W_U``. **This is exact only with
+    the scale frozen**: it attributes the logits of the run you made, not of a run without the
+    component. The LN bias and ``b_U`` are their own terms. The sum is checked against the run's
+    own metric; float16/bfloat16 models are decomposed in float32.
+
+    Raises:
+        ValueError: bad tokens/targets; or the parts do not sum to the run's metric, because a
+            hook attached by the caller changed the run (the error names it) or the model has a
+            part with no exact split.
+
+    >>> from rs_interp import load_toy_model
+    >>> import torch
+    >>> toks = torch.randint(0, 256, (1, 10))
+    >>> dla = direct_logit_attribution(load_toy_model(), toks, targets=toks)
+    >>> bool(torch.allclose(dla.total(), dla.metric, atol=1e-4))
+    True
+    """
+    check_normalization(model, "direct_logit_attribution")
+    tokens = check_tokens(model, tokens)
+    targets = check_targets(targets, tokens, model.cfg.d_vocab)
+    if contrast is not None:
+        contrast = check_targets(contrast, tokens, model.cfg.d_vocab, "contrast")
+    cfg, dt = model.cfg, compute_dtype(model)
+    user_hooks = attached_hooks(model)
+    box: dict[str, torch.Tensor] = {}
+    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", "ln_final.hook_scale")
+    with preserve_state(model), torch.no_grad():
+        with model.hooks(fwd_hooks=[(lambda n: n.endswith(wanted), H.store(box))]):
+            logits = model(tokens, return_type="logits").to(dt)
+        labels, comps = ["embed"], [box["hook_embed"].to(dt)]
+        if cfg.positional_embedding_type == "standard":
+            labels.append("pos_embed")
+            comps.append(box["hook_pos_embed"].to(dt))
+        for l in range(cfg.n_layers):
+            attn = model.blocks[l].attn
+            z = box[f"blocks.{l}.attn.hook_z"].to(dt)
+            W_O = attn.W_O.to(dt)
+            for h in range(cfg.n_heads):
+                labels.append(f"L{l}H{h}")
+                comps.append(z[:, :, h] @ W_O[h])
+            labels.append(f"attn bias L{l}")
+            comps.append(attn.b_O.to(dt).expand_as(comps[0]))
+            if not cfg.attn_only:
+                labels.append(f"mlp L{l}")
+                comps.append(box[f"blocks.{l}.hook_mlp_out"].to(dt))
+        stack = frozen_final_norm(model, torch.stack(comps), box.get("ln_final.hook_scale"))  # (component, batch, pos, d_model)
+        W_U, b_U_all = model.W_U.to(dt), model.b_U.to(dt)
+        direction = W_U.T[targets]
+        if contrast is None:
+            direction = direction - W_U.mean(1)
+            b_U = b_U_all[targets] - b_U_all.mean()
+            metric = logits.gather(-1, targets[..., None])[..., 0] - logits.mean(-1)
+        else:
+            direction = direction - W_U.T[contrast]
+            b_U = b_U_all[targets] - b_U_all[contrast]
+            metric = logits.gather(-1, targets[..., None])[..., 0] - logits.gather(-1, contrast[..., None])[..., 0]
+        out = [(stack * direction).sum(-1)]
+        if cfg.normalization_type == "LN":
+            labels.append("ln_final bias")
+            out.append((model.ln_final.b.to(dt) * direction).sum(-1)[None])
+        labels.append("b_U")
+        out.append(b_U[None])
+        contributions = torch.cat(out)
+    check_sum("direct_logit_attribution", contributions.sum(0), metric, contributions, user_hooks, cfg.dtype)
+    return DirectLogitAttribution(labels=tuple(labels), contributions=contributions, metric=metric)

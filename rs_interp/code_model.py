@@ -1,0 +1,221 @@
+"""A GPT-2-architecture toy trained here on real text: the Python sources of the pinned torch.
+
+Pretrained GPT-2 cannot be downloaded here, and random weights have no circuits. So this module
+builds, from text every install has offline, a small model with everything GPT-2 has (LayerNorm,
+GELU MLPs, learned positions, every bias):
+
+- **corpus**: the ``.py`` files of ``torch/nn/modules``, ``torch/optim`` and ``torch/distributions``
+  of the installed torch (pinned to 2.13.0 by the set-up script), read in sorted path order and
+  recorded by sha256; a file goes to the held-out split when the first byte of its path's sha256 is
+  below 26 (about 10%). Identifiers, docstrings and comments repeat, which induction heads feed on.
+- **tokenizer**: ``tokenizers``' byte-level BPE with :data:`CODE_VOCAB` tokens, trained on the
+  training split and shipped beside the weights.
+- **model**: :func:`code_model_config`; trained by :func:`rs_interp.training.train_on_batches`
+  (Adam, one thread, a recorded seed) on random windows of the training stream.
+
+``load_toy_model("code-2l")`` loads the shipped model; :func:`load_code_tokenizer` its tokenizer.
+
+>>> cfg = code_model_config()
+>>> (cfg.n_layers, cfg.d_model, cfg.normalization_type, cfg.positional_embedding_type)
+(2, 128, 'LN', 'standard')
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from ._validate import check_int_range, check_tokens
+from .models import build_model
+
+__all__ = [
+    "CODE_TRAINING",
+    "CODE_VOCAB",
+    "CodeCorpus",
+    "code_corpus",
+    "code_model_config",
+    "train_code_tokenizer",
+    "load_code_tokenizer",
+    "encode_corpus",
+    "train_code_model",
+    "heldout_loss",
+    "unigram_loss",
+    "repeated_sequence_losses",
+]
+
+#: Tokenizer size.
+CODE_VOCAB = 2048
+#: Folders of the installed torch whose ``.py`` files make the corpus, in this order.
+CORPUS_FOLDERS = ("nn/modules", "optim", "distributions")
+#: The recorded training settings of the shipped ``code-2l``.
+CODE_TRAINING = dict(steps=2500, batch_size=16, lr=1e-3, seed=0, repeat_fraction=0.5, random_fraction=0.25)
+#: The end-of-file token between documents.
+EOT = "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class CodeCorpus:
+    """The corpus, split by file.
+
+    Attributes:
+        train, heldout: the file texts of each split, in sorted path order.
+        paths: (train paths, held-out paths), relative to the torch package.
+        sha256: of every file's path and bytes, in order: the corpus's identity.
+        torch_version: the torch whose sources these are.
+    """
+
+    train: tuple[str, ...]
+    heldout: tuple[str, ...]
+    paths: tuple[tuple[str, ...], tuple[str, ...]]
+    sha256: str
+    torch_version: str
+
+
+def code_corpus() -> CodeCorpus:
+    """Read the corpus from the installed torch (see the module docstring)."""
+    root = Path(torch.__file__).parent
+    files = sorted(p for folder in CORPUS_FOLDERS for p in (root / folder).rglob("*.py"))
+    if not files:
+        raise FileNotFoundError(f"no Python sources under {root} for {CORPUS_FOLDERS}")
+    digest = hashlib.sha256()
+    train, heldout, tp, hp = [], [], [], []
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        data = p.read_bytes()
+        digest.update(rel.encode() + b"\0" + data + b"\0")
+        text = data.decode("utf-8")
+        if hashlib.sha256(rel.encode()).digest()[0] < 26:
+            heldout.append(text), hp.append(rel)
+        else:
+            train.append(text), tp.append(rel)
+    return CodeCorpus(tuple(train), tuple(heldout), (tuple(tp), tuple(hp)), digest.hexdigest(), torch.__version__)
+
+
+def code_model_config(**overrides: Any) -> HookedTransformerConfig:
+    """GPT-2's architecture at toy size: 2 layers, ``d_model=128``, 4 heads of 32, GELU MLPs of 512,
+    LayerNorm, learned positions, context 128, :data:`CODE_VOCAB` tokens."""
+    fields: dict[str, Any] = dict(n_layers=2, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=CODE_VOCAB, n_ctx=128,
+                                  act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
+                                  seed=None, device="cpu")
+    fields.update(overrides)
+    return HookedTransformerConfig(**fields)
+
+
+def train_code_tokenizer(corpus: CodeCorpus, vocab_size: int = CODE_VOCAB):
+    """A byte-level BPE tokenizer (``tokenizers``) trained on the training split."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(list(corpus.train), vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT], show_progress=False)
+    return tok
+
+
+def load_code_tokenizer(path: str | Path | None = None):
+    """The shipped tokenizer of ``code-2l`` (a ``tokenizers.Tokenizer``), or the one at ``path``."""
+    from tokenizers import Tokenizer
+
+    from .models import toy_model_path
+
+    return Tokenizer.from_file(str(path or _tokenizer_path(toy_model_path("code-2l"))))
+
+
+def _tokenizer_path(model_path: Path) -> Path:
+    return model_path.with_name(model_path.name + ".tokenizer.json")
+
+
+def encode_corpus(tokenizer, texts: tuple[str, ...]) -> torch.Tensor:
+    """One stream of token ids: every text followed by the end-of-file token."""
+    eot = tokenizer.token_to_id(EOT)
+    ids: list[int] = []
+    for enc in tokenizer.encode_batch(list(texts)):
+        ids.extend(enc.ids)
+        ids.append(eot)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _windows(stream: torch.Tensor, n: int, width: int, generator: torch.Generator, repeat_fraction: float = 0.0,
+             random_fraction: float = 0.0, d_vocab: int = CODE_VOCAB) -> torch.Tensor:
+    """``n`` random windows of ``width`` tokens of the stream. The curriculum that lets induction form
+    within minutes: the last ``round(n * repeat_fraction)`` rows write their first ``width // 2``
+    tokens twice, and of those the last ``round(n * random_fraction)`` are uniform random tokens."""
+    starts = torch.randint(0, len(stream) - width, (n,), generator=generator)
+    out = stream[starts[:, None] + torch.arange(width)]
+    k, r, half = round(n * repeat_fraction), round(n * random_fraction), width // 2
+    if r:
+        out[n - r :, :half] = torch.randint(0, d_vocab, (r, half), generator=generator)
+    if k:
+        out[n - k :, half : 2 * half] = out[n - k :, :half]
+    return out
+
+
+def train_code_model(*, steps: int = CODE_TRAINING["steps"], batch_size: int = CODE_TRAINING["batch_size"],
+                     lr: float = CODE_TRAINING["lr"], seed: int = CODE_TRAINING["seed"],
+                     repeat_fraction: float = CODE_TRAINING["repeat_fraction"],
+                     random_fraction: float = CODE_TRAINING["random_fraction"], progress: bool = True,
+                     tokenizer=None) -> tuple[HookedTransformer, Any, dict]:
+    """Train ``code-2l`` from scratch: returns the model, its tokenizer and the metadata to ship
+    (settings, corpus hash, held-out and unigram losses, the loss curve every 50 steps).
+
+    The tokenizer is trained too unless one is given (the shipped one, for a retraining check).
+    """
+    from .training import train_on_batches
+
+    check_int_range("steps", steps, 1)
+    check_int_range("batch_size", batch_size, 1)
+    corpus = code_corpus()
+    tokenizer = tokenizer or train_code_tokenizer(corpus)
+    train_ids, held_ids = encode_corpus(tokenizer, corpus.train), encode_corpus(tokenizer, corpus.heldout)
+    cfg = code_model_config()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(cfg)
+    gen = torch.Generator().manual_seed(seed + 1)
+    mask = torch.ones(batch_size, cfg.n_ctx - 1, dtype=torch.bool)
+    if not 0.0 <= random_fraction <= repeat_fraction <= 1.0:
+        raise ValueError(f"need 0 <= random_fraction <= repeat_fraction <= 1, got {random_fraction}, {repeat_fraction}")
+    batches = lambda _: (_windows(train_ids, batch_size, cfg.n_ctx, gen, repeat_fraction, random_fraction, cfg.d_vocab), mask)  # noqa: E731
+    losses = train_on_batches(model, batches, steps=steps, lr=lr,
+                              progress=progress, desc="training code-2l", params=list(model.parameters()))
+    meta = {"training": dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, repeat_fraction=repeat_fraction,
+                             random_fraction=random_fraction),
+            "corpus": {"folders": list(CORPUS_FOLDERS), "sha256": corpus.sha256, "torch": corpus.torch_version,
+                       "files": [len(corpus.train), len(corpus.heldout)], "tokens": [len(train_ids), len(held_ids)]},
+            "heldout_loss": heldout_loss(model, held_ids), "unigram_loss": unigram_loss(train_ids, held_ids, cfg.d_vocab),
+            "loss_curve": losses[::50]}
+    return model, tokenizer, meta
+
+
+def heldout_loss(model: HookedTransformer, stream: torch.Tensor, *, max_windows: int = 256) -> float:
+    """Mean next-token loss on consecutive non-overlapping windows of ``stream`` (at most ``max_windows``)."""
+    width = model.cfg.n_ctx
+    n = min(max_windows, len(stream) // width)
+    if n < 1:
+        raise ValueError(f"stream has {len(stream)} tokens, fewer than one window of {width}")
+    windows = stream[: n * width].reshape(n, width)
+    with torch.no_grad():
+        return float(model(windows, return_type="loss"))
+
+
+def unigram_loss(train: torch.Tensor, heldout: torch.Tensor, d_vocab: int) -> float:
+    """Cross-entropy of ``heldout`` under the training split's token frequencies (add-one smoothed):
+    the loss of a model that ignores context."""
+    counts = torch.bincount(train, minlength=d_vocab).double() + 1
+    logp = (counts / counts.sum()).log()
+    return float(-logp[heldout].mean())
+
+
+def repeated_sequence_losses(model: HookedTransformer, *, n: int = 64, half: int = 50, seed: int = 0) -> tuple[float, float]:
+    """Loss on the first and on the second occurrence of ``n`` random token sequences of length
+    ``half`` repeated once: (first, repeat). Induction makes the repeat cheap."""
+    check_int_range("half", half, 2, model.cfg.n_ctx // 2)
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(0, model.cfg.d_vocab, (n, half), generator=g)
+    tokens = check_tokens(model, torch.cat([seq, seq], 1))
+    with torch.no_grad():
+        per = model(tokens, return_type="loss", loss_per_token=True)  # (n, 2*half - 1): predicting token i+1
+    return float(per[:, : half - 1].mean()), float(per[:, half:].mean())

@@ -1,0 +1,237 @@
+"""Theorem 3, the exact path expansion of attention-only logits, and direct logit attribution.
+
+For an attention-only model (no LayerNorm, no MLP), with ``A^{lh}`` the attention patterns of
+the forward pass,
+
+    x_L W_U = sum over paths of  A^{l_m h_m} ... A^{l_1 h_1} x_0 W_OV^{l_1 h_1} ... W_OV^{l_m h_m} W_U,
+
+a path being the empty path (the direct path ``x_0 W_U``) or a chain of heads with strictly
+increasing layers: ``(1 + H)^L`` of them. Biases enter as their own terms (``b_V`` and ``b_O``
+as a constant written by each layer, then carried by later heads like ``x_0``; ``b_U`` at the
+end), so the contributions always sum to the logits. The expansion is exact *given the
+patterns*: it is linear in the values, not in the attention.
+
+For models with LayerNorm and MLPs use :func:`rs_interp.direct_logit_attribution` (first order) and
+:func:`rs_interp.second_order_attribution`, exact with the LayerNorm scales frozen.
+
+>>> from rs_interp import load_toy_model, induction_batch
+>>> model = load_toy_model("induction-2l")
+>>> tokens = induction_batch(2, seed=0).tokens
+>>> pe = path_expansion(model, tokens, targets=tokens)
+>>> len(pe.labels), tuple(pe.contributions.shape)
+(9, (9, 2, 48))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Int
+from transformer_lens import HookedTransformer
+
+from . import hooks as H
+from ._exact import attached_hooks, check_sum, compute_dtype
+from ._state import preserve_state
+from ._validate import check_targets, check_tokens
+from .data import InductionBatch
+
+__all__ = [
+    "PathExpansion",
+    "path_expansion",
+    "PathAttribution",
+    "path_logit_attribution",
+]
+
+DIRECT = "direct"
+
+
+@dataclass(frozen=True)
+class PathExpansion:
+    """Contributions of every path to the logits.
+
+    Attributes:
+        labels: one label per path: ``"direct"``, ``"L0H1"``, ``"L0H1>L1H0"``; bias terms
+            ``"bias L0"``, ``"bias L0>L1H1"``, ``"b_U"`` appear only when those biases are nonzero.
+        contributions: (path, batch, pos, d_vocab), or (path, batch, pos) for the ``targets``.
+        heads: per path, the chain of (layer, head) it passes through (empty for direct/biases).
+        targets: the target token ids, or None for the full vocabulary.
+        layers: per path, the layer that wrote its last term (see :meth:`last_layer`).
+    """
+
+    labels: tuple[str, ...]
+    contributions: torch.Tensor
+    heads: tuple[tuple[tuple[int, int], ...], ...]
+    targets: torch.Tensor | None
+    layers: tuple[int, ...] = ()
+
+    def total(self) -> torch.Tensor:
+        """The sum over paths: the model's logits (at the targets, if given)."""
+        return self.contributions.sum(0)
+
+    def last_layer(self) -> torch.Tensor:
+        """(path,) the layer that wrote each path's last term: its last head's layer, a bias
+        term's own layer (``"bias L0"`` belongs to layer 0), -1 for the direct path and ``b_U``."""
+        return torch.tensor(self.layers)
+
+
+def _check_attn_only(model: HookedTransformer, what: str) -> None:
+    cfg = model.cfg
+    if not cfg.attn_only or cfg.normalization_type is not None:
+        raise ValueError(
+            f"{what} is exact only for attention-only models without LayerNorm or MLPs "
+            f"(this model has attn_only={cfg.attn_only}, normalization_type={cfg.normalization_type!r}); "
+            "use rs_interp.direct_logit_attribution, which freezes each token's LayerNorm scale"
+        )
+
+
+def _stream_paths(
+    model: HookedTransformer, tokens: torch.Tensor
+) -> tuple[list[str], list[tuple], list[int], list[torch.Tensor], torch.Tensor]:
+    """Every path's contribution to the final residual stream, (batch, pos, d_model) each.
+
+    Returns labels, head chains, the layer that last wrote each term (-1: the embedding), the
+    terms, and the run's own logits (for the sum check). Works for every positional scheme: the
+    patterns are taken from the run, and ``x_0`` is what block 0 reads (with the positional
+    embedding only where it enters the stream).
+    """
+    dt = compute_dtype(model)
+    box: dict[str, torch.Tensor] = {}
+    names = lambda n: n == "blocks.0.hook_resid_pre" or n.endswith("attn.hook_pattern")  # noqa: E731
+    with preserve_state(model), torch.no_grad():
+        with model.hooks(fwd_hooks=[(names, H.store(box))]):
+            logits = model(tokens, return_type="logits")
+        labels, heads, layers, terms = [DIRECT], [()], [-1], [box["blocks.0.hook_resid_pre"].to(dt)]
+        for l in range(model.cfg.n_layers):
+            attn = model.blocks[l].attn
+            pattern = box[f"blocks.{l}.attn.hook_pattern"].to(dt)  # (batch, head, q, k)
+            W_O = attn.W_O.to(dt)
+            W_OV = attn.W_V.to(dt) @ W_O  # (head, d_model, d_model)
+            new: list[tuple[str, tuple, int, torch.Tensor]] = []
+            for label, chain, term in zip(labels, heads, terms):
+                for h in range(model.cfg.n_heads):
+                    new.append((f"{label}>L{l}H{h}" if label != DIRECT else f"L{l}H{h}", chain + ((l, h),), l,
+                                pattern[:, h] @ (term @ W_OV[h])))
+            # b_V reaches the output as b_V W_O (pattern rows sum to one); with b_O it is a constant
+            # written by layer l (so it belongs to layer l), then carried by later heads like x_0.
+            bias = torch.einsum("hd,hdm->m", attn.b_V.to(dt), W_O) + attn.b_O.to(dt)
+            if bool(bias.any()):
+                new.append((f"bias L{l}", (), l, bias.expand_as(terms[0])))
+            for label, chain, layer, term in new:
+                labels.append(label)
+                heads.append(chain)
+                layers.append(layer)
+                terms.append(term)
+    return labels, heads, layers, terms, logits
+
+
+def path_expansion(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    targets: Int[torch.Tensor, "batch pos"] | None = None,
+) -> PathExpansion:
+    """Theorem 3: the logits as an exact sum over paths (see the module docstring).
+
+    Args:
+        model: an attention-only ``HookedTransformer`` (no LayerNorm, no MLP), any positional
+            scheme (the patterns are the run's).
+        tokens: (batch, pos) token ids.
+        targets: optional (batch, pos) token ids; then each path's logit for that token only,
+            computed without ever forming the full vocabulary.
+
+    In float64 the sum equals the logits to ~1e-14 (tested to 1e-10); float16/bfloat16 models
+    are expanded in float32. The sum is checked against the run's own logits.
+
+    Raises:
+        ValueError: the model has LayerNorm or MLPs; tokens/targets are malformed; or a hook the
+            caller attached changed the run, so no sum of paths equals it (the error names it).
+    """
+    _check_attn_only(model, "path_expansion")
+    tokens = check_tokens(model, tokens)
+    if targets is not None:
+        targets = check_targets(targets, tokens, model.cfg.d_vocab)
+    user_hooks = attached_hooks(model)
+    labels, heads, layers, terms, logits = _stream_paths(model, tokens)
+    dt = terms[0].dtype
+    with torch.no_grad():
+        stack = torch.stack(terms)  # (path, batch, pos, d_model)
+        W_U, b_U_all = model.W_U.to(dt), model.b_U.to(dt)
+        if targets is None:
+            out, b_U, run = stack @ W_U, b_U_all, logits
+        else:
+            out = (stack * W_U.T[targets]).sum(-1)
+            b_U, run = b_U_all[targets], logits.gather(-1, targets[..., None])[..., 0]
+        if bool(b_U_all.any()):
+            labels.append("b_U")
+            heads.append(())
+            layers.append(-1)
+            out = torch.cat([out, b_U.expand_as(out[0])[None]])
+    check_sum("path_expansion", out.sum(0), run, out, user_hooks, model.cfg.dtype)
+    return PathExpansion(labels=tuple(labels), contributions=out, heads=tuple(heads), targets=targets, layers=tuple(layers))
+
+
+@dataclass(frozen=True)
+class PathAttribution:
+    """Each path's share of the correct token's centered logit at scored positions.
+
+    Attributes:
+        labels: path labels (as in :class:`PathExpansion`), ``"b_U"`` last when the model has one.
+        centered: (path, n_scored) each path's part of ``logit[correct] - mean(logit)``; they sum
+            to it exactly, ``b_U``'s part included.
+        share: (path, n_scored) ``centered / centered.sum(0)``.
+        last_layer: (path,) the layer that wrote each path's last term: its last head's, a bias
+            term's own layer, -1 for the direct path and ``b_U``.
+        top1_without_last_layer: fraction of scored positions where the paths that do not end
+            in the last layer alone rank the correct token first.
+    """
+
+    labels: tuple[str, ...]
+    centered: torch.Tensor
+    share: torch.Tensor
+    last_layer: torch.Tensor
+    top1_without_last_layer: float
+
+    def share_ending_in(self, layer: int) -> torch.Tensor:
+        """(n_scored,) the summed share of the paths whose last term was written by ``layer``."""
+        return self.share[self.last_layer == layer].sum(0)
+
+
+def path_logit_attribution(model: HookedTransformer, batch: InductionBatch) -> PathAttribution:
+    """Split the correct token's centered logit into paths at ``batch``'s scored positions.
+
+    Raises:
+        ValueError: the model is not attention-only, the batch has no scored position, or a hook
+            the caller attached changed the run.
+
+    >>> from rs_interp import load_toy_model, induction_batch
+    >>> att = path_logit_attribution(load_toy_model(), induction_batch(16, seed=0))
+    >>> float(att.share_ending_in(1).median()) > 0.8
+    True
+    """
+    _check_attn_only(model, "path_logit_attribution")
+    tokens = check_tokens(model, batch.tokens, "batch.tokens")
+    mask = batch.scored.to(tokens.device)
+    if not bool(mask.any()):
+        raise ValueError("batch has no scored positions")
+    user_hooks = attached_hooks(model)
+    labels, heads, layers, terms, logits = _stream_paths(model, tokens)
+    dt = terms[0].dtype
+    with torch.no_grad():
+        stack = torch.stack(terms)[:, :, :-1][:, mask]  # (path, n, d_model)
+        correct = tokens[:, 1:][mask]  # (n,)
+        W_U, b_U = model.W_U.to(dt), model.b_U.to(dt)
+        w = W_U.T[correct] - W_U.mean(1)  # centered unembedding columns, (n, d_model)
+        centered = (stack * w).sum(-1)
+        last = torch.tensor(layers, device=stack.device)
+        if bool(b_U.any()):  # b_U is a term of the logits too: attribute it, so the parts sum exactly
+            labels.append("b_U")
+            centered = torch.cat([centered, (b_U[correct] - b_U.mean())[None]])
+            last = torch.cat([last, last.new_tensor([-1])])
+        run = logits[:, :-1][mask].to(dt)
+        check_sum("path_logit_attribution", centered.sum(0), run.gather(-1, correct[:, None])[:, 0] - run.mean(-1),
+                  centered, user_hooks, model.cfg.dtype)
+        partial = stack[last[: len(stack)] != model.cfg.n_layers - 1].sum(0) @ W_U + b_U
+        top1 = float((partial.argmax(-1) == correct).float().mean())
+    return PathAttribution(labels=tuple(labels), centered=centered, share=centered / centered.sum(0),
+                           last_layer=last, top1_without_last_layer=top1)

@@ -1,0 +1,143 @@
+"""The theory's values and the bands the issues accept: one line per banded quantity.
+
+The section builders and the tests read these; nothing else types a band. Keys are
+``"section.quantity"``. A band is ``lo <= value <= hi`` (either side optional); an entry without
+either is reported beside the theory's value, unbanded. Where a bound is computed at run time (a
+baseline measured in the same run), the entry holds the theory's value and the builder passes the
+bound (see :func:`rs_interp.reproduce.context.banded`).
+
+>>> EXPECTED["induction.two_layers_loss"].holds(0.2)
+True
+>>> EXPECTED["induction.two_layers_loss"].band
+'<= 0.3'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Expected", "EXPECTED", "GPT2_SMALL_PARAMETERS"]
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The theory's value (as printed) and the accepted band."""
+
+    theory: str = "-"
+    lo: float | None = None
+    hi: float | None = None
+
+    @property
+    def band(self) -> str:
+        if self.lo is not None and self.lo == self.hi:
+            return f"= {self.lo:g}"
+        parts = ([f">= {self.lo:g}"] if self.lo is not None else []) + ([f"<= {self.hi:g}"] if self.hi is not None else [])
+        return " and ".join(parts) or "report"
+
+    def holds(self, value: float) -> bool | None:
+        """Whether ``value`` lies in the band; None for an unbanded (reported) quantity."""
+        if self.lo is None and self.hi is None:
+            return None
+        return (self.lo is None or value >= self.lo) and (self.hi is None or value <= self.hi)
+
+
+#: GPT-2 small's exact parameter count by category (the GPT-2 module of the theory).
+GPT2_SMALL_PARAMETERS = {"token_embedding": 38_597_376, "positional_embedding": 786_432, "attention": 28_348_416,
+                         "mlp": 56_669_184, "layernorm": 38_400, "total": 124_439_808}
+
+E = Expected
+EXPECTED: dict[str, Expected] = {
+    # Induction: two layers vs one (1000 test sequences)
+    "induction.two_layers_loss": E("0.157", hi=0.30),
+    "induction.two_layers_accuracy": E("0.974", lo=0.95),
+    "induction.one_layer_loss": E("4.280", lo=3.5),
+    "induction.one_layer_accuracy": E("0.108", hi=0.20),
+    # Per-head key ablation
+    "key_ablation.x0_loss": E("6.135", lo=5.0),
+    "key_ablation.x0_accuracy": E("0.075", hi=0.15),
+    "key_ablation.prev_head_accuracy": E("0.969", lo=0.93),
+    "key_ablation.prev_head_loss": E("0.228"),
+    "key_ablation.other_head_accuracy": E("0.084", hi=0.20),
+    "key_ablation.other_head_loss": E("5.391"),
+    # Head roles
+    "heads.prev_token_weight": E("0.887", lo=0.80),
+    "heads.induction_target_h0": E("0.593", lo=0.45),
+    "heads.induction_target_h1": E("0.594", lo=0.45),
+    "heads.after_occurrence_h0": E("0.943"),
+    "heads.after_occurrence_h1": E("0.940"),
+    "heads.positional_offset1": E("7.783"),
+    "heads.positional_offset0": E("6.709"),
+    # Composition (the K band's lower bound is measured: max(Q/V scores, init K max))
+    "composition.k_prev_to_layer1": E("0.245-0.272"),
+    "composition.qv_max": E("0.036-0.076"),
+    "composition.init_k_max": E("0.188"),
+    # Head ablation (no theory values: the issue's claims)
+    "ablation.clean_loss": E("0.157"),
+    "ablation.prev_head_rise": E(lo=2.0),
+    "ablation.other_layer0_rise": E(),
+    "ablation.induction_head_rise": E(),
+    "ablation.both_induction_rise": E(lo=3.0),
+    "ablation.copying_induction": E(lo=0.9),
+    "ablation.copying_layer0": E(),
+    # Attribution patching vs the exact scan
+    "attribution_patching.spearman": E(),
+    "attribution_patching.layer1_gap": E("0", hi=1e-3),
+    "attribution_patching.head": E(),
+    # code-2l (the held-out bound is measured: unigram baseline - 1 nat)
+    "code_model.heldout_loss": E(),
+    "code_model.unigram_loss": E(),
+    "code_model.first_occurrence": E(),
+    "code_model.repeat": E(),
+    "code_model.repeat_drop": E(lo=2.0),
+    "code_model.prev_token_weight": E(lo=0.4),
+    "code_model.induction_target": E(lo=0.2),
+    "code_model.ablation_rise": E(lo=0.5),
+    "code_model.k_composition": E(),
+    "code_model.prompt_p": E(lo=0.3),
+    # Theorem 3 and the logit lens
+    "paths.max_error": E("2e-14", hi=1e-10),
+    "paths.layer1_share": E("> 0.90", lo=0.80),
+    "paths.top1_without_last": E("< 0.05", hi=0.10),
+    "logit_lens.embed": E("0.004", hi=0.01),
+    "logit_lens.layer0": E("0.004", hi=0.01),
+    "logit_lens.layer1": E("0.958", lo=0.90),
+    # GPT-2 small
+    "gpt2.conversion": E(hi=1e-4),
+    # Geometry: collapse and the skip
+    "geometry.tau_0.25": E("0.188"),
+    "geometry.tau_0.5": E("0.369"),
+    "geometry.tau_1": E("0.667"),
+    "geometry.tau_2": E("0.940"),
+    "geometry.tau_4": E("0.999"),
+    "geometry.pure_diameter_12": E("< 1e-10"),
+    "geometry.pure_diameter_12_beta4": E("1.997"),
+    "geometry.skip_growth": E("-", lo=1.0),
+    "geometry.skip_growth_beta0.25": E("3.58", lo=1.0),
+    "geometry.skip_relative_spread": E("0.0016"),
+    # Geometry: pre-LN vs post-LN gradients
+    "geometry.pre_ln_last_6": E("10.169"),
+    "geometry.pre_ln_last_12": E("7.673"),
+    "geometry.pre_ln_last_24": E("5.218"),
+    "geometry.post_ln_last_6": E("22.019"),
+    "geometry.post_ln_last_12": E("23.416"),
+    "geometry.post_ln_last_24": E("22.718"),
+    "geometry.stream_norm_6": E("24.659"),
+    "geometry.stream_norm_12": E("33.641"),
+    "geometry.stream_norm_24": E("49.281"),
+    "geometry.pre_ln_fall": E("1.95", lo=1.5, hi=2.5),
+    "geometry.post_ln_flat": E("flat", hi=1.25),
+    "geometry.post_over_pre": E("4.35", lo=2.5),
+    "geometry.product_flat": E("257/251 = 1.02", hi=1.15),
+    "geometry.first_block_growth": E("23.904/23.403 = 1.02", lo=1.0),
+    # Finance: five readers, seen and unseen companies
+    "finance.bigram table.seen": E("0.576", lo=0.40),
+    "finance.bigram table.unseen": E("0.000", lo=0.0, hi=0.0),
+    "finance.filing-trained model, direct path.seen": E("0.717"),
+    "finance.filing-trained model, direct path.unseen": E("0.000", hi=0.05),
+    "finance.filing-trained model.seen": E("0.814", lo=0.60),
+    "finance.filing-trained model.unseen": E("0.000", hi=0.05),
+    "finance.induction model, one layer.seen": E("0.056", hi=0.20),
+    "finance.induction model, one layer.unseen": E("0.071", hi=0.20),
+    "finance.induction model, two layers.seen": E("0.710", lo=0.55),
+    "finance.induction model, two layers.unseen": E("0.768", lo=0.60),
+}

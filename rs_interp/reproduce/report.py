@@ -1,0 +1,112 @@
+"""The writers of ``rs-interp reproduce``: the text tables, ``results.json`` and a self-contained ``report.html``."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from plotly.offline import get_plotlyjs
+
+from .context import Section
+
+__all__ = ["format_table", "write_results", "write_report"]
+
+
+def format_table(section: Section) -> str:
+    """A plain-text table: measure, ours, theory, band, within band."""
+    head = ("measure", "ours", "theory", "band", "")
+    rows = [head] + [(r.label, r.formatted(), r.theory, r.band, {True: "ok", False: "OUTSIDE", None: ""}[r.ok]) for r in section.rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = [f"== {section.title}"]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if section.notes:
+        lines.append(section.notes)
+    return "\n".join(lines)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def write_results(sections: list[Section], path: Path) -> dict[str, Any]:
+    """Write ``results.json``: one key per section, every row with its band check (``"bands"``), and
+    which registry entry built which sections (``"parts"``)."""
+    data: dict[str, Any] = {s.key: s.results for s in sections}
+    data["parts"] = {}
+    for s in sections:
+        data["parts"].setdefault(s.part, []).append(s.key)
+    data["bands"] = {s.key: [{"measure": r.label, "value": r.value, "theory": r.theory, "band": r.band, "ok": r.ok}
+                             for r in s.rows] for s in sections}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_jsonable(data), indent=2))
+    return data
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:0.5em 0 1em}td,th{border-bottom:1px solid #ddd;padding:4px 10px;text-align:left}
+th{background:#f4f4f4}.ok{color:#0a7a2f;font-weight:600}.out{color:#b00020;font-weight:700}
+section{margin-bottom:2.5em}.fig{min-height:420px}.note{color:#555;font-size:0.9em}
+"""
+
+
+def _section_html(section: Section, fig_ids: list[str]) -> str:
+    mark = {True: '<span class="ok">&#10003; within band</span>', False: '<span class="out">&#10007; outside band</span>', None: "reported"}
+    rows = "".join(
+        f"<tr><td>{html.escape(r.label)}</td><td>{html.escape(r.formatted())}</td><td>{html.escape(r.theory)}</td>"
+        f"<td>{html.escape(r.band)}</td><td>{mark[r.ok]}</td></tr>" for r in section.rows)
+    figs = "".join(f'<div class="fig" id="{fid}"></div>' for fid in fig_ids)
+    note = f'<p class="note">{html.escape(section.notes)}</p>' if section.notes else ""
+    return (f'<section id="{section.key}"><h2>{html.escape(section.title)}</h2>'
+            f"<table><tr><th>measure</th><th>ours</th><th>theory</th><th>band</th><th></th></tr>{rows}</table>"
+            f"{note}{figs}</section>")
+
+
+def write_report(sections: list[Section], path: Path, *, title: str = "rs_interp: the residual stream, reproduced") -> Path:
+    """One self-contained HTML page: plotly's JavaScript embedded once, no network request.
+
+    Figures are drawn from inline JSON with ``Plotly.newPlot``; the page references nothing
+    outside itself (no CDN, no fonts, no MathJax).
+    """
+    body, scripts = [], []
+    for section in sections:
+        ids = []
+        for i, fig in enumerate(section.figures):
+            fid = f"fig-{section.key}-{i}"
+            ids.append(fid)
+            spec = fig.to_plotly_json()
+            payload = json.dumps({"data": spec.get("data", []), "layout": spec.get("layout", {})}, default=_json_default)
+            scripts.append(f"Plotly.newPlot({json.dumps(fid)}, ...(function(s){{return [s.data, s.layout, "
+                           f"{{responsive:true, displaylogo:false}}]}})({payload}));")
+        body.append(_section_html(section, ids))
+    n_ok = sum(r.ok is True for s in sections for r in s.rows)
+    n_out = sum(r.ok is False for s in sections for r in s.rows)
+    summary = f"<p>{n_ok} rows within band, {n_out} outside; theory values from the NumPy reference implementation.</p>"
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body><h1>{html.escape(title)}</h1>{summary}"
+            + "".join(body) + "<script>" + "\n".join(scripts) + "</script></body></html>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

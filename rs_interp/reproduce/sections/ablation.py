@@ -1,0 +1,93 @@
+"""Head ablation scans, copying scores, and attribution patching against the exact scan."""
+
+from __future__ import annotations
+
+import torch
+
+from ...attribution_patching import attribution_patching
+from ...copying import copying_scores
+from ...data import induction_batch
+from ...head_ablation import ablate_heads, head_ablation_scan
+from ...heads import prev_token_scores
+from ...plots import estimate_vs_exact_figure, head_scan_figure
+from ..context import Context, Section, banded, exact_row
+
+
+def ablation_section(ctx: Context) -> Section:
+    """Mean ablation of every head, one at a time (a scan), the induction heads together, copying scores."""
+    model, batch = ctx.model("induction-2l"), ctx.batch
+    tokens, scored = batch.tokens, batch.scored
+
+    def loss(logits: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits[:, :-1][scored].float(), tokens[:, 1:][scored])
+
+    prev = prev_token_scores(model, tokens)
+    ph = int(prev[0].argmax())
+    induction = [(1, h) for h in range(model.cfg.n_heads)]
+    scan = head_ablation_scan(model, tokens, loss, method="mean", progress=ctx.progress)
+    both = float(loss(ablate_heads(model, tokens, induction, method="mean"))) - scan.clean
+    copying = copying_scores(model)
+    top_label, _ = scan.top(1)[0]
+    rows = [
+        banded("ablation.clean_loss", "clean loss (nats)", scan.clean),
+        banded("ablation.prev_head_rise", f"prev-token head (0,{ph}) mean-ablated: loss rise", float(scan.effect[0, ph])),
+        exact_row("the costliest single head", top_label, f"L0H{ph}", theory="the prev-token head"),
+    ]
+    rows += [banded("ablation.other_layer0_rise", f"head (0,{h}) mean-ablated: loss rise", float(scan.effect[0, h])) for h in range(model.cfg.n_heads) if h != ph]
+    rows += [banded("ablation.induction_head_rise", f"induction head (1,{h}) mean-ablated alone: loss rise", float(scan.effect[1, h])) for h in range(model.cfg.n_heads)]
+    rows.append(banded("ablation.both_induction_rise", "both layer-1 heads mean-ablated: loss rise", both))
+    rows += [banded("ablation.copying_induction", f"copying score, induction head (1,{h})", float(copying[1, h])) for h in range(model.cfg.n_heads)]
+    rows += [banded("ablation.copying_layer0", f"copying score, head (0,{h})", float(copying[0, h])) for h in range(model.cfg.n_heads)]
+    results = {"clean_loss": scan.clean, "effect": scan.effect.tolist(), "both_induction_heads": both,
+               "copying_scores": copying.tolist(), "prev_token_head": [0, ph], "method": scan.method}
+    figures = (head_scan_figure(scan.effect, title="Mean ablation of each head: rise of the loss at scored positions (nats)", colorbar="nats"),
+               head_scan_figure(copying, title="Copying scores of the full OV circuits", colorbar="score"))
+    notes = ("Each induction head alone costs little: the two layer-1 heads are redundant, so the pair is the row with a band. "
+             "Copying score: sum(eig)/sum(|eig|) of W_E W_V W_O W_U (1 = pure copying).")
+    return Section("ablation", "Head ablation: a scan of every head, and copying scores", tuple(rows), results, figures=figures, notes=notes)
+
+
+def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    ra, rb = (x.flatten().argsort().argsort().double() for x in (a, b))
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
+
+def attribution_patching_section(ctx: Context) -> Section:
+    """Attribution patching (one backward pass) against the exact resample scan, on the trained toy."""
+    model, batch = ctx.model("induction-2l"), ctx.batch
+    tokens, scored = batch.tokens[:200], batch.scored[:200]
+    reference = induction_batch(200, seed=ctx.seed + 12).tokens  # other random sequences, same periods' statistics
+    targets = tokens[:, 1:][scored]
+
+    def correct_logit(logits: torch.Tensor) -> torch.Tensor:
+        x = logits[:, :-1][scored].float()
+        return (x.gather(-1, targets[:, None])[:, 0] - x.mean(-1)).mean()
+
+    def loss(logits: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits[:, :-1][scored].float(), targets)
+
+    rows, results, figures = [], {}, []
+    for name, metric in (("centered logit", correct_logit), ("loss", loss)):
+        exact = head_ablation_scan(model, tokens, metric, method="resample", reference=reference).effect
+        estimate = attribution_patching(model, tokens, metric, reference=reference).values
+        rho = _spearman(exact, estimate)
+        results[name] = {"exact": exact.tolist(), "estimate": estimate.tolist(), "spearman": rho}
+        rows.append(banded("attribution_patching.spearman", f"{name}: rank correlation, estimate vs exact (4 heads)", rho))
+        if name == "centered logit":
+            gap = float((exact[1] - estimate[1]).abs().max())
+            rows.append(banded("attribution_patching.layer1_gap", "centered logit: layer-1 heads, |estimate - exact| (linear: they write to the logits)", gap))
+        for l in range(model.cfg.n_layers):
+            for h in range(model.cfg.n_heads):
+                rows.append(banded("attribution_patching.head", f"{name}: head ({l},{h}) exact (theory column: the estimate)", float(exact[l, h]), theory=f"{float(estimate[l, h]):.3g}"))
+        labels = [f"L{l}H{h}" for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+        figures.append(estimate_vs_exact_figure(labels, exact.flatten().tolist(), estimate.flatten().tolist(),
+                                                title=f"Attribution patching vs the exact resample scan: {name}"))
+    notes = ("Where the estimate fails and why: with the loss the clean run sits at the loss's minimum (softmax saturated, "
+             "accuracy ~0.97), so every gradient is near 0 whatever the patch does. With the centered logit the layer-1 heads "
+             "write straight to the logits, so the estimate is exact; the layer-0 heads act through layer 1's attention "
+             "patterns (a softmax), and the first-order estimate misses most of their effect.")
+    return Section("attribution_patching", "Attribution patching against the exact scan (trained toy, 200 sequences)", tuple(rows), results,
+                   figures=tuple(figures), notes=notes)
+
+
+#: The code prompt of the code-2l section: a made-up identifier, defined once, to be completed.

@@ -1,0 +1,84 @@
+"""Induction, two layers vs one; key ablation, head roles and composition on the two-layer model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ...ablation import run_with_key_input
+from ...composition import composition_scores, random_baseline
+from ...heads import attention_patterns, induction_scores, positional_scores, prev_token_scores
+from ...models import make_attn_only
+from ...plots import attention_figure, composition_heatmaps, period_sequence
+from ...training import evaluate, score_logits
+from ..recipes import toy_settings
+from ..context import Context, Section, banded
+
+
+def induction_section(ctx: Context) -> Section:
+    s2, s1 = evaluate(ctx.model("induction-2l"), ctx.batch), evaluate(ctx.model("induction-1l"), ctx.batch)
+    rows = (
+        banded("induction.two_layers_loss", "two layers: loss (nats)", s2.loss),
+        banded("induction.two_layers_accuracy", "two layers: accuracy", s2.accuracy),
+        banded("induction.one_layer_loss", "one layer: loss (nats)", s1.loss),
+        banded("induction.one_layer_accuracy", "one layer: accuracy", s1.accuracy),
+    )
+    results = {"two_layers": {"loss": s2.loss, "accuracy": s2.accuracy},
+               "one_layer": {"loss": s1.loss, "accuracy": s1.accuracy}}
+    return Section("induction", "Induction: two layers vs one (1000 test sequences)", rows, results)
+
+
+def circuits_section(ctx: Context) -> list[Section]:
+    """Key ablation, head roles and composition scores on the two-layer model (three sections)."""
+    model, batch = ctx.model("induction-2l"), ctx.batch
+    prev = prev_token_scores(model, batch.tokens)
+    ph = int(prev[0].argmax())  # the previous-token head: found from the scores, never by index
+    other = [h for h in range(model.cfg.n_heads) if h != ph]
+    other_label = " + ".join(f"(0,{h})" for h in other)
+    ablations = {
+        "keys_from_x0": score_logits(run_with_key_input(model, batch.tokens, layer=1), batch),
+        "keys_x0_plus_prev_token_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, ph)]), batch),
+        "keys_x0_plus_other_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, h) for h in other]), batch),
+    }
+    a = ablations
+    abl_rows = (
+        banded("key_ablation.x0_loss", "layer 1's keys read from x_0: loss", a["keys_from_x0"].loss),
+        banded("key_ablation.x0_accuracy", "layer 1's keys read from x_0: accuracy", a["keys_from_x0"].accuracy),
+        banded("key_ablation.prev_head_accuracy", f"keys = x_0 + prev-token head (0,{ph}): accuracy", a["keys_x0_plus_prev_token_head"].accuracy),
+        banded("key_ablation.prev_head_loss", f"keys = x_0 + prev-token head (0,{ph}): loss", a["keys_x0_plus_prev_token_head"].loss),
+        banded("key_ablation.other_head_accuracy", f"keys = x_0 + other head {other_label}: accuracy", a["keys_x0_plus_other_head"].accuracy),
+        banded("key_ablation.other_head_loss", f"keys = x_0 + other head {other_label}: loss", a["keys_x0_plus_other_head"].loss),
+    )
+    key_ablation = Section("key_ablation", "Per-head key ablation (layer 1's key input)", abl_rows,
+                           {k: {"loss": v.loss, "accuracy": v.accuracy} for k, v in ablations.items()} | {"prev_token_head": [0, ph]})
+
+    ind = induction_scores(model, batch)
+    pos = positional_scores(model, 0, max_offset=model.cfg.n_ctx - 1)
+    head_rows = [banded("heads.prev_token_weight", f"prev-token head (0,{ph}): weight on i-1", float(prev[0, ph]))]
+    for h in range(model.cfg.n_heads):
+        head_rows.append(banded(f"heads.induction_target_h{h % 2}", f"head (1,{h}): weight on i-p+1", float(ind.target[1, h])))
+        head_rows.append(banded(f"heads.after_occurrence_h{h % 2}", f"head (1,{h}): weight after any earlier occurrence", float(ind.after_occurrence[1, h])))
+    head_rows.append(banded("heads.positional_offset1", f"prev-token head (0,{ph}): content-free score at offset 1", float(pos[ph, 1])))
+    head_rows.append(banded("heads.positional_offset0", f"prev-token head (0,{ph}): content-free score at offset 0", float(pos[ph, 0])))
+    heads = Section("heads", "Head roles on the two-layer model", tuple(head_rows), {
+        "prev_token": prev.tolist(), "induction_target": ind.target.tolist(), "after_occurrence": ind.after_occurrence.tolist(),
+        "prev_token_head": [0, ph], "positional_score_prev_head": pos[ph].tolist()})
+
+    comp = {k: composition_scores(model, k) for k in "KQV"}
+    init = make_attn_only(2, seed=toy_settings("induction-2l", seed=ctx.seed if ctx.retrain else None)["seed"])
+    init_k = float(composition_scores(init, "K")[0, :, 1, :].max())
+    k_prev = comp["K"][0, ph, 1, :]
+    qv_max = float(torch.maximum(comp["Q"][0, ph, 1, :], comp["V"][0, ph, 1, :]).max())
+    comp_rows = [banded("composition.k_prev_to_layer1", f"K: prev-token head (0,{ph}) -> (1,{h})", float(k_prev[h]), lo=max(qv_max, init_k))
+                 for h in range(model.cfg.n_heads)]
+    comp_rows.append(banded("composition.qv_max", "max Q and V score of the same pairs", qv_max))
+    comp_rows.append(banded("composition.init_k_max", "max K score at initialisation", init_k))
+    composition = Section("composition", "Composition scores (theory's definition)", tuple(comp_rows), {
+        k: v[0, :, 1, :].tolist() for k, v in comp.items()} | {"init_max_K": init_k, "prev_token_head": [0, ph]},
+        figures=(composition_heatmaps(comp, {k: random_baseline(model, k) for k in comp}),),
+        notes="Band of the K rows: above every Q and V score of the same pairs and above the largest K score at initialisation.")
+    induction_head = (1, int(ind.target[1].argmax()))
+    patterns = attention_patterns(model, period_sequence(11, seed=ctx.seed))[:, 0]
+    heads = dataclasses.replace(heads, figures=(attention_figure(patterns, [(0, ph), induction_head], period=11),))
+    return [key_ablation, heads, composition]
