@@ -78,7 +78,8 @@ def attribution_patching_section(ctx: Context) -> Section:
             rows.append(banded("attribution_patching.layer1_gap", "centered logit: layer-1 heads, |estimate - exact| (linear: they write to the logits)", gap))
         for l in range(model.cfg.n_layers):
             for h in range(model.cfg.n_heads):
-                rows.append(banded("attribution_patching.head", f"{name}: head ({l},{h}) exact (theory column: the estimate)", float(exact[l, h]), theory=f"{float(estimate[l, h]):.3g}"))
+                rows.append(banded("attribution_patching.head", f"{name}: head ({l},{h}) exact / estimate", float(exact[l, h]),
+                                   theory=f"{float(estimate[l, h]):.3g} (estimate)"))
         labels = [f"L{l}H{h}" for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
         figures.append(estimate_vs_exact_figure(labels, exact.flatten().tolist(), estimate.flatten().tolist(),
                                                 title=f"Attribution patching vs the exact resample scan: {name}"))
