@@ -30,12 +30,11 @@ def _writable_dir(path: str | Path) -> Path:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from .reproduce import Context, run_sections
+    from .reproduce import run_seeds
     from .reproduce.report import format_table, write_report, write_results
 
     out = _writable_dir(args.out)
-    ctx = Context(retrain=args.retrain, seed=args.seed, progress=not args.quiet, log=_log)
-    sections = run_sections(ctx, args.only)
+    sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log)
     for s in sections:
         print(format_table(s) + "\n", flush=True)
     write_results(sections, out / "results.json")
@@ -114,6 +113,13 @@ def _seed(text: str) -> int:
 
 
 
+def _positive(text: str) -> int:
+    value = _seed(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid count {value}: at least 1")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad arguments: one line on stderr, no usage dump, exit code 2."""
 
@@ -130,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--retrain", action="store_true", help="retrain the toy models instead of loading the shipped ones (~1 minute)")
     r.add_argument("--seed", type=_seed, default=0, help="seed of retraining (with --retrain), the collapse cloud, the gradient draws, the finance corpus and "
                         "model (default: %(default)s, the shipped models' seed)")
+    r.add_argument("--seeds", type=_positive, default=1, metavar="N",
+                   help="1 (default): the shipped models; N > 1: retrain every seeded piece for seeds SEED..SEED+N-1 and report "
+                        "each banded row per seed and 'k of N within band'")
     r.add_argument("--only", nargs="+", metavar="SECTION", choices=list(SECTIONS), help="compute only these sections: " + ", ".join(SECTIONS))
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)

@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 from .context import Context, Section
 
-__all__ = ["SECTIONS", "builder", "run_sections", "Context", "Section"]
+__all__ = ["SECTIONS", "builder", "run_sections", "run_seeds", "Context", "Section"]
 
 #: name -> ``module:function`` of its builder under :mod:`rs_interp.reproduce.sections`, in report order.
 #: A builder returns one :class:`Section` or a list of them (``circuits`` gives three tables).
@@ -58,3 +58,39 @@ def run_sections(ctx: Context, only: Iterable[str] | None = None) -> list[Sectio
             result = builder(name)(ctx)
             out.extend(dataclasses.replace(s, part=name) for s in (result if isinstance(result, list) else [result]))
     return out
+
+
+def run_seeds(seed: int = 0, n: int = 1, only: Iterable[str] | None = None, *, retrain: bool = False, progress: bool = True,
+              log: Callable[[str], None] = lambda _msg: None) -> list[Section]:
+    """Every table over the seeds ``seed, seed + 1, ..., seed + n - 1``.
+
+    ``n = 1`` is the fast path on the shipped models (``retrain=True``: retrained from ``seed``). ``n > 1`` retrains every seeded piece for each
+    seed (the toy models, the finance corpus and models, the collapse cloud, the gradient draws; not
+    ``code-2l``, which takes ~8 minutes) and returns the first seed's tables with every row holding
+    its per-seed values (:attr:`Row.per_seed`); a numeric row's value is then the mean over seeds.
+    """
+    if n < 1:
+        raise ValueError(f"n (the number of seeds) must be >= 1, got {n}")
+    if n == 1:
+        return run_sections(Context(retrain=retrain, seed=seed, progress=progress, log=log), only)
+    runs = []
+    for i, s in enumerate(range(seed, seed + n)):
+        log(f"seed {s} ({i + 1} of {n})")
+        runs.append(run_sections(Context(retrain=True, seed=s, progress=progress, log=lambda m, s=s: log(f"[seed {s}] {m}")), only))
+    return [_merge(sections, seed) for sections in zip(*runs)]
+
+
+def _merge(per_seed: tuple[Section, ...], seed: int) -> Section:
+    """One section from the same section of every seed: rows matched by position (the builders emit
+    the same rows in the same order for any seed)."""
+    first = per_seed[0]
+    if any(len(s.rows) != len(first.rows) for s in per_seed):
+        raise RuntimeError(f"section {first.key!r} has a different number of rows across seeds")
+    rows = []
+    for j, row in enumerate(first.rows):
+        values = tuple((seed + i, s.rows[j].value, s.rows[j].ok, s.rows[j].label) for i, s in enumerate(per_seed))
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for _, v, _, _ in values)
+        mean = sum(float(v) for _, v, _, _ in values) / len(values) if numeric else row.value
+        judged = [ok for _, _, ok, _ in values if ok is not None]
+        rows.append(dataclasses.replace(row, value=mean, per_seed=values, ok=all(judged) if judged else None))
+    return dataclasses.replace(first, rows=tuple(rows))

@@ -28,10 +28,18 @@ class Row:
     theory: str
     band: str
     ok: bool | None  # None: reported, no band
+    per_seed: tuple[tuple[int, Any, bool | None, str], ...] = ()  # (seed, value, ok, label) with several seeds
 
     def formatted(self) -> str:
         v = self.value
         return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    @property
+    def within(self) -> tuple[int, int, int] | None:
+        """(k, judged, N): of the N seeds, ``judged`` had a band that applied and ``k`` were within it
+        (None for a reported row or a single seed)."""
+        judged = [ok for _, _, ok, _ in self.per_seed if ok is not None]
+        return (sum(judged), len(judged), len(self.per_seed)) if judged else None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Expected", "EXPECTED", "GPT2_SMALL_PARAMETERS"]
+__all__ = ["Expected", "EXPECTED", "GPT2_SMALL_PARAMETERS", "PREV_TOKEN_HEAD"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class Expected:
             return None
         return (self.lo is None or value >= self.lo) and (self.hi is None or value <= self.hi)
 
+
+#: A head whose mean attention on the previous token is at least this is a previous-token head.
+PREV_TOKEN_HEAD = 0.5
 
 #: GPT-2 small's exact parameter count by category (the GPT-2 module of the theory).
 GPT2_SMALL_PARAMETERS = {"token_embedding": 38_597_376, "positional_embedding": 786_432, "attention": 28_348_416,

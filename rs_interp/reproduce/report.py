@@ -10,15 +10,15 @@ from typing import Any
 
 from plotly.offline import get_plotlyjs
 
-from .context import Section
+from .context import Row, Section
 
 __all__ = ["format_table", "write_results", "write_report"]
 
 
 def format_table(section: Section) -> str:
-    """A plain-text table: measure, ours, theory, band, within band."""
+    """A plain-text table: measure, ours, theory, band, within band (``k of N`` over several seeds)."""
     head = ("measure", "ours", "theory", "band", "")
-    rows = [head] + [(r.label, r.formatted(), r.theory, r.band, {True: "ok", False: "OUTSIDE", None: ""}[r.ok]) for r in section.rows]
+    rows = [head] + [(r.label, r.formatted(), r.theory, r.band, _mark(r)) for r in section.rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [f"== {section.title}"]
     for i, r in enumerate(rows):
@@ -28,6 +28,30 @@ def format_table(section: Section) -> str:
     if section.notes:
         lines.append(section.notes)
     return "\n".join(lines)
+
+
+def _within_text(row: Row) -> str:
+    k, judged, n = row.within
+    return f"{k} of {n}" if judged == n else f"{k} of {judged} judged ({n - judged} of {n}: the band does not apply)"
+
+
+def _mark(row: Row) -> str:
+    if row.per_seed:
+        return "" if row.within is None else _within_text(row) + ("" if row.ok else " OUTSIDE")
+    return {True: "ok", False: "OUTSIDE", None: ""}[row.ok]
+
+
+def _band_json(row: Row) -> dict[str, Any]:
+    out = {"measure": row.label, "value": row.value, "theory": row.theory, "band": row.band, "ok": row.ok}
+    if row.per_seed:
+        out["per_seed"] = [{"seed": s, "value": v, "ok": ok} | ({"measure": label} if label != row.label else {})
+                           for s, v, ok, label in row.per_seed]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for _, v, _, _ in row.per_seed):
+            vals = [float(v) for _, v, _, _ in row.per_seed]
+            out |= {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}
+        if row.within is not None:
+            out["within_band"] = _within_text(row)
+    return out
 
 
 def _jsonable(x: Any) -> Any:
@@ -47,8 +71,7 @@ def write_results(sections: list[Section], path: Path) -> dict[str, Any]:
     data["parts"] = {}
     for s in sections:
         data["parts"].setdefault(s.part, []).append(s.key)
-    data["bands"] = {s.key: [{"measure": r.label, "value": r.value, "theory": r.theory, "band": r.band, "ok": r.ok}
-                             for r in s.rows] for s in sections}
+    data["bands"] = {s.key: [_band_json(r) for r in s.rows] for s in sections}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_jsonable(data), indent=2))
     return data
@@ -59,14 +82,24 @@ body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;ma
 table{border-collapse:collapse;margin:0.5em 0 1em}td,th{border-bottom:1px solid #ddd;padding:4px 10px;text-align:left}
 th{background:#f4f4f4}.ok{color:#0a7a2f;font-weight:600}.out{color:#b00020;font-weight:700}
 section{margin-bottom:2.5em}.fig{min-height:420px}.note{color:#555;font-size:0.9em}
+.seed{display:inline-block;width:0.8em;height:0.8em;margin-right:2px;border-radius:2px}
 """
+
+
+def _strip(row: Row) -> str:
+    """The per-seed strip: one square per seed, green within band, red outside, grey reported."""
+    colour = {True: "#0a7a2f", False: "#b00020", None: "#999"}
+    cells = "".join(f'<span class="seed" style="background:{colour[ok]}" title="seed {s}: '
+                    f'{html.escape(f"{v:.4g}" if isinstance(v, float) else str(v))} ({html.escape(label)})"></span>'
+                    for s, v, ok, label in row.per_seed)
+    return cells + (f" {html.escape(_within_text(row))} within band" if row.within else " reported")
 
 
 def _section_html(section: Section, fig_ids: list[str]) -> str:
     mark = {True: '<span class="ok">&#10003; within band</span>', False: '<span class="out">&#10007; outside band</span>', None: "reported"}
     rows = "".join(
         f"<tr><td>{html.escape(r.label)}</td><td>{html.escape(r.formatted())}</td><td>{html.escape(r.theory)}</td>"
-        f"<td>{html.escape(r.band)}</td><td>{mark[r.ok]}</td></tr>" for r in section.rows)
+        f"<td>{html.escape(r.band)}</td><td>{_strip(r) if r.per_seed else mark[r.ok]}</td></tr>" for r in section.rows)
     figs = "".join(f'<div class="fig" id="{fid}"></div>' for fid in fig_ids)
     note = f'<p class="note">{html.escape(section.notes)}</p>' if section.notes else ""
     return (f'<section id="{section.key}"><h2>{html.escape(section.title)}</h2>'
@@ -93,7 +126,10 @@ def write_report(sections: list[Section], path: Path, *, title: str = "rs_interp
         body.append(_section_html(section, ids))
     n_ok = sum(r.ok is True for s in sections for r in s.rows)
     n_out = sum(r.ok is False for s in sections for r in s.rows)
-    summary = f"<p>{n_ok} rows within band, {n_out} outside; theory values from the NumPy reference implementation.</p>"
+    seeds = max((len(r.per_seed) for s in sections for r in s.rows), default=0)
+    over = (f" over {seeds} seeds (a row counts as within band when every seed is; the strip shows each seed)" if seeds
+            else " with the shipped models (one seed; `rs-interp reproduce --seeds N` retrains over N seeds)")
+    summary = f"<p>{n_ok} rows within band, {n_out} outside{over}; theory values from the NumPy reference implementation.</p>"
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body><h1>{html.escape(title)}</h1>{summary}"
             + "".join(body) + "<script>" + "\n".join(scripts) + "</script></body></html>")
