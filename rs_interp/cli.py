@@ -54,7 +54,7 @@ def _train(args: argparse.Namespace) -> int:
 
         model, tokenizer, meta = train_code_model(seed=CODE_TRAINING["seed"] if args.seed is None else args.seed, progress=not args.quiet)
         path = save_model(model, out / args.name, metadata=meta)
-        tokenizer.save(str(path.with_name(path.name + ".tokenizer.json")))
+        tokenizer.save(str(path.with_name(path.name + ".tokenizer.json")))  # read back by load_code_tokenizer(path)
         print(f"{args.name}: held-out loss {meta['heldout_loss']:.4f} (unigram {meta['unigram_loss']:.4f}); saved to {path}")
         return 0
     model, meta = train_toy_model(args.name, seed=args.seed, progress=not args.quiet)

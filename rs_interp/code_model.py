@@ -1,5 +1,13 @@
 """A GPT-2-architecture toy trained here on real text: the Python sources of the pinned torch.
 
+**Status: the training code works, no model is shipped.** With the recorded settings (2,500 steps
+of 16 x 128 tokens, ~9 minutes on 2 cores) the model beats the unigram baseline by 2.2 nats on
+held-out files, but forms no induction head: on repeated random tokens the repeat costs as much as
+the first occurrence. Curricula of repeated code and repeated random windows (up to all of the
+batch), learning rates from 1e-3 to 1e-2 and batches of 32 did not change that within the budget;
+learned absolute positions make the previous-token head slow to form (the rotary toy models form
+it in 1,000 steps). ``rs-interp train code-2l`` trains and saves one.
+
 Pretrained GPT-2 cannot be downloaded here, and random weights have no circuits. So this module
 builds, from text every install has offline, a small model with everything GPT-2 has (LayerNorm,
 GELU MLPs, learned positions, every bias):
@@ -13,7 +21,7 @@ GELU MLPs, learned positions, every bias):
 - **model**: :func:`code_model_config`; trained by :func:`rs_interp.training.train_on_batches`
   (Adam, one thread, a recorded seed) on random windows of the training stream.
 
-``load_toy_model("code-2l")`` loads the shipped model; :func:`load_code_tokenizer` its tokenizer.
+A trained model loads with :func:`rs_interp.load_model`, its tokenizer with :func:`load_code_tokenizer`.
 
 >>> cfg = code_model_config()
 >>> (cfg.n_layers, cfg.d_model, cfg.normalization_type, cfg.positional_embedding_type)
@@ -115,17 +123,12 @@ def train_code_tokenizer(corpus: CodeCorpus, vocab_size: int = CODE_VOCAB):
     return tok
 
 
-def load_code_tokenizer(path: str | Path | None = None):
-    """The shipped tokenizer of ``code-2l`` (a ``tokenizers.Tokenizer``), or the one at ``path``."""
+def load_code_tokenizer(model_path: str | Path):
+    """The tokenizer saved beside a ``code-2l`` checkpoint (``PATH.tokenizer.json``), a ``tokenizers.Tokenizer``."""
     from tokenizers import Tokenizer
 
-    from .models import toy_model_path
-
-    return Tokenizer.from_file(str(path or _tokenizer_path(toy_model_path("code-2l"))))
-
-
-def _tokenizer_path(model_path: Path) -> Path:
-    return model_path.with_name(model_path.name + ".tokenizer.json")
+    path = Path(model_path)
+    return Tokenizer.from_file(str(path.with_name(path.name + ".tokenizer.json")))
 
 
 def encode_corpus(tokenizer, texts: tuple[str, ...]) -> torch.Tensor:

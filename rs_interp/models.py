@@ -42,9 +42,8 @@ __all__ = [
     "CheckpointError",
 ]
 
-#: Names of the shipped toy models and the layer count of each (``code-2l``: GPT-2's architecture
-#: trained on Python sources, see :mod:`rs_interp.code_model`).
-TOY_MODELS = {"induction-2l": 2, "induction-1l": 1, "code-2l": 2}
+#: Names of the shipped toy models and the layer count of each.
+TOY_MODELS = {"induction-2l": 2, "induction-1l": 1}
 
 _CONFIG_SUFFIX = ".json"
 _WEIGHTS_SUFFIX = ".safetensors"

@@ -29,7 +29,6 @@ __all__ = [
     "head_scan_figure",
     "second_order_figure",
     "estimate_vs_exact_figure",
-    "loss_curve_figure",
     "period_sequence",
 ]
 
@@ -216,13 +215,4 @@ def estimate_vs_exact_figure(labels: Sequence[str], exact: Sequence[float], esti
                      go.Scatter(x=list(exact), y=list(estimate), mode="markers+text", text=list(labels), textposition="top center",
                                 name="heads", hovertemplate="%{text}: exact %{x:.3f}, estimate %{y:.3f}<extra></extra>")])
     fig.update_layout(title=title, xaxis_title="exact patch (resample ablation scan)", yaxis_title="attribution patching estimate", height=420)
-    return fig
-
-
-def loss_curve_figure(losses: Sequence[float], *, every: int = 1, baseline: float | None = None, title: str = "Training loss") -> go.Figure:
-    """A recorded loss curve (one value every ``every`` steps), with an optional baseline line."""
-    fig = go.Figure(go.Scatter(x=[i * every for i in range(len(losses))], y=list(losses), mode="lines", name="training loss"))
-    if baseline is not None:
-        fig.add_hline(y=baseline, line_dash="dot", annotation_text="unigram baseline", line_color="#888")
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title="loss (nats)", height=380)
     return fig

@@ -11,7 +11,7 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.
 
 
 def test_the_four_notebooks_exist():
-    assert {p.stem for p in NOTEBOOKS} >= {"induction_circuit", "residual_geometry", "finance_case", "gpt2_small", "code_model"}
+    assert {p.stem for p in NOTEBOOKS} >= {"induction_circuit", "residual_geometry", "finance_case", "gpt2_small"}
 
 
 @pytest.mark.slow

@@ -69,10 +69,10 @@ def test_dla_sums_to_the_metric_on_a_gpt2_shaped_model(gpt2_tiny):
 
 # ---- issue 12: exact on every variant TransformerLens builds -----------------------------------------------------
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from conftest import NORMALIZATIONS, POSITIONS, VARIANTS, make_variant, variant_id  # noqa: E402
+from conftest import POSITIONS, VARIANTS, make_variant, variant_id  # noqa: E402
 
 
 def _brute_force_dla(model, tokens, targets):

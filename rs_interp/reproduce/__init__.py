@@ -29,7 +29,6 @@ SECTIONS: dict[str, str] = {
     "circuits": "induction:circuits_section",
     "ablation": "ablation:ablation_section",
     "attribution_patching": "ablation:attribution_patching_section",
-    "code_model": "code_model:code_model_section",
     "paths": "theorem3:paths_section",
     "gpt2": "gpt2:gpt2_section",
     "geometry": "geometry:geometry_section",
@@ -65,8 +64,7 @@ def run_seeds(seed: int = 0, n: int = 1, only: Iterable[str] | None = None, *, r
     """Every table over the seeds ``seed, seed + 1, ..., seed + n - 1``.
 
     ``n = 1`` is the fast path on the shipped models (``retrain=True``: retrained from ``seed``). ``n > 1`` retrains every seeded piece for each
-    seed (the toy models, the finance corpus and models, the collapse cloud, the gradient draws; not
-    ``code-2l``, which takes ~8 minutes) and returns the first seed's tables with every row holding
+    seed (the toy models, the finance corpus and models, the collapse cloud, the gradient draws) and returns the first seed's tables with every row holding
     its per-seed values (:attr:`Row.per_seed`); a numeric row's value is then the mean over seeds.
     """
     if n < 1:

@@ -83,7 +83,7 @@ class Context:
 
     def model(self, name: str) -> HookedTransformer:
         if name not in self._models:
-            if self.retrain and name != "code-2l":  # code-2l takes ~8 minutes: `rs-interp train code-2l` retrains it
+            if self.retrain:
                 self.log(f"training {name} (seed {self.seed})")
                 self._models[name] = train_induction_model(**toy_settings(name, seed=self.seed), progress=self.progress)
             else:

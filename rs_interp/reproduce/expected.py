@@ -86,17 +86,6 @@ EXPECTED: dict[str, Expected] = {
     "attribution_patching.spearman": E(),
     "attribution_patching.layer1_gap": E("0", hi=1e-3),
     "attribution_patching.head": E(),
-    # code-2l (the held-out bound is measured: unigram baseline - 1 nat)
-    "code_model.heldout_loss": E(),
-    "code_model.unigram_loss": E(),
-    "code_model.first_occurrence": E(),
-    "code_model.repeat": E(),
-    "code_model.repeat_drop": E(lo=2.0),
-    "code_model.prev_token_weight": E(lo=0.4),
-    "code_model.induction_target": E(lo=0.2),
-    "code_model.ablation_rise": E(lo=0.5),
-    "code_model.k_composition": E(),
-    "code_model.prompt_p": E(lo=0.3),
     # Theorem 3 and the logit lens
     "paths.max_error": E("2e-14", hi=1e-10),
     "paths.layer1_share": E("> 0.90", lo=0.80),

@@ -89,6 +89,3 @@ def attribution_patching_section(ctx: Context) -> Section:
              "patterns (a softmax), and the first-order estimate misses most of their effect.")
     return Section("attribution_patching", "Attribution patching against the exact scan (trained toy, 200 sequences)", tuple(rows), results,
                    figures=tuple(figures), notes=notes)
-
-
-#: The code prompt of the code-2l section: a made-up identifier, defined once, to be completed.
