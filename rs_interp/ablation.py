@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
-from . import hooks as H
+from .hooks import replace_heads_with, store
 from ._state import preserve_state
 from ._validate import check_head_indices, check_heads, check_layer, check_tokens
 
@@ -67,8 +67,8 @@ def run_with_input(
     tokens = check_tokens(model, tokens)
 
     box: dict[str, torch.Tensor] = {}
-    fwd = [("blocks.0.hook_resid_pre", H.store(box, "x0"))]
-    fwd += [(f"blocks.{l}.attn.hook_z", H.store(box, f"z{l}")) for l in sorted({l for l, _ in kept})]
+    fwd = [("blocks.0.hook_resid_pre", store(box, "x0"))]
+    fwd += [(f"blocks.{l}.attn.hook_z", store(box, f"z{l}")) for l in sorted({l for l, _ in kept})]
 
     def new_input(_: torch.Tensor) -> torch.Tensor:
         x = box["x0"]
@@ -79,7 +79,7 @@ def run_with_input(
                 x = x + model.blocks[lb].attn.b_O
         return x
 
-    fwd.append((f"blocks.{layer}.hook_{which}_input", H.replace_heads_with(new_input, heads)))
+    fwd.append((f"blocks.{layer}.hook_{which}_input", replace_heads_with(new_input, heads)))
     with preserve_state(model, use_split_qkv_input=True), torch.no_grad():
         with model.hooks(fwd_hooks=fwd):
             return model(tokens, return_type="logits")

@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Int
 from transformer_lens import HookedTransformer
 
-from . import hooks as H
+from .hooks import store
 from ._exact import attached_hooks, check_normalization, check_sum, compute_dtype, frozen_final_norm
 from ._state import preserve_state
 from ._validate import check_targets, check_tokens
@@ -85,7 +85,7 @@ def direct_logit_attribution(
     box: dict[str, torch.Tensor] = {}
     wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", "ln_final.hook_scale")
     with preserve_state(model), torch.no_grad():
-        with model.hooks(fwd_hooks=[(lambda n: n.endswith(wanted), H.store(box))]):
+        with model.hooks(fwd_hooks=[(lambda n: n.endswith(wanted), store(box))]):
             logits = model(tokens, return_type="logits").to(dt)
         labels, comps = ["embed"], [box["hook_embed"].to(dt)]
         if cfg.positional_embedding_type == "standard":

@@ -37,7 +37,7 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
-from . import hooks as H
+from .hooks import store
 from ._state import preserve_state
 from ._validate import check_tokens
 
@@ -110,7 +110,7 @@ def _backward(model: HookedTransformer, tokens: torch.Tensor, metric: Metric, fw
 
 def _reference_z(model: HookedTransformer, reference: torch.Tensor) -> dict[str, torch.Tensor]:
     box: dict[str, torch.Tensor] = {}
-    with torch.no_grad(), model.hooks(fwd_hooks=[(lambda n: n.endswith("attn.hook_z"), H.store(box))]):
+    with torch.no_grad(), model.hooks(fwd_hooks=[(lambda n: n.endswith("attn.hook_z"), store(box))]):
         model(reference, return_type=None)
     return box
 

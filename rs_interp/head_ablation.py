@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities.activation_functions import apply_softcap
 
-from . import hooks as H
+from .hooks import mean_heads, resample_heads, store, zero_heads
 from ._state import preserve_state
 from ._validate import check_heads, check_int_range, check_tokens
 
@@ -83,15 +83,15 @@ def _reference_z(model: HookedTransformer, reference: torch.Tensor, method: str,
     if method == "zero":
         return {}
     box: dict[str, torch.Tensor] = {}
-    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_z", H.store(box, str(l))) for l in layers]):
+    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_z", store(box, str(l))) for l in layers]):
         model(reference, return_type=None)
     return {l: box[str(l)].mean(dim=(0, 1)) if method == "mean" else box[str(l)] for l in layers}
 
 
 def _hook(method: str, value: torch.Tensor | None, heads: Sequence[int]) -> Callable:
     if method == "zero":
-        return H.zero_heads(heads)
-    return H.mean_heads(value, heads) if method == "mean" else H.resample_heads(value, heads)
+        return zero_heads(heads)
+    return mean_heads(value, heads) if method == "mean" else resample_heads(value, heads)
 
 
 def ablate_heads(
@@ -199,7 +199,7 @@ def head_ablation_scan(
     per_pass = max(1, min(n_heads, memory_budget // max(1, B * row_bytes)))
     with preserve_state(model), torch.no_grad():
         refs = _reference_z(model, ref, method, range(L))
-        with model.hooks(fwd_hooks=[(names, H.store(box))]):
+        with model.hooks(fwd_hooks=[(names, store(box))]):
             clean = _scalar(metric(_logits(model, tokens, None, None, pos)), "clean run")
         spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
         jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads)))) for l in range(L) for h0 in range(0, n_heads, per_pass)]

@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
-from . import hooks as H
+from .hooks import store
 from ._state import preserve_state
 from ._validate import check_int_range, check_layer, check_tokens
 from .data import InductionBatch
@@ -37,7 +37,7 @@ def attention_patterns(model: HookedTransformer, tokens: Int[torch.Tensor, "batc
     tokens = check_tokens(model, tokens)
     box: dict[str, torch.Tensor] = {}
     with preserve_state(model), torch.no_grad():
-        with model.hooks(fwd_hooks=[(lambda n: n.endswith("attn.hook_pattern"), H.store(box))]):
+        with model.hooks(fwd_hooks=[(lambda n: n.endswith("attn.hook_pattern"), store(box))]):
             model(tokens, return_type=None)
     return torch.stack([box[f"blocks.{l}.attn.hook_pattern"] for l in range(model.cfg.n_layers)])
 
@@ -163,7 +163,7 @@ def key_score_sensitivity(model: HookedTransformer, tokens: Int[torch.Tensor, "b
     scores = []
     for toks in (tokens, changed):
         box: dict[str, torch.Tensor] = {}
-        with preserve_state(model), torch.no_grad(), model.hooks(fwd_hooks=[(name, H.store(box, "s"))]):
+        with preserve_state(model), torch.no_grad(), model.hooks(fwd_hooks=[(name, store(box, "s"))]):
             model(toks, return_type=None)
         scores.append(box["s"][rows, :, :, j])  # (batch, head, query)
     q = torch.arange(n)[None, :]

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Int
 from transformer_lens import HookedTransformer
 
-from . import hooks as H
+from .hooks import store
 from ._exact import compute_dtype
 from ._state import preserve_state
 from ._validate import check_int_range, check_targets, check_tokens
@@ -120,7 +120,7 @@ def logit_lens(
     with preserve_state(model), torch.no_grad():
         for b0 in range(0, B, batch_chunk):
             box: dict[str, torch.Tensor] = {}
-            with model.hooks(fwd_hooks=[(lambda n: n in names, H.store(box))]):
+            with model.hooks(fwd_hooks=[(lambda n: n in names, store(box))]):
                 model(tokens[b0 : b0 + batch_chunk], return_type=None)
             for i, (_, name) in enumerate(points):
                 resid = box.pop(name)
