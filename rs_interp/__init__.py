@@ -13,7 +13,7 @@ from .attribution_patching import (
     attribution_patching,
     edge_attribution_patching,
 )
-from .composition import composition_scores
+from .composition import composition_scores, virtual_weight
 from .copying import copying_scores
 from .data import InductionBatch, induction_batch, next_token_targets
 from .heads import (
@@ -63,6 +63,7 @@ __all__ = [
     "Score",
     # circuits
     "composition_scores",
+    "virtual_weight",
     "run_with_key_input",
     "run_with_query_input",
     "ablate_heads",

@@ -27,11 +27,11 @@ from typing import Literal
 
 import torch
 from jaxtyping import Float
-from transformer_lens import HookedTransformer
+from transformer_lens import FactoredMatrix, HookedTransformer
 
 from ._exact import compute_dtype
 
-__all__ = ["composition_scores", "random_baseline"]
+__all__ = ["composition_scores", "random_baseline", "virtual_weight", "score_from_virtual_weight"]
 
 Kind = Literal["K", "Q", "V"]
 
@@ -134,3 +134,44 @@ def random_baseline(
         m = randn(n_samples, d_model, d_head)
     fro = lambda x: x.flatten(-2).norm(dim=-1)  # noqa: E731
     return float((fro(ov @ m) / fro(ov) / fro(m)).mean())
+
+
+def _circuit(model: HookedTransformer, layer: int, head: int, kind: Kind) -> torch.Tensor | FactoredMatrix:
+    """The later head's matrix ``M`` of Definition 4: ``W_K`` (K), ``W_Q`` (Q) or ``W_OV`` (V)."""
+    if kind == "K":
+        return model.W_K[layer, head]
+    if kind == "Q":
+        return model.W_Q[layer, head]
+    return FactoredMatrix(model.W_V[layer, head], model.W_O[layer, head])
+
+
+def virtual_weight(model: HookedTransformer, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> FactoredMatrix:
+    """The virtual weight ``W_OV^src M^dst`` between two heads as a low-rank ``FactoredMatrix``.
+
+    ``W_OV^src = W_V W_O`` has rank at most ``d_head`` (Definition 4), so the product does too: it
+    is kept as ``W_V^src (W_O^src M)``, never as a ``d_model x d_model`` (or ``d_model x d_head``)
+    product of full matrices. :func:`score_from_virtual_weight` reads the composition score from it.
+
+    >>> from rs_interp import load_toy_model
+    >>> vw = virtual_weight(load_toy_model(), (0, 0), (1, 1), "K")
+    >>> tuple(vw.A.shape), tuple(vw.B.shape)
+    ((32, 16), (16, 16))
+    """
+    from ._validate import check_head
+
+    (ls, hs), (ld, hd) = check_head(model, *src, name="src"), check_head(model, *dst, name="dst")
+    if ls >= ld:
+        raise ValueError(f"src layer {ls} must come before dst layer {ld}")
+    if kind not in ("K", "Q", "V"):
+        raise ValueError(f"kind must be 'K', 'Q' or 'V', got {kind!r}")
+    with torch.no_grad():
+        return FactoredMatrix(model.W_V[ls, hs], model.W_O[ls, hs]) @ _circuit(model, ld, hd, kind)
+
+
+def score_from_virtual_weight(model: HookedTransformer, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> float:
+    """Definition 4's composition score, ``||W_OV^src M|| / (||W_OV^src|| ||M||)``, from the virtual weight."""
+    with torch.no_grad():
+        ov = FactoredMatrix(model.W_V[src], model.W_O[src])
+        m = _circuit(model, *dst, kind)
+        m_norm = m.norm() if isinstance(m, FactoredMatrix) else m.norm()
+        return float(virtual_weight(model, src, dst, kind).norm() / (ov.norm() * m_norm))

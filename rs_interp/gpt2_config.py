@@ -29,9 +29,16 @@ def gpt2_config(size: str = "small", **overrides) -> HookedTransformerConfig:
     learned absolute positions, pre-LN blocks with LayerNorm eps 1e-5, GELU (``gelu_new``) MLPs of
     width ``4 d_model``, ``d_vocab = 50257``, ``n_ctx = 1024``.
 
+    Overrides derive what the GPT-2 module derives: heads split a fixed budget, so overriding
+    ``n_heads`` or ``d_model`` sets ``d_head = d_model / n_heads`` (unless ``d_head`` is given), and
+    overriding ``d_model`` sets ``d_mlp = 4 d_model`` (unless ``d_mlp`` is given). A gated MLP
+    (``gated_mlp=True``) keeps the weight count of the 4x MLP at ``d_mlp = 8/3 d_model``.
+
     >>> cfg = gpt2_config("medium")
     >>> cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_head
     (24, 1024, 16, 64)
+    >>> gpt2_config("small", n_heads=24).d_head   # 24 heads of 32: the same parameters
+    32
     """
     if size not in GPT2_SIZES:
         raise ValueError(f"size must be one of {sorted(GPT2_SIZES)}, got {size!r}")
@@ -43,6 +50,13 @@ def gpt2_config(size: str = "small", **overrides) -> HookedTransformerConfig:
         positional_embedding_type="standard", use_attn_scale=True, use_local_attn=False,
         scale_attn_by_inverse_layer_idx=False, default_prepend_bos=True, seed=None, device="cpu",
     )
+    if ("n_heads" in overrides or "d_model" in overrides) and "d_head" not in overrides:
+        d, h = overrides.get("d_model", d_model), overrides.get("n_heads", n_heads)
+        if d % h:
+            raise ValueError(f"d_model {d} is not a multiple of n_heads {h}: pass d_head explicitly")
+        fields["d_head"] = d // h
+    if "d_model" in overrides and "d_mlp" not in overrides:
+        fields["d_mlp"] = 4 * overrides["d_model"]
     fields.update(overrides)
     return HookedTransformerConfig(**fields)
 
@@ -70,7 +84,8 @@ def count_parameters(model_or_cfg: HookedTransformer | HookedTransformerConfig) 
     """Count a GPT-2-style model's parameters from its config, allocating no weights.
 
     Attention: ``W_Q, W_K, W_V`` with biases (``3 (d_model n_heads d_head + n_heads d_head)``) and
-    ``W_O`` with its bias (``n_heads d_head d_model + d_model``). MLP: ``W_in, b_in, W_out, b_out``.
+    ``W_O`` with its bias (``n_heads d_head d_model + d_model``). MLP: ``W_in, b_in, W_out, b_out``,
+    plus ``W_gate`` (``d_model d_mlp``) for a gated (SwiGLU-style) MLP.
     LayerNorm: a gain and a bias of ``d_model`` each, two per block (one without MLPs) and the final one.
 
     >>> pc = count_parameters(gpt2_config("small"))
@@ -82,7 +97,7 @@ def count_parameters(model_or_cfg: HookedTransformer | HookedTransformerConfig) 
         raise ValueError(f"model_or_cfg must be a HookedTransformer or HookedTransformerConfig, got {type(model_or_cfg).__name__}")
     d, H, dh, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_vocab
     attn = 3 * (d * H * dh + H * dh) + H * dh * d + d
-    mlp = 0 if cfg.attn_only else 2 * d * cfg.d_mlp + cfg.d_mlp + d
+    mlp = 0 if cfg.attn_only else (3 if cfg.gated_mlp else 2) * d * cfg.d_mlp + cfg.d_mlp + d
     has_ln = cfg.normalization_type in ("LN", "LNPre")
     ln_per = (2 * d) * (1 if cfg.attn_only else 2) if has_ln else 0
     positional = cfg.n_ctx * d if cfg.positional_embedding_type == "standard" else 0

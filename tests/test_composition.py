@@ -104,3 +104,25 @@ def test_proposition_4_orthogonal_subspaces(test_set):
     model_q = _orthogonal_model(restrict_queries=True)
     diff = (_layer1_pattern(model_q, tokens, False) - _layer1_pattern(model_q, tokens, True)).abs().max()
     assert diff < 1e-12
+
+
+@pytest.mark.parametrize("kind", ["K", "Q", "V"])
+def test_virtual_weight_is_low_rank_and_gives_the_composition_score(random3x3, kind):
+    """Definition 4: W_OV has rank at most d_head, so the virtual weight does too; its Frobenius
+    norm, over the two norms, is the composition score composition_scores computes by QR."""
+    from rs_interp.composition import score_from_virtual_weight
+
+    scores = ri.composition_scores(random3x3, kind)
+    d_head = random3x3.cfg.d_head
+    for src, dst in [((0, 1), (1, 2)), ((0, 0), (2, 1)), ((1, 2), (2, 0))]:
+        vw = ri.virtual_weight(random3x3, src, dst, kind)
+        dense = random3x3.W_V[src] @ random3x3.W_O[src] @ (random3x3.W_K[dst] if kind == "K" else random3x3.W_Q[dst] if kind == "Q"
+                                                            else random3x3.W_V[dst] @ random3x3.W_O[dst])
+        assert (vw.AB - dense).abs().max() <= 1e-12
+        assert int(torch.linalg.matrix_rank(dense.detach())) <= d_head
+        assert score_from_virtual_weight(random3x3, src, dst, kind) == pytest.approx(float(scores[src + dst]), abs=1e-12)
+
+
+def test_virtual_weight_refuses_a_later_source(toy2):
+    with pytest.raises(ValueError, match="before"):
+        ri.virtual_weight(toy2, (1, 0), (0, 1), "K")

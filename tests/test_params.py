@@ -3,7 +3,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import rs_interp as ri
-from rs_interp.gpt2_config import GPT2_SIZES
+from rs_interp.gpt2_config import GPT2_SIZES, count_parameters, gpt2_config
 
 
 def test_gpt2_small_is_exactly_124439808():
@@ -61,3 +61,43 @@ def test_config_matches_what_transformerlens_derives(size, monkeypatch):
 def test_bad_size():
     with pytest.raises(ValueError, match="size"):
         ri.gpt2_config("tiny")
+
+
+@pytest.mark.parametrize("n_heads", [1, 6, 12, 24, 48])
+def test_heads_split_a_fixed_budget(n_heads):
+    """The GPT-2 module: moving n_heads does not change the total (d_head = d_model / n_heads)."""
+    cfg = gpt2_config("small", n_heads=n_heads)
+    assert cfg.d_head * n_heads == 768
+    assert count_parameters(cfg).total == 124_439_808
+
+
+def test_overriding_d_model_derives_the_rest_and_matches_transformer_lens():
+    cfg = gpt2_config("small", d_model=384, n_heads=6, n_layers=2, d_vocab=100)
+    assert (cfg.d_head, cfg.d_mlp) == (64, 1536)
+    assert count_parameters(cfg).total == _materialised(cfg)
+    with pytest.raises(ValueError, match="multiple"):
+        gpt2_config("small", n_heads=7)
+
+
+def _materialised(cfg) -> int:
+    """TransformerLens's own parameters (b_U excluded: not in a GPT-2 checkpoint; W_U tied to W_E)."""
+    from rs_interp.models import build_model
+
+    model = build_model(cfg)  # small configs only: a real allocation
+    return sum(p.numel() for n, p in model.named_parameters() if n not in ("unembed.W_U", "unembed.b_U"))
+
+
+def test_gated_mlp_at_eight_thirds_keeps_the_weight_count():
+    """The module's SwiGLU remark: three matrices at d_mlp = 8/3 d_model hold the 4x MLP's weights."""
+    plain = gpt2_config("small", d_model=768, n_layers=2, d_vocab=100)
+    gated = gpt2_config("small", d_model=768, n_layers=2, d_vocab=100, gated_mlp=True, d_mlp=2048, act_fn="silu")
+    w = lambda cfg: count_parameters(cfg).per_layer["mlp"] - cfg.d_mlp - cfg.d_model  # noqa: E731  (weights only)
+    assert w(gated) == w(plain) == 8 * 768 ** 2
+    assert count_parameters(gated).total == _materialised(gated)
+
+
+def test_mlp_to_attention_is_two_to_one_before_biases():
+    pc = count_parameters(gpt2_config("small"))
+    d = 768
+    attn_w, mlp_w = pc.per_layer["attention"] - 4 * d, pc.per_layer["mlp"] - 5 * d  # biases: 3d + d; 4d + d
+    assert mlp_w / attn_w == 2.0

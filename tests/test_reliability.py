@@ -41,6 +41,7 @@ HELPERS = {
                                               reference=ri.induction_batch(4, seed=1).tokens),
     "head_ablation_scan": lambda m: ri.head_ablation_scan(m, _batch().tokens, lambda lg: lg[:, -1].float().mean(), method="mean"),
     "copying_scores": lambda m: ri.copying_scores(m),
+    "virtual_weight": lambda m: ri.virtual_weight(m, (0, 0), (1, 1), "V"),
     "attribution_patching": lambda m: ri.attribution_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
                                                               reference=ri.induction_batch(4, seed=1).tokens),
     "edge_attribution_patching": lambda m: ri.edge_attribution_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
@@ -133,7 +134,7 @@ class _Injected(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"composition_scores", "copying_scores", "count_parameters", "positional_scores", "as_dtype", "save_model"}))
+@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"composition_scores", "copying_scores", "virtual_weight", "count_parameters", "positional_scores", "as_dtype", "save_model"}))
 def test_helper_cleans_up_after_a_failing_hook(name):
     """A user hook that raises mid-forward: the error propagates and nothing of the helper's stays."""
     model = _model_for(name)
@@ -404,6 +405,8 @@ def test_helpers_run_on_half_precision_models(name, dtype):
 
 
 def _tensor_pairs(a, b):
+    if hasattr(a, "AB"):  # a FactoredMatrix: compare the product
+        return [(a.AB, b.AB)]
     if isinstance(a, torch.Tensor):
         return [(a, b)]
     if isinstance(a, tuple):

@@ -95,6 +95,7 @@ EXPECTED: dict[str, Expected] = {
     "logit_lens.layer1": E("0.958", lo=0.90),
     # GPT-2 small
     "gpt2.conversion": E(hi=1e-4),
+    "gpt2.mlp_to_attention": E("2.00 : 1", lo=2.0, hi=2.0),
     # Geometry: collapse and the skip
     "geometry.tau_0.25": E("0.188"),
     "geometry.tau_0.5": E("0.369"),

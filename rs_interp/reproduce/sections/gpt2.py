@@ -18,6 +18,13 @@ def gpt2_section(ctx: Context) -> Section:
     expected = GPT2_SMALL_PARAMETERS
     rows = [Row(f"parameters: {k}", v, f"{expected[k]:,}", "exact", v == expected[k]) for k, v in pc.by_category.items()]
     rows.append(Row("parameters: total", pc.total, f"{expected['total']:,}", "exact", pc.total == expected["total"]))
+    for h in (6, 24):  # heads split a fixed budget: d_head = d_model / n_heads, the total does not move
+        total = count_parameters(gpt2_config("small", n_heads=h)).total
+        rows.append(Row(f"parameters with n_heads = {h} (d_head {768 // h}): total", total, f"{expected['total']:,}", "exact",
+                        total == expected["total"]))
+    d = gpt2_config("small").d_model
+    weights = {k: pc.per_layer[k] - b for k, b in (("attention", 4 * d), ("mlp", 5 * d))}  # biases: b_Q,K,V,O; b_in (4d), b_out
+    rows.append(banded("gpt2.mlp_to_attention", "MLP : attention weights per block (before biases)", weights["mlp"] / weights["attention"]))
     ctx.log("GPT-2: converting a random-weight Hugging Face checkpoint")
     diff = conversion_check(seed=ctx.seed)
     rows.append(banded("gpt2.conversion", "conversion: max |centered logit diff| vs Hugging Face", diff))
