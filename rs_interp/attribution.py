@@ -1,13 +1,5 @@
 """First-order direct logit attribution: the metric split over the components that write the
-final residual stream, exact with each token's final-norm scale frozen.
-
->>> from rs_interp import load_toy_model
->>> import torch
->>> toks = torch.randint(0, 256, (1, 10))
->>> dla = direct_logit_attribution(load_toy_model(), toks, targets=toks)
->>> bool(torch.allclose(dla.total(), dla.metric, atol=1e-4))
-True
-"""
+final residual stream, exact with each token's final-norm scale frozen (example: the function's)."""
 
 from __future__ import annotations
 

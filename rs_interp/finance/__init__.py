@@ -10,39 +10,9 @@ models) and runs them.
 100
 """
 
-from .corpus import (
-    D_VOCAB,
-    N_CTX,
-    Company,
-    Corpus,
-    Filing,
-    Query,
-    demo_filing,
-    find_queries,
-    make_corpus,
-    tokenize,
-    word_symbol,
-)
-from .study import READERS, BigramTable, FinanceResult, complete_queries, evaluate_readers, run_case_study, train_filing_model
+from . import corpus, study
+from .corpus import *  # noqa: F403  (the names listed in corpus.__all__)
+from .study import *  # noqa: F403
 from .study import _model_reader  # noqa: F401  (the tests drive the model reader directly)
 
-__all__ = [
-    "word_symbol",
-    "tokenize",
-    "Company",
-    "Filing",
-    "Corpus",
-    "make_corpus",
-    "Query",
-    "find_queries",
-    "BigramTable",
-    "train_filing_model",
-    "READERS",
-    "evaluate_readers",
-    "FinanceResult",
-    "demo_filing",
-    "complete_queries",
-    "run_case_study",
-    "N_CTX",
-    "D_VOCAB",
-]
+__all__ = corpus.__all__ + study.__all__
