@@ -105,6 +105,11 @@ class FinanceResult:
     n_queries: dict[str, int]
     demo: dict[str, list[bool]] = field(default_factory=dict)
     demo_queries: tuple[str, ...] = ()
+    #: What explains a seed's numbers: ``ambiguous_seen``, the share of seen queries whose query
+    #: symbol has several successors in training (the bigram table can pick only one);
+    #: ``filing_model_induction``, the filing model's largest weight on the induction target i-p+1
+    #: on repeated random symbols (a model that starts to copy completes unseen names too).
+    diagnostics: dict[str, float] = field(default_factory=dict)
 
 
 def complete_queries(readers: Mapping[str, Callable[[Sequence[Query]], list[int | None]]], queries: Sequence[Query]) -> dict[str, list[bool]]:
@@ -151,5 +156,11 @@ def evaluate_readers(corpus: Corpus, *, filing_model: HookedTransformer, inducti
         dq = find_queries([f])
         demo = complete_queries(readers, dq)
         demo_labels = tuple(f"{q.query_word} -> {q.answer_word}" for q in dq)
+    from ..data import induction_batch
+    from ..heads import induction_scores
+
+    ambiguous = sum(int((table.counts[q.context[-1]] > 0).sum()) > 1 for q in seen_q) / len(seen_q)
+    copying = float(induction_scores(filing_model, induction_batch(200, seed=5, d_vocab=D_VOCAB, seq_len=N_CTX)).target[-1].max())
     return FinanceResult(seen=seen, unseen=unseen, n_queries={"seen": len(seen_q), "unseen": len(unseen_q)},
-                         demo=demo, demo_queries=demo_labels)
+                         demo=demo, demo_queries=demo_labels,
+                         diagnostics={"ambiguous_seen": ambiguous, "filing_model_induction": copying})

@@ -133,4 +133,6 @@ EXPECTED: dict[str, Expected] = {
     "finance.induction model, one layer.unseen": E("0.071", hi=0.20),
     "finance.induction model, two layers.seen": E("0.710", lo=0.55),
     "finance.induction model, two layers.unseen": E("0.768", lo=0.60),
+    "finance.ambiguous_seen": E(),
+    "finance.filing_model_induction": E(),
 }
