@@ -1,4 +1,4 @@
-"""Theorem 3, the exact path expansion of attention-only logits, and direct logit attribution.
+"""Theorem 3, the exact path expansion of attention-only logits, and its attribution to paths.
 
 For an attention-only model (no LayerNorm, no MLP), with ``A^{lh}`` the attention patterns of
 the forward pass,
