@@ -10,7 +10,7 @@ from jaxtyping import Int
 from transformer_lens import HookedTransformer
 
 from .hooks import store
-from ._exact import attached_hooks, check_normalization, check_sum, compute_dtype, frozen_final_norm
+from ._exact import attached_hooks, check_normalization, check_sum, compute_dtype, frozen_final_norm, metric_of, unembed_direction
 from ._state import preserve_state
 from ._validate import check_targets, check_tokens
 
@@ -96,16 +96,8 @@ def direct_logit_attribution(
                 labels.append(f"mlp L{l}")
                 comps.append(box[f"blocks.{l}.hook_mlp_out"].to(dt))
         stack = frozen_final_norm(model, torch.stack(comps), box.get("ln_final.hook_scale"))  # (component, batch, pos, d_model)
-        W_U, b_U_all = model.W_U.to(dt), model.b_U.to(dt)
-        direction = W_U.T[targets]
-        if contrast is None:
-            direction = direction - W_U.mean(1)
-            b_U = b_U_all[targets] - b_U_all.mean()
-            metric = logits.gather(-1, targets[..., None])[..., 0] - logits.mean(-1)
-        else:
-            direction = direction - W_U.T[contrast]
-            b_U = b_U_all[targets] - b_U_all[contrast]
-            metric = logits.gather(-1, targets[..., None])[..., 0] - logits.gather(-1, contrast[..., None])[..., 0]
+        direction, b_U = unembed_direction(model, targets, contrast, dt)
+        metric = metric_of(logits, targets, contrast)
         out = [(stack * direction).sum(-1)]
         if cfg.normalization_type == "LN":
             labels.append("ln_final bias")
