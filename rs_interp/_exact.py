@@ -4,7 +4,7 @@ that a decomposition really sums to the run it claims to split (user hooks inclu
 from __future__ import annotations
 
 import torch
-from transformer_lens import HookedTransformer
+from ._backend import Model
 
 __all__: list[str] = []
 
@@ -19,7 +19,7 @@ NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
 _EPS_FACTOR = 64
 
 
-def compute_dtype(model: HookedTransformer) -> torch.dtype:
+def compute_dtype(model: Model) -> torch.dtype:
     """The dtype the decompositions compute in: the model's, or float32 for float16/bfloat16 models
     (CPU kernels such as QR have no half-precision version, and sums of many half-precision terms
     lose the identities the decompositions promise)."""
@@ -27,13 +27,13 @@ def compute_dtype(model: HookedTransformer) -> torch.dtype:
     return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
 
 
-def check_normalization(model: HookedTransformer, what: str) -> None:
+def check_normalization(model: Model, what: str) -> None:
     if model.cfg.normalization_type not in NORMALIZATIONS:
         raise ValueError(f"{what}: no exact split is known for normalization_type={model.cfg.normalization_type!r} "
                          f"(supported: {NORMALIZATIONS})")
 
 
-def frozen_final_norm(model: HookedTransformer, stack: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+def frozen_final_norm(model: Model, stack: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """Push stream components ``(..., batch, pos, d_model)`` through the final norm with each token's
     scale frozen from the forward pass: linear in each component, so the parts sum to the whole.
 
@@ -51,7 +51,7 @@ def frozen_final_norm(model: HookedTransformer, stack: torch.Tensor, scale: torc
     return stack
 
 
-def attached_hooks(model: HookedTransformer) -> list[str]:
+def attached_hooks(model: Model) -> list[str]:
     """Names of the hook points that carry forward hooks right now (the user's, before ours)."""
     return [name for name, hp in model.hook_dict.items() if hp._forward_hooks]
 
@@ -76,7 +76,7 @@ def check_sum(
 
 
 def unembed_direction(
-    model: HookedTransformer, targets: torch.Tensor, contrast: torch.Tensor | None, dt: torch.dtype
+    model: Model, targets: torch.Tensor, contrast: torch.Tensor | None, dt: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The metric's direction in the unembedding space and its ``b_U`` term, (batch, pos, d_model) and
     (batch, pos): the target's centered logit, or ``logit[target] - logit[contrast]``."""

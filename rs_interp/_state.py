@@ -6,7 +6,7 @@ import contextlib
 from typing import Iterator
 
 import torch
-from transformer_lens import HookedTransformer
+from ._backend import Model
 
 __all__: list[str] = []
 
@@ -14,7 +14,7 @@ _FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_z", "use_attn_in",
 
 
 @contextlib.contextmanager
-def preserve_state(model: HookedTransformer, **flags: bool) -> Iterator[HookedTransformer]:
+def preserve_state(model: Model, **flags: bool) -> Iterator[Model]:
     """Set the given ``cfg`` flags for the duration, then restore flags, mode and grad mode.
 
     Hooks added inside ``model.hooks(...)`` are removed by TransformerLens itself; this context

@@ -7,7 +7,7 @@ from typing import Iterable
 
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from ._backend import Model
 
 __all__: list[str] = []
 
@@ -35,11 +35,11 @@ def check_int_range(name: str, value: object, low: int, high: int | None = None)
     return value
 
 
-def check_layer(model: HookedTransformer, layer: object, name: str = "layer") -> int:
+def check_layer(model: Model, layer: object, name: str = "layer") -> int:
     return check_int_range(name, layer, 0, model.cfg.n_layers - 1)
 
 
-def check_head(model: HookedTransformer, layer: object, head: object, name: str = "head") -> tuple[int, int]:
+def check_head(model: Model, layer: object, head: object, name: str = "head") -> tuple[int, int]:
     return check_layer(model, layer, f"{name} layer"), check_int_range(f"{name} index", head, 0, model.cfg.n_heads - 1)
 
 
@@ -47,7 +47,7 @@ def _is_scalar(x: object) -> bool:
     return not isinstance(x, (str, bytes)) and (not hasattr(x, "__len__") or (isinstance(x, torch.Tensor) and x.ndim == 0))
 
 
-def check_heads(model: HookedTransformer, heads: object, name: str, *, allow_empty: bool = True) -> list[tuple[int, int]]:
+def check_heads(model: Model, heads: object, name: str, *, allow_empty: bool = True) -> list[tuple[int, int]]:
     """Validate a list of ``(layer, head)`` pairs.
 
     One meaning everywhere: each entry names one head; a bare pair ``(l, h)`` is that one head;
@@ -72,7 +72,7 @@ def check_heads(model: HookedTransformer, heads: object, name: str, *, allow_emp
     return out
 
 
-def check_head_indices(model: HookedTransformer, heads: object, name: str) -> list[int]:
+def check_head_indices(model: Model, heads: object, name: str) -> list[int]:
     """Validate head indices within one layer: a bare index is one head; duplicates and an empty list are refused."""
     items = [heads] if _is_scalar(heads) else list(heads)  # type: ignore[call-overload]
     out = [check_int_range(f"{name} entry", h, 0, model.cfg.n_heads - 1) for h in items]
@@ -83,7 +83,7 @@ def check_head_indices(model: HookedTransformer, heads: object, name: str) -> li
     return out
 
 
-def check_tokens(model: HookedTransformer, tokens: torch.Tensor, name: str = "tokens") -> Int[torch.Tensor, "batch pos"]:
+def check_tokens(model: Model, tokens: torch.Tensor, name: str = "tokens") -> Int[torch.Tensor, "batch pos"]:
     """Validate a token tensor for ``model``; a 1-D tensor is promoted to a batch of one."""
     if not isinstance(tokens, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}")

@@ -21,7 +21,7 @@ from typing import Literal, Sequence
 
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from ._backend import Model, per_head_inputs
 
 from .hooks import replace_heads_with, store
 from ._state import preserve_state
@@ -31,7 +31,7 @@ __all__ = ["run_with_key_input", "run_with_query_input", "run_with_input"]
 
 
 def run_with_input(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     which: Literal["q", "k", "v"],
@@ -80,13 +80,13 @@ def run_with_input(
         return x
 
     fwd.append((f"blocks.{layer}.hook_{which}_input", replace_heads_with(new_input, heads)))
-    with preserve_state(model, use_split_qkv_input=True), torch.no_grad():
-        with model.hooks(fwd_hooks=fwd):
+    with preserve_state(model), torch.no_grad(), per_head_inputs(model, fwd) as runnable:
+        with model.hooks(fwd_hooks=runnable):
             return model(tokens, return_type="logits")
 
 
 def run_with_key_input(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     layer: int,
@@ -103,7 +103,7 @@ def run_with_key_input(
 
 
 def run_with_query_input(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     layer: int,

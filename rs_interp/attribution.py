@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from ._backend import Model
 
 from .hooks import store
 from ._exact import attached_hooks, check_normalization, check_sum, compute_dtype, frozen_final_norm, metric_of, unembed_direction
@@ -37,7 +37,7 @@ class DirectLogitAttribution:
 
 
 def direct_logit_attribution(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     targets: Int[torch.Tensor, "batch pos"],

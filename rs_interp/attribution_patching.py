@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from ._backend import Model, per_head_inputs
 
 from .hooks import store
 from ._state import preserve_state
@@ -80,7 +80,7 @@ class EdgeAttributionPatching:
     clean: float
 
 
-def _prepare(model: HookedTransformer, tokens: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _prepare(model: Model, tokens: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     tokens = check_tokens(model, tokens)
     reference = check_tokens(model, reference, "reference")
     if reference.shape != tokens.shape:
@@ -97,7 +97,7 @@ def _scalar_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     return value.reshape(())
 
 
-def _backward(model: HookedTransformer, tokens: torch.Tensor, metric: Metric, fwd: list) -> float:
+def _backward(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list) -> float:
     """Forward with ``fwd`` hooks (which register tensor hooks) and a zero leaf at the embedding, then
     backpropagate to that leaf alone: every tensor hook fires, no parameter gets a ``.grad``."""
     leaf = torch.zeros((), dtype=model.cfg.dtype, requires_grad=True)
@@ -108,7 +108,7 @@ def _backward(model: HookedTransformer, tokens: torch.Tensor, metric: Metric, fw
     return float(value.detach())
 
 
-def _reference_z(model: HookedTransformer, reference: torch.Tensor) -> dict[str, torch.Tensor]:
+def _reference_z(model: Model, reference: torch.Tensor) -> dict[str, torch.Tensor]:
     box: dict[str, torch.Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=[(lambda n: n.endswith("attn.hook_z"), store(box))]):
         model(reference, return_type=None)
@@ -116,7 +116,7 @@ def _reference_z(model: HookedTransformer, reference: torch.Tensor) -> dict[str,
 
 
 def attribution_patching(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     metric: Metric,
     *,
@@ -150,7 +150,7 @@ def attribution_patching(
 
 
 def edge_attribution_patching(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     metric: Metric,
     *,
@@ -160,7 +160,8 @@ def edge_attribution_patching(
     into the logits (module docstring), from one forward and one backward pass on ``tokens``.
 
     The destination inputs are read through TransformerLens's per-head input hooks
-    (``use_split_qkv_input`` and ``use_hook_mlp_in`` are switched on for the call and restored).
+    (``use_split_qkv_input`` and ``use_hook_mlp_in`` are switched on for the call and restored; on
+    TransformerLens 4's native attention the per-head inputs are emulated, see ``rs_interp._backend``).
     """
     tokens, reference = _prepare(model, tokens, reference)
     cfg = model.cfg
@@ -170,7 +171,7 @@ def edge_attribution_patching(
     if not cfg.attn_only:
         values["mlp"] = torch.full((L, n_heads, L), nan, dtype=torch.float64)
     values["logits"] = torch.full((L, n_heads), nan, dtype=torch.float64)
-    flags = dict(use_split_qkv_input=True) | ({} if cfg.attn_only else dict(use_hook_mlp_in=True))
+    flags = {} if cfg.attn_only else dict(use_hook_mlp_in=True)
     with preserve_state(model, **flags):
         ref = _reference_z(model, reference)
         delta: dict[int, torch.Tensor] = {}  # per source layer, (batch, pos, head, d_head), float64
@@ -205,5 +206,6 @@ def edge_attribution_patching(
             if not cfg.attn_only:
                 fwd.append((f"blocks.{l}.hook_mlp_in", on_input("mlp", l, l + 1)))
         fwd.append((f"blocks.{L - 1}.hook_resid_post", on_input("logits", L, L)))
-        clean = _backward(model, tokens, metric, fwd)
+        with per_head_inputs(model, fwd) as runnable:
+            clean = _backward(model, tokens, metric, runnable)
     return EdgeAttributionPatching(values=values, clean=clean)

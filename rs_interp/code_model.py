@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from ._backend import Model, ModelConfig, make_config
 
 from ._validate import check_int_range, check_tokens
 from .models import build_model
@@ -104,14 +104,14 @@ def code_corpus() -> CodeCorpus:
     return CodeCorpus(tuple(train), tuple(heldout), (tuple(tp), tuple(hp)), digest.hexdigest(), torch.__version__)
 
 
-def code_model_config(**overrides: Any) -> HookedTransformerConfig:
+def code_model_config(**overrides: Any) -> ModelConfig:
     """GPT-2's architecture at toy size: 2 layers, ``d_model=128``, 4 heads of 32, GELU MLPs of 512,
     LayerNorm, learned positions, context 128, :data:`CODE_VOCAB` tokens."""
     fields: dict[str, Any] = dict(n_layers=2, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=CODE_VOCAB, n_ctx=128,
                                   act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
                                   seed=None, device="cpu")
     fields.update(overrides)
-    return HookedTransformerConfig(**fields)
+    return make_config(**fields)
 
 
 def train_code_tokenizer(corpus: CodeCorpus, vocab_size: int = CODE_VOCAB):
@@ -160,7 +160,7 @@ def train_code_model(*, steps: int = CODE_TRAINING["steps"], batch_size: int = C
                      lr: float = CODE_TRAINING["lr"], seed: int = CODE_TRAINING["seed"],
                      repeat_fraction: float = CODE_TRAINING["repeat_fraction"],
                      random_fraction: float = CODE_TRAINING["random_fraction"], progress: bool = True,
-                     tokenizer=None) -> tuple[HookedTransformer, Any, dict]:
+                     tokenizer=None) -> tuple[Model, Any, dict]:
     """Train ``code-2l`` from scratch: returns the model, its tokenizer and the metadata to ship
     (settings, corpus hash, held-out and unigram losses, the loss curve every 50 steps).
 
@@ -193,7 +193,7 @@ def train_code_model(*, steps: int = CODE_TRAINING["steps"], batch_size: int = C
     return model, tokenizer, meta
 
 
-def heldout_loss(model: HookedTransformer, stream: torch.Tensor, *, max_windows: int = 256) -> float:
+def heldout_loss(model: Model, stream: torch.Tensor, *, max_windows: int = 256) -> float:
     """Mean next-token loss on consecutive non-overlapping windows of ``stream`` (at most ``max_windows``)."""
     width = model.cfg.n_ctx
     n = min(max_windows, len(stream) // width)
@@ -212,7 +212,7 @@ def unigram_loss(train: torch.Tensor, heldout: torch.Tensor, d_vocab: int) -> fl
     return float(-logp[heldout].mean())
 
 
-def repeated_sequence_losses(model: HookedTransformer, *, n: int = 64, half: int = 50, seed: int = 0) -> tuple[float, float]:
+def repeated_sequence_losses(model: Model, *, n: int = 64, half: int = 50, seed: int = 0) -> tuple[float, float]:
     """Loss on the first and on the second occurrence of ``n`` random token sequences of length
     ``half`` repeated once: (first, repeat). Induction makes the repeat cheap."""
     check_int_range("half", half, 2, model.cfg.n_ctx // 2)

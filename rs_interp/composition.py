@@ -27,7 +27,9 @@ from typing import Literal
 
 import torch
 from jaxtyping import Float
-from transformer_lens import FactoredMatrix, HookedTransformer
+from transformer_lens import FactoredMatrix
+
+from ._backend import Model
 
 from ._exact import compute_dtype
 
@@ -60,7 +62,7 @@ def _right_factors(
 
 
 def composition_scores(
-    model: HookedTransformer,
+    model: Model,
     kind: Kind,
     *,
     full_circuit: bool = False,
@@ -70,7 +72,7 @@ def composition_scores(
     """Composition scores of every (earlier, later) head pair; NaN where ``src_layer >= dst_layer``.
 
     Args:
-        model: any ``HookedTransformer`` (toy models, GPT-2 small).
+        model: any ``Model`` (toy models, GPT-2 small).
         kind: ``"K"``, ``"Q"`` or ``"V"``.
         full_circuit: use ``M = W_QK^T`` (K) / ``W_QK`` (Q) as TransformerLens does.
         baseline: also return the expected score of random Gaussian matrices of the same shapes
@@ -111,7 +113,7 @@ def composition_scores(
 
 
 def random_baseline(
-    model: HookedTransformer, kind: Kind, *, full_circuit: bool = False, n_samples: int = 200, seed: int = 0
+    model: Model, kind: Kind, *, full_circuit: bool = False, n_samples: int = 200, seed: int = 0
 ) -> float:
     """Mean composition score of independent standard Gaussian factors of the model's shapes.
 
@@ -136,7 +138,7 @@ def random_baseline(
     return float((fro(ov @ m) / fro(ov) / fro(m)).mean())
 
 
-def _circuit(model: HookedTransformer, layer: int, head: int, kind: Kind) -> torch.Tensor | FactoredMatrix:
+def _circuit(model: Model, layer: int, head: int, kind: Kind) -> torch.Tensor | FactoredMatrix:
     """The later head's matrix ``M`` of Definition 4: ``W_K`` (K), ``W_Q`` (Q) or ``W_OV`` (V)."""
     if kind == "K":
         return model.W_K[layer, head]
@@ -145,7 +147,7 @@ def _circuit(model: HookedTransformer, layer: int, head: int, kind: Kind) -> tor
     return FactoredMatrix(model.W_V[layer, head], model.W_O[layer, head])
 
 
-def virtual_weight(model: HookedTransformer, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> FactoredMatrix:
+def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> FactoredMatrix:
     """The virtual weight ``W_OV^src M^dst`` between two heads as a low-rank ``FactoredMatrix``.
 
     ``W_OV^src = W_V W_O`` has rank at most ``d_head`` (Definition 4), so the product does too: it
@@ -168,7 +170,7 @@ def virtual_weight(model: HookedTransformer, src: tuple[int, int], dst: tuple[in
         return FactoredMatrix(model.W_V[ls, hs], model.W_O[ls, hs]) @ _circuit(model, ld, hd, kind)
 
 
-def score_from_virtual_weight(model: HookedTransformer, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> float:
+def score_from_virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> float:
     """Definition 4's composition score, ``||W_OV^src M|| / (||W_OV^src|| ||M||)``, from the virtual weight."""
     with torch.no_grad():
         ov = FactoredMatrix(model.W_V[src], model.W_O[src])

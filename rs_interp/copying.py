@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import torch
 from jaxtyping import Float
-from transformer_lens import HookedTransformer
+from ._backend import Model
 
 __all__ = ["copying_scores", "ov_eigenvalues"]
 
 
-def ov_eigenvalues(model: HookedTransformer) -> torch.Tensor:
+def ov_eigenvalues(model: Model) -> torch.Tensor:
     """(layer, head, d_head) complex eigenvalues of each head's full OV circuit ``W_E W_V W_O W_U``
     (its nonzero spectrum, from the ``d_head x d_head`` matrix ``W_O W_U W_E W_V``), in float64."""
     with torch.no_grad():
@@ -38,7 +38,7 @@ def ov_eigenvalues(model: HookedTransformer) -> torch.Tensor:
         return torch.linalg.eigvals(inner)
 
 
-def copying_scores(model: HookedTransformer) -> Float[torch.Tensor, "layer head"]:
+def copying_scores(model: Model) -> Float[torch.Tensor, "layer head"]:
     """``sum(eig) / sum(|eig|)`` of every head's full OV circuit (see the module docstring), float64.
 
     Equal to ``FactoredMatrix(W_E @ W_V[l, h], W_O[l, h] @ W_U).eigenvalues`` per head (tested to 1e-6).

@@ -2,7 +2,7 @@
 
 Sources:
 
-- ``"hub"``: ``HookedTransformer.from_pretrained`` (honours the Hugging Face cache and
+- ``"hub"``: ``HookedTransformer.from_pretrained`` on TransformerLens 3.x, ``TransformerBridge.boot_transformers`` on 4.x (honours the Hugging Face cache and
   ``HF_HUB_OFFLINE``);
 - a path to a local Hugging Face GPT-2 checkpoint directory (``config.json`` plus
   ``model.safetensors``): converted offline with TransformerLens's own weight conversion, no
@@ -17,11 +17,11 @@ Sources:
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import torch
-from transformer_lens import HookedTransformer
+from . import _backend
+from ._backend import Model
 
 from .models import build_model
 from .gpt2_config import _HF_NAMES, GPT2_SIZES, gpt2_config
@@ -42,9 +42,8 @@ class GPT2WeightsUnavailable(RuntimeError):
     """Pretrained GPT-2 weights could not be had from the requested source."""
 
 
-def _from_local(path: Path, *, fold_ln: bool, center_writing_weights: bool, center_unembed: bool, dtype: torch.dtype) -> HookedTransformer:
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
-    from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
+def _from_local(path: Path, *, fold_ln: bool, center_writing_weights: bool, center_unembed: bool, dtype: torch.dtype) -> Model:
+    from transformers import AutoTokenizer, GPT2Config
 
     if not (path / "config.json").is_file():
         raise GPT2WeightsUnavailable(f"{path} is not a Hugging Face checkpoint directory (no config.json). {_HOW}")
@@ -57,13 +56,10 @@ def _from_local(path: Path, *, fold_ln: bool, center_writing_weights: bool, cent
         n_ctx=hf_cfg.n_positions, eps=hf_cfg.layer_norm_epsilon, act_fn=hf_cfg.activation_function, dtype=dtype,
     )
     try:
-        hf_model = GPT2LMHeadModel.from_pretrained(str(path), local_files_only=True)
+        model = _backend.gpt2_from_hf_dir(path, cfg, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                          center_unembed=center_unembed, dtype=dtype)
     except (OSError, ValueError) as err:
         raise GPT2WeightsUnavailable(f"could not read the weights in {path}: {err}. {_HOW}") from err
-    state = convert_gpt2_weights(hf_model, cfg)
-    model = build_model(cfg)
-    model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                                      center_unembed=center_unembed)
     has_tokenizer_files = any((path / f).is_file() for f in ("tokenizer.json", "vocab.json"))
     if has_tokenizer_files:  # without them transformers builds an empty tokenizer; token ids still work
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -81,8 +77,8 @@ def load_gpt2(
     center_unembed: bool | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
-) -> HookedTransformer:
-    """Load GPT-2 as a ``HookedTransformer`` (see the module docstring for sources).
+) -> Model:
+    """Load GPT-2 as a ``Model`` (see the module docstring for sources).
 
     Args:
         source: ``"hub"``, ``"random"`` or a local checkpoint directory.
@@ -108,10 +104,8 @@ def load_gpt2(
         return model.eval()
     if source == "hub":
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="HookedTransformer", category=DeprecationWarning)
-                model = HookedTransformer.from_pretrained(
-                    _HF_NAMES[size], fold_ln=fold_ln, center_writing_weights=cww, center_unembed=cu, dtype=dtype, device="cpu")
+            model = _backend.gpt2_from_hub(_HF_NAMES[size], fold_ln=fold_ln, center_writing_weights=cww,
+                                           center_unembed=cu, dtype=dtype)
         except Exception as err:  # network, cache and hub errors come in many types
             raise GPT2WeightsUnavailable(f"could not load {_HF_NAMES[size]!r} from the Hugging Face hub or cache ({type(err).__name__}: {str(err)[:200]}). {_HOW}") from err
         return model.eval()
@@ -121,7 +115,7 @@ def load_gpt2(
     return _from_local(path, fold_ln=fold_ln, center_writing_weights=cww, center_unembed=cu, dtype=dtype)
 
 
-def find_pretrained_gpt2(*, fold_ln: bool = True) -> tuple[HookedTransformer | None, str]:
+def find_pretrained_gpt2(*, fold_ln: bool = True) -> tuple[Model | None, str]:
     """Pretrained GPT-2 small if it is here, without waiting on the network.
 
     Tries ``$RS_INTERP_GPT2_PATH``, then the Hugging Face cache (looked up on disk first, so a

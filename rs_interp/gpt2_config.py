@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from ._backend import Model, ModelConfig, make_config
 
 __all__ = ["gpt2_config", "GPT2_SIZES", "ParameterCount", "count_parameters"]
 
@@ -22,8 +22,8 @@ GPT2_SIZES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 12
 _HF_NAMES = {"small": "gpt2", "medium": "gpt2-medium", "large": "gpt2-large", "xl": "gpt2-xl"}
 
 
-def gpt2_config(size: str = "small", **overrides) -> HookedTransformerConfig:
-    """GPT-2's hyperparameters as a ``HookedTransformerConfig``, with no hub call.
+def gpt2_config(size: str = "small", **overrides) -> ModelConfig:
+    """GPT-2's hyperparameters as a ``ModelConfig``, with no hub call.
 
     The same values TransformerLens derives for ``"gpt2"`` (and ``-medium``, ``-large``, ``-xl``):
     learned absolute positions, pre-LN blocks with LayerNorm eps 1e-5, GELU (``gelu_new``) MLPs of
@@ -58,7 +58,7 @@ def gpt2_config(size: str = "small", **overrides) -> HookedTransformerConfig:
     if "d_model" in overrides and "d_mlp" not in overrides:
         fields["d_mlp"] = 4 * overrides["d_model"]
     fields.update(overrides)
-    return HookedTransformerConfig(**fields)
+    return make_config(**fields)
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class ParameterCount:
     untied_unembedding: int
 
 
-def count_parameters(model_or_cfg: HookedTransformer | HookedTransformerConfig) -> ParameterCount:
+def count_parameters(model_or_cfg: Model | ModelConfig) -> ParameterCount:
     """Count a GPT-2-style model's parameters from its config, allocating no weights.
 
     Attention: ``W_Q, W_K, W_V`` with biases (``3 (d_model n_heads d_head + n_heads d_head)``) and
@@ -92,9 +92,9 @@ def count_parameters(model_or_cfg: HookedTransformer | HookedTransformerConfig) 
     >>> pc.per_layer
     {'attention': 2362368, 'mlp': 4722432, 'layernorm': 3072}
     """
-    cfg = model_or_cfg.cfg if isinstance(model_or_cfg, HookedTransformer) else model_or_cfg
-    if not isinstance(cfg, HookedTransformerConfig):
-        raise ValueError(f"model_or_cfg must be a HookedTransformer or HookedTransformerConfig, got {type(model_or_cfg).__name__}")
+    cfg = model_or_cfg.cfg if isinstance(model_or_cfg, Model) else model_or_cfg
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"model_or_cfg must be a Model or ModelConfig, got {type(model_or_cfg).__name__}")
     d, H, dh, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_vocab
     attn = 3 * (d * H * dh + H * dh) + H * dh * d + d
     mlp = 0 if cfg.attn_only else (3 if cfg.gated_mlp else 2) * d * cfg.d_mlp + cfg.d_mlp + d

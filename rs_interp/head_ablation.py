@@ -26,7 +26,7 @@ from typing import Callable, Literal, Sequence
 import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
+from ._backend import Model
 from transformer_lens.utilities.activation_functions import apply_softcap
 
 from .hooks import mean_heads, resample_heads, store, zero_heads
@@ -65,7 +65,7 @@ class HeadAblationScan:
         return [(self.labels[int(i)], float(flat[i])) for i in order]
 
 
-def _check_method(model: HookedTransformer, tokens: torch.Tensor, method: str, reference: torch.Tensor | None) -> torch.Tensor:
+def _check_method(model: Model, tokens: torch.Tensor, method: str, reference: torch.Tensor | None) -> torch.Tensor:
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     if reference is None:
@@ -78,7 +78,7 @@ def _check_method(model: HookedTransformer, tokens: torch.Tensor, method: str, r
     return reference
 
 
-def _reference_z(model: HookedTransformer, reference: torch.Tensor, method: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
+def _reference_z(model: Model, reference: torch.Tensor, method: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
     """Per layer, what ablated heads output: the mean (head, d_head) or the reference z (batch, pos, head, d_head)."""
     if method == "zero":
         return {}
@@ -95,7 +95,7 @@ def _hook(method: str, value: torch.Tensor | None, heads: Sequence[int]) -> Call
 
 
 def ablate_heads(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     heads: Sequence[tuple[int, int]],
     *,
@@ -105,7 +105,7 @@ def ablate_heads(
     """Logits with ``heads`` ablated together (see the module docstring for the methods).
 
     Args:
-        model: any ``HookedTransformer``.
+        model: any ``Model``.
         tokens: (batch, pos) token ids.
         heads: ``(layer, head)`` pairs (a bare pair is one head; a head named twice is refused).
         method: ``"zero"``, ``"mean"`` (mean over batch and positions of ``reference``, default
@@ -143,7 +143,7 @@ def _check_positions(positions: Sequence[int], n: int) -> list[int]:
     return out
 
 
-def _logits(model: HookedTransformer, x: torch.Tensor, start: int | None, spe: torch.Tensor | None, pos: list[int] | None) -> torch.Tensor:
+def _logits(model: Model, x: torch.Tensor, start: int | None, spe: torch.Tensor | None, pos: list[int] | None) -> torch.Tensor:
     """The logits from tokens (``start=None``) or from the stream before layer ``start``; with ``pos``,
     the final norm and the unembedding run at those positions only (both act position by position)."""
     if pos is None:
@@ -158,7 +158,7 @@ def _logits(model: HookedTransformer, x: torch.Tensor, start: int | None, spe: t
 
 
 def head_ablation_scan(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     metric: Metric,
     *,

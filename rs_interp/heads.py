@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from ._backend import Model, apply_rotary
 
 from .hooks import store
 from ._state import preserve_state
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-def attention_patterns(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer batch head query_pos key_pos"]:
+def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer batch head query_pos key_pos"]:
     """Every layer's attention pattern, from one forward pass (only the patterns are kept)."""
     tokens = check_tokens(model, tokens)
     box: dict[str, torch.Tensor] = {}
@@ -42,7 +42,7 @@ def attention_patterns(model: HookedTransformer, tokens: Int[torch.Tensor, "batc
     return torch.stack([box[f"blocks.{l}.attn.hook_pattern"] for l in range(model.cfg.n_layers)])
 
 
-def prev_token_scores(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer head"]:
+def prev_token_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer head"]:
     """Mean attention weight on the previous token, ``A[i, i-1]`` over positions ``i >= 1``.
 
     >>> from rs_interp import load_toy_model, induction_batch
@@ -57,7 +57,7 @@ def prev_token_scores(model: HookedTransformer, tokens: Int[torch.Tensor, "batch
     return pat.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(1, 3))
 
 
-def find_prev_token_head(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], layer: int = 0) -> int:
+def find_prev_token_head(model: Model, tokens: Int[torch.Tensor, "batch pos"], layer: int = 0) -> int:
     """The head of ``layer`` with the highest previous-token score (found from scores, never by index)."""
     check_layer(model, layer)
     return int(prev_token_scores(model, tokens)[layer].argmax())
@@ -77,7 +77,7 @@ class InductionScores:
     after_occurrence: Float[torch.Tensor, "layer head"]
 
 
-def induction_scores(model: HookedTransformer, batch: InductionBatch) -> InductionScores:
+def induction_scores(model: Model, batch: InductionBatch) -> InductionScores:
     """Induction scores of every head on a batch of repeated sequences (see :class:`InductionScores`).
 
     >>> from rs_interp import load_toy_model, induction_batch
@@ -104,7 +104,7 @@ def induction_scores(model: HookedTransformer, batch: InductionBatch) -> Inducti
     return InductionScores(target=avg(on_target), after_occurrence=avg(on_after))
 
 
-def positional_scores(model: HookedTransformer, layer: int, *, max_offset: int | None = None) -> Float[torch.Tensor, "head offset"]:
+def positional_scores(model: Model, layer: int, *, max_offset: int | None = None) -> Float[torch.Tensor, "head offset"]:
     """The content-free score ``b_q^T R(-Delta) b_k / sqrt(d_head)`` for offsets ``Delta = 0..max_offset``.
 
     The part of a head's attention score that comes from its query and key biases alone, computed
@@ -120,8 +120,8 @@ def positional_scores(model: HookedTransformer, layer: int, *, max_offset: int |
     n = model.cfg.n_ctx if max_offset is None else check_int_range("max_offset", max_offset, 0, model.cfg.n_ctx - 1) + 1
     attn = model.blocks[layer].attn
     with torch.no_grad():
-        q = attn.apply_rotary(attn.b_Q[None, None].expand(1, n, -1, -1).clone())  # (1, n, head, d_head)
-        k = attn.apply_rotary(attn.b_K[None, None].expand(1, n, -1, -1).clone())
+        q = apply_rotary(model, layer, attn.b_Q[None, None].expand(1, n, -1, -1).clone())  # (1, n, head, d_head)
+        k = apply_rotary(model, layer, attn.b_K[None, None].expand(1, n, -1, -1).clone())
         return torch.einsum("ohd,hd->ho", q[0], k[0, 0]) / attn.attn_scale
 
 
@@ -140,7 +140,7 @@ class ScoreSensitivity:
     n_pairs: int
 
 
-def key_score_sensitivity(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], *, seed: int = 0) -> ScoreSensitivity:
+def key_score_sensitivity(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, seed: int = 0) -> ScoreSensitivity:
     """Proposition 5: change the token before key position ``j`` and recompute the last layer's scores.
 
     For each sequence a key position ``j >= 1`` is drawn, the token at ``j - 1`` is replaced by a

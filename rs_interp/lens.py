@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from ._backend import Model
 
 from .hooks import store
 from ._exact import compute_dtype
@@ -56,7 +56,7 @@ class LogitLensReadings:
     log_probs: torch.Tensor | None = None
 
 
-def reading_points(model: HookedTransformer, sublayers: bool = False) -> list[tuple[str, str]]:
+def reading_points(model: Model, sublayers: bool = False) -> list[tuple[str, str]]:
     """(label, hook name) of every reading point, in order."""
     points = [("embed", "blocks.0.hook_resid_pre")]
     for l in range(model.cfg.n_layers):
@@ -66,14 +66,14 @@ def reading_points(model: HookedTransformer, sublayers: bool = False) -> list[tu
     return points
 
 
-def _decode(model: HookedTransformer, x: torch.Tensor) -> torch.Tensor:
+def _decode(model: Model, x: torch.Tensor) -> torch.Tensor:
     if model.cfg.normalization_type is not None:
         x = model.ln_final(x)  # recomputes the scale from x: the lens reads each point on its own terms
     return model.unembed(x)
 
 
 def logit_lens(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     targets: Int[torch.Tensor, "batch pos"] | None = None,
@@ -86,7 +86,7 @@ def logit_lens(
     """Decode the residual stream at every reading point (see the module docstring).
 
     Args:
-        model: any ``HookedTransformer``.
+        model: any ``Model``.
         tokens: (batch, pos) token ids.
         targets: optional (batch, pos) token ids whose probability to report; -1 marks a
             position to skip (its probability is NaN), e.g. the last position for next tokens.

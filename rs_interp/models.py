@@ -16,9 +16,7 @@ ever unpickled.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from . import _backend
+from ._backend import Model, ModelConfig
 
 from ._validate import check_int_range
 
@@ -53,8 +52,8 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, truncated, corrupted or has an invalid config."""
 
 
-def attn_only_config(n_layers: int = 2, **overrides: Any) -> HookedTransformerConfig:
-    """The theory's attention-only model as a ``HookedTransformerConfig``.
+def attn_only_config(n_layers: int = 2, **overrides: Any) -> ModelConfig:
+    """The theory's attention-only model as a ``ModelConfig``.
 
     ``d_model=32``, two heads of ``d_head=16``, ``d_vocab=256``, ``n_ctx=48``, causal attention,
     rotary positions over the whole head, no LayerNorm and no MLP. Any field can be overridden.
@@ -83,22 +82,20 @@ def attn_only_config(n_layers: int = 2, **overrides: Any) -> HookedTransformerCo
     fields.update(overrides)
     if "rotary_dim" not in overrides and "d_head" in overrides:
         fields["rotary_dim"] = fields["d_head"]
-    return HookedTransformerConfig(**fields)
+    return _backend.make_config(**fields)
 
 
-def build_model(cfg: HookedTransformerConfig) -> HookedTransformer:
-    """Construct a ``HookedTransformer`` from ``cfg``.
+def build_model(cfg: ModelConfig) -> Model:
+    """Construct a randomly initialised model from ``cfg``: a ``Model`` on
+    TransformerLens 3.x, a native ``TransformerBridge`` in compatibility mode on 4.x.
 
-    TransformerLens 3.x warns that ``HookedTransformer`` is deprecated in favour of
-    ``TransformerBridge``; the bridge needs a Hugging Face model, which the toy models are not.
-    We silence exactly that warning here and nowhere else.
+    The initialisation draws from the global RNG (seed it, or use :func:`make_attn_only`); the same
+    seed gives different weights under the two versions, trained checkpoints load identically.
     """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
-        return HookedTransformer(cfg)
+    return _backend.build_model(cfg)
 
 
-def make_attn_only(n_layers: int = 2, *, seed: int = 0, **overrides: Any) -> HookedTransformer:
+def make_attn_only(n_layers: int = 2, *, seed: int = 0, **overrides: Any) -> Model:
     """A freshly initialised toy model, deterministic for a given ``seed``.
 
     Weights come from TransformerLens's GPT-2-style initialisation; ``b_V``, ``b_O`` and ``b_U``
@@ -119,18 +116,16 @@ def make_attn_only(n_layers: int = 2, *, seed: int = 0, **overrides: Any) -> Hoo
     return model
 
 
-def as_dtype(model: HookedTransformer, dtype: torch.dtype) -> HookedTransformer:
+def as_dtype(model: Model, dtype: torch.dtype) -> Model:
     """A copy of ``model`` in ``dtype`` (e.g. ``torch.float64`` for the exact identities); the original is untouched.
 
     >>> m64 = as_dtype(make_attn_only(1), torch.float64)
     >>> m64.W_Q.dtype, m64.cfg.dtype
     (torch.float64, torch.float64)
     """
-    cfg = dataclasses.replace(model.cfg, dtype=dtype) if dataclasses.is_dataclass(model.cfg) else None
-    if cfg is None:
-        raise ValueError("model.cfg must be a HookedTransformerConfig")
-    copy = build_model(cfg)
-    copy.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()})
+    if not _backend.is_model(model):
+        raise ValueError(f"model must be a TransformerLens model, got {type(model).__name__}")
+    copy = _backend.with_dtype(model, dtype)
     if model.tokenizer is not None:
         copy.set_tokenizer(model.tokenizer)
     for mine, theirs in zip(copy.modules(), model.modules()):
@@ -138,26 +133,32 @@ def as_dtype(model: HookedTransformer, dtype: torch.dtype) -> HookedTransformer:
     return copy
 
 
-def _config_to_json(cfg: HookedTransformerConfig) -> dict[str, Any]:
+def _config_to_json(cfg: ModelConfig) -> dict[str, Any]:
+    """The portable fields (named as both TransformerLens versions name them), JSON-ready."""
     out = {}
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
+    for name in _backend.PORTABLE_FIELDS:
+        v = getattr(cfg, name, None)
         if isinstance(v, torch.dtype):
             v = str(v).removeprefix("torch.")
-        elif isinstance(v, torch.device):
-            v = str(v)
-        try:
-            json.dumps(v)
-        except TypeError:
-            continue  # tokenizer objects and the like are not part of a checkpoint
-        out[f.name] = v
+        out[name] = v
     return out
+
+
+#: ModelConfig fields that TransformerLens 4 no longer has: older checkpoints carry
+#: them, and they are ignored when read under 4.x (none changes what the toy models compute).
+_TL3_ONLY_FIELDS = frozenset({
+    "NTK_original_ctx_len", "clip_qkv", "norm_topk_prob", "quantization_method", "rotary_base_local",
+    "rotary_scaling_factor", "train_seq_length", "ungroup_grouped_query_attention", "use_attention_sinks",
+    "use_dynamic_ntk_rope", "use_logn_attn", "use_yarn_rope", "yarn_attention_factor", "yarn_beta_fast",
+    "yarn_beta_slow", "yarn_factor", "yarn_global_attn_only", "yarn_original_max_position_embeddings",
+    "yarn_truncate",
+})
 
 
 _REQUIRED_FIELDS = {"n_layers": int, "d_model": int, "n_ctx": int, "d_head": int, "n_heads": int, "d_vocab": int}
 
 
-def _config_from_json(data: Any, where: Path) -> HookedTransformerConfig:
+def _config_from_json(data: Any, where: Path) -> ModelConfig:
     if not isinstance(data, dict):
         raise CheckpointError(f"config {where} must hold a JSON object, got {type(data).__name__}")
     for key, typ in _REQUIRED_FIELDS.items():
@@ -165,11 +166,11 @@ def _config_from_json(data: Any, where: Path) -> HookedTransformerConfig:
             raise CheckpointError(f"config {where} is missing the field {key!r}")
         if isinstance(data[key], bool) or not isinstance(data[key], typ) or data[key] < 1:
             raise CheckpointError(f"config {where}: field {key!r} must be a positive integer, got {data[key]!r}")
-    known = {f.name for f in dataclasses.fields(HookedTransformerConfig)}
-    unknown = set(data) - known
+    unknown = set(data) - _backend.config_fields() - _TL3_ONLY_FIELDS - set(_backend.PORTABLE_FIELDS)
     if unknown:
         raise CheckpointError(f"config {where} has unknown fields {sorted(unknown)}")
-    fields = dict(data)
+    # Only the portable fields define the model; the rest (hook flags, bookkeeping) are ignored.
+    fields = {k: v for k, v in data.items() if k in _backend.PORTABLE_FIELDS}
     if isinstance(fields.get("dtype"), str):
         dt = getattr(torch, fields["dtype"], None)
         if not isinstance(dt, torch.dtype):
@@ -177,9 +178,9 @@ def _config_from_json(data: Any, where: Path) -> HookedTransformerConfig:
         fields["dtype"] = dt
     fields["device"] = "cpu"
     try:
-        return HookedTransformerConfig(**fields)
+        return _backend.make_config(**fields)
     except Exception as err:  # TransformerLens raises assorted errors for inconsistent configs
-        raise CheckpointError(f"config {where} is not a valid HookedTransformerConfig: {err}") from err
+        raise CheckpointError(f"config {where} is not a valid config for TransformerLens {_backend.TL_VERSION}: {err}") from err
 
 
 def _checkpoint_files(path: str | Path) -> tuple[Path, Path]:
@@ -189,7 +190,7 @@ def _checkpoint_files(path: str | Path) -> tuple[Path, Path]:
     return path.with_name(path.name + _CONFIG_SUFFIX), path.with_name(path.name + _WEIGHTS_SUFFIX)
 
 
-def save_model(model: HookedTransformer, path: str | Path, *, metadata: dict[str, Any] | None = None) -> Path:
+def save_model(model: Model, path: str | Path, *, metadata: dict[str, Any] | None = None) -> Path:
     """Save ``model`` as ``path.json`` (config, plus ``metadata``) and ``path.safetensors``.
 
     >>> import tempfile; d = tempfile.mkdtemp()
@@ -199,8 +200,8 @@ def save_model(model: HookedTransformer, path: str | Path, *, metadata: dict[str
     """
     cfg_path, w_path = _checkpoint_files(path)
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    save_file(state, str(w_path))
+    # Model's names and shapes under either version: one format for both.
+    save_file(_backend.portable_state(model), str(w_path))
     payload = {"config": _config_to_json(model.cfg), "metadata": metadata or {}}
     cfg_path.write_text(json.dumps(payload, indent=2, sort_keys=True))
     return cfg_path.with_suffix("")
@@ -212,7 +213,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return dict(json.loads(cfg_path.read_text()).get("metadata", {}))
 
 
-def load_model(path: str | Path) -> HookedTransformer:
+def load_model(path: str | Path) -> Model:
     """Load a checkpoint written by :func:`save_model`, validating both files.
 
     Raises:
@@ -235,14 +236,19 @@ def load_model(path: str | Path) -> HookedTransformer:
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"weights {w_path} are truncated or corrupted: {err}") from err
     model = build_model(cfg)
-    expected = model.state_dict()
+    # Buffers (masks, rotary tables) are rebuilt from the config; older checkpoints carry them.
+    state = {k: v for k, v in state.items() if not k.endswith(_backend._HT_BUFFERS)}
+    expected = _backend.expected_keys(model)
     missing, extra = set(expected) - set(state), set(state) - set(expected)
     if missing or extra:
         raise CheckpointError(f"weights {w_path} do not match the config: missing {sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}")
     for k, v in state.items():
-        if v.shape != expected[k].shape:
-            raise CheckpointError(f"weights {w_path}: {k} has shape {tuple(v.shape)}, config wants {tuple(expected[k].shape)}")
-    model.load_state_dict(state)
+        if tuple(v.shape) != expected[k]:
+            raise CheckpointError(f"weights {w_path}: {k} has shape {tuple(v.shape)}, config wants {expected[k]}")
+    try:
+        _backend.load_portable_state(model, state)
+    except ValueError as err:
+        raise CheckpointError(f"weights {w_path}: {err}") from err
     model.eval()
     return model
 
@@ -254,7 +260,7 @@ def toy_model_path(name: str) -> Path:
     return Path(str(resources.files("rs_interp") / "toy_models" / name))
 
 
-def load_toy_model(name: str = "induction-2l") -> HookedTransformer:
+def load_toy_model(name: str = "induction-2l") -> Model:
     """Load a shipped, trained toy model.
 
     The checkpoints were produced by :func:`rs_interp.train_induction_model` with the seed and

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
-from transformer_lens import HookedTransformer
+from ._backend import Model
 
 from .hooks import store
 from ._exact import attached_hooks, check_sum, compute_dtype
@@ -75,7 +75,7 @@ class PathExpansion:
         return torch.tensor(self.layers)
 
 
-def _check_attn_only(model: HookedTransformer, what: str) -> None:
+def _check_attn_only(model: Model, what: str) -> None:
     cfg = model.cfg
     if not cfg.attn_only or cfg.normalization_type is not None:
         raise ValueError(
@@ -86,7 +86,7 @@ def _check_attn_only(model: HookedTransformer, what: str) -> None:
 
 
 def _stream_paths(
-    model: HookedTransformer, tokens: torch.Tensor
+    model: Model, tokens: torch.Tensor
 ) -> tuple[list[str], list[tuple], list[int], list[torch.Tensor], torch.Tensor]:
     """Every path's contribution to the final residual stream, (batch, pos, d_model) each.
 
@@ -126,7 +126,7 @@ def _stream_paths(
 
 
 def path_expansion(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     targets: Int[torch.Tensor, "batch pos"] | None = None,
@@ -134,7 +134,7 @@ def path_expansion(
     """Theorem 3: the logits as an exact sum over paths (see the module docstring).
 
     Args:
-        model: an attention-only ``HookedTransformer`` (no LayerNorm, no MLP), any positional
+        model: an attention-only ``Model`` (no LayerNorm, no MLP), any positional
             scheme (the patterns are the run's).
         tokens: (batch, pos) token ids.
         targets: optional (batch, pos) token ids; then each path's logit for that token only,
@@ -197,7 +197,7 @@ class PathAttribution:
         return self.share[self.last_layer == layer].sum(0)
 
 
-def path_logit_attribution(model: HookedTransformer, batch: InductionBatch) -> PathAttribution:
+def path_logit_attribution(model: Model, batch: InductionBatch) -> PathAttribution:
     """Split the correct token's centered logit into paths at ``batch``'s scored positions.
 
     Raises:

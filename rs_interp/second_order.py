@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
+from ._backend import Model
 
 from .hooks import store
 from ._exact import (
@@ -77,14 +77,14 @@ class SecondOrderAttribution:
         return self.contributions[:, :, batch, position]
 
 
-def _check_model(model: HookedTransformer) -> None:
+def _check_model(model: Model) -> None:
     check_normalization(model, "second_order_attribution")
     if getattr(model.cfg, "use_normalization_before_and_after", False):
         raise ValueError("second_order_attribution: models with a LayerNorm after each sublayer have no exact split")
 
 
 def second_order_attribution(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     targets: Int[torch.Tensor, "batch pos"],

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
+from ._backend import Model, bias_parameters
 
 from ._state import preserve_state
 from ._validate import check_int_range, check_tokens
@@ -63,9 +63,10 @@ class Score:
     n_scored: int
 
 
-def trainable_parameters(model: HookedTransformer) -> list[torch.nn.Parameter]:
+def trainable_parameters(model: Model) -> list[torch.nn.Parameter]:
     """Every parameter except the value, output and unembedding biases, which stay at zero."""
-    return [p for name, p in model.named_parameters() if name.rsplit(".", 1)[-1] not in _FROZEN_BIASES]
+    frozen = {id(p) for p in bias_parameters(model, _FROZEN_BIASES)}
+    return [p for p in model.parameters() if id(p) not in frozen]
 
 
 def masked_next_token_loss(
@@ -94,7 +95,7 @@ def score_logits(logits: Float[torch.Tensor, "batch pos d_vocab"], batch: Induct
     return Score(loss=float(loss), accuracy=int(correct) / n, n_scored=n)
 
 
-def evaluate(model: HookedTransformer, batch: InductionBatch, *, chunk_size: int = 250) -> Score:
+def evaluate(model: Model, batch: InductionBatch, *, chunk_size: int = 250) -> Score:
     """Loss and accuracy of ``model`` on ``batch`` at its scored positions.
 
     Uniform guessing costs ``ln 256 = 5.545`` nats.
@@ -121,7 +122,7 @@ def evaluate(model: HookedTransformer, batch: InductionBatch, *, chunk_size: int
 
 
 def train_on_batches(
-    model: HookedTransformer,
+    model: Model,
     batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
     *,
     steps: int,
@@ -175,7 +176,7 @@ def train_induction_model(
     lr: float = DEFAULT_LR,
     seed: int = 0,
     progress: bool = True,
-) -> HookedTransformer:
+) -> Model:
     """Train a toy attention-only model on fresh repeated random sequences.
 
     Adam on the loss at scored positions (``i >= p``), a fresh batch every step. With the

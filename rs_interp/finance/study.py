@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import torch
-from transformer_lens import HookedTransformer
+from .._backend import Model
 
 from .corpus import D_VOCAB, N_CTX, Company, Corpus, Filing, Query, demo_filing, find_queries, make_corpus
 
@@ -53,7 +53,7 @@ def _windows(filings: Sequence[Filing]) -> torch.Tensor:
 
 
 def train_filing_model(filings: Sequence[Filing], *, steps: int = 600, batch_size: int = 64, lr: float = 1e-2,
-                       seed: int = 0, progress: bool = True) -> HookedTransformer:
+                       seed: int = 0, progress: bool = True) -> Model:
     """A two-layer model of the toy shape trained on next-symbol prediction over the training filings.
 
     Adam, batches of 64 random 48-symbol windows, every position scored, deterministic for a seed.
@@ -73,7 +73,7 @@ def train_filing_model(filings: Sequence[Filing], *, steps: int = 600, batch_siz
     return model
 
 
-def _model_reader(model: HookedTransformer, *, direct_only: bool = False) -> Callable[[Sequence[Query]], list[int | None]]:
+def _model_reader(model: Model, *, direct_only: bool = False) -> Callable[[Sequence[Query]], list[int | None]]:
     from ..path_expansion import path_expansion
 
     def read(queries: Sequence[Query]) -> list[int | None]:
@@ -117,8 +117,8 @@ def complete_queries(readers: Mapping[str, Callable[[Sequence[Query]], list[int 
     return {name: [p == q.answer for p, q in zip(read(queries), queries)] for name, read in readers.items()}
 
 
-def run_case_study(*, seed: int = 0, induction_1l: HookedTransformer | None = None,
-                   induction_2l: HookedTransformer | None = None, progress: bool = True) -> FinanceResult:
+def run_case_study(*, seed: int = 0, induction_1l: Model | None = None,
+                   induction_2l: Model | None = None, progress: bool = True) -> FinanceResult:
     """The whole case study: corpus, filing-trained model, the five readers, the demo filing.
 
     The demo filing is about the first held-out company with a three-word name.
@@ -136,8 +136,8 @@ def run_case_study(*, seed: int = 0, induction_1l: HookedTransformer | None = No
                             induction_2l=induction_2l or load_toy_model("induction-2l"), demo_company=demo_company)
 
 
-def evaluate_readers(corpus: Corpus, *, filing_model: HookedTransformer, induction_1l: HookedTransformer,
-                     induction_2l: HookedTransformer, demo_company: Company | None = None) -> FinanceResult:
+def evaluate_readers(corpus: Corpus, *, filing_model: Model, induction_1l: Model,
+                     induction_2l: Model, demo_company: Company | None = None) -> FinanceResult:
     """Ask the five readers every query of the seen and unseen sets (and the demo filing)."""
     table = BigramTable(corpus.train)
     readers = {

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import plotly.graph_objects as go
-from transformer_lens import HookedTransformer
+from .._backend import Model
 
 from ..data import InductionBatch
 from ..models import load_toy_model
@@ -79,9 +79,9 @@ class Context:
     seed: int = 0
     progress: bool = True
     log: Callable[[str], None] = lambda _msg: None
-    _models: dict[str, HookedTransformer] = field(default_factory=dict)
+    _models: dict[str, Model] = field(default_factory=dict)
 
-    def model(self, name: str) -> HookedTransformer:
+    def model(self, name: str) -> Model:
         if name not in self._models:
             if self.retrain:
                 self.log(f"training {name} (seed {self.seed})")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformer_lens import HookedTransformer
+from .._backend import Model
 
 from ..data import induction_batch
 from ..gpt2 import load_gpt2
@@ -56,7 +56,7 @@ def _top_heads(scores: torch.Tensor, k: int = 10) -> tuple[str, ...]:
 
 
 def analyse_gpt2(
-    model: HookedTransformer,
+    model: Model,
     *,
     weights: str,
     source: str = "",

@@ -2,7 +2,7 @@
 
 Random stacks with ``d = 64``, four heads, a ReLU MLP of width 256, read out by a random linear
 map through one final LayerNorm; root mean squares over draws. The pre-LN stack is a
-TransformerLens ``HookedTransformer`` fed the residual stream directly
+TransformerLens ``Model`` fed the residual stream directly
 (``start_at_layer=0``); the post-LN stack, which TransformerLens does not offer, is
 :class:`PostLNStack`, reusing the very same attention and MLP modules so the two differ only in
 where LayerNorm sits.
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from .._backend import Model, make_config
 
 from ..geometry import layer_norm
 from ..models import build_model
@@ -28,9 +28,9 @@ __all__ = ["GradientRow", "gradient_scaling", "PostLNStack", "pre_ln_stack"]
 
 
 def pre_ln_stack(depth: int, *, seed: int, d_model: int = 64, n_heads: int = 4, d_mlp: int = 256,
-                 n_ctx: int = 16, d_out: int = 8, dtype: torch.dtype = torch.float64) -> HookedTransformer:
+                 n_ctx: int = 16, d_out: int = 8, dtype: torch.dtype = torch.float64) -> Model:
     """A randomly initialised pre-LN stack (TransformerLens's GPT-2-style initialisation)."""
-    cfg = HookedTransformerConfig(n_layers=depth, d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads,
+    cfg = make_config(n_layers=depth, d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads,
                                   d_mlp=d_mlp, act_fn="relu", normalization_type="LN", d_vocab=d_out, n_ctx=n_ctx,
                                   attention_dir="bidirectional", positional_embedding_type="standard",
                                   dtype=dtype, seed=None, device="cpu")
@@ -40,13 +40,13 @@ def pre_ln_stack(depth: int, *, seed: int, d_model: int = 64, n_heads: int = 4, 
 
 
 class PostLNStack(nn.Module):
-    """``x <- LN(x + MHA(x))``, ``x <- LN(x + MLP(x))`` over the blocks of a ``HookedTransformer``.
+    """``x <- LN(x + MHA(x))``, ``x <- LN(x + MLP(x))`` over the blocks of a ``Model``.
 
     Uses the model's attention and MLP modules (and its ``W_U``) with LayerNorm of gain 1, bias 0:
     the post-LN arrangement of the same weights. The readout is ``LN(x_L) W_U``.
     """
 
-    def __init__(self, model: HookedTransformer):
+    def __init__(self, model: Model):
         super().__init__()
         self.model = model
 

@@ -9,7 +9,7 @@ and how close a retrained model must come to the shipped one.
 
 from __future__ import annotations
 
-from transformer_lens import HookedTransformer
+from .._backend import Model
 
 from ..data import InductionBatch, induction_batch
 from ..training import DEFAULT_LR, evaluate, train_induction_model
@@ -51,7 +51,7 @@ def toy_settings(name: str, *, seed: int | None = None) -> dict:
     return dict(TOY_TRAINING[name]) if seed is None else dict(TOY_TRAINING[name], seed=seed)
 
 
-def train_toy_model(name: str, *, seed: int | None = None, progress: bool = True) -> tuple[HookedTransformer, dict]:
+def train_toy_model(name: str, *, seed: int | None = None, progress: bool = True) -> tuple[Model, dict]:
     """Retrain the toy model ``name`` from its recorded settings (``seed``: the recorded one by default).
 
     Returns the model and the metadata stored beside the checkpoint: the settings and the
