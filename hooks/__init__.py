@@ -15,12 +15,12 @@ Each factory returns a function ``fn(tensor, *, hook)`` for ``model.hooks(...)``
 
 from __future__ import annotations
 
-from typing import Callable, MutableMapping, Sequence
+from typing import Any, Callable, MutableMapping, Sequence
 
 import torch
 from transformer_lens.hook_points import HookPoint
 
-__all__ = ["store", "replace", "replace_heads", "replace_heads_with", "add", "zero_heads", "mean_heads", "resample_heads"]
+__all__ = ["store", "store_matching", "replace", "replace_heads", "replace_heads_with", "add", "zero_heads", "mean_heads", "resample_heads"]
 
 HookFn = Callable[..., torch.Tensor | None]
 
@@ -32,6 +32,16 @@ def store(box: MutableMapping[str, torch.Tensor], key: str | None = None) -> Hoo
         box[key or hook.name] = tensor.detach()
 
     return fn
+
+
+def store_matching(box: MutableMapping[str, torch.Tensor], model: Any, names: Callable[[str], bool]) -> list[tuple[str, HookFn]]:
+    """One :func:`store` per hook point of ``model`` whose name satisfies ``names``, keyed by that name.
+
+    Use it instead of a name filter with ``store(box)``: TransformerLens 4's bridge passes the
+    canonical name to a hook (``blocks.0.hook_in`` for ``blocks.0.hook_resid_pre``), so the key
+    must be the name asked for.
+    """
+    return [(name, store(box, name)) for name in model.hook_dict if names(name)]
 
 
 def replace(value: torch.Tensor) -> HookFn:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.metadata
+import math
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
@@ -121,6 +122,12 @@ def build_model(cfg: ModelConfig) -> Model:
     cfg = make_config(**{k: getattr(cfg, k) for k in PORTABLE_FIELDS if hasattr(cfg, k)} | {"device": "cpu"})
     model = Model.boot_native(cfg, dtype=cfg.dtype)
     _compatible(model, no_processing=True)
+    for module in model.modules():
+        # The bridge's RMS norms call TransformerLens's NativeRMSNorm, which computes in float32
+        # whatever the model's dtype; its own Python path computes HookedTransformer's formula in
+        # the model's dtype (float64 stays exact).
+        if getattr(module, "use_native_layernorm_autograd", False):
+            module.use_native_layernorm_autograd = False
     return model
 
 
@@ -256,10 +263,12 @@ class _Hook:
 def _emulate(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> list[tuple[Any, Callable]]:
     """Translate ``blocks.L.hook_{q,k,v}_input`` hooks for a bridge whose attention has none.
 
-    At ``blocks.L.hook_resid_pre`` the stream is recorded; at ``blocks.L.attn.{q,k,v}.hook_out``
-    the per-head input ``(batch, pos, head, d_model)`` is formed from it, passed to the user's
-    hook, normalised by the block's ``ln1`` and projected per head, replacing the projection. The
-    output is the same function of the (possibly replaced) input as HookedTransformer's.
+    At ``blocks.L.hook_resid_pre`` the stream is recorded; at ``blocks.L.attn.hook_{q,k,v}`` (the
+    per-head projection, before rotary) the per-head input ``(batch, pos, head, d_model)`` is
+    formed from it, passed to the user's hook, normalised by the block's ``ln1`` and projected per
+    head, replacing the projection. The output is the same function of the (possibly replaced)
+    input as HookedTransformer's; the replacement runs first, so other hooks on ``hook_{q,k,v}``
+    see it.
     """
     wanted: dict[tuple[int, str], list[Callable]] = {}
     out: list[tuple[Any, Callable]] = []
@@ -275,9 +284,9 @@ def _emulate(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> list[tuple[An
             stream[layer] = x
 
         out.insert(0, (f"blocks.{layer}.hook_resid_pre", keep))
-    for (layer, which), fns in wanted.items():
-        out.append((f"blocks.{layer}.attn.{which}.hook_out", _projection(model, layer, which, fns, stream)))
-    return out
+    first = [(f"blocks.{layer}.attn.hook_{which}", _projection(model, layer, which, fns, stream))
+             for (layer, which), fns in wanted.items()]
+    return first + out
 
 
 def _projection(model: Model, layer: int, which: str, fns: list[Callable], stream: dict[int, torch.Tensor]) -> Callable:
@@ -289,13 +298,28 @@ def _projection(model: Model, layer: int, which: str, fns: list[Callable], strea
         for user in fns:
             result = user(x, hook=_Hook(name))
             x = x if result is None else result
-        norm = getattr(block.ln1, "original_component", block.ln1)
         W = getattr(block.attn, f"W_{which.upper()}")  # (head, d_model, d_head), native layout
         b = getattr(block.attn, f"b_{which.upper()}")
-        y = torch.einsum("bphm,hmd->bphd", norm(x), W.to(x.dtype)) + b.to(x.dtype)
-        return y.flatten(-2).to(projected.dtype)
+        y = torch.einsum("bphm,hmd->bphd", _normalise(model, block.ln1, x), W.to(x.dtype)) + b.to(x.dtype)
+        return y.to(projected.dtype)
 
     return fn
+
+
+def _normalise(model: Model, norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """HookedTransformer's normalisation of ``x`` in its own dtype, without firing ``norm``'s hooks."""
+    kind = model.cfg.normalization_type
+    if kind is None:
+        return x
+    if kind in ("LN", "LNPre"):
+        x = x - x.mean(-1, keepdim=True)
+    x = x / (x.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
+    inner = getattr(norm, "original_component", norm)
+    if kind in ("LN", "RMS"):
+        x = x * inner.weight.to(x.dtype)
+    if kind == "LN":
+        x = x + inner.bias.to(x.dtype)
+    return x
 
 
 @contextlib.contextmanager
@@ -317,6 +341,72 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
     yield _emulate(model, fwd)
 
 
+# --- running part of the model ------------------------------------------------------------------
+
+class _Stop(Exception):
+    """Raised from a hook to end a forward pass once what is wanted has been recorded."""
+
+
+def run_from(model: Model, x: torch.Tensor, *, start: int | None = None, stop: int | None = None,
+             spe: torch.Tensor | None = None) -> torch.Tensor:
+    """``model(x, start_at_layer=start, stop_at_layer=stop)``: the logits, or the stream before block ``stop``.
+
+    ``spe`` is the shortformer positional embedding (3.x only). The 4.3 bridge returns the logits
+    for ``stop_at_layer=n_layers``; the stream after the last block is then recorded by a hook and
+    the pass ended there, so the unembedding is skipped as in 3.x.
+    """
+    kwargs: dict[str, Any] = {} if start is None else {"start_at_layer": start}
+    if spe is not None:
+        kwargs["shortformer_pos_embed"] = spe
+    if stop is None:
+        return model(x, return_type="logits", **kwargs)
+    if TL_MAJOR < 4 or stop < model.cfg.n_layers:
+        return model(x, stop_at_layer=stop, **kwargs)
+    box: dict[str, torch.Tensor] = {}
+
+    def grab(t: torch.Tensor, *, hook: Any) -> None:
+        box["x"] = t
+        raise _Stop
+
+    try:
+        with model.hooks(fwd_hooks=[(f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", grab)]):
+            model(x, **kwargs)
+    except _Stop:
+        pass
+    return box["x"]
+
+
+def score_hooks(model: Model, layer: int, box: dict[str, torch.Tensor], key: str) -> list[tuple[str, Callable]]:
+    """Hooks that record layer ``layer``'s pre-softmax scores (batch, head, query, key), ``-inf``
+    above the diagonal, in ``box[key]``.
+
+    3.x: ``hook_attn_scores``. On 4.3 native attention that hook holds the pattern, so the scores
+    are formed from ``hook_q`` and ``hook_k`` (rotated as the layer rotates them) when the pattern is taken.
+    """
+    if not _native_attention(model):
+        def keep(t: torch.Tensor, *, hook: Any) -> None:
+            box[key] = t.detach()
+
+        return [(f"blocks.{layer}.attn.hook_attn_scores", keep)]
+    parts: dict[str, torch.Tensor] = {}
+
+    def grab(name: str) -> Callable:
+        def fn(t: torch.Tensor, *, hook: Any) -> None:
+            parts[name] = t.detach()
+        return fn
+
+    def scores(t: torch.Tensor, *, hook: Any) -> None:
+        q, k = parts["q"], parts["k"]
+        if model.cfg.positional_embedding_type == "rotary":
+            q, k = apply_rotary(model, layer, q), apply_rotary(model, layer, k)
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) / attn_scale(model, layer)
+        n = s.shape[-1]
+        box[key] = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+
+    a = f"blocks.{layer}.attn"
+    return [(f"{a}.hook_q", grab("q")), (f"{a}.hook_k", grab("k")), (f"{a}.hook_pattern", scores)]
+
+
 # --- rotary, biases ----------------------------------------------------------------------------
 
 def apply_rotary(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -327,6 +417,15 @@ def apply_rotary(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
     rotary = attn.original_component.rotary
     y, _ = rotary.apply_rope(x.transpose(1, 2), x.transpose(1, 2))
     return y.transpose(1, 2)
+
+
+def attn_scale(model: Model, layer: int) -> float:
+    """What layer ``layer`` divides its attention scores by (``sqrt(d_head)`` unless the config says otherwise)."""
+    attn = model.blocks[layer].attn
+    if TL_MAJOR < 4:
+        return float(attn.attn_scale)
+    scale = getattr(getattr(attn, "original_component", None), "scale", None)
+    return float(scale) if scale is not None else math.sqrt(model.cfg.d_head)
 
 
 def bias_parameters(model: Model, names: Sequence[str]) -> list[torch.nn.Parameter]:
@@ -343,6 +442,30 @@ def bias_parameters(model: Model, names: Sequence[str]) -> list[torch.nn.Paramet
         if isinstance(bias, torch.nn.Parameter):
             out.append(bias)
     return out
+
+
+# --- modules called directly (the theory lab's post-LN stack) -------------------------------------
+
+def attention_output(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
+    """Layer ``layer``'s attention applied to ``x`` as query, key and value input (batch, pos, d_model)."""
+    attn = model.blocks[layer].attn
+    out = attn(x, x, x) if TL_MAJOR < 4 else attn(x)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def mlp_out_parameter(model: Model, layer: int) -> torch.nn.Parameter:
+    """The parameter behind layer ``layer``'s ``W_out`` (4.x stores it transposed: the same entries)."""
+    mlp = model.blocks[layer].mlp
+    return mlp.W_out if TL_MAJOR < 4 else mlp.out.original_component.weight
+
+
+def set_unembedding(model: Model, W_U: torch.Tensor) -> None:
+    """Overwrite ``W_U`` (d_model, d_vocab) in place."""
+    with torch.no_grad():
+        if TL_MAJOR < 4:
+            model.unembed.W_U.copy_(W_U)
+        else:
+            model.unembed.original_component.weight.copy_(W_U.T)
 
 
 # --- GPT-2 --------------------------------------------------------------------------------------

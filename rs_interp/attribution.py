@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Int
 from ._backend import Model
 
-from .hooks import store
+from .hooks import store_matching
 from ._exact import attached_hooks, check_normalization, check_sum, compute_dtype, frozen_final_norm, metric_of, unembed_direction
 from ._state import preserve_state
 from ._validate import check_targets, check_tokens
@@ -77,7 +77,7 @@ def direct_logit_attribution(
     box: dict[str, torch.Tensor] = {}
     wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", "ln_final.hook_scale")
     with preserve_state(model), torch.no_grad():
-        with model.hooks(fwd_hooks=[(lambda n: n.endswith(wanted), store(box))]):
+        with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
             logits = model(tokens, return_type="logits").to(dt)
         labels, comps = ["embed"], [box["hook_embed"].to(dt)]
         if cfg.positional_embedding_type == "standard":

@@ -37,7 +37,7 @@ import torch
 from jaxtyping import Float, Int
 from ._backend import Model, per_head_inputs
 
-from .hooks import store
+from .hooks import store_matching
 from ._state import preserve_state
 from ._validate import check_tokens
 
@@ -97,6 +97,18 @@ def _scalar_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     return value.reshape(())
 
 
+def _watched(t: torch.Tensor, contract: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """A copy of ``t`` that calls ``contract`` with its gradient, to be returned by the hook.
+
+    The copy is what flows on from the hook point, so its gradient is through that reader alone:
+    a TransformerLens 4 bridge hands some hooks a tensor that other readers share (the stream
+    behind ``hook_mlp_in``), and goes on with its own tensor when a hook returns None or ``t`` itself.
+    """
+    out = t.clone()
+    out.register_hook(contract)
+    return out
+
+
 def _backward(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list) -> float:
     """Forward with ``fwd`` hooks (which register tensor hooks) and a zero leaf at the embedding, then
     backpropagate to that leaf alone: every tensor hook fires, no parameter gets a ``.grad``."""
@@ -110,7 +122,7 @@ def _backward(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list) -> 
 
 def _reference_z(model: Model, reference: torch.Tensor) -> dict[str, torch.Tensor]:
     box: dict[str, torch.Tensor] = {}
-    with torch.no_grad(), model.hooks(fwd_hooks=[(lambda n: n.endswith("attn.hook_z"), store(box))]):
+    with torch.no_grad(), model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith("attn.hook_z"))):
         model(reference, return_type=None)
     return box
 
@@ -135,14 +147,14 @@ def attribution_patching(
     with preserve_state(model):
         ref = _reference_z(model, reference)
 
-        def on_z(z: torch.Tensor, *, hook) -> None:
+        def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
             delta = (ref[hook.name] - z.detach()).to(torch.float64)
             l = int(hook.name.split(".")[1])
 
             def contract(grad: torch.Tensor) -> None:
                 per_pos[l] = torch.einsum("bphd,bphd->hp", delta, grad.to(torch.float64))
 
-            z.register_hook(contract)
+            return _watched(z, contract)
 
         clean = _backward(model, tokens, metric, [(lambda n: n.endswith("attn.hook_z"), on_z)])
     labels = tuple(f"L{l}H{h}" for l in range(L) for h in range(n_heads))
@@ -185,7 +197,7 @@ def edge_attribution_patching(
             delta[int(hook.name.split(".")[1])] = (ref[hook.name] - z.detach()).to(torch.float64)
 
         def on_input(kind: str, layer: int, upto: int) -> Callable:
-            def fwd(t: torch.Tensor, *, hook) -> None:
+            def fwd(t: torch.Tensor, *, hook) -> torch.Tensor:
                 def contract(grad: torch.Tensor) -> None:
                     g = grad.to(torch.float64)
                     for ls in range(upto):
@@ -196,7 +208,7 @@ def edge_attribution_patching(
                         else:
                             values["logits"][ls] = torch.einsum("bpsm,bpm->s", writes(ls), g)
 
-                t.register_hook(contract)
+                return _watched(t, contract)
 
             return fwd
 

@@ -84,7 +84,8 @@ def load_gpt2(
         source: ``"hub"``, ``"random"`` or a local checkpoint directory.
         size: ``"small"``, ``"medium"``, ``"large"`` or ``"xl"`` (hub and random).
         fold_ln: fold LayerNorm gains and biases into the next weights (exact; the stream's
-            LayerNorms become ``LNPre``). ``False`` keeps LayerNorm explicit.
+            LayerNorms become ``LNPre`` on TransformerLens 3.x, ``LN`` with unit gains and zero
+            biases on 4.x: the same function). ``False`` keeps LayerNorm explicit.
         center_writing_weights, center_unembed: TransformerLens's processing; default: ``fold_ln``.
         dtype: parameter dtype.
         seed: seed of the ``"random"`` initialisation.

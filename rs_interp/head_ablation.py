@@ -26,10 +26,10 @@ from typing import Callable, Literal, Sequence
 import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
-from ._backend import Model
+from ._backend import Model, run_from
 from transformer_lens.utilities.activation_functions import apply_softcap
 
-from .hooks import mean_heads, resample_heads, store, zero_heads
+from .hooks import mean_heads, resample_heads, store, store_matching, zero_heads
 from ._state import preserve_state
 from ._validate import check_heads, check_int_range, check_tokens
 
@@ -147,11 +147,8 @@ def _logits(model: Model, x: torch.Tensor, start: int | None, spe: torch.Tensor 
     """The logits from tokens (``start=None``) or from the stream before layer ``start``; with ``pos``,
     the final norm and the unembedding run at those positions only (both act position by position)."""
     if pos is None:
-        if start is None:
-            return model(x, return_type="logits")
-        return model(x, start_at_layer=start, return_type="logits", shortformer_pos_embed=spe)
-    kwargs = {} if start is None else dict(start_at_layer=start, shortformer_pos_embed=spe)
-    resid = model(x, stop_at_layer=model.cfg.n_layers, **kwargs)[:, pos]
+        return run_from(model, x, start=start, spe=spe)
+    resid = run_from(model, x, start=start, stop=model.cfg.n_layers, spe=spe)[:, pos]
     if model.cfg.normalization_type is not None:
         resid = model.ln_final(resid)
     return apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
@@ -199,7 +196,7 @@ def head_ablation_scan(
     per_pass = max(1, min(n_heads, memory_budget // max(1, B * row_bytes)))
     with preserve_state(model), torch.no_grad():
         refs = _reference_z(model, ref, method, range(L))
-        with model.hooks(fwd_hooks=[(names, store(box))]):
+        with model.hooks(fwd_hooks=store_matching(box, model, names)):
             clean = _scalar(metric(_logits(model, tokens, None, None, pos)), "clean run")
         spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
         jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads)))) for l in range(L) for h0 in range(0, n_heads, per_pass)]

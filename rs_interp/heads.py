@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float, Int
-from ._backend import Model, apply_rotary
+from ._backend import Model, apply_rotary, attn_scale, score_hooks
 
-from .hooks import store
+from .hooks import store_matching
 from ._state import preserve_state
 from ._validate import check_int_range, check_layer, check_tokens
 from .data import InductionBatch
@@ -37,7 +37,7 @@ def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> 
     tokens = check_tokens(model, tokens)
     box: dict[str, torch.Tensor] = {}
     with preserve_state(model), torch.no_grad():
-        with model.hooks(fwd_hooks=[(lambda n: n.endswith("attn.hook_pattern"), store(box))]):
+        with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith("attn.hook_pattern"))):
             model(tokens, return_type=None)
     return torch.stack([box[f"blocks.{l}.attn.hook_pattern"] for l in range(model.cfg.n_layers)])
 
@@ -122,7 +122,7 @@ def positional_scores(model: Model, layer: int, *, max_offset: int | None = None
     with torch.no_grad():
         q = apply_rotary(model, layer, attn.b_Q[None, None].expand(1, n, -1, -1).clone())  # (1, n, head, d_head)
         k = apply_rotary(model, layer, attn.b_K[None, None].expand(1, n, -1, -1).clone())
-        return torch.einsum("ohd,hd->ho", q[0], k[0, 0]) / attn.attn_scale
+        return torch.einsum("ohd,hd->ho", q[0], k[0, 0]) / attn_scale(model, layer)
 
 
 @dataclass(frozen=True)
@@ -159,11 +159,10 @@ def key_score_sensitivity(model: Model, tokens: Int[torch.Tensor, "batch pos"], 
     changed = tokens.clone()
     rows = torch.arange(b)
     changed[rows, j - 1] = (tokens[rows, j - 1] + shift.to(tokens.device)) % model.cfg.d_vocab
-    name = f"blocks.{model.cfg.n_layers - 1}.attn.hook_attn_scores"
     scores = []
     for toks in (tokens, changed):
         box: dict[str, torch.Tensor] = {}
-        with preserve_state(model), torch.no_grad(), model.hooks(fwd_hooks=[(name, store(box, "s"))]):
+        with preserve_state(model), torch.no_grad(), model.hooks(fwd_hooks=score_hooks(model, model.cfg.n_layers - 1, box, "s")):
             model(toks, return_type=None)
         scores.append(box["s"][rows, :, :, j])  # (batch, head, query)
     q = torch.arange(n)[None, :]

@@ -120,7 +120,7 @@ def logit_lens(
     with preserve_state(model), torch.no_grad():
         for b0 in range(0, B, batch_chunk):
             box: dict[str, torch.Tensor] = {}
-            with model.hooks(fwd_hooks=[(lambda n: n in names, store(box))]):
+            with model.hooks(fwd_hooks=[(n, store(box, n)) for n in names]):
                 model(tokens[b0 : b0 + batch_chunk], return_type=None)
             for i, (_, name) in enumerate(points):
                 resid = box.pop(name)

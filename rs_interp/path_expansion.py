@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Int
 from ._backend import Model
 
-from .hooks import store
+from .hooks import store_matching
 from ._exact import attached_hooks, check_sum, compute_dtype
 from ._state import preserve_state
 from ._validate import check_targets, check_tokens
@@ -99,7 +99,7 @@ def _stream_paths(
     box: dict[str, torch.Tensor] = {}
     names = lambda n: n == "blocks.0.hook_resid_pre" or n.endswith("attn.hook_pattern")  # noqa: E731
     with preserve_state(model), torch.no_grad():
-        with model.hooks(fwd_hooks=[(names, store(box))]):
+        with model.hooks(fwd_hooks=store_matching(box, model, names)):
             logits = model(tokens, return_type="logits")
         labels, heads, layers, terms = [DIRECT], [()], [-1], [box["blocks.0.hook_resid_pre"].to(dt)]
         for l in range(model.cfg.n_layers):

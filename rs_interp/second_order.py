@@ -36,7 +36,7 @@ import torch
 from jaxtyping import Float, Int
 from ._backend import Model
 
-from .hooks import store
+from .hooks import store_matching
 from ._exact import (
     attached_hooks,
     check_normalization,
@@ -122,7 +122,7 @@ def second_order_attribution(
     box: dict[str, torch.Tensor] = {}
     wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "attn.hook_pattern", "hook_mlp_out", "hook_scale")
     with preserve_state(model), torch.no_grad():
-        with model.hooks(fwd_hooks=[(lambda n: n.endswith(wanted), store(box))]):
+        with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
             model(tokens, return_type=None)
         q = torch.tensor(pos, device=tokens.device)
         direction, _ = unembed_direction(model, targets[:, q], None if contrast is None else contrast[:, q], dt)

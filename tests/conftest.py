@@ -7,7 +7,34 @@ import pytest
 import torch
 
 import rs_interp as ri
+from rs_interp import _backend
 from rs_interp.reproduce.recipes import held_out_batch
+
+#: TransformerLens 4's models are native bridges: standard and rotary positions only, and no
+#: unembedding bias. Tests of what only 3.x can build are marked with this.
+TL4 = _backend.TL_MAJOR >= 4
+needs_tl3 = pytest.mark.skipif(TL4, reason=f"TransformerLens {_backend.TL_VERSION}'s native models have no shortformer or alibi positions (3.x only)")
+
+
+def tl3_only(why: str):
+    """Skip on TransformerLens 4, saying what 4.x lacks."""
+    return pytest.mark.skipif(TL4, reason=f"TransformerLens {_backend.TL_VERSION}: {why} (checked on 3.x)")
+
+
+def perturb(model, seed, *, bias_scale=0.2):
+    """Every bias nonzero (N(0, bias_scale)) and every gain in [0.5, 1.5], through the portable
+    state dict so the same names serve both TransformerLens versions. ``b_U`` stays zero on 4.x,
+    where the native models have none."""
+    state = _backend.portable_state(model)
+    g = torch.Generator().manual_seed(seed)
+    for name, p in state.items():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "w":
+            state[name] = torch.rand(p.shape, generator=g, dtype=torch.float64).to(p.dtype) + 0.5
+        elif leaf.startswith("b") and not (TL4 and leaf == "b_U"):
+            state[name] = (bias_scale * torch.randn(p.shape, generator=g, dtype=torch.float64)).to(p.dtype)
+    _backend.load_portable_state(model, state)
+    return model
 
 
 @pytest.fixture(scope="session")
@@ -55,37 +82,27 @@ def random3x3():
 @pytest.fixture(scope="session")
 def gpt2_tiny():
     """A GPT-2-shaped model (LayerNorm, GELU MLPs, learned positions) small enough to be quick."""
-    from transformer_lens import HookedTransformerConfig
-
     from rs_interp.models import build_model
 
-    cfg = HookedTransformerConfig(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, d_vocab=300, n_ctx=32,
-                                  act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
-                                  seed=None, device="cpu")
+    cfg = _backend.make_config(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, d_vocab=300, n_ctx=32,
+                               act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
+                               seed=None, device="cpu")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = build_model(cfg)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")) or name.endswith(".b"):
-                    p.normal_(0, 0.1)
-                elif name.endswith(".w"):
-                    p.uniform_(0.5, 1.5)
-    return model.eval()
+    return perturb(model, 0, bias_scale=0.1).eval()
 
 
 NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
-POSITIONS = ("standard", "rotary", "shortformer", "alibi")
+POSITIONS = ("standard", "rotary") + (() if TL4 else ("shortformer", "alibi"))
 
 
 def make_variant(norm, pos, attn_only, *, dtype=torch.float64, seed=0, n_layers=2, n_heads=2, d_head=8, d_model=16,
                  d_vocab=50, n_ctx=12):
     """A small random model of any TransformerLens variant, with every bias and gain nonzero."""
-    from transformer_lens import HookedTransformerConfig
-
     from rs_interp.models import build_model
 
-    cfg = HookedTransformerConfig(
+    cfg = _backend.make_config(
         n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_head, d_vocab=d_vocab, n_ctx=n_ctx,
         attn_only=attn_only, d_mlp=None if attn_only else 4 * d_model, act_fn=None if attn_only else "gelu",
         normalization_type=norm, positional_embedding_type=pos, rotary_dim=d_head if pos == "rotary" else None,
@@ -93,13 +110,7 @@ def make_variant(norm, pos, attn_only, *, dtype=torch.float64, seed=0, n_layers=
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_model(cfg)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(".w"):
-                    p.uniform_(0.5, 1.5)  # gains away from one
-                elif name.rsplit(".", 1)[-1].startswith("b"):
-                    p.normal_(0, 0.2)  # every bias nonzero
-    return model.eval()
+    return perturb(model, seed).eval()
 
 
 VARIANTS = [(n, p, a) for n in NORMALIZATIONS for p in POSITIONS for a in (True, False)]

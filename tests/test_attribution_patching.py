@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import make_variant
+from conftest import make_variant, needs_tl3
 
 EPS = 1e-4  # central differences: error O(EPS^2) ~ 1e-8 on these metrics
 
@@ -31,7 +31,8 @@ def _derivative(model, toks, hook_name, add):
     return (at(EPS) - at(-EPS)) / (2 * EPS)
 
 
-VARIANTS = [("LN", "standard", False), ("RMSPre", "rotary", False), (None, "shortformer", True)]
+VARIANTS = [("LN", "standard", False), ("RMSPre", "rotary", False),
+            pytest.param((None, "shortformer", True), marks=needs_tl3)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
@@ -50,6 +51,46 @@ def test_node_estimates_are_directional_derivatives(variant):
     assert atp.per_position.sum(-1).sub(atp.values).abs().max() <= 1e-12
 
 
+def _norm(model, layer, x):
+    """Layer ``layer``'s first normalisation, written out from the config (apart from the library)."""
+    kind, ln = model.cfg.normalization_type, model.blocks[layer].ln1
+    if kind in ("LN", "LNPre"):
+        x = x - x.mean(-1, keepdim=True)
+    if kind is not None:
+        x = x / (x.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
+    if kind in ("LN", "RMS"):
+        x = x * ln.w
+    return x + ln.b if kind == "LN" else x
+
+
+def _head_input_derivative(model, toks, kind, layer, head, w):
+    """d metric / d eps with head ``head``'s ``kind`` (q, k or v) computed from ``resid_pre + eps w``:
+    the projection recomputed at ``hook_{kind}`` (before rotary), which both TransformerLens versions have."""
+    attn = model.blocks[layer].attn
+    W, b = getattr(attn, f"W_{kind.upper()}")[head], getattr(attn, f"b_{kind.upper()}")[head]
+    shortformer = model.cfg.positional_embedding_type == "shortformer"
+
+    def at(eps):
+        box = {}
+
+        def keep(t, hook):
+            box["x"] = t
+
+        def project(t, hook):
+            t = t.clone()
+            x = box["x"] + eps * w
+            if shortformer and kind in "qk":  # shortformer: queries and keys read the positions too
+                x = x + box["pos"]
+            t[:, :, head] = _norm(model, layer, x) @ W + b
+            return t
+
+        hooks = [(f"blocks.{layer}.hook_resid_pre", keep), (f"blocks.{layer}.attn.hook_{kind}", project)]
+        hooks += [("hook_pos_embed", lambda t, hook: box.update(pos=t))] if shortformer else []
+        with torch.no_grad():
+            return float(metric(model.run_with_hooks(toks, fwd_hooks=hooks)))
+    return (at(EPS) - at(-EPS)) / (2 * EPS)
+
+
 def _write(model, clean, refc, l, h):
     name = f"blocks.{l}.attn.hook_z"
     return (refc[name] - clean[name])[:, :, h] @ model.blocks[l].attn.W_O[h]
@@ -59,20 +100,10 @@ def _write(model, clean, refc, l, h):
 def test_edge_estimates_are_directional_derivatives(variant):
     model, toks, ref, clean, refc = _setup(variant)
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
-    model.cfg.use_split_qkv_input = True
-    try:
-        for kind in "qkv":
-            for (ls, hs, ld, hd) in [(0, 1, 2, 0), (1, 0, 2, 1), (0, 0, 1, 1)]:
-                w = _write(model, clean, refc, ls, hs)
-
-                def add(t, eps, hd=hd, w=w):
-                    t = t.clone()
-                    t[:, :, hd] += eps * w
-                    return t
-                want = _derivative(model, toks, f"blocks.{ld}.hook_{kind}_input", add)
-                assert float(eap.values[kind][ls, hs, ld, hd]) == pytest.approx(want, abs=1e-6), (kind, ls, hs, ld, hd)
-    finally:
-        model.cfg.use_split_qkv_input = False
+    for kind in "qkv":
+        for (ls, hs, ld, hd) in [(0, 1, 2, 0), (1, 0, 2, 1), (0, 0, 1, 1)]:
+            want = _head_input_derivative(model, toks, kind, ld, hd, _write(model, clean, refc, ls, hs))
+            assert float(eap.values[kind][ls, hs, ld, hd]) == pytest.approx(want, abs=1e-6), (kind, ls, hs, ld, hd)
     for kind in "qkv":  # NaN exactly where the source is not earlier
         later = torch.tensor([[ls >= ld for ld in range(3)] for ls in range(3)])[:, None, :, None].expand(3, 2, 3, 2)
         assert torch.equal(eap.values[kind].isnan(), later)

@@ -33,11 +33,11 @@ def _random_stochastic(g, n):
 
 def test_mha_is_the_sum_of_head_results(gpt2_tiny):
     model = ri.as_dtype(gpt2_tiny, F64)
-    model.cfg.use_attn_result = True  # a private float64 copy: flipping its flag touches no shared fixture
     tokens = torch.randint(0, model.cfg.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
     _, cache = model.run_with_cache(tokens)
     for l in range(model.cfg.n_layers):
-        heads = cache[f"blocks.{l}.attn.hook_result"].sum(-2) + model.blocks[l].attn.b_O
+        results = torch.einsum("bphd,hdm->bphm", cache[f"blocks.{l}.attn.hook_z"], model.blocks[l].attn.W_O)  # per head
+        heads = results.sum(-2) + model.blocks[l].attn.b_O
         assert (heads - cache[f"blocks.{l}.hook_attn_out"]).abs().max() <= 1e-12
 
 
@@ -48,7 +48,8 @@ def test_mlp_is_a_key_value_sum(gpt2_tiny):
     _, cache = model.run_with_cache(tokens)
     mlp = model.blocks[1].mlp
     x = model.blocks[1].ln2(cache["blocks.1.hook_resid_mid"])  # the MLP's input
-    act = mlp.act_fn
+    assert model.cfg.act_fn == "gelu_new"
+    act = lambda u: torch.nn.functional.gelu(u, approximate="tanh")  # noqa: E731  (gelu_new, written out)
     out = mlp.b_out.clone().expand_as(x).clone()
     for i in range(model.cfg.d_mlp):  # the key-value reading, one memory slot at a time
         out = out + act(x @ mlp.W_in[:, i] + mlp.b_in[i])[..., None] * mlp.W_out[i]

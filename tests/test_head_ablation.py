@@ -6,7 +6,7 @@ from transformer_lens import FactoredMatrix
 from transformer_lens import patching as tl_patching
 
 import rs_interp as ri
-from conftest import make_variant
+from conftest import TL4, make_variant
 from rs_interp.reproduce.expected import EXPECTED
 
 
@@ -32,7 +32,9 @@ def _brute_force(model, tokens, heads, method, reference):
 def _models():
     return {"toy": ri.as_dtype(ri.load_toy_model(), torch.float64),
             "ln_mlp": make_variant("LN", "standard", False, seed=2, n_layers=3, n_heads=3),
-            "rms_shortformer": make_variant("RMSPre", "shortformer", False, seed=3, n_layers=2, n_heads=2)}
+            # shortformer exists on TransformerLens 3.x only; 4.x's native models get rotary here
+            "rms_" + ("rotary" if TL4 else "shortformer"): make_variant("RMSPre", "rotary" if TL4 else "shortformer", False,
+                                                                       seed=3, n_layers=2, n_heads=2)}
 
 
 MODELS = _models()

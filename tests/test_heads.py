@@ -40,13 +40,15 @@ def test_positional_scores_match_the_model(toy2):
     """The bias-only score from the kernel equals the model's score on an input whose stream is zero."""
     ps = ri.positional_scores(toy2, 0)
     assert ps.shape == (2, 48)
-    zeros = torch.zeros(1, 48, 2, 32)
-    attn = toy2.blocks[0].attn
-    q = attn.apply_rotary(torch.einsum("bphd,hde->bphe", zeros, attn.W_Q) + attn.b_Q)
-    k = attn.apply_rotary(torch.einsum("bphd,hde->bphe", zeros, attn.W_K) + attn.b_K)
-    scores = torch.einsum("bqhe,bkhe->hqk", q, k) / attn.attn_scale
-    for delta in (0, 1, 5, 39):
-        assert torch.allclose(ps[:, delta], scores[:, 45, 45 - delta], atol=1e-5)
+    # The model's own attention with the layer-0 stream set to zero: only the biases and positions
+    # remain, and within a row the log-pattern differs from the scores by the row's normaliser.
+    box = {}
+    with toy2.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", lambda t, hook: torch.zeros_like(t)),
+                               ("blocks.0.attn.hook_pattern", lambda t, hook: box.update(p=t.detach()))]):
+        toy2(torch.zeros(1, 48, dtype=torch.long))
+    log_p = box["p"][0, :, 45].log()  # (head, key)
+    for delta in (1, 5, 39):
+        assert torch.allclose(ps[:, delta] - ps[:, 0], log_p[:, 45 - delta] - log_p[:, 45], atol=1e-4)
 
 
 def test_prev_token_head_kernel_peaks_at_one(toy2, test_set):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import rs_interp as ri
+from rs_interp import _backend
 from rs_interp import hooks as H
 
 
@@ -19,10 +20,13 @@ def tokens():
 
 def test_store_records_without_changing(model, tokens):
     box = {}
-    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", H.store(box)), ("hook_embed", H.store(box, "e"))]):
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", H.store(box)), ("hook_embed", H.store(box, "e")),
+                                *H.store_matching(box, model, lambda n: n == "blocks.0.hook_resid_post")]):
         out = model(tokens)
     assert torch.equal(out, model(tokens))
-    assert box["blocks.0.hook_resid_post"].shape == (3, 48, 32) and torch.equal(box["e"], model.W_E[tokens])
+    assert box["blocks.0.attn.hook_z"].shape == (3, 48, 2, 16) and torch.equal(box["e"], model.W_E[tokens])
+    # keyed by the name asked for, also where TransformerLens 4 names the point otherwise (blocks.0.hook_out)
+    assert box["blocks.0.hook_resid_post"].shape == (3, 48, 32)
 
 
 def test_replace_swaps_the_activation(model, tokens):
@@ -44,12 +48,10 @@ def test_replace_heads_targets_only_the_chosen_heads(model, tokens, heads):
     box = {}
     value = torch.zeros(3, 48, 32, dtype=torch.float64)
     hooks = [("blocks.1.hook_k_input", H.replace_heads(value, heads)), ("blocks.1.attn.hook_k", H.store(box, "k"))]
-    model.cfg.use_split_qkv_input = True
-    try:
-        with model.hooks(fwd_hooks=hooks):
-            model(tokens)
-    finally:
-        model.cfg.use_split_qkv_input = False
+    # Per-head inputs: TransformerLens's split inputs, or their emulation on 4.x native attention.
+    with _backend.per_head_inputs(model, hooks) as runnable, model.hooks(fwd_hooks=runnable):
+        model(tokens)
+    assert not model.cfg.use_split_qkv_input
     changed = [0, 1] if heads is None else heads
     for h in range(2):
         is_bias = torch.allclose(box["k"][:, :, h], model.blocks[1].attn.b_K[h].expand(3, 48, 16))

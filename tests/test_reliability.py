@@ -77,13 +77,19 @@ def _snapshot(model):
     return {
         "hooks": {name: (len(hp._forward_hooks), len(hp._backward_hooks), len(hp.fwd_hooks), len(hp.bwd_hooks))
                   for name, hp in model.hook_dict.items()},
-        "module_hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in model.modules()),
+        "module_hooks": sum(not _bridge_wiring(f) for m in model.modules()
+                            for f in (*m._forward_hooks.values(), *m._forward_pre_hooks.values(), *m._backward_hooks.values())),
         "cfg": json.dumps({k: repr(v) for k, v in vars(model.cfg).items()}, sort_keys=True),
         "weights": {k: v.clone() for k, v in model.state_dict().items()},
         "training": [m.training for m in model.modules()],
         "grad": torch.is_grad_enabled(),
         "threads": torch.get_num_threads(),
     }
+
+
+def _bridge_wiring(fn) -> bool:
+    """TransformerLens 4's own capture hooks, which a bridge wires once, on first need, and keeps."""
+    return "_maybe_wire_capture_hooks" in getattr(fn, "__qualname__", "")
 
 
 def _assert_same(before, after):

@@ -19,7 +19,8 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from .._backend import Model, make_config
+
+from .._backend import Model, attention_output, make_config, mlp_out_parameter, set_unembedding
 
 from ..geometry import layer_norm
 from ..models import build_model
@@ -51,8 +52,8 @@ class PostLNStack(nn.Module):
         self.model = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.model.blocks:
-            x = layer_norm(x + block.attn(x, x, x))
+        for l, block in enumerate(self.model.blocks):
+            x = layer_norm(x + attention_output(self.model, l, x))
             x = layer_norm(x + block.mlp(x))
         self.final_stream = x
         return layer_norm(x) @ self.model.W_U
@@ -90,9 +91,8 @@ def gradient_scaling(depths: Sequence[int] = (6, 12, 24), *, n_draws: int = 8, s
             g = torch.Generator().manual_seed(seed + draw)
             x0 = torch.randn(1, n_tokens, model.cfg.d_model, generator=g, dtype=torch.float64)
             c = torch.randn(model.cfg.d_vocab, generator=g, dtype=torch.float64)
-            with torch.no_grad():
-                model.unembed.W_U.copy_(torch.randn(model.W_U.shape, generator=g, dtype=torch.float64) * model.cfg.initializer_range)
-            W_last, W_first = model.blocks[-1].mlp.W_out, model.blocks[0].mlp.W_out
+            set_unembedding(model, torch.randn(model.W_U.shape, generator=g, dtype=torch.float64) * model.cfg.initializer_range)
+            W_last, W_first = mlp_out_parameter(model, depth - 1), mlp_out_parameter(model, 0)
 
             box = {}
             with model.hooks(fwd_hooks=[(f"blocks.{depth - 1}.hook_resid_post", lambda t, hook: box.__setitem__("x", t.detach()))]):
