@@ -120,8 +120,11 @@ def build_model(cfg: ModelConfig) -> Model:
             warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
             return Model(cfg)
     cfg = make_config(**{k: getattr(cfg, k) for k in PORTABLE_FIELDS if hasattr(cfg, k)} | {"device": "cpu"})
-    model = Model.boot_native(cfg, dtype=cfg.dtype)
+    with torch.random.fork_rng(devices=[]):  # the native init's draws must not shift the caller's RNG
+        model = Model.boot_native(cfg, dtype=cfg.dtype)
     _compatible(model, no_processing=True)
+    _tl3_rotary_tables(model)
+    _tl3_init(model)
     for module in model.modules():
         # The bridge's RMS norms call TransformerLens's NativeRMSNorm, which computes in float32
         # whatever the model's dtype; its own Python path computes HookedTransformer's formula in
@@ -129,6 +132,56 @@ def build_model(cfg: ModelConfig) -> Model:
         if getattr(module, "use_native_layernorm_autograd", False):
             module.use_native_layernorm_autograd = False
     return model
+
+
+def _tl3_rotary_tables(model: Model) -> None:
+    """Recompute the native rotary tables as HookedTransformer computes them: ``pos / base^(i / (r/2))``
+    in float64 for a float64 model (the native tables are float32 whatever the dtype, so a float64
+    model would carry float32 angles), laid out for adjacent pairs."""
+    cfg = model.cfg
+    for module in model.modules():
+        if type(module).__name__ != "NativeRotary":
+            continue
+        r = module.rotary_dim
+        high = torch.float64 if cfg.dtype == torch.float64 else torch.float32
+        pos = torch.arange(cfg.n_ctx, dtype=high)
+        freq = float(cfg.rotary_base) ** (torch.arange(r // 2, dtype=high) / (r / 2))
+        angles = (pos[:, None] / freq[None, :]).repeat_interleave(2, dim=-1)
+        module.cos_cached = angles.cos().to(cfg.dtype)
+        module.sin_cached = angles.sin().to(cfg.dtype)
+
+
+def _tl3_order(cfg: Any) -> list[str]:
+    """HookedTransformer's parameters in its ``named_parameters`` order (the order it initialises them)."""
+    norm = {"LN": ["w", "b"], "RMS": ["w"]}.get(cfg.normalization_type, [])
+    names = ["embed.W_E"] + (["pos_embed.W_pos"] if cfg.positional_embedding_type == "standard" else [])
+    for l in range(cfg.n_layers):
+        names += [f"blocks.{l}.ln1.{p}" for p in norm]
+        if not cfg.attn_only:
+            names += [f"blocks.{l}.ln2.{p}" for p in norm]
+        names += [f"blocks.{l}.attn.{p}" for p in ("W_Q", "W_O", "b_Q", "b_O", "W_K", "W_V", "b_K", "b_V")]
+        if not cfg.attn_only:
+            names += [f"blocks.{l}.mlp.{p}" for p in ("W_in", "b_in", "W_out", "b_out")]
+    return names + [f"ln_final.{p}" for p in norm] + ["unembed.W_U", "unembed.b_U"]
+
+
+def _tl3_init(model: Model) -> None:
+    """Initialise ``model`` exactly as HookedTransformer's GPT-2 scheme would from the same global
+    RNG state: ``N(0, initializer_range)`` for every ``W_*`` in its parameter order, gains one,
+    biases zero. A seed then gives the same model under both versions. (Gated MLPs, whose native
+    layout differs, keep the native initialisation.)"""
+    cfg, state = model.cfg, portable_state(model)
+    order = _tl3_order(cfg)
+    if cfg.gated_mlp or set(order) != set(state) or cfg.init_mode != "gpt2":
+        return
+    for name in order:
+        leaf = name.rsplit(".", 1)[-1]
+        t = state[name]
+        if leaf.startswith("W_"):
+            state[name] = torch.empty(t.shape, dtype=t.dtype).normal_(0.0, cfg.initializer_range)
+        else:
+            state[name] = torch.ones_like(t) if leaf == "w" else torch.zeros_like(t)
+    load_portable_state(model, state)
 
 
 def _compatible(model: Model, **processing: Any) -> None:
@@ -470,13 +523,23 @@ def set_unembedding(model: Model, W_U: torch.Tensor) -> None:
 
 # --- GPT-2 --------------------------------------------------------------------------------------
 
+def _folded(model: Model, fold_ln: bool) -> Model:
+    """After folding, 4.x keeps ``normalization_type="LN"`` with unit gains and zero biases; say
+    ``"LNPre"`` as 3.x does, so the analyses see no (zero) norm-bias term. The forward pass is unchanged."""
+    if fold_ln and model.cfg.normalization_type == "LN":
+        norms = [b.ln1 for b in model.blocks] + [b.ln2 for b in model.blocks if hasattr(b, "ln2")] + [model.ln_final]
+        if all(bool((n.w == 1).all()) and not bool(n.b.any()) for n in norms):
+            model.cfg.normalization_type = "LNPre"
+    return model
+
+
 def gpt2_from_hf_dir(path: str, cfg: ModelConfig, *, fold_ln: bool, center_writing_weights: bool,
                      center_unembed: bool, dtype: torch.dtype) -> Model:
     """GPT-2 from a local Hugging Face checkpoint directory, no network call."""
     if TL_MAJOR >= 4:
         model = Model.boot_transformers(str(path), device="cpu", dtype=dtype)
         _compatible(model, fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed)
-        return model
+        return _folded(model, fold_ln)
     from transformers import GPT2LMHeadModel
     from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
 
@@ -496,6 +559,6 @@ def gpt2_from_hub(name: str, *, fold_ln: bool, center_writing_weights: bool, cen
         if TL_MAJOR >= 4:
             model = Model.boot_transformers(name, device="cpu", dtype=dtype)
             _compatible(model, fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed)
-            return model
+            return _folded(model, fold_ln)
         return Model.from_pretrained(name, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                      center_unembed=center_unembed, dtype=dtype, device="cpu")

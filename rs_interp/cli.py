@@ -31,9 +31,10 @@ def _writable_dir(path: str | Path) -> Path:
 
 def _reproduce(args: argparse.Namespace) -> int:
     from .reproduce import run_seeds
-    from .reproduce.report import format_table, write_report, write_results
+    from .reproduce.report import describe_environment, format_table, write_report, write_results
 
     out = _writable_dir(args.out)
+    print(f"rs-interp reproduce on {describe_environment()}\n", flush=True)
     sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log)
     for s in sections:
         print(format_table(s) + "\n", flush=True)

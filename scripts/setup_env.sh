@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv and install rs_interp with its test extras.
+# Create (or reuse) the venv for one TransformerLens major version and install rs_interp with its
+# test extras: RS_INTERP_TL=3 or 4 (default 4), in .venv-tl3 / .venv-tl4 (see scripts/_env.sh).
 # torch==2.13.0 goes first: that CPU build lies on disk here, and a plain `torch` requirement
 # would otherwise pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${RS_INTERP_VENV:-.venv}"
+source scripts/_env.sh
 PY="${PYTHON:-python3}"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-"$VENV/bin/python" -m pip install -q -e ".[test]"
+"$VENV/bin/python" -m pip install -q -e ".[test]" "$TL_REQUIREMENT"
+echo "setup_env: $VENV has $("$VENV/bin/python" -c 'import importlib.metadata as m; print("transformer-lens", m.version("transformer-lens"))')" >&2

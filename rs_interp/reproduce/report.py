@@ -64,6 +64,25 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+def environment() -> dict[str, str]:
+    """What the numbers were computed with: TransformerLens (3.x HookedTransformer or 4.x bridge), torch, Python."""
+    import platform
+
+    import torch
+
+    from .._backend import TL_MAJOR, TL_VERSION
+
+    return {"transformer_lens": TL_VERSION, "model_class": "HookedTransformer" if TL_MAJOR < 4 else "TransformerBridge",
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+def describe_environment() -> str:
+    """One line for the top of the text output and the report."""
+    env = environment()
+    return (f"TransformerLens {env['transformer_lens']} ({env['model_class']}), torch {env['torch']}, "
+            f"Python {env['python']}")
+
+
 def write_results(sections: list[Section], path: Path) -> dict[str, Any]:
     """Write ``results.json``: one key per section, every row with its band check (``"bands"``), and
     which registry entry built which sections (``"parts"``)."""
@@ -72,6 +91,7 @@ def write_results(sections: list[Section], path: Path) -> dict[str, Any]:
     for s in sections:
         data["parts"].setdefault(s.part, []).append(s.key)
     data["bands"] = {s.key: [_band_json(r) for r in s.rows] for s in sections}
+    data["environment"] = environment()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_jsonable(data), indent=2))
     return data
@@ -129,7 +149,8 @@ def write_report(sections: list[Section], path: Path, *, title: str = "rs_interp
     seeds = max((len(r.per_seed) for s in sections for r in s.rows), default=0)
     over = (f" over {seeds} seeds (a row counts as within band when every seed is; the strip shows each seed)" if seeds
             else " with the shipped models (one seed; `rs-interp reproduce --seeds N` retrains over N seeds)")
-    summary = f"<p>{n_ok} rows within band, {n_out} outside{over}; theory values from the NumPy reference implementation.</p>"
+    summary = (f"<p>{n_ok} rows within band, {n_out} outside{over}; theory values from the NumPy reference implementation.</p>"
+               f"<p>Computed with {html.escape(describe_environment())}.</p>")
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body><h1>{html.escape(title)}</h1>{summary}"
             + "".join(body) + "<script>" + "\n".join(scripts) + "</script></body></html>")
