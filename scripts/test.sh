@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_browser.sh
 if [ -n "${RS_INTERP_TL:-}" ]; then versions="$RS_INTERP_TL"; else versions="3 4"; fi
+# Where each version's run records its numbers; the second run compares (tests/test_cross_version.py).
+export RS_INTERP_CROSS_DIR="${RS_INTERP_CROSS_DIR:-$(mktemp -d -t rs_interp_cross.XXXXXX)}"
 for v in $versions; do
   (
     export RS_INTERP_TL="$v"
