@@ -144,15 +144,22 @@ def encode_corpus(tokenizer, texts: tuple[str, ...]) -> torch.Tensor:
 def _windows(stream: torch.Tensor, n: int, width: int, generator: torch.Generator, repeat_fraction: float = 0.0,
              random_fraction: float = 0.0, d_vocab: int = CODE_VOCAB) -> torch.Tensor:
     """``n`` random windows of ``width`` tokens of the stream. The curriculum that lets induction form
-    within minutes: the last ``round(n * repeat_fraction)`` rows write their first ``width // 2``
-    tokens twice, and of those the last ``round(n * random_fraction)`` are uniform random tokens."""
+    within minutes: in the last ``round(n * repeat_fraction)`` rows a span of random length
+    ``8 .. width // 2`` at a random place is written twice in a row, and of those the last
+    ``round(n * random_fraction)`` spans are uniform random tokens.
+
+    The length and the place vary from row to row: with a fixed offset (every repeat ``width // 2``
+    back) a single head learns to copy from that position, a positional shortcut that fails on any
+    other offset, and no induction head forms."""
     starts = torch.randint(0, len(stream) - width, (n,), generator=generator)
     out = stream[starts[:, None] + torch.arange(width)]
-    k, r, half = round(n * repeat_fraction), round(n * random_fraction), width // 2
-    if r:
-        out[n - r :, :half] = torch.randint(0, d_vocab, (r, half), generator=generator)
-    if k:
-        out[n - k :, half : 2 * half] = out[n - k :, :half]
+    k, r = round(n * repeat_fraction), round(n * random_fraction)
+    for row in range(n - k, n):
+        length = int(torch.randint(8, width // 2 + 1, (1,), generator=generator))
+        at = int(torch.randint(0, width - 2 * length + 1, (1,), generator=generator))
+        if row >= n - r:
+            out[row, at : at + length] = torch.randint(0, d_vocab, (length,), generator=generator)
+        out[row, at + length : at + 2 * length] = out[row, at : at + length]
     return out
 
 

@@ -66,10 +66,52 @@ def reading_points(model: Model, sublayers: bool = False) -> list[tuple[str, str
     return points
 
 
-def _decode(model: Model, x: torch.Tensor) -> torch.Tensor:
-    if model.cfg.normalization_type is not None:
-        x = model.ln_final(x)  # recomputes the scale from x: the lens reads each point on its own terms
-    return model.unembed(x)
+def _read_tiled(x: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor | None, top_k: int, targets: torch.Tensor | None,
+                tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Top-k probabilities and tokens, entropy and target probabilities of ``softmax(x W_U + b_U)``,
+    reading the vocabulary ``tile`` columns at a time (online softmax).
+
+    Per row a running maximum ``m``, ``s = sum exp(l - m)`` and ``d = sum exp(l - m) l`` are kept
+    and rescaled when ``m`` grows; then ``log Z = m + log s`` and the entropy is ``log Z - d / s``.
+    Each tile's logits are used while they are in cache: every logit is written once by the matmul
+    and read a few times from cache, never from memory. Top-k merges each tile's top-k.
+    """
+    R, V = x.shape[0], W_U.shape[1]
+    dt = x.dtype
+    m = torch.full((R, 1), float("-inf"), dtype=dt)
+    s = torch.zeros(R, 1, dtype=dt)
+    d = torch.zeros(R, 1, dtype=dt)
+    top_v = torch.empty(R, 0, dtype=dt)
+    top_i = torch.empty(R, 0, dtype=torch.long)
+    buf = torch.empty(R, min(tile, V), dtype=dt)
+    for c0 in range(0, V, tile):
+        c1 = min(c0 + tile, V)
+        logits = torch.addmm(b_U[c0:c1], x, W_U[:, c0:c1]) if b_U is not None else x @ W_U[:, c0:c1]
+        m_new = torch.maximum(m, logits.amax(-1, keepdim=True))
+        e = torch.sub(logits, m_new, out=buf[:, : c1 - c0]).exp_()
+        rescale = (m - m_new).exp_()
+        s = s * rescale + e.sum(-1, keepdim=True)
+        d = d * rescale + (e.unsqueeze(-2) @ logits.unsqueeze(-1))[..., 0]  # sum e * logits, no temporary
+        m = m_new
+        v, i = logits.topk(min(top_k, c1 - c0), dim=-1)
+        top_v, top_i = torch.cat([top_v, v], -1), torch.cat([top_i, i + c0], -1)
+        if top_v.shape[1] > top_k:
+            top_v, keep = top_v.topk(top_k, dim=-1)
+            top_i = top_i.gather(-1, keep)
+    log_z = m + s.log()
+    entropy = (log_z - d / s)[:, 0]
+    target = None
+    if targets is not None:
+        t = targets.clamp(min=0)
+        logit_t = (x * W_U[:, t].T).sum(-1) + (b_U[t] if b_U is not None else 0)
+        target = (logit_t - log_z[:, 0]).exp()
+    return (top_v - log_z).exp(), top_i, entropy, target
+
+
+def _final_norm(model: Model, x: torch.Tensor) -> torch.Tensor:
+    """The final norm of every row of ``x`` (rows, d_model), its scale recomputed from the row itself:
+    the lens reads each point on its own terms."""
+    return x if model.cfg.normalization_type is None else model.ln_final(x)
 
 
 def logit_lens(
@@ -81,7 +123,8 @@ def logit_lens(
     sublayers: bool = False,
     full: bool = False,
     batch_chunk: int = 1,
-    row_chunk: int = 256,
+    row_chunk: int = 1024,
+    vocab_tile: int = 4096,
 ) -> LogitLensReadings:
     """Decode the residual stream at every reading point (see the module docstring).
 
@@ -94,6 +137,8 @@ def logit_lens(
         sublayers: also read after each attention sublayer (models with MLPs).
         full: also return every full log-distribution (memory: point x batch x pos x d_vocab).
         batch_chunk, row_chunk: sequences per forward pass, rows per decoding step.
+        vocab_tile: vocabulary columns decoded at a time (the working set of a decoding step is
+            ``row_chunk x vocab_tile``: sized to stay in cache).
 
     The last reading point equals the model's own output distribution.
     """
@@ -101,6 +146,7 @@ def logit_lens(
     check_int_range("top_k", top_k, 1, model.cfg.d_vocab)
     check_int_range("batch_chunk", batch_chunk, 1)
     check_int_range("row_chunk", row_chunk, 1)
+    check_int_range("vocab_tile", vocab_tile, 1)
     if targets is not None:
         if not isinstance(targets, torch.Tensor) or tuple(targets.shape) != tuple(tokens.shape):
             raise ValueError(f"targets must have the shape of tokens {tuple(tokens.shape)}")
@@ -118,6 +164,9 @@ def logit_lens(
     log_probs = torch.empty(n_pts, B, P, model.cfg.d_vocab, dtype=dt) if full else None
     names = {name for _, name in points}
     with preserve_state(model), torch.no_grad():
+        W_U = model.W_U.to(dt)
+        b_U = model.b_U.to(dt)
+        has_bias = bool(b_U.any())
         for b0 in range(0, B, batch_chunk):
             box: dict[str, torch.Tensor] = {}
             with model.hooks(fwd_hooks=[(n, store(box, n)) for n in names]):
@@ -125,22 +174,27 @@ def logit_lens(
             for i, (_, name) in enumerate(points):
                 resid = box.pop(name)
                 nb = resid.shape[0]
-                flat = resid.reshape(nb * P, -1)
+                flat = _final_norm(model, resid.reshape(nb * P, -1)).to(dt)
                 for r0 in range(0, flat.shape[0], row_chunk):
-                    rows = slice(r0, r0 + row_chunk)
-                    lp = _decode(model, flat[rows]).to(dt).log_softmax(-1)
                     bi = torch.arange(r0, min(r0 + row_chunk, nb * P))
                     bb, pp = b0 + bi // P, bi % P
-                    tp, tt = lp.topk(top_k, dim=-1)
-                    top_probs[i, bb, pp], top_tokens[i, bb, pp] = tp.exp().cpu(), tt.cpu()
-                    entropy[i, bb, pp] = -(lp.exp() * lp).sum(-1).cpu()
-                    if targets is not None:
-                        t = targets[bb, pp]
-                        ok = t >= 0
-                        vals = lp.gather(-1, t.clamp(min=0)[:, None])[:, 0].exp()
-                        target_probs[i, bb[ok.cpu()], pp[ok.cpu()]] = vals[ok].cpu()
-                    if log_probs is not None:
+                    x = flat[r0 : r0 + row_chunk]
+                    t = None if targets is None else targets[bb, pp]
+                    if log_probs is None:
+                        tp, tt, ent, tgt = _read_tiled(x, W_U, b_U if has_bias else None, top_k, t, vocab_tile)
+                    else:
+                        lp = torch.addmm(b_U, x, W_U) if has_bias else x @ W_U
+                        lp = lp.log_softmax(-1)
                         log_probs[i, bb, pp] = lp.cpu()
+                        (tp, tt), ent = lp.topk(top_k, dim=-1), -(lp.exp() * lp).sum(-1)
+                        tp = tp.exp()
+                        tgt = None if t is None else lp.gather(-1, t.clamp(min=0)[:, None])[:, 0].exp()
+                    top_probs[i, bb, pp], top_tokens[i, bb, pp] = tp.cpu(), tt.cpu()
+                    entropy[i, bb, pp] = ent.cpu()
+                    if tgt is not None:
+                        ok = (t >= 0).cpu()
+                        target_probs[i, bb[ok], pp[ok]] = tgt.cpu()[ok]
+
     return LogitLensReadings(labels=tuple(l for l, _ in points), target_probs=target_probs, top_tokens=top_tokens,
                      top_probs=top_probs, entropy=entropy, log_probs=log_probs)
 

@@ -1,0 +1,167 @@
+"""Every heavy helper on GPT-2 small, medium, large and xl (random weights), beside TransformerLens's
+equivalent where one exists and beside this machine's own matmul rate, measured in the same run.
+
+For each (size, helper, tool) a subprocess builds the model, times one call (its own peak RSS above
+the model) and then counts the call's matmul FLOPs with ``torch.profiler`` (an untimed second
+call). The bound is those FLOPs at the matmul rate measured in this run (a float32
+``(2048 x d_model) @ (d_model x 50257)``, best of three); for the logit lens one measured
+``log_softmax`` pass over the same rows is added, as the lens must read every logit once.
+``ratio`` = time / bound: 1.0 is the machine's limit.
+
+Inputs: lens and DLA on 1 x 256 tokens, second order on 1 x 64 (last position), attribution
+patching on 1 x 64, the resample-ablation scan on 1 x 32 (metric at the last position).
+TransformerLens's equivalents: ``all_composition_scores`` (small only: it holds every pair's SVD,
+~10 GB per kind there), ``accumulated_resid`` + ``unembed`` for the lens, ``stack_head_results`` +
+``logit_attrs`` for DLA, ``get_act_patch_attn_head_out_all_pos`` for the scan (small only: one
+full pass per head). Path expansion is for attention-only models: it is benchmarked on the toy in
+``bench_composition``'s sibling tests, not here.
+
+Usage: python benchmarks/run_all.py [--sizes small medium large xl] [--readme]
+``--readme`` rewrites the table between the bench markers in README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _child import run_child
+
+_SETUP = r"""
+from transformer_lens import patching
+size, helper, tool = sys.argv[1], sys.argv[2], sys.argv[3]
+model = ri.load_gpt2("random", size=size)
+g = torch.Generator().manual_seed(0)
+V = model.cfg.d_vocab
+def toks(n):
+    return torch.randint(0, V, (1, n), generator=g)
+t256, t64, t32, r64, r32 = toks(256), toks(64), toks(32), toks(64), toks(32)
+metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 42].mean()
+def call():
+    if helper == "composition":
+        if tool == "ours":
+            return [ri.composition_scores(model, k) for k in "KQV"]
+        return [model.all_composition_scores(k) for k in "KQV"]
+    if helper == "logit lens":
+        if tool == "ours":
+            return ri.logit_lens(model, t256, targets=t256.roll(-1, 1), top_k=5)
+        _, cache = model.run_with_cache(t256, names_filter=lambda n: "resid" in n or "ln_final" in n)
+        lp = model.unembed(cache.accumulated_resid(apply_ln=True)).log_softmax(-1)
+        return lp.topk(5, dim=-1), -(lp.exp() * lp).sum(-1)
+    if helper == "DLA":
+        if tool == "ours":
+            return ri.direct_logit_attribution(model, t256, targets=t256.roll(-1, 1))
+        _, cache = model.run_with_cache(t256)
+        heads = cache.stack_head_results(layer=-1, apply_ln=True)
+        return cache.logit_attrs(heads, tokens=t256.roll(-1, 1))
+    if helper == "second order":
+        return ri.second_order_attribution(model, t64, targets=t64.roll(-1, 1), positions=[-1])
+    if helper == "attribution patching":
+        with torch.enable_grad():
+            return (ri.attribution_patching(model, t64, metric, reference=r64),
+                    ri.edge_attribution_patching(model, t64, metric, reference=r64))
+    if helper == "ablation scan":
+        if tool == "ours":
+            return ri.head_ablation_scan(model, t32, metric, method="resample", reference=r32, positions=[-1],
+                                         progress=False)
+        _, cache = model.run_with_cache(r32, names_filter=lambda n: n.endswith("hook_z"))
+        return patching.get_act_patch_attn_head_out_all_pos(model, t32, cache, metric)
+    raise ValueError(helper)
+rows = {"logit lens": 256, "DLA": 256}.get(helper, 0)
+"""
+
+_BODY = r"""
+call()
+out = {}
+"""
+
+_COUNT = r"""
+elapsed = time.perf_counter() - t
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True) as prof:
+    call()
+out["flops"] = sum(e.flops for e in prof.key_averages())
+out["softmax_seconds"] = 0.0
+if helper == "logit lens" and tool == "ours":  # one pass over every logit the lens must read
+    n_rows = rows * (model.cfg.n_layers + 1)
+    x = torch.randn(min(n_rows, 2048), V)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter(); x.log_softmax(-1); best = min(best, time.perf_counter() - t0)
+    out["softmax_seconds"] = best * n_rows / x.shape[0]
+t = time.perf_counter() - elapsed
+"""
+
+SIZES = ("small", "medium", "large", "xl")
+D_MODEL = {"small": 768, "medium": 1024, "large": 1280, "xl": 1600}
+#: (helper, TransformerLens equivalent exists, sizes where it is run)
+HELPERS = [
+    ("composition", {"small"}),
+    ("logit lens", set(SIZES)),
+    ("DLA", set(SIZES)),
+    ("second order", set()),
+    ("attribution patching", set()),
+    ("ablation scan", {"small"}),
+]
+
+
+def matmul_rate(d_model: int) -> float:
+    """This machine's float32 matmul rate in FLOP/s, (2048 x d_model) @ (d_model x 50257), best of three."""
+    code = (f"import time, torch\na, b = torch.randn(2048, {d_model}), torch.randn({d_model}, 50257)\n"
+            "a @ b\nbest = min((lambda t: (a @ b, time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(3))\n"
+            f"print(2 * 2048 * {d_model} * 50257 / best)")
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def measure(size: str, helper: str, tool: str) -> dict:
+    return run_child(_SETUP, _BODY + _COUNT, size, helper, tool)
+
+
+def table(results: list[dict], rates: dict[str, float]) -> str:
+    lines = ["| size | helper | rs_interp | peak extra | FLOPs | bound | ratio | TransformerLens | its peak | speed-up |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        ours, tl = r["ours"], r.get("tl")
+        bound = ours["flops"] / rates[r["size"]] + ours["softmax_seconds"]
+        tl_cols = (f"{tl['seconds']:.2f} s | {tl['peak_extra_bytes'] / 2**30:.2f} GB | {tl['seconds'] / ours['seconds']:.1f}x"
+                   if tl else "— | — | —")
+        lines.append(f"| {r['size']} | {r['helper']} | {ours['seconds']:.2f} s | {ours['peak_extra_bytes'] / 2**30:.2f} GB | "
+                     f"{ours['flops'] / 1e9:.0f} G | {bound:.2f} s | {ours['seconds'] / bound:.2f} | {tl_cols} |")
+    rate_line = ", ".join(f"{s} {rates[s] / 1e9:.0f}" for s in rates)
+    return "\n".join(lines) + f"\n\nMatmul rate measured in the same run (GFLOP/s, float32, by d_model): {rate_line}.\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=SIZES)
+    ap.add_argument("--helpers", nargs="+", default=[h for h, _ in HELPERS])
+    ap.add_argument("--readme", action="store_true", help="rewrite the table in README.md")
+    args = ap.parse_args()
+    rates = {s: matmul_rate(D_MODEL[s]) for s in args.sizes}
+    results = []
+    for size in args.sizes:
+        for helper, tl_sizes in HELPERS:
+            if helper not in args.helpers:
+                continue
+            t = time.perf_counter()
+            row = {"size": size, "helper": helper, "ours": measure(size, helper, "ours")}
+            if size in tl_sizes:
+                row["tl"] = measure(size, helper, "transformer_lens")
+            results.append(row)
+            print(f"[{time.perf_counter() - t:6.0f} s] {size} {helper}: {row['ours']['seconds']:.2f} s", file=sys.stderr, flush=True)
+    text = table(results, rates)
+    print(text)
+    if args.readme:
+        readme = Path(__file__).resolve().parent.parent / "README.md"
+        body = readme.read_text()
+        new = re.sub(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", lambda m: m.group(1) + text + m.group(2), body, flags=re.S)
+        if new == body and "<!-- bench:start -->" not in body:
+            raise SystemExit("README.md has no <!-- bench:start --> ... <!-- bench:end --> markers")
+        readme.write_text(new)
+
+
+if __name__ == "__main__":
+    main()
