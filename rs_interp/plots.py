@@ -29,8 +29,7 @@ __all__ = [
     "head_scan_figure",
     "second_order_figure",
     "estimate_vs_exact_figure",
-    "period_sequence",
-]
+    "period_sequence", "position_figure"]
 
 
 def period_sequence(period: int = 11, *, seed: int = 0, d_vocab: int = 256, seq_len: int = 48) -> torch.Tensor:
@@ -175,6 +174,22 @@ def finance_figure(seen: Mapping[str, float], unseen: Mapping[str, float]) -> go
                      go.Bar(name="unseen companies", x=readers, y=[unseen[r] for r in readers])])
     fig.update_layout(barmode="group", title="Completing company names in filings", yaxis_title="fraction completed",
                       yaxis_range=[0, 1], height=420)
+    return fig
+
+
+def position_figure(prev_weight: Sequence[float], accuracy: Sequence[float], kernel: Sequence[float], *,
+                    head: tuple[int, int], drop: int) -> go.Figure:
+    """The previous-token head by query position (its weight on ``i - 1``, the model's accuracy) and its
+    content-free kernel by offset, with the position ``drop`` where the weight moves (a dotted line)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"by query position (head {head})", "content-free score by offset"))
+    x = list(range(1, len(prev_weight) + 1))
+    fig.add_trace(go.Scatter(x=x, y=list(prev_weight), name="weight on i-1", mode="lines"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=list(accuracy), name="accuracy", mode="lines"), row=1, col=1)
+    fig.add_vline(x=drop, line_dash="dot", row=1, col=1)
+    fig.add_trace(go.Scatter(x=list(range(len(kernel))), y=list(kernel), name="kernel", mode="lines+markers"), row=1, col=2)
+    fig.update_xaxes(title_text="query position i", row=1, col=1)
+    fig.update_xaxes(title_text="offset Delta", row=1, col=2)
+    fig.update_layout(title="The previous-token head and the kernel's next peak", height=380)
     return fig
 
 

@@ -70,6 +70,12 @@ EXPECTED: dict[str, Expected] = {
     "heads.after_occurrence_h1": E("0.940"),
     "heads.positional_offset1": E("7.783"),
     "heads.positional_offset0": E("6.709"),
+    # Head behaviour by position ("Induction heads": the kernel's next peak, the drop, the accuracy)
+    "heads.kernel_second_peak_offset": E("39", lo=35, hi=43),
+    "heads.kernel_second_peak_ratio": E("0.859 (6.687 / 7.783)", lo=0.75, hi=1.0),
+    "heads.prev_weight_before_drop": E("0.98", lo=0.90),
+    "heads.prev_weight_after_drop": E("< 0.5", hi=0.60),
+    "heads.accuracy_after_drop_min": E("0.968", lo=0.93),
     # Composition (the K band's lower bound is measured: max(Q/V scores, init K max))
     "composition.k_prev_to_layer1": E("0.245-0.272"),
     "composition.qv_max": E("0.036-0.076"),

@@ -10,7 +10,7 @@ from ...ablation import run_with_key_input
 from ...composition import composition_scores, random_baseline
 from ...heads import attention_patterns, induction_scores, positional_scores, prev_token_scores
 from ...models import make_attn_only
-from ...plots import attention_figure, composition_heatmaps, period_sequence
+from ...plots import attention_figure, composition_heatmaps, period_sequence, position_figure
 from ...training import evaluate, score_logits
 from ..recipes import toy_settings
 from ..context import Context, Row, Section, banded
@@ -39,6 +39,34 @@ def _other_head_row(accuracy: float, label: str, other_prev: float) -> Row:
                      f"(a previous-token head too: weight on i-1 {other_prev:.2f}; the claim does not apply)", accuracy)
         return dataclasses.replace(row, band="n/a", ok=None)
     return banded("key_ablation.other_head_accuracy", f"keys = x_0 + other head {label}: accuracy", accuracy)
+
+
+def _by_position(model, batch, ph: int, kernel: torch.Tensor) -> dict:
+    """The previous-token head by query position ("Induction heads"): the kernel's next peak beyond
+    offset 2, the head's weight on ``i - 1`` before and from that offset, and the accuracy by query
+    position from there on."""
+    second = int(kernel[2:].argmax()) + 2
+    pattern = attention_patterns(model, batch.tokens)[0, :, ph]  # (batch, query, key)
+    n = pattern.shape[-1]
+    q = torch.arange(1, n)
+    w_prev = pattern[:, q, q - 1].mean(0)  # weight on i-1 at query i = 1 .. n-1
+    with torch.no_grad():
+        correct = (model(batch.tokens)[:, :-1].argmax(-1) == batch.tokens[:, 1:]).double()
+    scored = batch.scored.double()
+    acc = (correct * scored).sum(0) / scored.sum(0).clamp(min=1)  # by query position i = 0 .. n-2
+    acc_by_query = [float(acc[i - 1]) if bool(batch.scored[:, i - 1].any()) else float("nan") for i in range(1, n)]
+    after = [a for i, a in zip(range(1, n), acc_by_query) if i >= second and a == a]
+    before = float(w_prev[: max(second - 3, 1)].mean())  # through a couple of positions before the drop
+    from_drop = float(w_prev[second - 1 :].mean())
+    rows = [
+        banded("heads.kernel_second_peak_offset", f"prev-token head (0,{ph}): the kernel's next peak, offset", second),
+        banded("heads.kernel_second_peak_ratio", "its score over the score at offset 1", float(kernel[second] / kernel[1])),
+        banded("heads.prev_weight_before_drop", f"weight on i-1, queries before {second - 2}", before),
+        banded("heads.prev_weight_after_drop", f"weight on i-1, queries from {second}", from_drop),
+        banded("heads.accuracy_after_drop_min", f"lowest accuracy of a query position from {second}", min(after)),
+    ]
+    return {"rows": rows, "kernel_second_peak_offset": second, "prev_weight_by_position": w_prev.tolist(),
+            "accuracy_by_position": acc_by_query, "accuracy_after_drop": [min(after), max(after)]}
 
 
 def circuits_section(ctx: Context) -> list[Section]:
@@ -73,9 +101,11 @@ def circuits_section(ctx: Context) -> list[Section]:
         head_rows.append(banded(f"heads.after_occurrence_h{h % 2}", f"head (1,{h}): weight after any earlier occurrence", float(ind.after_occurrence[1, h])))
     head_rows.append(banded("heads.positional_offset1", f"prev-token head (0,{ph}): content-free score at offset 1", float(pos[ph, 1])))
     head_rows.append(banded("heads.positional_offset0", f"prev-token head (0,{ph}): content-free score at offset 0", float(pos[ph, 0])))
+    by_pos = _by_position(model, batch, ph, pos[ph])
+    head_rows += by_pos.pop("rows")
     heads = Section("heads", "Head roles on the two-layer model", tuple(head_rows), {
         "prev_token": prev.tolist(), "induction_target": ind.target.tolist(), "after_occurrence": ind.after_occurrence.tolist(),
-        "prev_token_head": [0, ph], "positional_score_prev_head": pos[ph].tolist()})
+        "prev_token_head": [0, ph], "positional_score_prev_head": pos[ph].tolist()} | by_pos)
 
     comp = {k: composition_scores(model, k) for k in "KQV"}
     init = make_attn_only(2, seed=toy_settings("induction-2l", seed=ctx.seed if ctx.retrain else None)["seed"])
@@ -92,5 +122,8 @@ def circuits_section(ctx: Context) -> list[Section]:
         notes="Band of the K rows: above every Q and V score of the same pairs and above the largest K score at initialisation.")
     induction_head = (1, int(ind.target[1].argmax()))
     patterns = attention_patterns(model, period_sequence(11, seed=ctx.seed))[:, 0]
-    heads = dataclasses.replace(heads, figures=(attention_figure(patterns, [(0, ph), induction_head], period=11),))
+    heads = dataclasses.replace(heads, figures=(
+        attention_figure(patterns, [(0, ph), induction_head], period=11),
+        position_figure(by_pos["prev_weight_by_position"], by_pos["accuracy_by_position"], pos[ph].tolist(),
+                        head=(0, ph), drop=by_pos["kernel_second_peak_offset"])))
     return [key_ablation, heads, composition]
