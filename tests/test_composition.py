@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import rs_interp as ri
+from rs_interp.reproduce.sections.theorem3 import orthogonal_model
 from rs_interp.heads import find_prev_token_head
 
 
@@ -61,24 +62,6 @@ def test_unknown_kind(toy2):
         ri.composition_scores(toy2, "X")
 
 
-def _orthogonal_model(restrict_queries: bool):
-    """Proposition 4: layer-0 heads write into coordinates 0..15, layer-1 keys read 16..31."""
-    model = ri.make_attn_only(2, seed=2, dtype=torch.float64)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-        for block in model.blocks:  # model.b_O etc. are stacked copies: zero the parameters themselves
-            block.attn.b_V.zero_()
-            block.attn.b_O.zero_()
-        model.unembed.b_U.zero_()
-        model.blocks[0].attn.W_O[..., 16:] = 0.0
-        model.blocks[1].attn.W_K[:, :16, :] = 0.0
-        if restrict_queries:
-            model.blocks[1].attn.W_Q[:, :16, :] = 0.0
-    return model
-
-
 def _layer1_pattern(model, tokens, remove_layer0: bool):
     box = {}
     def capture(t, hook):
@@ -92,7 +75,7 @@ def _layer1_pattern(model, tokens, remove_layer0: bool):
 
 def test_proposition_4_orthogonal_subspaces(test_set):
     tokens = test_set.tokens[:50]
-    model = _orthogonal_model(restrict_queries=False)
+    model = orthogonal_model(restrict_queries=False)
     assert ri.composition_scores(model, "K")[0, :, 1, :].abs().max() < 1e-12
     _, cache = model.run_with_cache(tokens)
     k_x1 = cache["blocks.1.attn.hook_k"]
@@ -101,7 +84,7 @@ def test_proposition_4_orthogonal_subspaces(test_set):
     with_l0, without_l0 = _layer1_pattern(model, tokens, False), _layer1_pattern(model, tokens, True)
     tv = 0.5 * (with_l0 - without_l0).abs().sum(-1).mean()
     assert tv > 1e-3  # queries still read x_1 (theory: mean total variation 0.104)
-    model_q = _orthogonal_model(restrict_queries=True)
+    model_q = orthogonal_model(restrict_queries=True)
     diff = (_layer1_pattern(model_q, tokens, False) - _layer1_pattern(model_q, tokens, True)).abs().max()
     assert diff < 1e-12
 

@@ -96,6 +96,13 @@ EXPECTED: dict[str, Expected] = {
     "paths.max_error": E("2e-14", hi=1e-10),
     "paths.layer1_share": E("> 0.90", lo=0.80),
     "paths.top1_without_last": E("< 0.05", hi=0.10),
+    # Propositions 4 and 5
+    "propositions.p4_k_composition": E("0", hi=1e-12),
+    "propositions.p4_keys_from_x0": E("< 1e-12", hi=1e-10),
+    "propositions.p4_pattern_tv": E("0.104", lo=0.01),
+    "propositions.p4_queries_restricted": E("< 1e-12", hi=1e-10),
+    "propositions.p5_one_layer": E("< 1e-12", hi=1e-10),
+    "propositions.p5_two_layers": E("4.45", lo=1.0),
     "logit_lens.embed": E("0.004", hi=0.01),
     "logit_lens.layer0": E("0.004", hi=0.01),
     "logit_lens.layer1": E("0.958", lo=0.90),
