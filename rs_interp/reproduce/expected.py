@@ -79,6 +79,7 @@ EXPECTED: dict[str, Expected] = {
     # Composition (the K band's lower bound is measured: max(Q/V scores, init K max))
     "composition.k_prev_to_layer1": E("0.245-0.272"),
     "composition.qv_max": E("0.036-0.076"),
+    "composition.k_other_to_layer1": E("0.245-0.272"),
     "composition.init_k_max": E("0.188"),
     # Head ablation (no theory values: the claims)
     "ablation.clean_loss": E("0.157"),
