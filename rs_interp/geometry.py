@@ -39,8 +39,7 @@ __all__ = [
     "rms_norm",
     "layer_norm_jacobian",
     "SubsetExpansion",
-    "residual_jacobian_expansion",
-]
+    "residual_jacobian_expansion", "count_clusters"]
 
 Norm = float | int | str
 
@@ -149,6 +148,23 @@ def collapse_run(X0: Float[torch.Tensor, "n d"], beta: float, *, n_layers: int =
     centered = stack - stack.mean(-2, keepdim=True)
     spread = torch.linalg.matrix_norm(centered) / torch.linalg.matrix_norm(stack)
     return CollapseRun(beta=beta, skip=skip, clouds=stack, diameter=diam, tau=tau, bound=bound, relative_spread=spread)
+
+
+def count_clusters(X: Float[torch.Tensor, "n d"], *, frac: float = 0.05) -> int:
+    """Clusters of a cloud: tokens closer than ``frac`` of its diameter are joined (single linkage).
+
+    >>> count_clusters(torch.tensor([[0.0, 0.0], [0.0, 0.01], [5.0, 5.0]]))
+    2
+    """
+    dist = torch.cdist(X, X)
+    near = dist <= frac * dist.max()
+    label = torch.arange(X.shape[0])
+    for _ in range(X.shape[0]):  # propagate the smallest label along "near" until nothing changes
+        new = torch.where(near, label[None, :], X.shape[0]).amin(-1)
+        if torch.equal(new, label):
+            break
+        label = new
+    return int(label.unique().numel())
 
 
 def centering_projection(d: int, dtype: torch.dtype = torch.float64) -> Float[torch.Tensor, "d d"]:
