@@ -29,6 +29,7 @@ from . import hooks
 from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
 from .gpt2 import GPT2WeightsUnavailable, load_gpt2
 from .lens import LogitLensReadings, logit_lens
+from .tuned_lens import TunedLens, lens_kl, train_tuned_lens
 from .gpt2_config import ParameterCount, count_parameters, gpt2_config
 from .models import (
     CheckpointError,
@@ -92,6 +93,9 @@ __all__ = [
     "SecondOrderAttribution",
     "logit_lens",
     "LogitLensReadings",
+    "train_tuned_lens",
+    "TunedLens",
+    "lens_kl",
     # GPT-2
     "gpt2_config",
     "load_gpt2",

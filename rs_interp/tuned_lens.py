@@ -1,0 +1,149 @@
+"""The tuned lens: a learned affine translator per reading point, then the model's own readout.
+
+The logit lens decodes the stream ``x_l`` after layer ``l`` as if it were the last one. The tuned
+lens (Belrose et al. 2023) first maps it by an affine translator trained for that point,
+
+    ``lens_l(x) = readout(x + x A_l + b_l)``,   ``readout(x) = LN_final(x) W_U + b_U``,
+
+with ``A_l, b_l`` initialised at zero (the logit lens) and trained to minimise the KL divergence
+from the model's final distribution, ``KL(p_final || softmax(lens_l(x_l)))``, averaged over tokens.
+The model itself is never changed. The ``tuned-lens`` package does this for Hugging Face models;
+this module does it for any model rs_interp reads (TransformerLens 3.x or 4.x), with the final
+point left out (it is the output). Translators save as safetensors + JSON.
+
+>>> import rs_interp as ri
+>>> model = ri.load_toy_model("induction-2l")
+>>> toks = ri.induction_batch(16, seed=3).tokens
+>>> tuned = train_tuned_lens(model, toks, steps=5, progress=False)
+>>> tuned.labels, tuple(lens_kl(model, toks, tuned).shape)
+(('embed', 'L0'), (2,))
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from jaxtyping import Float, Int
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from ._backend import Model
+from ._exact import compute_dtype
+from ._state import preserve_state
+from ._validate import check_int_range, check_tokens
+from .hooks import store
+from .lens import _final_norm, reading_points
+
+__all__ = ["TunedLens", "train_tuned_lens", "lens_kl"]
+
+
+@dataclass(frozen=True)
+class TunedLens:
+    """One affine translator per reading point before the last.
+
+    Attributes:
+        labels: the reading points (``"embed"``, ``"L0"``, ...), as :func:`rs_interp.logit_lens` names them.
+        weight: (point, d_model, d_model) ``A_l``; the translator is ``x + x A_l + b_l``.
+        bias: (point, d_model) ``b_l``.
+        metadata: how it was trained (steps, lr, tokens, seed, final KL per point).
+    """
+
+    labels: tuple[str, ...]
+    weight: Float[torch.Tensor, "point d_model d_model"]
+    bias: Float[torch.Tensor, "point d_model"]
+    metadata: dict
+
+    def translate(self, point: int, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
+        return x + x @ self.weight[point].to(x.dtype) + self.bias[point].to(x.dtype)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path.safetensors`` (weights) and ``path.json`` (labels, metadata)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({"weight": self.weight.contiguous(), "bias": self.bias.contiguous()}, str(path.with_suffix(".safetensors")))
+        path.with_suffix(".json").write_text(json.dumps({"labels": list(self.labels), "metadata": self.metadata}, indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TunedLens":
+        path = Path(path)
+        tensors = load_file(str(path.with_suffix(".safetensors")))
+        meta = json.loads(path.with_suffix(".json").read_text())
+        return cls(tuple(meta["labels"]), tensors["weight"], tensors["bias"], meta["metadata"])
+
+
+def _streams(model: Model, tokens: torch.Tensor) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """Every reading point's stream (point, rows, d_model) and the final log-probabilities (rows, d_vocab)."""
+    points = reading_points(model)
+    box: dict[str, torch.Tensor] = {}
+    with preserve_state(model), torch.no_grad(), model.hooks(fwd_hooks=[(n, store(box, n)) for _, n in points]):
+        logits = model(tokens, return_type="logits")
+    d, dt = model.cfg.d_model, compute_dtype(model)
+    streams = torch.stack([box[n].reshape(-1, d).to(dt) for _, n in points])
+    return [label for label, _ in points], streams, logits.reshape(-1, logits.shape[-1]).to(dt).log_softmax(-1)
+
+
+def _readout(model: Model, x: torch.Tensor) -> torch.Tensor:
+    dt = x.dtype
+    return _final_norm(model, x.to(model.cfg.dtype)).to(dt) @ model.W_U.to(dt) + model.b_U.to(dt)
+
+
+def _kl(final_lp: torch.Tensor, lens_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of KL(p_final || softmax(lens_logits))."""
+    lens_lp = lens_logits.log_softmax(-1)
+    return (final_lp.exp() * (final_lp - lens_lp)).sum(-1).mean()
+
+
+def train_tuned_lens(
+    model: Model,
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    steps: int = 500,
+    lr: float = 1e-3,
+    batch_rows: int = 512,
+    seed: int = 0,
+    progress: bool = True,
+) -> TunedLens:
+    """Train one translator per reading point (all but the last) on the streams of ``tokens``.
+
+    Adam on ``KL(p_final || lens)``, ``batch_rows`` token positions per step drawn with a seeded
+    generator; the model's parameters get no gradient. In the model's dtype (float32 for half precision).
+    """
+    tokens = check_tokens(model, tokens)
+    check_int_range("steps", steps, 0)
+    check_int_range("batch_rows", batch_rows, 1)
+    labels, streams, final_lp = _streams(model, tokens)
+    n_points, rows, d = streams.shape[0] - 1, streams.shape[1], streams.shape[2]
+    weight = torch.zeros(n_points, d, d, dtype=streams.dtype, requires_grad=True)
+    bias = torch.zeros(n_points, d, dtype=streams.dtype, requires_grad=True)
+    opt = torch.optim.Adam([weight, bias], lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    with preserve_state(model), torch.enable_grad():
+        for _ in tqdm(range(steps), desc="tuned lens", disable=not progress, leave=False):
+            idx = torch.randint(0, rows, (min(batch_rows, rows),), generator=g)
+            x = streams[:-1, idx]  # (point, rows, d)
+            translated = x + torch.einsum("prd,pde->pre", x, weight) + bias[:, None]
+            loss = torch.stack([_kl(final_lp[idx], _readout(model, translated[i])) for i in range(n_points)]).sum()
+            # Gradients for the translators only: the model's parameters never get a .grad.
+            weight.grad, bias.grad = torch.autograd.grad(loss, [weight, bias])
+            opt.step()
+    tuned = TunedLens(tuple(labels[:-1]), weight.detach(), bias.detach(), {})
+    kl = lens_kl(model, tokens, tuned)
+    meta = {"steps": steps, "lr": lr, "batch_rows": batch_rows, "seed": seed, "rows": rows, "train_kl": kl.tolist()}
+    return TunedLens(tuned.labels, tuned.weight, tuned.bias, meta)
+
+
+def lens_kl(model: Model, tokens: Int[torch.Tensor, "batch pos"], tuned: TunedLens | None = None) -> Float[torch.Tensor, " point"]:
+    """``KL(p_final || lens)`` at every reading point but the last, mean over positions: the logit
+    lens without ``tuned``, the tuned lens with it."""
+    tokens = check_tokens(model, tokens)
+    _, streams, final_lp = _streams(model, tokens)
+    out = []
+    with torch.no_grad():
+        for i in range(streams.shape[0] - 1):
+            x = streams[i] if tuned is None else tuned.translate(i, streams[i])
+            out.append(_kl(final_lp, _readout(model, x)))
+    return torch.stack(out)

@@ -1,0 +1,41 @@
+"""Issue 20 item 6: the tuned lens (per-point affine translators) beside the logit lens."""
+
+import pytest
+import torch
+
+import rs_interp as ri
+
+
+def _logit_lens_kl(model, toks):
+    """KL(final || logit lens) per point, from logit_lens's full log-distributions (written apart)."""
+    lens = ri.logit_lens(model, toks, full=True)
+    final = lens.log_probs[-1]
+    return torch.stack([(final.exp() * (final - lp)).sum(-1).mean() for lp in lens.log_probs[:-1]])
+
+
+def test_untrained_translators_are_the_logit_lens(gpt2_tiny):
+    toks = torch.randint(0, gpt2_tiny.cfg.d_vocab, (3, 16), generator=torch.Generator().manual_seed(0))
+    zero = ri.train_tuned_lens(gpt2_tiny, toks, steps=0, progress=False)
+    assert zero.labels == ("embed", "L0") and not zero.weight.any() and not zero.bias.any()
+    want = _logit_lens_kl(gpt2_tiny, toks)
+    assert (ri.lens_kl(gpt2_tiny, toks, zero) - want).abs().max() <= 1e-5
+    assert (ri.lens_kl(gpt2_tiny, toks) - want).abs().max() <= 1e-5
+
+
+def test_training_lowers_the_kl_and_leaves_the_model_alone(gpt2_tiny, tmp_path):
+    toks = torch.randint(0, gpt2_tiny.cfg.d_vocab, (8, 32), generator=torch.Generator().manual_seed(1))
+    before = {k: v.clone() for k, v in gpt2_tiny.state_dict().items()}
+    tuned = ri.train_tuned_lens(gpt2_tiny, toks, steps=150, lr=3e-3, progress=False)
+    assert all(p.grad is None for p in gpt2_tiny.parameters())
+    assert all(torch.equal(before[k], v) for k, v in gpt2_tiny.state_dict().items())
+    held = torch.randint(0, gpt2_tiny.cfg.d_vocab, (8, 32), generator=torch.Generator().manual_seed(2))
+    logit, tuned_kl = ri.lens_kl(gpt2_tiny, held), ri.lens_kl(gpt2_tiny, held, tuned)
+    assert (tuned_kl < logit).all(), (logit, tuned_kl)  # held-out tokens: the translators generalise
+    again = ri.TunedLens.load(tuned.save(tmp_path / "tuned"))
+    assert again.labels == tuned.labels and torch.equal(again.weight, tuned.weight) and again.metadata == tuned.metadata
+    assert torch.equal(ri.lens_kl(gpt2_tiny, held, again), tuned_kl)
+
+
+def test_bad_input(gpt2_tiny):
+    with pytest.raises(ValueError, match="steps"):
+        ri.train_tuned_lens(gpt2_tiny, torch.zeros(1, 4, dtype=torch.long), steps=-1)
