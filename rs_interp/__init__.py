@@ -17,9 +17,11 @@ from .composition import composition_scores, virtual_weight
 from .copying import copying_scores
 from .data import InductionBatch, induction_batch, next_token_targets
 from .heads import (
+    FirstTokenAttention,
     InductionScores,
     ScoreSensitivity,
     attention_patterns,
+    first_token_attention,
     induction_scores,
     key_score_sensitivity,
     positional_scores,
@@ -81,6 +83,8 @@ __all__ = [
     "InductionScores",
     "positional_scores",
     "key_score_sensitivity",
+    "first_token_attention",
+    "FirstTokenAttention",
     "ScoreSensitivity",
     # paths and lens
     "path_expansion",

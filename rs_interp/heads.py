@@ -22,6 +22,8 @@ from .data import InductionBatch
 
 __all__ = [
     "attention_patterns",
+    "first_token_attention",
+    "FirstTokenAttention",
     "prev_token_scores",
     "induction_scores",
     "InductionScores",
@@ -40,6 +42,45 @@ def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> 
         with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith("attn.hook_pattern"))):
             model(tokens, return_type=None)
     return torch.stack([box[f"blocks.{l}.attn.hook_pattern"] for l in range(model.cfg.n_layers)])
+
+
+@dataclass(frozen=True)
+class FirstTokenAttention:
+    """Attention sinks: how much each head puts on the first position.
+
+    Attributes:
+        mass: (layer, head) mean weight on key position 0 over queries ``i >= min_query``.
+        uniform: what uniform causal attention would put there, ``mean 1 / (i + 1)`` over the same
+            queries: a head above it prefers the first position.
+        min_query: the first query position counted (position 0 must attend to itself).
+    """
+
+    mass: Float[torch.Tensor, "layer head"]
+    uniform: float
+    min_query: int
+
+    def ratio(self) -> Float[torch.Tensor, "layer head"]:
+        return self.mass / self.uniform
+
+
+def first_token_attention(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, min_query: int = 4) -> FirstTokenAttention:
+    """Attention on the first position by head: a head "dumps" mass there (a sink) when it has nothing to copy.
+
+    ``mass[l, h] = mean over sequences and queries i >= min_query of A^{lh}[i, 0]``, beside the uniform
+    baseline ``mean_i 1 / (i + 1)``.
+
+    >>> import rs_interp as ri
+    >>> ft = first_token_attention(ri.load_toy_model(), ri.induction_batch(4, seed=0).tokens)
+    >>> tuple(ft.mass.shape), round(ft.uniform, 3)
+    ((2, 2), 0.054)
+    """
+    tokens = check_tokens(model, tokens)
+    n = tokens.shape[1]
+    check_int_range("min_query", min_query, 1, n - 1)
+    pat = attention_patterns(model, tokens)  # (layer, batch, head, query, key)
+    mass = pat[:, :, :, min_query:, 0].mean(dim=(1, 3))
+    uniform = float((1.0 / torch.arange(min_query + 1, n + 1, dtype=torch.float64)).mean())
+    return FirstTokenAttention(mass=mass, uniform=uniform, min_query=min_query)
 
 
 def prev_token_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer head"]:

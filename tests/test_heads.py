@@ -70,3 +70,17 @@ def test_positional_scores_need_rotary():
     model = ri.make_attn_only(1, positional_embedding_type="standard")
     with pytest.raises(ValueError, match="rotary"):
         ri.positional_scores(model, 0)
+
+
+def test_first_token_attention_against_the_patterns(toy2, small_batch):
+    """Brute force from hook_pattern directly, and the uniform baseline of causal attention."""
+    toks = small_batch.tokens[:5]
+    ft = ri.first_token_attention(toy2, toks, min_query=6)
+    _, cache = toy2.run_with_cache(toks)
+    for l in range(2):
+        want = cache[f"blocks.{l}.attn.hook_pattern"][:, :, 6:, 0].mean(dim=(0, 2))
+        assert torch.allclose(ft.mass[l], want, atol=1e-7)
+    assert ft.uniform == pytest.approx(sum(1 / (i + 1) for i in range(6, 48)) / 42)
+    assert torch.equal(ft.ratio(), ft.mass / ft.uniform)
+    with pytest.raises(ValueError, match="min_query"):
+        ri.first_token_attention(toy2, toks, min_query=48)

@@ -39,6 +39,7 @@ HELPERS = {
     "count_parameters": lambda m: ri.count_parameters(m),
     "train_tuned_lens": lambda m: ri.train_tuned_lens(m, _batch().tokens, steps=2, progress=False),
     "lens_kl": lambda m: ri.lens_kl(m, _batch().tokens),
+    "first_token_attention": lambda m: ri.first_token_attention(m, _batch().tokens),
     "ablate_heads": lambda m: ri.ablate_heads(m, _batch().tokens, [(0, 0), (1, 1)], method="resample",
                                               reference=ri.induction_batch(4, seed=1).tokens),
     "head_ablation_scan": lambda m: ri.head_ablation_scan(m, _batch().tokens, lambda lg: lg[:, -1].float().mean(), method="mean"),
