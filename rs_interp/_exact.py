@@ -33,24 +33,6 @@ def check_normalization(model: Model, what: str) -> None:
                          f"(supported: {NORMALIZATIONS})")
 
 
-def frozen_final_norm(model: Model, stack: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """Push stream components ``(..., batch, pos, d_model)`` through the final norm with each token's
-    scale frozen from the forward pass: linear in each component, so the parts sum to the whole.
-
-    LN: ``(c - mean c) / s * w``; LNPre: ``(c - mean c) / s``; RMS: ``c / s * w``; RMSPre: ``c / s``;
-    none: ``c``. The LN bias is not a component's: callers add it as its own term.
-    """
-    kind = model.cfg.normalization_type
-    if kind is None:
-        return stack
-    if kind in ("LN", "LNPre"):
-        stack = stack - stack.mean(-1, keepdim=True)
-    stack = stack / scale.to(stack.dtype)
-    if kind in ("LN", "RMS"):
-        stack = stack * model.ln_final.w.to(stack.dtype)
-    return stack
-
-
 def attached_hooks(model: Model) -> list[str]:
     """Names of the hook points that carry forward hooks right now (the user's, before ours)."""
     return [name for name, hp in model.hook_dict.items() if hp._forward_hooks]

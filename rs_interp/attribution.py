@@ -10,7 +10,8 @@ from jaxtyping import Int
 from ._backend import Model
 
 from .hooks import store_matching
-from ._exact import attached_hooks, check_normalization, check_sum, compute_dtype, frozen_final_norm, metric_of, unembed_direction
+from ._exact import (attached_hooks, check_normalization, check_sum, compute_dtype, frozen_norm_readout, metric_of,
+                     unembed_direction)
 from ._state import preserve_state
 from ._validate import check_targets, check_tokens
 
@@ -79,26 +80,30 @@ def direct_logit_attribution(
     with preserve_state(model), torch.no_grad():
         with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
             logits = model(tokens, return_type="logits").to(dt)
-        labels, comps = ["embed"], [box["hook_embed"].to(dt)]
+        direction, b_U = unembed_direction(model, targets, contrast, dt)
+        kind = cfg.normalization_type
+        # The frozen final norm is linear: N(c) . direction = c . g, with g read back through it once
+        # (center(w * direction) / scale), so no (component, batch, pos, d_model) stack is built.
+        g = frozen_norm_readout(kind, direction, getattr(model.ln_final, "w", None) if kind else None,
+                                box.get("ln_final.hook_scale"))
+        dot = lambda c: (c.to(dt) * g).sum(-1)  # noqa: E731  (batch, pos)
+        labels, out = ["embed"], [dot(box["hook_embed"])]
         if cfg.positional_embedding_type == "standard":
             labels.append("pos_embed")
-            comps.append(box["hook_pos_embed"].to(dt))
+            out.append(dot(box["hook_pos_embed"]))
         for l in range(cfg.n_layers):
             attn = model.blocks[l].attn
             z = box[f"blocks.{l}.attn.hook_z"].to(dt)
-            W_O = attn.W_O.to(dt)
-            for h in range(cfg.n_heads):
-                labels.append(f"L{l}H{h}")
-                comps.append(z[:, :, h] @ W_O[h])
+            g_heads = torch.einsum("bpm,hdm->bphd", g, attn.W_O.to(dt))  # each head's reading of g
+            labels += [f"L{l}H{h}" for h in range(cfg.n_heads)]
+            out.append((z * g_heads).sum(-1).permute(2, 0, 1))  # (head, batch, pos)
             labels.append(f"attn bias L{l}")
-            comps.append(attn.b_O.to(dt).expand_as(comps[0]))
+            out.append(dot(attn.b_O))
             if not cfg.attn_only:
                 labels.append(f"mlp L{l}")
-                comps.append(box[f"blocks.{l}.hook_mlp_out"].to(dt))
-        stack = frozen_final_norm(model, torch.stack(comps), box.get("ln_final.hook_scale"))  # (component, batch, pos, d_model)
-        direction, b_U = unembed_direction(model, targets, contrast, dt)
+                out.append(dot(box[f"blocks.{l}.hook_mlp_out"]))
+        out = [o if o.ndim == 3 else o[None] for o in out]
         metric = metric_of(logits, targets, contrast)
-        out = [(stack * direction).sum(-1)]
         if cfg.normalization_type == "LN":
             labels.append("ln_final bias")
             out.append((model.ln_final.b.to(dt) * direction).sum(-1)[None])
