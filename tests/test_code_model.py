@@ -47,11 +47,27 @@ def test_unigram_loss_is_the_entropy_of_a_uniform_stream():
     assert unigram_loss(a, b, 64) == pytest.approx(torch.log(torch.tensor(64.0)).item(), abs=0.01)
 
 
+def _repeated_span(row):
+    """(start, length) of a span followed at once by a copy of itself, the longest such span."""
+    n = len(row)
+    best = None
+    for length in range(n // 2, 0, -1):
+        for at in range(n - 2 * length + 1):
+            if torch.equal(row[at : at + length], row[at + length : at + 2 * length]):
+                return at, length
+    return best
+
+
 def test_curriculum_windows():
-    stream = torch.arange(10_000)
-    w = _windows(stream, 8, 16, torch.Generator().manual_seed(0), repeat_fraction=0.5, random_fraction=0.25, d_vocab=50)
-    assert torch.equal(w[4:, 8:], w[4:, :8])  # the last half of the batch repeats its first half
-    assert bool((w[6:, :8] < 50).all()) and bool((w[:4, 1:] - w[:4, :-1] == 1).all())  # random rows; real windows
+    """A stream that never repeats: the last half of the batch holds a span written twice in a row, of
+    varying length and place; the last quarter's spans are random tokens; the rest are real windows."""
+    stream = torch.arange(100_000) + 1000
+    w = _windows(stream, 16, 64, torch.Generator().manual_seed(0), repeat_fraction=0.5, random_fraction=0.25, d_vocab=50)
+    assert bool((w[:8, 1:] - w[:8, :-1] == 1).all())
+    spans = [_repeated_span(row) for row in w[8:]]
+    assert all(s is not None and 8 <= s[1] <= 32 for s in spans)
+    assert len({s for s in spans}) > 1  # not one fixed offset: no positional shortcut
+    assert all(bool((row[at : at + n] < 50).all()) for row, (at, n) in zip(w[12:], spans[4:]))
 
 
 def test_repeated_sequence_losses_reward_a_copier():
