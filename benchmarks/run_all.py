@@ -1,15 +1,14 @@
 """Every heavy helper on GPT-2 small, medium, large and xl (random weights), beside TransformerLens's
 equivalent where one exists and beside this machine's own matmul rate, measured in the same run.
 
-For each (size, helper, tool) a subprocess builds the model, times one call (its own peak RSS above
-the model) and then counts the call's matmul FLOPs with ``torch.profiler`` (an untimed second
-call). The bound is those FLOPs at the matmul rate measured in this run (a float32
+For each (size, helper, tool) a subprocess builds the model and times one call (its own peak RSS
+above the model); rs_interp's call runs under ``torch.profiler`` to count its matmul FLOPs. The bound is those FLOPs at the matmul rate measured in this run (a float32
 ``(2048 x d_model) @ (d_model x 50257)``, best of three); for the logit lens one measured
 ``log_softmax`` pass over the same rows is added, as the lens must read every logit once.
 ``ratio`` = time / bound: 1.0 is the machine's limit.
 
 Inputs: lens and DLA on 1 x 256 tokens, second order on 1 x 64 (last position), attribution
-patching on 1 x 64, the resample-ablation scan on 1 x 32 (metric at the last position).
+patching on 1 x 64, the resample-ablation scan on 1 x 16 (metric at the last position).
 TransformerLens's equivalents: ``all_composition_scores`` (small only: it holds every pair's SVD,
 ~10 GB per kind there), ``accumulated_resid`` + ``unembed`` for the lens, ``stack_head_results`` +
 ``logit_attrs`` for DLA, ``get_act_patch_attn_head_out_all_pos`` for the scan (small only: one
@@ -39,7 +38,7 @@ g = torch.Generator().manual_seed(0)
 V = model.cfg.d_vocab
 def toks(n):
     return torch.randint(0, V, (1, n), generator=g)
-t256, t64, t32, r64, r32 = toks(256), toks(64), toks(32), toks(64), toks(32)
+t256, t64, t16, r64, r16 = toks(256), toks(64), toks(16), toks(64), toks(16)
 metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 42].mean()
 def call():
     if helper == "composition":
@@ -66,24 +65,26 @@ def call():
                     ri.edge_attribution_patching(model, t64, metric, reference=r64))
     if helper == "ablation scan":
         if tool == "ours":
-            return ri.head_ablation_scan(model, t32, metric, method="resample", reference=r32, positions=[-1],
+            return ri.head_ablation_scan(model, t16, metric, method="resample", reference=r16, positions=[-1],
                                          progress=False)
-        _, cache = model.run_with_cache(r32, names_filter=lambda n: n.endswith("hook_z"))
-        return patching.get_act_patch_attn_head_out_all_pos(model, t32, cache, metric)
+        _, cache = model.run_with_cache(r16, names_filter=lambda n: n.endswith("hook_z"))
+        return patching.get_act_patch_attn_head_out_all_pos(model, t16, cache, metric)
     raise ValueError(helper)
 rows = {"logit lens": 256, "DLA": 256}.get(helper, 0)
 """
 
 _BODY = r"""
-call()
+if tool == "ours":  # the timed call also counts its matmul FLOPs (the profiler's overhead is per op: small here)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True) as prof:
+        call()
+else:
+    call()
 out = {}
 """
 
 _COUNT = r"""
 elapsed = time.perf_counter() - t
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True) as prof:
-    call()
-out["flops"] = sum(e.flops for e in prof.key_averages())
+out["flops"] = sum(e.flops for e in prof.key_averages()) if tool == "ours" else 0
 out["softmax_seconds"] = 0.0
 if helper == "logit lens" and tool == "ours":  # one pass over every logit the lens must read
     n_rows = rows * (model.cfg.n_layers + 1)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
-from ._backend import Model
+from ._backend import Model, run_from
 
 from .hooks import store
 from ._exact import compute_dtype
@@ -170,7 +170,8 @@ def logit_lens(
         for b0 in range(0, B, batch_chunk):
             box: dict[str, torch.Tensor] = {}
             with model.hooks(fwd_hooks=[(n, store(box, n)) for n in names]):
-                model(tokens[b0 : b0 + batch_chunk], return_type=None)
+                # up to the last block only: the lens does its own unembedding, tile by tile
+                run_from(model, tokens[b0 : b0 + batch_chunk], stop=model.cfg.n_layers)
             for i, (_, name) in enumerate(points):
                 resid = box.pop(name)
                 nb = resid.shape[0]
