@@ -2,7 +2,8 @@
 equivalent where one exists and beside this machine's own matmul rate, measured in the same run.
 
 For each (size, helper, tool) a subprocess builds the model and times one call (its own peak RSS
-above the model); rs_interp's call runs under ``torch.profiler`` to count its matmul FLOPs. The bound is those FLOPs at the matmul rate measured in this run (a float32
+above the model); rs_interp's call runs under ``torch.utils.flop_counter.FlopCounterMode`` to count
+its matmul FLOPs (``torch.profiler`` with FLOPs held enough to be killed on an autograd run). The bound is those FLOPs at the matmul rate measured in this run (a float32
 ``(2048 x d_model) @ (d_model x 50257)``, best of three); for the logit lens one measured
 ``log_softmax`` pass over the same rows is added, as the lens must read every logit once.
 ``ratio`` = time / bound: 1.0 is the machine's limit.
@@ -74,8 +75,9 @@ rows = {"logit lens": 256, "DLA": 256}.get(helper, 0)
 """
 
 _BODY = r"""
-if tool == "ours":  # the timed call also counts its matmul FLOPs (the profiler's overhead is per op: small here)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True) as prof:
+from torch.utils.flop_counter import FlopCounterMode
+if tool == "ours":  # the timed call also counts its matmul FLOPs (a dispatch mode: per-op overhead only)
+    with FlopCounterMode(display=False) as counter:
         call()
 else:
     call()
@@ -84,7 +86,7 @@ out = {}
 
 _COUNT = r"""
 elapsed = time.perf_counter() - t
-out["flops"] = sum(e.flops for e in prof.key_averages()) if tool == "ours" else 0
+out["flops"] = counter.get_total_flops() if tool == "ours" else 0
 out["softmax_seconds"] = 0.0
 if helper == "logit lens" and tool == "ours":  # one pass over every logit the lens must read
     n_rows = rows * (model.cfg.n_layers + 1)
@@ -117,8 +119,13 @@ def matmul_rate(d_model: int) -> float:
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
-def measure(size: str, helper: str, tool: str) -> dict:
-    return run_child(_SETUP, _BODY + _COUNT, size, helper, tool)
+def measure(size: str, helper: str, tool: str) -> dict | None:
+    """One child's numbers, or None if it failed (e.g. killed for memory): the table says so."""
+    try:
+        return run_child(_SETUP, _BODY + _COUNT, size, helper, tool)
+    except subprocess.CalledProcessError as err:
+        print(f"{size} {helper} {tool}: failed ({err.returncode})", file=sys.stderr, flush=True)
+        return None
 
 
 def table(results: list[dict], rates: dict[str, float]) -> str:
@@ -126,9 +133,12 @@ def table(results: list[dict], rates: dict[str, float]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ours, tl = r["ours"], r.get("tl")
+        if ours is None:
+            lines.append(f"| {r['size']} | {r['helper']} | failed | — | — | — | — | — | — | — |")
+            continue
         bound = ours["flops"] / rates[r["size"]] + ours["softmax_seconds"]
         tl_cols = (f"{tl['seconds']:.2f} s | {tl['peak_extra_bytes'] / 2**30:.2f} GB | {tl['seconds'] / ours['seconds']:.1f}x"
-                   if tl else "— | — | —")
+                   if tl else "failed | — | —" if "tl" in r else "— | — | —")
         lines.append(f"| {r['size']} | {r['helper']} | {ours['seconds']:.2f} s | {ours['peak_extra_bytes'] / 2**30:.2f} GB | "
                      f"{ours['flops'] / 1e9:.0f} G | {bound:.2f} s | {ours['seconds'] / bound:.2f} | {tl_cols} |")
     rate_line = ", ".join(f"{s} {rates[s] / 1e9:.0f}" for s in rates)
@@ -152,16 +162,19 @@ def main() -> None:
             if size in tl_sizes:
                 row["tl"] = measure(size, helper, "transformer_lens")
             results.append(row)
-            print(f"[{time.perf_counter() - t:6.0f} s] {size} {helper}: {row['ours']['seconds']:.2f} s", file=sys.stderr, flush=True)
-    text = table(results, rates)
-    print(text)
-    if args.readme:
-        readme = Path(__file__).resolve().parent.parent / "README.md"
-        body = readme.read_text()
-        new = re.sub(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", lambda m: m.group(1) + text + m.group(2), body, flags=re.S)
-        if new == body and "<!-- bench:start -->" not in body:
-            raise SystemExit("README.md has no <!-- bench:start --> ... <!-- bench:end --> markers")
-        readme.write_text(new)
+            took = f"{row['ours']['seconds']:.2f} s" if row["ours"] else "failed"
+            print(f"[{time.perf_counter() - t:6.0f} s] {size} {helper}: {took}", file=sys.stderr, flush=True)
+        if args.readme:  # after every size, so a long run keeps what it measured
+            _write_readme(table(results, {s: rates[s] for s in args.sizes if any(r["size"] == s for r in results)}))
+    print(table(results, rates))
+
+
+def _write_readme(text: str) -> None:
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    body = readme.read_text()
+    if "<!-- bench:start -->" not in body:
+        raise SystemExit("README.md has no <!-- bench:start --> ... <!-- bench:end --> markers")
+    readme.write_text(re.sub(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", lambda m: m.group(1) + text + m.group(2), body, flags=re.S))
 
 
 if __name__ == "__main__":
