@@ -54,8 +54,9 @@ def _by_position(model, batch, ph: int, kernel: torch.Tensor) -> dict:
         correct = (model(batch.tokens)[:, :-1].argmax(-1) == batch.tokens[:, 1:]).double()
     scored = batch.scored.double()
     acc = (correct * scored).sum(0) / scored.sum(0).clamp(min=1)  # by query position i = 0 .. n-2
-    acc_by_query = [float(acc[i - 1]) if bool(batch.scored[:, i - 1].any()) else float("nan") for i in range(1, n)]
-    after = [a for i, a in zip(range(1, n), acc_by_query) if i >= second and a == a]
+    # None where no sequence is scored at that query (JSON has no NaN, and None == None across runs)
+    acc_by_query = [float(acc[i - 1]) if bool(batch.scored[:, i - 1].any()) else None for i in range(1, n)]
+    after = [a for i, a in zip(range(1, n), acc_by_query) if i >= second and a is not None]
     before = float(w_prev[: max(second - 3, 1)].mean())  # through a couple of positions before the drop
     from_drop = float(w_prev[second - 1 :].mean())
     rows = [
