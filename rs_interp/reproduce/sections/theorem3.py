@@ -55,7 +55,8 @@ def orthogonal_model(*, restrict_queries: bool, seed: int = 0) -> Model:
     model = make_attn_only(2, seed=2, dtype=torch.float64)
     state = portable_state(model)
     g = torch.Generator().manual_seed(seed)
-    for name, t in state.items():
+    for name in sorted(state):  # sorted: the same draws under either TransformerLens version
+        t = state[name]
         state[name] = 0.3 * torch.randn(t.shape, generator=g, dtype=t.dtype)
         if name.endswith(("b_V", "b_O", "b_U")):
             state[name].zero_()
