@@ -151,9 +151,10 @@ def main() -> None:
     ap.add_argument("--helpers", nargs="+", default=[h for h, _ in HELPERS])
     ap.add_argument("--readme", action="store_true", help="rewrite the table in README.md")
     args = ap.parse_args()
-    rates = {s: matmul_rate(D_MODEL[s]) for s in args.sizes}
+    rates: dict[str, float] = {}
     results = []
     for size in args.sizes:
+        rates[size] = matmul_rate(D_MODEL[size])  # just before the size's helpers, on the same machine state
         for helper, tl_sizes in HELPERS:
             if helper not in args.helpers:
                 continue
@@ -165,7 +166,7 @@ def main() -> None:
             took = f"{row['ours']['seconds']:.2f} s" if row["ours"] else "failed"
             print(f"[{time.perf_counter() - t:6.0f} s] {size} {helper}: {took}", file=sys.stderr, flush=True)
         if args.readme:  # after every size, so a long run keeps what it measured
-            _write_readme(table(results, {s: rates[s] for s in args.sizes if any(r["size"] == s for r in results)}))
+            _write_readme(table(results, rates))
     print(table(results, rates))
 
 
