@@ -18,6 +18,17 @@ def rss_now():
         return int(f.read().split()[1]) * resource.getpagesize()
 """
 
+#: GPT-2 small (random weights), ``tokens`` and ``reference`` of ``sys.argv[2] x sys.argv[3]`` and a
+#: metric that reads the last position; ``tool`` is ``sys.argv[1]``.
+GPT2_SETUP = r"""
+tool, batch, pos = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model = ri.load_gpt2("random")
+g = torch.Generator().manual_seed(0)
+tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
+reference = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
+metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 42].mean()  # reads the last position only
+"""
+
 START = "base = rss_now()\nt = time.perf_counter()\n"
 
 EPILOGUE = r"""

@@ -9,16 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from _child import GPT2_SETUP as _SETUP
 from _child import run_child
-
-_SETUP = r"""
-tool, batch, pos = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-model = ri.load_gpt2("random")
-g = torch.Generator().manual_seed(0)
-tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
-reference = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
-metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 42].mean()
-"""
 
 _BODY = r"""
 if tool == "node":

@@ -14,17 +14,9 @@ from __future__ import annotations
 
 import argparse
 
-from _child import run_child
+from _child import GPT2_SETUP, run_child
 
-_SETUP = r"""
-from transformer_lens import patching
-tool, batch, pos = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-model = ri.load_gpt2("random")
-g = torch.Generator().manual_seed(0)
-tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
-reference = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
-metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 42].mean()  # reads the last position only
-"""
+_SETUP = "\nfrom transformer_lens import patching\n" + GPT2_SETUP
 
 _BODY = r"""
 if tool == "ours":
