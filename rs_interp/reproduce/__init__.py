@@ -14,6 +14,8 @@ report. The library (``rs_interp``) never imports this package; this package rea
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import importlib
 from typing import Callable, Iterable
@@ -78,6 +80,11 @@ def run_seeds(seed: int = 0, n: int = 1, only: Iterable[str] | None = None, *, r
     return [_merge(sections, seed) for sections in zip(*runs)]
 
 
+def _mean(values: list[float]) -> float:
+    """The mean, kept within [min, max]: summing rounds, and three equal values must average to themselves."""
+    return min(max(math.fsum(values) / len(values), min(values)), max(values))
+
+
 def _merge(per_seed: tuple[Section, ...], seed: int) -> Section:
     """One section from the same section of every seed: rows matched by position (the builders emit
     the same rows in the same order for any seed)."""
@@ -88,7 +95,7 @@ def _merge(per_seed: tuple[Section, ...], seed: int) -> Section:
     for j, row in enumerate(first.rows):
         values = tuple((seed + i, s.rows[j].value, s.rows[j].ok, s.rows[j].label) for i, s in enumerate(per_seed))
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for _, v, _, _ in values)
-        mean = sum(float(v) for _, v, _, _ in values) / len(values) if numeric else row.value
+        mean = _mean([float(v) for _, v, _, _ in values]) if numeric else row.value
         judged = [ok for _, _, ok, _ in values if ok is not None]
         rows.append(dataclasses.replace(row, value=mean, per_seed=values, ok=all(judged) if judged else None))
     return dataclasses.replace(first, rows=tuple(rows))

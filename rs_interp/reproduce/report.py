@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 import html
 import json
 import math
@@ -10,6 +11,7 @@ from typing import Any
 
 from plotly.offline import get_plotlyjs
 
+from . import _mean
 from .context import Row, Section
 
 __all__ = ["format_table", "write_results", "write_report"]
@@ -48,7 +50,7 @@ def _band_json(row: Row) -> dict[str, Any]:
                            for s, v, ok, label in row.per_seed]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for _, v, _, _ in row.per_seed):
             vals = [float(v) for _, v, _, _ in row.per_seed]
-            out |= {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}
+            out |= {"mean": _mean(vals), "min": min(vals), "max": max(vals)}
         if row.within is not None:
             out["within_band"] = _within_text(row)
     return out
