@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: Names of the shipped toy models and the layer count of each.
-TOY_MODELS = {"induction-2l": 2, "induction-1l": 1}
+TOY_MODELS = {"induction-2l": 2, "induction-1l": 1, "code-2l": 2}
 
 _CONFIG_SUFFIX = ".json"
 _WEIGHTS_SUFFIX = ".safetensors"
@@ -254,7 +254,7 @@ def load_model(path: str | Path) -> Model:
 
 
 def toy_model_path(name: str) -> Path:
-    """Where the shipped checkpoint ``name`` (``"induction-2l"`` or ``"induction-1l"``) lives."""
+    """Where the shipped checkpoint ``name`` (``"induction-2l"``, ``"induction-1l"`` or ``"code-2l"``) lives."""
     if name not in TOY_MODELS:
         raise ValueError(f"name must be one of {sorted(TOY_MODELS)}, got {name!r}")
     return Path(str(resources.files("rs_interp") / "toy_models" / name))
@@ -263,9 +263,11 @@ def toy_model_path(name: str) -> Path:
 def load_toy_model(name: str = "induction-2l") -> Model:
     """Load a shipped, trained toy model.
 
-    The checkpoints were produced by :func:`rs_interp.train_induction_model` with the seed and
-    settings recorded in their metadata (:func:`read_metadata`); ``rs-interp reproduce --retrain``
-    rebuilds them.
+    ``"induction-2l"`` and ``"induction-1l"``: the theory's attention-only models, produced by
+    :func:`rs_interp.train_induction_model`; ``"code-2l"``: a GPT-2-architecture model trained on
+    Python sources (:mod:`rs_interp.code_model`; its tokenizer: ``load_code_tokenizer``). Each was
+    trained with the seed and settings recorded in its metadata (:func:`read_metadata`);
+    ``rs-interp reproduce --retrain`` rebuilds them.
 
     >>> model = load_toy_model("induction-2l")
     >>> model.cfg.n_layers

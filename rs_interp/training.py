@@ -130,16 +130,21 @@ def train_on_batches(
     progress: bool = True,
     desc: str = "training",
     params: list[torch.nn.Parameter] | None = None,
+    warmup: int = 0,
 ) -> list[float]:
     """Train ``model`` in place with Adam for ``steps`` steps; ``batches(step)`` gives ``(tokens, mask)``.
 
-    Updates ``params`` (default: :func:`trainable_parameters`, the toy models' set). Returns the
+    Updates ``params`` (default: :func:`trainable_parameters`, the toy models' set); the learning
+    rate rises linearly over the first ``warmup`` steps (``lr * (step + 1) / warmup``). Returns the
     loss per step.
     """
     check_int_range("steps", steps, 0)
+    check_int_range("warmup", warmup, 0)
     if not (lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr must be a positive finite float, got {lr}")
     opt = torch.optim.Adam(trainable_parameters(model) if params is None else params, lr=lr)
+    # LambdaLR sets lr = lr * factor(0) at construction: with no warmup the factor is 1 throughout.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     losses: list[float] = []
     model.train()
     bar: Iterator[int] = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
@@ -151,6 +156,7 @@ def train_on_batches(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            sched.step()
             losses.append(loss.item())
             if progress and step % 50 == 0:
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")

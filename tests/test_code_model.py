@@ -1,13 +1,21 @@
-"""Issue 17 (open): the corpus, tokenizer and training code of code-2l; no model is shipped yet."""
+"""code-2l (issue 17): the corpus, the tokenizer, the training batches, the shipped model's claims, its retraining."""
 
 import pytest
 import torch
 
 import rs_interp as ri
+from rs_interp._backend import bias_parameters
+from rs_interp.models import read_metadata, toy_model_path
+
+from conftest import tl3_only
 from rs_interp.code_model import (
+    CODE_RETRAIN_TOLERANCE,
+    CODE_TRAINING,
+    load_code_tokenizer,
+    train_code_model,
     CODE_VOCAB,
     EOT,
-    _windows,
+    _batch,
     code_corpus,
     encode_corpus,
     repeated_sequence_losses,
@@ -47,27 +55,20 @@ def test_unigram_loss_is_the_entropy_of_a_uniform_stream():
     assert unigram_loss(a, b, 64) == pytest.approx(torch.log(torch.tensor(64.0)).item(), abs=0.01)
 
 
-def _repeated_span(row):
-    """(start, length) of a span followed at once by a copy of itself, the longest such span."""
-    n = len(row)
-    best = None
-    for length in range(n // 2, 0, -1):
-        for at in range(n - 2 * length + 1):
-            if torch.equal(row[at : at + length], row[at + length : at + 2 * length]):
-                return at, length
-    return best
-
-
-def test_curriculum_windows():
-    """A stream that never repeats: the last half of the batch holds a span written twice in a row, of
-    varying length and place; the last quarter's spans are random tokens; the rest are real windows."""
+def test_training_batches_mix_code_and_repeated_random_sequences():
+    """A stream that never repeats: the first rows are the toy task's periodic random sequences (a block
+    of 6-24 tokens repeated to the end), the rest consecutive windows of the stream."""
     stream = torch.arange(100_000) + 1000
-    w = _windows(stream, 16, 64, torch.Generator().manual_seed(0), repeat_fraction=0.5, random_fraction=0.25, d_vocab=50)
-    assert bool((w[:8, 1:] - w[:8, :-1] == 1).all())
-    spans = [_repeated_span(row) for row in w[8:]]
-    assert all(s is not None and 8 <= s[1] <= 32 for s in spans)
-    assert len({s for s in spans}) > 1  # not one fixed offset: no positional shortcut
-    assert all(bool((row[at : at + n] < 50).all()) for row, (at, n) in zip(w[12:], spans[4:]))
+    w = _batch(stream, 16, 64, torch.Generator().manual_seed(0), periodic_fraction=0.5, d_vocab=50)
+    assert w.shape == (16, 64)
+    assert bool((w[8:, 1:] - w[8:, :-1] == 1).all()) and bool((w[8:] >= 1000).all())
+    periods = []
+    for row in w[:8]:
+        assert bool((row < 50).all())
+        p = next(p for p in range(1, 65) if torch.equal(row[p:], row[:-p]))
+        periods.append(p)
+    assert all(6 <= p <= 24 for p in periods) and len(set(periods)) > 1
+    assert bool((_batch(stream, 4, 64, torch.Generator().manual_seed(0), periodic_fraction=0.0) >= 1000).all())
 
 
 def test_repeated_sequence_losses_reward_a_copier():
@@ -78,3 +79,60 @@ def test_repeated_sequence_losses_reward_a_copier():
     toy = ri.load_toy_model("induction-2l")
     first, repeat = repeated_sequence_losses(toy, n=32, half=20)
     assert first - repeat >= 2.0
+
+
+@pytest.fixture(scope="module")
+def code2l():
+    return ri.load_toy_model("code-2l")
+
+
+def test_shipped_model_is_gpt2_shaped_with_its_tokenizer(code2l):
+    cfg = code2l.cfg
+    assert (cfg.normalization_type, cfg.positional_embedding_type, cfg.act_fn, cfg.attn_only) == ("LN", "standard", "gelu_new", False)
+    tok = load_code_tokenizer(toy_model_path("code-2l"))
+    assert tok.get_vocab_size() == cfg.d_vocab == CODE_VOCAB
+    meta = read_metadata(toy_model_path("code-2l"))
+    assert meta["training"]["seed"] == CODE_TRAINING["seed"] and meta["heldout_loss"] < meta["unigram_loss"] - 1.0
+    # GPT-2 has no unembedding bias: kept at zero, so TransformerLens 4's native models (which have none) load it too
+    assert all(float(p.abs().max()) == 0 for p in bias_parameters(code2l, ("b_U",)))
+
+
+def test_shipped_model_has_an_induction_circuit(code2l):
+    """The issue's three claims, on fresh repeated random sequences (a seed the report does not use)."""
+    first, repeat = repeated_sequence_losses(code2l, n=64, seed=777)
+    assert first - repeat >= 2.0
+    g = torch.Generator().manual_seed(778)
+    seq = torch.randint(0, code2l.cfg.d_vocab, (64, 32), generator=g)
+    tokens = torch.cat([seq, seq], 1)
+    assert float(ri.prev_token_scores(code2l, tokens)[0].max()) >= 0.4
+
+    def repeat_loss(logits):
+        return torch.nn.functional.cross_entropy(logits[:, 32:-1].flatten(0, 1), tokens[:, 33:].flatten())
+
+    scan = ri.head_ablation_scan(code2l, tokens, repeat_loss, method="mean")
+    assert float(scan.effect[1].max()) >= 0.5
+
+
+@pytest.mark.slow
+@tl3_only("retraining takes 9 minutes: once per CI run")
+def test_retraining_from_the_seed_reproduces_the_shipped_metrics():
+    tok = load_code_tokenizer(toy_model_path("code-2l"))
+    model, _, meta = train_code_model(tokenizer=tok, progress=False)
+    shipped = read_metadata(toy_model_path("code-2l"))
+    assert meta["corpus"]["sha256"] == shipped["corpus"]["sha256"]
+    for key, tol in CODE_RETRAIN_TOLERANCE.items():
+        assert meta[key] == pytest.approx(shipped[key], abs=tol), key
+
+
+def test_identifier_prompts_can_be_completed_by_induction():
+    """Each prompt ends on a token that occurred earlier, and what followed it there is the answer:
+    the completion is in the context, for an induction head to copy."""
+    from rs_interp.reproduce.sections.code import IDENTIFIERS, _prompts
+
+    tok = load_code_tokenizer(toy_model_path("code-2l"))
+    toks, answers = _prompts(tok)
+    assert toks.shape[0] == answers.shape[0] == len(IDENTIFIERS)
+    for row, answer in zip(toks, answers):
+        last = int(row[-1])
+        earlier = [i for i in range(len(row) - 1) if int(row[i]) == last]
+        assert earlier and int(row[earlier[-1] + 1]) == int(answer)

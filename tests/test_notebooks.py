@@ -10,8 +10,8 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_the_four_notebooks_exist():
-    assert {p.stem for p in NOTEBOOKS} >= {"induction_circuit", "residual_geometry", "finance_case", "gpt2_small"}
+def test_the_notebooks_exist():
+    assert {p.stem for p in NOTEBOOKS} >= {"induction_circuit", "residual_geometry", "finance_case", "gpt2_small", "code_model"}
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ SECTIONS: dict[str, str] = {
     "gpt2": "gpt2:gpt2_section",
     "geometry": "geometry:geometry_section",
     "finance": "finance:finance_section",
+    "code": "code:code_section",
 }
 
 

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from .._backend import Model
 
 from ..data import InductionBatch
-from ..models import load_toy_model
+from ..models import load_toy_model, toy_model_path
 from ..training import train_induction_model
 from .expected import EXPECTED, Expected
 from .recipes import held_out_batch, toy_settings
@@ -80,6 +80,7 @@ class Context:
     progress: bool = True
     log: Callable[[str], None] = lambda _msg: None
     _models: dict[str, Model] = field(default_factory=dict)
+    _code_tokenizer: Any = None
 
     def model(self, name: str) -> Model:
         if name not in self._models:
@@ -89,6 +90,19 @@ class Context:
             else:
                 self._models[name] = load_toy_model(name)
         return self._models[name]
+
+    def code_model(self) -> tuple[Model, Any]:
+        """``code-2l`` and its tokenizer: the shipped pair, or (``retrain``) trained from this run's seed."""
+        if "code-2l" not in self._models:
+            from ..code_model import load_code_tokenizer, train_code_model
+
+            if self.retrain:
+                self.log(f"training code-2l (seed {self.seed})")
+                model, self._code_tokenizer, _ = train_code_model(seed=self.seed, progress=self.progress)
+            else:
+                model, self._code_tokenizer = load_toy_model("code-2l"), load_code_tokenizer(toy_model_path("code-2l"))
+            self._models["code-2l"] = model
+        return self._models["code-2l"], self._code_tokenizer
 
     @functools.cached_property
     def batch(self) -> InductionBatch:

@@ -24,10 +24,20 @@ def induction_section(ctx: Context) -> Section:
         banded("induction.two_layers_accuracy", "two layers: accuracy", s2.accuracy),
         banded("induction.one_layer_loss", "one layer: loss (nats)", s1.loss),
         banded("induction.one_layer_accuracy", "one layer: accuracy", s1.accuracy),
+        banded("induction.embedding_rms_cosine", f"superposition: RMS cosine between the trained token embeddings, two layers "
+               f"(random directions: 1/sqrt(d_model) = {ctx.model('induction-2l').cfg.d_model ** -0.5:.3f})", _rms_cosine(ctx.model("induction-2l"))),
     )
     results = {"two_layers": {"loss": s2.loss, "accuracy": s2.accuracy},
-               "one_layer": {"loss": s1.loss, "accuracy": s1.accuracy}}
+               "one_layer": {"loss": s1.loss, "accuracy": s1.accuracy}, "embedding_rms_cosine": rows[-1].value}
     return Section("induction", "Induction: two layers vs one (1000 test sequences)", rows, results)
+
+
+def _rms_cosine(model) -> float:
+    """Root-mean-square cosine over distinct pairs of rows of ``W_E`` ("Where this goes next": superposition)."""
+    e = model.W_E.detach().double()
+    u = e / e.norm(dim=1, keepdim=True)
+    c = u @ u.T
+    return float(c[~torch.eye(len(c), dtype=torch.bool)].pow(2).mean().sqrt())
 
 
 def _other_head_row(accuracy: float, label: str, other_prev: float) -> Row:
