@@ -62,9 +62,14 @@ CODE_VOCAB = 2048
 CORPUS_FOLDERS = ("nn/modules", "optim", "distributions")
 #: The recorded training settings of the shipped ``code-2l``.
 CODE_TRAINING = dict(steps=4000, batch_size=32, lr=6e-3, warmup=200, seed=0, periodic_fraction=0.5)
-#: How far a retrained model's recorded metrics may sit from the shipped ones (absolute; see the
-#: README's Reproducibility for what was measured).
-CODE_RETRAIN_TOLERANCE = {"heldout_loss": 0.05, "repeat_first_loss": 0.3, "repeat_loss": 0.3}
+#: How far a retrained model's recorded metrics may sit from the shipped ones (absolute). Training
+#: runs through a phase change, and rounding moves its trajectory as much as a seed does: retrained
+#: on ATen's generic kernels instead of AVX512 (the shipped model's), the held-out loss moved by
+#: 0.029, the repeat loss by 0.19 and the first-occurrence loss by 0.49; seed 1 instead of 0 moves
+#: them by 0.034, 0.23 and 0.095. So these bounds (about twice the kernel spread) cannot tell
+#: seeds apart; what the retraining test also checks is that the retrained model has the circuit
+#: (the issue's three claims), which both retrainings and seed 1 have.
+CODE_RETRAIN_TOLERANCE = {"heldout_loss": 0.06, "repeat_first_loss": 1.0, "repeat_loss": 0.4}
 #: Seed of the repeated random sequences whose losses are recorded beside the checkpoint.
 REPEAT_SEED = 20_261_130
 #: The end-of-file token between documents.

@@ -10,7 +10,7 @@ from ...attribution import direct_logit_attribution
 from ...code_model import code_corpus, encode_corpus, heldout_loss, repeated_sequence_losses, unigram_loss
 from ...composition import composition_scores, random_baseline
 from ...head_ablation import ablate_heads, head_ablation_scan
-from ...heads import first_token_attention, prev_token_scores
+from ...heads import attention_patterns, first_token_attention, prev_token_scores
 from ...lens import logit_lens
 from ...plots import head_scan_figure, logit_lens_figure
 from ...second_order import second_order_attribution
@@ -93,14 +93,13 @@ def code_section(ctx: Context) -> list[Section]:
                                                 colorbar="nats"), *prompt_figs),
                       notes="Both layer-1 heads attend to the earlier occurrence, so ablating one costs less than ablating both (they "
                             "partly stand in for each other). On code the circuit is weak: the completion's probability rises from the "
-                            "embedding to the output, but stays small beside the tokens code makes likely there (see results.json).")
+                            "embedding on, but stays small beside the tokens code makes likely there; most of the rise is already "
+                            "there after layer 0 (the lens row), and MLP 0 writes more of the completion's logit than any head.")
     return [circuit, _lens_and_sinks(ctx, model, held_ids), _patching(ctx, model, tokens, half)]
 
 
 def _induction_weight(model, tokens: torch.Tensor, half: int) -> torch.Tensor:
     """(layer, head) mean attention from each repeat position ``i`` to ``i - half + 1``."""
-    from ...heads import attention_patterns
-
     pat = attention_patterns(model, tokens)  # layer batch head q k
     return pat.diagonal(offset=-(half - 1), dim1=-2, dim2=-1)[..., 1:].mean(dim=(1, 3))
 
@@ -121,9 +120,12 @@ def _prompt_analysis(model, tokenizer, ih: int) -> tuple[list[Row], dict, tuple]
     top_src = so.sources[int(src.argmax())]
     labels = list(lens.labels)
     rows = [
-        banded("code.prompt_final_p", f"{len(IDENTIFIERS)} repeated identifiers: P(completion), the model's output "
-               f"(logit lens after the embedding: {float(p[0].mean()):.2g})", float(p[-1].mean()), lo=10 * float(p[0].mean())),
-        exact_row("largest direct logit attribution to the completion (mean over prompts)", top[:2], "L1", theory="a layer-1 head"),
+        banded("code.prompt_final_p", f"{len(IDENTIFIERS)} repeated identifiers: P(completion), the model's output (logit lens: "
+               + ", ".join(f"{lab} {float(v):.2g}" for lab, v in zip(labels[:-1], p[:-1].mean(1))) + ")",
+               float(p[-1].mean()), lo=10 * float(p[0].mean())),
+        exact_row(f"the head with the largest direct logit attribution to the completion, mean over prompts: {top} "
+                  f"(MLP 0: {float(by_comp[dla.labels.index('mlp L0')]):.2f}, {top}: {float(by_comp[dla.labels.index(top)]):.2f})",
+                  top[:2], "L1", theory="a layer-1 head"),
         Row(f"induction head (1,{ih}): its largest source (second order)", top_src, "the token it copies",
             "embed or mlp L0", top_src in ("embed", "mlp L0")),
     ]
