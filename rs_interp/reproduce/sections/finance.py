@@ -20,7 +20,8 @@ def finance_section(ctx: Context) -> Section:
         rows.append(banded(f"finance.{r}.unseen", f"{r}: unseen companies", res.unseen[r]))
     direct, full = res.seen["filing-trained model, direct path"], res.seen["filing-trained model"]
     share = banded("finance.direct_share", "filing-trained model: the direct path's share of its seen completions", direct / full if full else float("nan"))
-    rows.append(dataclasses.replace(share, band="differs", label=share.label + (
+    # Not judged ("n/a", as rows whose band does not apply): the row says why it differs from the theory.
+    rows.append(dataclasses.replace(share, band="n/a", label="differs: " + share.label + (
         " (the theory: 'most of that knowledge sits in the bigram part'. Here the direct path does no better than the bigram table "
         "(rows above), and a bigram reader is capped by the seen queries on a symbol with several successors (next row); the theory's "
         "direct path beat its table, 0.717 vs 0.576, so its heads carried less)")))
