@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ._backend import Model, ModelConfig, bias_parameters, make_config
+from ._backend import Model, ModelConfig, make_config
 
 from ._validate import check_int_range, check_tokens
 from .data import induction_batch
@@ -53,6 +53,7 @@ __all__ = [
     "train_code_model",
     "heldout_loss",
     "unigram_loss",
+    "repeated_tokens",
     "repeated_sequence_losses",
 ]
 
@@ -179,7 +180,7 @@ def train_code_model(*, steps: int = CODE_TRAINING["steps"], batch_size: int = C
 
     The tokenizer is trained too unless one is given (the shipped one, for a retraining check).
     """
-    from .training import train_on_batches
+    from .training import train_on_batches, trainable_parameters
 
     check_int_range("steps", steps, 1)
     check_int_range("batch_size", batch_size, 1)
@@ -197,9 +198,8 @@ def train_code_model(*, steps: int = CODE_TRAINING["steps"], batch_size: int = C
     batches = lambda _: (_batch(train_ids, batch_size, cfg.n_ctx, gen, periodic_fraction, cfg.d_vocab), mask)  # noqa: E731
     start = time.perf_counter()
     # GPT-2 has no unembedding bias (TransformerLens 3.x carries a zero one, 4.x's native models none): it stays at zero.
-    frozen = {id(p) for p in bias_parameters(model, ("b_U",))}
     losses = train_on_batches(model, batches, steps=steps, lr=lr, warmup=warmup, progress=progress, desc="training code-2l",
-                              params=[p for p in model.parameters() if id(p) not in frozen])
+                              params=trainable_parameters(model, frozen=("b_U",)))
     meta = {"training": dict(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                              periodic_fraction=periodic_fraction, seconds=round(time.perf_counter() - start, 1)),
             "corpus": {"folders": list(CORPUS_FOLDERS), "sha256": corpus.sha256, "torch": corpus.torch_version,
@@ -229,14 +229,19 @@ def unigram_loss(train: torch.Tensor, heldout: torch.Tensor, d_vocab: int) -> fl
     return float(-logp[heldout].mean())
 
 
+def repeated_tokens(d_vocab: int, *, n: int, half: int, seed: int) -> torch.Tensor:
+    """``n`` random sequences of ``half`` tokens, each written twice in a row: a (n, 2 * half) tensor."""
+    check_int_range("n", n, 1)
+    seq = torch.randint(0, d_vocab, (n, half), generator=torch.Generator().manual_seed(seed))
+    return torch.cat([seq, seq], 1)
+
+
 def repeated_sequence_losses(model: Model, *, n: int = 64, half: int | None = None, seed: int = 0) -> tuple[float, float]:
     """Loss on the first and on the second occurrence of ``n`` random token sequences of length
     ``half`` (default: half the context) repeated once: (first, repeat). Induction makes the repeat cheap."""
     half = model.cfg.n_ctx // 2 if half is None else half
     check_int_range("half", half, 2, model.cfg.n_ctx // 2)
-    g = torch.Generator().manual_seed(seed)
-    seq = torch.randint(0, model.cfg.d_vocab, (n, half), generator=g)
-    tokens = check_tokens(model, torch.cat([seq, seq], 1))
+    tokens = check_tokens(model, repeated_tokens(model.cfg.d_vocab, n=n, half=half, seed=seed))
     with torch.no_grad():
         per = model(tokens, return_type="loss", loss_per_token=True)  # (n, 2*half - 1): predicting token i+1
     return float(per[:, : half - 1].mean()), float(per[:, half:].mean())

@@ -63,10 +63,11 @@ class Score:
     n_scored: int
 
 
-def trainable_parameters(model: Model) -> list[torch.nn.Parameter]:
-    """Every parameter except the value, output and unembedding biases, which stay at zero."""
-    frozen = {id(p) for p in bias_parameters(model, _FROZEN_BIASES)}
-    return [p for p in model.parameters() if id(p) not in frozen]
+def trainable_parameters(model: Model, frozen: tuple[str, ...] = _FROZEN_BIASES) -> list[torch.nn.Parameter]:
+    """Every parameter except the biases named in ``frozen``, which stay at zero (by default the value,
+    output and unembedding biases the theory's model does not have)."""
+    ids = {id(p) for p in bias_parameters(model, frozen)}
+    return [p for p in model.parameters() if id(p) not in ids]
 
 
 def masked_next_token_loss(

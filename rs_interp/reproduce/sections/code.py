@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from ...attribution import direct_logit_attribution
-from ...code_model import code_corpus, encode_corpus, heldout_loss, repeated_sequence_losses, unigram_loss
+from ...code_model import (EOT, code_corpus, encode_corpus, heldout_loss, repeated_sequence_losses, repeated_tokens,
+                           unigram_loss)
 from ...composition import composition_scores, random_baseline
 from ...head_ablation import ablate_heads, head_ablation_scan
 from ...heads import attention_patterns, first_token_attention, prev_token_scores
@@ -26,14 +27,6 @@ IDENTIFIERS = ("self.zorblax_gate", "self.quimbrel_scale", "fronzle_weights", "s
 N_REPEATS = 64
 
 
-def _repeats(d_vocab: int, n_ctx: int, seed: int) -> tuple[torch.Tensor, int]:
-    """``N_REPEATS`` random sequences of half the context, each written twice: (tokens, half)."""
-    half = n_ctx // 2
-    g = torch.Generator().manual_seed(seed)
-    seq = torch.randint(0, d_vocab, (N_REPEATS, half), generator=g)
-    return torch.cat([seq, seq], 1), half
-
-
 def _prompts(tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """Each identifier's prompt, cut just before the last token of its second occurrence, left-padded
     with the end-of-file token to one length: (tokens, answers)."""
@@ -44,7 +37,7 @@ def _prompts(tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
         rows.append(ids[:-1])
         answers.append(ids[-1])
     width = max(map(len, rows))
-    eot = tokenizer.token_to_id("<|endoftext|>")
+    eot = tokenizer.token_to_id(EOT)
     return torch.tensor([[eot] * (width - len(r)) + r for r in rows]), torch.tensor(answers)
 
 
@@ -56,7 +49,8 @@ def code_section(ctx: Context) -> list[Section]:
     train_ids, held_ids = encode_corpus(tokenizer, corpus.train), encode_corpus(tokenizer, corpus.heldout)
     held, unigram = heldout_loss(model, held_ids), unigram_loss(train_ids, held_ids, cfg.d_vocab)
     first, repeat = repeated_sequence_losses(model, n=N_REPEATS, seed=ctx.seed + 31)
-    tokens, half = _repeats(cfg.d_vocab, cfg.n_ctx, ctx.seed + 32)
+    half = cfg.n_ctx // 2
+    tokens = repeated_tokens(cfg.d_vocab, n=N_REPEATS, half=half, seed=ctx.seed + 32)
 
     def repeat_loss(logits: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits[:, half:-1].flatten(0, 1).float(), tokens[:, half + 1 :].flatten())

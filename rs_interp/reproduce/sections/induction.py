@@ -18,17 +18,19 @@ from ..expected import PREV_TOKEN_HEAD
 
 
 def induction_section(ctx: Context) -> Section:
-    s2, s1 = evaluate(ctx.model("induction-2l"), ctx.batch), evaluate(ctx.model("induction-1l"), ctx.batch)
+    m2 = ctx.model("induction-2l")
+    s2, s1 = evaluate(m2, ctx.batch), evaluate(ctx.model("induction-1l"), ctx.batch)
+    cos = _rms_cosine(m2)
     rows = (
         banded("induction.two_layers_loss", "two layers: loss (nats)", s2.loss),
         banded("induction.two_layers_accuracy", "two layers: accuracy", s2.accuracy),
         banded("induction.one_layer_loss", "one layer: loss (nats)", s1.loss),
         banded("induction.one_layer_accuracy", "one layer: accuracy", s1.accuracy),
         banded("induction.embedding_rms_cosine", f"superposition: RMS cosine between the trained token embeddings, two layers "
-               f"(random directions: 1/sqrt(d_model) = {ctx.model('induction-2l').cfg.d_model ** -0.5:.3f})", _rms_cosine(ctx.model("induction-2l"))),
+               f"(random directions: 1/sqrt(d_model) = {m2.cfg.d_model ** -0.5:.3f})", cos),
     )
     results = {"two_layers": {"loss": s2.loss, "accuracy": s2.accuracy},
-               "one_layer": {"loss": s1.loss, "accuracy": s1.accuracy}, "embedding_rms_cosine": rows[-1].value}
+               "one_layer": {"loss": s1.loss, "accuracy": s1.accuracy}, "embedding_rms_cosine": cos}
     return Section("induction", "Induction: two layers vs one (1000 test sequences)", rows, results)
 
 
