@@ -38,10 +38,10 @@ from .models import (
     as_dtype,
     attn_only_config,
     load_model,
-    load_toy_model,
     make_attn_only,
     save_model,
 )
+from .registry import SHIPPED_MODELS, TrainingCache, load_toy_model, train_shipped
 from .attribution import DirectLogitAttribution, direct_logit_attribution
 from .path_expansion import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
 from .second_order import SecondOrderAttribution, second_order_attribution
@@ -55,6 +55,9 @@ __all__ = [
     "save_model",
     "load_model",
     "load_toy_model",
+    "SHIPPED_MODELS",
+    "train_shipped",
+    "TrainingCache",
     "CheckpointError",
     "InductionBatch",
     "induction_batch",
@@ -109,17 +112,3 @@ __all__ = [
     # hook factories
     "hooks",
 ]
-
-
-_DEPRECATED = {"LogitLens": ("rs_interp.lens", "LogitLens"), "analyse_gpt2": ("rs_interp.gpt2", "analyse_gpt2"),
-               "GPT2Analysis": ("rs_interp.gpt2", "GPT2Analysis")}
-
-
-def __getattr__(name: str):
-    """Renamed and moved names keep working, with a DeprecationWarning saying where they went."""
-    if name in _DEPRECATED:
-        import importlib
-
-        module, attr = _DEPRECATED[name]
-        return getattr(importlib.import_module(module), attr)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

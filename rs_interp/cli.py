@@ -8,6 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .registry import SHIPPED_MODELS
 from .reproduce import SECTIONS
 
 __all__ = ["main"]
@@ -35,7 +36,12 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     out = _writable_dir(args.out)
     print(f"rs-interp reproduce on {describe_environment()}\n", flush=True)
-    sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log)
+    cache = None
+    if args.cache:
+        from .registry import TrainingCache
+
+        cache = TrainingCache(_writable_dir(args.cache))
+    sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log, cache=cache)
     for s in sections:
         print(format_table(s) + "\n", flush=True)
     write_results(sections, out / "results.json")
@@ -47,20 +53,15 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from .models import save_model
-    from .reproduce.recipes import train_toy_model
+    from .registry import train_shipped
 
     out = _writable_dir(args.out)
-    if args.name == "code-2l":
-        from .code_model import CODE_TRAINING, train_code_model
-
-        model, tokenizer, meta = train_code_model(seed=CODE_TRAINING["seed"] if args.seed is None else args.seed, progress=not args.quiet)
-        path = save_model(model, out / args.name, metadata=meta)
-        tokenizer.save(str(path.with_name(path.name + ".tokenizer.json")))  # read back by load_code_tokenizer(path)
-        print(f"{args.name}: held-out loss {meta['heldout_loss']:.4f} (unigram {meta['unigram_loss']:.4f}); saved to {path}")
-        return 0
-    model, meta = train_toy_model(args.name, seed=args.seed, progress=not args.quiet)
-    path = save_model(model, out / args.name, metadata=meta)
-    print(f"{args.name}: loss {meta['test_loss']:.4f}, accuracy {meta['test_accuracy']:.4f}; saved to {path}")
+    trained = train_shipped(args.name, args.seed, progress=not args.quiet)
+    path = save_model(trained.model, out / args.name, metadata=trained.metadata)
+    if trained.tokenizer is not None:
+        trained.tokenizer.save(str(path.with_name(path.name + ".tokenizer.json")))  # read back by load_code_tokenizer(path)
+    metrics = {k: v for k, v in trained.metadata.items() if isinstance(v, float)}
+    print(f"{args.name}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())) + f"; saved to {path}")
     return 0
 
 
@@ -141,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="1 (default): the shipped models; N > 1: retrain every seeded piece for seeds SEED..SEED+N-1 and report "
                         "each banded row per seed and 'k of N within band'")
     r.add_argument("--only", nargs="+", metavar="SECTION", choices=list(SECTIONS), help="compute only these sections: " + ", ".join(SECTIONS))
+    r.add_argument("--cache", metavar="DIR", help="keep every model trained in the run under DIR and read it back in later runs "
+                                                   "instead of training again (keyed by recipe, seed, kernel path and versions)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)
     g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",
@@ -149,8 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=_seed, default=0, help="seed of the random tokens (and random weights) (default: %(default)s)")
     g.add_argument("--out", metavar="DIR", help="also write DIR/gpt2.json with the scores")
     g.set_defaults(func=_gpt2)
-    t = sub.add_parser("train", help="train a toy induction model and save it", description="Train a toy induction model with the recorded settings and save it as safetensors + JSON.")
-    t.add_argument("name", choices=["induction-2l", "induction-1l", "code-2l"])
+    trainable = [name for name, entry in SHIPPED_MODELS.items() if entry.trainer is not None]
+    t = sub.add_parser("train", help="retrain a shipped model from its recipe and save it",
+                       description="Retrain a shipped model with its recorded settings and save it as safetensors + JSON: "
+                                   + "; ".join(f"{n}: {SHIPPED_MODELS[n].description}" for n in trainable) + ".")
+    t.add_argument("name", choices=trainable)
     t.add_argument("--seed", type=_seed, default=None, help="training seed (default: the recorded one, 0)")
     t.add_argument("--out", default="rs_interp_out", metavar="DIR", help="output directory (default: %(default)s)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")

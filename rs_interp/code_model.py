@@ -1,7 +1,8 @@
 """A GPT-2-architecture toy trained here on real text: the Python sources of the pinned torch.
 
 ``load_toy_model("code-2l")`` is the shipped one; ``rs-interp train code-2l`` retrains it from its
-recorded seed (:data:`CODE_TRAINING`: 4,000 Adam steps of 32 x 64 tokens, about 12.5 minutes on one core).
+recorded seed (``SHIPPED_MODELS["code-2l"].settings``: 4,000 Adam steps of 32 x 64 tokens, about 12.5
+minutes on one core).
 
 Pretrained GPT-2 cannot be downloaded here, and random weights have no circuits. So this module
 builds, from text every install has offline, a small model with everything GPT-2 has (LayerNorm,
@@ -41,8 +42,6 @@ from .data import induction_batch
 from .models import build_model
 
 __all__ = [
-    "CODE_TRAINING",
-    "CODE_RETRAIN_TOLERANCE",
     "CODE_VOCAB",
     "CodeCorpus",
     "code_corpus",
@@ -61,16 +60,6 @@ __all__ = [
 CODE_VOCAB = 2048
 #: Folders of the installed torch whose ``.py`` files make the corpus, in this order.
 CORPUS_FOLDERS = ("nn/modules", "optim", "distributions")
-#: The recorded training settings of the shipped ``code-2l``.
-CODE_TRAINING = dict(steps=4000, batch_size=32, lr=6e-3, warmup=200, seed=0, periodic_fraction=0.5)
-#: How far a retrained model's recorded metrics may sit from the shipped ones (absolute). Training
-#: runs through a phase change, and rounding moves its trajectory as much as a seed does: retrained
-#: on ATen's generic kernels instead of AVX512 (the shipped model's), the held-out loss moved by
-#: 0.029, the repeat loss by 0.19 and the first-occurrence loss by 0.49; seed 1 instead of 0 moves
-#: them by 0.034, 0.23 and 0.095. So these bounds (about twice the kernel spread) cannot tell
-#: seeds apart; what the retraining test also checks is that the retrained model has the circuit
-#: (the issue's three claims), which both retrainings and seed 1 have.
-CODE_RETRAIN_TOLERANCE = {"heldout_loss": 0.06, "repeat_first_loss": 1.0, "repeat_loss": 0.4}
 #: Seed of the repeated random sequences whose losses are recorded beside the checkpoint.
 REPEAT_SEED = 20_261_130
 #: The end-of-file token between documents.
@@ -170,15 +159,14 @@ def _batch(stream: torch.Tensor, n: int, width: int, generator: torch.Generator,
     return torch.cat([periodic, code])
 
 
-def train_code_model(*, steps: int = CODE_TRAINING["steps"], batch_size: int = CODE_TRAINING["batch_size"],
-                     lr: float = CODE_TRAINING["lr"], seed: int = CODE_TRAINING["seed"],
-                     warmup: int = CODE_TRAINING["warmup"],
-                     periodic_fraction: float = CODE_TRAINING["periodic_fraction"], progress: bool = True,
-                     tokenizer=None) -> tuple[Model, Any, dict]:
+def train_code_model(*, steps: int, batch_size: int, lr: float, warmup: int, seed: int, periodic_fraction: float,
+                     progress: bool = True, tokenizer=None) -> tuple[Model, Any, dict]:
     """Train ``code-2l`` from scratch: returns the model, its tokenizer and the metadata to ship
     (settings, corpus hash, held-out and unigram losses, the loss curve every 50 steps).
 
-    The tokenizer is trained too unless one is given (the shipped one, for a retraining check).
+    The settings are the recipe's (the shipped model's are ``SHIPPED_MODELS["code-2l"].settings``;
+    ``rs_interp.train_shipped("code-2l")`` trains with them). The tokenizer is trained too unless one
+    is given (the shipped one, for a retraining check).
     """
     from .training import train_on_batches, trainable_parameters
 

@@ -142,15 +142,3 @@ def _in_hf_cache(repo_id: str) -> bool:
 
     have = lambda f: isinstance(try_to_load_from_cache(repo_id, f), str)  # noqa: E731
     return have("config.json") and (have("model.safetensors") or have("pytorch_model.bin"))
-
-
-def __getattr__(name: str):
-    """``analyse_gpt2`` and ``GPT2Analysis`` (a fixed-prompt analysis) moved to :mod:`rs_interp.reproduce.gpt2_check`."""
-    if name in ("analyse_gpt2", "GPT2Analysis", "conversion_check"):
-        import warnings
-
-        from .reproduce import gpt2_check
-
-        warnings.warn(f"rs_interp.gpt2.{name} moved to rs_interp.reproduce.gpt2_check.{name}", DeprecationWarning, stacklevel=2)
-        return getattr(gpt2_check, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

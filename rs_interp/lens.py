@@ -198,13 +198,3 @@ def logit_lens(
 
     return LogitLensReadings(labels=tuple(l for l, _ in points), target_probs=target_probs, top_tokens=top_tokens,
                      top_probs=top_probs, entropy=entropy, log_probs=log_probs)
-
-
-def __getattr__(name: str):
-    if name == "LogitLens":
-        import warnings
-
-        warnings.warn("rs_interp.LogitLens is now LogitLensReadings (a record of readings; the lens is logit_lens)",
-                      DeprecationWarning, stacklevel=2)
-        return LogitLensReadings
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,6 @@ ever unpickled.
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +35,10 @@ __all__ = [
     "as_dtype",
     "save_model",
     "load_model",
-    "load_toy_model",
-    "TOY_MODELS",
+    "read_metadata",
+    "made_with",
     "CheckpointError",
 ]
-
-#: Names of the shipped toy models and the layer count of each.
-TOY_MODELS = {"induction-2l": 2, "induction-1l": 1, "code-2l": 2}
 
 _CONFIG_SUFFIX = ".json"
 _WEIGHTS_SUFFIX = ".safetensors"
@@ -190,8 +186,17 @@ def _checkpoint_files(path: str | Path) -> tuple[Path, Path]:
     return path.with_name(path.name + _CONFIG_SUFFIX), path.with_name(path.name + _WEIGHTS_SUFFIX)
 
 
+def made_with() -> dict[str, str]:
+    """The torch and TransformerLens versions of this process: what :func:`save_model` records as
+    ``metadata["versions"]``."""
+    return {"torch": torch.__version__, "transformer_lens": _backend.TL_VERSION}
+
+
 def save_model(model: Model, path: str | Path, *, metadata: dict[str, Any] | None = None) -> Path:
     """Save ``model`` as ``path.json`` (config, plus ``metadata``) and ``path.safetensors``.
+
+    ``metadata["versions"]`` records the torch and TransformerLens versions it was saved with
+    (:func:`made_with`), unless ``metadata`` already says.
 
     >>> import tempfile; d = tempfile.mkdtemp()
     >>> p = save_model(make_attn_only(1), f"{d}/toy")
@@ -202,7 +207,7 @@ def save_model(model: Model, path: str | Path, *, metadata: dict[str, Any] | Non
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
     # Model's names and shapes under either version: one format for both.
     save_file(_backend.portable_state(model), str(w_path))
-    payload = {"config": _config_to_json(model.cfg), "metadata": metadata or {}}
+    payload = {"config": _config_to_json(model.cfg), "metadata": {"versions": made_with(), **(metadata or {})}}
     cfg_path.write_text(json.dumps(payload, indent=2, sort_keys=True))
     return cfg_path.with_suffix("")
 
@@ -251,26 +256,3 @@ def load_model(path: str | Path) -> Model:
         raise CheckpointError(f"weights {w_path}: {err}") from err
     model.eval()
     return model
-
-
-def toy_model_path(name: str) -> Path:
-    """Where the shipped checkpoint ``name`` (``"induction-2l"``, ``"induction-1l"`` or ``"code-2l"``) lives."""
-    if name not in TOY_MODELS:
-        raise ValueError(f"name must be one of {sorted(TOY_MODELS)}, got {name!r}")
-    return Path(str(resources.files("rs_interp") / "toy_models" / name))
-
-
-def load_toy_model(name: str = "induction-2l") -> Model:
-    """Load a shipped, trained toy model.
-
-    ``"induction-2l"`` and ``"induction-1l"``: the theory's attention-only models, produced by
-    :func:`rs_interp.train_induction_model`; ``"code-2l"``: a GPT-2-architecture model trained on
-    Python sources (:mod:`rs_interp.code_model`; its tokenizer: ``load_code_tokenizer``). Each was
-    trained with the seed and settings recorded in its metadata (:func:`read_metadata`);
-    ``rs-interp reproduce --retrain`` rebuilds them.
-
-    >>> model = load_toy_model("induction-2l")
-    >>> model.cfg.n_layers
-    2
-    """
-    return load_model(toy_model_path(name))

@@ -10,8 +10,8 @@ Reproducibility, stated as it holds:
 - **Across machines** it is not: float32 kernels round differently per CPU capability (AVX2,
   AVX512, the generic path), and 1000 Adam steps carry the last-bit difference into every
   weight. What holds is that the retrained model's test metrics sit within
-  :data:`rs_interp.reproduce.recipes.RETRAIN_TOLERANCE` of the shipped ones (see that constant
-  for the measured spread).
+  the tolerance recorded in :data:`rs_interp.registry.SHIPPED_MODELS` (see there for the
+  measured spread).
 
 >>> model = train_induction_model(1, steps=5, progress=False)
 >>> score = evaluate(model, induction_batch(64, seed=123))
@@ -204,19 +204,3 @@ def train_induction_model(
 
     train_on_batches(model, batches, steps=steps, lr=lr, progress=progress, desc=f"training {n_layers}-layer induction model")
     return model
-
-
-_MOVED = {"TEST_SEED", "TEST_SIZE", "TOY_TRAINING", "RETRAIN_TOLERANCE", "toy_settings", "train_toy_model", "test_batch"}
-
-
-def __getattr__(name: str):
-    """The toy recipes moved to :mod:`rs_interp.reproduce.recipes` (``test_batch`` is ``held_out_batch`` there)."""
-    if name in _MOVED:
-        import warnings
-
-        from .reproduce import recipes
-
-        new = "held_out_batch" if name == "test_batch" else name
-        warnings.warn(f"rs_interp.training.{name} moved to rs_interp.reproduce.recipes.{new}", DeprecationWarning, stacklevel=2)
-        return getattr(recipes, new)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

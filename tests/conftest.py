@@ -1,5 +1,7 @@
 """Shared, seeded models and batches. Session-scoped: helpers must never mutate them (issue 9
-checks that), so sharing is safe and keeps the suite fast."""
+checks that), so sharing is safe and keeps the suite fast. Every model trained from a shipped recipe
+(or the finance study's) goes through one session-wide :class:`~rs_interp.registry.TrainingCache`
+(``train_cache``): no two tests train the same (recipe, seed)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import torch
 
 import rs_interp as ri
 from rs_interp import _backend
-from rs_interp.reproduce.recipes import held_out_batch
+from rs_interp.registry import TrainingCache, held_out_batch
 
 #: TransformerLens 4's models are native bridges: standard and rotary positions only, and no
 #: unembedding bias. Tests of what only 3.x can build are marked with this.
@@ -19,6 +21,16 @@ needs_tl3 = pytest.mark.skipif(TL4, reason=f"TransformerLens {_backend.TL_VERSIO
 def tl3_only(why: str):
     """Skip on TransformerLens 4, saying what 4.x lacks."""
     return pytest.mark.skipif(TL4, reason=f"TransformerLens {_backend.TL_VERSION}: {why} (checked on 3.x)")
+
+
+def slow_on_tl3(why: str):
+    """A slow test that runs under 3.x only: ``scripts/test.sh`` runs the slow tests once, under 4.x,
+    except these (marked ``tl3``), which its 3.x pass selects."""
+
+    def mark(fn):
+        return pytest.mark.slow(pytest.mark.tl3(tl3_only(why)(fn)))
+
+    return mark
 
 
 def perturb(model, seed, *, bias_scale=0.2):
@@ -35,6 +47,13 @@ def perturb(model, seed, *, bias_scale=0.2):
             state[name] = (bias_scale * torch.randn(p.shape, generator=g, dtype=torch.float64)).to(p.dtype)
     _backend.load_portable_state(model, state)
     return model
+
+
+@pytest.fixture(scope="session")
+def train_cache(tmp_path_factory) -> TrainingCache:
+    """One cache for the whole run: every retraining test, CLI run (``--cache``) and the finance
+    study share it, so a (recipe, seed) is trained once per test session."""
+    return TrainingCache(tmp_path_factory.mktemp("trained"))
 
 
 @pytest.fixture(scope="session")

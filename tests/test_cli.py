@@ -6,7 +6,7 @@ import pytest
 
 from rs_interp.cli import main
 from rs_interp.reproduce.expected import EXPECTED
-from rs_interp.reproduce.recipes import RETRAIN_TOLERANCE
+from rs_interp.registry import SHIPPED_MODELS
 
 
 def test_reproduce_writes_results(tmp_path, capsys):
@@ -45,19 +45,20 @@ def test_gpt2_without_weights_is_one_clean_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_reproduce_retrain_matches_the_shipped_models(tmp_path):
+def test_reproduce_retrain_matches_the_shipped_models(tmp_path, train_cache):
     """--retrain rebuilds both toy models from the recorded seed: the table is the shipped one's, within
-    RETRAIN_TOLERANCE (another processor rounds the training differently)."""
+    the registry's tolerance (another processor rounds the training differently)."""
     assert main(["reproduce", "--out", str(tmp_path / "shipped"), "--only", "induction", "--quiet"]) == 0
-    assert main(["reproduce", "--out", str(tmp_path / "retrained"), "--only", "induction", "--retrain", "--quiet"]) == 0
+    assert main(["reproduce", "--out", str(tmp_path / "retrained"), "--only", "induction", "--retrain", "--quiet",
+                 "--cache", str(train_cache.root)]) == 0
     a = json.loads((tmp_path / "shipped" / "results.json").read_text())["induction"]
     b = json.loads((tmp_path / "retrained" / "results.json").read_text())["induction"]
     for model in ("two_layers", "one_layer"):
         for metric in ("loss", "accuracy"):
-            assert b[model][metric] == pytest.approx(a[model][metric], abs=RETRAIN_TOLERANCE[f"test_{metric}"])
+            assert b[model][metric] == pytest.approx(a[model][metric], abs=SHIPPED_MODELS["induction-2l"].tolerance[f"test_{metric}"])
 
 
-@pytest.mark.parametrize("command,work", [(["train", "induction-1l"], "rs_interp.reproduce.recipes.train_toy_model"),
+@pytest.mark.parametrize("command,work", [(["train", "induction-1l"], "rs_interp.registry.train_shipped"),
                                           (["reproduce", "--only", "induction"], "rs_interp.reproduce.run_sections"),
                                           (["gpt2", "--weights", "random"], "rs_interp.gpt2.load_gpt2")])
 def test_unwritable_out_fails_before_any_work(tmp_path, capsys, monkeypatch, command, work):

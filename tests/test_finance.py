@@ -70,8 +70,8 @@ def test_bigram_table_counts(corpus):
 
 
 @pytest.mark.slow
-def test_the_table():
-    res = F.run_case_study(seed=0, progress=False)
+def test_the_table(train_cache):
+    res = F.run_case_study(seed=0, progress=False, cache=train_cache)
     s, u = res.seen, res.unseen
     assert s["bigram table"] >= 0.40 and u["bigram table"] == 0.0  # theory 0.576 / 0.000
     assert u["filing-trained model, direct path"] <= 0.05  # theory 0.717 / 0.000 (seen: report)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.models import read_metadata, toy_model_path
+from rs_interp.models import read_metadata
+from rs_interp.registry import SHIPPED_MODELS, toy_model_path
 
 
 def test_config_is_the_theorys_model():
@@ -58,7 +59,7 @@ def test_save_load_roundtrip(tmp_path, toy2, small_batch):
     assert (tmp_path / "m.json").is_file() and (tmp_path / "m.safetensors").is_file()
     loaded = ri.load_model(path)
     assert torch.equal(loaded(small_batch.tokens), toy2(small_batch.tokens))
-    assert read_metadata(path) == {"note": "x"}
+    assert read_metadata(path) == {"note": "x", "versions": ri.models.made_with()}
     assert json.loads((tmp_path / "m.json").read_text())["config"]["d_model"] == 32
 
 
@@ -74,6 +75,26 @@ def test_shipped_models_record_their_training(name, n_layers):
     meta = read_metadata(toy_model_path(name))
     assert meta["training"]["n_layers"] == n_layers and meta["training"]["steps"] == 1000
     assert "seed" in meta["training"] and "test_loss" in meta
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_MODELS))
+def test_the_registry_describes_every_shipped_checkpoint(name):
+    """Each entry's recipe is the one recorded beside its checkpoint, its extra files ship with it,
+    its tolerance names recorded metrics, and the metadata says which versions made it."""
+    entry = SHIPPED_MODELS[name]
+    meta = entry.metadata()
+    assert {k: meta["training"][k] for k in entry.settings} == dict(entry.settings)
+    assert set(entry.tolerance) <= set(meta)
+    assert {"torch", "transformer_lens"} <= set(meta["versions"])
+    for suffix in entry.extra_files:
+        assert entry.path.with_name(name + suffix).is_file()
+
+
+def test_every_shipped_checkpoint_is_in_the_registry():
+    import pathlib
+
+    folder = pathlib.Path(ri.__file__).parent / "toy_models"
+    assert {p.name.removesuffix(".safetensors") for p in folder.glob("*.safetensors")} == set(SHIPPED_MODELS)
 
 
 def test_unknown_toy_model():

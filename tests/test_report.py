@@ -16,9 +16,9 @@ SECTIONS = [key for keys in PARTS.values() for key in keys]
 
 
 @pytest.fixture(scope="module")
-def report_dir(tmp_path_factory):
+def report_dir(tmp_path_factory, train_cache):
     out = tmp_path_factory.mktemp("report")
-    assert main(["reproduce", "--out", str(out), "--quiet"]) == 0
+    assert main(["reproduce", "--out", str(out), "--quiet", "--cache", str(train_cache.root)]) == 0
     return out
 
 
@@ -96,33 +96,3 @@ def test_the_registry_is_the_one_list():
 def test_the_report_holds_every_registered_section(report_dir):
     data = json.loads((report_dir / "results.json").read_text())
     assert data["parts"] == PARTS
-
-
-def test_the_library_never_imports_the_reproduction():
-    """One-way imports: no library module imports rs_interp.reproduce at module level (the only
-    references are the lazy deprecation pointers inside functions)."""
-    import ast
-    import pathlib
-
-    root = pathlib.Path(__file__).parent.parent / "rs_interp"
-    for path in root.glob("*.py"):
-        if path.name == "cli.py":
-            continue  # the command line is the application on top of both
-        tree = ast.parse(path.read_text())
-        for node in tree.body:  # module level only
-            if isinstance(node, ast.ImportFrom):
-                target = ("." * node.level) + (node.module or "")
-                assert not target.lstrip(".").startswith("reproduce"), f"{path.name} imports {target}"
-
-
-@pytest.mark.parametrize("old,name", [("rs_interp.paths", "path_expansion"), ("rs_interp.paths", "direct_logit_attribution"),
-                                      ("rs_interp.params", "gpt2_config"), ("rs_interp.sections", "Context"),
-                                      ("rs_interp.report", "write_results"), ("rs_interp.gradients", "gradient_scaling"),
-                                      ("rs_interp.training", "test_batch"), ("rs_interp.training", "TOY_TRAINING"),
-                                      ("rs_interp", "LogitLens"), ("rs_interp", "analyse_gpt2"), ("rs_interp.gpt2", "GPT2Analysis")])
-def test_old_names_still_work_and_say_where_they_went(old, name):
-    import importlib
-
-    module = importlib.import_module(old)
-    with pytest.warns(DeprecationWarning, match="rs_interp"):
-        assert getattr(module, name) is not None

@@ -36,10 +36,11 @@ def test_seeds_must_be_positive(capsys):
 
 
 @pytest.mark.slow
-def test_three_seeds_every_banded_row_per_seed(tmp_path, capsys):
+def test_three_seeds_every_banded_row_per_seed(tmp_path, capsys, train_cache):
     """N = 3 retrains every seeded piece; each banded row holds its three values and 'k of 3'."""
     only = ["induction", "circuits", "ablation", "paths", "geometry", "finance"]
-    assert main(["reproduce", "--seeds", "3", "--only", *only, "--quiet", "--out", str(tmp_path)]) == 0
+    assert main(["reproduce", "--seeds", "3", "--only", *only, "--quiet", "--out", str(tmp_path),
+                 "--cache", str(train_cache.root)]) == 0
     out = capsys.readouterr().out
     assert " of 3" in out
     data = json.loads((tmp_path / "results.json").read_text())

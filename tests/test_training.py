@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.models import read_metadata, toy_model_path
+from rs_interp.registry import SHIPPED_MODELS, train_shipped
 from rs_interp.reproduce.expected import EXPECTED
-from rs_interp.reproduce.recipes import RETRAIN_TOLERANCE, TOY_TRAINING, train_toy_model
+
+INDUCTION = ("induction-1l", "induction-2l")
 
 
 def test_two_layer_model_solves_induction(toy2, test_set):
@@ -58,48 +59,62 @@ def test_bad_training_arguments(kwargs, arg):
         ri.train_induction_model(**kwargs, progress=False)
 
 
-def _within_tolerance(meta: dict, shipped: dict) -> None:
-    for metric, tol in RETRAIN_TOLERANCE.items():
-        assert abs(meta[metric] - shipped[metric]) <= tol, (metric, meta[metric], shipped[metric], tol)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TOY_TRAINING))
-def test_retraining_from_recorded_seed_reproduces_shipped_metrics(name):
+@pytest.mark.parametrize("name", INDUCTION)
+def test_retraining_from_recorded_seed_reproduces_shipped_metrics(name, train_cache):
     """The shipped checkpoints are this training code's output: retrain, and the test metrics agree
-    within RETRAIN_TOLERANCE (not bit for bit: the shipped weights were rounded by another processor)."""
-    model, meta = train_toy_model(name, progress=False)
-    shipped = read_metadata(toy_model_path(name))
-    assert meta["training"] == shipped["training"]
-    _within_tolerance(meta, shipped)
+    within the registry's tolerance (not bit for bit: the shipped weights were rounded by another processor)."""
+    entry = SHIPPED_MODELS[name]
+    trained = train_shipped(name, progress=False, cache=train_cache)
+    assert trained.metadata["training"] == entry.metadata()["training"] == dict(entry.settings)
+    assert entry.outside_tolerance(trained.metadata) == {}
     # The same circuit, not only the same numbers: the previous-token head is the shipped model's.
     tokens = ri.induction_batch(64, seed=3).tokens
-    shipped_model = ri.load_toy_model(name)
-    assert int(ri.prev_token_scores(model, tokens)[0].argmax()) == int(ri.prev_token_scores(shipped_model, tokens)[0].argmax())
+    assert int(ri.prev_token_scores(trained.model, tokens)[0].argmax()) == int(ri.prev_token_scores(entry.load(), tokens)[0].argmax())
 
 
 _RETRAIN_ON_GENERIC_KERNELS = """
 import json, torch
-from rs_interp.reproduce.recipes import train_toy_model
-model, meta = train_toy_model("induction-2l", progress=False)
-print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), **meta}))
+from rs_interp.registry import train_shipped
+t = train_shipped("induction-2l", progress=False)
+print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), **t.metadata}))
 """
 
 
 @pytest.mark.slow
 def test_retraining_on_another_kernel_path_stays_within_tolerance():
     """ATEN_CPU_CAPABILITY=default forces ATen's generic kernels: another rounding path, standing in
-    for another processor. The metrics move (measured ~1e-4) but stay within RETRAIN_TOLERANCE."""
+    for another processor. The metrics move (measured ~1e-4) but stay within the tolerance. (Never
+    cached: it must train on that path.)"""
     env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
     r = subprocess.run([sys.executable, "-c", _RETRAIN_ON_GENERIC_KERNELS], capture_output=True, text=True, env=env, check=True)
     meta = json.loads(r.stdout.strip().splitlines()[-1])
     assert meta.pop("capability") == "DEFAULT"
-    _within_tolerance(meta, read_metadata(toy_model_path("induction-2l")))
+    assert SHIPPED_MODELS["induction-2l"].outside_tolerance(meta) == {}
 
 
 @pytest.mark.slow
-def test_tolerance_tells_another_seed_apart():
-    """RETRAIN_TOLERANCE is no blanket: a model trained from another seed falls outside it."""
-    _, meta = train_toy_model("induction-2l", seed=1, progress=False)
-    shipped = read_metadata(toy_model_path("induction-2l"))
-    assert any(abs(meta[m] - shipped[m]) > tol for m, tol in RETRAIN_TOLERANCE.items())
+def test_tolerance_tells_another_seed_apart(train_cache):
+    """The tolerance is no blanket: a model trained from another seed falls outside it."""
+    trained = train_shipped("induction-2l", seed=1, progress=False, cache=train_cache)
+    assert SHIPPED_MODELS["induction-2l"].outside_tolerance(trained.metadata) != {}
+
+
+def test_training_cache_reads_back_what_it_stored(tmp_path):
+    """A cached entry comes back with the same weights and metadata, and the trainer is not called
+    again; another seed is another entry."""
+    calls = []
+
+    def train(seed):
+        calls.append(seed)
+        return ri.registry.Trained(ri.train_induction_model(1, steps=3, batch_size=4, seed=seed, progress=False), {"seed": seed, "x": 0.1})
+
+    cache = ri.TrainingCache(tmp_path)
+    a = cache.fetch("tiny", {"seed": 1}, lambda: train(1))
+    b = cache.fetch("tiny", {"seed": 1}, lambda: train(1))
+    c = cache.fetch("tiny", {"seed": 2}, lambda: train(2))
+    assert calls == [1, 2]
+    for (n, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(p, q), n
+    assert b.metadata["x"] == 0.1 and b.metadata["seed"] == 1 and "versions" in b.metadata
+    assert not torch.equal(a.model.W_E, c.model.W_E)

@@ -13,6 +13,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 from .._backend import Model
 
+from ..registry import Trained, TrainingCache, load_toy_model
 from .corpus import D_VOCAB, N_CTX, Company, Corpus, Filing, Query, demo_filing, find_queries, make_corpus
 
 __all__ = [
@@ -118,19 +119,20 @@ def complete_queries(readers: Mapping[str, Callable[[Sequence[Query]], list[int 
 
 
 def run_case_study(*, seed: int = 0, induction_1l: Model | None = None,
-                   induction_2l: Model | None = None, progress: bool = True) -> FinanceResult:
+                   induction_2l: Model | None = None, progress: bool = True,
+                   cache: TrainingCache | None = None) -> FinanceResult:
     """The whole case study: corpus, filing-trained model, the five readers, the demo filing.
 
-    The demo filing is about the first held-out company with a three-word name.
+    The demo filing is about the first held-out company with a three-word name. With ``cache``, a
+    filing model already trained for this seed is read back instead of trained again.
 
     >>> result = run_case_study(progress=False)   # doctest: +SKIP
     >>> result.unseen["induction model, two layers"] > 0.6   # doctest: +SKIP
     True
     """
-    from ..models import load_toy_model
-
     corpus = make_corpus(seed)
-    filing_model = train_filing_model(corpus.train, seed=seed, progress=progress)
+    train = lambda: Trained(train_filing_model(corpus.train, seed=seed, progress=progress), {"seed": seed})  # noqa: E731
+    filing_model = (cache.fetch("finance-filing", {"seed": seed}, train) if cache else train()).model
     demo_company = next((c for c in corpus.heldout_companies if len(c.name) == 3), corpus.heldout_companies[0])
     return evaluate_readers(corpus, filing_model=filing_model, induction_1l=induction_1l or load_toy_model("induction-1l"),
                             induction_2l=induction_2l or load_toy_model("induction-2l"), demo_company=demo_company)

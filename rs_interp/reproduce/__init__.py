@@ -4,7 +4,8 @@ report. The library (``rs_interp``) never imports this package; this package rea
 - :data:`SECTIONS`: the registry, the one list of sections (the CLI's ``--only`` choices, the report's
   order and the tests all read it). Adding a section is one builder in :mod:`.sections` plus one line here.
 - :mod:`.expected`: the theory's values and the accepted bands (one line each).
-- :mod:`.context`: rows, sections and the run context; :mod:`.recipes`: the toy models' recipes.
+- :mod:`.context`: rows, sections and the run context (the shipped models' recipes live in
+  :mod:`rs_interp.registry`).
 - :mod:`.gpt2_check`, :mod:`.gradients`: the GPT-2 analysis and conversion check, the gradient table.
 - :mod:`.report`: the text table, ``results.json`` and ``report.html``.
 
@@ -20,6 +21,7 @@ import dataclasses
 import importlib
 from typing import Callable, Iterable
 
+from ..registry import TrainingCache
 from .context import Context, Section
 
 __all__ = ["SECTIONS", "builder", "run_sections", "run_seeds", "Context", "Section"]
@@ -63,21 +65,23 @@ def run_sections(ctx: Context, only: Iterable[str] | None = None) -> list[Sectio
 
 
 def run_seeds(seed: int = 0, n: int = 1, only: Iterable[str] | None = None, *, retrain: bool = False, progress: bool = True,
-              log: Callable[[str], None] = lambda _msg: None) -> list[Section]:
+              log: Callable[[str], None] = lambda _msg: None, cache: TrainingCache | None = None) -> list[Section]:
     """Every table over the seeds ``seed, seed + 1, ..., seed + n - 1``.
 
     ``n = 1`` is the fast path on the shipped models (``retrain=True``: retrained from ``seed``). ``n > 1`` retrains every seeded piece for each
-    seed (the toy models, the finance corpus and models, the collapse cloud, the gradient draws) and returns the first seed's tables with every row holding
+    seed (the toy models, the finance corpus and models, the collapse cloud, the gradient draws; through ``cache``
+    where given) and returns the first seed's tables with every row holding
     its per-seed values (:attr:`Row.per_seed`); a numeric row's value is then the mean over seeds.
     """
     if n < 1:
         raise ValueError(f"n (the number of seeds) must be >= 1, got {n}")
     if n == 1:
-        return run_sections(Context(retrain=retrain, seed=seed, progress=progress, log=log), only)
+        return run_sections(Context(retrain=retrain, seed=seed, progress=progress, log=log, cache=cache), only)
     runs = []
     for i, s in enumerate(range(seed, seed + n)):
         log(f"seed {s} ({i + 1} of {n})")
-        runs.append(run_sections(Context(retrain=True, seed=s, progress=progress, log=lambda m, s=s: log(f"[seed {s}] {m}")), only))
+        runs.append(run_sections(Context(retrain=True, seed=s, progress=progress, log=lambda m, s=s: log(f"[seed {s}] {m}"), cache=cache),
+                                 only))
     return [_merge(sections, seed) for sections in zip(*runs)]
 
 

@@ -11,10 +11,8 @@ import plotly.graph_objects as go
 from .._backend import Model
 
 from ..data import InductionBatch
-from ..models import load_toy_model, toy_model_path
-from ..training import train_induction_model
+from ..registry import SHIPPED_MODELS, TrainingCache, held_out_batch, train_shipped
 from .expected import EXPECTED, Expected
-from .recipes import held_out_batch, toy_settings
 
 __all__ = ["Row", "Section", "Context", "banded"]
 
@@ -73,36 +71,38 @@ def exact_row(label: str, value: Any, expected: Any, theory: str | None = None) 
 
 @dataclass
 class Context:
-    """What the sections share: the trained models and the test batch (loaded or trained once)."""
+    """What the sections share: the trained models and the test batch (loaded or trained once).
+
+    ``retrain``: train every shipped model from its recipe with ``seed`` instead of loading it;
+    ``cache``: a :class:`~rs_interp.registry.TrainingCache` that keeps every model trained in the run
+    (the shipped ones and the finance study's) so another run reads it back instead of training again.
+    """
 
     retrain: bool = False
     seed: int = 0
     progress: bool = True
     log: Callable[[str], None] = lambda _msg: None
-    _models: dict[str, Model] = field(default_factory=dict)
-    _code_tokenizer: Any = None
+    cache: TrainingCache | None = None
+    _trained: dict[str, tuple[Model, Any]] = field(default_factory=dict)
 
-    def model(self, name: str) -> Model:
-        if name not in self._models:
+    def _shipped(self, name: str) -> tuple[Model, Any]:
+        if name not in self._trained:
             if self.retrain:
                 self.log(f"training {name} (seed {self.seed})")
-                self._models[name] = train_induction_model(**toy_settings(name, seed=self.seed), progress=self.progress)
+                t = train_shipped(name, self.seed, progress=self.progress, cache=self.cache)
+                self._trained[name] = (t.model, t.tokenizer)
             else:
-                self._models[name] = load_toy_model(name)
-        return self._models[name]
+                entry = SHIPPED_MODELS[name]
+                self._trained[name] = (entry.load(), entry.tokenizer())
+        return self._trained[name]
+
+    def model(self, name: str) -> Model:
+        """The shipped model ``name``, or (``retrain``) trained from its recipe with this run's seed."""
+        return self._shipped(name)[0]
 
     def code_model(self) -> tuple[Model, Any]:
         """``code-2l`` and its tokenizer: the shipped pair, or (``retrain``) trained from this run's seed."""
-        if "code-2l" not in self._models:
-            from ..code_model import load_code_tokenizer, train_code_model
-
-            if self.retrain:
-                self.log(f"training code-2l (seed {self.seed})")
-                model, self._code_tokenizer, _ = train_code_model(seed=self.seed, progress=self.progress)
-            else:
-                model, self._code_tokenizer = load_toy_model("code-2l"), load_code_tokenizer(toy_model_path("code-2l"))
-            self._models["code-2l"] = model
-        return self._models["code-2l"], self._code_tokenizer
+        return self._shipped("code-2l")
 
     @functools.cached_property
     def batch(self) -> InductionBatch:

@@ -13,7 +13,7 @@ def finance_section(ctx: Context) -> Section:
     """The five readers on seen and unseen companies, and the demo filing."""
     ctx.log("finance: generating the corpus and training the filing model")
     res = run_case_study(seed=ctx.seed, induction_1l=ctx.model("induction-1l"), induction_2l=ctx.model("induction-2l"),
-                         progress=ctx.progress)
+                         progress=ctx.progress, cache=ctx.cache)
     rows = []
     for r in READERS:
         rows.append(banded(f"finance.{r}.seen", f"{r}: seen companies", res.seen[r]))

@@ -12,7 +12,7 @@ from ...heads import attention_patterns, induction_scores, positional_scores, pr
 from ...models import make_attn_only
 from ...plots import attention_figure, composition_heatmaps, period_sequence, position_figure
 from ...training import evaluate, score_logits
-from ..recipes import toy_settings
+from ...registry import SHIPPED_MODELS
 from ..context import Context, Row, Section, banded
 from ..expected import PREV_TOKEN_HEAD
 
@@ -121,7 +121,7 @@ def circuits_section(ctx: Context) -> list[Section]:
         "prev_token_head": [0, ph], "positional_score_prev_head": pos[ph].tolist()} | by_pos)
 
     comp = {k: composition_scores(model, k) for k in "KQV"}
-    init = make_attn_only(2, seed=toy_settings("induction-2l", seed=ctx.seed if ctx.retrain else None)["seed"])
+    init = make_attn_only(2, seed=ctx.seed if ctx.retrain else SHIPPED_MODELS["induction-2l"].seed)
     init_k = float(composition_scores(init, "K")[0, :, 1, :].max())
     k_prev = comp["K"][0, ph, 1, :]
     qv_max = float(torch.maximum(comp["Q"][0, ph, 1, :], comp["V"][0, ph, 1, :]).max())
