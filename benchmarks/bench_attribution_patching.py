@@ -14,9 +14,9 @@ from _child import run_child
 
 _BODY = r"""
 if tool == "node":
-    values = ri.attribution_patching(model, tokens, metric, reference=reference).values
+    values = ri.attribution_patching(model, tokens, metric, reference=reference).effect
 elif tool == "edge":
-    values = ri.edge_attribution_patching(model, tokens, metric, reference=reference).values["q"]
+    values = ri.edge_attribution_patching(model, tokens, metric, reference=reference).effect["q"]
 else:
     values = ri.head_ablation_scan(model, tokens, lambda lg: lg[:, 0].log_softmax(-1)[:, 42].mean(), method="resample",
                                    reference=reference, positions=[-1]).effect

@@ -34,8 +34,8 @@ def main() -> None:
     model = ri.load_gpt2("random")
     print(f"GPT-2-small-shaped model, random weights; torch threads = {torch.get_num_threads()}")
 
-    ours_theory, _ = _timed(lambda: [ri.composition_scores(model, k) for k in "KQV"])
-    ours_full, ours = _timed(lambda: {k: ri.composition_scores(model, k, full_circuit=True) for k in "KQV"})
+    ours_theory, _ = _timed(lambda: [ri.composition_scores(model, k) for k in "kqv"])
+    ours_full, ours = _timed(lambda: {k.upper(): ri.composition_scores(model, k, full_circuit=True).scores for k in "kqv"})
     tl_time, agree = 0.0, 0.0
     for k in "KQV":  # one kind at a time: TransformerLens peaks near 10 GB per kind here
         t, theirs = _timed(lambda: model.all_composition_scores(k))

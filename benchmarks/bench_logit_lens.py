@@ -23,7 +23,7 @@ torch.set_grad_enabled(False)
 tool, batch, pos = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 model = ri.load_gpt2("random")
 tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(0))
-targets = tokens.roll(-1, 1)
+targets = ri.next_token_targets(tokens)  # -1 at the last position: skipped (NaN in ours)
 def rss_now():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
@@ -31,13 +31,13 @@ base = rss_now()
 t = time.perf_counter()
 if tool == "ours":
     lens = ri.logit_lens(model, tokens, targets=targets, top_k=5)
-    check = float(lens.target_probs[-1].mean())
+    check = float(lens.target_probs[-1].nanmean())
 else:
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: "resid" in n or "ln_final" in n)
     resid = cache.accumulated_resid(apply_ln=True)
     logits = model.unembed(resid)
     lp = logits.log_softmax(-1)
-    probs = lp.gather(-1, targets[None, ..., None].expand(lp.shape[0], -1, -1, 1))[..., 0].exp()
+    probs = lp.gather(-1, targets.clamp(min=0)[None, ..., None].expand(lp.shape[0], -1, -1, 1))[..., 0].exp()[..., :-1]
     top = lp.topk(5, dim=-1)
     entropy = -(lp.exp() * lp).sum(-1)
     check = float(probs[-1].mean())

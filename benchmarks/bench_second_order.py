@@ -18,7 +18,7 @@ tool, batch, pos = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 model = ri.load_gpt2("random")
 g = torch.Generator().manual_seed(0)
 tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
-targets = tokens.roll(-1, 1)
+targets = ri.next_token_targets(tokens)  # -1 at the last position: skipped (its parts are 0)
 """
 
 _BODY = r"""
@@ -30,7 +30,7 @@ else:
     srcs = [cache["hook_embed"], cache["hook_pos_embed"]]
     total = 0.0
     W_U = model.W_U
-    d = W_U.T[targets] - W_U.mean(1)
+    d = (W_U.T[targets.clamp(min=0)] - W_U.mean(1)) * (targets >= 0)[..., None]  # skipped: 0, as ours
     s_f = cache["ln_final.hook_scale"]
     for l in range(model.cfg.n_layers):
         blk = model.blocks[l]

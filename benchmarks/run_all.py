@@ -44,22 +44,22 @@ metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 42].mean()
 def call():
     if helper == "composition":
         if tool == "ours":
-            return [ri.composition_scores(model, k) for k in "KQV"]
-        return [model.all_composition_scores(k) for k in "KQV"]
+            return [ri.composition_scores(model, k) for k in "kqv"]
+        return [model.all_composition_scores(k) for k in "KQV"]  # TransformerLens spells the kinds in capitals
     if helper == "logit lens":
         if tool == "ours":
-            return ri.logit_lens(model, t256, targets=t256.roll(-1, 1), top_k=5)
+            return ri.logit_lens(model, t256, targets=ri.next_token_targets(t256), top_k=5)
         _, cache = model.run_with_cache(t256, names_filter=lambda n: "resid" in n or "ln_final" in n)
         lp = model.unembed(cache.accumulated_resid(apply_ln=True)).log_softmax(-1)
         return lp.topk(5, dim=-1), -(lp.exp() * lp).sum(-1)
     if helper == "DLA":
         if tool == "ours":
-            return ri.direct_logit_attribution(model, t256, targets=t256.roll(-1, 1))
+            return ri.direct_logit_attribution(model, t256, targets=ri.next_token_targets(t256))
         _, cache = model.run_with_cache(t256)
         heads = cache.stack_head_results(layer=-1, apply_ln=True)
-        return cache.logit_attrs(heads, tokens=t256.roll(-1, 1))
+        return cache.logit_attrs(heads, tokens=ri.next_token_targets(t256).clamp(min=0))  # same work: every position
     if helper == "second order":
-        return ri.second_order_attribution(model, t64, targets=t64.roll(-1, 1), positions=[-1])
+        return ri.second_order_attribution(model, t64, targets=ri.next_token_targets(t64), positions=[-2])
     if helper == "attribution patching":
         with torch.enable_grad():
             return (ri.attribution_patching(model, t64, metric, reference=r64),

@@ -3,6 +3,10 @@
 Each factory returns a function ``fn(tensor, *, hook)`` for ``model.hooks(...)`` or
 ``model.run_with_hooks(...)``, so nothing stays attached after the run, even on exceptions.
 
+A hook sees one layer's activation, so the per-head factories take ``head_indices``: indices of
+heads *within that layer* (the ``head_index`` axis). Everywhere else in rs_interp ``heads`` is a
+list of ``(layer, head)`` pairs.
+
 >>> import torch
 >>> from rs_interp import make_attn_only
 >>> from rs_interp.hooks import store
@@ -53,17 +57,17 @@ def replace(value: torch.Tensor) -> HookFn:
     return fn
 
 
-def replace_heads(value: torch.Tensor, heads: Sequence[int] | None = None) -> HookFn:
+def replace_heads(value: torch.Tensor, head_indices: Sequence[int] | None = None) -> HookFn:
     """Replace a per-head input ``(batch, pos, head_index, d_model)`` by ``value``.
 
-    ``value`` has shape ``(batch, pos, d_model)`` and goes to every head in ``heads`` (all heads
-    when ``None``); the other heads keep their input. Use on ``hook_q_input``, ``hook_k_input``
+    ``value`` has shape ``(batch, pos, d_model)`` and goes to every head in ``head_indices`` (all
+    heads of the layer when ``None``); the other heads keep their input. Use on ``hook_q_input``, ``hook_k_input``
     or ``hook_v_input`` (``cfg.use_split_qkv_input`` must be on).
     """
-    return replace_heads_with(lambda _: value, heads)
+    return replace_heads_with(lambda _: value, head_indices)
 
 
-def replace_heads_with(make: Callable[[torch.Tensor], torch.Tensor], heads: Sequence[int] | None = None) -> HookFn:
+def replace_heads_with(make: Callable[[torch.Tensor], torch.Tensor], head_indices: Sequence[int] | None = None) -> HookFn:
     """Like :func:`replace_heads`, with the value computed at hook time by ``make(tensor)``.
 
     Computing late lets the value depend on activations recorded earlier in the same pass.
@@ -74,7 +78,7 @@ def replace_heads_with(make: Callable[[torch.Tensor], torch.Tensor], heads: Sequ
             raise ValueError(f"{hook.name}: expected a per-head input (batch, pos, head_index, d_model), got {tuple(tensor.shape)}")
         value = make(tensor).to(tensor.dtype)
         out = tensor.clone()
-        index = slice(None) if heads is None else list(heads)
+        index = slice(None) if head_indices is None else list(head_indices)
         out[:, :, index, :] = value[:, :, None, :]
         return out
 
@@ -90,10 +94,10 @@ def add(delta: torch.Tensor) -> HookFn:
     return fn
 
 
-def _set_heads(value: torch.Tensor, heads: Sequence[int]) -> HookFn:
-    """Replace heads ``heads`` of a ``hook_z`` activation (batch, pos, head_index, d_head) by the same
-    heads of ``value`` (broadcast to the activation's shape)."""
-    index = list(heads)
+def _set_heads(value: torch.Tensor, head_indices: Sequence[int]) -> HookFn:
+    """Replace heads ``head_indices`` of a ``hook_z`` activation (batch, pos, head_index, d_head) by the
+    same heads of ``value`` (broadcast to the activation's shape)."""
+    index = list(head_indices)
 
     def fn(tensor: torch.Tensor, *, hook: HookPoint) -> torch.Tensor:
         if tensor.ndim != 4:
@@ -105,8 +109,8 @@ def _set_heads(value: torch.Tensor, heads: Sequence[int]) -> HookFn:
     return fn
 
 
-def zero_heads(heads: Sequence[int]) -> HookFn:
-    """Zero ablation at ``blocks.L.attn.hook_z``: heads ``heads`` of that layer write nothing
+def zero_heads(head_indices: Sequence[int]) -> HookFn:
+    """Zero ablation at ``blocks.L.attn.hook_z``: heads ``head_indices`` of that layer write nothing
     (their ``z`` is 0, so ``z W_O`` is 0; the layer's ``b_O`` stays).
 
     >>> import torch
@@ -117,17 +121,17 @@ def zero_heads(heads: Sequence[int]) -> HookFn:
     >>> bool(torch.allclose(out, model.W_E[0] @ model.W_U + model.b_U))
     True
     """
-    return _set_heads(torch.zeros(()), heads)
+    return _set_heads(torch.zeros(()), head_indices)
 
 
-def mean_heads(mean: torch.Tensor, heads: Sequence[int]) -> HookFn:
-    """Mean ablation at ``hook_z``: heads ``heads`` output ``mean[head]`` at every position, with
+def mean_heads(mean: torch.Tensor, head_indices: Sequence[int]) -> HookFn:
+    """Mean ablation at ``hook_z``: heads ``head_indices`` output ``mean[head]`` at every position, with
     ``mean`` of shape (head_index, d_head) (e.g. a reference run's ``z`` averaged over batch and
     positions)."""
-    return _set_heads(mean[None, None], heads)
+    return _set_heads(mean[None, None], head_indices)
 
 
-def resample_heads(z_reference: torch.Tensor, heads: Sequence[int]) -> HookFn:
-    """Resample ablation at ``hook_z``: heads ``heads`` output their ``z`` from a reference run,
+def resample_heads(z_reference: torch.Tensor, head_indices: Sequence[int]) -> HookFn:
+    """Resample ablation at ``hook_z``: heads ``head_indices`` output their ``z`` from a reference run,
     ``z_reference`` of shape (batch, pos, head_index, d_head), the activation's own shape."""
-    return _set_heads(z_reference, heads)
+    return _set_heads(z_reference, head_indices)

@@ -13,7 +13,7 @@ from .attribution_patching import (
     attribution_patching,
     edge_attribution_patching,
 )
-from .composition import composition_scores, virtual_weight
+from .composition import CompositionScores, composition_scores, virtual_weight
 from .copying import copying_scores
 from .data import InductionBatch, induction_batch, next_token_targets
 from .heads import (
@@ -21,13 +21,17 @@ from .heads import (
     InductionScores,
     ScoreSensitivity,
     attention_patterns,
+    find_prev_token_head,
     first_token_attention,
+    head_label,
+    head_labels,
     induction_scores,
     key_score_sensitivity,
     positional_scores,
     prev_token_scores,
 )
 from . import hooks
+from .metrics import Metric, next_token_loss
 from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
 from .gpt2 import GPT2WeightsUnavailable, load_gpt2
 from .lens import LogitLensReadings, logit_lens
@@ -62,6 +66,10 @@ __all__ = [
     "InductionBatch",
     "induction_batch",
     "next_token_targets",
+    "head_label",
+    "head_labels",
+    "Metric",
+    "next_token_loss",
     # training
     "train_induction_model",
     "evaluate",
@@ -69,6 +77,7 @@ __all__ = [
     "Score",
     # circuits
     "composition_scores",
+    "CompositionScores",
     "virtual_weight",
     "run_with_key_input",
     "run_with_query_input",
@@ -82,6 +91,7 @@ __all__ = [
     "EdgeAttributionPatching",
     "attention_patterns",
     "prev_token_scores",
+    "find_prev_token_head",
     "induction_scores",
     "InductionScores",
     "positional_scores",

@@ -72,17 +72,6 @@ def check_heads(model: Model, heads: object, name: str, *, allow_empty: bool = T
     return out
 
 
-def check_head_indices(model: Model, heads: object, name: str) -> list[int]:
-    """Validate head indices within one layer: a bare index is one head; duplicates and an empty list are refused."""
-    items = [heads] if _is_scalar(heads) else list(heads)  # type: ignore[call-overload]
-    out = [check_int_range(f"{name} entry", h, 0, model.cfg.n_heads - 1) for h in items]
-    if not out:
-        raise ValueError(f"{name} is empty; pass None for every head, or name at least one")
-    if len(set(out)) != len(out):
-        raise ValueError(f"{name} names a head twice: {out}")
-    return out
-
-
 def check_tokens(model: Model, tokens: torch.Tensor, name: str = "tokens") -> Int[torch.Tensor, "batch pos"]:
     """Validate a token tensor for ``model``; a 1-D tensor is promoted to a batch of one."""
     if not isinstance(tokens, torch.Tensor):
@@ -104,13 +93,30 @@ def check_tokens(model: Model, tokens: torch.Tensor, name: str = "tokens") -> In
 
 
 def check_targets(targets: torch.Tensor, tokens: torch.Tensor, d_vocab: int, name: str = "targets") -> torch.Tensor:
-    """``targets`` are token ids of shape (batch, pos) matching ``tokens`` (or (pos,) for a batch of one)."""
+    """``targets`` are token ids of shape (batch, pos) matching ``tokens`` (or (pos,) for a batch of one),
+    ``-1`` where a position is skipped (e.g. :func:`rs_interp.next_token_targets`' last position)."""
     if not isinstance(targets, torch.Tensor) or targets.dtype.is_floating_point or targets.dtype == torch.bool:
-        raise ValueError(f"{name} must be an integer torch.Tensor")
+        raise ValueError(f"{name} must be an integer torch.Tensor (token ids, -1 to skip a position)")
     if targets.ndim == 1 and tokens.shape[0] == 1:
         targets = targets[None]
     if tuple(targets.shape) != tuple(tokens.shape):
         raise ValueError(f"{name} must have the shape of tokens {tuple(tokens.shape)}, got {tuple(targets.shape)}")
-    if int(targets.min()) < 0 or int(targets.max()) >= d_vocab:
-        raise ValueError(f"{name} must lie in [0, {d_vocab}) (d_vocab)")
+    if int(targets.min()) < -1 or int(targets.max()) >= d_vocab:
+        raise ValueError(f"{name} must lie in [0, {d_vocab}) (d_vocab), or be -1 to skip a position")
     return targets.long().to(tokens.device)
+
+
+def check_target_pair(
+    targets: torch.Tensor, contrast: torch.Tensor | None, tokens: torch.Tensor, d_vocab: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Validate ``targets`` (and ``contrast``) for a decomposition: returns them with every skipped
+    position (target -1) set to token 0, so they can index, and the (batch, pos) mask of skipped
+    positions (their parts are set to 0 by the caller). ``contrast`` may be -1 only where ``targets`` is."""
+    targets = check_targets(targets, tokens, d_vocab)
+    skip = targets < 0
+    if contrast is not None:
+        contrast = check_targets(contrast, tokens, d_vocab, "contrast")
+        if bool((contrast[~skip] < 0).any()):
+            raise ValueError("contrast is -1 at a position whose target is not: skip a position in targets (and contrast) together")
+        contrast = contrast.masked_fill(skip, 0)
+    return targets.masked_fill(skip, 0), contrast, skip

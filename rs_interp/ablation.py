@@ -25,7 +25,7 @@ from ._backend import Model, per_head_inputs
 
 from .hooks import replace_heads_with, store
 from ._state import preserve_state
-from ._validate import check_head_indices, check_heads, check_layer, check_tokens
+from ._validate import check_heads, check_layer, check_tokens
 
 __all__ = ["run_with_key_input", "run_with_query_input", "run_with_input"]
 
@@ -37,7 +37,7 @@ def run_with_input(
     which: Literal["q", "k", "v"],
     layer: int,
     keep: Sequence[tuple[int, int]] = (),
-    heads: Sequence[int] | int | None = None,
+    heads: Sequence[tuple[int, int]] | None = None,
     keep_biases: bool = False,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Run with layer ``layer``'s ``which`` input (for ``heads``, default all) set to ``x_0`` plus the kept heads' writes.
@@ -48,12 +48,14 @@ def run_with_input(
     toy models') reproduces the clean run exactly; without the biases it does not where a ``b_O``
     is nonzero. (With MLPs below ``layer`` their writes are never kept.)
 
-    ``keep`` is a list of ``(layer, head)`` pairs (a bare pair is one head; a head named twice is
-    refused); ``heads`` a list of head indices of ``layer`` (a bare index is one head).
+    ``keep`` and ``heads`` are lists of ``(layer, head)`` pairs, as everywhere in rs_interp (a bare
+    pair is one head; a head named twice is refused): ``keep`` the writers, before ``layer``;
+    ``heads`` the readers whose input is replaced, all in ``layer`` (default: every head of it).
 
     Raises:
-        ValueError: layer or head out of range, a ``keep`` head at or after ``layer``, a head named
-            twice, an empty ``heads``, bad tokens, or an unknown ``which``.
+        ValueError: layer or head out of range, a ``keep`` head at or after ``layer``, a ``heads``
+            entry outside ``layer``, a head named twice, an empty ``heads``, bad tokens, or an
+            unknown ``which``.
     """
     if which not in ("q", "k", "v"):
         raise ValueError(f"which must be 'q', 'k' or 'v', got {which!r}")
@@ -62,8 +64,13 @@ def run_with_input(
     for lk, hk in kept:
         if lk >= layer:
             raise ValueError(f"keep entry ({lk}, {hk}) must come before layer {layer} (keep layers must be < layer)")
+    head_indices = None
     if heads is not None:
-        heads = check_head_indices(model, heads, "heads")
+        pairs = check_heads(model, heads, "heads", allow_empty=False)
+        outside = [p for p in pairs if p[0] != layer]
+        if outside:
+            raise ValueError(f"heads entries {outside} are not in layer {layer}: heads names the readers of layer {layer}'s input")
+        head_indices = [h for _, h in pairs]
     tokens = check_tokens(model, tokens)
 
     box: dict[str, torch.Tensor] = {}
@@ -79,7 +86,7 @@ def run_with_input(
                 x = x + model.blocks[lb].attn.b_O
         return x
 
-    fwd.append((f"blocks.{layer}.hook_{which}_input", replace_heads_with(new_input, heads)))
+    fwd.append((f"blocks.{layer}.hook_{which}_input", replace_heads_with(new_input, head_indices)))
     with preserve_state(model), torch.no_grad(), per_head_inputs(model, fwd) as runnable:
         with model.hooks(fwd_hooks=runnable):
             return model(tokens, return_type="logits")
@@ -91,12 +98,13 @@ def run_with_key_input(
     *,
     layer: int,
     keep: Sequence[tuple[int, int]] = (),
-    heads: Sequence[int] | int | None = None,
+    heads: Sequence[tuple[int, int]] | None = None,
     keep_biases: bool = False,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Logits with layer ``layer``'s keys computed from ``x_0`` plus the writes of the ``keep`` heads.
 
-    ``keep=()`` gives "layer 1's keys read from x_0". See :func:`run_with_input` (the identity
+    ``keep=()`` gives "layer 1's keys read from x_0"; ``heads`` (``(layer, head)`` pairs in
+    ``layer``, default all) the heads whose keys change. See :func:`run_with_input` (the identity
     with ``keep_biases``).
     """
     return run_with_input(model, tokens, which="k", layer=layer, keep=keep, heads=heads, keep_biases=keep_biases)
@@ -108,7 +116,7 @@ def run_with_query_input(
     *,
     layer: int,
     keep: Sequence[tuple[int, int]] = (),
-    heads: Sequence[int] | int | None = None,
+    heads: Sequence[tuple[int, int]] | None = None,
     keep_biases: bool = False,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Logits with layer ``layer``'s queries computed from ``x_0`` plus the writes of the ``keep`` heads."""

@@ -6,14 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Int
+from einops import einsum
+from jaxtyping import Float, Int
 from ._backend import Model
 
 from .hooks import store_matching
 from ._exact import (attached_hooks, check_normalization, check_sum, compute_dtype, frozen_norm_readout, metric_of,
                      unembed_direction)
 from ._state import preserve_state
-from ._validate import check_targets, check_tokens
+from ._validate import check_target_pair, check_tokens
+from .heads import head_labels
 
 __all__ = ["DirectLogitAttribution", "direct_logit_attribution"]
 
@@ -25,15 +27,18 @@ class DirectLogitAttribution:
     Attributes:
         labels: ``"embed"``, ``"pos_embed"``, ``"L{l}H{h}"``, ``"attn bias L{l}"``, ``"mlp L{l}"``,
             ``"ln_final bias"``, ``"b_U"`` (those the model has).
-        contributions: (component, batch, pos): each component's part of the metric.
-        metric: (batch, pos) the metric itself (centered logit of the target, or the logit difference).
+        contributions: (component, batch, pos): each component's part of the metric; 0 at the
+            positions skipped (target -1).
+        clean: (batch, pos) the run's own metric (centered logit of the target, or the logit
+            difference); 0 at the skipped positions.
     """
 
     labels: tuple[str, ...]
-    contributions: torch.Tensor
-    metric: torch.Tensor
+    contributions: Float[torch.Tensor, "component batch pos"]
+    clean: Float[torch.Tensor, "batch pos"]
 
-    def total(self) -> torch.Tensor:
+    def total(self) -> Float[torch.Tensor, "batch pos"]:
+        """The sum over components: ``clean``, exactly (checked at run time)."""
         return self.contributions.sum(0)
 
 
@@ -56,6 +61,11 @@ def direct_logit_attribution(
     component. The LN bias and ``b_U`` are their own terms. The sum is checked against the run's
     own metric; float16/bfloat16 models are decomposed in float32.
 
+    Args:
+        targets: (batch, pos) token ids, -1 to skip a position (e.g. :func:`rs_interp.next_token_targets`):
+            every contribution and the metric are 0 there.
+        contrast: optional (batch, pos) token ids; the metric is then ``logit[target] - logit[contrast]``.
+
     Raises:
         ValueError: bad tokens/targets; or the parts do not sum to the run's metric, because a
             hook attached by the caller changed the run (the error names it) or the model has a
@@ -63,16 +73,15 @@ def direct_logit_attribution(
 
     >>> from rs_interp import load_toy_model
     >>> import torch
+    >>> from rs_interp import next_token_targets
     >>> toks = torch.randint(0, 256, (1, 10))
-    >>> dla = direct_logit_attribution(load_toy_model(), toks, targets=toks)
-    >>> bool(torch.allclose(dla.total(), dla.metric, atol=1e-4))
-    True
+    >>> dla = direct_logit_attribution(load_toy_model(), toks, targets=next_token_targets(toks))
+    >>> bool(torch.allclose(dla.total(), dla.clean, atol=1e-4)), float(dla.clean[0, -1])
+    (True, 0.0)
     """
     check_normalization(model, "direct_logit_attribution")
     tokens = check_tokens(model, tokens)
-    targets = check_targets(targets, tokens, model.cfg.d_vocab)
-    if contrast is not None:
-        contrast = check_targets(contrast, tokens, model.cfg.d_vocab, "contrast")
+    targets, contrast, skip = check_target_pair(targets, contrast, tokens, model.cfg.d_vocab)
     cfg, dt = model.cfg, compute_dtype(model)
     user_hooks = attached_hooks(model)
     box: dict[str, torch.Tensor] = {}
@@ -94,8 +103,8 @@ def direct_logit_attribution(
         for l in range(cfg.n_layers):
             attn = model.blocks[l].attn
             z = box[f"blocks.{l}.attn.hook_z"].to(dt)
-            g_heads = torch.einsum("bpm,hdm->bphd", g, attn.W_O.to(dt))  # each head's reading of g
-            labels += [f"L{l}H{h}" for h in range(cfg.n_heads)]
+            g_heads = einsum(g, attn.W_O.to(dt), "batch pos d_model, head_index d_head d_model -> batch pos head_index d_head")
+            labels += list(head_labels(cfg.n_layers, cfg.n_heads)[l * cfg.n_heads : (l + 1) * cfg.n_heads])
             out.append((z * g_heads).sum(-1).permute(2, 0, 1))  # (head, batch, pos)
             labels.append(f"attn bias L{l}")
             out.append(dot(attn.b_O))
@@ -109,6 +118,7 @@ def direct_logit_attribution(
             out.append((model.ln_final.b.to(dt) * direction).sum(-1)[None])
         labels.append("b_U")
         out.append(b_U[None])
-        contributions = torch.cat(out)
+        contributions = torch.cat(out).masked_fill(skip, 0.0)  # skipped positions: no part, excluded from the check
+        metric = metric.masked_fill(skip, 0.0)
     check_sum("direct_logit_attribution", contributions.sum(0), metric, contributions, user_hooks, cfg.dtype)
-    return DirectLogitAttribution(labels=tuple(labels), contributions=contributions, metric=metric)
+    return DirectLogitAttribution(labels=tuple(labels), contributions=contributions, clean=metric)

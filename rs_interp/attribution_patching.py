@@ -24,8 +24,8 @@ parameter ever receives a ``.grad``.
 >>> model = load_toy_model("induction-2l")
 >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
 >>> atp = attribution_patching(model, a, lambda logits: logits[:, -1, 0].mean(), reference=b)
->>> tuple(atp.values.shape)
-(2, 2)
+>>> tuple(atp.effect.shape), len(atp.top(3))
+((2, 2), 3)
 """
 
 from __future__ import annotations
@@ -34,16 +34,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from einops import einsum
 from jaxtyping import Float, Int
 from ._backend import Model, per_head_inputs
 
+from .heads import head_labels
 from .hooks import store_matching
+from .metrics import Metric, top_effects
 from ._state import preserve_state
 from ._validate import check_tokens
 
 __all__ = ["AttributionPatching", "EdgeAttributionPatching", "attribution_patching", "edge_attribution_patching"]
-
-Metric = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -51,17 +52,21 @@ class AttributionPatching:
     """Node-level estimates.
 
     Attributes:
-        values: (layer, head) the estimated change of the metric when the head's ``z`` is patched
+        effect: (layer, head) the estimated change of the metric when the head's ``z`` is patched
             from the reference run (summed over positions).
-        per_position: (layer, head, pos) the same before the sum over positions.
+        effect_per_position: (layer, head, pos) the same before the sum over positions.
         clean: the metric of the run on ``tokens``.
-        labels: ``"L{l}H{h}"`` row-major.
+        labels: ``"L{l}H{h}"`` row-major (:func:`rs_interp.head_labels`).
     """
 
-    values: Float[torch.Tensor, "layer head"]
-    per_position: Float[torch.Tensor, "layer head pos"]
+    effect: Float[torch.Tensor, "layer head"]
+    effect_per_position: Float[torch.Tensor, "layer head pos"]
     clean: float
     labels: tuple[str, ...]
+
+    def top(self, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` heads with the largest estimated ``|effect|``, with their effect."""
+        return top_effects(self.labels, self.effect, k)
 
 
 @dataclass(frozen=True)
@@ -69,15 +74,35 @@ class EdgeAttributionPatching:
     """Edge-level estimates.
 
     Attributes:
-        values: ``"q"``, ``"k"``, ``"v"``: (src_layer, src_head, dst_layer, dst_head), NaN where the
+        effect: the estimated change of the metric when the edge is patched, by destination:
+            ``"q"``, ``"k"``, ``"v"``: (src_layer, src_head, dst_layer, dst_head), NaN where the
             source is not in an earlier layer; ``"mlp"``: (src_layer, src_head, mlp_layer), NaN where
             the source's layer is later than the MLP's (models with MLPs only); ``"logits"``:
             (src_layer, src_head), the edge into the final stream.
         clean: the metric of the run on ``tokens``.
     """
 
-    values: dict[str, torch.Tensor]
+    effect: dict[str, torch.Tensor]
     clean: float
+
+    def edge_labels(self, kind: str) -> tuple[str, ...]:
+        """Labels of ``effect[kind]``'s entries, row-major: ``"L0H1 -> L1H0 k"``, ``"L0H1 -> mlp L1"``,
+        ``"L0H1 -> logits"``."""
+        if kind not in self.effect:
+            raise ValueError(f"kind must be one of {tuple(self.effect)}, got {kind!r}")
+        shape = self.effect[kind].shape
+        src = head_labels(shape[0], shape[1])
+        if kind == "logits":
+            return tuple(f"{s} -> logits" for s in src)
+        if kind == "mlp":
+            return tuple(f"{s} -> mlp L{m}" for s in src for m in range(shape[2]))
+        dst = head_labels(shape[2], shape[3])
+        return tuple(f"{s} -> {d} {kind}" for s in src for d in dst)
+
+    def top(self, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` edges (of every kind) with the largest estimated ``|effect|``, with their effect."""
+        labels = [lab for kind in self.effect for lab in self.edge_labels(kind)]
+        return top_effects(labels, torch.cat([v.flatten() for v in self.effect.values()]), k)
 
 
 def _prepare(model: Model, tokens: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +163,7 @@ def attribution_patching(
     backward pass on ``tokens``, plus one forward pass on ``reference``.
 
     Args:
-        metric: a differentiable function of the logits (batch, pos, d_vocab) returning a scalar.
+        metric: a :data:`rs_interp.Metric`, differentiable (e.g. :func:`rs_interp.next_token_loss`).
         reference: tokens of the reference run, the shape of ``tokens``.
     """
     tokens, reference = _prepare(model, tokens, reference)
@@ -152,13 +177,12 @@ def attribution_patching(
             l = int(hook.name.split(".")[1])
 
             def contract(grad: torch.Tensor) -> None:
-                per_pos[l] = torch.einsum("bphd,bphd->hp", delta, grad.to(torch.float64))
+                per_pos[l] = einsum(delta, grad.to(torch.float64), "batch pos head_index d_head, batch pos head_index d_head -> head_index pos")
 
             return _watched(z, contract)
 
         clean = _backward(model, tokens, metric, [(lambda n: n.endswith("attn.hook_z"), on_z)])
-    labels = tuple(f"L{l}H{h}" for l in range(L) for h in range(n_heads))
-    return AttributionPatching(values=per_pos.sum(-1), per_position=per_pos, clean=clean, labels=labels)
+    return AttributionPatching(effect=per_pos.sum(-1), effect_per_position=per_pos, clean=clean, labels=head_labels(L, n_heads))
 
 
 def edge_attribution_patching(
@@ -191,7 +215,7 @@ def edge_attribution_patching(
         def writes(ls: int) -> torch.Tensor:
             """The change of every layer-``ls`` head's write, (batch, pos, head, d_model)."""
             W_O = model.blocks[ls].attn.W_O.detach().to(torch.float64)
-            return torch.einsum("bphd,hdm->bphm", delta[ls], W_O)
+            return einsum(delta[ls], W_O, "batch pos head_index d_head, head_index d_head d_model -> batch pos head_index d_model")
 
         def on_z(z: torch.Tensor, *, hook) -> None:
             delta[int(hook.name.split(".")[1])] = (ref[hook.name] - z.detach()).to(torch.float64)
@@ -220,4 +244,4 @@ def edge_attribution_patching(
         fwd.append((f"blocks.{L - 1}.hook_resid_post", on_input("logits", L, L)))
         with per_head_inputs(model, fwd) as runnable:
             clean = _backward(model, tokens, metric, runnable)
-    return EdgeAttributionPatching(values=values, clean=clean)
+    return EdgeAttributionPatching(effect=values, clean=clean)

@@ -16,13 +16,14 @@ of them as one matrix product against every later head at once: no loop over pai
 ``d_model x d_model`` matrix per pair.
 
 >>> from rs_interp import make_attn_only
->>> s = composition_scores(make_attn_only(2), "K")
->>> tuple(s.shape), bool(s[1, :, 0, :].isnan().all())
-((2, 2, 2, 2), True)
+>>> s = composition_scores(make_attn_only(2), "k")
+>>> tuple(s.scores.shape), bool(s.scores[1, :, 0, :].isnan().all()), s.baseline
+((2, 2, 2, 2), True, None)
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -33,9 +34,36 @@ from ._backend import Model
 
 from ._exact import compute_dtype
 
-__all__ = ["composition_scores", "random_baseline", "virtual_weight", "score_from_virtual_weight"]
+__all__ = ["CompositionScores", "composition_scores", "random_baseline", "virtual_weight", "score_from_virtual_weight"]
 
-Kind = Literal["K", "Q", "V"]
+#: Which input of the later head: its query, key or value (lowercase, as everywhere in rs_interp).
+Kind = Literal["q", "k", "v"]
+KINDS = ("q", "k", "v")
+
+
+def check_kind(kind: object) -> str:
+    """``kind`` if it is ``"q"``, ``"k"`` or ``"v"``; a ``ValueError`` otherwise (no other spelling)."""
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ValueError(f"kind must be 'q', 'k' or 'v' (lowercase), got {kind!r}")
+    return kind
+
+
+@dataclass(frozen=True)
+class CompositionScores:
+    """Composition scores of every (earlier, later) head pair.
+
+    Attributes:
+        scores: (src_layer, src_head, dst_layer, dst_head); NaN where ``src_layer >= dst_layer``.
+        kind: ``"q"``, ``"k"`` or ``"v"``.
+        full_circuit: whether ``M`` is the full QK circuit (TransformerLens's variant).
+        baseline: the expected score of random Gaussian matrices of the same shapes (with
+            ``baseline=True``), else None.
+    """
+
+    scores: Float[torch.Tensor, "src_layer src_head dst_layer dst_head"]
+    kind: str
+    full_circuit: bool
+    baseline: float | None = None
 
 
 def _r_factor(w: torch.Tensor) -> torch.Tensor:
@@ -52,11 +80,11 @@ def _right_factors(
     W_Q: torch.Tensor, W_K: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, kind: Kind, full_circuit: bool
 ) -> torch.Tensor:
     """(layer, head, d_model, k) factors with ``||X F||_F = ||X M||_F`` for any X."""
-    if kind == "V":
+    if kind == "v":
         return W_V @ _r_factor(W_O.transpose(-1, -2)).transpose(-1, -2)
     if not full_circuit:
-        return W_K if kind == "K" else W_Q
-    if kind == "K":  # M = W_QK^T = W_K W_Q^T
+        return W_K if kind == "k" else W_Q
+    if kind == "k":  # M = W_QK^T = W_K W_Q^T
         return W_K @ _r_factor(W_Q).transpose(-1, -2)
     return W_Q @ _r_factor(W_K).transpose(-1, -2)  # M = W_QK = W_Q W_K^T
 
@@ -68,27 +96,27 @@ def composition_scores(
     full_circuit: bool = False,
     baseline: bool = False,
     dtype: torch.dtype | None = None,
-) -> Float[torch.Tensor, "src_layer src_head dst_layer dst_head"] | tuple[torch.Tensor, float]:
+) -> CompositionScores:
     """Composition scores of every (earlier, later) head pair; NaN where ``src_layer >= dst_layer``.
 
     Args:
         model: any ``Model`` (toy models, GPT-2 small).
-        kind: ``"K"``, ``"Q"`` or ``"V"``.
-        full_circuit: use ``M = W_QK^T`` (K) / ``W_QK`` (Q) as TransformerLens does.
-        baseline: also return the expected score of random Gaussian matrices of the same shapes
+        kind: ``"q"``, ``"k"`` or ``"v"`` (TransformerLens's ``all_composition_scores`` spells them
+            ``"Q"``, ``"K"``, ``"V"``; rs_interp accepts lowercase only).
+        full_circuit: use ``M = W_QK^T`` (k) / ``W_QK`` (q) as TransformerLens does.
+        baseline: also compute the expected score of random Gaussian matrices of the same shapes
             (close to ``1/sqrt(d_model)``), to read the scores against chance.
         dtype: compute dtype (default: the model's; float32 for float16/bfloat16 models).
 
     Returns:
-        A (src_layer, src_head, dst_layer, dst_head) tensor, or ``(scores, baseline)``.
+        A :class:`CompositionScores` (``.scores`` the tensor; ``.baseline`` with ``baseline=True``).
 
     >>> from rs_interp import load_toy_model
-    >>> k = composition_scores(load_toy_model(), "K")
-    >>> bool((k[0, :, 1, :] > 0).all())
-    True
+    >>> k = composition_scores(load_toy_model(), "k", baseline=True)
+    >>> bool((k.scores[0, :, 1, :] > 0).all()), 0.1 < k.baseline < 0.25  # 1/sqrt(32) = 0.18
+    (True, True)
     """
-    if kind not in ("K", "Q", "V"):
-        raise ValueError(f"kind must be 'K', 'Q' or 'V', got {kind!r}")
+    kind = check_kind(kind)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     with torch.no_grad():
         dt = dtype or compute_dtype(model)  # float32 for half models: QR has no half-precision CPU kernel
@@ -107,9 +135,8 @@ def composition_scores(
             prod = (lhs @ rhs).reshape(H, d_head, L - src - 1, H, k)
             num = prod.pow(2).sum(dim=(1, 4)).sqrt()  # (H, later, H)
             scores[src, :, src + 1 :, :] = num / left_norm[src][:, None, None] / right_norm[src + 1 :][None]
-    if baseline:
-        return scores, random_baseline(model, kind, full_circuit=full_circuit)
-    return scores
+    base = random_baseline(model, kind, full_circuit=full_circuit) if baseline else None
+    return CompositionScores(scores=scores, kind=kind, full_circuit=full_circuit, baseline=base)
 
 
 def random_baseline(
@@ -120,6 +147,7 @@ def random_baseline(
     Deterministic (seeded) Monte Carlo over ``n_samples`` pairs; for the theory's definition of K
     and Q it is close to ``sqrt(d_head / d_model) / sqrt(d_head) = 1/sqrt(d_model)``.
     """
+    kind = check_kind(kind)
     d_model, d_head = model.cfg.d_model, model.cfg.d_head
     g = torch.Generator().manual_seed(seed)
 
@@ -128,7 +156,7 @@ def random_baseline(
 
     W_V, W_O = randn(n_samples, d_model, d_head), randn(n_samples, d_head, d_model)
     ov = W_V @ W_O
-    if kind == "V":
+    if kind == "v":
         m = randn(n_samples, d_model, d_head) @ randn(n_samples, d_head, d_model)
     elif full_circuit:
         m = randn(n_samples, d_model, d_head) @ randn(n_samples, d_head, d_model)
@@ -139,10 +167,10 @@ def random_baseline(
 
 
 def _circuit(model: Model, layer: int, head: int, kind: Kind) -> torch.Tensor | FactoredMatrix:
-    """The later head's matrix ``M`` of Definition 4: ``W_K`` (K), ``W_Q`` (Q) or ``W_OV`` (V)."""
-    if kind == "K":
+    """The later head's matrix ``M`` of Definition 4: ``W_K`` (k), ``W_Q`` (q) or ``W_OV`` (v)."""
+    if kind == "k":
         return model.W_K[layer, head]
-    if kind == "Q":
+    if kind == "q":
         return model.W_Q[layer, head]
     return FactoredMatrix(model.W_V[layer, head], model.W_O[layer, head])
 
@@ -155,7 +183,7 @@ def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kin
     product of full matrices. :func:`score_from_virtual_weight` reads the composition score from it.
 
     >>> from rs_interp import load_toy_model
-    >>> vw = virtual_weight(load_toy_model(), (0, 0), (1, 1), "K")
+    >>> vw = virtual_weight(load_toy_model(), (0, 0), (1, 1), "k")
     >>> tuple(vw.A.shape), tuple(vw.B.shape)
     ((32, 16), (16, 16))
     """
@@ -164,14 +192,14 @@ def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kin
     (ls, hs), (ld, hd) = check_head(model, *src, name="src"), check_head(model, *dst, name="dst")
     if ls >= ld:
         raise ValueError(f"src layer {ls} must come before dst layer {ld}")
-    if kind not in ("K", "Q", "V"):
-        raise ValueError(f"kind must be 'K', 'Q' or 'V', got {kind!r}")
+    kind = check_kind(kind)
     with torch.no_grad():
         return FactoredMatrix(model.W_V[ls, hs], model.W_O[ls, hs]) @ _circuit(model, ld, hd, kind)
 
 
 def score_from_virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> float:
     """Definition 4's composition score, ``||W_OV^src M|| / (||W_OV^src|| ||M||)``, from the virtual weight."""
+    kind = check_kind(kind)
     with torch.no_grad():
         ov = FactoredMatrix(model.W_V[src], model.W_O[src])
         m = _circuit(model, *dst, kind)

@@ -38,14 +38,9 @@ class InductionBatch:
     scored: Bool[torch.Tensor, "batch pos_minus_1"]
 
     @property
-    def targets(self) -> Int[torch.Tensor, "batch pos_minus_1"]:
-        """The token each scored logit should predict, ``tokens[:, 1:]``."""
-        return self.tokens[:, 1:]
-
-    @property
-    def next_tokens(self) -> Int[torch.Tensor, "batch pos"]:
-        """Next-token targets of shape (batch, pos) for the lens and the attributions: the next token
-        at scored positions, -1 elsewhere (the lens reports NaN there)."""
+    def targets(self) -> Int[torch.Tensor, "batch pos"]:
+        """The ``targets=`` of this batch, (batch, pos): the next token at scored positions, -1 (skip)
+        elsewhere, as :func:`next_token_targets` with the unscored positions skipped too."""
         out = next_token_targets(self.tokens)
         out[:, :-1][~self.scored] = -1
         return out
@@ -60,7 +55,8 @@ class InductionBatch:
 def next_token_targets(tokens: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, "batch pos"]:
     """The token after each position, (batch, pos), with -1 at the last position (no next token).
 
-    The shape the lens and the path helpers take (``targets=``); -1 marks a position to skip.
+    What every helper's ``targets=`` takes (-1 marks a position to skip); never ``tokens.roll(-1, 1)``,
+    which would make the first token the last position's target.
 
     >>> next_token_targets(torch.tensor([[5, 6, 7]])).tolist()
     [[6, 7, -1]]

@@ -11,11 +11,11 @@ A head's write is ``z W_O``; ablating it replaces its ``z`` (batch, pos, d_head)
 residual stream before layer ``l`` is the clean run's, cached once, so each pass starts at layer
 ``l``; the heads of a layer share passes, stacked along the batch, as many as fit the memory budget.
 
->>> from rs_interp import load_toy_model, induction_batch
+>>> from rs_interp import load_toy_model, induction_batch, next_token_loss
 >>> model, batch = load_toy_model("induction-2l"), induction_batch(8, seed=0)
->>> scan = head_ablation_scan(model, batch.tokens, lambda logits: logits[:, -1].logsumexp(-1).mean())
->>> tuple(scan.values.shape), scan.method
-((2, 2), 'zero')
+>>> scan = head_ablation_scan(model, batch.tokens, next_token_loss(batch.targets))
+>>> tuple(scan.effect.shape), scan.method, scan.top(1)[0][0]
+((2, 2), 'zero', 'L0H1')
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ from tqdm.auto import tqdm
 from ._backend import Model, run_from
 from transformer_lens.utilities.activation_functions import apply_softcap
 
+from .heads import head_labels
 from .hooks import mean_heads, resample_heads, store, store_matching, zero_heads
+from .metrics import Metric, top_effects
 from ._state import preserve_state
 from ._validate import check_heads, check_int_range, check_tokens
 
 __all__ = ["ablate_heads", "head_ablation_scan", "HeadAblationScan"]
 
 Method = Literal["zero", "mean", "resample"]
-Metric = Callable[[torch.Tensor], torch.Tensor | float]
 _METHODS = ("zero", "mean", "resample")
 
 
@@ -45,24 +46,23 @@ class HeadAblationScan:
     """``metric(logits)`` with each head ablated on its own.
 
     Attributes:
-        values: (layer, head) the metric with that one head ablated.
+        effect: (layer, head) the change of the metric when that one head is ablated,
+            ``ablated - clean``.
         clean: the metric of the clean run.
-        effect: (layer, head) ``values - clean``.
+        ablated: (layer, head) the metric with that one head ablated.
         method: ``"zero"``, ``"mean"`` or ``"resample"``.
-        labels: ``"L{l}H{h}"`` per head, row-major.
+        labels: ``"L{l}H{h}"`` per head, row-major (:func:`rs_interp.head_labels`).
     """
 
-    values: Float[torch.Tensor, "layer head"]
-    clean: float
     effect: Float[torch.Tensor, "layer head"]
+    clean: float
+    ablated: Float[torch.Tensor, "layer head"]
     method: str
     labels: tuple[str, ...]
 
     def top(self, k: int = 5) -> list[tuple[str, float]]:
-        """The ``k`` heads whose ablation moves the metric most, with their effect."""
-        flat = self.effect.flatten()
-        order = flat.abs().argsort(descending=True)[:k]
-        return [(self.labels[int(i)], float(flat[i])) for i in order]
+        """The ``k`` heads whose ablation moves the metric most (largest ``|effect|``), with their effect."""
+        return top_effects(self.labels, self.effect, k)
 
 
 def _check_method(model: Model, tokens: torch.Tensor, method: str, reference: torch.Tensor | None) -> torch.Tensor:
@@ -88,10 +88,10 @@ def _reference_z(model: Model, reference: torch.Tensor, method: str, layers: Seq
     return {l: box[str(l)].mean(dim=(0, 1)) if method == "mean" else box[str(l)] for l in layers}
 
 
-def _hook(method: str, value: torch.Tensor | None, heads: Sequence[int]) -> Callable:
+def _hook(method: str, value: torch.Tensor | None, head_indices: Sequence[int]) -> Callable:
     if method == "zero":
-        return zero_heads(heads)
-    return mean_heads(value, heads) if method == "mean" else resample_heads(value, heads)
+        return zero_heads(head_indices)
+    return mean_heads(value, head_indices) if method == "mean" else resample_heads(value, head_indices)
 
 
 def ablate_heads(
@@ -165,7 +165,7 @@ def head_ablation_scan(
     memory_budget: int = 2**30,
     progress: bool = False,
 ) -> HeadAblationScan:
-    """``metric(logits)`` with each head ablated in turn, the clean metric and the effect.
+    """The effect on ``metric`` of ablating each head in turn (and the clean and ablated metric).
 
     Equal to a loop of ``ablate_heads(model, tokens, [(l, h)], ...)`` (tested to 1e-9 in float64)
     but without a full forward pass per head: one clean pass caches the stream before every layer,
@@ -173,8 +173,8 @@ def head_ablation_scan(
     many as keep the pass's logits and activations under ``memory_budget`` bytes).
 
     Args:
-        metric: any function of the logits (batch, pos, d_vocab) returning a scalar (a 0-d tensor
-            or a float), e.g. the mean loss at some positions.
+        metric: a :data:`rs_interp.Metric`, a function of the logits (batch, pos, d_vocab)
+            returning a scalar tensor, e.g. :func:`rs_interp.next_token_loss`.
         method, reference: as in :func:`ablate_heads`.
         positions: the positions ``metric`` reads; then the logits are computed there only and
             ``metric`` receives (batch, len(positions), d_vocab). At GPT-2 scale the unembedding
@@ -223,5 +223,4 @@ def head_ablation_scan(
                 logits = _logits(model, resid, l, None if spe is None else spe.repeat(k, 1, 1), pos)
             for i, h in enumerate(group):
                 values[l, h] = _scalar(metric(logits[i * B : (i + 1) * B]), f"head ({l}, {h})")
-    labels = tuple(f"L{l}H{h}" for l in range(L) for h in range(n_heads))
-    return HeadAblationScan(values=values, clean=clean, effect=values - clean, method=method, labels=labels)
+    return HeadAblationScan(effect=values - clean, clean=clean, ablated=values, method=method, labels=head_labels(L, n_heads))

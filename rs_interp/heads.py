@@ -31,7 +31,27 @@ __all__ = [
     "key_score_sensitivity",
     "ScoreSensitivity",
     "find_prev_token_head",
+    "head_label",
+    "head_labels",
 ]
+
+
+def head_label(layer: int, head: int) -> str:
+    """The label of head ``(layer, head)`` in every result, table and figure: ``"L{layer}H{head}"``.
+
+    >>> head_label(0, 1)
+    'L0H1'
+    """
+    return f"L{int(layer)}H{int(head)}"
+
+
+def head_labels(n_layers: int, n_heads: int) -> tuple[str, ...]:
+    """Every head's :func:`head_label`, row-major: the order of a flattened (layer, head) tensor.
+
+    >>> head_labels(2, 2)
+    ('L0H0', 'L0H1', 'L1H0', 'L1H1')
+    """
+    return tuple(head_label(l, h) for l in range(n_layers) for h in range(n_heads))
 
 
 def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer batch head query_pos key_pos"]:
@@ -98,10 +118,17 @@ def prev_token_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> F
     return pat.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(1, 3))
 
 
-def find_prev_token_head(model: Model, tokens: Int[torch.Tensor, "batch pos"], layer: int = 0) -> int:
-    """The head of ``layer`` with the highest previous-token score (found from scores, never by index)."""
-    check_layer(model, layer)
-    return int(prev_token_scores(model, tokens)[layer].argmax())
+def find_prev_token_head(model: Model, tokens: Int[torch.Tensor, "batch pos"], layer: int = 0) -> tuple[int, int]:
+    """The head of ``layer`` with the highest previous-token score, as a ``(layer, head)`` pair
+    (found from the scores, never by index).
+
+    >>> from rs_interp import load_toy_model, induction_batch
+    >>> layer, head = find_prev_token_head(load_toy_model(), induction_batch(8, seed=1).tokens)
+    >>> layer, head in (0, 1)
+    (0, True)
+    """
+    layer = check_layer(model, layer)
+    return layer, int(prev_token_scores(model, tokens)[layer].argmax())
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ caller asks for ``full=True``.
 
 >>> from rs_interp import load_toy_model, induction_batch
 >>> b = induction_batch(4, seed=0)
->>> lens = logit_lens(load_toy_model(), b.tokens, targets=b.tokens.roll(-1, 1))
+>>> lens = logit_lens(load_toy_model(), b.tokens, targets=b.targets)
 >>> lens.labels, tuple(lens.target_probs.shape)
 (('embed', 'L0', 'L1'), (3, 4, 48))
 """
@@ -148,11 +148,7 @@ def logit_lens(
     check_int_range("row_chunk", row_chunk, 1)
     check_int_range("vocab_tile", vocab_tile, 1)
     if targets is not None:
-        if not isinstance(targets, torch.Tensor) or tuple(targets.shape) != tuple(tokens.shape):
-            raise ValueError(f"targets must have the shape of tokens {tuple(tokens.shape)}")
-        skip = targets == -1
-        targets = check_targets(torch.where(skip, torch.zeros_like(targets), targets), tokens, model.cfg.d_vocab)
-        targets = torch.where(skip.to(targets.device), -1, targets)
+        targets = check_targets(targets, tokens, model.cfg.d_vocab)  # -1: skip (NaN probability)
     points = reading_points(model, sublayers)
     B, P = tokens.shape
     n_pts = len(points)

@@ -14,10 +14,10 @@ patterns*: it is linear in the values, not in the attention.
 For models with LayerNorm and MLPs use :func:`rs_interp.direct_logit_attribution` (first order) and
 :func:`rs_interp.second_order_attribution`, exact with the LayerNorm scales frozen.
 
->>> from rs_interp import load_toy_model, induction_batch
+>>> from rs_interp import load_toy_model, induction_batch, next_token_targets
 >>> model = load_toy_model("induction-2l")
 >>> tokens = induction_batch(2, seed=0).tokens
->>> pe = path_expansion(model, tokens, targets=tokens)
+>>> pe = path_expansion(model, tokens, targets=next_token_targets(tokens))
 >>> len(pe.labels), tuple(pe.contributions.shape)
 (9, (9, 2, 48))
 """
@@ -33,8 +33,8 @@ from ._backend import Model
 from .hooks import store_matching
 from ._exact import attached_hooks, check_sum, compute_dtype
 from ._state import preserve_state
-from ._validate import check_targets, check_tokens
-from .data import InductionBatch
+from ._validate import check_target_pair, check_tokens
+from .heads import head_label
 
 __all__ = [
     "PathExpansion",
@@ -53,15 +53,17 @@ class PathExpansion:
     Attributes:
         labels: one label per path: ``"direct"``, ``"L0H1"``, ``"L0H1>L1H0"``; bias terms
             ``"bias L0"``, ``"bias L0>L1H1"``, ``"b_U"`` appear only when those biases are nonzero.
-        contributions: (path, batch, pos, d_vocab), or (path, batch, pos) for the ``targets``.
-        heads: per path, the chain of (layer, head) it passes through (empty for direct/biases).
-        targets: the target token ids, or None for the full vocabulary.
+        contributions: (path, batch, pos, d_vocab), or (path, batch, pos) for the ``targets``
+            (0 where a target is -1).
+        chains: per path, the (layer, head) pairs it passes through, in order (empty for the
+            direct path and the biases).
+        targets: the target token ids (-1: skipped), or None for the full vocabulary.
         layers: per path, the layer that wrote its last term (see :meth:`last_layer`).
     """
 
     labels: tuple[str, ...]
     contributions: torch.Tensor
-    heads: tuple[tuple[tuple[int, int], ...], ...]
+    chains: tuple[tuple[tuple[int, int], ...], ...]
     targets: torch.Tensor | None
     layers: tuple[int, ...] = ()
 
@@ -110,7 +112,7 @@ def _stream_paths(
             new: list[tuple[str, tuple, int, torch.Tensor]] = []
             for label, chain, term in zip(labels, heads, terms):
                 for h in range(model.cfg.n_heads):
-                    new.append((f"{label}>L{l}H{h}" if label != DIRECT else f"L{l}H{h}", chain + ((l, h),), l,
+                    new.append((f"{label}>{head_label(l, h)}" if label != DIRECT else head_label(l, h), chain + ((l, h),), l,
                                 pattern[:, h] @ (term @ W_OV[h])))
             # b_V reaches the output as b_V W_O (pattern rows sum to one); with b_O it is a constant
             # written by layer l (so it belongs to layer l), then carried by later heads like x_0.
@@ -137,8 +139,9 @@ def path_expansion(
         model: an attention-only ``Model`` (no LayerNorm, no MLP), any positional
             scheme (the patterns are the run's).
         tokens: (batch, pos) token ids.
-        targets: optional (batch, pos) token ids; then each path's logit for that token only,
-            computed without ever forming the full vocabulary.
+        targets: optional (batch, pos) token ids, -1 to skip a position (e.g.
+            :func:`rs_interp.next_token_targets`); then each path's logit for that token only,
+            computed without ever forming the full vocabulary, and 0 at the skipped positions.
 
     In float64 the sum equals the logits to ~1e-14 (tested to 1e-10); float16/bfloat16 models
     are expanded in float32. The sum is checked against the run's own logits.
@@ -149,8 +152,10 @@ def path_expansion(
     """
     _check_attn_only(model, "path_expansion")
     tokens = check_tokens(model, tokens)
+    skip = None
     if targets is not None:
-        targets = check_targets(targets, tokens, model.cfg.d_vocab)
+        safe, _, skip = check_target_pair(targets, None, tokens, model.cfg.d_vocab)
+        targets = safe.masked_fill(skip, -1)
     user_hooks = attached_hooks(model)
     labels, heads, layers, terms, logits = _stream_paths(model, tokens)
     dt = terms[0].dtype
@@ -160,30 +165,33 @@ def path_expansion(
         if targets is None:
             out, b_U, run = stack @ W_U, b_U_all, logits
         else:
-            out = (stack * W_U.T[targets]).sum(-1)
-            b_U, run = b_U_all[targets], logits.gather(-1, targets[..., None])[..., 0]
+            safe = targets.clamp(min=0)
+            out = (stack * W_U.T[safe]).sum(-1).masked_fill(skip, 0.0)  # skipped: no part, excluded from the check
+            b_U = b_U_all[safe].masked_fill(skip, 0.0)
+            run = logits.gather(-1, safe[..., None])[..., 0].to(dt).masked_fill(skip, 0.0)
         if bool(b_U_all.any()):
             labels.append("b_U")
             heads.append(())
             layers.append(-1)
             out = torch.cat([out, b_U.expand_as(out[0])[None]])
     check_sum("path_expansion", out.sum(0), run, out, user_hooks, model.cfg.dtype)
-    return PathExpansion(labels=tuple(labels), contributions=out, heads=tuple(heads), targets=targets, layers=tuple(layers))
+    return PathExpansion(labels=tuple(labels), contributions=out, chains=tuple(heads), targets=targets, layers=tuple(layers))
 
 
 @dataclass(frozen=True)
 class PathAttribution:
-    """Each path's share of the correct token's centered logit at scored positions.
+    """Each path's share of the target's centered logit at the positions with a target.
 
     Attributes:
         labels: path labels (as in :class:`PathExpansion`), ``"b_U"`` last when the model has one.
-        centered: (path, n_scored) each path's part of ``logit[correct] - mean(logit)``; they sum
-            to it exactly, ``b_U``'s part included.
+        centered: (path, n_scored) each path's part of ``logit[target] - mean(logit)`` at the
+            positions whose target is not -1 (row-major over batch and pos); they sum to it
+            exactly, ``b_U``'s part included.
         share: (path, n_scored) ``centered / centered.sum(0)``.
         last_layer: (path,) the layer that wrote each path's last term: its last head's, a bias
             term's own layer, -1 for the direct path and ``b_U``.
         top1_without_last_layer: fraction of scored positions where the paths that do not end
-            in the last layer alone rank the correct token first.
+            in the last layer alone rank the target first.
     """
 
     labels: tuple[str, ...]
@@ -197,29 +205,39 @@ class PathAttribution:
         return self.share[self.last_layer == layer].sum(0)
 
 
-def path_logit_attribution(model: Model, batch: InductionBatch) -> PathAttribution:
-    """Split the correct token's centered logit into paths at ``batch``'s scored positions.
+def path_logit_attribution(
+    model: Model, tokens: Int[torch.Tensor, "batch pos"], *, targets: Int[torch.Tensor, "batch pos"]
+) -> PathAttribution:
+    """Split the target's centered logit into paths at every position with a target.
+
+    Args:
+        model: an attention-only ``Model`` (as :func:`path_expansion`).
+        tokens: (batch, pos) token ids.
+        targets: (batch, pos) token ids, -1 to skip a position: an induction batch's ``targets``
+            (its scored positions), or :func:`rs_interp.next_token_targets`.
 
     Raises:
-        ValueError: the model is not attention-only, the batch has no scored position, or a hook
-            the caller attached changed the run.
+        ValueError: the model is not attention-only, every target is -1, or a hook the caller
+            attached changed the run.
 
     >>> from rs_interp import load_toy_model, induction_batch
-    >>> att = path_logit_attribution(load_toy_model(), induction_batch(16, seed=0))
+    >>> batch = induction_batch(16, seed=0)
+    >>> att = path_logit_attribution(load_toy_model(), batch.tokens, targets=batch.targets)
     >>> float(att.share_ending_in(1).median()) > 0.8
     True
     """
     _check_attn_only(model, "path_logit_attribution")
-    tokens = check_tokens(model, batch.tokens, "batch.tokens")
-    mask = batch.scored.to(tokens.device)
+    tokens = check_tokens(model, tokens)
+    safe, _, skip = check_target_pair(targets, None, tokens, model.cfg.d_vocab)
+    mask = ~skip
     if not bool(mask.any()):
-        raise ValueError("batch has no scored positions")
+        raise ValueError("targets skips every position (all -1): no scored positions to attribute")
     user_hooks = attached_hooks(model)
     labels, heads, layers, terms, logits = _stream_paths(model, tokens)
     dt = terms[0].dtype
     with torch.no_grad():
-        stack = torch.stack(terms)[:, :, :-1][:, mask]  # (path, n, d_model)
-        correct = tokens[:, 1:][mask]  # (n,)
+        stack = torch.stack(terms)[:, mask]  # (path, n, d_model)
+        correct = safe[mask]  # (n,)
         W_U, b_U = model.W_U.to(dt), model.b_U.to(dt)
         w = W_U.T[correct] - W_U.mean(1)  # centered unembedding columns, (n, d_model)
         centered = (stack * w).sum(-1)
@@ -228,7 +246,7 @@ def path_logit_attribution(model: Model, batch: InductionBatch) -> PathAttributi
             labels.append("b_U")
             centered = torch.cat([centered, (b_U[correct] - b_U.mean())[None]])
             last = torch.cat([last, last.new_tensor([-1])])
-        run = logits[:, :-1][mask].to(dt)
+        run = logits[mask].to(dt)
         check_sum("path_logit_attribution", centered.sum(0), run.gather(-1, correct[:, None])[:, 0] - run.mean(-1),
                   centered, user_hooks, model.cfg.dtype)
         partial = stack[last[: len(stack)] != model.cfg.n_layers - 1].sum(0) @ W_U + b_U

@@ -3,7 +3,7 @@ computed results (scores, patterns, scans) and compute nothing themselves.
 
 >>> from rs_interp import composition_scores, load_toy_model
 >>> model = load_toy_model()
->>> fig = composition_heatmaps({kind: composition_scores(model, kind) for kind in "KQV"})
+>>> fig = composition_heatmaps([composition_scores(model, kind) for kind in "kqv"])
 >>> type(fig).__name__
 'Figure'
 """
@@ -16,6 +16,8 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
+
+from .heads import head_label, head_labels
 
 __all__ = [
     "attention_figure",
@@ -50,7 +52,7 @@ def attention_figure(patterns: torch.Tensor, heads: Sequence[tuple[int, int]], *
     True
     """
     pat = patterns
-    fig = make_subplots(rows=1, cols=len(heads), subplot_titles=[f"head ({l},{h})" for l, h in heads], horizontal_spacing=0.08)
+    fig = make_subplots(rows=1, cols=len(heads), subplot_titles=[f"head {head_label(l, h)}" for l, h in heads], horizontal_spacing=0.08)
     n = pat.shape[-1]
     for c, (l, h) in enumerate(heads, start=1):
         fig.add_trace(go.Heatmap(z=pat[l, h].tolist(), colorscale="Blues", zmin=0, zmax=1, showscale=c == len(heads),
@@ -88,22 +90,26 @@ def logit_lens_figure(labels: Sequence[str], probs: Mapping[str, Sequence[float]
     return fig
 
 
-def composition_heatmaps(scores: Mapping[str, torch.Tensor], baselines: Mapping[str, float] | None = None) -> go.Figure:
-    """K, Q and V composition scores of every (earlier head, later head) pair, from ``scores[kind]``
-    (src_layer, src_head, dst_layer, dst_head) as :func:`rs_interp.composition_scores` returns; the
-    random baseline of each kind in its title when given."""
-    kinds = [k for k in "KQV" if k in scores]
-    L, H = next(iter(scores.values())).shape[:2]
+def composition_heatmaps(results: Sequence) -> go.Figure:
+    """Composition scores of every (earlier head, later head) pair, one panel per
+    :class:`~rs_interp.CompositionScores` in ``results`` (e.g. one per kind, ``"k"``, ``"q"``,
+    ``"v"``); a result's random baseline goes in its title when it has one."""
+    if not results:
+        raise ValueError("results is empty; pass at least one CompositionScores")
+    by_kind = {r.kind: r for r in results}
+    kinds = list(by_kind)
+    L, H = results[0].scores.shape[:2]
     fig = make_subplots(rows=1, cols=len(kinds), horizontal_spacing=0.1, subplot_titles=kinds)
-    mats = {k: scores[k].reshape(L * H, L * H) for k in kinds}
+    mats = {k: by_kind[k].scores.reshape(L * H, L * H) for k in kinds}
+    baselines = {k: r.baseline for k, r in by_kind.items() if r.baseline is not None}
     zmax = max(float(m.nan_to_num(0).max()) for m in mats.values())
-    names = [f"L{l}H{h}" for l in range(L) for h in range(H)]  # not "0.1": plotly would read it as a number
+    names = list(head_labels(L, H))  # not "0.1": plotly would read it as a number
     for c, kind in enumerate(kinds, start=1):
         z = [[None if math.isnan(v) else v for v in row] for row in mats[kind].tolist()]
         fig.add_trace(go.Heatmap(z=z, x=names, y=names, zmin=0, zmax=zmax, colorscale="Viridis", showscale=c == len(kinds),
                                  hovertemplate="src %{y} -> dst %{x}: %{z:.3f}<extra></extra>"), row=1, col=c)
         base = f" (random baseline {baselines[kind]:.3f})" if baselines and kind in baselines else ""
-        fig.layout.annotations[c - 1].text = f"{kind}-composition{base}"
+        fig.layout.annotations[c - 1].text = f"{kind.upper()}-composition{base}"
         fig.update_xaxes(title_text="later head", row=1, col=c)
         fig.update_yaxes(title_text="earlier head" if c == 1 else None, autorange="reversed", row=1, col=c)
     fig.update_layout(title="Composition scores (empty: the later head is not later)", height=430)
@@ -181,7 +187,7 @@ def position_figure(prev_weight: Sequence[float], accuracy: Sequence[float], ker
                     head: tuple[int, int], drop: int) -> go.Figure:
     """The previous-token head by query position (its weight on ``i - 1``, the model's accuracy) and its
     content-free kernel by offset, with the position ``drop`` where the weight moves (a dotted line)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"by query position (head {head})", "content-free score by offset"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"by query position (head {head_label(*head)})", "content-free score by offset"))
     x = list(range(1, len(prev_weight) + 1))
     fig.add_trace(go.Scatter(x=x, y=list(prev_weight), name="weight on i-1", mode="lines"), row=1, col=1)
     fig.add_trace(go.Scatter(x=x, y=list(accuracy), name="accuracy", mode="lines"), row=1, col=1)

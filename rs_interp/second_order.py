@@ -19,10 +19,10 @@ readout through the final norm is a vector ``g[q]`` per query; through head ``h`
 LayerNorm it becomes ``u_h[q] = center(w_ln1 * W_V^h W_O^h g[q])``, and a source's part is
 ``sum_k A_h[q, k] src[k] . u_h[q] / s_l[k]``: one batched product per layer, sources in chunks.
 
->>> from rs_interp import load_toy_model
+>>> from rs_interp import load_toy_model, next_token_targets
 >>> import torch
 >>> toks = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
->>> so = second_order_attribution(load_toy_model(), toks, targets=toks.roll(-1, 1), positions=[10])
+>>> so = second_order_attribution(load_toy_model(), toks, targets=next_token_targets(toks), positions=[10])
 >>> so.sources[:3], tuple(so.contributions.shape)
 (('embed', 'L0H0', 'L0H1'), (8, 4, 1, 1))
 """
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+from einops import einsum
 from jaxtyping import Float, Int
 from ._backend import Model
 
@@ -46,7 +47,8 @@ from ._exact import (
     unembed_direction,
 )
 from ._state import preserve_state
-from ._validate import check_int_range, check_targets, check_tokens
+from ._validate import check_int_range, check_target_pair, check_tokens
+from .heads import head_labels
 
 __all__ = ["SecondOrderAttribution", "second_order_attribution"]
 
@@ -60,7 +62,7 @@ class SecondOrderAttribution:
             then the destination's own constant terms ``"ln1 bias"`` (LN models) and ``"b_V"``.
         destinations: every head, ``"L{l}H{h}"``.
         contributions: (source, destination, batch, position); exactly 0 where the source is not
-            upstream of the destination.
+            upstream of the destination, and where the position's target is -1 (skipped).
         first_order: (destination, batch, position) each head's first-order direct attribution (the
             sum over its sources).
         positions: the query positions the last axis indexes.
@@ -98,7 +100,8 @@ def second_order_attribution(
         model: any model :func:`~rs_interp.direct_logit_attribution` supports (LN, LNPre, RMS,
             RMSPre or no norm; any positional scheme; with or without MLPs).
         tokens: (batch, pos) token ids.
-        targets, contrast: the metric, as in :func:`~rs_interp.direct_logit_attribution`.
+        targets, contrast: the metric, as in :func:`~rs_interp.direct_logit_attribution` (-1 in
+            ``targets`` skips a position: every part is 0 there).
         positions: the query positions to attribute (default: all); e.g. ``[-1]`` for the last.
         memory_budget: bytes for the largest intermediate, (source chunk, batch, head, query, key).
 
@@ -108,9 +111,7 @@ def second_order_attribution(
     """
     _check_model(model)
     tokens = check_tokens(model, tokens)
-    targets = check_targets(targets, tokens, model.cfg.d_vocab)
-    if contrast is not None:
-        contrast = check_targets(contrast, tokens, model.cfg.d_vocab, "contrast")
+    targets, contrast, skip = check_target_pair(targets, contrast, tokens, model.cfg.d_vocab)
     P = tokens.shape[1]
     pos = list(range(P)) if positions is None else [check_int_range("positions entry", p, -P, P - 1) % P for p in positions]
     if not pos:
@@ -136,8 +137,8 @@ def second_order_attribution(
         for l in range(L):
             attn = model.blocks[l].attn
             z, W_O = box[f"blocks.{l}.attn.hook_z"].to(dt), attn.W_O.to(dt)
-            for h in range(n_heads):
-                labels.append(f"L{l}H{h}"), layer_of.append(l), terms.append(z[:, :, h] @ W_O[h])
+            for h, label in enumerate(head_labels(L, n_heads)[l * n_heads : (l + 1) * n_heads]):
+                labels.append(label), layer_of.append(l), terms.append(z[:, :, h] @ W_O[h])
             labels.append(f"attn bias L{l}"), layer_of.append(l), terms.append(attn.b_O.to(dt).expand_as(terms[0]))
             if not cfg.attn_only:
                 labels.append(f"mlp L{l}"), layer_of.append(l), terms.append(box[f"blocks.{l}.hook_mlp_out"].to(dt))
@@ -150,7 +151,8 @@ def second_order_attribution(
             attn, block = model.blocks[l].attn, model.blocks[l]
             W_V, W_O = attn.W_V.to(dt), attn.W_O.to(dt)
             A = box[f"blocks.{l}.attn.hook_pattern"].to(dt)[:, :, q]  # (batch, head, Q, key)
-            u = torch.einsum("bqm,hdm,hnd->bhqn", g, W_O, W_V)  # W_V W_O g, per head: (batch, head, Q, d_model)
+            u = einsum(g, W_O, W_V, "batch query d_model, head_index d_head d_model, head_index d_model_in d_head"
+                       " -> batch head_index query d_model_in")  # W_V W_O g, per head
             # The head's own norm, scale frozen: its gain and centering move onto u, 1/scale onto each key.
             if kind in ("LN", "RMS"):
                 u = u * block.ln1.w.to(dt)
@@ -172,8 +174,10 @@ def second_order_attribution(
             z = box[f"blocks.{l}.attn.hook_z"].to(dt)[:, q]  # (batch, Q, head, d_head)
             first[l] = torch.einsum("bqhd,hdm,bqm->hbq", z, W_O, g)
         out, first = out.flatten(1, 2), first.flatten(0, 1)
+        skipped = skip[:, q]  # (batch, Q): skipped positions have no part, and are excluded from the check
+        out, first = out.masked_fill(skipped, 0.0), first.masked_fill(skipped, 0.0)
     # Each head's sources sum to its first-order part; and the first-order parts, with the rest of the
     # stream, are the run's metric (checked by direct_logit_attribution's identity in the tests).
     check_sum("second_order_attribution", out.sum(0), first, out, user_hooks, cfg.dtype)
-    return SecondOrderAttribution(sources=tuple(labels + own), destinations=tuple(f"L{l}H{h}" for l in range(L) for h in range(n_heads)),
+    return SecondOrderAttribution(sources=tuple(labels + own), destinations=head_labels(L, n_heads),
                                   contributions=out, first_order=first, positions=tuple(pos))

@@ -2,13 +2,14 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.heads import find_prev_token_head
 from rs_interp.reproduce.expected import EXPECTED
 
 
 @pytest.fixture(scope="module")
 def prev_head(toy2, test_set):
-    return find_prev_token_head(toy2, test_set.tokens[:200])
+    layer, head = ri.find_prev_token_head(toy2, test_set.tokens[:200])
+    assert layer == 0
+    return head
 
 
 def test_keys_from_x0_break_the_circuit(toy2, test_set):
@@ -51,7 +52,7 @@ def test_single_head_ablation(toy2_f64, small_batch):
     store = lambda t, hook: box.__setitem__(len(box), t)  # noqa: E731
     with toy2_f64.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", store)]):
         toy2_f64(small_batch.tokens)
-        ri.run_with_key_input(toy2_f64, small_batch.tokens, layer=1, heads=[0])
+        ri.run_with_key_input(toy2_f64, small_batch.tokens, layer=1, heads=[(1, 0)])
     clean, patched = box[0], box[1]
     assert (clean[:, 1] - patched[:, 1]).abs().max() < 1e-12
     assert (clean[:, 0] - patched[:, 0]).abs().max() > 0.1
@@ -65,6 +66,8 @@ def test_single_head_ablation(toy2_f64, small_batch):
         (dict(layer=1, keep=[(1, 0)]), "keep"),
         (dict(layer=1, keep=[(0, 2)]), "keep"),
         (dict(layer=1, keep=[(0,)]), "keep"),
+        (dict(layer=1, heads=[(1, 5)]), "heads"),
+        (dict(layer=1, heads=[(0, 1)]), "not in layer 1"),
         (dict(layer=1, heads=[5]), "heads"),
     ],
 )
@@ -88,13 +91,14 @@ def test_identity_holds_with_its_condition(random3x3, small_batch, fn, layer):
 
 
 def test_head_list_meaning(toy2_f64, small_batch):
-    """A bare pair is one head; numpy and 0-d tensor integers work where an int does."""
+    """heads and keep are both (layer, head) pairs; a bare pair is one head; numpy and 0-d tensor
+    integers work where an int does."""
     import numpy as np
 
     toks = small_batch.tokens[:4]
-    want = ri.run_with_key_input(toy2_f64, toks, layer=1, keep=[(0, 1)], heads=[0])
-    for keep, heads, layer in [((0, 1), 0, 1), ([(np.int64(0), np.int32(1))], [np.int64(0)], np.int64(1)),
-                               ([(torch.tensor(0), torch.tensor(1))], torch.tensor([0]), torch.tensor(1))]:
+    want = ri.run_with_key_input(toy2_f64, toks, layer=1, keep=[(0, 1)], heads=[(1, 0)])
+    for keep, heads, layer in [((0, 1), (1, 0), 1), ([(np.int64(0), np.int32(1))], [(np.int64(1), np.int64(0))], np.int64(1)),
+                               ([(torch.tensor(0), torch.tensor(1))], [(torch.tensor(1), torch.tensor(0))], torch.tensor(1))]:
         got = ri.run_with_key_input(toy2_f64, toks, layer=layer, keep=keep, heads=heads)
         assert torch.equal(got, want)
 
@@ -104,9 +108,10 @@ def test_head_list_meaning(toy2_f64, small_batch):
     (dict(keep=[(0.5, 0)]), "must be an int"),
     (dict(keep=[(True, 0)]), "must be an int"),
     (dict(keep="00"), "list of"),
-    (dict(keep=[(0, 1)], heads=[0, 0]), "twice"),
+    (dict(keep=[(0, 1)], heads=[(1, 0), (1, 0)]), "twice"),
     (dict(heads=[]), "empty"),
-    (dict(heads=[1.0]), "must be an int"),
+    (dict(heads=[(1, 1.0)]), "must be an int"),
+    (dict(heads=[0, 1, 0]), "pairs"),
 ])
 def test_head_lists_refuse_ambiguity(toy2, small_batch, kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -47,8 +47,8 @@ def test_node_estimates_are_directional_derivatives(variant):
                 t = t.clone()
                 t[:, :, h] += eps * d[:, :, h]
                 return t
-            assert float(atp.values[l, h]) == pytest.approx(_derivative(model, toks, name, add), abs=1e-6)
-    assert atp.per_position.sum(-1).sub(atp.values).abs().max() <= 1e-12
+            assert float(atp.effect[l, h]) == pytest.approx(_derivative(model, toks, name, add), abs=1e-6)
+    assert atp.effect_per_position.sum(-1).sub(atp.effect).abs().max() <= 1e-12
 
 
 def _norm(model, layer, x):
@@ -103,13 +103,13 @@ def test_edge_estimates_are_directional_derivatives(variant):
     for kind in "qkv":
         for (ls, hs, ld, hd) in [(0, 1, 2, 0), (1, 0, 2, 1), (0, 0, 1, 1)]:
             want = _head_input_derivative(model, toks, kind, ld, hd, _write(model, clean, refc, ls, hs))
-            assert float(eap.values[kind][ls, hs, ld, hd]) == pytest.approx(want, abs=1e-6), (kind, ls, hs, ld, hd)
+            assert float(eap.effect[kind][ls, hs, ld, hd]) == pytest.approx(want, abs=1e-6), (kind, ls, hs, ld, hd)
     for kind in "qkv":  # NaN exactly where the source is not earlier
         later = torch.tensor([[ls >= ld for ld in range(3)] for ls in range(3)])[:, None, :, None].expand(3, 2, 3, 2)
-        assert torch.equal(eap.values[kind].isnan(), later)
+        assert torch.equal(eap.effect[kind].isnan(), later)
     w = _write(model, clean, refc, 2, 1)
     logit_edge = _derivative(model, toks, "blocks.2.hook_resid_post", lambda t, eps: t + eps * w)
-    assert float(eap.values["logits"][2, 1]) == pytest.approx(logit_edge, abs=1e-6)
+    assert float(eap.effect["logits"][2, 1]) == pytest.approx(logit_edge, abs=1e-6)
     if not model.cfg.attn_only:
         model.cfg.use_hook_mlp_in = True
         try:
@@ -117,8 +117,8 @@ def test_edge_estimates_are_directional_derivatives(variant):
             want = _derivative(model, toks, "blocks.1.hook_mlp_in", lambda t, eps: t + eps * w)
         finally:
             model.cfg.use_hook_mlp_in = False
-        assert float(eap.values["mlp"][1, 0, 1]) == pytest.approx(want, abs=1e-6)
-        assert bool(eap.values["mlp"][2, :, 1].isnan().all())
+        assert float(eap.effect["mlp"][1, 0, 1]) == pytest.approx(want, abs=1e-6)
+        assert bool(eap.effect["mlp"][2, :, 1].isnan().all())
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
@@ -128,12 +128,12 @@ def test_a_heads_edges_sum_to_its_node_estimate(variant):
     model, toks, ref, _, _ = _setup(variant)
     atp = ri.attribution_patching(model, toks, metric, reference=ref)
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
-    total = eap.values["logits"].clone()
+    total = eap.effect["logits"].clone()
     for kind in "qkv":
-        total += eap.values[kind].nan_to_num(0).sum((2, 3))
-    if "mlp" in eap.values:
-        total += eap.values["mlp"].nan_to_num(0).sum(2)
-    assert (atp.values - total).abs().max() <= 1e-9
+        total += eap.effect[kind].nan_to_num(0).sum((2, 3))
+    if "mlp" in eap.effect:
+        total += eap.effect["mlp"].nan_to_num(0).sum(2)
+    assert (atp.effect - total).abs().max() <= 1e-9
     assert atp.clean == pytest.approx(eap.clean, abs=1e-12)
 
 
@@ -148,3 +148,20 @@ def test_no_gradients_left_and_bad_metric(toy2, small_batch):
         ri.attribution_patching(toy2, toks, lambda lg: lg[:, -1, 0].mean().detach(), reference=ref)
     with pytest.raises(ValueError, match="shape"):
         ri.edge_attribution_patching(toy2, toks, lambda lg: lg.mean(), reference=ref[:1])
+
+
+def test_top_ranks_the_effects(toy2, small_batch):
+    """``top(k)`` of node and edge estimates: the k largest |effect|, labelled, NaN edges never picked
+    (checked against a sort written here)."""
+    toks, ref = small_batch.tokens[:4], small_batch.tokens[4:8]
+    atp = ri.attribution_patching(toy2, toks, metric, reference=ref)
+    flat = [(lab, float(v)) for lab, v in zip(ri.head_labels(2, 2), atp.effect.flatten())]
+    assert atp.top(4) == sorted(flat, key=lambda x: -abs(x[1]))
+    eap = ri.edge_attribution_patching(toy2, toks, metric, reference=ref)
+    edges = [(f"{s} -> {d} {kind}", float(eap.effect[kind][ls, hs, 1, hd]))
+             for kind in "qkv" for ls, hs, s in ((0, 0, "L0H0"), (0, 1, "L0H1")) for hd, d in ((0, "L1H0"), (1, "L1H1"))]
+    edges += [(f"{lab} -> logits", float(v)) for lab, v in zip(ri.head_labels(2, 2), eap.effect["logits"].flatten())]
+    want = sorted(edges, key=lambda x: -abs(x[1]))[:5]
+    assert [lab for lab, _ in eap.top(5)] == [lab for lab, _ in want]
+    assert [v for _, v in eap.top(5)] == pytest.approx([v for _, v in want], abs=0)
+    assert len(eap.top(100)) == len(edges)  # the NaN entries (no such edge) are left out

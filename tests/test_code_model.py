@@ -104,10 +104,9 @@ def _assert_induction_circuit(model):
     tokens = torch.cat([seq, seq], 1)
     assert float(ri.prev_token_scores(model, tokens)[0].max()) >= 0.4
 
-    def repeat_loss(logits):
-        return torch.nn.functional.cross_entropy(logits[:, 32:-1].flatten(0, 1), tokens[:, 33:].flatten())
-
-    scan = ri.head_ablation_scan(model, tokens, repeat_loss, method="mean")
+    targets = ri.next_token_targets(tokens)
+    targets[:, :32] = -1  # the loss on the repeat only
+    scan = ri.head_ablation_scan(model, tokens, ri.next_token_loss(targets), method="mean")
     assert float(scan.effect[1].max()) >= 0.5
 
 

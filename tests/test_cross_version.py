@@ -73,11 +73,11 @@ def _numbers() -> dict[str, torch.Tensor]:
     toy64 = ri.as_dtype(toy, torch.float64)
     batch = ri.induction_batch(6, seed=2024)
     toks = batch.tokens
-    nxt = toks.roll(-1, 1)  # every position has a target
+    nxt = ri.next_token_targets(toks)  # -1 at the last position (skipped)
     with torch.no_grad():
         out["toy2 logits"], out["toy1 logits"] = toy(toks), toy1(toks)
-    for kind in "QKV":
-        out[f"toy2 composition {kind}"] = ri.composition_scores(toy, kind)
+    for kind in "qkv":
+        out[f"toy2 composition {kind}"] = ri.composition_scores(toy, kind).scores
     ph = int(ri.prev_token_scores(toy, toks)[0].argmax())
     out["toy2 key input"] = ri.run_with_key_input(toy, toks, layer=1, keep=[(0, ph)])
     out["toy2 query input"] = ri.run_with_query_input(toy, toks, layer=1)
@@ -88,10 +88,10 @@ def _numbers() -> dict[str, torch.Tensor]:
     g = torch.randint(0, 500, (2, 12), generator=torch.Generator().manual_seed(99))
     with torch.no_grad():
         out["gpt2 logits"] = gpt2(g)
-    out["gpt2 dla"] = ri.direct_logit_attribution(gpt2, g, targets=g.roll(-1, 1)).contributions
-    out["gpt2 second order"] = ri.second_order_attribution(gpt2, g[:1], targets=g[:1].roll(-1, 1), positions=[-2]).contributions
+    out["gpt2 dla"] = ri.direct_logit_attribution(gpt2, g, targets=ri.next_token_targets(g)).contributions
+    out["gpt2 second order"] = ri.second_order_attribution(gpt2, g[:1], targets=ri.next_token_targets(g[:1]), positions=[-2]).contributions
     metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 3].mean()  # noqa: E731
-    out["gpt2 attribution patching"] = ri.attribution_patching(gpt2, g, metric, reference=g.flip(1)).values
+    out["gpt2 attribution patching"] = ri.attribution_patching(gpt2, g, metric, reference=g.flip(1)).effect
     return {k: v.detach().cpu() for k, v in out.items()}
 
 

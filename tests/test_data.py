@@ -23,9 +23,11 @@ def test_scored_positions_are_i_ge_p():
     i = torch.arange(47)
     assert torch.equal(b.scored, i[None] >= b.periods[:, None])
     # every scored target is the token one period back: induction can predict it
-    t = b.targets
+    t = b.targets[:, :-1]  # targets=: (batch, pos), the next token where scored, -1 (skip) elsewhere
     prev = torch.stack([b.tokens[r, 1 + i - p] for r, p in enumerate(b.periods.tolist())])
     assert torch.equal(t[b.scored], prev[b.scored])
+    assert bool((t[~b.scored] == -1).all()) and bool((b.targets[:, -1] == -1).all())
+    assert torch.equal(t[b.scored], b.tokens[:, 1:][b.scored])
 
 
 def test_seed_and_generator():

@@ -110,11 +110,11 @@ def gpt2_random():
 
 
 def test_composition_scores_over_144_heads(gpt2_random):
-    for kind in "KQV":
-        s = ri.composition_scores(gpt2_random, kind)
+    for kind in "kqv":
+        s = ri.composition_scores(gpt2_random, kind).scores
         assert s.shape == (12, 12, 12, 12)
         assert (~s.isnan()).sum() == 66 * 144
-    full = ri.composition_scores(gpt2_random, "K", full_circuit=True)
+    full = ri.composition_scores(gpt2_random, "k", full_circuit=True).scores
     theirs = gpt2_random.all_composition_scores("K")
     upper = ~full.isnan()
     assert (full[upper] - theirs[upper]).abs().max() <= 1e-5
@@ -130,10 +130,10 @@ def test_key_and_query_ablation_on_gpt2(gpt2_random, tokens):
 
 
 def test_dla_on_gpt2(gpt2_random, tokens):
-    dla = ri.direct_logit_attribution(gpt2_random, tokens, targets=tokens.roll(-1, 1))
+    dla = ri.direct_logit_attribution(gpt2_random, tokens, targets=ri.next_token_targets(tokens))
     ln_bias = gpt2_random.cfg.normalization_type == "LN"  # random weights keep LayerNorm explicit
     assert len(dla.labels) == 1 + 1 + 144 + 12 + 12 + ln_bias + 1  # embeds, heads, attn biases, MLPs, LN bias, b_U
-    assert (dla.total() - dla.metric).abs().max() <= 1e-4
+    assert (dla.total() - dla.clean).abs().max() <= 1e-4
 
 
 def test_head_roles_on_gpt2(gpt2_random):
@@ -163,9 +163,9 @@ def test_paris(pretrained):
 
 def test_known_induction_and_prev_token_heads(pretrained):
     a = analyse_gpt2(pretrained, weights="pretrained")
-    for head in ("5.1", "5.5", "6.9", "7.2", "7.10"):
+    for head in ("L5H1", "L5H5", "L6H9", "L7H2", "L7H10"):
         assert head in a.top_induction, (head, a.top_induction)
-    assert "4.11" in a.top_prev_token
+    assert "L4H11" in a.top_prev_token
 
 
 def test_pretrained_parameter_count(pretrained):

@@ -69,8 +69,8 @@ def test_scan_equals_one_brute_force_run_per_head(name, method, budget):
     for l in range(model.cfg.n_layers):
         for h in range(model.cfg.n_heads):
             want = float(metric(_brute_force(model, toks, [(l, h)], method, ref if method != "zero" else toks)))
-            assert abs(float(scan.values[l, h]) - want) <= 1e-9, (l, h)
-    assert torch.equal(scan.effect, scan.values - scan.clean)
+            assert abs(float(scan.ablated[l, h]) - want) <= 1e-9, (l, h)
+    assert torch.equal(scan.effect, scan.ablated - scan.clean)
 
 
 def test_resample_scan_equals_transformer_lens_patching(gpt2_tiny):
@@ -80,7 +80,7 @@ def test_resample_scan_equals_transformer_lens_patching(gpt2_tiny):
     _, ref_cache = gpt2_tiny.run_with_cache(ref)
     want = tl_patching.get_act_patch_attn_head_out_all_pos(gpt2_tiny, toks, ref_cache, metric)
     got = ri.head_ablation_scan(gpt2_tiny, toks, metric, method="resample", reference=ref)
-    assert (got.values.float() - want).abs().max() <= 1e-4
+    assert (got.ablated.float() - want).abs().max() <= 1e-4
 
 
 def test_copying_scores_equal_factored_matrix_eigenvalues(gpt2_tiny):
@@ -98,14 +98,10 @@ def test_trained_toy_heads_stand_out(toy2, test_set):
     induction heads breaks induction, and the induction heads copy."""
     batch = test_set
     tokens = batch.tokens[:200]
-    scored = batch.scored[:200]
-
-    def loss(logits):
-        return torch.nn.functional.cross_entropy(logits[:, :-1][scored].float(), tokens[:, 1:][scored])
-
-    prev = int(ri.prev_token_scores(toy2, tokens)[0].argmax())
+    loss = ri.next_token_loss(batch.targets[:200])
+    prev = ri.find_prev_token_head(toy2, tokens)
     scan = ri.head_ablation_scan(toy2, tokens, loss, method="mean")
-    assert scan.top(1)[0][0] == f"L0H{prev}" and float(scan.effect[0, prev]) >= 2.0
+    assert scan.top(1)[0][0] == ri.head_label(*prev) and float(scan.effect[prev]) >= 2.0
     both = float(loss(ri.ablate_heads(toy2, tokens, [(1, 0), (1, 1)], method="mean")))
     assert both - scan.clean >= 3.0
     assert all(EXPECTED["ablation.copying_induction"].holds(float(c)) for c in ri.copying_scores(toy2)[1])
@@ -134,4 +130,26 @@ def test_positions_restrict_the_logits_not_the_numbers(name):
     part = ri.head_ablation_scan(model, toks, lambda lg: lg[:, 1, 3].mean() + lg[:, 0, 1].sum(), method="resample", reference=ref,
                                  positions=[2, -1])
     assert part.clean == pytest.approx(full.clean, abs=1e-10)
-    assert (part.values - full.values).abs().max() <= 1e-10
+    assert (part.ablated - full.ablated).abs().max() <= 1e-10
+
+
+def test_next_token_loss_is_the_masked_cross_entropy(toy2, small_batch):
+    """``next_token_loss(batch.targets)`` = the mean cross-entropy at the scored positions, written
+    here by hand (log-softmax and a loop), to 1e-6 in float32; it refuses mismatched logits."""
+    batch = small_batch
+    logits = toy2(batch.tokens).detach()
+    lp = logits.double().log_softmax(-1)
+    terms = [-float(lp[b, i, batch.tokens[b, i + 1]]) for b in range(lp.shape[0]) for i in range(lp.shape[1] - 1) if batch.scored[b, i]]
+    assert float(ri.next_token_loss(batch.targets)(logits)) == pytest.approx(sum(terms) / len(terms), abs=1e-6)
+    with pytest.raises(ValueError, match="differ"):
+        ri.next_token_loss(batch.targets)(logits[:, :-1])
+    with pytest.raises(ValueError, match="every position"):
+        ri.next_token_loss(torch.full_like(batch.tokens, -1))
+
+
+def test_scan_top_ranks_the_effect(toy2, small_batch):
+    """``top(k)``: the k heads of largest |effect|, labelled by head_labels (a sort written here)."""
+    scan = ri.head_ablation_scan(toy2, small_batch.tokens, ri.next_token_loss(small_batch.targets))
+    want = sorted(zip(ri.head_labels(2, 2), scan.effect.flatten().tolist()), key=lambda x: -abs(x[1]))
+    assert scan.top(4) == want and scan.top(2) == want[:2]
+    assert scan.labels == ("L0H0", "L0H1", "L1H0", "L1H1")

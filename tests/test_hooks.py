@@ -43,16 +43,16 @@ def test_add_shifts_the_stream(model, tokens):
     assert torch.allclose(out - model(tokens), (delta @ model.W_U).expand_as(out), atol=1e-10)
 
 
-@pytest.mark.parametrize("heads", [None, [0], [1]])
-def test_replace_heads_targets_only_the_chosen_heads(model, tokens, heads):
+@pytest.mark.parametrize("head_indices", [None, [0], [1]])
+def test_replace_heads_targets_only_the_chosen_heads(model, tokens, head_indices):
     box = {}
     value = torch.zeros(3, 48, 32, dtype=torch.float64)
-    hooks = [("blocks.1.hook_k_input", H.replace_heads(value, heads)), ("blocks.1.attn.hook_k", H.store(box, "k"))]
+    hooks = [("blocks.1.hook_k_input", H.replace_heads(value, head_indices=head_indices)), ("blocks.1.attn.hook_k", H.store(box, "k"))]
     # Per-head inputs: TransformerLens's split inputs, or their emulation on 4.x native attention.
     with _backend.per_head_inputs(model, hooks) as runnable, model.hooks(fwd_hooks=runnable):
         model(tokens)
     assert not model.cfg.use_split_qkv_input
-    changed = [0, 1] if heads is None else heads
+    changed = [0, 1] if head_indices is None else head_indices
     for h in range(2):
         is_bias = torch.allclose(box["k"][:, :, h], model.blocks[1].attn.b_K[h].expand(3, 48, 16))
         assert is_bias == (h in changed)  # a zero input leaves exactly the key bias

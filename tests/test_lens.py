@@ -53,8 +53,7 @@ def test_tiled_reading_equals_the_full_distribution(which, vocab_tile, request, 
     """The online-softmax reading (tiles of the vocabulary) gives what the full log-distribution gives."""
     model = request.getfixturevalue(which)
     toks = small_batch.tokens[:3, :20] % model.cfg.d_vocab
-    targets = toks.roll(-1, 1)
-    targets[:, -1] = -1
+    targets = ri.next_token_targets(toks)
     tiled = ri.logit_lens(model, toks, targets=targets, top_k=4, vocab_tile=vocab_tile, row_chunk=17)
     full = ri.logit_lens(model, toks, targets=targets, top_k=4, full=True)
     lp = full.log_probs

@@ -47,7 +47,7 @@ def test_other_shapes(shape, small_batch):
 
 
 def test_layer1_paths_carry_the_answer(toy2, test_set):
-    att = ri.path_logit_attribution(toy2, test_set)
+    att = ri.path_logit_attribution(toy2, test_set.tokens, targets=test_set.targets)
     assert EXPECTED["paths.layer1_share"].holds(float(att.share_ending_in(1).median()))
     assert EXPECTED["paths.top1_without_last"].holds(att.top1_without_last_layer)
     assert torch.allclose(att.share.sum(0), torch.ones(att.share.shape[1]), atol=1e-4)
@@ -61,14 +61,14 @@ def test_refuses_layernorm_models(small_batch):
 
 def test_dla_sums_to_the_metric_on_a_gpt2_shaped_model(gpt2_tiny):
     toks = torch.randint(0, gpt2_tiny.cfg.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
-    tg = toks.roll(-1, 1)
+    tg = ri.next_token_targets(toks)
     dla = ri.direct_logit_attribution(gpt2_tiny, toks, targets=tg)
     n_heads = gpt2_tiny.cfg.n_layers * gpt2_tiny.cfg.n_heads
     assert sum(l.startswith("L") for l in dla.labels) == n_heads
-    assert (dla.total() - dla.metric).abs().max() <= 1e-4
+    assert (dla.total() - dla.clean).abs().max() <= 1e-4
     other = toks
     diff = ri.direct_logit_attribution(gpt2_tiny, toks, targets=tg, contrast=other)
-    assert (diff.total() - diff.metric).abs().max() <= 1e-4
+    assert (diff.total() - diff.clean).abs().max() <= 1e-4
 
 
 # ---- issue 12: exact on every variant TransformerLens builds -----------------------------------------------------
@@ -123,7 +123,7 @@ def test_dla_is_exact_on_every_variant(variant):
     tg = torch.randint(0, model.cfg.d_vocab, (2, 10), generator=g)
     dla = ri.direct_logit_attribution(model, toks, targets=tg)
     brute, metric = _brute_force_dla(model, toks, tg)
-    assert (dla.metric - metric).abs().max() <= 1e-10
+    assert (dla.clean - metric).abs().max() <= 1e-10
     assert (dla.total() - metric).abs().max() <= 1e-6
     got = dict(zip(dla.labels, dla.contributions))
     constant = sum(got.pop(k) for k in ("ln_final bias", "b_U") if k in got)
@@ -143,7 +143,7 @@ def test_dla_sums_to_the_metric_property(variant, seed, n_layers, n_heads, dtype
     tg = torch.randint(0, model.cfg.d_vocab, (2, 7), generator=g)
     dla = ri.direct_logit_attribution(model, toks, targets=tg, contrast=toks if contrast else None)
     tol = 1e-6 if dtype == torch.float64 else 1e-4
-    assert (dla.total() - dla.metric).abs().max() <= tol
+    assert (dla.total() - dla.clean).abs().max() <= tol
 
 
 @pytest.mark.parametrize("pos", POSITIONS)
@@ -166,7 +166,7 @@ def test_bias_terms_belong_to_the_layer_that_writes_them(random3x3, small_batch)
 def test_path_attribution_counts_b_U(small_batch):
     """The centered logit of the correct token, b_U's part included, is the sum of the parts."""
     model = make_variant(None, "rotary", True, seed=5, n_layers=2, d_vocab=256, n_ctx=48)
-    att = ri.path_logit_attribution(model, small_batch)
+    att = ri.path_logit_attribution(model, small_batch.tokens, targets=small_batch.targets)
     assert (att.labels[-1] == "b_U") == HAS_B_U
     toks = small_batch.tokens
     logits = model(toks)[:, :-1][small_batch.scored]
@@ -181,7 +181,7 @@ def test_a_hook_that_changes_the_run_is_named_not_silently_decomposed(helper, sm
     toks = small_batch.tokens[:4]
     call = {"path_expansion": lambda: ri.path_expansion(model, toks),
             "direct_logit_attribution": lambda: ri.direct_logit_attribution(model, toks, targets=toks),
-            "path_logit_attribution": lambda: ri.path_logit_attribution(model, small_batch)}[helper]
+            "path_logit_attribution": lambda: ri.path_logit_attribution(model, toks, targets=small_batch.targets[:4])}[helper]
     model.add_hook("blocks.0.hook_resid_post", lambda t, hook: t * 1.5)
     try:
         with pytest.raises(ValueError, match=r"blocks\.0\.hook_resid_post"):
@@ -207,3 +207,56 @@ def test_a_hook_on_z_is_decomposed_with_it():
         model.reset_hooks()
     metric = hooked.gather(-1, toks[..., None])[..., 0] - hooked.mean(-1)
     assert (dla.total() - metric).abs().max() <= 1e-8
+
+
+# ---- targets=-1 skips a position, in every helper that takes targets ------------------------------------------------
+
+def _skipping_targets(model, toks, seed=7):
+    """Random targets with about a third of the positions skipped (-1), and the skip mask."""
+    g = torch.Generator().manual_seed(seed)
+    tg = torch.randint(0, model.cfg.d_vocab, toks.shape, generator=g)
+    skip = torch.rand(toks.shape, generator=g) < 0.35
+    skip[0, 0], skip[0, 1] = True, False
+    return tg.masked_fill(skip, -1), skip
+
+
+@pytest.mark.parametrize("variant", [(None, "rotary", True), ("LN", "standard", False)], ids=variant_id)
+def test_dla_skips_minus_one(variant):
+    """At a skipped position every part and the metric are 0; elsewhere the parts are the brute force's (1e-9)."""
+    model = make_variant(*variant, seed=1)
+    toks = torch.randint(0, model.cfg.d_vocab, (2, 10), generator=torch.Generator().manual_seed(2))
+    tg, skip = _skipping_targets(model, toks)
+    dla = ri.direct_logit_attribution(model, toks, targets=tg)
+    assert bool((dla.contributions[:, skip] == 0).all()) and bool((dla.clean[skip] == 0).all())
+    brute, metric = _brute_force_dla(model, toks, tg.clamp(min=0))
+    assert (dla.clean[~skip] - metric[~skip]).abs().max() <= 1e-10
+    for k, v in zip(dla.labels, dla.contributions):
+        if k in brute:
+            assert (v[~skip] - brute[k][~skip]).abs().max() <= 1e-9, k
+
+
+def test_path_helpers_skip_minus_one(random3x3, small_batch):
+    """path_expansion: 0 at skipped positions, elsewhere the full-vocabulary expansion read at the target;
+    path_logit_attribution: one column per kept position, summing to the centered logit there (1e-10)."""
+    toks = small_batch.tokens[:3, :12]
+    tg, skip = _skipping_targets(random3x3, toks)
+    pe = ri.path_expansion(random3x3, toks, targets=tg)
+    full = ri.path_expansion(random3x3, toks)
+    assert bool((pe.contributions[:, skip] == 0).all()) and torch.equal(pe.targets, tg)
+    picked = full.contributions.gather(-1, tg.clamp(min=0)[None, ..., None].expand(len(full.labels), -1, -1, 1))[..., 0]
+    assert (pe.contributions[:, ~skip] - picked[:, ~skip]).abs().max() <= 1e-10
+    att = ri.path_logit_attribution(random3x3, toks, targets=tg)
+    logits = random3x3(toks).detach()
+    want = (logits.gather(-1, tg.clamp(min=0)[..., None])[..., 0] - logits.mean(-1))[~skip]
+    assert att.centered.shape[1] == int((~skip).sum())
+    assert (att.centered.sum(0) - want).abs().max() <= 1e-10
+    with pytest.raises(ValueError, match="no scored positions"):
+        ri.path_logit_attribution(random3x3, toks, targets=torch.full_like(toks, -1))
+
+
+def test_targets_below_minus_one_are_refused(random3x3, small_batch):
+    toks = small_batch.tokens[:1, :8]
+    for call in (lambda t: ri.path_expansion(random3x3, toks, targets=t), lambda t: ri.direct_logit_attribution(random3x3, toks, targets=t),
+                 lambda t: ri.logit_lens(random3x3, toks, targets=t)):
+        with pytest.raises(ValueError, match="targets"):
+            call(torch.full_like(toks, -2))

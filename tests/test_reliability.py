@@ -31,9 +31,9 @@ HELPERS = {
     "induction_scores": lambda m: ri.induction_scores(m, _batch()),
     "positional_scores": lambda m: ri.positional_scores(m, 0),
     "key_score_sensitivity": lambda m: ri.key_score_sensitivity(m, _batch().tokens),
-    "composition_scores": lambda m: ri.composition_scores(m, "K", baseline=True),
+    "composition_scores": lambda m: ri.composition_scores(m, "k", baseline=True),
     "path_expansion": lambda m: ri.path_expansion(m, _batch().tokens),
-    "path_logit_attribution": lambda m: ri.path_logit_attribution(m, _batch()),
+    "path_logit_attribution": lambda m: ri.path_logit_attribution(m, _batch().tokens, targets=_batch().targets),
     "direct_logit_attribution": lambda m: ri.direct_logit_attribution(m, _batch().tokens, targets=_batch().tokens),
     "logit_lens": lambda m: ri.logit_lens(m, _batch().tokens, targets=_batch().tokens, batch_chunk=3),
     "count_parameters": lambda m: ri.count_parameters(m),
@@ -44,7 +44,7 @@ HELPERS = {
                                               reference=ri.induction_batch(4, seed=1).tokens),
     "head_ablation_scan": lambda m: ri.head_ablation_scan(m, _batch().tokens, lambda lg: lg[:, -1].float().mean(), method="mean"),
     "copying_scores": lambda m: ri.copying_scores(m),
-    "virtual_weight": lambda m: ri.virtual_weight(m, (0, 0), (1, 1), "V"),
+    "virtual_weight": lambda m: ri.virtual_weight(m, (0, 0), (1, 1), "v"),
     "attribution_patching": lambda m: ri.attribution_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
                                                               reference=ri.induction_batch(4, seed=1).tokens),
     "edge_attribution_patching": lambda m: ri.edge_attribution_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
@@ -207,7 +207,8 @@ BAD_CALLS = {
     "keep at the layer": (lambda m: ri.run_with_key_input(m, GOOD, layer=1, keep=[(1, 0)]), "keep"),
     "keep after the layer": (lambda m: ri.run_with_key_input(m, GOOD, layer=0, keep=[(1, 0)]), "keep"),
     "keep head out of range": (lambda m: ri.run_with_key_input(m, GOOD, layer=1, keep=[(0, 7)]), "keep"),
-    "heads out of range": (lambda m: ri.run_with_key_input(m, GOOD, layer=1, heads=[2]), "heads"),
+    "heads out of range": (lambda m: ri.run_with_key_input(m, GOOD, layer=1, heads=[(1, 2)]), "heads"),
+    "heads outside the layer": (lambda m: ri.run_with_key_input(m, GOOD, layer=1, heads=[(0, 1)]), "heads"),
     "positional layer": (lambda m: ri.positional_scores(m, 3), "layer"),
     "positional offset": (lambda m: ri.positional_scores(m, 0, max_offset=48), "max_offset"),
     "composition kind": (lambda m: ri.composition_scores(m, "W"), "kind"),
@@ -431,7 +432,7 @@ def test_empty_selections_raise(toy2):
     b = _batch()
     empty = ri.InductionBatch(tokens=b.tokens, periods=b.periods, scored=torch.zeros_like(b.scored))
     for call in (lambda: ri.evaluate(toy2, empty), lambda: ri.induction_scores(toy2, empty),
-                 lambda: ri.path_logit_attribution(toy2, empty), lambda: ri.score_logits(toy2(empty.tokens), empty)):
+                 lambda: ri.path_logit_attribution(toy2, empty.tokens, targets=empty.targets), lambda: ri.score_logits(toy2(empty.tokens), empty)):
         with pytest.raises(ValueError, match="no scored positions"):
             call()
     with pytest.raises(ValueError, match="heads is empty"):

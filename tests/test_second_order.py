@@ -40,17 +40,18 @@ def test_a_source_not_upstream_contributes_exactly_zero(variant):
 @pytest.mark.parametrize("contrast", [False, True])
 def test_head_to_head_terms_are_theorem_3_two_head_paths(toy2_f64, small_batch, contrast):
     toks = small_batch.tokens[:4]
-    tg = toks.roll(-1, 1)
+    tg = ri.next_token_targets(toks)  # the last position is skipped (-1): its parts are 0
     ct = toks if contrast else None
     so = ri.second_order_attribution(toy2_f64, toks, targets=tg, contrast=ct)
     pe = ri.path_expansion(toy2_f64, toks)
     pick = lambda t: pe.contributions.gather(-1, t[None, ..., None].expand(len(pe.labels), -1, -1, 1))[..., 0]  # noqa: E731
-    paths = dict(zip(pe.labels, pick(tg) - (pick(ct) if contrast else pe.contributions.mean(-1))))
+    paths = dict(zip(pe.labels, pick(tg.clamp(min=0)) - (pick(ct) if contrast else pe.contributions.mean(-1))))
+    assert bool((so.contributions[..., -1] == 0).all()) and bool((so.first_order[..., -1] == 0).all())
     for src in ("L0H0", "L0H1", "embed"):
         for dst in ("L1H0", "L1H1"):
             key = dst if src == "embed" else f"{src}>{dst}"
             got = so.contributions[so.sources.index(src), so.destinations.index(dst)]
-            assert (got - paths[key]).abs().max() <= 1e-10, key
+            assert (got[:, :-1] - paths[key][:, :-1]).abs().max() <= 1e-10, key
 
 
 def test_positions_and_memory_budget_change_nothing_but_the_work(gpt2_tiny):
@@ -78,3 +79,15 @@ def test_bad_arguments(toy2, small_batch, kwargs, message):
     toks = small_batch.tokens[:2]
     with pytest.raises(ValueError, match=message):
         ri.second_order_attribution(toy2, toks, targets=toks, **kwargs)
+
+
+def test_minus_one_skips_a_position(gpt2_tiny):
+    """A skipped target (-1) gives 0 parts at that position; the others are as with any target there."""
+    toks, tg = _tokens(gpt2_tiny, pos=12)
+    skipped = tg.clone()
+    skipped[:, 3] = -1
+    so = ri.second_order_attribution(gpt2_tiny, toks, targets=skipped)
+    full = ri.second_order_attribution(gpt2_tiny, toks, targets=tg)
+    assert bool((so.contributions[..., 3] == 0).all()) and bool((so.first_order[..., 3] == 0).all())
+    keep = [p for p in range(12) if p != 3]
+    assert (so.contributions[..., keep] - full.contributions[..., keep]).abs().max() <= 1e-6  # float32

@@ -15,7 +15,7 @@ from .._backend import Model
 
 from ..data import induction_batch
 from ..gpt2 import load_gpt2
-from ..heads import induction_scores, prev_token_scores
+from ..heads import head_label, induction_scores, prev_token_scores
 from ..lens import logit_lens
 
 __all__ = ["GPT2Analysis", "analyse_gpt2", "conversion_check"]
@@ -29,7 +29,8 @@ class GPT2Analysis:
         weights: ``"pretrained"`` or ``"random"`` (and where they came from, in ``source``).
         prev_token: (layer, head) previous-token scores on repeated random tokens.
         induction: (layer, head) induction scores (weight on the induction target).
-        top_prev_token, top_induction: the ten best heads of each, as ``"L.H"`` labels, best first.
+        top_prev_token, top_induction: the ten best heads of each, as ``"L{l}H{h}"`` labels
+            (:func:`rs_interp.head_label`), best first.
         prompt: the logit-lens prompt (None without a tokenizer).
         prompt_answer: the token whose probability is tracked (e.g. ``" Paris"``).
         lens_labels, lens_p_answer: the logit-lens curve of P(answer) at the prompt's last position.
@@ -52,7 +53,7 @@ class GPT2Analysis:
 def _top_heads(scores: torch.Tensor, k: int = 10) -> tuple[str, ...]:
     H = scores.shape[1]
     order = scores.flatten().argsort(descending=True)[:k]
-    return tuple(f"{int(i) // H}.{int(i) % H}" for i in order)
+    return tuple(head_label(*divmod(int(i), H)) for i in order)
 
 
 def analyse_gpt2(

@@ -10,7 +10,8 @@ from ...attribution_patching import attribution_patching
 from ...copying import copying_scores
 from ...data import induction_batch
 from ...head_ablation import ablate_heads, head_ablation_scan
-from ...heads import prev_token_scores
+from ...heads import head_label, head_labels, prev_token_scores
+from ...metrics import next_token_loss
 from ...plots import estimate_vs_exact_figure, head_scan_figure
 from ..context import Context, Row, Section, banded, exact_row
 from ..expected import PREV_TOKEN_HEAD
@@ -19,7 +20,7 @@ from ..expected import PREV_TOKEN_HEAD
 def _single_prev_head_row(rise: float, ph: int, other_prev: float) -> Row:
     """Ablating the previous-token head costs the circuit only when no other layer-0 head is one too;
     with two (as in some seeds) the other stands in, and the row is reported, not judged."""
-    row = banded("ablation.prev_head_rise", f"prev-token head (0,{ph}) mean-ablated: loss rise", rise)
+    row = banded("ablation.prev_head_rise", f"prev-token head {head_label(0, ph)} mean-ablated: loss rise", rise)
     if other_prev >= PREV_TOKEN_HEAD:
         return dataclasses.replace(row, label=row.label + f" (another layer-0 head is a previous-token head too: {other_prev:.2f}; "
                                    "it stands in, the claim does not apply)", band="n/a", ok=None)
@@ -29,10 +30,8 @@ def _single_prev_head_row(rise: float, ph: int, other_prev: float) -> Row:
 def ablation_section(ctx: Context) -> Section:
     """Mean ablation of every head, one at a time (a scan), the induction heads together, copying scores."""
     model, batch = ctx.model("induction-2l"), ctx.batch
-    tokens, scored = batch.tokens, batch.scored
-
-    def loss(logits: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(logits[:, :-1][scored].float(), tokens[:, 1:][scored])
+    tokens = batch.tokens
+    loss = next_token_loss(batch.targets)
 
     prev = prev_token_scores(model, tokens)
     ph = int(prev[0].argmax())
@@ -44,13 +43,13 @@ def ablation_section(ctx: Context) -> Section:
     rows = [
         banded("ablation.clean_loss", "clean loss (nats)", scan.clean),
         _single_prev_head_row(float(scan.effect[0, ph]), ph, float(prev[0, [h for h in range(model.cfg.n_heads) if h != ph]].max())),
-        exact_row("the costliest single head", top_label, f"L0H{ph}", theory="the prev-token head"),
+        exact_row("the costliest single head", top_label, head_label(0, ph), theory="the prev-token head"),
     ]
-    rows += [banded("ablation.other_layer0_rise", f"head (0,{h}) mean-ablated: loss rise", float(scan.effect[0, h])) for h in range(model.cfg.n_heads) if h != ph]
-    rows += [banded("ablation.induction_head_rise", f"induction head (1,{h}) mean-ablated alone: loss rise", float(scan.effect[1, h])) for h in range(model.cfg.n_heads)]
+    rows += [banded("ablation.other_layer0_rise", f"head {head_label(0, h)} mean-ablated: loss rise", float(scan.effect[0, h])) for h in range(model.cfg.n_heads) if h != ph]
+    rows += [banded("ablation.induction_head_rise", f"induction head {head_label(1, h)} mean-ablated alone: loss rise", float(scan.effect[1, h])) for h in range(model.cfg.n_heads)]
     rows.append(banded("ablation.both_induction_rise", "both layer-1 heads mean-ablated: loss rise", both))
-    rows += [banded("ablation.copying_induction", f"copying score, induction head (1,{h})", float(copying[1, h])) for h in range(model.cfg.n_heads)]
-    rows += [banded("ablation.copying_layer0", f"copying score, head (0,{h})", float(copying[0, h])) for h in range(model.cfg.n_heads)]
+    rows += [banded("ablation.copying_induction", f"copying score, induction head {head_label(1, h)}", float(copying[1, h])) for h in range(model.cfg.n_heads)]
+    rows += [banded("ablation.copying_layer0", f"copying score, head {head_label(0, h)}", float(copying[0, h])) for h in range(model.cfg.n_heads)]
     results = {"clean_loss": scan.clean, "effect": scan.effect.tolist(), "both_induction_heads": both,
                "copying_scores": copying.tolist(), "prev_token_head": [0, ph], "method": scan.method}
     figures = (head_scan_figure(scan.effect, title="Mean ablation of each head: rise of the loss at scored positions (nats)", colorbar="nats"),
@@ -68,11 +67,11 @@ def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 def estimate_vs_exact(model, tokens: torch.Tensor, reference: torch.Tensor, metrics: dict, *, title: str) -> tuple[list[Row], dict, list]:
     """For each named metric: the exact resample scan and attribution patching, their rank correlation
     (a row), every head's pair (rows) and a scatter figure. Returns (rows, results by metric, figures)."""
-    labels = [f"L{l}H{h}" for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    labels = head_labels(model.cfg.n_layers, model.cfg.n_heads)
     rows, results, figures = [], {}, []
     for name, metric in metrics.items():
         exact = head_ablation_scan(model, tokens, metric, method="resample", reference=reference).effect
-        estimate = attribution_patching(model, tokens, metric, reference=reference).values
+        estimate = attribution_patching(model, tokens, metric, reference=reference).effect
         rho = _spearman(exact, estimate)
         results[name] = {"exact": exact.tolist(), "estimate": estimate.tolist(), "spearman": rho}
         rows.append(banded("attribution_patching.spearman", f"{name}: rank correlation, estimate vs exact ({len(labels)} heads)", rho))
@@ -93,8 +92,7 @@ def attribution_patching_section(ctx: Context) -> Section:
         x = logits[:, :-1][scored].float()
         return (x.gather(-1, targets[:, None])[:, 0] - x.mean(-1)).mean()
 
-    def loss(logits: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(logits[:, :-1][scored].float(), targets)
+    loss = next_token_loss(batch.targets[:200])
 
     rows, results, figures = estimate_vs_exact(model, tokens, reference, {"centered logit": correct_logit, "loss": loss},
                                                title="Attribution patching vs the exact resample scan")

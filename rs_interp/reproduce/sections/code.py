@@ -4,14 +4,15 @@ library's helpers (the issue's claims, the tuned lens, attention sinks, attribut
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ...attribution import direct_logit_attribution
 from ...code_model import (EOT, code_corpus, encode_corpus, heldout_loss, repeated_sequence_losses, repeated_tokens,
                            unigram_loss)
-from ...composition import composition_scores, random_baseline
+from ...composition import composition_scores
 from ...head_ablation import ablate_heads, head_ablation_scan
-from ...heads import attention_patterns, first_token_attention, prev_token_scores
+from ...data import next_token_targets
+from ...metrics import next_token_loss
+from ...heads import attention_patterns, first_token_attention, head_label, prev_token_scores
 from ...lens import logit_lens
 from ...plots import head_scan_figure, logit_lens_figure
 from ...second_order import second_order_attribution
@@ -52,8 +53,7 @@ def code_section(ctx: Context) -> list[Section]:
     half = cfg.n_ctx // 2
     tokens = repeated_tokens(cfg.d_vocab, n=N_REPEATS, half=half, seed=ctx.seed + 32)
 
-    def repeat_loss(logits: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits[:, half:-1].flatten(0, 1).float(), tokens[:, half + 1 :].flatten())
+    repeat_loss = next_token_loss(_repeat_targets(tokens, half))
 
     prev = prev_token_scores(model, tokens)
     ph = int(prev[0].argmax())
@@ -62,20 +62,20 @@ def code_section(ctx: Context) -> list[Section]:
     scan = head_ablation_scan(model, tokens, repeat_loss, method="mean", progress=ctx.progress)
     layer1 = [(1, h) for h in range(cfg.n_heads)]
     all_layer1 = float(repeat_loss(ablate_heads(model, tokens, layer1, method="mean"))) - scan.clean
-    k = composition_scores(model, "K")[0, :, 1, :]  # (src head, dst head)
-    k_base = random_baseline(model, "K")
+    k_result = composition_scores(model, "k", baseline=True)
+    k, k_base = k_result.scores[0, :, 1, :], k_result.baseline  # (src head, dst head)
     best_rise = float(scan.effect[1].max())
     rows = [
         banded("code.heldout_loss", f"held-out loss (nats; unigram baseline {unigram:.3f})", held, hi=unigram - 1.0),
         banded("code.repeat_gain", f"repeated random sequences: loss on the first occurrence - on the repeat ({first:.2f} - {repeat:.2f})",
                first - repeat),
-        banded("code.prev_token", f"largest weight on the previous token, layer 0: head (0,{ph})", float(prev[0, ph])),
-        banded("code.induction_weight", f"largest weight on the token after the earlier occurrence, layer 1: head (1,{ih})",
+        banded("code.prev_token", f"largest weight on the previous token, layer 0: head {head_label(0, ph)}", float(prev[0, ph])),
+        banded("code.induction_weight", f"largest weight on the token after the earlier occurrence, layer 1: head {head_label(1, ih)}",
                float(pat_ind[1, ih])),
-        banded("code.single_head_ablation", f"largest loss rise on the repeat, one layer-1 head mean-ablated: head (1,{int(scan.effect[1].argmax())})",
+        banded("code.single_head_ablation", f"largest loss rise on the repeat, one layer-1 head mean-ablated: head {head_label(1, int(scan.effect[1].argmax()))}",
                best_rise),
         banded("code.layer1_ablation", "loss rise on the repeat, every layer-1 head mean-ablated", all_layer1),
-        banded("code.k_composition", f"K-composition, prev-token head (0,{ph}) -> induction head (1,{ih}) (random baseline {k_base:.3f})",
+        banded("code.k_composition", f"K-composition, prev-token head {head_label(0, ph)} -> induction head {head_label(1, ih)} (random baseline {k_base:.3f})",
                float(k[ph, ih]), lo=float(k[[h for h in range(cfg.n_heads) if h != ph], ih].max())),
     ]
     prompt_rows, prompt_results, prompt_figs = _prompt_analysis(model, tokenizer, ih)
@@ -92,6 +92,13 @@ def code_section(ctx: Context) -> list[Section]:
     return [circuit, _lens_and_sinks(ctx, model, held_ids), _patching(ctx, model, tokens, half)]
 
 
+def _repeat_targets(tokens: torch.Tensor, half: int) -> torch.Tensor:
+    """The next token at every position of the repeat (from ``half``), -1 (skipped) before it."""
+    targets = next_token_targets(tokens)
+    targets[:, :half] = -1
+    return targets
+
+
 def _induction_weight(model, tokens: torch.Tensor, half: int) -> torch.Tensor:
     """(layer, head) mean attention from each repeat position ``i`` to ``i - half + 1``."""
     pat = attention_patterns(model, tokens)  # layer batch head q k
@@ -104,12 +111,12 @@ def _prompt_analysis(model, tokenizer, ih: int) -> tuple[list[Row], dict, tuple]
     targets[:, -1] = answers
     lens = logit_lens(model, toks, targets=targets)
     p = lens.target_probs[:, :, -1]  # (point, prompt)
-    dla = direct_logit_attribution(model, toks, targets=targets.clamp(min=0))
+    dla = direct_logit_attribution(model, toks, targets=targets)
     by_comp = dla.contributions[:, :, -1].mean(1)
     heads = [i for i, lab in enumerate(dla.labels) if lab.startswith("L")]
     top = dla.labels[max(heads, key=lambda i: float(by_comp[i]))]
-    so = second_order_attribution(model, toks, targets=targets.clamp(min=0), positions=[-1])
-    dst = so.destinations.index(f"L1H{ih}")
+    so = second_order_attribution(model, toks, targets=targets, positions=[-1])
+    dst = so.destinations.index(head_label(1, ih))
     src = so.contributions[:, dst, :, 0].mean(1)
     top_src = so.sources[int(src.argmax())]
     labels = list(lens.labels)
@@ -120,7 +127,7 @@ def _prompt_analysis(model, tokenizer, ih: int) -> tuple[list[Row], dict, tuple]
         exact_row(f"the head with the largest direct logit attribution to the completion, mean over prompts: {top} "
                   f"(MLP 0: {float(by_comp[dla.labels.index('mlp L0')]):.2f}, {top}: {float(by_comp[dla.labels.index(top)]):.2f})",
                   top[:2], "L1", theory="a layer-1 head"),
-        Row(f"induction head (1,{ih}): its largest source (second order)", top_src, "the token it copies",
+        Row(f"induction head {head_label(1, ih)}: its largest source (second order)", top_src, "the token it copies",
             "embed or mlp L0", top_src in ("embed", "mlp L0")),
     ]
     results = {"prompt_lens": dict(zip(labels, p.mean(1).tolist())), "prompt_dla": dict(zip(dla.labels, by_comp.tolist())),
@@ -139,10 +146,10 @@ def _lens_and_sinks(ctx: Context, model, held_ids: torch.Tensor) -> Section:
     kl_logit, kl_tuned = lens_kl(model, test), lens_kl(model, test, tuned)
     ft = first_token_attention(model, test[:64])
     sink = int(ft.mass.argmax())
-    sl, sh = divmod(sink, model.cfg.n_heads)
+    sink_head = head_label(*divmod(sink, model.cfg.n_heads))
     rows = [banded("code.tuned_lens_kl", f"KL(final || lens) at {lab}: tuned lens (logit lens {float(a):.3f})", float(b),
                    hi=float(a)) for lab, a, b in zip(tuned.labels, kl_logit, kl_tuned)]
-    rows.append(banded("code.sink_mass", f"attention on the first position, head ({sl},{sh}), held-out code (uniform {ft.uniform:.3f})",
+    rows.append(banded("code.sink_mass", f"attention on the first position, head {sink_head}, held-out code (uniform {ft.uniform:.3f})",
                        float(ft.mass.max()), lo=2 * ft.uniform))
     figs = (logit_lens_figure(list(tuned.labels), {"logit lens": kl_logit.tolist(), "tuned lens": kl_tuned.tolist()},
                               title="code-2l: KL(final || lens) by layer, held-out code (nats)"),
@@ -164,8 +171,7 @@ def _patching(ctx: Context, model, tokens: torch.Tensor, half: int) -> Section:
         x = logits[:, half:-1].float()
         return (x.gather(-1, targets[..., None])[..., 0] - x.mean(-1)).mean()
 
-    def loss(logits: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits[:, half:-1].flatten(0, 1).float(), targets.flatten())
+    loss = next_token_loss(_repeat_targets(tokens, half))
 
     rows, results, figures = estimate_vs_exact(model, tokens, reference, {"centered logit": correct_logit, "loss": loss},
                                                title="code-2l: attribution patching vs the exact resample scan, on the repeat")

@@ -7,8 +7,8 @@ import dataclasses
 import torch
 
 from ...ablation import run_with_key_input
-from ...composition import composition_scores, random_baseline
-from ...heads import attention_patterns, induction_scores, positional_scores, prev_token_scores
+from ...composition import composition_scores
+from ...heads import attention_patterns, head_label, induction_scores, positional_scores, prev_token_scores
 from ...models import make_attn_only
 from ...plots import attention_figure, composition_heatmaps, period_sequence, position_figure
 from ...training import evaluate, score_logits
@@ -72,7 +72,7 @@ def _by_position(model, batch, ph: int, kernel: torch.Tensor) -> dict:
     before = float(w_prev[: max(second - 3, 1)].mean())  # through a couple of positions before the drop
     from_drop = float(w_prev[second - 1 :].mean())
     rows = [
-        banded("heads.kernel_second_peak_offset", f"prev-token head (0,{ph}): the kernel's next peak, offset", second),
+        banded("heads.kernel_second_peak_offset", f"prev-token head {head_label(0, ph)}: the kernel's next peak, offset", second),
         banded("heads.kernel_second_peak_ratio", "its score over the score at offset 1", float(kernel[second] / kernel[1])),
         banded("heads.prev_weight_before_drop", f"weight on i-1, queries before {second - 2}", before),
         banded("heads.prev_weight_after_drop", f"weight on i-1, queries from {second}", from_drop),
@@ -88,7 +88,7 @@ def circuits_section(ctx: Context) -> list[Section]:
     prev = prev_token_scores(model, batch.tokens)
     ph = int(prev[0].argmax())  # the previous-token head: found from the scores, never by index
     other = [h for h in range(model.cfg.n_heads) if h != ph]
-    other_label = " + ".join(f"(0,{h})" for h in other)
+    other_label = " + ".join(head_label(0, h) for h in other)
     ablations = {
         "keys_from_x0": score_logits(run_with_key_input(model, batch.tokens, layer=1), batch),
         "keys_x0_plus_prev_token_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, ph)]), batch),
@@ -98,8 +98,8 @@ def circuits_section(ctx: Context) -> list[Section]:
     abl_rows = (
         banded("key_ablation.x0_loss", "layer 1's keys read from x_0: loss", a["keys_from_x0"].loss),
         banded("key_ablation.x0_accuracy", "layer 1's keys read from x_0: accuracy", a["keys_from_x0"].accuracy),
-        banded("key_ablation.prev_head_accuracy", f"keys = x_0 + prev-token head (0,{ph}): accuracy", a["keys_x0_plus_prev_token_head"].accuracy),
-        banded("key_ablation.prev_head_loss", f"keys = x_0 + prev-token head (0,{ph}): loss", a["keys_x0_plus_prev_token_head"].loss),
+        banded("key_ablation.prev_head_accuracy", f"keys = x_0 + prev-token head {head_label(0, ph)}: accuracy", a["keys_x0_plus_prev_token_head"].accuracy),
+        banded("key_ablation.prev_head_loss", f"keys = x_0 + prev-token head {head_label(0, ph)}: loss", a["keys_x0_plus_prev_token_head"].loss),
         _other_head_row(a["keys_x0_plus_other_head"].accuracy, other_label, float(prev[0, other].max())),
         banded("key_ablation.other_head_loss", f"keys = x_0 + other head {other_label}: loss", a["keys_x0_plus_other_head"].loss),
     )
@@ -108,37 +108,39 @@ def circuits_section(ctx: Context) -> list[Section]:
 
     ind = induction_scores(model, batch)
     pos = positional_scores(model, 0, max_offset=model.cfg.n_ctx - 1)
-    head_rows = [banded("heads.prev_token_weight", f"prev-token head (0,{ph}): weight on i-1", float(prev[0, ph]))]
+    head_rows = [banded("heads.prev_token_weight", f"prev-token head {head_label(0, ph)}: weight on i-1", float(prev[0, ph]))]
     for h in range(model.cfg.n_heads):
-        head_rows.append(banded(f"heads.induction_target_h{h % 2}", f"head (1,{h}): weight on i-p+1", float(ind.target[1, h])))
-        head_rows.append(banded(f"heads.after_occurrence_h{h % 2}", f"head (1,{h}): weight after any earlier occurrence", float(ind.after_occurrence[1, h])))
-    head_rows.append(banded("heads.positional_offset1", f"prev-token head (0,{ph}): content-free score at offset 1", float(pos[ph, 1])))
-    head_rows.append(banded("heads.positional_offset0", f"prev-token head (0,{ph}): content-free score at offset 0", float(pos[ph, 0])))
+        head_rows.append(banded(f"heads.induction_target_h{h % 2}", f"head {head_label(1, h)}: weight on i-p+1", float(ind.target[1, h])))
+        head_rows.append(banded(f"heads.after_occurrence_h{h % 2}", f"head {head_label(1, h)}: weight after any earlier occurrence", float(ind.after_occurrence[1, h])))
+    head_rows.append(banded("heads.positional_offset1", f"prev-token head {head_label(0, ph)}: content-free score at offset 1", float(pos[ph, 1])))
+    head_rows.append(banded("heads.positional_offset0", f"prev-token head {head_label(0, ph)}: content-free score at offset 0", float(pos[ph, 0])))
     by_pos = _by_position(model, batch, ph, pos[ph])
     head_rows += by_pos.pop("rows")
     heads = Section("heads", "Head roles on the two-layer model", tuple(head_rows), {
         "prev_token": prev.tolist(), "induction_target": ind.target.tolist(), "after_occurrence": ind.after_occurrence.tolist(),
         "prev_token_head": [0, ph], "positional_score_prev_head": pos[ph].tolist()} | by_pos)
 
-    comp = {k: composition_scores(model, k) for k in "KQV"}
+    results = {k: composition_scores(model, k, baseline=True) for k in "kqv"}
+    comp = {k: r.scores for k, r in results.items()}
     init = make_attn_only(2, seed=ctx.seed if ctx.retrain else SHIPPED_MODELS["induction-2l"].seed)
-    init_k = float(composition_scores(init, "K")[0, :, 1, :].max())
-    k_prev = comp["K"][0, ph, 1, :]
-    qv_max = float(torch.maximum(comp["Q"][0, ph, 1, :], comp["V"][0, ph, 1, :]).max())
-    comp_rows = [banded("composition.k_prev_to_layer1", f"K: prev-token head (0,{ph}) -> (1,{h})", float(k_prev[h]), lo=max(qv_max, init_k))
+    init_k = float(composition_scores(init, "k").scores[0, :, 1, :].max())
+    k_prev = comp["k"][0, ph, 1, :]
+    qv_max = float(torch.maximum(comp["q"][0, ph, 1, :], comp["v"][0, ph, 1, :]).max())
+    comp_rows = [banded("composition.k_prev_to_layer1", f"K: prev-token head {head_label(0, ph)} -> {head_label(1, h)}", float(k_prev[h]),
+                        lo=max(qv_max, init_k))
                  for h in range(model.cfg.n_heads)]
     comp_rows.append(banded("composition.qv_max", "max Q and V score of the same pairs", qv_max))
     for h in other:  # the theory: every layer-0 head's K scores in 0.245-0.272, Q and V far below
-        k_other = float(comp["K"][0, h, 1, :].max())
-        qv_other = float(torch.maximum(comp["Q"][0, h, 1, :], comp["V"][0, h, 1, :]).max())
+        k_other = float(comp["k"][0, h, 1, :].max())
+        qv_other = float(torch.maximum(comp["q"][0, h, 1, :], comp["v"][0, h, 1, :]).max())
         separated = k_other > max(qv_other, init_k)
-        row = banded("composition.k_other_to_layer1", f"K: other layer-0 head (0,{h}) -> layer 1 (max; max Q/V {qv_other:.3f})", k_other)
+        row = banded("composition.k_other_to_layer1", f"K: other layer-0 head {head_label(0, h)} -> layer 1 (max; max Q/V {qv_other:.3f})", k_other)
         comp_rows.append(dataclasses.replace(row, band="above Q, V and init", ok=True) if separated else dataclasses.replace(
             row, band="differs", ok=None, label=row.label + ": not above Q, V and init, see the note"))
     comp_rows.append(banded("composition.init_k_max", "max K score at initialisation", init_k))
     composition = Section("composition", "Composition scores (theory's definition)", tuple(comp_rows), {
         k: v[0, :, 1, :].tolist() for k, v in comp.items()} | {"init_max_K": init_k, "prev_token_head": [0, ph]},
-        figures=(composition_heatmaps(comp, {k: random_baseline(model, k) for k in comp}),),
+        figures=(composition_heatmaps(list(results.values())),),
         notes="Band of the K rows: above every Q and V score of the same pairs and above the largest K score at initialisation. "
               "The theory's model has every layer-0 head's K scores in 0.245-0.272 (its scores 'do not separate the two "
               "layer-0 heads'). Where the other head's row says 'differs', that head is not read by layer 1's keys in "

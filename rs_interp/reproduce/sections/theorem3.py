@@ -7,6 +7,7 @@ import torch
 from ..._backend import Model, load_portable_state, portable_state
 from ...ablation import run_with_key_input
 from ...composition import composition_scores
+from ...data import next_token_targets
 from ...heads import key_score_sensitivity
 from ...lens import logit_lens
 from ...models import as_dtype, make_attn_only
@@ -23,11 +24,11 @@ def paths_section(ctx: Context) -> list[Section]:
         pe = path_expansion(m64, chunk)
         with torch.no_grad():
             err = max(err, float((pe.total() - m64(chunk)).abs().max()))
-    att = path_logit_attribution(model, batch)
+    att = path_logit_attribution(model, batch.tokens, targets=batch.targets)
     share = float(att.share_ending_in(model.cfg.n_layers - 1).median())
     seq = period_sequence(11, seed=ctx.seed)
     pos = seq.shape[1] - 2  # the last position with a next token
-    one = path_expansion(model, seq, targets=seq.roll(-1, 1))
+    one = path_expansion(model, seq, targets=next_token_targets(seq))
     fig = path_contributions_figure(one.labels, one.contributions[:, 0, pos].tolist(),
                                     title=f"The correct token's logit at position {pos} (period 11), split into its {len(one.labels)} paths")
     paths = Section("paths", "Theorem 3: the path expansion", (
@@ -37,8 +38,8 @@ def paths_section(ctx: Context) -> list[Section]:
         banded("paths.top1_without_last", "direct + layer-0 paths rank correct first", att.top1_without_last_layer),
     ), {"n_paths": len(pe.labels), "max_abs_error": err, "layer1_share_median": share,
         "direct_or_layer0_top1_rate": att.top1_without_last_layer, "labels": list(pe.labels)}, figures=(fig,))
-    lens = logit_lens(model, batch.tokens, targets=batch.next_tokens, batch_chunk=250, row_chunk=4096)
-    scored = ~lens.target_probs[0].isnan()  # next_tokens is -1 (NaN here) outside the scored positions
+    lens = logit_lens(model, batch.tokens, targets=batch.targets, batch_chunk=250, row_chunk=4096)
+    scored = ~lens.target_probs[0].isnan()  # batch.targets is -1 (NaN here) outside the scored positions
     p = [float(lens.target_probs[i][scored].mean()) for i in range(len(lens.labels))]
     names = (("embed", "after the embedding"), ("layer0", "after layer 0"), ("layer1", "after layer 1"))
     lens_rows = tuple(banded(f"logit_lens.{k}", f"P(correct) {n}", v) for (k, n), v in zip(names, p))
@@ -83,7 +84,7 @@ def propositions_section(ctx: Context) -> Section:
     one layer's keys see) on both trained models, in float64."""
     tokens = ctx.batch.tokens[:300]
     model = orthogonal_model(restrict_queries=False)
-    k_comp = float(composition_scores(model, "K")[0, :, 1, :].abs().max())
+    k_comp = float(composition_scores(model, "k").scores[0, :, 1, :].abs().max())
     with torch.no_grad():
         keys_gap = float((run_with_key_input(model, tokens, layer=1) - model(tokens)).abs().max())
     with_l0, without_l0 = (_layer1_pattern(model, tokens, remove_layer0=r) for r in (False, True))

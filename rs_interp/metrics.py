@@ -1,0 +1,74 @@
+"""What the patching helpers measure: the one ``Metric`` type, the next-token loss, and ranking effects.
+
+A ``Metric`` is any function of the logits (batch, pos, d_vocab) returning a scalar tensor (a 0-d
+tensor; differentiable for attribution patching). :func:`next_token_loss` builds the usual one from
+``targets`` (-1 = skip that position), e.g. ``next_token_targets(tokens)`` or an induction batch's
+``targets``.
+
+>>> import torch
+>>> from rs_interp import next_token_targets
+>>> tokens = torch.tensor([[1, 2, 3]])
+>>> loss = next_token_loss(next_token_targets(tokens))
+>>> logits = torch.zeros(1, 3, 4)
+>>> round(float(loss(logits)), 4)  # uniform over 4 tokens at the 2 positions with a target
+1.3863
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+
+__all__ = ["Metric", "next_token_loss"]
+
+#: A function of the logits (batch, pos, d_vocab) returning a scalar tensor: what
+#: ``head_ablation_scan``, ``attribution_patching`` and ``edge_attribution_patching`` measure.
+Metric = Callable[[Float[torch.Tensor, "batch pos d_vocab"]], Float[torch.Tensor, ""]]
+
+
+def next_token_loss(targets: Int[torch.Tensor, "batch pos"]) -> Metric:
+    """The mean cross-entropy of ``targets`` over the positions that have one (``-1`` = skip).
+
+    Returns a :data:`Metric`: ``metric(logits)`` with ``logits`` of shape (batch, pos, d_vocab)
+    matching ``targets``; computed in float32 at least (float64 stays float64), differentiable.
+
+    Raises:
+        ValueError: ``targets`` is not an integer (batch, pos) tensor, or skips every position; the
+            metric raises it when the logits' (batch, pos) differ from ``targets``'.
+
+    >>> import torch
+    >>> metric = next_token_loss(torch.tensor([[2, -1]]))
+    >>> logits = torch.tensor([[[0.0, 0.0, 10.0], [5.0, 0.0, 0.0]]])
+    >>> float(metric(logits)) < 1e-3
+    True
+    """
+    if not isinstance(targets, torch.Tensor) or targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.ndim != 2:
+        raise ValueError("targets must be an integer (batch, pos) tensor of token ids, -1 where a position is skipped")
+    targets = targets.long()
+    if int((targets >= 0).sum()) == 0:
+        raise ValueError("targets skips every position (all -1); a loss needs at least one target")
+
+    def metric(logits: Float[torch.Tensor, "batch pos d_vocab"]) -> Float[torch.Tensor, ""]:
+        if tuple(logits.shape[:2]) != tuple(targets.shape):
+            raise ValueError(f"next_token_loss: logits (batch, pos) {tuple(logits.shape[:2])} differ from targets' {tuple(targets.shape)}")
+        x = logits if logits.dtype == torch.float64 else logits.float()
+        return F.cross_entropy(x.flatten(0, 1), targets.to(logits.device).flatten(), ignore_index=-1)
+
+    return metric
+
+
+def top_effects(labels: Sequence[str], effect: torch.Tensor, k: int) -> list[tuple[str, float]]:
+    """The ``k`` entries of ``effect`` (any shape, flattened row-major like ``labels``) largest in
+    magnitude, with their labels, largest first; NaN entries are never picked."""
+    from ._validate import check_int_range
+
+    check_int_range("k", k, 1)
+    flat = effect.flatten()
+    if len(labels) != flat.numel():
+        raise ValueError(f"{len(labels)} labels for {flat.numel()} effects")
+    size = flat.abs().nan_to_num(-1.0)  # NaN (no such edge) sorts last
+    order = [int(i) for i in size.argsort(descending=True, stable=True)[:k] if not bool(flat[i].isnan())]
+    return [(labels[i], float(flat[i])) for i in order]
