@@ -42,7 +42,9 @@ __all__ = [
 ]
 
 #: Names of the shipped toy models and the layer count of each.
-TOY_MODELS = {"induction-2l": 2, "induction-1l": 1, "code-2l": 2}
+TOY_MODELS = {"induction-2l": 2, "induction-1l": 1, "code-2l": 2,
+              # compiled by tracr (scripts/compile_tracr.py; rs_interp.tracr)
+              "tracr-reverse": 4, "tracr-sort": 3, "tracr-hist": 1, "tracr-frac_prevs": 2, "tracr-at_least_half": 2}
 
 _CONFIG_SUFFIX = ".json"
 _WEIGHTS_SUFFIX = ".safetensors"
