@@ -202,6 +202,9 @@ def versions() -> dict[str, str]:
 
 def compile_one(name: str, out: Path) -> dict:
     spec = PROGRAMS[name]
+    # RASP labels are "name_id" with ids from one global counter, drawn as the compiler first reads
+    # each label: restart it so a program's residual labels do not depend on what was compiled before.
+    rasp.RASPExpr._ids = itertools.count(1)
     program = rasp_program(name, spec.max_seq_len)
     start = time.perf_counter()
     compiled = compiling.compile_rasp_to_model(program, vocab=set(spec.vocab), max_seq_len=spec.max_seq_len,

@@ -24,6 +24,16 @@ N_INPUTS = 1000
 NUMERICAL_TOL = 1e-4
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny (d_model <= 43): one intra-op thread is several times faster than two
+    on a busy machine, where the second thread's spin-waits dominate. Restored afterwards."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.fixture(scope="module")
 def models():
     return {name: rt.load_tracr_model(name) for name in rt.TRACR_PROGRAMS}
