@@ -183,6 +183,10 @@ SHIPPED_MODELS: dict[str, ShippedModel] = {
         "code-2l", "a GPT-2-architecture model trained on torch's Python sources (rs_interp.code_model)",
         {"steps": 4000, "batch_size": 32, "lr": 6e-3, "warmup": 200, "seed": 0, "periodic_fraction": 0.5},
         _CODE_TOLERANCE, extra_files=(".tokenizer.json",), trainer=_train_code),
+    # Compiled, not trained: scripts/compile_tracr.py (tracr, JAX) writes them; rs_interp.tracr reads them.
+    **{f"tracr-{program}": ShippedModel(f"tracr-{program}", f"compiled by tracr from the RASP program {program!r} (rs_interp.tracr); "
+                                        "its circuit is known by construction", {}, {})
+       for program in ("reverse", "sort", "hist", "frac_prevs", "at_least_half")},
 }
 
 
