@@ -48,12 +48,15 @@ class HookName:
 
 
 def qkv_input_target(name: Any) -> tuple[int, str] | None:
-    """``(layer, "q" | "k" | "v")`` for a hook name ``blocks.L.hook_{q,k,v}_input``, else ``None``.
+    """``(layer, "q" | "k" | "v")`` for a hook name ``blocks.L.hook_{q,k,v}_input`` (or 4.x's
+    ``blocks.L.attn.hook_{q,k,v}_input``, the point it names), else ``None``.
 
     >>> qkv_input_target("blocks.3.hook_k_input"), qkv_input_target("blocks.3.attn.hook_k")
     ((3, 'k'), None)
     """
     parts = name.split(".") if isinstance(name, str) else []
+    if len(parts) == 4 and parts[2] == "attn":
+        parts = parts[:2] + parts[3:]
     if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in QKV_INPUTS:
         return int(parts[1]), parts[2][5]
     return None

@@ -42,8 +42,8 @@ def _route(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set[int]) ->
     for name, fn in fwd:
         if callable(name):
             hits = [n for n in model.hook_dict if name(n) and (t := qkv_input_target(n)) is not None and t[0] in layers]
-            for n in hits:
-                wanted.setdefault(qkv_input_target(n), []).append(fn)
+            for target in sorted({qkv_input_target(n) for n in hits}):  # once per point, not per alias
+                wanted.setdefault(target, []).append(fn)
             if hits:
                 name = (lambda f, skip: lambda n: f(n) and n not in skip)(name, frozenset(hits))
             rest.append((name, fn))
