@@ -28,10 +28,26 @@ CROSS = os.environ.get("RS_INTERP_CROSS_DIR")
 TOL = 1e-10
 
 
+def _same_weights(model, seed):
+    """Every parameter drawn from one generator in name order: the same model under both versions
+    (portable names and shapes are shared), whatever each version's initialisation does."""
+    g, state = torch.Generator().manual_seed(seed), _backend.portable_state(model)
+    for name in sorted(state):
+        leaf, shape = name.rsplit(".", 1)[-1], state[name].shape
+        if leaf == "w":
+            state[name] = torch.rand(shape, generator=g, dtype=torch.float64) + 0.5
+        elif leaf == "b_U":
+            state[name] = torch.zeros(shape, dtype=torch.float64)  # 4.x's native models have none
+        else:
+            state[name] = (0.2 if leaf.startswith("b") else 0.3) * torch.randn(shape, generator=g, dtype=torch.float64)
+    _backend.load_portable_state(model, state)
+    return model.eval()
+
+
 def _models():
-    return {"attn-rotary": ri.make_attn_only(2, seed=3, dtype=torch.float64),
-            "ln-standard-mlp": make_variant("LN", "standard", False, seed=1),
-            "rms-rotary-attn": make_variant("RMS", "rotary", True, seed=2)}
+    return {"attn-rotary": _same_weights(ri.make_attn_only(2, seed=3, dtype=torch.float64), 3),
+            "ln-standard-mlp": _same_weights(make_variant("LN", "standard", False, seed=1), 1),
+            "rms-rotary-attn": _same_weights(make_variant("RMS", "rotary", True, seed=2), 2)}
 
 
 @pytest.fixture(scope="module")
