@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from . import config as _config
 from .common import _HT_BUFFERS, HOOK_FLAGS, PORTABLE_FIELDS, TL_MAJOR, TL_VERSION, Stop, set_flag
 
 if TL_MAJOR >= 4:
@@ -72,9 +73,29 @@ def make_config(**fields: Any) -> ModelConfig:
     return _impl.make_config(**fields)
 
 
+def functional_fields() -> frozenset[str]:
+    """The installed config's fields that can change the forward pass (derived: see :mod:`.config`)."""
+    return _config.functional_fields(config_fields())
+
+
+def config_extras(cfg: Any) -> dict[str, Any]:
+    """The functional fields of ``cfg`` beyond :data:`PORTABLE_FIELDS` that differ from a config of
+    the same shape (``parallel_attn_mlp=True``, ``use_qk_norm=True`` ...)."""
+    return _config.extra_fields(cfg, config_fields(), lambda core: _impl.make_config(**core))
+
+
 def config_of(model: Model) -> dict[str, Any]:
-    """The portable fields of ``model``'s config (dtype as a ``torch.dtype``)."""
-    return {k: getattr(model.cfg, k) for k in PORTABLE_FIELDS if hasattr(model.cfg, k)}
+    """What defines ``model``'s function: the portable fields and :func:`config_extras` (dtype as a ``torch.dtype``)."""
+    return {k: getattr(model.cfg, k) for k in PORTABLE_FIELDS if hasattr(model.cfg, k)} | config_extras(model.cfg)
+
+
+def readable_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a stored config to build from (see :func:`.config.readable_fields`).
+
+    Raises:
+        ValueError: a functional field the installed version does not know, not at its inert default.
+    """
+    return _config.readable_fields(data, config_fields(), TL_VERSION)
 
 
 def with_dtype(model: Model, dtype: torch.dtype) -> Model:

@@ -125,7 +125,9 @@ def make_config(**fields: Any) -> ModelConfig:
 
     Raises:
         NotImplementedError: a positional scheme the native bridge cannot build (shortformer,
-            alibi), or ``rotary_adjacent_pairs=True``; the message says to use 3.x.
+            alibi); the message says to use 3.x.
+        ValueError: ``rotary_adjacent_pairs=True``, or another field that changes the function
+            and that the native model does not read (:func:`_refuse_unbuilt`), named.
     """
     pos = fields.get("positional_embedding_type", "standard")
     if pos not in NATIVE_POSITIONS:
@@ -134,12 +136,34 @@ def make_config(**fields: Any) -> ModelConfig:
             f"{' and '.join(NATIVE_POSITIONS)} positions only; use TransformerLens 3.x for {pos!r}"
         )
     if fields.get("rotary_adjacent_pairs"):
-        raise NotImplementedError("rotary_adjacent_pairs=True is not a portable layout; rs_interp uses (i, i + d/2)")
+        raise ValueError(f"rotary_adjacent_pairs=True: TransformerLens {TL_VERSION}'s native models rotate adjacent "
+                         f"pairs internally but rs_interp's checkpoints hold the (i, i + d/2) layout; use TransformerLens 3.x")
     fields = dict(fields)
     fields.pop("rotary_adjacent_pairs", None)
     if fields.get("act_fn") is None:
         fields["act_fn"] = "gelu_new"  # attention-only models never call it
+    _refuse_unbuilt(fields)
     return ModelConfig(**fields)
+
+
+def _refuse_unbuilt(fields: dict[str, Any]) -> None:
+    """Refuse, by name, a functional field the native model does not read (it reads the portable
+    fields only) set to anything but what a config of the same shape holds.
+
+    Raises:
+        ValueError: e.g. ``parallel_attn_mlp=True``, ``use_qk_norm=True``.
+    """
+    from .config import functional_fields
+
+    extra = set(fields) & functional_fields(config_fields()) - set(PORTABLE_FIELDS)
+    if not extra:
+        return
+    base = ModelConfig(**{k: v for k, v in fields.items() if k not in extra})
+    bad = {k: fields[k] for k in sorted(extra) if fields[k] != getattr(base, k, None)}
+    if bad:
+        raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in bad.items())}: TransformerLens {TL_VERSION}'s native "
+                         f"models do not build {'this' if len(bad) == 1 else 'these'} (they would be ignored); "
+                         f"use TransformerLens 3.x")
 
 
 def build_model(cfg: ModelConfig) -> Model:
