@@ -81,7 +81,7 @@ def functional_fields() -> frozenset[str]:
 def config_extras(cfg: Any) -> dict[str, Any]:
     """The functional fields of ``cfg`` beyond :data:`PORTABLE_FIELDS` that differ from a config of
     the same shape (``parallel_attn_mlp=True``, ``use_qk_norm=True`` ...)."""
-    return _config.extra_fields(cfg, config_fields(), lambda core: _impl.make_config(**core))
+    return _config.extra_fields(cfg, config_fields(), lambda core: ModelConfig(**core))  # the config's own defaults
 
 
 def config_of(model: Model) -> dict[str, Any]:
