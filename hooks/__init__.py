@@ -23,6 +23,7 @@ from typing import Any, Callable, MutableMapping, Sequence
 
 import torch
 from transformer_lens.hook_points import HookPoint
+from .split_qkv import split_qkv_inputs  # noqa: F401  (per-head q/k/v inputs on both TransformerLens versions)
 
 __all__ = ["store", "store_matching", "replace", "replace_heads", "replace_heads_with", "add", "zero_heads", "mean_heads", "resample_heads"]
 
@@ -60,9 +61,11 @@ def replace(value: torch.Tensor) -> HookFn:
 def replace_heads(value: torch.Tensor, head_indices: Sequence[int] | None = None) -> HookFn:
     """Replace a per-head input ``(batch, pos, head_index, d_model)`` by ``value``.
 
-    ``value`` has shape ``(batch, pos, d_model)`` and goes to every head in ``head_indices`` (all
-    heads of the layer when ``None``); the other heads keep their input. Use on ``hook_q_input``, ``hook_k_input``
-    or ``hook_v_input`` (``cfg.use_split_qkv_input`` must be on).
+    ``value`` has shape ``(batch, pos, d_model)`` and goes to every head in ``head_indices``
+    (all heads of the layer when ``None``); the other heads keep their input. Use on ``hook_q_input``, ``hook_k_input``
+    or ``hook_v_input``, applied with :func:`split_qkv_inputs` (``with split_qkv_inputs(model,
+    [("blocks.1.hook_k_input", replace_heads(x0))]): model(tokens)``), which makes those hooks
+    fire on both TransformerLens versions, native 4.x models included.
     """
     return replace_heads_with(lambda _: value, head_indices)
 

@@ -6,7 +6,7 @@ import contextlib
 from typing import Iterator
 
 import torch
-from ._backend import Model
+from ._backend import Model, set_flag
 
 __all__: list[str] = []
 
@@ -30,12 +30,12 @@ def preserve_state(model: Model, **flags: bool) -> Iterator[Model]:
     modes, grad = [(m, m.training) for m in model.modules()], torch.is_grad_enabled()
     try:
         for name, value in flags.items():
-            setattr(model.cfg, name, value)
+            set_flag(model, name, value)  # through the model's own setter (the bridge's updates cloned configs)
         model.eval()
         yield model
     finally:
         for name, value in saved.items():
-            setattr(model.cfg, name, value)
+            set_flag(model, name, value)
         for module, mode in modes:
             module.training = mode
         torch.set_grad_enabled(grad)

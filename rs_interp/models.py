@@ -130,25 +130,10 @@ def as_dtype(model: Model, dtype: torch.dtype) -> Model:
 
 
 def _config_to_json(cfg: ModelConfig) -> dict[str, Any]:
-    """The portable fields (named as both TransformerLens versions name them), JSON-ready."""
-    out = {}
-    for name in _backend.PORTABLE_FIELDS:
-        v = getattr(cfg, name, None)
-        if isinstance(v, torch.dtype):
-            v = str(v).removeprefix("torch.")
-        out[name] = v
-    return out
-
-
-#: ModelConfig fields that TransformerLens 4 no longer has: older checkpoints carry
-#: them, and they are ignored when read under 4.x (none changes what the toy models compute).
-_TL3_ONLY_FIELDS = frozenset({
-    "NTK_original_ctx_len", "clip_qkv", "norm_topk_prob", "quantization_method", "rotary_base_local",
-    "rotary_scaling_factor", "train_seq_length", "ungroup_grouped_query_attention", "use_attention_sinks",
-    "use_dynamic_ntk_rope", "use_logn_attn", "use_yarn_rope", "yarn_attention_factor", "yarn_beta_fast",
-    "yarn_beta_slow", "yarn_factor", "yarn_global_attn_only", "yarn_original_max_position_embeddings",
-    "yarn_truncate",
-})
+    """The portable fields (named as both TransformerLens versions name them) and every other field
+    that changes the function and differs from a config of the same shape, JSON-ready."""
+    out = {name: getattr(cfg, name, None) for name in _backend.PORTABLE_FIELDS} | _backend.config_extras(cfg)
+    return {k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v for k, v in out.items()}
 
 
 _REQUIRED_FIELDS = {"n_layers": int, "d_model": int, "n_ctx": int, "d_head": int, "n_heads": int, "d_vocab": int}
@@ -162,11 +147,12 @@ def _config_from_json(data: Any, where: Path) -> ModelConfig:
             raise CheckpointError(f"config {where} is missing the field {key!r}")
         if isinstance(data[key], bool) or not isinstance(data[key], typ) or data[key] < 1:
             raise CheckpointError(f"config {where}: field {key!r} must be a positive integer, got {data[key]!r}")
-    unknown = set(data) - _backend.config_fields() - _TL3_ONLY_FIELDS - set(_backend.PORTABLE_FIELDS)
-    if unknown:
-        raise CheckpointError(f"config {where} has unknown fields {sorted(unknown)}")
-    # Only the portable fields define the model; the rest (hook flags, bookkeeping) are ignored.
-    fields = {k: v for k, v in data.items() if k in _backend.PORTABLE_FIELDS}
+    # The fields that define the function; hook flags and bookkeeping are ignored, and a field
+    # that changes the function but that this version lacks is refused by name.
+    try:
+        fields = _backend.readable_fields(data)
+    except ValueError as err:
+        raise CheckpointError(f"config {where}: {err}") from err
     if isinstance(fields.get("dtype"), str):
         dt = getattr(torch, fields["dtype"], None)
         if not isinstance(dt, torch.dtype):

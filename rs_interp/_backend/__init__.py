@@ -1,0 +1,128 @@
+"""Every difference between TransformerLens 3.x and 4.x, in one small package.
+
+TransformerLens 3.x builds models as ``HookedTransformer``; 4.0 removed it for
+``TransformerBridge``. With ``enable_compatibility_mode`` the bridge has the surface the analyses
+use (hook names, ``W_Q`` ... ``W_U``, ``model.hooks``, ``run_with_cache``, ``start_at_layer``), so
+the analyses import :data:`Model` and call the few functions here where the two differ.
+
+- :mod:`.common`: what both share (the version, the portable config fields, hook flags set
+  through the model's own setters: :func:`set_flag`);
+- :mod:`.tl3`: what 3.x needs; :mod:`.tl4`: what 4.x needs, each the same set of functions;
+  the installed version's module is chosen once, here;
+- :mod:`.emulation`: the hooks 4.3's native attention lacks (per-head q/k/v inputs, attention
+  scores, the final stream), each with the condition under which it can be removed.
+
+The public face of the per-head inputs is :func:`rs_interp.hooks.split_qkv_inputs`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import config as _config
+from .common import _HT_BUFFERS, HOOK_FLAGS, PORTABLE_FIELDS, TL_MAJOR, TL_VERSION, Stop, set_flag
+
+if TL_MAJOR >= 4:
+    from . import tl4 as _impl
+else:
+    from . import tl3 as _impl
+
+__all__ = ["TL_VERSION", "TL_MAJOR", "Model", "ModelConfig", "transformer_lens_version"]
+
+Model = _impl.Model
+ModelConfig = _impl.ModelConfig
+portable_state = _impl.portable_state
+load_portable_state = _impl.load_portable_state
+per_head_inputs = _impl.per_head_inputs
+score_hooks = _impl.score_hooks
+apply_rotary = _impl.apply_rotary
+attn_scale = _impl.attn_scale
+bias_parameters = _impl.bias_parameters
+attention_output = _impl.attention_output
+mlp_out_parameter = _impl.mlp_out_parameter
+set_unembedding = _impl.set_unembedding
+gpt2_from_hf_dir = _impl.gpt2_from_hf_dir
+gpt2_from_hub = _impl.gpt2_from_hub
+build_model = _impl.build_model
+config_fields = _impl.config_fields
+
+
+def transformer_lens_version() -> str:
+    """The TransformerLens version rs_interp runs on, e.g. ``"3.9.0"`` or ``"4.3.0"``."""
+    return TL_VERSION
+
+
+def is_model(obj: Any) -> bool:
+    """Whether ``obj`` is a model of the installed TransformerLens (HookedTransformer or bridge)."""
+    return isinstance(obj, Model)
+
+
+def make_config(**fields: Any) -> ModelConfig:
+    """A config of the installed version from HookedTransformerConfig-style fields.
+
+    Raises:
+        NotImplementedError: on 4.x, a positional scheme the native bridge cannot build
+            (shortformer, alibi); the message says to use 3.x.
+        ValueError: a field the installed version does not know.
+    """
+    unknown = set(fields) - config_fields()
+    if unknown:
+        raise ValueError(f"unknown config fields for TransformerLens {TL_VERSION}: {sorted(unknown)}")
+    return _impl.make_config(**fields)
+
+
+def functional_fields() -> frozenset[str]:
+    """The installed config's fields that can change the forward pass (derived: see :mod:`.config`)."""
+    return _config.functional_fields(config_fields())
+
+
+def config_extras(cfg: Any) -> dict[str, Any]:
+    """The functional fields of ``cfg`` beyond :data:`PORTABLE_FIELDS` that differ from a config of
+    the same shape (``parallel_attn_mlp=True``, ``use_qk_norm=True`` ...)."""
+    return _config.extra_fields(cfg, config_fields(), lambda core: ModelConfig(**core))  # the config's own defaults
+
+
+def config_of(model: Model) -> dict[str, Any]:
+    """What defines ``model``'s function: the portable fields and :func:`config_extras` (dtype as a ``torch.dtype``)."""
+    return {k: getattr(model.cfg, k) for k in PORTABLE_FIELDS if hasattr(model.cfg, k)} | config_extras(model.cfg)
+
+
+def readable_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a stored config to build from (see :func:`.config.readable_fields`).
+
+    Raises:
+        ValueError: a functional field the installed version does not know, not at its inert default.
+    """
+    return _config.readable_fields(data, config_fields(), TL_VERSION)
+
+
+def with_dtype(model: Model, dtype: torch.dtype) -> Model:
+    """A fresh copy of ``model`` in ``dtype`` (the caller copies modes)."""
+    copy = build_model(make_config(**config_of(model) | {"dtype": dtype, "device": "cpu"}))
+    load_portable_state(copy, {k: v.to(dtype) if v.is_floating_point() else v for k, v in portable_state(model).items()})
+    return copy
+
+
+def expected_keys(model: Model) -> dict[str, tuple[int, ...]]:
+    """The portable parameter names of ``model`` and their shapes.
+
+    >>> from rs_interp import make_attn_only
+    >>> sorted(expected_keys(make_attn_only(1)))[:3]
+    ['blocks.0.attn.W_K', 'blocks.0.attn.W_O', 'blocks.0.attn.W_Q']
+    """
+    return {k: tuple(v.shape) for k, v in portable_state(model).items()}
+
+
+def run_from(model: Model, x: torch.Tensor, *, start: int | None = None, stop: int | None = None,
+             spe: torch.Tensor | None = None) -> torch.Tensor:
+    """``model(x, start_at_layer=start, stop_at_layer=stop)``: the logits, or the stream before
+    block ``stop`` (after the last block for ``stop = n_layers``). ``spe`` is the shortformer
+    positional embedding (3.x only)."""
+    kwargs: dict[str, Any] = {} if start is None else {"start_at_layer": start}
+    if spe is not None:
+        kwargs["shortformer_pos_embed"] = spe
+    if stop is None:
+        return model(x, return_type="logits", **kwargs)
+    return _impl.run_to(model, x, stop, **kwargs)

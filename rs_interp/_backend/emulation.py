@@ -1,0 +1,181 @@
+"""Hook points TransformerLens 4.3's native bridges lack, emulated from the ones they have.
+
+A native bridge (``TransformerBridge.boot_native``) wraps ``NativeAttention``, whose forward pass
+takes the normalised stream as one tensor: the per-head inputs ``hook_{q,k,v}_input`` never fire
+(``set_use_split_qkv_input(True)`` raises), ``hook_attn_scores`` holds the pattern, and
+``stop_at_layer=n_layers`` returns logits. Each emulation below states when it can go; a test in
+``tests/test_split_qkv.py`` fails once the installed TransformerLens meets the condition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from .common import HookName, Stop, qkv_input_target
+
+__all__ = ["qkv_input_hooks", "score_hooks", "final_stream"]
+
+Hooks = list[tuple[Any, Callable]]
+
+
+def _prepend(point: Any, fn: Callable) -> Callable[[], None]:
+    """Add ``fn`` to the hook point ``point`` ahead of every hook already there; return its remover."""
+    handle = point.add_hook(fn, dir="fwd", prepend=True)
+
+    def remove() -> None:
+        handle.hook.remove()
+        if handle in point.fwd_hooks:
+            point.fwd_hooks.remove(handle)
+
+    return remove
+
+
+def _route(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set[int]) -> tuple[dict[tuple[int, str], list[Callable]], Hooks]:
+    """Split ``fwd`` into the per-head input hooks of ``layers`` (by layer and q/k/v, in order)
+    and the rest. A name filter (a callable) that matches such a hook name is narrowed to the
+    other names, and the hook goes to the emulation for the matching ones."""
+    wanted: dict[tuple[int, str], list[Callable]] = {}
+    rest: Hooks = []
+    for name, fn in fwd:
+        if callable(name):
+            hits = [n for n in model.hook_dict if name(n) and (t := qkv_input_target(n)) is not None and t[0] in layers]
+            for target in sorted({qkv_input_target(n) for n in hits}):  # once per point, not per alias
+                wanted.setdefault(target, []).append(fn)
+            if hits:
+                name = (lambda f, skip: lambda n: f(n) and n not in skip)(name, frozenset(hits))
+            rest.append((name, fn))
+            continue
+        target = qkv_input_target(name)
+        if target is not None and target[0] in layers:
+            wanted.setdefault(target, []).append(fn)
+        else:
+            rest.append((name, fn))
+    return wanted, rest
+
+
+def normalise(model: Any, norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """HookedTransformer's normalisation of ``x`` (any leading shape) in its own dtype, firing
+    ``norm``'s ``hook_scale`` and ``hook_normalized`` where HookedTransformer fires them, so a
+    user's hooks there act on the per-head inputs as they do on 3.x."""
+    kind = model.cfg.normalization_type
+    if kind is None:
+        return x
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()
+    if kind in ("LN", "LNPre"):
+        x = x - x.mean(-1, keepdim=True)
+    scale = (x.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
+    fire = lambda name, t: getattr(norm, name)(t) if hasattr(norm, name) else t  # noqa: E731
+    x = fire("hook_normalized", x / fire("hook_scale", scale))
+    inner = getattr(norm, "original_component", norm)
+    if kind in ("LN", "RMS"):
+        x = x * inner.weight.to(x.dtype)
+    if kind == "LN":
+        x = x + inner.bias.to(x.dtype)
+    return x
+
+
+@contextlib.contextmanager
+def qkv_input_hooks(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set[int]) -> Iterator[Hooks]:
+    """Run the ``blocks.L.hook_{q,k,v}_input`` hooks of ``fwd`` for the native layers ``layers``.
+
+    Remove when: TransformerLens >= 4.4 (or whichever release first does) accepts
+    ``set_use_split_qkv_input(True)`` on ``boot_native`` bridges (4.3 raises NotImplementedError).
+
+    Yields the other hooks of ``fwd``, for the caller to apply with ``model.hooks``. For the
+    duration, two hooks are placed ahead of any other on their points: at ``blocks.L.ln1.hook_in``
+    the stream is recorded (after every hook on ``hook_resid_pre`` has acted); at
+    ``blocks.L.attn.hook_{q,k,v}`` (the per-head projection, before rotary) the per-head input
+    ``(batch, pos, head, d_model)`` is formed from it, passed through the user's hooks in order,
+    normalised (firing ``ln1.hook_scale`` and ``ln1.hook_normalized``) and projected per head,
+    replacing the projection. Hooks on ``hook_{q,k,v}`` then see the result, whenever they were
+    added, as on 3.x. One difference stays: ``ln1``'s hooks also fire on the model's own
+    (batch, pos, d_model) pass, which feeds the projections not emulated.
+    """
+    wanted, rest = _route(model, fwd, layers)
+    stream: dict[int, torch.Tensor] = {}
+    removers: list[Callable[[], None]] = []
+    try:
+        for layer in sorted({l for l, _ in wanted}):
+            def keep(x: torch.Tensor, *, hook: Any, layer: int = layer) -> None:
+                stream[layer] = x
+
+            removers.append(_prepend(model.hook_dict[f"blocks.{layer}.ln1.hook_in"], keep))
+        for (layer, which), fns in wanted.items():
+            point = model.hook_dict[f"blocks.{layer}.attn.hook_{which}"]
+            removers.append(_prepend(point, _projection(model, layer, which, fns, stream)))
+        yield rest
+    finally:
+        for remove in reversed(removers):
+            remove()
+
+
+def _projection(model: Any, layer: int, which: str, fns: list[Callable], stream: dict[int, torch.Tensor]) -> Callable:
+    block = model.blocks[layer]
+    name = f"blocks.{layer}.hook_{which}_input"
+
+    def fn(projected: torch.Tensor, *, hook: Any) -> torch.Tensor:
+        W = getattr(block.attn, f"W_{which.upper()}")  # (head, d_model, d_head), native layout
+        b = getattr(block.attn, f"b_{which.upper()}")
+        heads = projected.shape[-2]
+        if W.shape[0] != heads:
+            raise NotImplementedError(f"{name}: the projection has {heads} heads, W_{which.upper()} {W.shape[0]} "
+                                      f"(grouped-query attention); per-head inputs are not emulated for it")
+        x = stream[layer].unsqueeze(-2).expand(*stream[layer].shape[:-1], heads, stream[layer].shape[-1]).clone()
+        for user in fns:
+            result = user(x, hook=HookName(name))
+            x = x if result is None else result
+        y = torch.einsum("bphm,hmd->bphd", normalise(model, block.ln1, x), W.to(x.dtype)) + b.to(x.dtype)
+        return y.to(projected.dtype)
+
+    return fn
+
+
+def score_hooks(model: Any, layer: int, box: dict[str, torch.Tensor], key: str,
+                rotate: Callable[[int, torch.Tensor], torch.Tensor], scale: float) -> Hooks:
+    """Hooks recording layer ``layer``'s pre-softmax scores (batch, head, query, key), ``-inf``
+    above the diagonal, in ``box[key]``: formed from ``hook_q`` and ``hook_k`` (rotated by
+    ``rotate``, divided by ``scale``) when ``hook_pattern`` fires.
+
+    Remove when: TransformerLens >= 4.4 (or whichever release first does) fires
+    ``hook_attn_scores`` with the scores on native attention (4.3 fires it with the pattern).
+    """
+    parts: dict[str, torch.Tensor] = {}
+
+    def grab(name: str) -> Callable:
+        def fn(t: torch.Tensor, *, hook: Any) -> None:
+            parts[name] = t.detach()
+        return fn
+
+    def scores(t: torch.Tensor, *, hook: Any) -> None:
+        q, k = rotate(layer, parts["q"]), rotate(layer, parts["k"])
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) / scale
+        n = s.shape[-1]
+        box[key] = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+
+    a = f"blocks.{layer}.attn"
+    return [(f"{a}.hook_q", grab("q")), (f"{a}.hook_k", grab("k")), (f"{a}.hook_pattern", scores)]
+
+
+def final_stream(model: Any, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """The residual stream after the last block (``stop_at_layer=n_layers`` on 3.x): recorded at
+    the last ``hook_resid_post`` and the pass ended there, so the unembedding is skipped.
+
+    Remove when: TransformerLens >= 4.4 (or whichever release first does) returns the stream, not
+    the logits, for ``stop_at_layer=n_layers``.
+    """
+    box: dict[str, torch.Tensor] = {}
+
+    def grab(t: torch.Tensor, *, hook: Any) -> None:
+        box["x"] = t
+        raise Stop
+
+    try:
+        with model.hooks(fwd_hooks=[(f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", grab)]):
+            model(x, **kwargs)
+    except Stop:
+        pass
+    return box["x"]

@@ -1,0 +1,135 @@
+"""What TransformerLens 3.x needs: ``HookedTransformer`` has every hook and flag rs_interp uses.
+
+Every function here has a twin of the same name and signature in :mod:`.tl4`; the package picks
+one module at import (:mod:`rs_interp._backend`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from transformer_lens import HookedTransformer as Model
+from transformer_lens import HookedTransformerConfig as ModelConfig
+
+from .common import _HT_BUFFERS, set_flag
+
+__all__ = ["Model", "ModelConfig"]
+
+
+def config_fields() -> frozenset[str]:
+    """The field names ``HookedTransformerConfig`` accepts."""
+    return frozenset(f.name for f in dataclasses.fields(ModelConfig))
+
+
+def make_config(**fields: Any) -> ModelConfig:
+    """``HookedTransformerConfig(**fields)`` (the caller has checked the names)."""
+    return ModelConfig(**fields)
+
+
+def build_model(cfg: ModelConfig) -> Model:
+    """``HookedTransformer(cfg)``, without its deprecation warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
+        return Model(cfg)
+
+
+def portable_state(model: Model) -> dict[str, torch.Tensor]:
+    """The state dict without buffers: HookedTransformer's names and shapes are the portable ones."""
+    return {k: v for k, v in model.state_dict().items() if not k.endswith(_HT_BUFFERS)}
+
+
+def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
+    """Load a portable state dict (buffers optional) in place.
+
+    Raises:
+        ValueError: a parameter of ``model`` is missing from ``state``.
+    """
+    state = {k: v for k, v in state.items() if not k.endswith(_HT_BUFFERS)}
+    missing = model.load_state_dict(state, strict=False).missing_keys
+    params = {k for k in missing if not k.endswith(_HT_BUFFERS)}
+    if params:
+        raise ValueError(f"missing parameters {sorted(params)[:5]}")
+
+
+@contextlib.contextmanager
+def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterator[list[tuple[Any, Callable]]]:
+    """TransformerLens's own per-head inputs: ``use_split_qkv_input`` on (through the model's
+    setter) for the duration, restored after."""
+    saved = bool(model.cfg.use_split_qkv_input)
+    set_flag(model, "use_split_qkv_input", True)
+    try:
+        yield list(fwd)
+    finally:
+        set_flag(model, "use_split_qkv_input", saved)
+
+
+def run_to(model: Model, x: torch.Tensor, stop: int, **kwargs: Any) -> torch.Tensor:
+    """``model(x, stop_at_layer=stop)``: the stream before block ``stop`` (after the last for ``n_layers``)."""
+    return model(x, stop_at_layer=stop, **kwargs)
+
+
+def score_hooks(model: Model, layer: int, box: dict[str, torch.Tensor], key: str) -> list[tuple[str, Callable]]:
+    """``hook_attn_scores`` holds the pre-softmax scores (batch, head, query, key)."""
+
+    def keep(t: torch.Tensor, *, hook: Any) -> None:
+        box[key] = t.detach()
+
+    return [(f"blocks.{layer}.attn.hook_attn_scores", keep)]
+
+
+def apply_rotary(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
+    """The layer's own ``apply_rotary`` on ``x`` (batch, pos, head, d_head)."""
+    return model.blocks[layer].attn.apply_rotary(x)
+
+
+def attn_scale(model: Model, layer: int) -> float:
+    """The layer's ``attn_scale``."""
+    return float(model.blocks[layer].attn.attn_scale)
+
+
+def bias_parameters(model: Model, names: Sequence[str]) -> list[torch.nn.Parameter]:
+    """Every parameter whose leaf name is in ``names``."""
+    return [p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1] in names]
+
+
+def attention_output(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
+    """The attention module called with ``x`` as query, key and value input."""
+    return model.blocks[layer].attn(x, x, x)
+
+
+def mlp_out_parameter(model: Model, layer: int) -> torch.nn.Parameter:
+    """``W_out`` itself."""
+    return model.blocks[layer].mlp.W_out
+
+
+def set_unembedding(model: Model, W_U: torch.Tensor) -> None:
+    """Copy ``W_U`` (d_model, d_vocab) into the unembedding."""
+    with torch.no_grad():
+        model.unembed.W_U.copy_(W_U)
+
+
+def gpt2_from_hf_dir(path: str, cfg: ModelConfig, *, fold_ln: bool, center_writing_weights: bool,
+                     center_unembed: bool, dtype: torch.dtype) -> Model:
+    """GPT-2 from a local Hugging Face directory: TransformerLens's weight conversion, then its processing."""
+    from transformers import GPT2LMHeadModel
+    from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
+
+    hf_model = GPT2LMHeadModel.from_pretrained(str(path), local_files_only=True)
+    state = convert_gpt2_weights(hf_model, cfg)
+    model = build_model(cfg)
+    model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                      center_unembed=center_unembed)
+    return model
+
+
+def gpt2_from_hub(name: str, *, fold_ln: bool, center_writing_weights: bool, center_unembed: bool,
+                  dtype: torch.dtype) -> Model:
+    """``HookedTransformer.from_pretrained``."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        return Model.from_pretrained(name, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                     center_unembed=center_unembed, dtype=dtype, device="cpu")
