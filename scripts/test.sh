@@ -9,7 +9,8 @@
 #       3.x-only paths (shortformer and alibi variants) are fast tests: they run here.
 # The two passes run side by side (2 cores: the 3.x pass is mostly one single-threaded training), the
 # 3.x pass's output goes to a log printed when both are done, then one closing line for both.
-# tests/test_cross_version.py: the 3.x pass records its numbers first; the 4.x pass compares.
+# The cross-version records (tests/test_cross_version.py, tests/test_split_qkv.py): both passes run those
+# files first; the 3.x pass records, the 4.x pass waits for the records and compares.
 #
 # RS_INTERP_TL=3 or 4 runs one version only (everything it can run: -m "slow or not slow").
 # Options pass through to pytest; a later -m wins, e.g. bash scripts/test.sh -m "not slow".
@@ -30,7 +31,7 @@ pass() {
   local venv; venv=$(venv_of "$v")
   local t0; t0=$(date +%s)
   local rc=0
-  RS_INTERP_TL=$v "$venv/bin/python" -m pytest tests/test_cross_version.py tests rs_interp hooks \
+  RS_INTERP_TL=$v "$venv/bin/python" -m pytest tests/test_cross_version.py tests/test_split_qkv.py tests rs_interp hooks \
     -m "$marks" --durations=30 --junitxml="$logs/tl$v.xml" "$@" || rc=$?
   echo "== TransformerLens $v: $(( $(date +%s) - t0 )) s (exit $rc)"
   return $rc
@@ -41,7 +42,7 @@ if [ "$versions" = "3 4" ]; then
   # 3.x: one intra-op thread (its long test trains on one thread anyway), so 4.x keeps both cores' worth.
   OMP_NUM_THREADS=1 pass 3 "not slow or tl3" "$@" > "$logs/tl3.log" 2>&1 &
   pid3=$!
-  # The 4.x pass's cross-version comparison waits for the 3.x record (written at the 3.x pass's start).
+  # The 4.x pass's cross-version comparisons wait for the 3.x records (written at the 3.x pass's start).
   RS_INTERP_CROSS_WAIT=900 pass 4 "slow or not slow" "$@" || rc=$?
   wait $pid3 || rc=$?
   echo "== the 3.x pass's output:"

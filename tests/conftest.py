@@ -33,6 +33,38 @@ def slow_on_tl3(why: str):
     return mark
 
 
+def other_version_record(name: str, mine: dict):
+    """Record this TransformerLens version's numbers ``mine`` as ``name`` in ``RS_INTERP_CROSS_DIR``
+    and return the other version's record of the same name, or skip saying why.
+
+    ``scripts/test.sh`` runs the two versions side by side: the 3.x pass runs the recording tests
+    first, and the 4.x pass, given ``RS_INTERP_CROSS_WAIT`` (seconds), waits that long for the 3.x
+    record (and fails, naming it, if none comes). Records are written whole (a rename), so a waiting
+    reader never loads half a file."""
+    import os
+    import time
+    from pathlib import Path
+
+    cross = os.environ.get("RS_INTERP_CROSS_DIR")
+    if cross is None:
+        pytest.skip("RS_INTERP_CROSS_DIR is unset: scripts/test.sh sets it and runs both TransformerLens versions")
+    folder = Path(cross)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}_tl{_backend.TL_MAJOR}.pt"
+    torch.save(mine, path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+    other = folder / f"{name}_tl{7 - _backend.TL_MAJOR}.pt"  # 3 <-> 4
+    wait = os.environ.get("RS_INTERP_CROSS_WAIT")
+    deadline = time.monotonic() + float(wait or 0)
+    while not other.is_file() and time.monotonic() < deadline:
+        time.sleep(2)
+    if not other.is_file():
+        if wait:
+            pytest.fail(f"the other TransformerLens version's pass wrote no {other.name} in {cross} within RS_INTERP_CROSS_WAIT={wait} s")
+        pytest.skip(f"no record from the other TransformerLens version in {cross} yet (this run wrote its own)")
+    return torch.load(other)
+
+
 def perturb(model, seed, *, bias_scale=0.2):
     """Every bias nonzero (N(0, bias_scale)) and every gain in [0.5, 1.5], through the portable
     state dict so the same names serve both TransformerLens versions. ``b_U`` stays zero on 4.x,

@@ -3,16 +3,12 @@
 ``scripts/test.sh`` runs the suite under 3.x and 4.x side by side, with ``RS_INTERP_CROSS_DIR`` naming a
 directory both runs share: each run records what the helpers compute on fresh inputs there, and the
 one that finds the other's record compares its numbers with it (1e-3 in float32, 1e-9 where a helper
-computes in float64). The 3.x pass runs this file first; the 4.x pass, given ``RS_INTERP_CROSS_WAIT``
-(seconds), waits that long for the 3.x record. Run under one version alone, the comparison is skipped
-and says why.
+computes in float64). See ``conftest.other_version_record``. Run under one version alone, the comparison is skipped and says why.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +17,9 @@ import torch
 import rs_interp as ri
 from rs_interp import _backend
 
+from conftest import other_version_record
+
 DATA = Path(__file__).parent / "data"
-CROSS = os.environ.get("RS_INTERP_CROSS_DIR")
 
 
 @pytest.mark.parametrize("saved_by", ["tl3", "tl4"])
@@ -96,22 +93,8 @@ def _numbers() -> dict[str, torch.Tensor]:
 
 
 def test_numbers_match_the_other_version():
-    if CROSS is None:
-        pytest.skip("RS_INTERP_CROSS_DIR is unset: scripts/test.sh sets it and runs both TransformerLens versions")
     mine = _numbers()
-    Path(CROSS).mkdir(parents=True, exist_ok=True)
-    mine_path = Path(CROSS) / f"tl{_backend.TL_MAJOR}.pt"
-    torch.save(mine, mine_path.with_suffix(".tmp"))
-    os.replace(mine_path.with_suffix(".tmp"), mine_path)  # the other pass may be waiting: never half a file
-    other = Path(CROSS) / f"tl{7 - _backend.TL_MAJOR}.pt"  # 3 <-> 4
-    deadline = time.monotonic() + float(os.environ.get("RS_INTERP_CROSS_WAIT", 0))
-    while not other.is_file() and time.monotonic() < deadline:
-        time.sleep(2)
-    if not other.is_file() and os.environ.get("RS_INTERP_CROSS_WAIT"):
-        pytest.fail(f"the other TransformerLens version's pass wrote no record in {CROSS} within RS_INTERP_CROSS_WAIT")
-    if not other.is_file():
-        pytest.skip(f"no record from the other TransformerLens version in {CROSS} yet (this run wrote its own)")
-    theirs = torch.load(other)
+    theirs = other_version_record("numbers", mine)
     assert mine.keys() == theirs.keys()
     for k in mine:
         a, b = mine[k], theirs[k]

@@ -12,8 +12,6 @@ head h's slice into a normal run at the same hook. On 3.x, TransformerLens's own
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,9 +20,8 @@ import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.hooks import split_qkv_inputs
 
-from conftest import TL4, make_variant
+from conftest import TL4, make_variant, other_version_record
 
-CROSS = os.environ.get("RS_INTERP_CROSS_DIR")
 TOL = 1e-10
 
 
@@ -201,20 +198,13 @@ def test_the_flag_goes_through_the_models_setter(models, monkeypatch):
 
 def test_same_logits_as_the_other_version():
     """The 3.x run records TransformerLens's own split-input logits; the 4.x run compares."""
-    if CROSS is None:
-        pytest.skip("RS_INTERP_CROSS_DIR is unset: scripts/test.sh sets it and runs both TransformerLens versions")
     mine = {}
     for name, model in _models().items():
         tokens = _tokens(model, seed=5)
         for scenario, (edits, outer, inner) in SCENARIOS.items():
             if _ln_ok(model, outer, inner):
                 mine[f"{name} {scenario}"] = (tl3_own if not TL4 else run_split)(model, tokens, scenario)
-    Path(CROSS).mkdir(parents=True, exist_ok=True)
-    torch.save(mine, Path(CROSS) / f"split_qkv_tl{_backend.TL_MAJOR}.pt")
-    other = Path(CROSS) / f"split_qkv_tl{7 - _backend.TL_MAJOR}.pt"
-    if not other.is_file():
-        pytest.skip(f"no record from the other TransformerLens version in {CROSS} yet (this run wrote its own)")
-    theirs = torch.load(other)
+    theirs = other_version_record("split_qkv", mine)
     assert mine.keys() == theirs.keys()
     for k in mine:
         gap = float((mine[k] - theirs[k]).abs().max())
