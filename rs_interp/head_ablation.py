@@ -15,7 +15,7 @@ residual stream before layer ``l`` is the clean run's, cached once, so each pass
 >>> model, batch = load_toy_model("induction-2l"), induction_batch(8, seed=0)
 >>> scan = head_ablation_scan(model, batch.tokens, next_token_loss(batch.targets))
 >>> tuple(scan.effect.shape), scan.method, scan.top(1)[0][0]
-((2, 2), 'zero', 'L0H1')
+((2, 2), 'zero', 'L0H0')
 """
 
 from __future__ import annotations

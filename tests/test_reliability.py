@@ -28,6 +28,7 @@ HELPERS = {
     "run_with_query_input": lambda m: ri.run_with_query_input(m, _batch().tokens, layer=1, keep=[(0, 1)]),
     "attention_patterns": lambda m: ri.attention_patterns(m, _batch().tokens),
     "prev_token_scores": lambda m: ri.prev_token_scores(m, _batch().tokens),
+    "find_prev_token_head": lambda m: ri.find_prev_token_head(m, _batch().tokens),
     "induction_scores": lambda m: ri.induction_scores(m, _batch()),
     "positional_scores": lambda m: ri.positional_scores(m, 0),
     "key_score_sensitivity": lambda m: ri.key_score_sensitivity(m, _batch().tokens),
@@ -425,6 +426,8 @@ def _tensor_pairs(a, b):
         return [p for k in a.__dataclass_fields__ for p in _tensor_pairs(getattr(a, k), getattr(b, k))]
     if isinstance(a, float):
         return [(torch.tensor(a), torch.tensor(b))]
+    if isinstance(a, int) and not isinstance(a, bool):  # e.g. a head index: equal, or off by at least 1
+        return [(torch.tensor(float(a)), torch.tensor(float(b)))]
     return []
 
 
