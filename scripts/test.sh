@@ -9,8 +9,8 @@
 #       3.x-only paths (shortformer and alibi variants) are fast tests: they run here.
 # The two passes run side by side (2 cores: the 3.x pass is mostly one single-threaded training), the
 # 3.x pass's output goes to a log printed when both are done, then one closing line for both.
-# The cross-version records (tests/test_cross_version.py, tests/test_split_qkv.py): both passes run those
-# files first; the 3.x pass records, the 4.x pass waits for the records and compares.
+# The cross-version records (tests marked cross_version, run first by tests/conftest.py): the 3.x pass
+# records, the 4.x pass waits for the records and compares.
 #
 # RS_INTERP_TL=3 or 4 runs one version only (everything it can run: -m "slow or not slow").
 # Options pass through to pytest; a later -m wins, e.g. bash scripts/test.sh -m "not slow".
@@ -21,6 +21,7 @@ if [ -n "${RS_INTERP_TL:-}" ]; then versions="$RS_INTERP_TL"; else versions="3 4
 export RS_INTERP_CROSS_DIR="${RS_INTERP_CROSS_DIR:-$(mktemp -d -t rs_interp_cross.XXXXXX)}"
 logs=$(mktemp -d -t rs_interp_test.XXXXXX)
 start=$(date +%s)
+# One after the other: both editable installs build in this folder (rs_interp.egg-info).
 for v in $versions; do RS_INTERP_TL=$v bash scripts/setup_env.sh; done
 echo "== set-up: $(( $(date +%s) - start )) s" >&2
 
@@ -31,7 +32,7 @@ pass() {
   local venv; venv=$(venv_of "$v")
   local t0; t0=$(date +%s)
   local rc=0
-  RS_INTERP_TL=$v "$venv/bin/python" -m pytest tests/test_cross_version.py tests/test_split_qkv.py tests rs_interp hooks \
+  RS_INTERP_TL=$v "$venv/bin/python" -m pytest \
     -m "$marks" --durations=30 --junitxml="$logs/tl$v.xml" "$@" || rc=$?
   echo "== TransformerLens $v: $(( $(date +%s) - t0 )) s (exit $rc)"
   return $rc

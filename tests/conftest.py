@@ -33,12 +33,19 @@ def slow_on_tl3(why: str):
     return mark
 
 
+def pytest_collection_modifyitems(config, items):
+    """The cross-version recording tests run first (a stable sort keeps the rest in order): under
+    scripts/test.sh the 4.x pass waits for the 3.x pass's records, which must not wait behind
+    3.x's long tests."""
+    items.sort(key=lambda item: item.get_closest_marker("cross_version") is None)
+
+
 def other_version_record(name: str, mine: dict):
     """Record this TransformerLens version's numbers ``mine`` as ``name`` in ``RS_INTERP_CROSS_DIR``
     and return the other version's record of the same name, or skip saying why.
 
-    ``scripts/test.sh`` runs the two versions side by side: the 3.x pass runs the recording tests
-    first, and the 4.x pass, given ``RS_INTERP_CROSS_WAIT`` (seconds), waits that long for the 3.x
+    ``scripts/test.sh`` runs the two versions side by side: both passes run the recording tests
+    (marked ``cross_version``) first, and the 4.x pass, given ``RS_INTERP_CROSS_WAIT`` (seconds), waits that long for the 3.x
     record (and fails, naming it, if none comes). Records are written whole (a rename), so a waiting
     reader never loads half a file."""
     import os

@@ -196,6 +196,7 @@ def test_the_flag_goes_through_the_models_setter(models, monkeypatch):
     assert calls == ([] if TL4 else [True, False]) and during == (not TL4) and not model.cfg.use_split_qkv_input
 
 
+@pytest.mark.cross_version
 def test_same_logits_as_the_other_version():
     """The 3.x run records TransformerLens's own split-input logits; the 4.x run compares."""
     mine = {}
