@@ -26,14 +26,15 @@ for v in $versions; do RS_INTERP_TL=$v bash scripts/setup_env.sh; done
 echo "== set-up: $(( $(date +%s) - start )) s" >&2
 
 venv_of() { (RS_INTERP_TL=$1; source scripts/_env.sh; echo "$VENV"); }
-# One pass: version $1, marker expression $2, then the user's options.
+# One pass: version $1, marker expression $2, then the user's options. Each pass has its own temporary
+# folder (pytest's default one is shared, and each session prunes the older sessions' folders).
 pass() {
   local v=$1 marks=$2; shift 2
   local venv; venv=$(venv_of "$v")
   local t0; t0=$(date +%s)
   local rc=0
   RS_INTERP_TL=$v "$venv/bin/python" -m pytest \
-    -m "$marks" --durations=30 --junitxml="$logs/tl$v.xml" "$@" || rc=$?
+    -m "$marks" --durations=30 --junitxml="$logs/tl$v.xml" --basetemp="$logs/tmp$v" "$@" || rc=$?
   echo "== TransformerLens $v: $(( $(date +%s) - t0 )) s (exit $rc)"
   return $rc
 }
