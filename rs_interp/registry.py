@@ -117,12 +117,15 @@ class ShippedModel:
 
         return Tokenizer.from_file(str(self.path.with_name(self.name + ".tokenizer.json")))
 
+    def settings_for(self, seed: int | None = None) -> dict[str, Any]:
+        """The recorded settings, with ``seed`` replaced if given."""
+        return dict(self.settings) if seed is None else dict(self.settings, seed=seed)
+
     def train(self, seed: int | None = None, *, progress: bool = True) -> Trained:
         """Retrain from the recorded settings (``seed``: the recorded one by default)."""
         if self.trainer is None:
             raise ValueError(f"{self.name} is not trained from a recipe")
-        settings = dict(self.settings) if seed is None else dict(self.settings, seed=seed)
-        return self.trainer(settings, progress)
+        return self.trainer(self.settings_for(seed), progress)
 
     def outside_tolerance(self, metadata: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
         """The tolerance keys on which ``metadata`` (of a retrained model) is *outside* the tolerance
@@ -279,5 +282,4 @@ def train_shipped(name: str, seed: int | None = None, *, progress: bool = True, 
     entry = _entry(name)
     if cache is None:
         return entry.train(seed, progress=progress)
-    settings = dict(entry.settings) if seed is None else dict(entry.settings, seed=seed)
-    return cache.fetch(name, settings, lambda: entry.train(seed, progress=progress))
+    return cache.fetch(name, entry.settings_for(seed), lambda: entry.train(seed, progress=progress))
