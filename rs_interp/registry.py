@@ -238,8 +238,23 @@ class TrainingCache:
     (True, 1.5)
     """
 
+    #: The environment variable that names the default cache's folder (see :meth:`default`).
+    ENV = "RS_INTERP_CACHE"
+
     def __init__(self, root: str | Path):
         self.root = Path(root)
+
+    @classmethod
+    def default(cls) -> "TrainingCache":
+        """The user's cache: the folder ``$RS_INTERP_CACHE`` names, else ``~/.cache/rs_interp/trained``.
+
+        A notebook that trains (the finance study's filing model) trains once and reads the model
+        back on every later run; the test suite points the variable at its session cache.
+
+        >>> result = run_case_study(cache=TrainingCache.default())   # doctest: +SKIP
+        """
+        folder = os.environ.get(cls.ENV)
+        return cls(folder if folder else Path.home() / ".cache" / "rs_interp" / "trained")
 
     def _key(self, name: str, settings: Mapping[str, Any]) -> str:
         ident = json.dumps({"name": name, "settings": dict(settings), "kernel": torch.backends.cpu.get_cpu_capability(),

@@ -5,14 +5,15 @@
 #   4.x (TransformerBridge, the default version): everything, the slow reproductions included
 #       (retraining, seeds, the report in Chromium, the notebooks), once.
 #   3.x (HookedTransformer): the fast suite, tests/test_cross_version.py, and the slow tests marked
-#       `tl3` (code-2l's full retraining: 3.x's forward is ~2.3x faster than the 4.3 bridge's).
+#       `tl3` (code-2l's first 2,500 training steps: 3.x's forward is ~2.3x faster than the 4.3 bridge's).
+#   Neither: tests marked `full` (code-2l's full 4,000-step retraining, ~18 minutes): `pytest -m full`.
 #       3.x-only paths (shortformer and alibi variants) are fast tests: they run here.
-# The two passes run side by side (2 cores: the 3.x pass is mostly one single-threaded training), the
-# 3.x pass's output goes to a log printed when both are done, then one closing line for both.
+# The two passes run side by side, one thread each (2 cores), the 3.x pass's output goes to a log
+# printed when both are done, then one closing line for both.
 # The cross-version records (tests marked cross_version, run first by tests/conftest.py): the 3.x pass
 # records, the 4.x pass waits for the records and compares.
 #
-# RS_INTERP_TL=3 or 4 runs one version only (everything it can run: -m "slow or not slow").
+# RS_INTERP_TL=3 or 4 runs one version only (everything it can run but the `full` tests).
 # Options pass through to pytest; a later -m wins, e.g. bash scripts/test.sh -m "not slow".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,13 +22,13 @@ if [ -n "${RS_INTERP_TL:-}" ]; then versions="$RS_INTERP_TL"; else versions="3 4
 export RS_INTERP_CROSS_DIR="${RS_INTERP_CROSS_DIR:-$(mktemp -d -t rs_interp_cross.XXXXXX)}"
 logs=$(mktemp -d -t rs_interp_test.XXXXXX)
 start=$(date +%s)
-# One after the other: both editable installs build in this folder (rs_interp.egg-info).
-for v in $versions; do RS_INTERP_TL=$v bash scripts/setup_env.sh; done
-echo "== set-up: $(( $(date +%s) - start )) s" >&2
 
 venv_of() { (RS_INTERP_TL=$1; source scripts/_env.sh; echo "$VENV"); }
 # One pass: version $1, marker expression $2, then the user's options. Each pass has its own temporary
 # folder (pytest's default one is shared, and each session prunes the older sessions' folders).
+# One intra-op thread per pass: two passes side by side on 2 cores with torch's default (one thread per
+# core) oversubscribe the cores, and OpenMP's spinning barriers then make small models' forward passes
+# up to ~15x slower (the finance notebook took 800 s beside the 3.x pass, 55 s alone).
 pass() {
   local v=$1 marks=$2; shift 2
   local venv; venv=$(venv_of "$v")
@@ -41,16 +42,25 @@ pass() {
 
 rc=0
 if [ "$versions" = "3 4" ]; then
-  # 3.x: one intra-op thread (its long test trains on one thread anyway), so 4.x keeps both cores' worth.
-  OMP_NUM_THREADS=1 pass 3 "not slow or tl3" "$@" > "$logs/tl3.log" 2>&1 &
+  # The 3.x pass holds the longest test (code-2l's retraining): set it up and start it first; the 4.x
+  # venv is set up beside it. One after the other, never both at once: both editable installs build in
+  # this folder (rs_interp.egg-info).
+  RS_INTERP_TL=3 bash scripts/setup_env.sh
+  echo "== set-up, 3.x: $(( $(date +%s) - start )) s" >&2
+  OMP_NUM_THREADS=1 pass 3 "(not slow or tl3) and not full" "$@" > "$logs/tl3.log" 2>&1 &
   pid3=$!
+  t4=$(date +%s)
+  RS_INTERP_TL=4 bash scripts/setup_env.sh || { kill "$pid3"; exit 1; }
+  echo "== set-up, 4.x (beside the 3.x pass): $(( $(date +%s) - t4 )) s" >&2
   # The 4.x pass's cross-version comparisons wait for the 3.x records (written at the 3.x pass's start).
-  RS_INTERP_CROSS_WAIT=900 pass 4 "slow or not slow" "$@" || rc=$?
+  OMP_NUM_THREADS=1 RS_INTERP_CROSS_WAIT=900 pass 4 "(slow or not slow) and not full" "$@" || rc=$?
   wait $pid3 || rc=$?
   echo "== the 3.x pass's output:"
   cat "$logs/tl3.log"
 else
-  pass "$versions" "slow or not slow" "$@" || rc=$?
+  RS_INTERP_TL=$versions bash scripts/setup_env.sh
+  echo "== set-up: $(( $(date +%s) - start )) s" >&2
+  pass "$versions" "(slow or not slow) and not full" "$@" || rc=$?
 fi
 # One closing line for every pass, from the JUnit records.
 python3 - "$logs" "$(( $(date +%s) - start ))" <<'PY'

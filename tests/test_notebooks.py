@@ -7,6 +7,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from rs_interp.registry import TrainingCache
+
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
@@ -16,7 +18,10 @@ def test_the_notebooks_exist():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path):
+def test_notebook_executes(path, train_cache, monkeypatch):
+    # The kernel inherits the environment: a notebook's TrainingCache.default() is the session's cache,
+    # so the finance notebook reads back the filing model tests/test_finance.py trained.
+    monkeypatch.setenv(TrainingCache.ENV, str(train_cache.root))
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()

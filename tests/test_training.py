@@ -118,3 +118,15 @@ def test_training_cache_reads_back_what_it_stored(tmp_path):
         assert torch.equal(p, q), n
     assert b.metadata["x"] == 0.1 and b.metadata["seed"] == 1 and "versions" in b.metadata
     assert not torch.equal(a.model.W_E, c.model.W_E)
+
+
+@pytest.mark.parametrize("env", [None, "somewhere"])
+def test_default_cache_follows_the_environment(env, monkeypatch, tmp_path):
+    """``$RS_INTERP_CACHE`` names the default cache's folder; unset, it is under the user's home."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if env is None:
+        monkeypatch.delenv(ri.TrainingCache.ENV, raising=False)
+        assert ri.TrainingCache.default().root == tmp_path / ".cache" / "rs_interp" / "trained"
+    else:
+        monkeypatch.setenv(ri.TrainingCache.ENV, str(tmp_path / env))
+        assert ri.TrainingCache.default().root == tmp_path / env
