@@ -131,8 +131,11 @@ def zero_heads(head_indices: Sequence[int]) -> HookFn:
 def mean_heads(mean: torch.Tensor, head_indices: Sequence[int]) -> HookFn:
     """Mean ablation at ``hook_z``: heads ``head_indices`` output ``mean[head]`` at every position, with
     ``mean`` of shape (head_index, d_head) (e.g. a reference run's ``z`` averaged over batch and
-    positions)."""
-    return _set_heads(mean[None, None], head_indices)
+    positions), or ``mean[pos, head]`` at each position with ``mean`` of shape (pos, head_index,
+    d_head) (averaged over the batch only)."""
+    if mean.ndim not in (2, 3):
+        raise ValueError(f"mean must be (head_index, d_head) or (pos, head_index, d_head), got shape {tuple(mean.shape)}")
+    return _set_heads(mean[None, None] if mean.ndim == 2 else mean[None], head_indices)
 
 
 def resample_heads(z_reference: torch.Tensor, head_indices: Sequence[int]) -> HookFn:

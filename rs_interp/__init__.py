@@ -7,12 +7,11 @@ True
 """
 
 from .ablation import run_with_key_input, run_with_query_input
-from .attribution_patching import (
-    AttributionPatching,
-    EdgeAttributionPatching,
-    attribution_patching,
-    edge_attribution_patching,
-)
+from .attribution_patching import AttributionPatching, attribution_patching
+from .edge_attribution import EdgeAttributionPatching, edge_attribution_patching
+from .edges import EdgeEffects, EdgeLayout, edge_layout
+from .path_patching import PathPatching, path_patching
+from .circuits import FaithfulnessCurve, evaluate_circuit, faithfulness_curve, top_edges
 from .composition import CompositionScores, composition_scores, virtual_weight
 from .copying import copying_scores
 from .data import InductionBatch, induction_batch, next_token_targets
@@ -89,6 +88,15 @@ __all__ = [
     "AttributionPatching",
     "edge_attribution_patching",
     "EdgeAttributionPatching",
+    "edge_layout",
+    "EdgeLayout",
+    "EdgeEffects",
+    "path_patching",
+    "PathPatching",
+    "evaluate_circuit",
+    "faithfulness_curve",
+    "FaithfulnessCurve",
+    "top_edges",
     "attention_patterns",
     "prev_token_scores",
     "find_prev_token_head",

@@ -35,6 +35,24 @@ def check_int_range(name: str, value: object, low: int, high: int | None = None)
     return value
 
 
+def check_positions(positions: object, n: int, name: str = "positions") -> list[int]:
+    """``positions`` (ints in ``[-n, n - 1]``) as indices in ``[0, n - 1]``, in the given order.
+
+    Raises:
+        ValueError: not a sequence of ints, an entry out of range, empty, or one position named twice
+            (``-1`` and ``n - 1`` are the same position).
+    """
+    if isinstance(positions, (str, bytes)) or not hasattr(positions, "__iter__"):
+        raise ValueError(f"{name} must be a sequence of ints, got {type(positions).__name__}")
+    out = [check_int_range(f"{name} entry", p, -n, n - 1) % n for p in positions]
+    if not out:
+        raise ValueError(f"{name} is empty; pass None for every position, or name at least one")
+    twice = sorted({p for p in out if out.count(p) > 1})
+    if twice:
+        raise ValueError(f"{name} names position(s) {twice} more than once (of {n}; negative entries count from the end)")
+    return out
+
+
 def check_layer(model: Model, layer: object, name: str = "layer") -> int:
     return check_int_range(name, layer, 0, model.cfg.n_layers - 1)
 
@@ -72,8 +90,24 @@ def check_heads(model: Model, heads: object, name: str, *, allow_empty: bool = T
     return out
 
 
+def check_model(model: Model) -> Model:
+    """``model`` if its weights hold data: a model on the ``meta`` device (built with
+    ``torch.device("meta")`` or ``init_empty_weights``) has shapes only.
+
+    Raises:
+        ValueError: a parameter is on the meta device.
+    """
+    meta = next((n for n, p in model.named_parameters() if p.is_meta), None)
+    if meta is not None:
+        raise ValueError(f"the model's weights are on the meta device (no data, e.g. {meta}): load them first "
+                         f"(model.to_empty(device='cpu') then load_state_dict, or build it without init_empty_weights)")
+    return model
+
+
 def check_tokens(model: Model, tokens: torch.Tensor, name: str = "tokens") -> Int[torch.Tensor, "batch pos"]:
-    """Validate a token tensor for ``model``; a 1-D tensor is promoted to a batch of one."""
+    """Validate a token tensor for ``model`` (and the model: :func:`check_model`); a 1-D tensor is
+    promoted to a batch of one."""
+    check_model(model)
     if not isinstance(tokens, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}")
     if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:

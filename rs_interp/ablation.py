@@ -21,7 +21,7 @@ from typing import Literal, Sequence
 
 import torch
 from jaxtyping import Float, Int
-from ._backend import Model, per_head_inputs
+from ._backend import Model, kv_groups, per_head_inputs
 
 from .hooks import replace_heads_with, store
 from ._state import preserve_state
@@ -51,11 +51,13 @@ def run_with_input(
     ``keep`` and ``heads`` are lists of ``(layer, head)`` pairs, as everywhere in rs_interp (a bare
     pair is one head; a head named twice is refused): ``keep`` the writers, before ``layer``;
     ``heads`` the readers whose input is replaced, all in ``layer`` (default: every head of it).
+    Under grouped-query attention the query heads of a group share one key and one value input:
+    for ``which="k"`` or ``"v"``, ``heads`` must name whole groups (they are replaced per KV head).
 
     Raises:
         ValueError: layer or head out of range, a ``keep`` head at or after ``layer``, a ``heads``
-            entry outside ``layer``, a head named twice, an empty ``heads``, bad tokens, or an
-            unknown ``which``.
+            entry outside ``layer``, a head named twice, an empty ``heads``, bad tokens, an
+            unknown ``which``, or (grouped-query attention) ``heads`` splitting a KV group.
     """
     if which not in ("q", "k", "v"):
         raise ValueError(f"which must be 'q', 'k' or 'v', got {which!r}")
@@ -71,6 +73,9 @@ def run_with_input(
         if outside:
             raise ValueError(f"heads entries {outside} are not in layer {layer}: heads names the readers of layer {layer}'s input")
         head_indices = [h for _, h in pairs]
+        groups = kv_groups(model.cfg)
+        if which in "kv" and groups != model.cfg.n_heads:
+            head_indices = _kv_heads(head_indices, model.cfg.n_heads // groups, which, layer)
     tokens = check_tokens(model, tokens)
 
     box: dict[str, torch.Tensor] = {}
@@ -90,6 +95,17 @@ def run_with_input(
     with preserve_state(model), torch.no_grad(), per_head_inputs(model, fwd) as runnable:
         with model.hooks(fwd_hooks=runnable):
             return model(tokens, return_type="logits")
+
+
+def _kv_heads(heads: list[int], size: int, which: str, layer: int) -> list[int]:
+    """The KV heads whose groups (``size`` query heads each) ``heads`` names in full."""
+    kv = sorted({h // size for h in heads})
+    split = [g for g in kv if any(g * size + i not in heads for i in range(size))]
+    if split:
+        g = split[0]
+        raise ValueError(f"grouped-query attention: layer {layer}'s heads {[(layer, g * size + i) for i in range(size)]} share one "
+                         f"{which} input (KV head {g}); heads must name all of them or none")
+    return kv
 
 
 def run_with_key_input(

@@ -30,9 +30,10 @@ import torch
 from jaxtyping import Float
 from transformer_lens import FactoredMatrix
 
-from ._backend import Model
+from ._backend import Model, attn_weight
 
 from ._exact import compute_dtype
+from ._validate import check_model
 
 __all__ = ["CompositionScores", "composition_scores", "random_baseline", "virtual_weight", "score_from_virtual_weight"]
 
@@ -117,12 +118,13 @@ def composition_scores(
     (True, True)
     """
     kind = check_kind(kind)
+    check_model(model)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     with torch.no_grad():
         dt = dtype or compute_dtype(model)  # float32 for half models: QR has no half-precision CPU kernel
         if dt in (torch.float16, torch.bfloat16):
             raise ValueError(f"dtype must be float32 or float64 (QR has no {dt} kernel), got {dt}")
-        W_Q, W_K, W_V, W_O = (w.to(dt) for w in (model.W_Q, model.W_K, model.W_V, model.W_O))
+        W_Q, W_K, W_V, W_O = (attn_weight(model, n, H).to(dt) for n in ("W_Q", "W_K", "W_V", "W_O"))
         left = _left_factors(W_V, W_O)  # (L, H, d_head, d_model)
         right = _right_factors(W_Q, W_K, W_V, W_O, kind, full_circuit)  # (L, H, d_model, k)
         left_norm = left.flatten(-2).norm(dim=-1)  # (L, H)
@@ -169,10 +171,10 @@ def random_baseline(
 def _circuit(model: Model, layer: int, head: int, kind: Kind) -> torch.Tensor | FactoredMatrix:
     """The later head's matrix ``M`` of Definition 4: ``W_K`` (k), ``W_Q`` (q) or ``W_OV`` (v)."""
     if kind == "k":
-        return model.W_K[layer, head]
+        return attn_weight(model, "W_K", model.cfg.n_heads)[layer, head]
     if kind == "q":
         return model.W_Q[layer, head]
-    return FactoredMatrix(model.W_V[layer, head], model.W_O[layer, head])
+    return FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[layer, head], model.W_O[layer, head])
 
 
 def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> FactoredMatrix:
@@ -194,14 +196,14 @@ def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kin
         raise ValueError(f"src layer {ls} must come before dst layer {ld}")
     kind = check_kind(kind)
     with torch.no_grad():
-        return FactoredMatrix(model.W_V[ls, hs], model.W_O[ls, hs]) @ _circuit(model, ld, hd, kind)
+        return FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[ls, hs], model.W_O[ls, hs]) @ _circuit(model, ld, hd, kind)
 
 
 def score_from_virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> float:
     """Definition 4's composition score, ``||W_OV^src M|| / (||W_OV^src|| ||M||)``, from the virtual weight."""
     kind = check_kind(kind)
     with torch.no_grad():
-        ov = FactoredMatrix(model.W_V[src], model.W_O[src])
+        ov = FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[src], model.W_O[src])
         m = _circuit(model, *dst, kind)
         m_norm = m.norm() if isinstance(m, FactoredMatrix) else m.norm()
         return float(virtual_weight(model, src, dst, kind).norm() / (ov.norm() * m_norm))

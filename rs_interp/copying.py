@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 from jaxtyping import Float
-from ._backend import Model
+from ._backend import Model, attn_weight
+from ._validate import check_model
 
 __all__ = ["copying_scores", "ov_eigenvalues"]
 
@@ -31,10 +32,11 @@ __all__ = ["copying_scores", "ov_eigenvalues"]
 def ov_eigenvalues(model: Model) -> torch.Tensor:
     """(layer, head, d_head) complex eigenvalues of each head's full OV circuit ``W_E W_V W_O W_U``
     (its nonzero spectrum, from the ``d_head x d_head`` matrix ``W_O W_U W_E W_V``), in float64."""
+    check_model(model)
     with torch.no_grad():
         W_E, W_U = model.W_E.to(torch.float64), model.W_U.to(torch.float64)
         UE = W_U @ W_E  # (d_model, d_model), formed once
-        inner = model.W_O.to(torch.float64) @ UE @ model.W_V.to(torch.float64)  # (layer, head, d_head, d_head)
+        inner = model.W_O.to(torch.float64) @ UE @ attn_weight(model, "W_V", model.cfg.n_heads).to(torch.float64)  # (layer, head, d_head, d_head)
         return torch.linalg.eigvals(inner)
 
 
@@ -42,6 +44,9 @@ def copying_scores(model: Model) -> Float[torch.Tensor, "layer head"]:
     """``sum(eig) / sum(|eig|)`` of every head's full OV circuit (see the module docstring), float64.
 
     Equal to ``FactoredMatrix(W_E @ W_V[l, h], W_O[l, h] @ W_U).eigenvalues`` per head (tested to 1e-6).
+    A head whose OV circuit is zero (every eigenvalue 0: it neither copies nor suppresses) scores 0.
     """
     eig = ov_eigenvalues(model)
-    return eig.sum(-1).real / eig.abs().sum(-1)
+    total = eig.abs().sum(-1)
+    # 0/0 for a zero circuit: its score is 0, not NaN (a NaN would poison a max or a mean over heads)
+    return torch.where(total > 0, eig.sum(-1).real / total.clamp(min=torch.finfo(total.dtype).tiny), torch.zeros_like(total))

@@ -3,9 +3,14 @@
 A head's write is ``z W_O``; ablating it replaces its ``z`` (batch, pos, d_head) by
 
 - ``"zero"``: 0, so the head writes nothing (the layer's ``b_O`` stays);
-- ``"mean"``: its mean over the batch and positions of ``reference`` (default: ``tokens``);
-- ``"resample"``: its ``z`` from the run on ``reference`` (same shape as ``tokens``), i.e. activation
-  patching from the reference run into this one.
+- ``"mean"``: its mean over the batch *and the positions* of ``reference`` (default: ``tokens``),
+  one vector for every position;
+- ``"position_mean"``: its mean over the batch of ``reference`` at each position (``reference`` as
+  long as ``tokens``), the mean ablation most circuit analyses use: position-dependent signal stays;
+- ``"resample"``: its ``z`` from the run on ``reference`` (same shape as ``tokens``), paired index for
+  index (sequence ``b`` of ``tokens`` gets sequence ``b`` of ``reference``'s ``z``, position by
+  position; shuffle ``reference`` yourself for random pairs), i.e. activation patching from the
+  reference run into this one.
 
 :func:`head_ablation_scan` ablates every head in turn without a full forward pass per head: the
 residual stream before layer ``l`` is the clean run's, cached once, so each pass starts at layer
@@ -33,12 +38,12 @@ from .heads import head_labels
 from .hooks import mean_heads, resample_heads, store, store_matching, zero_heads
 from .metrics import Metric, top_effects
 from ._state import preserve_state
-from ._validate import check_heads, check_int_range, check_tokens
+from ._validate import check_heads, check_int_range, check_positions, check_tokens
 
 __all__ = ["ablate_heads", "head_ablation_scan", "HeadAblationScan"]
 
-Method = Literal["zero", "mean", "resample"]
-_METHODS = ("zero", "mean", "resample")
+Method = Literal["zero", "mean", "position_mean", "resample"]
+_METHODS = ("zero", "mean", "position_mean", "resample")
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class HeadAblationScan:
             ``ablated - clean``.
         clean: the metric of the clean run.
         ablated: (layer, head) the metric with that one head ablated.
-        method: ``"zero"``, ``"mean"`` or ``"resample"``.
+        method: ``"zero"``, ``"mean"``, ``"position_mean"`` or ``"resample"``.
         labels: ``"L{l}H{h}"`` per head, row-major (:func:`rs_interp.head_labels`).
     """
 
@@ -75,23 +80,28 @@ def _check_method(model: Model, tokens: torch.Tensor, method: str, reference: to
     reference = check_tokens(model, reference, "reference")
     if method == "resample" and reference.shape != tokens.shape:
         raise ValueError(f"reference must have the shape of tokens {tuple(tokens.shape)} for resample ablation, got {tuple(reference.shape)}")
+    if method == "position_mean" and reference.shape[1] != tokens.shape[1]:
+        raise ValueError(f"reference must have the length of tokens ({tokens.shape[1]} positions) for position_mean ablation, "
+                         f"got {reference.shape[1]}")
     return reference
 
 
 def _reference_z(model: Model, reference: torch.Tensor, method: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
-    """Per layer, what ablated heads output: the mean (head, d_head) or the reference z (batch, pos, head, d_head)."""
+    """Per layer, what ablated heads output: the mean (head, d_head), the per-position mean (pos, head,
+    d_head) or the reference z (batch, pos, head, d_head)."""
     if method == "zero":
         return {}
     box: dict[str, torch.Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_z", store(box, str(l))) for l in layers]):
         model(reference, return_type=None)
-    return {l: box[str(l)].mean(dim=(0, 1)) if method == "mean" else box[str(l)] for l in layers}
+    reduce = {"mean": lambda z: z.mean(dim=(0, 1)), "position_mean": lambda z: z.mean(dim=0)}.get(method, lambda z: z)
+    return {l: reduce(box[str(l)]) for l in layers}
 
 
 def _hook(method: str, value: torch.Tensor | None, head_indices: Sequence[int]) -> Callable:
     if method == "zero":
         return zero_heads(head_indices)
-    return mean_heads(value, head_indices) if method == "mean" else resample_heads(value, head_indices)
+    return mean_heads(value, head_indices) if method in ("mean", "position_mean") else resample_heads(value, head_indices)
 
 
 def ablate_heads(
@@ -109,7 +119,8 @@ def ablate_heads(
         tokens: (batch, pos) token ids.
         heads: ``(layer, head)`` pairs (a bare pair is one head; a head named twice is refused).
         method: ``"zero"``, ``"mean"`` (mean over batch and positions of ``reference``, default
-            ``tokens``) or ``"resample"`` (``z`` from the run on ``reference``, same shape).
+            ``tokens``), ``"position_mean"`` (mean over the batch at each position) or
+            ``"resample"`` (``z`` from the run on ``reference``, same shape, index for index).
         reference: the reference tokens.
 
     >>> from rs_interp import load_toy_model, induction_batch
@@ -128,19 +139,14 @@ def ablate_heads(
             return model(tokens, return_type="logits")
 
 
-def _scalar(value: torch.Tensor | float, what: str) -> float:
+def _scalar(value: object, what: str) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"metric must return a scalar, got a tensor of shape {tuple(value.shape)} ({what})")
         return float(value.detach())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"metric must return a number or a one-element tensor, got {type(value).__name__} {value!r:.60} ({what})")
     return float(value)
-
-
-def _check_positions(positions: Sequence[int], n: int) -> list[int]:
-    out = [check_int_range("positions entry", p, -n, n - 1) % n for p in positions]
-    if not out:
-        raise ValueError("positions is empty; pass None for every position")
-    return out
 
 
 def _logits(model: Model, x: torch.Tensor, start: int | None, spe: torch.Tensor | None, pos: list[int] | None) -> torch.Tensor:
@@ -185,7 +191,7 @@ def head_ablation_scan(
     tokens = check_tokens(model, tokens)
     ref = _check_method(model, tokens, method, reference)
     check_int_range("memory_budget", memory_budget, 1)
-    pos = None if positions is None else _check_positions(positions, tokens.shape[1])
+    pos = None if positions is None else check_positions(positions, tokens.shape[1])
     cfg = model.cfg
     L, n_heads = cfg.n_layers, cfg.n_heads
     values = torch.full((L, n_heads), float("nan"), dtype=torch.float64)
@@ -215,6 +221,8 @@ def head_ablation_scan(
                         out[rows, :, h] = 0
                     elif method == "mean":
                         out[rows, :, h] = value[h].to(z.dtype)
+                    elif method == "position_mean":
+                        out[rows, :, h] = value[:, h].to(z.dtype)
                     else:
                         out[rows, :, h] = value[rows, :, h].to(z.dtype)
                 return out

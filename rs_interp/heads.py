@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float, Int
-from ._backend import Model, apply_rotary, attn_scale, score_hooks
+from ._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
 
 from .hooks import store_matching
 from ._state import preserve_state
@@ -96,6 +96,8 @@ def first_token_attention(model: Model, tokens: Int[torch.Tensor, "batch pos"], 
     """
     tokens = check_tokens(model, tokens)
     n = tokens.shape[1]
+    if n < 2:  # query 0 can only attend to itself: there is no choice to measure
+        raise ValueError(f"tokens must have at least 2 positions for first-token attention, got {n}")
     check_int_range("min_query", min_query, 1, n - 1)
     pat = attention_patterns(model, tokens)  # (layer, batch, head, query, key)
     mass = pat[:, :, :, min_query:, 0].mean(dim=(1, 3))
@@ -189,7 +191,7 @@ def positional_scores(model: Model, layer: int, *, max_offset: int | None = None
     attn = model.blocks[layer].attn
     with torch.no_grad():
         q = apply_rotary(model, layer, attn.b_Q[None, None].expand(1, n, -1, -1).clone())  # (1, n, head, d_head)
-        k = apply_rotary(model, layer, attn.b_K[None, None].expand(1, n, -1, -1).clone())
+        k = apply_rotary(model, layer, attn_weight(attn, "b_K", model.cfg.n_heads)[None, None].expand(1, n, -1, -1).clone())
         return torch.einsum("ohd,hd->ho", q[0], k[0, 0]) / attn_scale(model, layer)
 
 

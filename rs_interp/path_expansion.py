@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
-from ._backend import Model
+from ._backend import Model, attn_weight
 
 from .hooks import store_matching
 from ._exact import attached_hooks, check_sum, compute_dtype
@@ -108,7 +108,7 @@ def _stream_paths(
             attn = model.blocks[l].attn
             pattern = box[f"blocks.{l}.attn.hook_pattern"].to(dt)  # (batch, head, q, k)
             W_O = attn.W_O.to(dt)
-            W_OV = attn.W_V.to(dt) @ W_O  # (head, d_model, d_model)
+            W_OV = attn_weight(attn, "W_V", model.cfg.n_heads).to(dt) @ W_O  # (head, d_model, d_model)
             new: list[tuple[str, tuple, int, torch.Tensor]] = []
             for label, chain, term in zip(labels, heads, terms):
                 for h in range(model.cfg.n_heads):
@@ -116,7 +116,7 @@ def _stream_paths(
                                 pattern[:, h] @ (term @ W_OV[h])))
             # b_V reaches the output as b_V W_O (pattern rows sum to one); with b_O it is a constant
             # written by layer l (so it belongs to layer l), then carried by later heads like x_0.
-            bias = torch.einsum("hd,hdm->m", attn.b_V.to(dt), W_O) + attn.b_O.to(dt)
+            bias = torch.einsum("hd,hdm->m", attn_weight(attn, "b_V", model.cfg.n_heads).to(dt), W_O) + attn.b_O.to(dt)
             if bool(bias.any()):
                 new.append((f"bias L{l}", (), l, bias.expand_as(terms[0])))
             for label, chain, layer, term in new:

@@ -20,6 +20,7 @@ from plotly.subplots import make_subplots
 from .heads import head_label, head_labels
 
 __all__ = [
+    "faithfulness_figure",
     "attention_figure",
     "path_contributions_figure",
     "logit_lens_figure",
@@ -236,4 +237,19 @@ def estimate_vs_exact_figure(labels: Sequence[str], exact: Sequence[float], esti
                      go.Scatter(x=list(exact), y=list(estimate), mode="markers+text", text=list(labels), textposition="top center",
                                 name="heads", hovertemplate="%{text}: exact %{x:.3f}, estimate %{y:.3f}<extra></extra>")])
     fig.update_layout(title=title, xaxis_title="exact patch (resample ablation scan)", yaxis_title="attribution patching estimate", height=420)
+    return fig
+
+
+def faithfulness_figure(curves: Mapping[str, object], *, title: str = "Faithfulness of the top edges") -> go.Figure:
+    """Faithfulness against the fraction of edges kept (log axis), one line per
+    :class:`~rs_interp.FaithfulnessCurve` in ``curves`` (e.g. ``{"EAP": ..., "EAP-IG": ..., "exact": ...}``),
+    with each curve's CPR and CMD in its legend entry; 1 (the full model) dotted."""
+    if not curves:
+        raise ValueError("curves is empty; pass at least one FaithfulnessCurve")
+    fig = go.Figure()
+    for name, c in curves.items():
+        fig.add_trace(go.Scatter(x=[100 * f for f in c.fractions], y=list(c.faithfulness), mode="lines+markers",
+                                 name=f"{name} (CPR {c.cpr:.3f}, CMD {c.cmd:.3f})"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
+    fig.update_layout(title=title, xaxis_title="edges kept (%)", yaxis_title="faithfulness", xaxis_type="log", height=400)
     return fig

@@ -35,7 +35,7 @@ from typing import Sequence
 import torch
 from einops import einsum
 from jaxtyping import Float, Int
-from ._backend import Model
+from ._backend import Model, attn_weight
 
 from .hooks import store_matching
 from ._exact import (
@@ -47,7 +47,7 @@ from ._exact import (
     unembed_direction,
 )
 from ._state import preserve_state
-from ._validate import check_int_range, check_target_pair, check_tokens
+from ._validate import check_int_range, check_positions, check_target_pair, check_tokens
 from .heads import head_labels
 
 __all__ = ["SecondOrderAttribution", "second_order_attribution"]
@@ -113,9 +113,7 @@ def second_order_attribution(
     tokens = check_tokens(model, tokens)
     targets, contrast, skip = check_target_pair(targets, contrast, tokens, model.cfg.d_vocab)
     P = tokens.shape[1]
-    pos = list(range(P)) if positions is None else [check_int_range("positions entry", p, -P, P - 1) % P for p in positions]
-    if not pos:
-        raise ValueError("positions is empty; pass None for every position, or name at least one")
+    pos = list(range(P)) if positions is None else check_positions(positions, P)
     check_int_range("memory_budget", memory_budget, 1)
     cfg, dt, kind = model.cfg, compute_dtype(model), model.cfg.normalization_type
     L, n_heads = cfg.n_layers, cfg.n_heads
@@ -149,7 +147,7 @@ def second_order_attribution(
         elem = torch.finfo(dt).bits // 8
         for l in range(L):
             attn, block = model.blocks[l].attn, model.blocks[l]
-            W_V, W_O = attn.W_V.to(dt), attn.W_O.to(dt)
+            W_V, W_O = attn_weight(attn, "W_V", n_heads).to(dt), attn.W_O.to(dt)
             A = box[f"blocks.{l}.attn.hook_pattern"].to(dt)[:, :, q]  # (batch, head, Q, key)
             u = einsum(g, W_O, W_V, "batch query d_model, head_index d_head d_model, head_index d_model_in d_head"
                        " -> batch head_index query d_model_in")  # W_V W_O g, per head
@@ -167,7 +165,7 @@ def second_order_attribution(
                 T = torch.einsum("cbkm,bhqm->cbhqk", S, u)
                 out[idx, l] = torch.einsum("cbhqk,bhqk->chbq", T, A)
             # The destination's own constants: pattern rows sum to one, so they pass A unchanged.
-            b_V = attn.b_V.to(dt)  # (head, d_head)
+            b_V = attn_weight(attn, "b_V", n_heads).to(dt)  # (head, d_head)
             consts = [block.ln1.b.to(dt) @ W_V] if kind == "LN" else []  # (head, d_head): b_ln1 W_V
             for j, c in enumerate(consts + [b_V]):
                 out[n_src + j, l] = torch.einsum("hd,hdm,bqm->hbq", c, W_O, g)

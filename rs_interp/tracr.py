@@ -11,7 +11,7 @@ The models: no LayerNorm, ReLU MLPs, learned one-hot positions (position 0 is th
 position embedding), bidirectional attention, no unembedding bias. Each input starts with the BOS
 token; the output at the BOS position means nothing and is dropped.
 
-The edge layout (issue 30): senders ``embed`` (token *and* position embedding, one sender: what
+The edge layout is :mod:`rs_interp.edges`'s (issue 30): senders ``embed`` (token *and* position embedding, one sender: what
 enters ``blocks.0.hook_resid_pre``), every head ``L{l}H{h}`` and every MLP ``MLP{l}``; receivers
 every head's query, key and value input ``L{l}H{h}.q`` / ``.k`` / ``.v``, every MLP ``MLP{l}``
 and ``logits``. The edge ``(sender, receiver)`` exists iff the sender comes strictly before the
@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import torch
@@ -46,6 +45,7 @@ from jaxtyping import Float, Int
 from . import models as _models
 from .registry import load_toy_model, toy_model_path
 from ._backend import Model
+from .edges import depth, edge_layout  # noqa: F401  (depth: the docstring example)
 
 __all__ = [
     "TRACR_PROGRAMS",
@@ -260,58 +260,12 @@ def ground_truth_edges(name: str) -> frozenset[tuple[str, str]]:
     >>> edges = ground_truth_edges("tracr-hist")
     >>> ("embed", "L0H0.q") in edges and ("MLP0", "logits") in edges
     True
-    >>> all(depth(s) < depth(r) for s, r in edges)
+    >>> all(depth(s) < depth(r) for s, r in edges)   # rs_interp.edges.depth
     True
     """
     return metadata(name).edges
 
 
-# --- the edge layout ---------------------------------------------------------------------------------
-
-def senders(n_layers: int, n_heads: int) -> tuple[str, ...]:
-    """Every sender in depth order: ``embed``, then per layer its heads and its MLP.
-
-    >>> senders(2, 1)
-    ('embed', 'L0H0', 'MLP0', 'L1H0', 'MLP1')
-    """
-    out = ["embed"]
-    for l in range(n_layers):
-        out += [f"L{l}H{h}" for h in range(n_heads)] + [f"MLP{l}"]
-    return tuple(out)
-
-
-def receivers(n_layers: int, n_heads: int) -> tuple[str, ...]:
-    """Every receiver in depth order: per layer each head's q, k, v and the MLP, then ``logits``.
-
-    >>> receivers(1, 1)
-    ('L0H0.q', 'L0H0.k', 'L0H0.v', 'MLP0', 'logits')
-    """
-    out = []
-    for l in range(n_layers):
-        out += [f"L{l}H{h}.{x}" for h in range(n_heads) for x in "qkv"] + [f"MLP{l}"]
-    return tuple(out + ["logits"])
-
-
-_HEAD = re.compile(r"^L(\d+)H(\d+)(?:\.[qkv])?$")
-_MLP = re.compile(r"^MLP(\d+)$")
-
-
-def depth(component: str) -> float:
-    """Where a sender or receiver sits: ``embed`` 0, layer ``l``'s heads ``2l + 1``, its MLP
-    ``2l + 2``, ``logits`` infinity. A sender precedes a receiver iff its depth is smaller.
-
-    >>> depth("embed"), depth("L1H0"), depth("L1H0.k"), depth("MLP1"), depth("logits")
-    (0, 3, 3, 4, inf)
-    """
-    if component == "embed":
-        return 0
-    if component == "logits":
-        return float("inf")
-    if m := _HEAD.match(component):
-        return 2 * int(m.group(1)) + 1
-    if m := _MLP.match(component):
-        return 2 * int(m.group(1)) + 2
-    raise ValueError(f"not a sender or receiver label: {component!r}")
 
 
 def component_weights(model: Model) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -130,16 +130,49 @@ def train_tuned_lens(
             # Gradients for the translators only: the model's parameters never get a .grad.
             weight.grad, bias.grad = torch.autograd.grad(loss, [weight, bias])
             opt.step()
-    tuned = TunedLens(tuple(labels[:-1]), weight.detach(), bias.detach(), {})
+    tuned = TunedLens(tuple(labels[:-1]), weight.detach(), bias.detach(), {"model": _fingerprint(model)})
     kl = lens_kl(model, tokens, tuned)
-    meta = {"steps": steps, "lr": lr, "batch_rows": batch_rows, "seed": seed, "rows": rows, "train_kl": kl.tolist()}
+    meta = {"steps": steps, "lr": lr, "batch_rows": batch_rows, "seed": seed, "rows": rows, "train_kl": kl.tolist(),
+            "model": _fingerprint(model)}
     return TunedLens(tuned.labels, tuned.weight, tuned.bias, meta)
 
 
-def lens_kl(model: Model, tokens: Int[torch.Tensor, "batch pos"], tuned: TunedLens | None = None) -> Float[torch.Tensor, " point"]:
+def _fingerprint(model: Model) -> dict[str, float]:
+    """The norms of the weights a lens depends on (float64): the same model in another dtype or
+    TransformerLens version matches to ~1e-4; another model does not."""
+    with torch.no_grad():
+        norms = {"W_E": model.W_E, "W_U": model.W_U, **{f"W_O{l}": b.attn.W_O for l, b in enumerate(model.blocks)}}
+        return {k: float(v.to(torch.float64).norm()) for k, v in norms.items()}
+
+
+def _check_lens(model: Model, tuned: TunedLens, strict: bool) -> None:
+    labels = tuple(label for label, _ in reading_points(model))[:-1]  # every reading point but the last
+    if tuned.weight.shape[-1] != model.cfg.d_model or tuple(tuned.labels) != labels:
+        raise ValueError(f"this tuned lens reads {tuned.labels} of width {tuned.weight.shape[-1]}; the model has "
+                         f"{labels} of width {model.cfg.d_model}: it was trained on another model")
+    recorded = tuned.metadata.get("model")
+    if strict and recorded:
+        mine = _fingerprint(model)
+        off = [(k, v, mine.get(k)) for k, v in recorded.items() if mine.get(k) is None or abs(mine[k] - v) > 1e-3 * max(abs(v), 1e-12)]
+        if off:
+            name, theirs, ours = off[0]
+            raise ValueError(f"this tuned lens was trained on another model (|{name}| {theirs:.6g} there, {ours} here); "
+                             f"pass strict=False to apply it anyway")
+
+
+def lens_kl(model: Model, tokens: Int[torch.Tensor, "batch pos"], tuned: TunedLens | None = None, *,
+            strict: bool = True) -> Float[torch.Tensor, " point"]:
     """``KL(p_final || lens)`` at every reading point but the last, mean over positions: the logit
-    lens without ``tuned``, the tuned lens with it."""
+    lens without ``tuned``, the tuned lens with it.
+
+    Raises:
+        ValueError: ``tuned`` has other reading points or width than the model, or (``strict``) was
+            trained on another model (the norms of ``W_E``, ``W_U`` and every ``W_O`` it recorded
+            differ by more than 1e-3 relative; a copy in another dtype or version passes).
+    """
     tokens = check_tokens(model, tokens)
+    if tuned is not None:
+        _check_lens(model, tuned, strict)
     _, streams, final_lp = _streams(model, tokens)
     out = []
     with torch.no_grad():

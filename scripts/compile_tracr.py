@@ -47,7 +47,8 @@ from tracr.rasp import rasp  # noqa: E402
 
 from rs_interp import _backend  # noqa: E402
 from rs_interp.models import build_model, save_model  # noqa: E402
-from rs_interp.tracr import PROGRAMS, depth, receivers, senders  # noqa: E402  (plain Python, no JAX)
+from rs_interp.edges import EdgeLayout, edge_layout  # noqa: E402  (plain Python, no JAX)
+from rs_interp.tracr import PROGRAMS  # noqa: E402
 
 BOS, PAD = "BOS", "PAD"
 #: Numerical outputs must match the reference to this (tracr's attention is a softmax, not a hard
@@ -163,14 +164,9 @@ def reads_and_writes(compiled, params) -> tuple[dict[str, list[str]], dict[str, 
     return writes, reads
 
 
-def edges_from(writes: dict[str, list[str]], reads: dict[str, list[str]], n_layers: int, n_heads: int) -> list[list[str]]:
-    """``[sender, receiver]`` for every sender strictly before a receiver that reads a label it writes."""
-    edges = []
-    for s in senders(n_layers, n_heads):
-        for r in receivers(n_layers, n_heads):
-            if depth(s) < depth(r) and set(writes[s]) & set(reads[r]):
-                edges.append([s, r])
-    return edges
+def edges_from(writes: dict[str, list[str]], reads: dict[str, list[str]], layout: EdgeLayout) -> list[list[str]]:
+    """``[sender, receiver]`` for every edge of the layout whose receiver reads a label its sender writes."""
+    return [[s, r] for s, r in layout.edges() if set(writes[s]) & set(reads[r])]
 
 
 def check(model, compiled, name: str, output_values, max_seq_len: int) -> int:
@@ -217,7 +213,7 @@ def compile_one(name: str, out: Path) -> dict:
     checked = check(model, compiled, name, output_values, spec.max_seq_len)
     writes, reads = reads_and_writes(compiled, params)
     cfg = model.cfg
-    edges = edges_from(writes, reads, cfg.n_layers, cfg.n_heads)
+    edges = edges_from(writes, reads, edge_layout(cfg))
     enc = compiled.input_encoder.encoding_map
     meta = {
         "program": name,

@@ -78,7 +78,9 @@ def perturb(model, seed, *, bias_scale=0.2):
     where the native models have none."""
     state = _backend.portable_state(model)
     g = torch.Generator().manual_seed(seed)
-    for name, p in state.items():
+    # Sorted names: both versions draw the same numbers for the same parameter (their state dicts
+    # come in different orders); "unembed.b_U", skipped on 4.x, sorts last and shifts no other draw.
+    for name, p in sorted(state.items()):
         leaf = name.rsplit(".", 1)[-1]
         if leaf == "w":
             state[name] = torch.rand(p.shape, generator=g, dtype=torch.float64).to(p.dtype) + 0.5

@@ -91,50 +91,151 @@ def _head_input_derivative(model, toks, kind, layer, head, w):
     return (at(EPS) - at(-EPS)) / (2 * EPS)
 
 
-def _write(model, clean, refc, l, h):
+def _resid0(model, toks):
+    box = {}
+    with torch.no_grad():
+        model.run_with_hooks(toks, fwd_hooks=[("blocks.0.hook_resid_pre", lambda t, hook: box.update(x=t.clone()))])
+    return box["x"]
+
+
+def _write(model, clean, refc, sender, toks=None, ref=None):
+    """The change of a sender's write, reference minus run (written apart from the library)."""
+    if sender == "embed":
+        return _resid0(model, ref) - _resid0(model, toks)
+    if sender.startswith("MLP"):
+        name = f"blocks.{int(sender[3:])}.hook_mlp_out"
+        return refc[name] - clean[name]
+    l, h = (int(x) for x in sender[1:].split("H"))
     name = f"blocks.{l}.attn.hook_z"
     return (refc[name] - clean[name])[:, :, h] @ model.blocks[l].attn.W_O[h]
+
+
+def _edge_derivative(model, toks, receiver, w):
+    """d metric / d eps with ``eps w`` added to one receiver's input only."""
+    if receiver == "logits":
+        return _derivative(model, toks, f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", lambda t, eps: t + eps * w)
+    if receiver.startswith("MLP"):
+        model.cfg.use_hook_mlp_in = True
+        try:
+            return _derivative(model, toks, f"blocks.{int(receiver[3:])}.hook_mlp_in", lambda t, eps: t + eps * w)
+        finally:
+            model.cfg.use_hook_mlp_in = False
+    head, kind = receiver.split(".")
+    l, h = (int(x) for x in head[1:].split("H"))
+    return _head_input_derivative(model, toks, kind, l, h, w)
+
+
+def _upstream(sender, receiver):
+    """The layout's rule, written out: embed feeds everything; a head or MLP of layer l feeds later
+    layers, the logits, and (a head) its own layer's MLP."""
+    if sender == "embed" or receiver == "logits":
+        return True
+    ls = int(sender[1:].split("H")[0]) if sender.startswith("L") else int(sender[3:])
+    lr = int(receiver[1:].split("H")[0]) if receiver.startswith("L") else int(receiver[3:])
+    return ls < lr or (ls == lr and sender.startswith("L") and receiver.startswith("MLP"))
+
+
+EDGES = [("embed", "L0H1.q"), ("embed", "L2H0.k"), ("L0H1", "L2H0.q"), ("L1H0", "L2H1.k"), ("L0H0", "L1H1.v"),
+         ("embed", "logits"), ("L2H1", "logits")]
+MLP_EDGES = [("MLP0", "L1H0.k"), ("MLP1", "logits"), ("L1H0", "MLP1"), ("MLP0", "MLP2"), ("embed", "MLP0"), ("MLP1", "L2H1.v")]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
 def test_edge_estimates_are_directional_derivatives(variant):
     model, toks, ref, clean, refc = _setup(variant)
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
-    for kind in "qkv":
-        for (ls, hs, ld, hd) in [(0, 1, 2, 0), (1, 0, 2, 1), (0, 0, 1, 1)]:
-            want = _head_input_derivative(model, toks, kind, ld, hd, _write(model, clean, refc, ls, hs))
-            assert float(eap.effect[kind][ls, hs, ld, hd]) == pytest.approx(want, abs=1e-6), (kind, ls, hs, ld, hd)
-    for kind in "qkv":  # NaN exactly where the source is not earlier
-        later = torch.tensor([[ls >= ld for ld in range(3)] for ls in range(3)])[:, None, :, None].expand(3, 2, 3, 2)
-        assert torch.equal(eap.effect[kind].isnan(), later)
-    w = _write(model, clean, refc, 2, 1)
-    logit_edge = _derivative(model, toks, "blocks.2.hook_resid_post", lambda t, eps: t + eps * w)
-    assert float(eap.effect["logits"][2, 1]) == pytest.approx(logit_edge, abs=1e-6)
-    if not model.cfg.attn_only:
-        model.cfg.use_hook_mlp_in = True
-        try:
-            w = _write(model, clean, refc, 1, 0)
-            want = _derivative(model, toks, "blocks.1.hook_mlp_in", lambda t, eps: t + eps * w)
-        finally:
-            model.cfg.use_hook_mlp_in = False
-        assert float(eap.effect["mlp"][1, 0, 1]) == pytest.approx(want, abs=1e-6)
-        assert bool(eap.effect["mlp"][2, :, 1].isnan().all())
+    for sender, receiver in EDGES + ([] if model.cfg.attn_only else MLP_EDGES):
+        want = _edge_derivative(model, toks, receiver, _write(model, clean, refc, sender, toks, ref))
+        assert eap.edge(sender, receiver) == pytest.approx(want, abs=1e-6), (sender, receiver)
+    rule = torch.tensor([[_upstream(s, r) for r in eap.layout.receivers] for s in eap.layout.senders])
+    assert torch.equal(eap.layout.exists, rule) and torch.equal(eap.effect.isnan(), ~rule)
+    with pytest.raises(ValueError, match="not an edge"):
+        eap.edge("L2H0", "L1H0.q")
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
-def test_a_heads_edges_sum_to_its_node_estimate(variant):
-    """Every reader of the stream gets its own copy (per-head q/k/v inputs, the MLP input, the final
-    stream), so the derivative along a head's write is the sum over its outgoing edges."""
-    model, toks, ref, _, _ = _setup(variant)
+def test_a_senders_edges_sum_to_its_node_estimate(variant):
+    """Every reader of the stream is a receiver (per-head q/k/v inputs, the MLP input, the final
+    stream), so the derivative along a sender's whole write is the sum over its outgoing edges: the
+    node estimate for a head, a directional derivative at the sender's output for embed and MLPs."""
+    model, toks, ref, clean, refc = _setup(variant)
     atp = ri.attribution_patching(model, toks, metric, reference=ref)
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
-    total = eap.effect["logits"].clone()
-    for kind in "qkv":
-        total += eap.effect[kind].nan_to_num(0).sum((2, 3))
-    if "mlp" in eap.effect:
-        total += eap.effect["mlp"].nan_to_num(0).sum(2)
-    assert (atp.effect - total).abs().max() <= 1e-9
+    totals = dict(zip(eap.layout.senders, eap.sender_totals().tolist()))
+    heads = torch.tensor([[totals[f"L{l}H{h}"] for h in range(2)] for l in range(3)], dtype=torch.float64)
+    assert (atp.effect - heads).abs().max() <= 1e-9
     assert atp.clean == pytest.approx(eap.clean, abs=1e-12)
+    w = _write(model, clean, refc, "embed", toks, ref)
+    assert totals["embed"] == pytest.approx(_derivative(model, toks, "blocks.0.hook_resid_pre", lambda t, eps: t + eps * w), abs=1e-6)
+    if not model.cfg.attn_only:
+        w = _write(model, clean, refc, "MLP1")
+        assert totals["MLP1"] == pytest.approx(_derivative(model, toks, "blocks.1.hook_mlp_out", lambda t, eps: t + eps * w), abs=1e-6)
+
+
+def _interpolated(model, toks, ref, alpha):
+    """A hook putting the stream entering block 0 at x_ref + alpha (x - x_ref) (written apart)."""
+    x_ref = _resid0(model, ref)
+    return ("blocks.0.hook_resid_pre", lambda t, hook: x_ref + alpha * (t - x_ref))
+
+
+@pytest.mark.parametrize("variant", VARIANTS[:2], ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
+def test_ig_steps_follow_the_definition(variant):
+    """EAP-IG with m = 3: each estimate is the mean over k = 1..3 of the derivative along the patch
+    at the input x_ref + (k/3)(x - x_ref), the patch direction fixed (the clean run's); m = 1 is plain."""
+    model, toks, ref, clean, refc = _setup(variant)
+    m = 3
+    atp = ri.attribution_patching(model, toks, metric, reference=ref, ig_steps=m)
+    eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=m)
+    assert torch.equal(ri.attribution_patching(model, toks, metric, reference=ref, ig_steps=1).effect,
+                       ri.attribution_patching(model, toks, metric, reference=ref).effect)
+    plain = ri.edge_attribution_patching(model, toks, metric, reference=ref)
+    assert torch.equal(ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=1).effect.nan_to_num(7),
+                       plain.effect.nan_to_num(7))
+    name = "blocks.1.attn.hook_z"
+    d = refc[name] - clean[name]
+
+    def at(alpha, eps):
+        def add(t, hook):
+            t = t.clone()
+            t[:, :, 0] += eps * d[:, :, 0]
+            return t
+        with torch.no_grad():
+            return float(metric(model.run_with_hooks(toks, fwd_hooks=[_interpolated(model, toks, ref, alpha), (name, add)])))
+
+    want = sum((at(k / m, EPS) - at(k / m, -EPS)) / (2 * EPS) for k in range(1, m + 1)) / m
+    assert float(atp.effect[1, 0]) == pytest.approx(want, abs=1e-6)
+    # an edge, through a receiver's input at each interpolated point
+    w = _write(model, clean, refc, "L0H1")
+    attn = model.blocks[2].attn
+
+    def at_edge(alpha, eps):
+        box = {}
+
+        def project(t, hook):
+            t = t.clone()
+            t[:, :, 0] = _norm(model, 2, box["x"] + eps * w) @ attn.W_K[0] + attn.b_K[0]
+            return t
+        hooks = [_interpolated(model, toks, ref, alpha), ("blocks.2.hook_resid_pre", lambda t, hook: box.update(x=t)),
+                 ("blocks.2.attn.hook_k", project)]
+        with torch.no_grad():
+            return float(metric(model.run_with_hooks(toks, fwd_hooks=hooks)))
+
+    want = sum((at_edge(k / m, EPS) - at_edge(k / m, -EPS)) / (2 * EPS) for k in range(1, m + 1)) / m
+    assert eap.edge("L0H1", "L2H0.k") == pytest.approx(want, abs=1e-6)
+    assert eap.ig_steps == m and eap.clean == pytest.approx(plain.clean, abs=1e-12)
+
+
+def test_ig_embed_total_converges_to_the_change_of_the_metric():
+    """Completeness: the embedding sender's edges sum to the gradient along the whole input, so with
+    IG their total tends to metric(reference) - metric(run) as m grows (a right Riemann sum: O(1/m))."""
+    model, toks, ref, _, _ = _setup(("LN", "standard", False))
+    with torch.no_grad():
+        exact = float(metric(model(ref))) - float(metric(model(toks)))
+    err = {}
+    for m in (4, 32):
+        eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=m)
+        err[m] = abs(float(eap.sender_totals()[0]) - exact)
+    assert err[32] <= err[4] / 4, (err, exact)  # measured: 13x smaller
 
 
 def test_no_gradients_left_and_bad_metric(toy2, small_batch):
@@ -158,10 +259,32 @@ def test_top_ranks_the_effects(toy2, small_batch):
     flat = [(lab, float(v)) for lab, v in zip(ri.head_labels(2, 2), atp.effect.flatten())]
     assert atp.top(4) == sorted(flat, key=lambda x: -abs(x[1]))
     eap = ri.edge_attribution_patching(toy2, toks, metric, reference=ref)
-    edges = [(f"{s} -> {d} {kind}", float(eap.effect[kind][ls, hs, 1, hd]))
-             for kind in "qkv" for ls, hs, s in ((0, 0, "L0H0"), (0, 1, "L0H1")) for hd, d in ((0, "L1H0"), (1, "L1H1"))]
-    edges += [(f"{lab} -> logits", float(v)) for lab, v in zip(ri.head_labels(2, 2), eap.effect["logits"].flatten())]
+    edges = [(f"{s} -> {r}", float(eap.effect[i, j])) for i, s in enumerate(eap.layout.senders)
+             for j, r in enumerate(eap.layout.receivers) if not eap.effect[i, j].isnan()]
     want = sorted(edges, key=lambda x: -abs(x[1]))[:5]
     assert [lab for lab, _ in eap.top(5)] == [lab for lab, _ in want]
     assert [v for _, v in eap.top(5)] == pytest.approx([v for _, v in want], abs=0)
-    assert len(eap.top(100)) == len(edges)  # the NaN entries (no such edge) are left out
+    assert len(eap.top(1000)) == len(edges) == eap.layout.n_edges == 29  # embed 13, layer 0's heads 2 x 7, layer 1's 2 x 1
+
+
+def test_inside_inference_mode(toy2, small_batch):
+    """A notebook often wraps its cells in torch.inference_mode(): the estimates are the same."""
+    toks, ref = small_batch.tokens[:2], small_batch.tokens[2:4]
+    m = lambda logits: logits[:, -1, 3].mean()  # noqa: E731
+    want = ri.attribution_patching(toy2, toks, m, reference=ref)
+    want_edges = ri.edge_attribution_patching(toy2, toks, m, reference=ref)
+    with torch.inference_mode():
+        got = ri.attribution_patching(toy2, toks.clone(), m, reference=ref.clone())
+        edges = ri.edge_attribution_patching(toy2, toks.clone(), m, reference=ref.clone())
+    assert torch.equal(got.effect, want.effect)
+    assert torch.equal(edges.effect.nan_to_num(7), want_edges.effect.nan_to_num(7))
+
+
+def test_a_model_on_the_meta_device_is_refused():
+    model = ri.make_attn_only(1).to("meta")  # shapes only, as after init_empty_weights
+    toks = torch.zeros(1, 4, dtype=torch.long)
+    for call in (lambda: ri.attribution_patching(model, toks, lambda lg: lg.sum(), reference=toks),
+                 lambda: ri.head_ablation_scan(model, toks, lambda lg: lg.sum()),
+                 lambda: ri.copying_scores(model), lambda: ri.composition_scores(model, "k")):
+        with pytest.raises(ValueError, match="meta device"):
+            call()

@@ -22,7 +22,14 @@ def _brute_force(model, tokens, heads, method, reference):
         z = z.clone()
         for ll, h in heads:
             if ll == l:
-                z[:, :, h] = 0 if method == "zero" else ref_z[l][:, :, h].mean((0, 1)) if method == "mean" else ref_z[l][:, :, h]
+                if method == "zero":
+                    z[:, :, h] = 0
+                elif method == "mean":  # one vector: the mean over batch and positions
+                    z[:, :, h] = ref_z[l][:, :, h].mean((0, 1))
+                elif method == "position_mean":  # (pos, d_head): the mean over the batch, per position
+                    z[:, :, h] = ref_z[l][:, :, h].mean(0)
+                else:
+                    z[:, :, h] = ref_z[l][:, :, h]
         return z
 
     with torch.no_grad():
@@ -44,8 +51,11 @@ def _tokens(model, n=3, seed=0):
     return torch.randint(0, model.cfg.d_vocab, (n, min(10, model.cfg.n_ctx)), generator=torch.Generator().manual_seed(seed))
 
 
+METHODS = ["zero", "mean", "position_mean", "resample"]
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+@pytest.mark.parametrize("method", METHODS)
 def test_ablate_heads_equals_brute_force(name, method):
     model = MODELS[name]
     toks, ref = _tokens(model), _tokens(model, seed=1)
@@ -56,7 +66,7 @@ def test_ablate_heads_equals_brute_force(name, method):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("budget", [1, 2**30])  # one head per pass, and every head of a layer in one pass
 def test_scan_equals_one_brute_force_run_per_head(name, method, budget):
     model = MODELS[name]
@@ -111,6 +121,7 @@ def test_trained_toy_heads_stand_out(toy2, test_set):
     (dict(heads=[]), "empty"), (dict(heads=[(0, 0), (0, 0)]), "twice"), (dict(heads=[(0, 0)], method="max"), "method"),
     (dict(heads=[(0, 0)], method="resample"), "reference"),
     (dict(heads=[(0, 0)], method="resample", reference=torch.zeros(1, 5, dtype=torch.long)), "shape"),
+    (dict(heads=[(0, 0)], method="position_mean", reference=torch.zeros(2, 5, dtype=torch.long)), "length of tokens"),
 ])
 def test_bad_arguments(toy2, small_batch, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -120,6 +131,21 @@ def test_bad_arguments(toy2, small_batch, kwargs, message):
 def test_metric_must_be_a_scalar(toy2, small_batch):
     with pytest.raises(ValueError, match="scalar"):
         ri.head_ablation_scan(toy2, small_batch.tokens[:2], lambda logits: logits[:, -1, 0])
+
+
+@pytest.mark.parametrize("value", ["0.5", None, [1.0], True])
+def test_a_metric_returning_no_number_is_named(toy2, small_batch, value):
+    with pytest.raises(ValueError, match=f"metric must return a number or a one-element tensor, got {type(value).__name__}"):
+        ri.head_ablation_scan(toy2, small_batch.tokens[:2], lambda logits: value)
+
+
+@pytest.mark.parametrize("positions", [[1, 1], [-1, 9], [0, 3, -10]])
+def test_a_position_named_twice_is_refused(toy2, positions):
+    toks = ri.induction_batch(2, seed=0).tokens[:, :10]
+    with pytest.raises(ValueError, match="more than once"):
+        ri.head_ablation_scan(toy2, toks, lambda lg: lg.sum(), positions=positions)
+    with pytest.raises(ValueError, match="more than once"):
+        ri.second_order_attribution(toy2, toks, targets=ri.next_token_targets(toks), positions=positions)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -153,3 +179,17 @@ def test_scan_top_ranks_the_effect(toy2, small_batch):
     want = sorted(zip(ri.head_labels(2, 2), scan.effect.flatten().tolist()), key=lambda x: -abs(x[1]))
     assert scan.top(4) == want and scan.top(2) == want[:2]
     assert scan.labels == ("L0H0", "L0H1", "L1H0", "L1H1")
+
+
+def test_a_zero_ov_head_scores_zero_not_nan():
+    """A head whose W_O is zero has no OV circuit: it neither copies nor suppresses (0), and the other
+    heads' scores are untouched (compared with the eigenvalues written out per head)."""
+    model = make_variant("LN", "standard", True, seed=4)
+    state = ri._backend.portable_state(model)
+    state["blocks.1.attn.W_O"][0] = 0
+    ri._backend.load_portable_state(model, state)
+    scores = ri.copying_scores(model)
+    assert float(scores[1, 0]) == 0.0 and not scores.isnan().any()
+    W_E, W_U = model.W_E.double(), model.W_U.double()
+    eig = torch.linalg.eigvals(model.W_O[0, 1].double() @ W_U @ W_E @ model.W_V[0, 1].double())
+    assert float(scores[0, 1]) == pytest.approx(float(eig.sum().real / eig.abs().sum()), abs=1e-9)

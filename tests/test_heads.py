@@ -84,3 +84,8 @@ def test_first_token_attention_against_the_patterns(toy2, small_batch):
     assert torch.equal(ft.ratio(), ft.mass / ft.uniform)
     with pytest.raises(ValueError, match="min_query"):
         ri.first_token_attention(toy2, toks, min_query=48)
+
+
+def test_first_token_attention_needs_two_positions(toy2):
+    with pytest.raises(ValueError, match="at least 2 positions for first-token attention, got 1"):
+        ri.first_token_attention(toy2, torch.tensor([[3]]))

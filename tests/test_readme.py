@@ -14,6 +14,13 @@ def test_notebook_example_runs_as_written(capsys):
     assert "Score(" in out
 
 
+def test_circuits_example_runs_as_written(capsys):
+    block = re.search(r"## Circuits.*?```python\n(.*?)```", README, re.S).group(1)
+    exec(compile(block, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "EAP-IG" in out and " -> " in out
+
+
 def test_two_setup_commands_and_ci():
     commands = re.search(r"## Set-up: two commands.*?```bash\n(.*?)```", README, re.S).group(1).strip().splitlines()
     assert [c.split("#")[0].split()[:2] for c in commands] == [["bash", "scripts/reproduce.sh"], ["bash", "scripts/test.sh"]]

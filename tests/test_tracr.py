@@ -20,6 +20,7 @@ import torch
 import rs_interp as ri
 from rs_interp import _backend
 from rs_interp import tracr as rt
+from rs_interp.edges import depth, edge_layout
 from rs_interp.registry import SHIPPED_MODELS
 
 N_INPUTS = 1000
@@ -176,10 +177,11 @@ def test_edges_match_the_weights(models, name):
 @pytest.mark.parametrize("name", rt.TRACR_PROGRAMS)
 def test_edges_go_forward_and_fit_the_layout(models, name):
     cfg, edges = models[name].cfg, rt.ground_truth_edges(name)
-    senders, receivers = rt.senders(cfg.n_layers, cfg.n_heads), rt.receivers(cfg.n_layers, cfg.n_heads)
-    assert edges and all(s in senders and r in receivers for s, r in edges)
+    layout = edge_layout(cfg)
+    assert edges and all(s in layout.senders and r in layout.receivers for s, r in edges)
+    assert edges <= set(layout.edges())
     for s, r in edges:
-        assert rt.depth(s) < rt.depth(r), (s, r)
+        assert depth(s) < depth(r), (s, r)
         if s != "embed" and r != "logits":  # the layer numbers say the same
             ls, lr = (int(re.search(r"\d+", x).group()) for x in (s, r))
             assert ls < lr or (ls == lr and s.startswith("L") and r.startswith("MLP")), (s, r)
@@ -236,7 +238,7 @@ def test_ablations_agree_with_the_edges(models, name):
     alive = reaches_logits(edges)
     direct = {s for s, r in edges if r == "logits"}
     assert direct and direct <= alive
-    for sender in rt.senders(model.cfg.n_layers, model.cfg.n_heads):
+    for sender in edge_layout(model).senders:
         ablated = logits_by_length(model, name, inputs, zero_hooks(sender, model.cfg))
         if sender not in alive:
             assert all(torch.equal(ablated[n], clean[n]) for n in clean), f"{sender} has no path to the logits"

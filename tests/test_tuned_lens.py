@@ -39,3 +39,21 @@ def test_training_lowers_the_kl_and_leaves_the_model_alone(gpt2_tiny, tmp_path):
 def test_bad_input(gpt2_tiny):
     with pytest.raises(ValueError, match="steps"):
         ri.train_tuned_lens(gpt2_tiny, torch.zeros(1, 4, dtype=torch.long), steps=-1)
+
+
+def test_a_lens_from_another_model_is_refused(gpt2_tiny):
+    """A lens records the norms of the weights it read; another model of the same shape is refused
+    by name, a float64 copy of the same model is not, and ``strict=False`` applies it anyway."""
+    toks = torch.randint(0, gpt2_tiny.cfg.d_vocab, (2, 8), generator=torch.Generator().manual_seed(3))
+    tuned = ri.train_tuned_lens(gpt2_tiny, toks, steps=2, progress=False)
+    other = ri.as_dtype(gpt2_tiny, torch.float32)
+    state = ri._backend.portable_state(other)
+    state["unembed.W_U"] = state["unembed.W_U"] * 1.1
+    ri._backend.load_portable_state(other, state)
+    with pytest.raises(ValueError, match=r"trained on another model \(\|W_U\|"):
+        ri.lens_kl(other, toks, tuned)
+    assert ri.lens_kl(other, toks, tuned, strict=False).isfinite().all()
+    assert (ri.lens_kl(ri.as_dtype(gpt2_tiny, torch.float64), toks, tuned) - ri.lens_kl(gpt2_tiny, toks, tuned)).abs().max() <= 1e-5
+    deeper = ri.make_attn_only(3, d_model=gpt2_tiny.cfg.d_model)
+    with pytest.raises(ValueError, match="trained on another model"):
+        ri.lens_kl(deeper, torch.zeros(1, 4, dtype=torch.long), tuned)

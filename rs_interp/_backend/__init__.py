@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from . import config as _config
-from .common import _HT_BUFFERS, HOOK_FLAGS, PORTABLE_FIELDS, TL_MAJOR, TL_VERSION, Stop, set_flag
+from .common import _HT_BUFFERS, HOOK_FLAGS, KV_WEIGHTS, PORTABLE_FIELDS, TL_MAJOR, TL_VERSION, Stop, kv_groups, per_query_head, set_flag
 
 if TL_MAJOR >= 4:
     from . import tl4 as _impl
@@ -47,6 +47,22 @@ gpt2_from_hf_dir = _impl.gpt2_from_hf_dir
 gpt2_from_hub = _impl.gpt2_from_hub
 build_model = _impl.build_model
 config_fields = _impl.config_fields
+
+
+def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:
+    """``obj.<name>`` (``W_Q`` ... ``b_O``, of a model: (layer, head, ...), or of one attention
+    module: (head, ...)) with one entry per query head. Under grouped-query attention 3.x's
+    ``W_K``/``W_V`` are already repeated per query head and 4.x's are per KV head: both come out
+    per query head here.
+
+    >>> from rs_interp import make_attn_only
+    >>> tuple(attn_weight(make_attn_only(1, n_key_value_heads=1), "W_K", 2).shape)
+    (1, 2, 32, 16)
+    """
+    w = getattr(obj, name)
+    if name not in KV_WEIGHTS:
+        return w
+    return per_query_head(w, n_heads, -3 if name.startswith("W_") else -2)
 
 
 def transformer_lens_version() -> str:

@@ -82,3 +82,35 @@ def set_flag(model: Any, name: str, value: bool) -> None:
     else:
         setter(value)
 
+
+
+#: The attention weights a grouped-query model holds once per key/value head.
+KV_WEIGHTS = ("W_K", "W_V", "b_K", "b_V")
+
+
+def kv_groups(cfg: Any) -> int:
+    """The number of key/value heads: ``n_key_value_heads`` for grouped-query attention, else ``n_heads``.
+
+    Raises:
+        ValueError: ``n_heads`` is not a multiple of ``n_key_value_heads``.
+    """
+    n = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    if cfg.n_heads % n:
+        raise ValueError(f"grouped-query attention: n_heads={cfg.n_heads} is not a multiple of n_key_value_heads={n}")
+    return n
+
+
+def per_query_head(w: torch.Tensor, n_heads: int, axis: int) -> torch.Tensor:
+    """``w`` with one entry per query head along ``axis``: under grouped-query attention the key/value
+    weights (one per KV head) repeated over the query heads that share them, as HookedTransformer's
+    ``W_K``/``W_V`` properties do (query head ``h`` reads KV head ``h // (n_heads // n_kv)``).
+
+    >>> per_query_head(torch.tensor([[1.0], [2.0]]), 4, 0).flatten().tolist()
+    [1.0, 1.0, 2.0, 2.0]
+    """
+    groups = w.shape[axis]
+    if groups == n_heads:
+        return w
+    if n_heads % groups:
+        raise ValueError(f"grouped-query attention: {n_heads} query heads do not split into {groups} KV heads")
+    return w.repeat_interleave(n_heads // groups, dim=axis)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .common import HookName, Stop, qkv_input_target
+from .common import HookName, Stop, per_query_head, qkv_input_target
 
 __all__ = ["qkv_input_hooks", "score_hooks", "final_stream"]
 
@@ -151,7 +151,8 @@ def score_hooks(model: Any, layer: int, box: dict[str, torch.Tensor], key: str,
         return fn
 
     def scores(t: torch.Tensor, *, hook: Any) -> None:
-        q, k = rotate(layer, parts["q"]), rotate(layer, parts["k"])
+        # Grouped-query attention: hook_k has one entry per KV head, shared by a group of query heads.
+        q, k = rotate(layer, parts["q"]), rotate(layer, per_query_head(parts["k"], parts["q"].shape[-2], -2))
         s = torch.einsum("bqhd,bkhd->bhqk", q, k) / scale
         n = s.shape[-1]
         box[key] = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))

@@ -28,7 +28,7 @@ from transformer_lens.model_bridge.generalized_components.position_embeddings_at
 from transformer_lens.model_bridge.sources.native.model import NativeAttention
 
 from . import emulation
-from .common import _HT_BUFFERS, PORTABLE_FIELDS, TL_VERSION, qkv_input_target, set_flag
+from .common import _HT_BUFFERS, KV_WEIGHTS, PORTABLE_FIELDS, TL_VERSION, qkv_input_target, set_flag
 
 __all__ = ["Model", "ModelConfig"]
 
@@ -281,7 +281,10 @@ def portable_state(model: Model) -> dict[str, torch.Tensor]:
             t = getattr(attn, name)
             if inverse is not None and name in ("W_Q", "W_K", "b_Q", "b_K"):
                 t = t[..., inverse]
-            out[f"blocks.{l}.attn.{name}"] = t
+            # HookedTransformer keeps a grouped-query model's per-KV-head weights as _W_K ... _b_V
+            # (W_K is its repeated view): the portable names are those, so checkpoints cross versions.
+            grouped = getattr(cfg, "n_key_value_heads", None) and name in KV_WEIGHTS
+            out[f"blocks.{l}.attn.{'_' if grouped else ''}{name}"] = t
         for ln in ["ln1"] + ([] if cfg.attn_only else ["ln2"]):
             out.update(_norm_state(getattr(block, ln), f"blocks.{l}.{ln}"))
         if not cfg.attn_only:
@@ -318,7 +321,8 @@ def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
                          f"TransformerLens {TL_VERSION}'s native models have none")
     perm = _rotary_perm(model.cfg)
     if perm is not None:
-        state = {k: v[..., perm] if k.rsplit(".", 1)[-1] in ("W_Q", "W_K", "b_Q", "b_K") else v for k, v in state.items()}
+        # (a grouped-query model's keys are named _W_K, _b_K: permuted the same way)
+        state = {k: v[..., perm] if k.rsplit(".", 1)[-1].lstrip("_") in ("W_Q", "W_K", "b_Q", "b_K") else v for k, v in state.items()}
     converted = convert_tl_checkpoint(state, model.cfg)
     own = model.state_dict()
     converted = {k: v.to(own[k].dtype) for k, v in converted.items()}
