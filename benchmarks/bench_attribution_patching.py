@@ -1,5 +1,5 @@
 """Attribution patching on a GPT-2-small-shaped model (random weights): the node estimate (every head)
-and the edge estimate (every head -> head q/k/v edge, plus MLPs and logits), each from one forward and
+and the edge estimate (every edge of the graph: embed, heads and MLPs into q/k/v inputs, MLPs and logits), each from one forward and
 one backward pass, beside the exact resample scan they approximate. Each tool in its own subprocess.
 
 Usage: python benchmarks/bench_attribution_patching.py [--batch 1] [--pos 64]
@@ -16,7 +16,7 @@ _BODY = r"""
 if tool == "node":
     values = ri.attribution_patching(model, tokens, metric, reference=reference).effect
 elif tool == "edge":
-    values = ri.edge_attribution_patching(model, tokens, metric, reference=reference).effect["q"]
+    values = ri.edge_attribution_patching(model, tokens, metric, reference=reference).effect  # (sender, receiver)
 else:
     values = ri.head_ablation_scan(model, tokens, lambda lg: lg[:, 0].log_softmax(-1)[:, 42].mean(), method="resample",
                                    reference=reference, positions=[-1]).effect
