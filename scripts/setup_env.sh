@@ -12,5 +12,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-"$VENV/bin/python" -m pip install -q -e ".[test]" "$TL_REQUIREMENT"
+# The dependencies (read from pyproject.toml), then rs_interp itself without them. Two set-ups may run
+# side by side (scripts/test.sh): the dependencies install apart, but both editable installs build in
+# this folder (rs_interp.egg-info), so that short step takes a lock.
+deps=$("$VENV/bin/python" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))')
+mapfile -t deps <<< "$deps"
+"$VENV/bin/python" -m pip install -q "${deps[@]}" "$TL_REQUIREMENT"
+flock .setup_env.lock "$VENV/bin/python" -m pip install -q --no-deps -e .
 echo "setup_env: $VENV has $("$VENV/bin/python" -c 'import importlib.metadata as m; print("transformer-lens", m.version("transformer-lens"))')" >&2

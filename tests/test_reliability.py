@@ -388,9 +388,13 @@ def test_tables_are_identical_across_processes(tmp_path):
     import subprocess
     import sys
 
-    for name in ("a", "b"):
-        subprocess.run([sys.executable, "-m", "rs_interp.cli", "reproduce", "--only", "induction", "paths", "geometry",
-                        "--quiet", "--out", str(tmp_path / name)], check=True, capture_output=True)
+    # Two processes side by side (the second core is free once the other pass of scripts/test.sh ends)
+    runs = [subprocess.Popen([sys.executable, "-m", "rs_interp.cli", "reproduce", "--only", "induction", "paths", "geometry",
+                              "--quiet", "--out", str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for name in ("a", "b")]
+    for run in runs:
+        out, err = run.communicate()
+        assert run.returncode == 0, err.decode()[-2000:]
     assert (tmp_path / "a" / "results.json").read_bytes() == (tmp_path / "b" / "results.json").read_bytes()
 
 

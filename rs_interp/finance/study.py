@@ -78,15 +78,20 @@ def _model_reader(model: Model, *, direct_only: bool = False) -> Callable[[Seque
     from ..path_expansion import path_expansion
 
     def read(queries: Sequence[Query]) -> list[int | None]:
-        preds: list[int | None] = []
-        for q in queries:  # contexts differ in length; each is a short single forward pass
-            toks = torch.tensor(q.context)[None]
+        preds: list[int | None] = [None] * len(queries)
+        by_length: dict[int, list[int]] = {}
+        for i, q in enumerate(queries):
+            by_length.setdefault(len(q.context), []).append(i)
+        # Contexts differ in length: those of one length go in one pass, no padding (each row is its own sequence).
+        for idx in by_length.values():
+            toks = torch.tensor([queries[i].context for i in idx])
             if direct_only:
-                logits = path_expansion(model, toks).contributions[0, 0, -1]
+                logits = path_expansion(model, toks).contributions[0, :, -1]
             else:
                 with torch.no_grad():
-                    logits = model(toks)[0, -1]
-            preds.append(int(logits.argmax()))
+                    logits = model(toks)[:, -1]
+            for i, p in zip(idx, logits.argmax(-1).tolist()):
+                preds[i] = p
         return preds
 
     return read
