@@ -229,3 +229,21 @@ def test_pre_vs_post_ln_gradient_table():
     assert max(prods) / min(prods) <= 1.15  # theory 251, 258, 257
     assert r24.pre_ln_first >= r6.pre_ln_first  # the first block's gradient does not shrink
     assert all(abs(r.post_ln_stream_norm - 8.0) < 1e-9 for r in (r6, r12, r24))  # post-LN pins ||x|| = sqrt(d)
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_redrawn_weights_equal_a_fresh_build(depth):
+    """The gradient table redraws one stack's weights per draw instead of building it again: the
+    same seed must give the very weights a fresh build gives (under either TransformerLens version)."""
+    from rs_interp import _backend
+    from rs_interp.reproduce.gradients import pre_ln_stack
+
+    model = pre_ln_stack(depth, seed=5)
+    _backend.set_unembedding(model, torch.ones_like(model.W_U))  # as the table does between draws
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(9)
+        _backend.reinitialise(model)
+    fresh = _backend.portable_state(pre_ln_stack(depth, seed=9))
+    redrawn = _backend.portable_state(model)
+    assert fresh.keys() == redrawn.keys()
+    assert all(torch.equal(fresh[k], redrawn[k]) for k in fresh)

@@ -46,6 +46,7 @@ set_unembedding = _impl.set_unembedding
 gpt2_from_hf_dir = _impl.gpt2_from_hf_dir
 gpt2_from_hub = _impl.gpt2_from_hub
 build_model = _impl.build_model
+reinitialise = _impl.reinitialise
 config_fields = _impl.config_fields
 
 

@@ -37,6 +37,12 @@ def build_model(cfg: ModelConfig) -> Model:
         return Model(cfg)
 
 
+def reinitialise(model: Model) -> None:
+    """Draw ``model``'s weights again from the global RNG, as :func:`build_model` does (the same
+    state gives the same weights as a fresh build: HookedTransformer draws only in ``init_weights``)."""
+    model.init_weights()
+
+
 def portable_state(model: Model) -> dict[str, torch.Tensor]:
     """The state dict without buffers: HookedTransformer's names and shapes are the portable ones."""
     return {k: v for k, v in model.state_dict().items() if not k.endswith(_HT_BUFFERS)}

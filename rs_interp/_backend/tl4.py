@@ -179,6 +179,12 @@ def build_model(cfg: ModelConfig) -> Model:
     return model
 
 
+def reinitialise(model: Model) -> None:
+    """Draw ``model``'s weights again from the global RNG, as :func:`build_model` does (the same
+    state gives the same weights as a fresh build)."""
+    _tl3_init(model)
+
+
 def _compatible(model: Model, **processing: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

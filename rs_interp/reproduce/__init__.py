@@ -33,6 +33,7 @@ SECTIONS: dict[str, str] = {
     "circuits": "induction:circuits_section",
     "ablation": "ablation:ablation_section",
     "attribution_patching": "ablation:attribution_patching_section",
+    "faithfulness": "faithfulness:faithfulness_section",
     "paths": "theorem3:paths_section",
     "gpt2": "gpt2:gpt2_section",
     "geometry": "geometry:geometry_section",

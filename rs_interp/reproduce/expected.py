@@ -92,6 +92,10 @@ EXPECTED: dict[str, Expected] = {
     "ablation.copying_induction": E(lo=0.9),
     "ablation.copying_layer0": E(),
     # Attribution patching vs the exact scan
+    "faithfulness.cpr": E(),
+    "faithfulness.cmd": E(),
+    "faithfulness.estimate_error": E(),
+    "faithfulness.full_circuit": E("1", lo=1 - 1e-6, hi=1 + 1e-6),
     "attribution_patching.spearman": E(),
     "attribution_patching.layer1_gap": E("0", hi=1e-3),
     "attribution_patching.head": E(),

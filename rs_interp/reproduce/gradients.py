@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .._backend import Model, attention_output, make_config, mlp_out_parameter, set_unembedding
+from .._backend import Model, attention_output, make_config, mlp_out_parameter, reinitialise, set_unembedding
 
 from ..geometry import layer_norm
 from ..models import build_model
@@ -84,8 +84,12 @@ def gradient_scaling(depths: Sequence[int] = (6, 12, 24), *, n_draws: int = 8, s
     rows = []
     for depth in depths:
         acc: dict[str, list[float]] = {k: [] for k in ("pre_last", "post_last", "pre_first", "pre_norm", "post_norm")}
+        model = pre_ln_stack(depth, seed=seed + 1000 * depth, n_ctx=n_tokens)
         for draw in range(n_draws):
-            model = pre_ln_stack(depth, seed=seed + 1000 * depth + draw, n_ctx=n_tokens)
+            if draw:  # the weights pre_ln_stack(depth, seed=seed + 1000 * depth + draw) would have, without building it again
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed + 1000 * depth + draw)
+                    reinitialise(model)
             # Common random numbers: draw k has the same input and readout at every depth, so the
             # depth trend is not buried under draw-to-draw noise.
             g = torch.Generator().manual_seed(seed + draw)
