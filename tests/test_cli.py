@@ -22,11 +22,16 @@ def test_reproduce_writes_results(tmp_path, capsys):
     assert (tmp_path / "report.html").is_file()
 
 
-def test_help_and_bad_arguments():
-    ok = subprocess.run([sys.executable, "-m", "rs_interp.cli", "--help"], capture_output=True, text=True)
-    assert ok.returncode == 0 and "reproduce" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "rs_interp.cli", "reproduce", "--seed", "x"], capture_output=True, text=True)
-    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--seed" in bad.stderr
+def test_help_and_bad_arguments(capsys):
+    """In process (argparse exits with its code; a fresh interpreter costs ~5 s of imports per call):
+    the installed entry point itself runs `rs-interp --help` in tests/test_packaging.py."""
+    with pytest.raises(SystemExit) as ok:
+        main(["--help"])
+    assert ok.value.code == 0 and "reproduce" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        main(["reproduce", "--seed", "x"])
+    err = capsys.readouterr().err
+    assert bad.value.code == 2 and "Traceback" not in err and "--seed" in err
 
 
 def test_hooks_is_not_a_global_package(tmp_path):
@@ -74,6 +79,8 @@ def test_unwritable_out_fails_before_any_work(tmp_path, capsys, monkeypatch, com
     assert "--out" in err and "not a writable directory" in err and len(err.strip().splitlines()) == 1
 
 
-def test_negative_seed_is_refused_at_parse_time():
-    r = subprocess.run([sys.executable, "-m", "rs_interp.cli", "reproduce", "--seed", "-1"], capture_output=True, text=True)
-    assert r.returncode == 2 and "seed" in r.stderr and "Traceback" not in r.stderr
+def test_negative_seed_is_refused_at_parse_time(capsys):
+    with pytest.raises(SystemExit) as r:
+        main(["reproduce", "--seed", "-1"])
+    err = capsys.readouterr().err
+    assert r.value.code == 2 and "seed" in err and "Traceback" not in err

@@ -324,7 +324,9 @@ def test_same_seed_same_weights_across_processes():
     code = ("import hashlib, rs_interp as ri\n"
             "m = ri.train_induction_model(2, steps=20, batch_size=8, seed=5, progress=False)\n"
             "print(hashlib.sha256(b''.join(v.numpy().tobytes() for v in m.state_dict().values())).hexdigest())")
-    hashes = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)}
+    runs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]  # side by side
+    hashes = {run.communicate()[0].strip() for run in runs}
+    assert all(run.returncode == 0 for run in runs)
     m = ri.train_induction_model(2, steps=20, batch_size=8, seed=5, progress=False)
     import hashlib
 
