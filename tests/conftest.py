@@ -72,6 +72,19 @@ def other_version_record(name: str, mine: dict):
     return torch.load(other)
 
 
+def ln1_by_hand(model, layer, x):
+    """Layer ``layer``'s first normalisation, written out from the config (apart from the library):
+    the brute forces of the patching tests recompute a head's q/k/v from a moved input with it."""
+    kind, ln = model.cfg.normalization_type, model.blocks[layer].ln1
+    if kind in ("LN", "LNPre"):
+        x = x - x.mean(-1, keepdim=True)
+    if kind is not None:
+        x = x / (x.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
+    if kind in ("LN", "RMS"):
+        x = x * ln.w
+    return x + ln.b if kind == "LN" else x
+
+
 def perturb(model, seed, *, bias_scale=0.2):
     """Every bias nonzero (N(0, bias_scale)) and every gain in [0.5, 1.5], through the portable
     state dict so the same names serve both TransformerLens versions. ``b_U`` stays zero on 4.x,

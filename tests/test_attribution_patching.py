@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import make_variant, needs_tl3
+from conftest import ln1_by_hand as _norm, make_variant, needs_tl3
 
 EPS = 1e-4  # central differences: error O(EPS^2) ~ 1e-8 on these metrics
 
@@ -49,18 +49,6 @@ def test_node_estimates_are_directional_derivatives(variant):
                 return t
             assert float(atp.effect[l, h]) == pytest.approx(_derivative(model, toks, name, add), abs=1e-6)
     assert atp.effect_per_position.sum(-1).sub(atp.effect).abs().max() <= 1e-12
-
-
-def _norm(model, layer, x):
-    """Layer ``layer``'s first normalisation, written out from the config (apart from the library)."""
-    kind, ln = model.cfg.normalization_type, model.blocks[layer].ln1
-    if kind in ("LN", "LNPre"):
-        x = x - x.mean(-1, keepdim=True)
-    if kind is not None:
-        x = x / (x.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
-    if kind in ("LN", "RMS"):
-        x = x * ln.w
-    return x + ln.b if kind == "LN" else x
 
 
 def _head_input_derivative(model, toks, kind, layer, head, w):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import make_variant, needs_tl3
+from conftest import ln1_by_hand as _norm, make_variant, needs_tl3
 
 
 def metric(logits):
@@ -38,17 +38,6 @@ def _write(model, toks, ref, sender):
     if sender.startswith("L"):
         return (a - b)[:, :, h] @ model.blocks[l].attn.W_O[h]
     return a - b
-
-
-def _norm(model, layer, x):
-    kind, ln = model.cfg.normalization_type, model.blocks[layer].ln1
-    if kind in ("LN", "LNPre"):
-        x = x - x.mean(-1, keepdim=True)
-    if kind is not None:
-        x = x / (x.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
-    if kind in ("LN", "RMS"):
-        x = x * ln.w
-    return x + ln.b if kind == "LN" else x
 
 
 def _patched(model, toks, receiver, w):
