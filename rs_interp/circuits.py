@@ -36,11 +36,11 @@ from tqdm.auto import tqdm
 
 from ._backend import Model, kv_groups, per_head_inputs
 from ._state import preserve_state
+from ._validate import check_tokens
 from .attribution_patching import RESID0, _prepare, _record
 from .edge_attribution import _sender_points
 from .edges import EdgeEffects, EdgeLayout, edge_layout
-from .head_ablation import _scalar
-from .metrics import Metric
+from .metrics import Metric, metric_value
 
 __all__ = ["MIB_FRACTIONS", "FaithfulnessCurve", "evaluate_circuit", "faithfulness_curve", "top_edges"]
 
@@ -118,7 +118,7 @@ def _run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edg
             fwd.append((f"blocks.{l}.hook_mlp_out", sender("mlp", l)))
     fwd.append((f"blocks.{L - 1}.hook_resid_post", receiver(["logits"])))
     with per_head_inputs(model, fwd) as runnable, model.hooks(fwd_hooks=runnable):
-        return _scalar(metric(model(tokens, return_type="logits")), "circuit run")
+        return metric_value(metric(model(tokens, return_type="logits")), "circuit run")
 
 
 def evaluate_circuit(
@@ -155,8 +155,6 @@ def _check(model: Model, tokens: torch.Tensor, reference: torch.Tensor, method: 
         raise ValueError(f"method must be 'resample' or 'mean', got {method!r}")
     if method == "resample":
         return _prepare(model, tokens, reference)
-    from ._validate import check_tokens
-
     tokens, reference = check_tokens(model, tokens), check_tokens(model, reference, "reference")
     if reference.shape[1] != tokens.shape[1]:
         raise ValueError(f"reference must be as long as tokens ({tokens.shape[1]} positions) for mean ablation, got {reference.shape[1]}")
@@ -223,7 +221,7 @@ def faithfulness_curve(
     with preserve_state(model, **flags), torch.no_grad():
         ablated = _ablated_writes(model, reference, method, tokens.shape[0])
         run = lambda keep: _run_circuit(model, tokens, metric, layout, keep, ablated)  # noqa: E731
-        full = _scalar(metric(model(tokens, return_type="logits")), "clean run")
+        full = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         empty = run(torch.zeros_like(layout.exists))
         if full == empty:
             raise ValueError(f"the full and the empty circuit give the same metric ({full}): faithfulness is undefined")

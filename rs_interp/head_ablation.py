@@ -36,7 +36,7 @@ from transformer_lens.utilities.activation_functions import apply_softcap
 
 from .heads import head_labels
 from .hooks import mean_heads, resample_heads, store, store_matching, zero_heads
-from .metrics import Metric, top_effects
+from .metrics import Metric, metric_value, top_effects
 from ._state import preserve_state
 from ._validate import check_heads, check_int_range, check_positions, check_tokens
 
@@ -139,16 +139,6 @@ def ablate_heads(
             return model(tokens, return_type="logits")
 
 
-def _scalar(value: object, what: str) -> float:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"metric must return a scalar, got a tensor of shape {tuple(value.shape)} ({what})")
-        return float(value.detach())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"metric must return a number or a one-element tensor, got {type(value).__name__} {value!r:.60} ({what})")
-    return float(value)
-
-
 def _logits(model: Model, x: torch.Tensor, start: int | None, spe: torch.Tensor | None, pos: list[int] | None) -> torch.Tensor:
     """The logits from tokens (``start=None``) or from the stream before layer ``start``; with ``pos``,
     the final norm and the unembedding run at those positions only (both act position by position)."""
@@ -203,7 +193,7 @@ def head_ablation_scan(
     with preserve_state(model), torch.no_grad():
         refs = _reference_z(model, ref, method, range(L))
         with model.hooks(fwd_hooks=store_matching(box, model, names)):
-            clean = _scalar(metric(_logits(model, tokens, None, None, pos)), "clean run")
+            clean = metric_value(metric(_logits(model, tokens, None, None, pos)), "clean run")
         spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
         jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads)))) for l in range(L) for h0 in range(0, n_heads, per_pass)]
         for l, group in tqdm(jobs, desc="head ablation scan", disable=not progress, leave=False):
@@ -230,5 +220,5 @@ def head_ablation_scan(
             with model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_z", ablate)]):
                 logits = _logits(model, resid, l, None if spe is None else spe.repeat(k, 1, 1), pos)
             for i, h in enumerate(group):
-                values[l, h] = _scalar(metric(logits[i * B : (i + 1) * B]), f"head ({l}, {h})")
+                values[l, h] = metric_value(metric(logits[i * B : (i + 1) * B]), f"head ({l}, {h})")
     return HeadAblationScan(effect=values - clean, clean=clean, ablated=values, method=method, labels=head_labels(L, n_heads))

@@ -72,3 +72,14 @@ def top_effects(labels: Sequence[str], effect: torch.Tensor, k: int) -> list[tup
     size = flat.abs().nan_to_num(-1.0)  # NaN (no such edge) sorts last
     order = [int(i) for i in size.argsort(descending=True, stable=True)[:k] if not bool(flat[i].isnan())]
     return [(labels[i], float(flat[i])) for i in order]
+
+
+def metric_value(value: object, what: str) -> float:
+    """A metric's result as a float: a number or a one-element tensor; a ValueError naming ``what`` otherwise."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"metric must return a scalar, got a tensor of shape {tuple(value.shape)} ({what})")
+        return float(value.detach())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"metric must return a number or a one-element tensor, got {type(value).__name__} {value!r:.60} ({what})")
+    return float(value)

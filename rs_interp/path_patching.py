@@ -33,9 +33,8 @@ from ._validate import check_int_range
 from .attribution_patching import _prepare, _record
 from .edge_attribution import _sender_points, _writes
 from .edges import EdgeEffects, EdgeLayout, edge_layout
-from .head_ablation import _scalar
 from .hooks import store_matching
-from .metrics import Metric
+from .metrics import Metric, metric_value
 
 __all__ = ["PathPatching", "path_patching"]
 
@@ -112,7 +111,7 @@ def path_patching(
         box: dict[str, torch.Tensor] = {}
         keep = lambda n: n.endswith("hook_resid_pre") or n == "hook_pos_embed"  # noqa: E731
         with model.hooks(fwd_hooks=store_matching(run, model, points) + store_matching(box, model, keep)):
-            clean = _scalar(metric(model(tokens, return_type="logits")), "clean run")
+            clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         writes = _writes(model, ref, run)  # (sender, batch, pos, d_model), float64
         spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
         jobs = []
@@ -136,5 +135,5 @@ def path_patching(
             with per_head_inputs(model, [(name, patch)]) as runnable, model.hooks(fwd_hooks=runnable):
                 logits = run_from(model, x, start=layer, spe=None if spe is None else spe.repeat(k, 1, 1))
             for i, row in enumerate(rows):
-                effect[row, j] = _scalar(metric(logits[i * B : (i + 1) * B]), f"edge {layout.senders[row]} -> {layout.receivers[j]}") - clean
+                effect[row, j] = metric_value(metric(logits[i * B : (i + 1) * B]), f"edge {layout.senders[row]} -> {layout.receivers[j]}") - clean
     return PathPatching(layout=layout, effect=effect, clean=clean)
