@@ -33,6 +33,7 @@ from . import hooks
 from .metrics import Metric, next_token_loss
 from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
 from .gpt2 import GPT2WeightsUnavailable, load_gpt2
+from .pretrained import WeightsUnavailable, load_pretrained
 from .lens import LogitLensReadings, logit_lens
 from .tuned_lens import TunedLens, lens_kl, train_tuned_lens
 from .gpt2_config import ParameterCount, count_parameters, gpt2_config
@@ -124,6 +125,8 @@ __all__ = [
     # GPT-2
     "gpt2_config",
     "load_gpt2",
+    "load_pretrained",
+    "WeightsUnavailable",
     "GPT2WeightsUnavailable",
     "count_parameters",
     "ParameterCount",

@@ -7,6 +7,7 @@ from typing import Iterable
 
 import torch
 from jaxtyping import Int
+from . import _backend
 from ._backend import Model
 
 __all__: list[str] = []
@@ -88,6 +89,18 @@ def check_heads(model: Model, heads: object, name: str, *, allow_empty: bool = T
     if not out and not allow_empty:
         raise ValueError(f"{name} is empty; name at least one (layer, head) pair")
     return out
+
+
+def check_bilinear_scores(model: Model, what: str) -> None:
+    """Refuse a weight-based reading of the attention score on a qk-norm model.
+
+    Raises:
+        ValueError: qk-norm (:func:`rs_interp._backend.has_qk_norm`): the score is not the bilinear form ``x W_Q W_K^T y``.
+    """
+    if _backend.has_qk_norm(model):
+        raise ValueError(f"{what} reads the score as the bilinear form W_Q W_K^T, but qk-norm (use_qk_norm) normalises each "
+                         "head's queries and keys before the score; the activation-based helpers (attribution and path "
+                         "patching, ablations, key_score_sensitivity) handle it")
 
 
 def check_model(model: Model) -> Model:

@@ -21,7 +21,7 @@ from typing import Literal, Sequence
 
 import torch
 from jaxtyping import Float, Int
-from ._backend import Model, kv_groups, per_head_inputs
+from ._backend import Model, attn_weight, kv_groups, per_head_inputs
 
 from .hooks import replace_heads_with, store
 from ._state import preserve_state
@@ -88,7 +88,7 @@ def run_with_input(
             x = x + box[f"z{lk}"][:, :, hk, :] @ model.blocks[lk].attn.W_O[hk]
         if keep_biases:
             for lb in range(layer):
-                x = x + model.blocks[lb].attn.b_O
+                x = x + attn_weight(model.blocks[lb].attn, "b_O", model.cfg.n_heads)
         return x
 
     fwd.append((f"blocks.{layer}.hook_{which}_input", replace_heads_with(new_input, head_indices)))

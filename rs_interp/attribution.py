@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from einops import einsum
 from jaxtyping import Float, Int
-from ._backend import Model
+from ._backend import Model, attn_weight
 
 from .hooks import store_matching
 from ._exact import (attached_hooks, check_normalization, check_sum, compute_dtype, frozen_norm_readout, metric_of,
@@ -107,7 +107,7 @@ def direct_logit_attribution(
             labels += list(head_labels(cfg.n_layers, cfg.n_heads)[l * cfg.n_heads : (l + 1) * cfg.n_heads])
             out.append((z * g_heads).sum(-1).permute(2, 0, 1))  # (head, batch, pos)
             labels.append(f"attn bias L{l}")
-            out.append(dot(attn.b_O))
+            out.append(dot(attn_weight(attn, "b_O", model.cfg.n_heads)))
             if not cfg.attn_only:
                 labels.append(f"mlp L{l}")
                 out.append(dot(box[f"blocks.{l}.hook_mlp_out"]))

@@ -33,7 +33,7 @@ from transformer_lens import FactoredMatrix
 from ._backend import Model, attn_weight
 
 from ._exact import compute_dtype
-from ._validate import check_model
+from ._validate import check_bilinear_scores, check_model
 
 __all__ = ["CompositionScores", "composition_scores", "random_baseline", "virtual_weight", "score_from_virtual_weight"]
 
@@ -119,6 +119,8 @@ def composition_scores(
     """
     kind = check_kind(kind)
     check_model(model)
+    if kind != "v":
+        check_bilinear_scores(model, f"{kind.upper()}-composition")
     L, H = model.cfg.n_layers, model.cfg.n_heads
     with torch.no_grad():
         dt = dtype or compute_dtype(model)  # float32 for half models: QR has no half-precision CPU kernel
@@ -195,6 +197,8 @@ def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kin
     if ls >= ld:
         raise ValueError(f"src layer {ls} must come before dst layer {ld}")
     kind = check_kind(kind)
+    if kind != "v":
+        check_bilinear_scores(model, f"virtual_weight(kind={kind!r})")
     with torch.no_grad():
         return FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[ls, hs], model.W_O[ls, hs]) @ _circuit(model, ld, hd, kind)
 

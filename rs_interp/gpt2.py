@@ -25,48 +25,10 @@ from ._backend import Model
 
 from .models import build_model
 from .gpt2_config import _HF_NAMES, GPT2_SIZES, gpt2_config
+from .pretrained import _GPT2_HOW as _HOW
+from .pretrained import ENV_VAR, GPT2WeightsUnavailable, _gpt2_from_dir
 
 __all__ = ["load_gpt2", "GPT2WeightsUnavailable", "find_pretrained_gpt2", "ENV_VAR"]
-
-ENV_VAR = "RS_INTERP_GPT2_PATH"
-
-_HOW = (
-    "GPT-2 weights can come from: source='hub' (needs network access or a Hugging Face cache that "
-    "already holds 'gpt2'), a local Hugging Face checkpoint directory with config.json and "
-    "model.safetensors (e.g. GPT2LMHeadModel.from_pretrained('gpt2').save_pretrained(DIR) on a machine "
-    f"with access; then pass DIR or set {ENV_VAR}=DIR), or source='random' for random weights."
-)
-
-
-class GPT2WeightsUnavailable(RuntimeError):
-    """Pretrained GPT-2 weights could not be had from the requested source."""
-
-
-def _from_local(path: Path, *, fold_ln: bool, center_writing_weights: bool, center_unembed: bool, dtype: torch.dtype) -> Model:
-    from transformers import AutoTokenizer, GPT2Config
-
-    if not (path / "config.json").is_file():
-        raise GPT2WeightsUnavailable(f"{path} is not a Hugging Face checkpoint directory (no config.json). {_HOW}")
-    hf_cfg = GPT2Config.from_pretrained(str(path), local_files_only=True)
-    if hf_cfg.n_embd % hf_cfg.n_head:
-        raise GPT2WeightsUnavailable(f"{path}: n_embd {hf_cfg.n_embd} is not a multiple of n_head {hf_cfg.n_head}")
-    cfg = gpt2_config(
-        "small", model_name=path.name, n_layers=hf_cfg.n_layer, d_model=hf_cfg.n_embd, n_heads=hf_cfg.n_head,
-        d_head=hf_cfg.n_embd // hf_cfg.n_head, d_mlp=hf_cfg.n_inner or 4 * hf_cfg.n_embd, d_vocab=hf_cfg.vocab_size,
-        n_ctx=hf_cfg.n_positions, eps=hf_cfg.layer_norm_epsilon, act_fn=hf_cfg.activation_function, dtype=dtype,
-    )
-    try:
-        model = _backend.gpt2_from_hf_dir(path, cfg, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                                          center_unembed=center_unembed, dtype=dtype)
-    except (OSError, ValueError) as err:
-        raise GPT2WeightsUnavailable(f"could not read the weights in {path}: {err}. {_HOW}") from err
-    has_tokenizer_files = any((path / f).is_file() for f in ("tokenizer.json", "vocab.json"))
-    if has_tokenizer_files:  # without them transformers builds an empty tokenizer; token ids still work
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        if len(tokenizer) >= cfg.d_vocab - 1:
-            model.set_tokenizer(tokenizer)
-    return model.eval()
-
 
 def load_gpt2(
     source: str | os.PathLike = "hub",
@@ -113,7 +75,7 @@ def load_gpt2(
     path = Path(source)
     if not path.exists():
         raise GPT2WeightsUnavailable(f"source {str(source)!r} is neither 'hub', 'random' nor an existing directory. {_HOW}")
-    return _from_local(path, fold_ln=fold_ln, center_writing_weights=cww, center_unembed=cu, dtype=dtype)
+    return _gpt2_from_dir(path, fold_ln=fold_ln, center_writing_weights=cww, center_unembed=cu, dtype=dtype)
 
 
 def find_pretrained_gpt2(*, fold_ln: bool = True) -> tuple[Model | None, str]:

@@ -17,7 +17,7 @@ from ._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
 
 from .hooks import store_matching
 from ._state import preserve_state
-from ._validate import check_int_range, check_layer, check_tokens
+from ._validate import check_bilinear_scores, check_int_range, check_layer, check_tokens
 from .data import InductionBatch
 
 __all__ = [
@@ -182,15 +182,16 @@ def positional_scores(model: Model, layer: int, *, max_offset: int | None = None
     bias key at position 0 (rotary scores depend on the offset only).
 
     Raises:
-        ValueError: the model is not rotary, or ``max_offset`` is outside ``[0, n_ctx - 1]``.
+        ValueError: the model is not rotary or has qk-norm, or ``max_offset`` is outside ``[0, n_ctx - 1]``.
     """
     check_layer(model, layer)
     if model.cfg.positional_embedding_type != "rotary":
         raise ValueError("positional_scores needs a rotary model (cfg.positional_embedding_type == 'rotary')")
+    check_bilinear_scores(model, "positional_scores")
     n = model.cfg.n_ctx if max_offset is None else check_int_range("max_offset", max_offset, 0, model.cfg.n_ctx - 1) + 1
     attn = model.blocks[layer].attn
     with torch.no_grad():
-        q = apply_rotary(model, layer, attn.b_Q[None, None].expand(1, n, -1, -1).clone())  # (1, n, head, d_head)
+        q = apply_rotary(model, layer, attn_weight(attn, "b_Q", model.cfg.n_heads)[None, None].expand(1, n, -1, -1).clone())  # (1, n, head, d_head)
         k = apply_rotary(model, layer, attn_weight(attn, "b_K", model.cfg.n_heads)[None, None].expand(1, n, -1, -1).clone())
         return torch.einsum("ohd,hd->ho", q[0], k[0, 0]) / attn_scale(model, layer)
 

@@ -123,7 +123,7 @@ def as_dtype(model: Model, dtype: torch.dtype) -> Model:
         raise ValueError(f"model must be a TransformerLens model, got {type(model).__name__}")
     copy = _backend.with_dtype(model, dtype)
     if model.tokenizer is not None:
-        copy.set_tokenizer(model.tokenizer)
+        _backend.set_tokenizer(copy, model.tokenizer)
     for mine, theirs in zip(copy.modules(), model.modules()):
         mine.training = theirs.training  # every submodule's mode, as in the original
     return copy

@@ -116,7 +116,7 @@ def _stream_paths(
                                 pattern[:, h] @ (term @ W_OV[h])))
             # b_V reaches the output as b_V W_O (pattern rows sum to one); with b_O it is a constant
             # written by layer l (so it belongs to layer l), then carried by later heads like x_0.
-            bias = torch.einsum("hd,hdm->m", attn_weight(attn, "b_V", model.cfg.n_heads).to(dt), W_O) + attn.b_O.to(dt)
+            bias = torch.einsum("hd,hdm->m", attn_weight(attn, "b_V", model.cfg.n_heads).to(dt), W_O) + attn_weight(attn, "b_O", model.cfg.n_heads).to(dt)
             if bool(bias.any()):
                 new.append((f"bias L{l}", (), l, bias.expand_as(terms[0])))
             for label, chain, layer, term in new:

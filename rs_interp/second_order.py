@@ -137,7 +137,7 @@ def second_order_attribution(
             z, W_O = box[f"blocks.{l}.attn.hook_z"].to(dt), attn.W_O.to(dt)
             for h, label in enumerate(head_labels(L, n_heads)[l * n_heads : (l + 1) * n_heads]):
                 labels.append(label), layer_of.append(l), terms.append(z[:, :, h] @ W_O[h])
-            labels.append(f"attn bias L{l}"), layer_of.append(l), terms.append(attn.b_O.to(dt).expand_as(terms[0]))
+            labels.append(f"attn bias L{l}"), layer_of.append(l), terms.append(attn_weight(attn, "b_O", model.cfg.n_heads).to(dt).expand_as(terms[0]))
             if not cfg.attn_only:
                 labels.append(f"mlp L{l}"), layer_of.append(l), terms.append(box[f"blocks.{l}.hook_mlp_out"].to(dt))
         own = (["ln1 bias"] if kind == "LN" else []) + ["b_V"]

@@ -170,16 +170,22 @@ NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
 POSITIONS = ("standard", "rotary") + (() if TL4 else ("shortformer", "alibi"))
 
 
-def make_variant(norm, pos, attn_only, *, dtype=torch.float64, seed=0, n_layers=2, n_heads=2, d_head=8, d_model=16,
-                 d_vocab=50, n_ctx=12):
-    """A small random model of any TransformerLens variant, with every bias and gain nonzero."""
+#: What each architecture feature of :data:`ARCHITECTURES` sets (grouped-query: one KV head, valid for any n_heads).
+FEATURES = {None: {}, "parallel": dict(parallel_attn_mlp=True), "gqa": dict(n_key_value_heads=1),
+            "qk_norm": dict(use_qk_norm=True)}
+
+
+def make_variant(norm, pos, attn_only, feature=None, *, dtype=torch.float64, seed=0, n_layers=2, n_heads=2, d_head=8,
+                 d_model=16, d_vocab=50, n_ctx=12):
+    """A small random model of any TransformerLens variant, with every bias and gain nonzero; ``feature``
+    adds one of :data:`FEATURES` (parallel blocks, grouped-query attention, qk-norm)."""
     from rs_interp.models import build_model
 
     cfg = _backend.make_config(
         n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_head, d_vocab=d_vocab, n_ctx=n_ctx,
         attn_only=attn_only, d_mlp=None if attn_only else 4 * d_model, act_fn=None if attn_only else "gelu",
         normalization_type=norm, positional_embedding_type=pos, rotary_dim=d_head if pos == "rotary" else None,
-        dtype=dtype, seed=None, device="cpu")
+        dtype=dtype, seed=None, device="cpu", **FEATURES[feature])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_model(cfg)
@@ -188,7 +194,21 @@ def make_variant(norm, pos, attn_only, *, dtype=torch.float64, seed=0, n_layers=
 
 VARIANTS = [(n, p, a) for n in NORMALIZATIONS for p in POSITIONS for a in (True, False)]
 
+#: The grid's extension by architecture (issue 29): parallel blocks, grouped-query attention and
+#: qk-norm, each on a norm and positions TransformerLens models pair it with. TransformerLens 4.3's
+#: native models build grouped-query attention only; its parallel and qk-norm models are Hugging
+#: Face-booted (tests/test_pretrained.py).
+ARCHITECTURES = [("LN", "rotary", False, "parallel"), ("RMS", "rotary", False, "gqa"), ("LNPre", "standard", True, "gqa"),
+                 ("RMS", "rotary", False, "qk_norm")]
+
+
+def architecture_params(variants=tuple(ARCHITECTURES)):
+    """:data:`ARCHITECTURES` as pytest params, those 4.x's native models cannot build skipped there."""
+    skip = lambda v: TL4 and v[3] in ("parallel", "qk_norm")  # noqa: E731
+    return [pytest.param(v, id=variant_id(v), marks=pytest.mark.skipif(skip(v), reason=f"TransformerLens {_backend.TL_VERSION}'s native models do not build {v[3]} (its Hugging Face-booted families are tested in test_pretrained)"))
+            for v in variants]
+
 
 def variant_id(v) -> str:
-    n, p, a = v
-    return f"{n or 'none'}-{p}-{'attn' if a else 'mlp'}"
+    n, p, a, *feature = v
+    return f"{n or 'none'}-{p}-{'attn' if a else 'mlp'}" + "".join(f"-{f}" for f in feature)

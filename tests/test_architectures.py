@@ -159,7 +159,7 @@ def test_a_shared_input_is_replaced_whole_or_refused(pair, tokens):
 
 # --- parallel blocks (GPT-J, GPT-NeoX, Pythia): the MLP reads the block's input -------------------
 
-needs_parallel = tl3_only("4.3's native builders refuse parallel_attn_mlp (HF-booted parallel families are issue 29's next step)")
+needs_parallel = tl3_only("4.3's native builders refuse parallel_attn_mlp (its Hugging Face-booted parallel families: test_pretrained)")
 
 
 @needs_parallel
@@ -213,3 +213,21 @@ def test_parallel_block_dla_and_ablation_are_exact(tokens):
             return t
         brute = float(metric(model.run_with_hooks(toks, fwd_hooks=[("blocks.1.attn.hook_z", zero)])))
     assert float(scan.ablated[1, 1]) == pytest.approx(brute, abs=1e-12)
+
+
+# --- qk-norm: the score is not the bilinear form W_Q W_K^T -------------------------------------------
+
+
+@tl3_only("4.3's native builders refuse use_qk_norm")
+def test_qk_norm_weight_readings_of_the_score_are_refused():
+    """The weight-based readings of the score refuse by name; V-composition (no score) and the
+    activation-based helpers run (the latter checked against brute forces on the qk-norm grid
+    variant in test_paths, test_attribution_patching, test_path_patching and test_circuits)."""
+    from conftest import make_variant
+
+    model = make_variant("RMS", "rotary", False, "qk_norm", seed=3)
+    for call in (lambda: ri.composition_scores(model, "k"), lambda: ri.composition_scores(model, "q"),
+                 lambda: ri.virtual_weight(model, (0, 0), (1, 1), "q"), lambda: ri.positional_scores(model, 1)):
+        with pytest.raises(ValueError, match="use_qk_norm"):
+            call()
+    assert ri.composition_scores(model, "v").scores.isfinite().any()

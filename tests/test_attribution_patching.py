@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import ln1_by_hand as _norm, make_variant, needs_tl3
+from conftest import architecture_params, ln1_by_hand as _norm, make_variant, needs_tl3, variant_id
 
 EPS = 1e-4  # central differences: error O(EPS^2) ~ 1e-8 on these metrics
 
@@ -35,7 +35,7 @@ VARIANTS = [("LN", "standard", False), ("RMSPre", "rotary", False),
             pytest.param((None, "shortformer", True), marks=needs_tl3)]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
+@pytest.mark.parametrize("variant", [*VARIANTS, *architecture_params()], ids=variant_id)
 def test_node_estimates_are_directional_derivatives(variant):
     model, toks, ref, clean, refc = _setup(variant)
     atp = ri.attribution_patching(model, toks, metric, reference=ref)
@@ -141,7 +141,7 @@ def test_edge_estimates_are_directional_derivatives(variant):
         eap.edge("L2H0", "L1H0.q")
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
+@pytest.mark.parametrize("variant", [*VARIANTS, *architecture_params()], ids=variant_id)
 def test_a_senders_edges_sum_to_its_node_estimate(variant):
     """Every reader of the stream is a receiver (per-head q/k/v inputs, the MLP input, the final
     stream), so the derivative along a sender's whole write is the sum over its outgoing edges: the

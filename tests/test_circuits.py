@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import make_variant
+from conftest import architecture_params, make_variant, variant_id
 
 
 def metric(logits):
@@ -23,7 +23,7 @@ def _setup(variant=("LN", "standard", False), seed=1):
 VARIANTS = [("LN", "standard", False), ("RMSPre", "rotary", True), ("LNPre", "rotary", False)]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
+@pytest.mark.parametrize("variant", [*VARIANTS, *architecture_params()], ids=variant_id)
 def test_full_circuit_is_the_clean_run_and_empty_the_reference_run(variant):
     model, toks, ref = _setup(variant)
     edges = ri.edge_layout(model).edges()

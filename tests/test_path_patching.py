@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import ln1_by_hand as _norm, make_variant, needs_tl3
+from conftest import ARCHITECTURES, architecture_params, ln1_by_hand as _norm, make_variant, needs_tl3, variant_id
 
 
 def metric(logits):
@@ -73,7 +73,8 @@ VARIANTS = [("LN", "standard", False), ("RMSPre", "rotary", False), ("LN", "rota
             pytest.param((None, "shortformer", True), marks=needs_tl3)]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
+# (grouped-query receivers, L1KV0.k, are checked against the multi-head twin in test_architectures)
+@pytest.mark.parametrize("variant", [*VARIANTS, *architecture_params([v for v in ARCHITECTURES if v[3] != "gqa"])], ids=variant_id)
 def test_every_edge_equals_a_hand_written_run(variant):
     model, toks, ref = _setup(variant)
     pp = ri.path_patching(model, toks, metric, reference=ref)

@@ -76,7 +76,7 @@ def test_dla_sums_to_the_metric_on_a_gpt2_shaped_model(gpt2_tiny):
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from conftest import POSITIONS, VARIANTS, make_variant, variant_id  # noqa: E402
+from conftest import POSITIONS, VARIANTS, architecture_params, make_variant, variant_id  # noqa: E402
 
 
 def _brute_force_dla(model, tokens, targets):
@@ -114,7 +114,7 @@ def _brute_force_dla(model, tokens, targets):
     return out, metric.detach()
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("variant", [*VARIANTS, *architecture_params()], ids=variant_id)
 def test_dla_is_exact_on_every_variant(variant):
     """Each component equals the autograd brute force (1e-9), and the sum equals the metric (1e-6), float64."""
     model = make_variant(*variant, seed=1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import VARIANTS, make_variant, variant_id
+from conftest import VARIANTS, architecture_params, make_variant, variant_id
 
 
 def _tokens(model, n=2, pos=9, seed=0):
@@ -12,7 +12,7 @@ def _tokens(model, n=2, pos=9, seed=0):
     return (torch.randint(0, model.cfg.d_vocab, (n, pos), generator=g), torch.randint(0, model.cfg.d_vocab, (n, pos), generator=g))
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("variant", [*VARIANTS, *architecture_params()], ids=variant_id)
 def test_sources_sum_to_each_heads_first_order_part(variant):
     """float64, every bias and gain nonzero: per head, the sources sum to its first-order DLA (1e-9),
     which is direct_logit_attribution's own component (itself checked against autograd)."""

@@ -45,6 +45,8 @@ mlp_out_parameter = _impl.mlp_out_parameter
 set_unembedding = _impl.set_unembedding
 gpt2_from_hf_dir = _impl.gpt2_from_hf_dir
 gpt2_from_hub = _impl.gpt2_from_hub
+from_hf = _impl.from_hf
+set_tokenizer = _impl.set_tokenizer
 build_model = _impl.build_model
 reinitialise = _impl.reinitialise
 config_fields = _impl.config_fields
@@ -52,7 +54,7 @@ config_fields = _impl.config_fields
 
 def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:
     """``obj.<name>`` (``W_Q`` ... ``b_O``, of a model: (layer, head, ...), or of one attention
-    module: (head, ...)) with one entry per query head. Under grouped-query attention 3.x's
+    module: (head, ...)) with one entry per query head, and zeros for a bias the attention does not have. Under grouped-query attention 3.x's
     ``W_K``/``W_V`` are already repeated per query head and 4.x's are per KV head: both come out
     per query head here.
 
@@ -61,9 +63,21 @@ def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:
     (1, 2, 32, 16)
     """
     w = getattr(obj, name)
+    if w is None and name.startswith("b_"):
+        # a Hugging Face-booted bridge of bias-free attention (Llama, GPT-J ...) says None; 3.x holds zeros
+        W = getattr(obj, "W_" + name[2:])
+        shape = W.shape[:-3] + W.shape[-1:] if name == "b_O" else W.shape[:-2] + W.shape[-1:]
+        w = torch.zeros(shape, dtype=W.dtype, device=W.device)
     if name not in KV_WEIGHTS:
         return w
     return per_query_head(w, n_heads, -3 if name.startswith("W_") else -2)
+
+
+def has_qk_norm(model: Model) -> bool:
+    """Whether each head normalises its queries and keys before the score: ``use_qk_norm``, or a
+    Hugging Face attention with ``q_norm`` (Qwen3, OLMo-2 ... booted on 4.x, whose config does not say)."""
+    return bool(getattr(model.cfg, "use_qk_norm", False)) or any(
+        hasattr(getattr(block.attn, "original_component", None), "q_norm") for block in model.blocks)
 
 
 def transformer_lens_version() -> str:
@@ -116,7 +130,10 @@ def readable_fields(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def with_dtype(model: Model, dtype: torch.dtype) -> Model:
-    """A fresh copy of ``model`` in ``dtype`` (the caller copies modes)."""
+    """A fresh copy of ``model`` in ``dtype`` (the caller copies modes); a Hugging Face-booted bridge
+    is deep-copied, as TransformerLens cannot rebuild it from its config."""
+    if _impl.is_hf_booted(model):
+        return _impl.converted_copy(model, dtype)
     copy = build_model(make_config(**config_of(model) | {"dtype": dtype, "device": "cpu"}))
     load_portable_state(copy, {k: v.to(dtype) if v.is_floating_point() else v for k, v in portable_state(model).items()})
     return copy

@@ -124,7 +124,7 @@ def gpt2_from_hf_dir(path: str, cfg: ModelConfig, *, fold_ln: bool, center_writi
     from transformers import GPT2LMHeadModel
     from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
 
-    hf_model = GPT2LMHeadModel.from_pretrained(str(path), local_files_only=True)
+    hf_model = GPT2LMHeadModel.from_pretrained(str(path), local_files_only=True, torch_dtype=dtype)  # processed in dtype
     state = convert_gpt2_weights(hf_model, cfg)
     model = build_model(cfg)
     model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
@@ -139,3 +139,60 @@ def gpt2_from_hub(name: str, *, fold_ln: bool, center_writing_weights: bool, cen
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         return Model.from_pretrained(name, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                      center_unembed=center_unembed, dtype=dtype, device="cpu")
+
+
+def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_unembed: bool,
+            dtype: torch.dtype) -> Model:
+    """A Hugging Face model as a ``HookedTransformer``: from a local directory by TransformerLens's
+    own config and weight conversion (the steps of ``from_pretrained``, which accepts hub names only),
+    from the hub by ``from_pretrained``.
+
+    A local directory is read through a link named ``checkpoint``: 3.9's config conversion picks the
+    architecture from the *name* when it contains "llama" or "gemma" and then reads no config
+    (``convert_hf_model_config``). Remove when: TransformerLens 3.x reads a local directory's
+    ``config.json`` whatever its name (3.9 does not).
+    """
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from transformer_lens import loading_from_pretrained as loading
+    from transformers import AutoModelForCausalLM
+
+    processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        if not Path(source).is_dir():
+            return Model.from_pretrained(str(source), dtype=dtype, device="cpu", **processing)
+        with tempfile.TemporaryDirectory(prefix="rs_interp_hf_") as tmp:
+            link = Path(tmp) / "checkpoint"
+            os.symlink(Path(source).resolve(), link)
+            hf_model = AutoModelForCausalLM.from_pretrained(str(link), local_files_only=True, torch_dtype=dtype)
+            cfg = loading.get_pretrained_model_config(str(link), fold_ln=fold_ln, device="cpu", dtype=dtype)
+            state = loading.get_pretrained_state_dict(str(link), cfg, hf_model=hf_model, dtype=dtype)
+            model = Model(cfg, move_to_device=False)
+            tables = {n: b.clone() for n, b in model.named_buffers() if "rotary" in n}
+            model.load_and_process_state_dict(state, **processing)
+            # 3.9's loading leaves the rotary tables ~3e-8 off those a build in this dtype computes
+            # (measured on float64): keep the build's, so every copy of the model is the same function
+            for n, b in model.named_buffers():
+                if n in tables:
+                    b.copy_(tables[n])
+    model.cfg.tokenizer_name = str(Path(source).resolve())  # not the temporary link
+    return model
+
+
+def set_tokenizer(model: Model, tokenizer: Any) -> None:
+    """``model.set_tokenizer(tokenizer)``."""
+    model.set_tokenizer(tokenizer)
+
+
+def is_hf_booted(model: Model) -> bool:
+    """Never on 3.x: Hugging Face weights are converted into a ``HookedTransformer``."""
+    return False
+
+
+def converted_copy(model: Model, dtype: torch.dtype) -> Model:
+    """Unused on 3.x (see :func:`is_hf_booted`)."""
+    raise AssertionError("3.x models are rebuilt from their config")
+

@@ -57,7 +57,7 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
     through ``set_use_split_qkv_input`` and restored), emulated on native attention.
 
     Raises:
-        NotImplementedError: a hooked layer's attention has neither (named with its class).
+        ValueError: a hooked layer's attention has neither (named with its class).
     """
     fwd = list(fwd)
     names = [n for n, _ in fwd if isinstance(n, str)] + [n for n in model.hook_dict if any(callable(f) and f(n) for f, _ in fwd)]
@@ -65,9 +65,10 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
     native = {l for l in layers if is_native_attention(model, l)}
     for l in sorted(layers - native):
         if not has_split_inputs(model, l):
-            raise NotImplementedError(f"blocks.{l}.hook_q_input ... hook_v_input: layer {l}'s attention "
-                                      f"({type(model.blocks[l].attn).__name__}) has no per-head inputs in "
-                                      f"TransformerLens {TL_VERSION}, and rs_interp emulates them on native attention only")
+            raise ValueError(f"blocks.{l}.hook_q_input ... hook_v_input: layer {l}'s attention "
+                             f"({type(model.blocks[l].attn).__name__}) has no per-head inputs in TransformerLens "
+                             f"{TL_VERSION}, and rs_interp emulates them on native attention only (TransformerLens "
+                             "3.x converts this architecture with them)")
     saved = bool(model.cfg.use_split_qkv_input)
     if layers - native:
         set_flag(model, "use_split_qkv_input", True)
@@ -98,7 +99,15 @@ def run_to(model: Model, x: torch.Tensor, stop: int, **kwargs: Any) -> torch.Ten
 
 
 def apply_rotary(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
-    """The native rotary of layer ``layer`` on ``x`` (batch, pos, head, d_head)."""
+    """The native rotary of layer ``layer`` on ``x`` (batch, pos, head, d_head).
+
+    Raises:
+        ValueError: the layer's attention is a Hugging Face module, which applies its rotary inside.
+    """
+    if not is_native_attention(model, layer):
+        raise ValueError(f"layer {layer}'s attention ({type(model.blocks[layer].attn).__name__}) applies its rotary "
+                         f"inside the Hugging Face module, which TransformerLens {TL_VERSION} does not expose: rotary "
+                         "positions are read on native and TransformerLens 3.x models only")
     rotary = model.blocks[layer].attn.original_component.rotary
     y, _ = rotary.apply_rope(x.transpose(1, 2), x.transpose(1, 2))
     return y.transpose(1, 2)
@@ -273,9 +282,34 @@ def _rotary_perm(cfg: Any) -> torch.Tensor | None:
     return torch.cat([perm, torch.arange(r, cfg.d_head)])
 
 
+def is_hf_booted(model: Model) -> bool:
+    """Whether ``model`` wraps a Hugging Face model (``boot_transformers``) rather than TransformerLens-native modules."""
+    return not is_native_attention(model, 0)
+
+
+def converted_copy(model: Model, dtype: torch.dtype) -> Model:
+    """A deep copy of a Hugging Face-booted bridge in ``dtype`` (TransformerLens cannot rebuild it from its config)."""
+    copy = __import__("copy").deepcopy(model)
+    with contextlib.redirect_stdout(None):  # 4.3's ``to`` prints the dtype change
+        copy.to(dtype)
+    copy.cfg.dtype = dtype
+    return copy
+
+
 def portable_state(model: Model) -> dict[str, torch.Tensor]:
-    """The bridge's parameters under HookedTransformer's names and shapes."""
+    """The bridge's parameters under HookedTransformer's names and shapes.
+
+    Raises:
+        ValueError: a Hugging Face-booted bridge other than GPT-2 (its rotary layout, parallel
+            blocks and missing biases have no portable form here).
+    """
     cfg, out = model.cfg, {}
+    if is_hf_booted(model) and getattr(cfg, "architecture", None) != "GPT2LMHeadModel":
+        raise ValueError(f"this model is a Hugging Face {getattr(cfg, 'architecture', 'model')} booted by TransformerLens "
+                         f"{TL_VERSION} (boot_transformers), which rs_interp's checkpoints do not hold (they hold "
+                         "TransformerLens-native and HookedTransformer models): load it again from its source with "
+                         "rs_interp.load_pretrained, or save it from TransformerLens 3.x")
+    folded = cfg.normalization_type in ("LNPre", "RMSPre")
     perm = _rotary_perm(cfg)
     inverse = None if perm is None else torch.argsort(perm)
     out["embed.W_E"] = model.W_E
@@ -291,14 +325,19 @@ def portable_state(model: Model) -> dict[str, torch.Tensor]:
             # (W_K is its repeated view): the portable names are those, so checkpoints cross versions.
             grouped = getattr(cfg, "n_key_value_heads", None) and name in KV_WEIGHTS
             out[f"blocks.{l}.attn.{'_' if grouped else ''}{name}"] = t
-        for ln in ["ln1"] + ([] if cfg.attn_only else ["ln2"]):
+        for ln in ([] if folded else ["ln1"] + ([] if cfg.attn_only else ["ln2"])):
             out.update(_norm_state(getattr(block, ln), f"blocks.{l}.{ln}"))
         if not cfg.attn_only:
             for name in ("W_in", "b_in", "W_out", "b_out") + (("W_gate",) if cfg.gated_mlp else ()):
                 out[f"blocks.{l}.mlp.{name}"] = getattr(block.mlp, name)
-    out.update(_norm_state(model.ln_final, "ln_final"))
+    if not folded:  # a folded GPT-2 keeps unit gains and zero biases that LNPre has no place for
+        out.update(_norm_state(model.ln_final, "ln_final"))
     out["unembed.W_U"] = model.W_U
     out["unembed.b_U"] = model.b_U
+    if bool(model.b_U.ne(0).any()):  # refused here, not when the checkpoint is read back
+        raise ValueError(f"the unembedding bias is nonzero (max |b_U| {model.b_U.abs().max().item():.3g}; folding the "
+                         f"final LayerNorm's bias puts it there): TransformerLens {TL_VERSION}'s native models, which "
+                         "rs_interp's checkpoints build, have none; save it from TransformerLens 3.x, or load it with fold_ln=False")
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 
@@ -385,18 +424,33 @@ def _folded(model: Model, fold_ln: bool) -> Model:
     return model
 
 
+def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_unembed: bool,
+            dtype: torch.dtype) -> Model:
+    """``boot_transformers`` on a local Hugging Face directory or a hub name, then TransformerLens's
+    processing (``enable_compatibility_mode``)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        model = Model.boot_transformers(str(source), device="cpu", dtype=dtype)
+    _compatible(model, fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed)
+    _norms_in_model_dtype(model)
+    return _folded(model, fold_ln)
+
+
 def gpt2_from_hf_dir(path: str, cfg: ModelConfig, *, fold_ln: bool, center_writing_weights: bool,
                      center_unembed: bool, dtype: torch.dtype) -> Model:
-    """``boot_transformers`` on a local directory, then TransformerLens's processing."""
-    model = Model.boot_transformers(str(path), device="cpu", dtype=dtype)
-    _compatible(model, fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed)
-    return _folded(model, fold_ln)
+    """``boot_transformers`` on a local directory (:func:`from_hf`)."""
+    return from_hf(path, fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                   dtype=dtype)
 
 
 def gpt2_from_hub(name: str, *, fold_ln: bool, center_writing_weights: bool, center_unembed: bool,
                   dtype: torch.dtype) -> Model:
-    """``boot_transformers`` from the hub or cache, then TransformerLens's processing."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        return gpt2_from_hf_dir(name, None, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                                center_unembed=center_unembed, dtype=dtype)
+    """``boot_transformers`` from the hub or cache (:func:`from_hf`)."""
+    return from_hf(name, fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                   dtype=dtype)
+
+
+def set_tokenizer(model: Model, tokenizer: Any) -> None:
+    """The bridge's ``tokenizer`` property (the bridge has no ``set_tokenizer``)."""
+    model.tokenizer = tokenizer
+
