@@ -21,6 +21,7 @@ from .heads import head_label, head_labels
 
 __all__ = [
     "faithfulness_figure",
+    "ground_truth_figure",
     "attention_figure",
     "path_contributions_figure",
     "logit_lens_figure",
@@ -252,4 +253,26 @@ def faithfulness_figure(curves: Mapping[str, object], *, title: str = "Faithfuln
                                  name=f"{name} (CPR {c.cpr:.3f}, CMD {c.cmd:.3f})"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
     fig.update_layout(title=title, xaxis_title="edges kept (%)", yaxis_title="faithfulness", xaxis_type="log", height=400)
+    return fig
+
+
+def ground_truth_figure(aurocs: Mapping[str, Mapping[str, tuple[float | None, float | None]]], *,
+                        title: str = "Each method's scores against the known circuit (AUROC)") -> go.Figure:
+    """Grouped bars: per model (x), one bar per method, its AUROC against the known circuit (left)
+    and against the known edges that carry effect under the patch (right); ``aurocs[model][method]
+    = (vs known, vs effective)``, None where undefined (no bar). Chance (0.5) dotted."""
+    if not aurocs:
+        raise ValueError("aurocs is empty; pass at least one model")
+    models = list(aurocs)
+    methods = list(dict.fromkeys(m for per in aurocs.values() for m in per))
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=("vs the known circuit", "vs its edges that carry effect"))
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf"]
+    for j, method in enumerate(methods):
+        for col in (0, 1):
+            y = [aurocs[m].get(method, (None, None))[col] for m in models]
+            fig.add_trace(go.Bar(x=models, y=y, name=method, legendgroup=method, showlegend=col == 0,
+                                 marker_color=colours[j % len(colours)]), row=1, col=col + 1)
+    for col in (1, 2):
+        fig.add_hline(y=0.5, line_dash="dot", line_color="#888", row=1, col=col)
+    fig.update_layout(title=title, barmode="group", height=450, yaxis_title="AUROC", yaxis_range=[0, 1.05])
     return fig

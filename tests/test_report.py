@@ -10,7 +10,7 @@ from rs_interp.cli import main
 
 # Each registry entry and the tables it builds: a section added to the registry but not here fails below.
 PARTS = {"induction": ["induction"], "circuits": ["key_ablation", "heads", "composition"], "ablation": ["ablation"],
-         "attribution_patching": ["attribution_patching"], "faithfulness": ["faithfulness"], "paths": ["paths", "logit_lens", "propositions"],
+         "attribution_patching": ["attribution_patching"], "faithfulness": ["faithfulness"], "ground_truth": ["ground_truth"], "paths": ["paths", "logit_lens", "propositions"],
          "gpt2": ["gpt2"], "geometry": ["geometry"], "finance": ["finance"], "code": ["code", "code_lens", "code_patching"]}
 SECTIONS = [key for keys in PARTS.values() for key in keys]
 
@@ -32,6 +32,44 @@ def test_results_json_has_every_section_within_band(report_dir):
     assert data["gpt2"]["parameters"]["total"] == 124_439_808 and data["gpt2"]["weights"] in ("pretrained", "random")
     assert {"seen", "unseen", "n_queries"} <= set(data["finance"])
     assert len(data["geometry"]["gradient_table"]) == 3
+
+
+def pairwise_auroc(scores, labels):
+    """Every (positive, negative) pair: 1 if the positive scores higher, 1/2 if tied."""
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    return sum(1.0 if p > n else 0.5 if p == n else 0.0 for p in pos for n in neg) / (len(pos) * len(neg))
+
+
+@pytest.mark.slow
+def test_ground_truth_aurocs_are_the_written_scores(report_dir):
+    """The ground-truth section's AUROCs, recomputed from the scores and edge sets it wrote
+    (|score|, the noise floor, a pairwise count): what the table says is what the scores say."""
+    from rs_interp.ground_truth import NOISE_FLOOR
+
+    data = json.loads((report_dir / "results.json").read_text())["ground_truth"]
+    models = [k for k in data if isinstance(data[k], dict)]
+    assert set(models) == {"tracr-reverse", "tracr-sort", "tracr-hist", "tracr-frac_prevs", "tracr-at_least_half", "induction-2l"}
+    for name in models:
+        r = data[name]
+        known, effective = set(r["known"]), set(r["effective"])
+        heads_known = {e.split(" -> ")[0] for e in known}
+        heads_effective = {e.split(" -> ")[0] for e in effective}
+        assert effective <= known and set(r["inert"]) == known - effective
+        for method, scores in r["scores"].items():
+            items = list(scores)
+            is_known, is_eff = (known, effective) if " -> " in items[0] else (heads_known, heads_effective)
+            top = max(abs(v) for v in scores.values())
+            mags = [abs(v) if abs(v) > NOISE_FLOOR * top else 0.0 for v in scores.values()]
+            for key, positive, keep in (("known", is_known, items), ("effective", is_eff, [i for i in items if i in is_eff or i not in is_known])):
+                labels = [i in positive for i in keep]
+                kept = [m for i, m in zip(items, mags) if i in keep]
+                want = pairwise_auroc(kept, labels) if 0 < sum(labels) < len(labels) else None
+                assert r["auroc"][method][key] == pytest.approx(want, abs=1e-12), (name, method, key)
+        if name.startswith("tracr-"):  # the known circuit carries everything: it alone is the whole model
+            assert r["faithfulness"]["known"] == pytest.approx(1.0, abs=1e-9)
+            assert r["auroc"]["exact path patching"]["effective"] == 1.0
+    assert data["induction-2l"]["derivation"]["best_edge"]["gain"] < data["induction-2l"]["derivation"]["thresholds"]["necessary"]
 
 
 @pytest.mark.slow

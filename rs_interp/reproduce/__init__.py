@@ -34,6 +34,7 @@ SECTIONS: dict[str, str] = {
     "ablation": "ablation:ablation_section",
     "attribution_patching": "ablation:attribution_patching_section",
     "faithfulness": "faithfulness:faithfulness_section",
+    "ground_truth": "ground_truth:ground_truth_section",
     "paths": "theorem3:paths_section",
     "gpt2": "gpt2:gpt2_section",
     "geometry": "geometry:geometry_section",
