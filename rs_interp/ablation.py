@@ -122,6 +122,14 @@ def run_with_key_input(
     ``keep=()`` gives "layer 1's keys read from x_0"; ``heads`` (``(layer, head)`` pairs in
     ``layer``, default all) the heads whose keys change. See :func:`run_with_input` (the identity
     with ``keep_biases``).
+
+    >>> from rs_interp import evaluate, find_prev_token_head, induction_batch, load_toy_model, score_logits
+    >>> model, batch = load_toy_model("induction-2l"), induction_batch(100, seed=1)
+    >>> prev = find_prev_token_head(model, batch.tokens)
+    >>> x0 = score_logits(run_with_key_input(model, batch.tokens, layer=1), batch)
+    >>> kept = score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[prev]), batch)
+    >>> x0.accuracy < 0.2, kept.accuracy > 0.9  # the previous-token head's write is what the keys need
+    (True, True)
     """
     return run_with_input(model, tokens, which="k", layer=layer, keep=keep, heads=heads, keep_biases=keep_biases)
 
@@ -135,5 +143,16 @@ def run_with_query_input(
     heads: Sequence[tuple[int, int]] | None = None,
     keep_biases: bool = False,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
-    """Logits with layer ``layer``'s queries computed from ``x_0`` plus the writes of the ``keep`` heads."""
+    """Logits with layer ``layer``'s queries computed from ``x_0`` plus the writes of the ``keep`` heads.
+
+    The query-side twin of :func:`run_with_key_input` (same arguments, same identity).
+
+    >>> import torch
+    >>> from rs_interp import as_dtype, head_labels, induction_batch, load_toy_model
+    >>> model = as_dtype(load_toy_model("induction-2l"), torch.float64)
+    >>> tokens = induction_batch(4, seed=0).tokens
+    >>> every = [(0, h) for h in range(model.cfg.n_heads)]  # keep every earlier head: the clean run
+    >>> bool(torch.allclose(run_with_query_input(model, tokens, layer=1, keep=every), model(tokens), atol=1e-10))
+    True
+    """
     return run_with_input(model, tokens, which="q", layer=layer, keep=keep, heads=heads, keep_biases=keep_biases)

@@ -31,6 +31,13 @@ class DirectLogitAttribution:
             positions skipped (target -1).
         clean: (batch, pos) the run's own metric (centered logit of the target, or the logit
             difference); 0 at the skipped positions.
+
+    >>> from rs_interp import SHIPPED_MODELS, next_token_targets
+    >>> model = SHIPPED_MODELS["code-2l"].load()  # LayerNorm, MLPs, learned positions: GPT-2's architecture
+    >>> tokens = torch.arange(10)[None]
+    >>> dla = direct_logit_attribution(model, tokens, targets=next_token_targets(tokens))
+    >>> dla.labels[:3], dla.contributions.shape[0] == len(dla.labels), float((dla.total() - dla.clean).abs().max()) < 1e-3
+    (('embed', 'pos_embed', 'L0H0'), True, True)
     """
 
     labels: tuple[str, ...]

@@ -59,6 +59,11 @@ class CompositionScores:
         full_circuit: whether ``M`` is the full QK circuit (TransformerLens's variant).
         baseline: the expected score of random Gaussian matrices of the same shapes (with
             ``baseline=True``), else None.
+
+    >>> from rs_interp import composition_scores, load_toy_model
+    >>> k = composition_scores(load_toy_model("induction-2l"), "k")
+    >>> k.kind, k.full_circuit, tuple(k.scores.shape), bool(k.scores[1].isnan().all())  # no layer after the last
+    ('k', False, (2, 2, 2, 2), True)
     """
 
     scores: Float[torch.Tensor, "src_layer src_head dst_layer dst_head"]

@@ -45,6 +45,11 @@ def copying_scores(model: Model) -> Float[torch.Tensor, "layer head"]:
 
     Equal to ``FactoredMatrix(W_E @ W_V[l, h], W_O[l, h] @ W_U).eigenvalues`` per head (tested to 1e-6).
     A head whose OV circuit is zero (every eigenvalue 0: it neither copies nor suppresses) scores 0.
+
+    >>> from rs_interp import load_toy_model
+    >>> s = copying_scores(load_toy_model("induction-2l"))
+    >>> tuple(s.shape), bool((s[1] > 0.9).all())  # (layer, head); the induction heads copy
+    ((2, 2), True)
     """
     eig = ov_eigenvalues(model)
     total = eig.abs().sum(-1)

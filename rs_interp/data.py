@@ -31,6 +31,12 @@ class InductionBatch:
         tokens: (batch, pos) token ids.
         periods: (batch,) the period ``p`` of each sequence.
         scored: (batch, pos - 1) True where the logit at ``i`` (predicting ``i + 1``) is scored, ``i >= p``.
+
+    >>> b = induction_batch(2, seed=0, seq_len=8, min_period=3, max_period=3)
+    >>> b.tokens[0, :3].tolist() == b.tokens[0, 3:6].tolist(), b.periods.tolist()
+    (True, [3, 3])
+    >>> b.targets[0].tolist()[:3], b.scored[0].tolist()[:4]  # -1: the first period is not scored
+    ([-1, -1, -1], [False, False, False, True])
     """
 
     tokens: Int[torch.Tensor, "batch pos"]
@@ -82,6 +88,12 @@ def induction_batch(
     Raises:
         ValueError: ``batch_size < 1``, ``d_vocab < 1``, ``seq_len < 2``, or period bounds outside
             ``1 <= min_period <= max_period <= seq_len``.
+
+    >>> batch = induction_batch(200, seed=1)
+    >>> tuple(batch.tokens.shape), int(batch.periods.min()) >= 6, int(batch.periods.max()) <= 24
+    ((200, 48), True, True)
+    >>> bool(torch.equal(induction_batch(4, seed=1).tokens, induction_batch(4, seed=1).tokens))
+    True
     """
     check_int_range("batch_size", batch_size, 1)
     check_int_range("d_vocab", d_vocab, 1)

@@ -55,6 +55,22 @@ def load_gpt2(
     Raises:
         GPT2WeightsUnavailable: the weights cannot be had; the message says which sources exist
             and how to provide one.
+
+    A local checkpoint directory (here a tiny random one; ``load_gpt2("random")`` builds GPT-2
+    small itself, 124,439,808 parameters, in a few seconds):
+
+    >>> import tempfile
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> path = tempfile.mkdtemp()
+    >>> GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=16)).save_pretrained(path)
+    >>> model = load_gpt2(path)  # folded and centred as from_pretrained does
+    >>> model.cfg.n_layers, model.cfg.d_model, model.cfg.d_vocab
+    (2, 32, 100)
+    >>> try:
+    ...     load_gpt2(path + "/missing")
+    ... except GPT2WeightsUnavailable as err:
+    ...     print("source='random'" in str(err))
+    True
     """
     cww = fold_ln if center_writing_weights is None else center_writing_weights
     cu = fold_ln if center_unembed is None else center_unembed

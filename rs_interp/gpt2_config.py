@@ -71,6 +71,10 @@ class ParameterCount:
         per_layer: the same split for one block (attention, mlp, layernorm).
         unembed_bias: TransformerLens's ``b_U`` (d_vocab zeros, not in the checkpoint; not in ``total``).
         untied_unembedding: ``W_U`` if it were not tied (not in ``total``).
+
+    >>> pc = count_parameters(gpt2_config("small"))
+    >>> pc.total, pc.by_category["mlp"] / pc.by_category["attention"]  # MLPs: twice the attention's
+    (124439808, 1.999...)
     """
 
     total: int

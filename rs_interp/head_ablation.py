@@ -57,6 +57,12 @@ class HeadAblationScan:
         ablated: (layer, head) the metric with that one head ablated.
         method: ``"zero"``, ``"mean"``, ``"position_mean"`` or ``"resample"``.
         labels: ``"L{l}H{h}"`` per head, row-major (:func:`rs_interp.head_labels`).
+
+    >>> from rs_interp import induction_batch, load_toy_model, next_token_loss
+    >>> batch = induction_batch(16, seed=1)
+    >>> scan = head_ablation_scan(load_toy_model("induction-2l"), batch.tokens, next_token_loss(batch.targets), method="mean")
+    >>> bool(torch.allclose(scan.effect, scan.ablated - scan.clean)), scan.labels
+    (True, ('L0H0', 'L0H1', 'L1H0', 'L1H1'))
     """
 
     effect: Float[torch.Tensor, "layer head"]
@@ -177,6 +183,12 @@ def head_ablation_scan(
             costs as much as five blocks, so a metric of the last position runs about twice as fast.
         memory_budget: bytes one stacked pass may use (roughly); at least one head per pass.
         progress: show a progress bar over the passes.
+
+    >>> from rs_interp import find_prev_token_head, head_label, induction_batch, load_toy_model, next_token_loss
+    >>> model, batch = load_toy_model("induction-2l"), induction_batch(50, seed=1)
+    >>> scan = head_ablation_scan(model, batch.tokens, next_token_loss(batch.targets), method="mean")
+    >>> scan.top(1)[0][0] == head_label(*find_prev_token_head(model, batch.tokens))  # the costliest head
+    True
     """
     tokens = check_tokens(model, tokens)
     ref = _check_method(model, tokens, method, reference)

@@ -55,7 +55,15 @@ def head_labels(n_layers: int, n_heads: int) -> tuple[str, ...]:
 
 
 def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer batch head query_pos key_pos"]:
-    """Every layer's attention pattern, from one forward pass (only the patterns are kept)."""
+    """Every layer's attention pattern, from one forward pass (only the patterns are kept).
+
+    >>> from rs_interp import induction_batch, load_toy_model
+    >>> pat = attention_patterns(load_toy_model("induction-2l"), induction_batch(3, seed=0).tokens)
+    >>> tuple(pat.shape)  # (layer, batch, head, query_pos, key_pos)
+    (2, 3, 2, 48, 48)
+    >>> bool(torch.allclose(pat.sum(-1), torch.ones(2, 3, 2, 48))), float(pat[..., 0, 1:].abs().max())  # rows sum to 1; causal
+    (True, 0.0)
+    """
     tokens = check_tokens(model, tokens)
     box: dict[str, torch.Tensor] = {}
     with preserve_state(model), torch.no_grad():
@@ -73,6 +81,11 @@ class FirstTokenAttention:
         uniform: what uniform causal attention would put there, ``mean 1 / (i + 1)`` over the same
             queries: a head above it prefers the first position.
         min_query: the first query position counted (position 0 must attend to itself).
+
+    >>> import rs_interp as ri
+    >>> ft = ri.first_token_attention(ri.load_toy_model(), ri.induction_batch(8, seed=0).tokens)
+    >>> tuple(ft.ratio().shape), ft.min_query  # ratio(): mass over the uniform baseline
+    ((2, 2), 4)
     """
 
     mass: Float[torch.Tensor, "layer head"]
@@ -141,6 +154,11 @@ class InductionScores:
         target: weight on the induction target ``i - p + 1``.
         after_occurrence: total weight on every ``j <= i`` whose predecessor equals the current
             token, ``t[j-1] == t[i]`` (the positions after any earlier occurrence).
+
+    >>> from rs_interp import induction_batch, induction_scores, load_toy_model
+    >>> s = induction_scores(load_toy_model("induction-2l"), induction_batch(32, seed=2))
+    >>> tuple(s.target.shape), bool((s.after_occurrence[1] >= s.target[1]).all())  # the target is one such position
+    ((2, 2), True)
     """
 
     target: Float[torch.Tensor, "layer head"]
@@ -183,6 +201,11 @@ def positional_scores(model: Model, layer: int, *, max_offset: int | None = None
 
     Raises:
         ValueError: the model is not rotary or has qk-norm, or ``max_offset`` is outside ``[0, n_ctx - 1]``.
+
+    >>> from rs_interp import load_toy_model
+    >>> s = positional_scores(load_toy_model("induction-2l"), 0, max_offset=3)
+    >>> tuple(s.shape)  # (head, offset 0..3)
+    (2, 4)
     """
     check_layer(model, layer)
     if model.cfg.positional_embedding_type != "rotary":
@@ -204,6 +227,11 @@ class ScoreSensitivity:
         mean_abs_change: (head,) mean |delta score| over the sampled (i, j) pairs, ``j <= i``.
         max_abs_change: (head,) the largest change.
         n_pairs: how many (sequence, i, j) pairs were compared.
+
+    >>> from rs_interp import induction_batch, key_score_sensitivity, load_toy_model
+    >>> s = key_score_sensitivity(load_toy_model("induction-2l"), induction_batch(16, seed=0).tokens)
+    >>> tuple(s.mean_abs_change.shape), bool((s.max_abs_change >= s.mean_abs_change).all()), s.n_pairs > 0
+    ((2,), True, True)
     """
 
     mean_abs_change: Float[torch.Tensor, " head"]
@@ -219,6 +247,14 @@ def key_score_sensitivity(model: Model, tokens: Int[torch.Tensor, "batch pos"], 
     compared (``i != j - 1``, so the query itself is unchanged). In a one-layer model the score is
     a function of ``(t_i, i, t_j, j)`` and does not move; with a previous-token head below, it does.
     Run in float64 to see the one-layer change at rounding level.
+
+    >>> import torch
+    >>> from rs_interp import as_dtype, induction_batch, load_toy_model
+    >>> tokens = induction_batch(16, seed=0).tokens
+    >>> one = key_score_sensitivity(as_dtype(load_toy_model("induction-1l"), torch.float64), tokens)
+    >>> two = key_score_sensitivity(as_dtype(load_toy_model("induction-2l"), torch.float64), tokens)
+    >>> float(one.max_abs_change.max()) < 1e-10, float(two.mean_abs_change.max()) > 1.0
+    (True, True)
     """
     tokens = check_tokens(model, tokens)
     b, n = tokens.shape

@@ -24,9 +24,21 @@ from jaxtyping import Float, Int
 
 __all__ = ["Metric", "next_token_loss"]
 
-#: A function of the logits (batch, pos, d_vocab) returning a scalar tensor: what
-#: ``head_ablation_scan``, ``attribution_patching`` and ``edge_attribution_patching`` measure.
 Metric = Callable[[Float[torch.Tensor, "batch pos d_vocab"]], Float[torch.Tensor, ""]]
+"""A function of the logits (batch, pos, d_vocab) returning a scalar tensor: what
+``head_ablation_scan``, ``attribution_patching``, ``edge_attribution_patching``, ``path_patching``
+and the circuit functions measure. Differentiable for attribution patching.
+
+:func:`next_token_loss` builds the usual one; any function of the logits will do, e.g. the logit
+difference of two tokens at the last position:
+
+>>> import torch
+>>> from rs_interp import head_ablation_scan, load_toy_model
+>>> logit_diff = lambda logits: (logits[:, -1, 1] - logits[:, -1, 2]).mean()  # a Metric
+>>> scan = head_ablation_scan(load_toy_model("induction-2l"), torch.arange(12)[None], logit_diff)
+>>> tuple(scan.effect.shape), isinstance(scan.clean, float)
+((2, 2), True)
+"""
 
 
 def next_token_loss(targets: Int[torch.Tensor, "batch pos"]) -> Metric:

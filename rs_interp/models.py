@@ -45,7 +45,17 @@ _WEIGHTS_SUFFIX = ".safetensors"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint is missing, truncated, corrupted or has an invalid config."""
+    """A checkpoint is missing, truncated, corrupted or has an invalid config.
+
+    A ``ValueError``, so code that catches bad input catches it too.
+
+    >>> import tempfile
+    >>> try:
+    ...     load_model(tempfile.mkdtemp() + "/missing")
+    ... except CheckpointError as err:
+    ...     print(type(err).__name__, isinstance(err, ValueError))
+    CheckpointError True
+    """
 
 
 def attn_only_config(n_layers: int = 2, **overrides: Any) -> ModelConfig:
@@ -210,6 +220,13 @@ def load_model(path: str | Path) -> Model:
     Raises:
         CheckpointError: (a ``ValueError``) if a file is missing, the JSON config lacks or has
             wrong fields, or the safetensors file is truncated, corrupted or does not match.
+
+    >>> import tempfile, torch
+    >>> model = make_attn_only(1)
+    >>> path = save_model(model, tempfile.mkdtemp() + "/toy")
+    >>> tokens = torch.zeros(1, 4, dtype=torch.long)
+    >>> bool(torch.equal(load_model(path)(tokens), model(tokens)))
+    True
     """
     cfg_path, w_path = _checkpoint_files(path)
     for p in (cfg_path, w_path):

@@ -59,6 +59,11 @@ class PathExpansion:
             direct path and the biases).
         targets: the target token ids (-1: skipped), or None for the full vocabulary.
         layers: per path, the layer that wrote its last term (see :meth:`last_layer`).
+
+    >>> from rs_interp import induction_batch, load_toy_model
+    >>> pe = path_expansion(load_toy_model("induction-2l"), induction_batch(1, seed=0).tokens)
+    >>> pe.labels[:4], pe.chains[3], pe.last_layer().tolist()[:4]
+    (('direct', 'L0H0', 'L0H1', 'L1H0'), ((1, 0),), [-1, 0, 0, 1])
     """
 
     labels: tuple[str, ...]
@@ -149,6 +154,14 @@ def path_expansion(
     Raises:
         ValueError: the model has LayerNorm or MLPs; tokens/targets are malformed; or a hook the
             caller attached changed the run, so no sum of paths equals it (the error names it).
+
+    >>> import torch
+    >>> from rs_interp import as_dtype, induction_batch, load_toy_model
+    >>> model = as_dtype(load_toy_model("induction-2l"), torch.float64)
+    >>> tokens = induction_batch(4, seed=0).tokens
+    >>> pe = path_expansion(model, tokens)  # (path, batch, pos, d_vocab)
+    >>> len(pe.labels), float((pe.total() - model(tokens).detach()).abs().max()) < 1e-10  # (1 + 2)^2 paths, exact
+    (9, True)
     """
     _check_attn_only(model, "path_expansion")
     tokens = check_tokens(model, tokens)
@@ -192,6 +205,12 @@ class PathAttribution:
             term's own layer, -1 for the direct path and ``b_U``.
         top1_without_last_layer: fraction of scored positions where the paths that do not end
             in the last layer alone rank the target first.
+
+    >>> from rs_interp import induction_batch, load_toy_model
+    >>> batch = induction_batch(16, seed=0)
+    >>> att = path_logit_attribution(load_toy_model("induction-2l"), batch.tokens, targets=batch.targets)
+    >>> bool(torch.allclose(att.share.sum(0), torch.ones(att.share.shape[1]))), att.top1_without_last_layer < 0.1
+    (True, True)
     """
 
     labels: tuple[str, ...]

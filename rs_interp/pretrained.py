@@ -33,7 +33,17 @@ _TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.m
 
 
 class WeightsUnavailable(RuntimeError):
-    """A pretrained model could not be had from the requested source."""
+    """A pretrained model could not be had from the requested source.
+
+    A ``RuntimeError`` whose message says how to provide the weights.
+
+    >>> import tempfile
+    >>> try:
+    ...     load_pretrained(tempfile.mkdtemp())  # an empty directory: no config.json
+    ... except WeightsUnavailable as err:
+    ...     print("no config.json" in str(err))
+    True
+    """
 
 
 ENV_VAR = "RS_INTERP_GPT2_PATH"
@@ -47,7 +57,15 @@ _GPT2_HOW = (
 
 
 class GPT2WeightsUnavailable(WeightsUnavailable):
-    """Pretrained GPT-2 weights could not be had from the requested source."""
+    """Pretrained GPT-2 weights could not be had from the requested source (a :class:`WeightsUnavailable`).
+
+    >>> from rs_interp import load_gpt2
+    >>> try:
+    ...     load_gpt2("./no-such-checkpoint")
+    ... except WeightsUnavailable as err:  # catches GPT2WeightsUnavailable too
+    ...     print(type(err).__name__)
+    GPT2WeightsUnavailable
+    """
 
 
 def _gpt2_from_dir(path: Path, *, fold_ln: bool, center_writing_weights: bool, center_unembed: bool, dtype: torch.dtype) -> Model:
@@ -103,6 +121,14 @@ def load_pretrained(
         WeightsUnavailable: the directory holds no checkpoint or no tokenizer, or the name cannot be
             fetched (no network and no cache); the message says how to provide the weights.
         ValueError: the installed TransformerLens cannot convert the architecture (its own message).
+
+    >>> import tempfile
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> path = tempfile.mkdtemp()  # a checkpoint as save_pretrained writes it (tiny, random)
+    >>> GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=100, n_positions=16)).save_pretrained(path)
+    >>> model = load_pretrained(path, dtype=torch.float64)
+    >>> model.cfg.n_layers, model.cfg.dtype
+    (1, torch.float64)
     """
     cww = fold_ln if center_writing_weights is None else center_writing_weights
     cu = fold_ln if center_unembed is None else center_unembed

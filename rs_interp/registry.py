@@ -172,7 +172,6 @@ _INDUCTION_TOLERANCE = {"test_loss": 1e-3, "test_accuracy": 5e-4}
 #: circuit (the three claims of its section), which both retrainings and seed 1 have.
 _CODE_TOLERANCE = {"heldout_loss": 0.06, "repeat_first_loss": 1.0, "repeat_loss": 0.4}
 
-#: Every shipped model. ``settings`` are the recorded recipe (the checkpoint's metadata holds the same).
 SHIPPED_MODELS: dict[str, ShippedModel] = {
     "induction-2l": ShippedModel(
         "induction-2l", "the theory's two-layer attention-only model, trained to form an induction circuit",
@@ -191,6 +190,22 @@ SHIPPED_MODELS: dict[str, ShippedModel] = {
                                         "its circuit is known by construction", {}, {})
        for program in ("reverse", "sort", "hist", "frac_prevs", "at_least_half")},
 }
+"""Every shipped model, by name: its checkpoint, loader, recipe and seed, retrain tolerance and extra files.
+
+``settings`` are the recorded recipe (the checkpoint's metadata holds the same): ``induction-2l`` and
+``induction-1l`` (the theory's attention-only models), ``code-2l`` (GPT-2's architecture, trained on
+torch's Python sources, with its tokenizer) and the five ``tracr-*`` models (compiled, their circuits
+known). :func:`load_toy_model` loads any of them by name.
+
+>>> entry = SHIPPED_MODELS["code-2l"]
+>>> entry.settings["steps"], entry.seed, sorted(entry.tolerance)
+(4000, 0, ['heldout_loss', 'repeat_first_loss', 'repeat_loss'])
+>>> model, tok = entry.load(), entry.tokenizer()  # tok: a tokenizers.Tokenizer
+>>> model.cfg.n_layers, model.cfg.d_vocab, tok.get_vocab_size()
+(2, 2048, 2048)
+>>> sorted(name for name in SHIPPED_MODELS if name.startswith("tracr-"))
+['tracr-at_least_half', 'tracr-frac_prevs', 'tracr-hist', 'tracr-reverse', 'tracr-sort']
+"""
 
 
 def _entry(name: str) -> ShippedModel:

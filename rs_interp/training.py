@@ -56,7 +56,18 @@ _FROZEN_BIASES = ("b_V", "b_O", "b_U")
 
 @dataclass(frozen=True)
 class Score:
-    """Mean next-token loss (nats) and accuracy over the scored positions."""
+    """Mean next-token loss (nats) and accuracy over the scored positions.
+
+    Attributes:
+        loss: mean cross-entropy (nats) at the scored positions.
+        accuracy: the fraction of scored positions whose argmax is the next token.
+        n_scored: how many positions were scored.
+
+    >>> from rs_interp import load_toy_model
+    >>> s = evaluate(load_toy_model("induction-2l"), induction_batch(50, seed=1))
+    >>> s.loss < 0.3, s.accuracy > 0.9, s.n_scored == int(induction_batch(50, seed=1).scored.sum())
+    (True, True, True)
+    """
 
     loss: float
     accuracy: float
@@ -84,7 +95,15 @@ def masked_next_token_loss(
 
 
 def score_logits(logits: Float[torch.Tensor, "batch pos d_vocab"], batch: InductionBatch) -> Score:
-    """Loss and accuracy of precomputed ``logits`` (e.g. from an ablation run) on ``batch``'s scored positions."""
+    """Loss and accuracy of precomputed ``logits`` (e.g. from an ablation run) on ``batch``'s scored positions.
+
+    >>> from rs_interp import load_toy_model, run_with_key_input
+    >>> model, batch = load_toy_model("induction-2l"), induction_batch(50, seed=1)
+    >>> score_logits(model(batch.tokens), batch) == evaluate(model, batch)
+    True
+    >>> score_logits(run_with_key_input(model, batch.tokens, layer=1), batch).accuracy < 0.2  # keys from x_0 alone
+    True
+    """
     if logits.shape[:2] != batch.tokens.shape:
         raise ValueError(f"logits must have shape (batch, pos, d_vocab) matching batch.tokens {tuple(batch.tokens.shape)}, got {tuple(logits.shape)}")
     mask = batch.scored.to(logits.device)
@@ -192,6 +211,10 @@ def train_induction_model(
 
     Raises:
         ValueError: ``n_layers < 1``, ``steps < 0``, ``batch_size < 1`` or a non-positive ``lr``.
+
+    >>> model = train_induction_model(1, steps=5, batch_size=8, progress=False)  # the real recipe: 1000 steps
+    >>> model.cfg.n_layers, evaluate(model, induction_batch(8, seed=9)).loss < 6.0
+    (1, True)
     """
     check_int_range("n_layers", n_layers, 1)
     check_int_range("batch_size", batch_size, 1)

@@ -12,10 +12,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-# The dependencies (read from pyproject.toml), then rs_interp itself without them. Two set-ups may run
+# The dependencies (read from pyproject.toml: the runtime ones and the `test` and `docs` extras, the
+# latter for scripts/build_docs.sh; RS_INTERP_SKIP_DOCS=1 leaves `docs` out, as scripts/test.sh does
+# for the venv whose pass does not build the docs), then rs_interp itself without them. Two set-ups may run
 # side by side (scripts/test.sh): the dependencies install apart, but both editable installs build in
 # this folder (rs_interp.egg-info), so that short step takes a lock.
-deps=$("$VENV/bin/python" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))')
+deps=$("$VENV/bin/python" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = p["optional-dependencies"]; import os; docs = [] if os.environ.get("RS_INTERP_SKIP_DOCS") == "1" else x["docs"]; print("\n".join(p["dependencies"] + x["test"] + docs))')
 mapfile -t deps <<< "$deps"
 "$VENV/bin/python" -m pip install -q "${deps[@]}" "$TL_REQUIREMENT"
 flock .setup_env.lock "$VENV/bin/python" -m pip install -q --no-deps -e .

@@ -2,10 +2,12 @@
 # The whole test suite (what CI runs), under both TransformerLens major versions, each in its own venv.
 #
 # What runs where (the cross-version promise is checked on every run):
-#   4.x (TransformerBridge, the default version): everything, the slow reproductions included
-#       (retraining, seeds, the report in Chromium, the notebooks), once.
-#   3.x (HookedTransformer): the fast suite, tests/test_cross_version.py, and the slow tests marked
-#       `tl3` (code-2l's first 2,500 training steps: 3.x's forward is ~2.3x faster than the 4.3 bridge's).
+#   4.x (TransformerBridge, the default version): everything but the `docs` tests, the slow
+#       reproductions included (retraining, seeds, the report in Chromium, the notebooks), once.
+#   3.x (HookedTransformer): the fast suite, tests/test_cross_version.py, the slow tests marked
+#       `tl3` (code-2l's first 2,500 training steps: 3.x's forward is ~2.3x faster than the 4.3 bridge's),
+#       and the tests marked `docs`: the documentation site's build (scripts/build_docs.sh, --strict)
+#       and its browser test, here because this pass ends about a minute and a half before the 4.x one.
 #   Neither: tests marked `full` (code-2l's full 4,000-step retraining, ~18 minutes): `pytest -m full`.
 #       3.x-only paths (shortformer and alibi variants) are fast tests: they run here.
 # The two passes run side by side, one thread each (2 cores), the 3.x pass's output goes to a log
@@ -45,17 +47,18 @@ if [ "$versions" = "3 4" ]; then
   # Both venvs are set up side by side (scripts/setup_env.sh locks the one step they share, the
   # editable install in this folder); the 3.x pass, which holds the longest test (code-2l's
   # retraining), starts as soon as its venv is ready, the 4.x pass when its own is.
-  RS_INTERP_TL=4 bash scripts/setup_env.sh > "$logs/setup4.log" 2>&1 &
+  # The 4.x pass does not build the docs (the 3.x pass does): its venv skips the docs packages.
+  RS_INTERP_TL=4 RS_INTERP_SKIP_DOCS=1 bash scripts/setup_env.sh > "$logs/setup4.log" 2>&1 &
   setup4=$!
   RS_INTERP_TL=3 bash scripts/setup_env.sh || { kill "$setup4"; exit 1; }
   echo "== set-up, 3.x: $(( $(date +%s) - start )) s" >&2
-  OMP_NUM_THREADS=1 pass 3 "(not slow or tl3) and not full" "$@" > "$logs/tl3.log" 2>&1 &
+  OMP_NUM_THREADS=1 pass 3 "(not slow or tl3 or docs) and not full" "$@" > "$logs/tl3.log" 2>&1 &
   pid3=$!
   wait "$setup4" || { cat "$logs/setup4.log" >&2; kill "$pid3"; exit 1; }
   cat "$logs/setup4.log" >&2
   echo "== set-up, 4.x: $(( $(date +%s) - start )) s" >&2
   # The 4.x pass's cross-version comparisons wait for the 3.x records (written at the 3.x pass's start).
-  OMP_NUM_THREADS=1 RS_INTERP_CROSS_WAIT=900 pass 4 "(slow or not slow) and not full" "$@" || rc=$?
+  OMP_NUM_THREADS=1 RS_INTERP_CROSS_WAIT=900 pass 4 "(slow or not slow) and not full and not docs" "$@" || rc=$?
   wait $pid3 || rc=$?
   echo "== the 3.x pass's output:"
   cat "$logs/tl3.log"

@@ -10,13 +10,29 @@ bound (see :func:`rs_interp.reproduce.context.banded`).
 True
 >>> EXPECTED["induction.two_layers_loss"].band
 '<= 0.3'
+>>> Expected(lo=0.0893772, hi=5.23109).band   # bounds print with at most 3 significant digits
+'>= 0.0894 and <= 5.23'
+>>> EXPECTED["ground_truth.tracr-reverse.EAP"].band   # 15/26 to float rounding
+'= 0.577 ± 1e-09'
+>>> Expected("0.157").band == UNBANDED                # reported beside the theory's value, not judged
+True
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Expected", "EXPECTED", "GPT2_SMALL_PARAMETERS", "PREV_TOKEN_HEAD", "INDUCTION_HEAD", "NECESSARY_EDGE"]
+__all__ = ["Expected", "EXPECTED", "UNBANDED", "format_bound", "GPT2_SMALL_PARAMETERS", "PREV_TOKEN_HEAD", "INDUCTION_HEAD", "NECESSARY_EDGE"]
+
+
+#: The band of a quantity reported beside the theory's value, not judged (``Row.band`` and
+#: results.json's ``"band"``); the tables show no band for it and "reported" in the last column.
+UNBANDED = "report"
+
+
+def format_bound(x: float) -> str:
+    """A band's bound as printed everywhere: at most 3 significant digits (``0.0894``, ``5.23``, ``2``)."""
+    return f"{x:.3g}"
 
 
 @dataclass(frozen=True)
@@ -29,10 +45,19 @@ class Expected:
 
     @property
     def band(self) -> str:
-        if self.lo is not None and self.lo == self.hi:
-            return f"= {self.lo:g}"
-        parts = ([f">= {self.lo:g}"] if self.lo is not None else []) + ([f"<= {self.hi:g}"] if self.hi is not None else [])
-        return " and ".join(parts) or "report"
+        """The band as printed (:func:`format_bound`): ``>= lo``, ``<= hi``, both, ``= v`` for
+        ``lo == hi``, ``= v ± h`` for a value held to rounding, :data:`UNBANDED` for none."""
+        lo, hi = self.lo, self.hi
+        if lo is None and hi is None:
+            return UNBANDED
+        if lo is not None and hi is not None:
+            if lo == hi:
+                return f"= {format_bound(lo)}"
+            mid, half = (lo + hi) / 2, (hi - lo) / 2
+            if half <= 1e-3 * max(1.0, abs(mid)):  # a value to rounding (a ratio of counts, an exact identity)
+                return f"= {format_bound(mid)} ± {half:.0e}"
+        parts = ([f">= {format_bound(lo)}"] if lo is not None else []) + ([f"<= {format_bound(hi)}"] if hi is not None else [])
+        return " and ".join(parts)
 
     def holds(self, value: float) -> bool | None:
         """Whether ``value`` lies in the band; None for an unbanded (reported) quantity."""

@@ -12,6 +12,7 @@ from plotly.offline import get_plotlyjs
 
 from . import _mean
 from .context import Row, Section
+from .expected import UNBANDED
 
 __all__ = ["format_table", "write_results", "write_report"]
 
@@ -19,7 +20,7 @@ __all__ = ["format_table", "write_results", "write_report"]
 def format_table(section: Section) -> str:
     """A plain-text table: measure, ours, theory, band, within band (``k of N`` over several seeds)."""
     head = ("measure", "ours", "theory", "band", "")
-    rows = [head] + [(r.label, r.formatted(), r.theory, r.band, _mark(r)) for r in section.rows]
+    rows = [head] + [(r.label, r.formatted(), r.theory, _band_cell(r, "-"), _mark(r)) for r in section.rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [f"== {section.title}"]
     for i, r in enumerate(rows):
@@ -36,10 +37,16 @@ def _within_text(row: Row) -> str:
     return f"{k} of {n}" if judged == n else f"{k} of {judged} judged ({n - judged} of {n}: the band does not apply)"
 
 
+def _band_cell(row: Row, none: str) -> str:
+    """The band column: the band as :class:`~rs_interp.reproduce.expected.Expected` printed it, or
+    ``none`` for a row reported without one (the last column then says "reported", once)."""
+    return none if row.band == UNBANDED else row.band
+
+
 def _mark(row: Row) -> str:
     if row.per_seed:
-        return "" if row.within is None else _within_text(row) + ("" if row.ok else " OUTSIDE")
-    return {True: "ok", False: "OUTSIDE", None: ""}[row.ok]
+        return "reported" if row.within is None else _within_text(row) + ("" if row.ok else " OUTSIDE")
+    return {True: "ok", False: "OUTSIDE", None: "reported"}[row.ok]
 
 
 def _band_json(row: Row) -> dict[str, Any]:
@@ -120,7 +127,7 @@ def _section_html(section: Section, fig_ids: list[str]) -> str:
     mark = {True: '<span class="ok">&#10003; within band</span>', False: '<span class="out">&#10007; outside band</span>', None: "reported"}
     rows = "".join(
         f"<tr><td>{html.escape(r.label)}</td><td>{html.escape(r.formatted())}</td><td>{html.escape(r.theory)}</td>"
-        f"<td>{html.escape(r.band)}</td><td>{_strip(r) if r.per_seed else mark[r.ok]}</td></tr>" for r in section.rows)
+        f"<td>{html.escape(_band_cell(r, '—'))}</td><td>{_strip(r) if r.per_seed else mark[r.ok]}</td></tr>" for r in section.rows)
     figs = "".join(f'<div class="fig" id="{fid}"></div>' for fid in fig_ids)
     note = f'<p class="note">{html.escape(section.notes)}</p>' if section.notes else ""
     return (f'<section id="{section.key}"><h2>{html.escape(section.title)}</h2>'

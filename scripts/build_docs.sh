@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build the documentation site from the sources: MkDocs + Material + mkdocstrings (pinned in
+# pyproject.toml's `docs` extra), offline, warnings as errors (`mkdocs build --strict`).
+#
+#   bash scripts/build_docs.sh                       # -> build/site/ (open build/site/index.html)
+#   bash scripts/build_docs.sh --site-dir DIR        # options pass through to `mkdocs build`
+#   bash scripts/build_docs.sh --execute-notebooks [NAME ...] [-- MKDOCS OPTIONS]
+#                                                    # run the notebooks, store their outputs, then build
+#
+# What fails the build: a broken link or cross-reference, a public name of rs_interp.__all__ missing
+# from the reference or without a docstring with an example, an example that fails (the pages'
+# executed examples and the docstrings' examples: RS_INTERP_DOCS_DOCTEST=all|attributes|none),
+# notebook outputs stored for other code than the notebook's (docs/_hooks/).
+# Runs in the venv of RS_INTERP_TL (default 4; scripts/_env.sh), or PYTHON; set up when it lacks the
+# docs packages. tests/test_docs.py runs it in one pass of scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/_env.sh
+PY="${PYTHON:-$VENV/bin/python}"
+if ! "$PY" -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null; then
+  if [ -n "${PYTHON:-}" ]; then echo "build_docs: $PYTHON lacks the docs packages (pip install -e '.[docs]')" >&2; exit 1; fi
+  bash scripts/setup_env.sh >&2
+fi
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" NO_MKDOCS_2_WARNING=1
+if [ "${1:-}" = "--execute-notebooks" ]; then
+  shift
+  names=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do names+=("$1"); shift; done
+  [ "${1:-}" = "--" ] && shift
+  "$PY" docs/_hooks/notebooks.py "${names[@]}"
+fi
+"$PY" -m mkdocs build --strict "$@"

@@ -1,0 +1,209 @@
+"""The documentation site: built by scripts/build_docs.sh (offline, --strict) and drawn in headless Chromium.
+
+The build and the browser test are marked ``docs`` (and ``slow``): scripts/test.sh runs them in one
+pass only (the 3.x pass, which ends first; see docs/project/testing.md). The checks of the sources
+(notebook outputs fresh, every public name in the reference) are fast and run everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import rs_interp
+
+ROOT = Path(__file__).resolve().parent.parent
+HOOKS = ROOT / "docs" / "_hooks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", HOOKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(HOOKS))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(HOOKS))
+    return module
+
+
+nbs = _load("notebooks")
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its finished children (the build, the browser)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _no_example_yet() -> set[str]:
+    """docs/_hooks/rs_docs.py's NO_EXAMPLE_YET, read from the source (importing the hook needs mkdocs,
+    which only the venv that builds the docs has)."""
+    import ast
+
+    tree = ast.parse((HOOKS / "rs_docs.py").read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "NO_EXAMPLE_YET")
+    return set(ast.literal_eval(node.value.args[0]))
+
+#: Pages that must draw at least one figure: the home page, every capability page, every tutorial.
+CAPABILITIES = sorted(p.stem for p in (ROOT / "docs" / "capabilities").glob("*.md"))
+FIGURE_PAGES = (["index.html"] + [f"capabilities/{c}.html" for c in CAPABILITIES]
+                + [f"tutorials/{p.stem}.html" for p in nbs.notebooks()])
+#: The modules whose docstrings another change owns while this was written: only their names may
+#: lack an example (docs/_hooks/rs_docs.py NO_EXAMPLE_YET).
+OTHERS = {"attribution_patching", "edge_attribution", "second_order", "edges", "path_patching", "circuits", "lens"}
+
+
+# --- the sources: fast, every pass -----------------------------------------------------------------
+
+@pytest.mark.parametrize("path", nbs.notebooks(), ids=[p.stem for p in nbs.notebooks()])
+def test_notebook_outputs_are_fresh(path):
+    """The docs show each notebook's stored outputs: they must come from its code as it is now."""
+    nb = nbs.read(path)
+    assert nbs.staleness(nb) == [], f"{path.name}: run `{nbs.REFRESH} {path.stem}` and commit the notebook"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    figures = sum(nbs.PLOTLY_MIME in o.get("data", {}) for c in code for o in c.get("outputs", []))
+    assert figures >= 1, f"{path.name} stores no figure"
+
+
+def test_a_stale_notebook_is_refused():
+    """Changing a code cell without re-running it makes the outputs stale, and the build says so."""
+    nb = nbs.read(nbs.notebooks()[0])
+    nb["cells"] = [dict(c) for c in nb["cells"]]
+    first = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    first["source"] = "".join(first["source"]) + "\nprint('edited')"
+    assert "the code cells changed since their outputs were stored" in nbs.staleness(nb)
+    with pytest.raises(ValueError, match="refresh with"):
+        nbs.to_markdown(nb, "edited", lambda spec: "")
+
+
+def test_every_public_name_is_in_the_reference():
+    rendered = set()
+    for md in (ROOT / "docs" / "reference").glob("*.md"):
+        rendered |= set(re.findall(r"^::: rs_interp\.(\w+)", md.read_text(), re.M))
+    assert set(rs_interp.__all__) - rendered == set()
+
+
+def test_only_names_of_modules_being_changed_elsewhere_may_lack_an_example():
+    """The allowlist of names without an example cannot grow beyond those modules' names."""
+    allowed = _no_example_yet()
+    assert allowed and allowed <= set(rs_interp.__all__)
+    for name in allowed:
+        assert getattr(rs_interp, name).__module__.rsplit(".", 1)[-1] in OTHERS, name
+
+
+# --- the site: built once, in one pass -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("docs")
+    # The pytest pass that runs this also runs every docstring example (--doctest-modules): the build
+    # runs only those pytest cannot see (attribute docstrings).
+    env = dict(os.environ, PYTHON=sys.executable, RS_INTERP_DOCS_DOCTEST="attributes")
+    start, cpu = time.perf_counter(), _cpu()
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "build_docs.sh"), "--site-dir", str(out / "site")],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    assert run.returncode == 0, f"the docs build failed:\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    print(f"docs build: {elapsed:.1f} s, {_cpu() - cpu:.1f} s of CPU")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.docs
+def test_the_site_is_complete_and_offline(site):
+    root = site / "site"
+    pages = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.html"))
+    for page in FIGURE_PAGES + ["getting-started.html", "reference/index.html", "project/tolerances.html",
+                                "project/benchmarks.html", "capabilities/report-sample.html"]:
+        assert page in pages, page
+    assert (root / "assets" / "javascripts" / "plotly.min.js").stat().st_size > 1_000_000
+    for page in pages:
+        html = re.sub(r"<script>.*?</script>", "", (root / page).read_text(), flags=re.S)  # inline code: plotly.js's own strings
+        # nothing fetched from elsewhere: every script, stylesheet, image and font is the site's own
+        external = re.findall(r"""<(?:script|link|img|iframe|source)\b[^>]*?(?:src|href)=["']((?:https?:)?//[^"']+)""", html)
+        assert external == [], (page, external[:3])
+        assert "fonts.googleapis" not in html and "cdn.plot.ly" not in html, page
+    sample = (root / "capabilities" / "report-sample.html").read_text()
+    assert sample.count("<script>") == 2 and "src=" not in sample.split("<script>")[0]  # plotly.js inline, nothing fetched
+    # every public name has its entry, and (but for the allowlisted ones) an example in it
+    reference = "".join((root / "reference" / p).read_text() for p in os.listdir(root / "reference"))
+    allowed = _no_example_yet()
+    for name in rs_interp.__all__:
+        assert f'<h2 id="rs_interp.{name}"' in reference, name
+        entry = reference.split(f'<h2 id="rs_interp.{name}"', 1)[1].split('<h2 id="', 1)[0]
+        if name not in allowed:
+            assert "&gt;&gt;&gt;" in entry, f"rs_interp.{name}'s reference entry shows no example"
+    # the moved README sections are pages of the site
+    text = lambda p: re.sub(r"\s+", " ", (root / p).read_text())  # noqa: E731
+    assert "next_token_targets(tokens)" in text("getting-started.html") and "batch.targets" in text("getting-started.html")
+    assert "bench:start" in (ROOT / "docs" / "project" / "benchmarks.md").read_text()
+    assert "The Transformer Block and the Residual Stream" in text("capabilities/reproduction.html")
+
+
+def _chromium():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing in CI: scripts/setup_browser.sh should have installed Debian's package")
+        pytest.skip("needs Debian's chromium package (bash scripts/setup_browser.sh installs it as root)")
+    return chromium
+
+
+@pytest.mark.slow
+@pytest.mark.docs
+def test_the_site_renders_in_headless_chromium(site):
+    """Every page opens from file:// with no error and no network request; every figure draws data;
+    screenshots of the home page and of one capability page are kept beside the built site.
+    (The sample report, capabilities/report-sample.html, is rs-interp reproduce's own page, which
+    tests/test_report.py draws in Chromium: here it is checked to be self-contained only.)"""
+    from playwright.sync_api import sync_playwright
+
+    root = site / "site"
+    pages = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.html")
+                   if p.name not in ("404.html", "report-sample.html"))
+    requests, errors, drawn, sizes = [], [], {}, {}
+    start, cpu = time.perf_counter(), _cpu()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
+            page.on("console", lambda m: errors.append(f"{page.url}: {m.text}") if m.type == "error" else None)
+            for name in pages:
+                page.goto((root / name).as_uri())
+                page.wait_for_function(
+                    "[...document.querySelectorAll('.rs-fig')].every(d => d.querySelector('svg.main-svg'))", timeout=60_000)
+                drawn[name] = page.evaluate(
+                    "[...document.querySelectorAll('.rs-fig')].map(d => d.querySelectorAll("
+                    "'.scatterlayer .trace, .heatmaplayer image, .barlayer .point, .gl-container canvas, .scene').length)")
+                sizes[name] = page.evaluate("(document.querySelector('article') || document.body).innerText.length")
+                if name in ("index.html", "capabilities/composition.html"):
+                    page.screenshot(path=str(site / f"{Path(name).stem}.png"), full_page=True)
+        finally:
+            browser.close()
+    print(f"browser: {len(pages)} pages in {time.perf_counter() - start:.1f} s, {_cpu() - cpu:.1f} s of CPU")
+    assert [u for u in requests if not u.startswith(("file://", "data:", "blob:"))] == [], "a page made a network request"
+    assert errors == [], errors
+    assert all(n > 200 for n in sizes.values()), {k: v for k, v in sizes.items() if v <= 200}
+    for name in FIGURE_PAGES:
+        assert drawn.get(name), f"{name} draws no figure"
+    empty = {name: counts for name, counts in drawn.items() if not all(c > 0 for c in counts)}
+    assert empty == {}, f"a figure drew no data: {empty}"
+    for shot in ("index.png", "composition.png"):
+        assert (site / shot).stat().st_size > 20_000, shot
+    print(f"screenshots: {site / 'index.png'} (home), {site / 'composition.png'} (composition and virtual weights)")
+    (site / "figures.json").write_text(json.dumps(drawn, indent=1))
