@@ -123,11 +123,14 @@ def edge_attribution_patching(
 
             def fwd(t: torch.Tensor, *, hook) -> torch.Tensor:
                 def contract(grad: torch.Tensor) -> None:
+                    # The first k senders' writes are a contiguous prefix of the stack: one matrix
+                    # product over (batch, pos, d_model) against the gradient, with no copy of them.
+                    w = writes()[:k].reshape(k, -1)
                     g = grad.to(torch.float64)
                     if g.ndim == 4:  # per-head inputs: (batch, pos, head or kv_head, d_model)
-                        effect[:k, cols] += torch.einsum("sbpm,bpnm->sn", writes()[:k], g)
+                        effect[:k, cols] += w @ g.transpose(2, 3).reshape(-1, g.shape[2])
                     else:
-                        effect[:k, cols[0]] += torch.einsum("sbpm,bpm->s", writes()[:k], g)
+                        effect[:k, cols[0]] += w @ g.reshape(-1)
 
                 return _watched(t, contract)
 

@@ -6,9 +6,9 @@ a final LayerNorm (each reading point's scale recomputed from ``x`` itself), and
 ``softmax(x W_U + b_U)`` otherwise. For the toy models, which have no final LayerNorm, the lens
 is the model's own readout; elsewhere it is a heuristic (the tuned lens refines it).
 
-Memory stays bounded: sequences go through the model ``batch_chunk`` at a time and rows are
-decoded ``row_chunk`` at a time, so ``(point, batch, pos, d_vocab)`` is never held unless the
-caller asks for ``full=True``.
+Memory stays bounded: sequences go through the model as many at a time as ``memory_budget``
+allows (or ``batch_chunk`` at a time, if given) and rows are decoded ``row_chunk`` at a time, so
+``(point, batch, pos, d_vocab)`` is never held unless the caller asks for ``full=True``.
 
 >>> from rs_interp import load_toy_model, induction_batch
 >>> b = induction_batch(4, seed=0)
@@ -108,6 +108,17 @@ def _read_tiled(x: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor | None, to
     return (top_v - log_z).exp(), top_i, entropy, target
 
 
+def _batch_chunk(model: Model, P: int, n_points: int, memory_budget: int) -> int:
+    """Sequences per forward pass within ``memory_budget`` bytes: per sequence, the stream at every
+    reading point plus a block's transients (a few streams, the MLP's hidden layer twice, the
+    attention scores and pattern); at least one."""
+    cfg = model.cfg
+    elem = torch.finfo(compute_dtype(model)).bits // 8
+    d_mlp = 0 if cfg.attn_only else (cfg.d_mlp or 4 * cfg.d_model)
+    per_seq = elem * (P * ((n_points + 4) * cfg.d_model + 2 * d_mlp) + 2 * cfg.n_heads * P * P)
+    return max(1, memory_budget // per_seq)
+
+
 def _final_norm(model: Model, x: torch.Tensor) -> torch.Tensor:
     """The final norm of every row of ``x`` (rows, d_model), its scale recomputed from the row itself:
     the lens reads each point on its own terms."""
@@ -122,9 +133,10 @@ def logit_lens(
     top_k: int = 5,
     sublayers: bool = False,
     full: bool = False,
-    batch_chunk: int = 1,
+    batch_chunk: int | None = None,
     row_chunk: int = 1024,
     vocab_tile: int = 4096,
+    memory_budget: int = 2**28,
 ) -> LogitLensReadings:
     """Decode the residual stream at every reading point (see the module docstring).
 
@@ -136,14 +148,20 @@ def logit_lens(
         top_k: how many top tokens to keep per reading.
         sublayers: also read after each attention sublayer (models with MLPs).
         full: also return every full log-distribution (memory: point x batch x pos x d_vocab).
-        batch_chunk, row_chunk: sequences per forward pass, rows per decoding step.
+        batch_chunk, row_chunk: sequences per forward pass (default: as many as ``memory_budget``
+            allows), rows per decoding step.
         vocab_tile: vocabulary columns decoded at a time (the working set of a decoding step is
             ``row_chunk x vocab_tile``: sized to stay in cache).
+        memory_budget: bytes for one forward pass's activations (every reading point's stream,
+            the MLP's hidden layer, the attention scores) when ``batch_chunk`` is not given.
 
     The last reading point equals the model's own output distribution.
     """
     tokens = check_tokens(model, tokens)
     check_int_range("top_k", top_k, 1, model.cfg.d_vocab)
+    check_int_range("memory_budget", memory_budget, 1)
+    if batch_chunk is None:
+        batch_chunk = _batch_chunk(model, tokens.shape[1], len(reading_points(model, sublayers)), memory_budget)
     check_int_range("batch_chunk", batch_chunk, 1)
     check_int_range("row_chunk", row_chunk, 1)
     check_int_range("vocab_tile", vocab_tile, 1)
@@ -168,29 +186,31 @@ def logit_lens(
             with model.hooks(fwd_hooks=[(n, store(box, n)) for n in names]):
                 # up to the last block only: the lens does its own unembedding, tile by tile
                 run_from(model, tokens[b0 : b0 + batch_chunk], stop=model.cfg.n_layers)
-            for i, (_, name) in enumerate(points):
-                resid = box.pop(name)
-                nb = resid.shape[0]
-                flat = _final_norm(model, resid.reshape(nb * P, -1)).to(dt)
-                for r0 in range(0, flat.shape[0], row_chunk):
-                    bi = torch.arange(r0, min(r0 + row_chunk, nb * P))
-                    bb, pp = b0 + bi // P, bi % P
-                    x = flat[r0 : r0 + row_chunk]
-                    t = None if targets is None else targets[bb, pp]
-                    if log_probs is None:
-                        tp, tt, ent, tgt = _read_tiled(x, W_U, b_U if has_bias else None, top_k, t, vocab_tile)
-                    else:
-                        lp = torch.addmm(b_U, x, W_U) if has_bias else x @ W_U
-                        lp = lp.log_softmax(-1)
-                        log_probs[i, bb, pp] = lp.cpu()
-                        (tp, tt), ent = lp.topk(top_k, dim=-1), -(lp.exp() * lp).sum(-1)
-                        tp = tp.exp()
-                        tgt = None if t is None else lp.gather(-1, t.clamp(min=0)[:, None])[:, 0].exp()
-                    top_probs[i, bb, pp], top_tokens[i, bb, pp] = tp.cpu(), tt.cpu()
-                    entropy[i, bb, pp] = ent.cpu()
-                    if tgt is not None:
-                        ok = (t >= 0).cpu()
-                        target_probs[i, bb[ok], pp[ok]] = tgt.cpu()[ok]
+            # Every reading point's rows decoded together: on short inputs one point alone is too
+            # few rows to pay for reading W_U (the decoding is bound by memory below ~100 rows).
+            nb = box[points[0][1]].shape[0]
+            flat = torch.cat([_final_norm(model, box.pop(name).reshape(nb * P, -1)).to(dt) for _, name in points])
+            n = nb * P  # rows per reading point
+            for r0 in range(0, flat.shape[0], row_chunk):
+                rows = torch.arange(r0, min(r0 + row_chunk, flat.shape[0]))
+                ii, bi = rows // n, rows % n  # reading point; row within it
+                bb, pp = b0 + bi // P, bi % P
+                x = flat[r0 : r0 + row_chunk]
+                t = None if targets is None else targets[bb, pp]
+                if log_probs is None:
+                    tp, tt, ent, tgt = _read_tiled(x, W_U, b_U if has_bias else None, top_k, t, vocab_tile)
+                else:
+                    lp = torch.addmm(b_U, x, W_U) if has_bias else x @ W_U
+                    lp = lp.log_softmax(-1)
+                    log_probs[ii, bb, pp] = lp.cpu()
+                    (tp, tt), ent = lp.topk(top_k, dim=-1), -(lp.exp() * lp).sum(-1)
+                    tp = tp.exp()
+                    tgt = None if t is None else lp.gather(-1, t.clamp(min=0)[:, None])[:, 0].exp()
+                top_probs[ii, bb, pp], top_tokens[ii, bb, pp] = tp.cpu(), tt.cpu()
+                entropy[ii, bb, pp] = ent.cpu()
+                if tgt is not None:
+                    ok = (t >= 0).cpu()
+                    target_probs[ii[ok], bb[ok], pp[ok]] = tgt.cpu()[ok]
 
     return LogitLensReadings(labels=tuple(l for l, _ in points), target_probs=target_probs, top_tokens=top_tokens,
                      top_probs=top_probs, entropy=entropy, log_probs=log_probs)

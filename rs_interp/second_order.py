@@ -37,7 +37,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 from ._backend import Model, attn_weight
 
-from .hooks import store_matching
+from .attribution_patching import _record
 from ._exact import (
     attached_hooks,
     check_normalization,
@@ -118,30 +118,41 @@ def second_order_attribution(
     cfg, dt, kind = model.cfg, compute_dtype(model), model.cfg.normalization_type
     L, n_heads = cfg.n_layers, cfg.n_heads
     user_hooks = attached_hooks(model)
-    box: dict[str, torch.Tensor] = {}
     wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "attn.hook_pattern", "hook_mlp_out", "hook_scale")
     with preserve_state(model), torch.no_grad():
-        with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
-            model(tokens, return_type=None)
+        box = _record(model, tokens, lambda n: n.endswith(wanted))  # ends at the last of them
         q = torch.tensor(pos, device=tokens.device)
         direction, _ = unembed_direction(model, targets[:, q], None if contrast is None else contrast[:, q], dt)
         g = frozen_norm_readout(kind, direction, getattr(model.ln_final, "w", None) if kind else None,
                                 box["ln_final.hook_scale"][:, q] if kind else None)  # (batch, Q, d_model)
 
-        # The sources, in the order they enter the stream, and the layer that writes each.
-        labels, layer_of, terms = ["embed"], [-1], [box["hook_embed"].to(dt)]
+        # The sources, in the order they enter the stream, and the layer that writes each; their
+        # writes in one (source, batch, pos, d_model) tensor, so the sources upstream of a layer
+        # are a prefix of it (no per-layer stacking).
+        labels, layer_of = ["embed"], [-1]
         if cfg.positional_embedding_type == "standard":
-            labels.append("pos_embed"), layer_of.append(-1), terms.append(box["hook_pos_embed"].to(dt))
+            labels.append("pos_embed"), layer_of.append(-1)
         for l in range(L):
-            attn = model.blocks[l].attn
-            z, W_O = box[f"blocks.{l}.attn.hook_z"].to(dt), attn.W_O.to(dt)
-            for h, label in enumerate(head_labels(L, n_heads)[l * n_heads : (l + 1) * n_heads]):
-                labels.append(label), layer_of.append(l), terms.append(z[:, :, h] @ W_O[h])
-            labels.append(f"attn bias L{l}"), layer_of.append(l), terms.append(attn_weight(attn, "b_O", model.cfg.n_heads).to(dt).expand_as(terms[0]))
+            labels += [*head_labels(L, n_heads)[l * n_heads : (l + 1) * n_heads], f"attn bias L{l}"]
+            layer_of += [l] * (n_heads + 1)
             if not cfg.attn_only:
-                labels.append(f"mlp L{l}"), layer_of.append(l), terms.append(box[f"blocks.{l}.hook_mlp_out"].to(dt))
+                labels.append(f"mlp L{l}"), layer_of.append(l)
         own = (["ln1 bias"] if kind == "LN" else []) + ["b_V"]
         n_src, B, Q = len(labels), tokens.shape[0], len(pos)
+        terms = torch.empty(n_src, B, P, cfg.d_model, dtype=dt)
+        terms[0] = box["hook_embed"]
+        i = 1
+        if cfg.positional_embedding_type == "standard":
+            terms[1], i = box["hook_pos_embed"], 2
+        for l in range(L):
+            attn = model.blocks[l].attn
+            z = box[f"blocks.{l}.attn.hook_z"].to(dt)
+            torch.bmm(z.permute(2, 0, 1, 3).reshape(n_heads, B * P, -1), attn.W_O.to(dt),
+                      out=terms[i : i + n_heads].view(n_heads, B * P, cfg.d_model))  # z W_O, per head
+            terms[i + n_heads] = attn_weight(attn, "b_O", model.cfg.n_heads).to(dt)
+            i += n_heads + 1
+            if not cfg.attn_only:
+                terms[i], i = box[f"blocks.{l}.hook_mlp_out"], i + 1
         out = torch.zeros(n_src + len(own), L, n_heads, B, Q, dtype=dt)
         first = torch.empty(L, n_heads, B, Q, dtype=dt)
         elem = torch.finfo(dt).bits // 8
@@ -156,14 +167,14 @@ def second_order_attribution(
                 u = u * block.ln1.w.to(dt)
             if kind in ("LN", "LNPre"):
                 u = u - u.mean(-1, keepdim=True)
-            inv = 1.0 / box[f"blocks.{l}.ln1.hook_scale"].to(dt) if kind else torch.ones(B, P, 1, dtype=dt)  # (batch, key, 1)
-            upstream = [i for i in range(n_src) if layer_of[i] < l]
+            if kind:  # 1/scale per key moves onto the pattern: (S / s) . u = (S . u) / s
+                A = A / box[f"blocks.{l}.ln1.hook_scale"].to(dt)[:, None, None, :, 0]
+            n_up = sum(1 for i in range(n_src) if layer_of[i] < l)  # a prefix: sources are in depth order
             chunk = max(1, memory_budget // max(1, B * n_heads * Q * P * elem))
-            for c0 in range(0, len(upstream), chunk):
-                idx = upstream[c0 : c0 + chunk]
-                S = torch.stack([terms[i] for i in idx]) * inv  # (chunk, batch, key, d_model)
-                T = torch.einsum("cbkm,bhqm->cbhqk", S, u)
-                out[idx, l] = torch.einsum("cbhqk,bhqk->chbq", T, A)
+            for c0 in range(0, n_up, chunk):
+                c1 = min(n_up, c0 + chunk)
+                T = torch.einsum("cbkm,bhqm->cbhqk", terms[c0:c1], u)
+                out[c0:c1, l] = torch.einsum("cbhqk,bhqk->chbq", T, A)
             # The destination's own constants: pattern rows sum to one, so they pass A unchanged.
             b_V = attn_weight(attn, "b_V", n_heads).to(dt)  # (head, d_head)
             consts = [block.ln1.b.to(dt) @ W_V] if kind == "LN" else []  # (head, d_head): b_ln1 W_V
