@@ -52,6 +52,16 @@ class AttributionPatching:
         effect_per_position: (layer, head, pos) the same before the sum over positions.
         clean: the metric of the run on ``tokens``.
         labels: ``"L{l}H{h}"`` row-major (:func:`rs_interp.head_labels`).
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> atp = rs_interp.attribution_patching(model, a, metric, reference=b)
+        >>> bool(atp.effect_per_position.sum(-1).allclose(atp.effect)), len(atp.top(3))
+        (True, 3)
     """
 
     effect: Float[torch.Tensor, "layer head"]
@@ -231,6 +241,15 @@ def attribution_patching(
             as ``m`` grows the average tends to the integral of the gradient along the line (error
             O(1/m)). Default: plain.
         progress: a progress bar over the ``m`` passes.
+
+    Example:
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> atp = attribution_patching(model, a, metric, reference=b)
+        >>> tuple(atp.effect.shape), atp.labels[:2]
+        ((2, 2), ('L0H0', 'L0H1'))
     """
     tokens, reference = _prepare(model, tokens, reference)
     steps = _check_ig_steps(ig_steps)

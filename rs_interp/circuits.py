@@ -51,7 +51,19 @@ Ablation = Literal["resample", "mean"]
 
 
 def top_edges(scores: EdgeEffects, n: int) -> frozenset[tuple[str, str]]:
-    """The ``n`` edges with the largest ``|effect|`` (ties: the earlier edge, row-major)."""
+    """The ``n`` edges with the largest ``|effect|`` (ties: the earlier edge, row-major).
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> eap = rs_interp.edge_attribution_patching(model, a, metric, reference=b)
+        >>> best = top_edges(eap, 3)
+        >>> len(best), best <= set(eap.layout.edges())
+        (3, True)
+    """
     edges = scores.layout.edges()
     values = scores.effect[scores.layout.exists].abs().nan_to_num(-1.0)
     order = sorted(range(len(edges)), key=lambda i: (-float(values[i]), i))
@@ -141,6 +153,18 @@ def evaluate_circuit(
 
     Raises:
         ValueError: an unknown label or a pair that is not an edge, bad tokens or method.
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> every = rs_interp.edge_layout(model).edges()
+        >>> abs(evaluate_circuit(model, a, metric, every, reference=b) - float(metric(model(a)).detach())) < 1e-5
+        True
+        >>> abs(evaluate_circuit(model, a, metric, [], reference=b) - float(metric(model(b)).detach())) < 1e-5
+        True
     """
     tokens, reference = _check(model, tokens, reference, method)
     layout = edge_layout(model)
@@ -173,6 +197,17 @@ class FaithfulnessCurve:
         full, empty: the metric with every edge kept (the clean run) and with none.
         cpr: the area under the faithfulness curve (trapezoid rule over ``fractions``).
         cmd: the area between the curve and 1, ``|1 - faithfulness|`` (same rule).
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> eap = rs_interp.edge_attribution_patching(model, a, metric, reference=b)
+        >>> curve = rs_interp.faithfulness_curve(model, eap, a, metric, reference=b, fractions=(0.1, 0.5, 1.0))
+        >>> len(curve.values) == len(curve.faithfulness) == len(curve.fractions) == 3
+        True
     """
 
     fractions: tuple[float, ...]
@@ -207,6 +242,17 @@ def faithfulness_curve(
     Raises:
         ValueError: ``scores`` from another model's layout, fractions not increasing in (0, 1], the
             full and empty circuits giving the same metric (faithfulness undefined).
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> eap = rs_interp.edge_attribution_patching(model, a, metric, reference=b)
+        >>> curve = faithfulness_curve(model, eap, a, metric, reference=b, fractions=(0.5, 1.0))
+        >>> curve.n_edges, round(curve.faithfulness[-1], 6)
+        ((15, 29), 1.0)
     """
     tokens, reference = _check(model, tokens, reference, method)
     layout = edge_layout(model)

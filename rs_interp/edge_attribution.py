@@ -49,6 +49,18 @@ class EdgeAttributionPatching(EdgeEffects):
 
     Attributes:
         ig_steps: ``m`` of EAP-IG, or None for plain edge attribution patching.
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> eap = rs_interp.edge_attribution_patching(model, a, metric, reference=b)
+        >>> node = rs_interp.attribution_patching(model, a, metric, reference=b)
+        >>> totals = dict(zip(eap.layout.senders, eap.sender_totals().tolist()))
+        >>> abs(totals["L0H1"] - float(node.effect[0, 1])) < 1e-6
+        True
     """
 
     ig_steps: int | None = None
@@ -96,6 +108,15 @@ def edge_attribution_patching(
         reference: tokens of the reference run, the shape of ``tokens``.
         ig_steps: ``m`` for EAP-IG (see :func:`rs_interp.attribution_patching`); default plain.
         progress: a progress bar over the ``m`` passes.
+
+    Example:
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> eap = edge_attribution_patching(model, a, metric, reference=b, ig_steps=3)
+        >>> eap.layout.n_edges, eap.ig_steps, int(eap.effect.isnan().sum())
+        (29, 3, 36)
     """
     tokens, reference = _prepare(model, tokens, reference)
     steps = _check_ig_steps(ig_steps)

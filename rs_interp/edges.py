@@ -64,6 +64,12 @@ class EdgeLayout:
         senders: labels in depth order (``embed``, per layer its heads then its MLP).
         receivers: labels in depth order (per layer each head's q, k, v inputs, then its MLP; ``logits``).
         exists: (sender, receiver) True where the sender is upstream of the receiver.
+
+    Example:
+        >>> from rs_interp import edge_layout, load_toy_model
+        >>> layout = edge_layout(load_toy_model("induction-2l"))
+        >>> layout.index(("L0H0", "L1H0.k")), bool(layout.exists[layout.index(("L0H0", "L1H0.k"))])
+        ((1, 7), True)
     """
 
     senders: tuple[str, ...]
@@ -97,7 +103,14 @@ class EdgeLayout:
 def edge_layout(model_or_cfg: Any) -> EdgeLayout:
     """The :class:`EdgeLayout` of a model (or its config): MLP senders and receivers only for models
     with MLPs, key/value receivers per KV head under grouped-query attention, and no head -> MLP edge
-    within a parallel block."""
+    within a parallel block.
+
+    Example:
+        >>> from rs_interp import load_toy_model
+        >>> layout = edge_layout(load_toy_model("induction-2l"))
+        >>> layout.senders, layout.n_edges, layout.edges()[0]
+        (('embed', 'L0H0', 'L0H1', 'L1H0', 'L1H1'), 29, ('embed', 'L0H0.q'))
+    """
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     L, H, G = cfg.n_layers, cfg.n_heads, kv_groups(cfg)
     mlps = not cfg.attn_only
@@ -125,6 +138,16 @@ class EdgeEffects:
         effect: (sender, receiver) the change of the metric when the edge is patched from the
             reference run; NaN where there is no edge (or, for a chosen subset, where not computed).
         clean: the metric of the run on ``tokens``.
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> eap = rs_interp.edge_attribution_patching(model, a, metric, reference=b)   # an EdgeEffects
+        >>> isinstance(eap, EdgeEffects), eap.edge("L0H0", "L1H0.k") == float(eap.effect[1, 7])
+        (True, True)
     """
 
     layout: EdgeLayout

@@ -46,6 +46,15 @@ class LogitLensReadings:
         top_probs: (point, batch, pos, top_k) their probabilities.
         entropy: (point, batch, pos) entropy in nats.
         log_probs: (point, batch, pos, d_vocab) full log-distributions, only with ``full=True``.
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> lens = rs_interp.logit_lens(model, a, targets=b)
+        >>> len(lens.labels) == lens.entropy.shape[0]
+        True
     """
 
     labels: tuple[str, ...]
@@ -156,6 +165,14 @@ def logit_lens(
             the MLP's hidden layer, the attention scores) when ``batch_chunk`` is not given.
 
     The last reading point equals the model's own output distribution.
+
+    Example:
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> lens = logit_lens(model, a, targets=b, top_k=3)
+        >>> lens.labels[0], tuple(lens.top_tokens.shape)[-1]
+        ('embed', 3)
     """
     tokens = check_tokens(model, tokens)
     check_int_range("top_k", top_k, 1, model.cfg.d_vocab)

@@ -42,7 +42,18 @@ __all__ = ["PathPatching", "path_patching"]
 @dataclass(frozen=True)
 class PathPatching(EdgeEffects):
     """Measured edge effects (:class:`rs_interp.EdgeEffects`: ``layout``, ``effect`` (sender,
-    receiver), NaN where there is no edge or it was not asked for, ``clean``, ``.edge``, ``.top``)."""
+    receiver), NaN where there is no edge or it was not asked for, ``clean``, ``.edge``, ``.top``).
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> pp = rs_interp.path_patching(model, a, metric, reference=b, edges=[("embed", "logits")])
+        >>> abs(pp.clean - float(metric(model(a)).detach())) < 1e-5
+        True
+    """
 
 
 def _receiver_point(receiver: str, n_layers: int) -> tuple[int, str, int | None]:
@@ -93,6 +104,15 @@ def path_patching(
     Raises:
         ValueError: bad tokens or reference, an unknown label or a pair that is not an edge, an
             empty ``edges``, or a metric that returns no number.
+
+    Example:
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> pp = path_patching(model, a, metric, reference=b, edges=[("L0H0", "L1H0.k"), ("embed", "logits")])
+        >>> int((~pp.effect.isnan()).sum()), pp.layout.n_edges
+        (2, 29)
     """
     tokens, reference = _prepare(model, tokens, reference)
     check_int_range("memory_budget", memory_budget, 1)
