@@ -21,7 +21,7 @@ full pass per head). Path expansion is for attention-only models: it is benchmar
 ``bench_composition``'s sibling tests, not here.
 
 Usage: python benchmarks/run_all.py [--sizes small medium large xl] [--readme]
-``--readme`` rewrites the table between the bench markers in README.md.
+``--readme`` rewrites the table between the bench markers of docs/project/benchmarks.md (the docs' benchmarks page).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=SIZES)
     ap.add_argument("--helpers", nargs="+", default=[h for h, _ in HELPERS])
-    ap.add_argument("--readme", action="store_true", help="rewrite the table in README.md")
+    ap.add_argument("--readme", action="store_true", help="rewrite the table in docs/project/benchmarks.md")
     args = ap.parse_args()
     rates: dict[str, float] = {}
     results = []
@@ -220,10 +220,10 @@ def main() -> None:
 
 
 def _write_readme(text: str) -> None:
-    readme = Path(__file__).resolve().parent.parent / "README.md"
+    readme = Path(__file__).resolve().parent.parent / "docs" / "project" / "benchmarks.md"
     body = readme.read_text()
     if "<!-- bench:start -->" not in body:
-        raise SystemExit("README.md has no <!-- bench:start --> ... <!-- bench:end --> markers")
+        raise SystemExit(f"{readme} has no <!-- bench:start --> ... <!-- bench:end --> markers")
     readme.write_text(re.sub(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", lambda m: m.group(1) + text + m.group(2), body, flags=re.S))
 
 
