@@ -13,10 +13,18 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install -q "torch==2.13.0"
 # The dependencies (read from pyproject.toml: the runtime ones and the `test` and `docs` extras, the
-# latter for scripts/build_docs.sh; RS_INTERP_SKIP_DOCS=1 leaves `docs` out, as scripts/test.sh does
-# for the venv whose pass does not build the docs), then rs_interp itself without them. Two set-ups may run
+# latter for scripts/build_docs.sh; RS_INTERP_SKIP_DOCS=1 leaves `docs` out, as scripts/test.sh does),
+# then rs_interp itself without them. Two set-ups may run
 # side by side (scripts/test.sh): the dependencies install apart, but both editable installs build in
 # this folder (rs_interp.egg-info), so that short step takes a lock.
+# RS_INTERP_DOCS_ONLY=1 installs the `docs` extra alone into a venv set up before (scripts/test.sh does
+# that in the background while the 3.x pass runs: the docs tests come last in it).
+if [ "${RS_INTERP_DOCS_ONLY:-}" = "1" ]; then
+  mapfile -t deps < <("$VENV/bin/python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]))')
+  "$VENV/bin/python" -m pip install -q "${deps[@]}"
+  echo "setup_env: $VENV has the docs packages" >&2
+  exit 0
+fi
 deps=$("$VENV/bin/python" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = p["optional-dependencies"]; import os; docs = [] if os.environ.get("RS_INTERP_SKIP_DOCS") == "1" else x["docs"]; print("\n".join(p["dependencies"] + x["test"] + docs))')
 mapfile -t deps <<< "$deps"
 "$VENV/bin/python" -m pip install -q "${deps[@]}" "$TL_REQUIREMENT"

@@ -98,8 +98,25 @@ def test_every_public_name_has_an_example():
 
 # --- the site: built once, in one pass -------------------------------------------------------------
 
+def _wait_for_docs_packages(timeout: float = 900.0) -> None:
+    """scripts/test.sh installs the docs packages in the background while this pass runs: wait for
+    its exit status (``$RS_INTERP_DOCS_SETUP.rc``), and fail with its log if it failed."""
+    prefix = os.environ.get("RS_INTERP_DOCS_SETUP")
+    if not prefix:
+        return
+    rc, log = Path(prefix + ".rc"), Path(prefix + ".log")
+    deadline = time.monotonic() + timeout
+    while not rc.is_file() or not rc.read_text().strip():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the docs packages' installation did not finish in {timeout:.0f} s: {log}")
+        time.sleep(2)
+    text = log.read_text() if log.is_file() else ""
+    assert rc.read_text().strip() == "0", f"installing the docs packages failed:\n{text[-3000:]}"
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    _wait_for_docs_packages()
     out = tmp_path_factory.mktemp("docs")
     # The pytest pass that runs this also runs every docstring example (--doctest-modules): the build
     # runs only those pytest cannot see (attribute docstrings).

@@ -178,12 +178,25 @@ def test_pretrained_parameter_count(pretrained):
     assert ri.count_parameters(pretrained).total == 124_439_808
 
 
-def test_cli_gpt2_says_which_weights(hf_random, tmp_path, capsys):
+def test_cli_gpt2_says_which_weights(hf_random, tmp_path, capsys, monkeypatch):
     from rs_interp.cli import main
+    from rs_interp.reproduce import gpt2_check
 
+    analyses = []  # (weights, source) of each run, and its analysis
+    def recorded(model, **kwargs):
+        analyses.append((kwargs["weights"], kwargs["source"], analyse(model, **kwargs)))
+        return analyses[-1][2]
+
+    analyse = gpt2_check.analyse_gpt2
+    monkeypatch.setattr(gpt2_check, "analyse_gpt2", recorded)
     assert main(["gpt2", "--weights", hf_random[1], "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"pretrained weights from {hf_random[1]}" in out and "124,439,808" in out
     assert (tmp_path / "gpt2.json").is_file()
+    # The random-weights run: what it loads and says; its analysis (the report's gpt2 section runs it
+    # on random weights, tests/test_report.py) is replaced by the first run's to spare a GPT-2 pass.
+    analyse = lambda model, **kwargs: analyses[0][2]  # noqa: E731
     assert main(["gpt2", "--weights", "random"]) == 0
     assert "random weights" in capsys.readouterr().out
+    assert [a[:2] for a in analyses] == [("pretrained", f"pretrained weights from {hf_random[1]}"),
+                                          ("random", "random initialisation")]
