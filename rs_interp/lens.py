@@ -83,7 +83,8 @@ def _read_tiled(x: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor | None, to
     Per row a running maximum ``m``, ``s = sum exp(l - m)`` and ``d = sum exp(l - m) l`` are kept
     and rescaled when ``m`` grows; then ``log Z = m + log s`` and the entropy is ``log Z - d / s``.
     Each tile's logits are used while they are in cache: every logit is written once by the matmul
-    and read a few times from cache, never from memory. Top-k merges each tile's top-k.
+    and read a few times from cache, never from memory. Top-k merges each tile's top-k, whose first
+    (sorted) value is also the tile's maximum: no separate pass over the tile finds ``m``.
     """
     R, V = x.shape[0], W_U.shape[1]
     dt = x.dtype
@@ -96,13 +97,13 @@ def _read_tiled(x: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor | None, to
     for c0 in range(0, V, tile):
         c1 = min(c0 + tile, V)
         logits = torch.addmm(b_U[c0:c1], x, W_U[:, c0:c1]) if b_U is not None else x @ W_U[:, c0:c1]
-        m_new = torch.maximum(m, logits.amax(-1, keepdim=True))
+        v, i = logits.topk(min(top_k, c1 - c0), dim=-1)  # sorted: v[:, :1] is the tile's maximum
+        m_new = torch.maximum(m, v[:, :1])
         e = torch.sub(logits, m_new, out=buf[:, : c1 - c0]).exp_()
         rescale = (m - m_new).exp_()
         s = s * rescale + e.sum(-1, keepdim=True)
         d = d * rescale + (e.unsqueeze(-2) @ logits.unsqueeze(-1))[..., 0]  # sum e * logits, no temporary
         m = m_new
-        v, i = logits.topk(min(top_k, c1 - c0), dim=-1)
         top_v, top_i = torch.cat([top_v, v], -1), torch.cat([top_i, i + c0], -1)
         if top_v.shape[1] > top_k:
             top_v, keep = top_v.topk(top_k, dim=-1)
