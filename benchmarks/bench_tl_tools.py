@@ -59,7 +59,7 @@ difference column is that approximation's error.
 Model column: ``random`` is ``ri.load_gpt2("random")``, ``hf`` the Hugging Face checkpoint. TransformerLens
 scores each pair in passes of its own, so its time hardly depends on ``--pos``; 8 tokens keep the
 patching rows to about 6 minutes under 4.x and 3 under 3.x on 2 cores (16 and 5 when other work
-shares them: the header prints the load average); the lens and DLA rows add about RUNTIME.
+shares them: the header prints the load average); the lens and DLA rows add their own runs (not yet timed on a quiet machine).
 
 Usage: python benchmarks/bench_tl_tools.py [--batch 16] [--pos 8] [--lens-pos 64] [--source 9.1] [--component q]
     [--edges 300] [--rows node edge direct faithfulness lens dla]
