@@ -87,11 +87,19 @@ def masked_next_token_loss(
     mask: Bool[torch.Tensor, "batch pos_minus_1"],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy and number of correct argmax predictions over the masked positions."""
-    logits = logits[:, :-1][mask]
-    targets = tokens[:, 1:][mask]
+    logits, targets = _masked(logits, tokens, mask)
     loss = F.cross_entropy(logits.float(), targets)
     correct = (logits.argmax(-1) == targets).sum()
     return loss, correct
+
+
+def _masked(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits and next tokens at the masked positions, in row-major order. A full mask (every
+    position scored, as in code-2l's training) takes views: the same rows in the same order without
+    the boolean index's copy and, in training, its backward's scatter."""
+    if bool(mask.all()):
+        return logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+    return logits[:, :-1][mask], tokens[:, 1:][mask]
 
 
 def score_logits(logits: Float[torch.Tensor, "batch pos d_vocab"], batch: InductionBatch) -> Score:
@@ -171,8 +179,9 @@ def train_on_batches(
     with _one_thread():
         for step in bar:
             tokens, mask = batches(step)
-            logits = model(tokens, return_type="logits")
-            loss, _ = masked_next_token_loss(logits, tokens, mask)
+            # The loss alone: the argmax of the scoring would cost a pass over every logit per step.
+            logits, targets = _masked(model(tokens, return_type="logits"), tokens, mask)
+            loss = F.cross_entropy(logits.float(), targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -9,6 +9,7 @@ import torch
 
 import rs_interp as ri
 from rs_interp.registry import SHIPPED_MODELS, train_shipped
+from rs_interp.training import masked_next_token_loss
 from rs_interp.reproduce.expected import EXPECTED
 
 INDUCTION = ("induction-1l", "induction-2l")
@@ -34,6 +35,25 @@ def test_evaluate_matches_score_logits(toy2, small_batch):
     b = ri.score_logits(toy2(small_batch.tokens), small_batch)
     assert a.n_scored == b.n_scored == int(small_batch.scored.sum())
     assert a.accuracy == pytest.approx(b.accuracy, abs=1e-12) and a.loss == pytest.approx(b.loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["every position", "scored positions"])
+def test_masked_loss_is_cross_entropy_at_the_masked_positions(full):
+    """The loss (and its gradient) against a per-position brute force: a full mask takes views, a
+    partial one the boolean index; both must give the mean over exactly the masked positions."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 6, 11, dtype=torch.float64, generator=g, requires_grad=True)
+    tokens = torch.randint(0, 11, (3, 6), generator=g)
+    mask = torch.ones(3, 5, dtype=torch.bool) if full else torch.rand(3, 5, generator=g) > 0.4
+    loss, correct = masked_next_token_loss(logits, tokens, mask)
+    (grad,) = torch.autograd.grad(loss, logits)
+    picked = [(b, p) for b in range(3) for p in range(5) if mask[b, p]]
+    brute = sum(-logits[b, p].log_softmax(-1)[tokens[b, p + 1]] for b, p in picked) / len(picked)
+    (brute_grad,) = torch.autograd.grad(brute, logits)
+    # the loss is taken in float32 (the logits are cast, as a float16 model's would be)
+    assert float(loss) == pytest.approx(float(brute), rel=1e-6)
+    assert torch.allclose(grad, brute_grad, atol=1e-7)
+    assert int(correct) == sum(int(logits[b, p].argmax() == tokens[b, p + 1]) for b, p in picked)
 
 
 def test_training_restores_thread_count():
