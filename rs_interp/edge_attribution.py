@@ -26,14 +26,16 @@ line from the reference's input embedding to the run's (see :func:`rs_interp.att
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from jaxtyping import Float, Int
 
-from ._backend import Model, kv_groups, per_head_inputs
+from ._backend import TL_MAJOR, Model, attn_weight, kv_groups, per_head_inputs
 from ._state import preserve_state
+from ._exact import compute_dtype
 from .attribution_patching import RESID0, _check_ig_steps, _gradient_passes, _outside_inference_mode, _prepare, _record, _watched
 from .edges import EdgeEffects, edge_layout
 from .hooks import store_matching
@@ -72,17 +74,60 @@ def _sender_points(model: Model) -> Callable[[str], bool]:
 
 
 def _writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(sender, batch, pos, d_model) float64: each sender's ``write_ref - write``, in layout order."""
-    out = [ref[RESID0].to(torch.float64) - run[RESID0].to(torch.float64)]
-    for l in range(model.cfg.n_layers):
+    """(sender, batch, pos, d_model) float64: each sender's ``write_ref - write``, in layout order,
+    written into one buffer (the heads' writes by one batched product per layer, no stacking copy)."""
+    cfg = model.cfg
+    shape = ref[RESID0].shape
+    out = torch.empty(1 + cfg.n_layers * (cfg.n_heads + (not cfg.attn_only)), *shape, dtype=torch.float64)
+    out[0] = ref[RESID0].to(torch.float64) - run[RESID0].to(torch.float64)
+    i = 1
+    for l in range(cfg.n_layers):
         z = f"blocks.{l}.attn.hook_z"
-        delta = (ref[z] - run[z]).to(torch.float64)
-        W_O = model.blocks[l].attn.W_O.detach().to(torch.float64)
-        out += list(torch.einsum("bphd,hdm->hbpm", delta, W_O))
-        if not model.cfg.attn_only:
+        delta = (ref[z] - run[z]).to(torch.float64)  # (batch, pos, head, d_head)
+        W_O = model.blocks[l].attn.W_O.detach().to(torch.float64)  # (head, d_head, d_model)
+        H = W_O.shape[0]
+        torch.bmm(delta.flatten(0, 1).transpose(0, 1), W_O, out=out[i : i + H].view(H, -1, shape[-1]))
+        i += H
+        if not cfg.attn_only:
             m = f"blocks.{l}.hook_mlp_out"
-            out.append(ref[m].to(torch.float64) - run[m].to(torch.float64))
-    return torch.stack(out)
+            out[i] = ref[m].to(torch.float64) - run[m].to(torch.float64)
+            i += 1
+    return out
+
+
+def _projection_layers(model: Model) -> set[int]:
+    """The layers whose ``hook_{q,k,v}`` hold ``ln1(resid_pre) @ W + b`` per head (KV head): there a
+    head's input gradient is its projection's gradient taken back through ``W`` and the LayerNorm
+    (frozen statistics, by hand), with no per-head copy of the stream in the forward pass.
+    HookedTransformer's attention (3.x) and TransformerLens 4's native attention; not shortformer
+    positions (the queries and keys read the stream plus the positions), nor the attention of a
+    Hugging Face-booted bridge (whose projection may be followed inside by more, e.g. a query norm):
+    those layers take the per-head input hooks."""
+    cfg = model.cfg
+    if cfg.positional_embedding_type == "shortformer" or getattr(cfg, "ungroup_grouped_query_attention", False):
+        return set()
+    if TL_MAJOR < 4:
+        return set(range(cfg.n_layers))
+    from ._backend.tl4 import is_native_attention
+
+    return {l for l in range(cfg.n_layers) if is_native_attention(model, l)}
+
+
+def _input_gradient(kind: str | None, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """The gradient at a LayerNorm's input ``x`` (row, d_model) given the gradient ``dy`` at its
+    output (head, row, d_model), one input per head: ``(g - mean(g) - n mean(g n)) / s`` with
+    ``g = dy * w``, ``n`` the normalised input, ``s`` its scale (no centring for RMS)."""
+    if kind is None:
+        return dy
+    g = dy * w if kind in ("LN", "RMS") else dy
+    if kind in ("LN", "LNPre"):
+        x = x - x.mean(-1, keepdim=True)
+    s = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    n = x / s
+    dx = g - n * (g * n).mean(-1, keepdim=True)
+    if kind in ("LN", "LNPre"):
+        dx = dx - g.mean(-1, keepdim=True)
+    return dx / s
 
 
 @_outside_inference_mode
@@ -99,9 +144,12 @@ def edge_attribution_patching(
     forward and one backward pass on ``tokens`` (``m`` of each with ``ig_steps=m``) plus one forward
     pass on ``reference``.
 
-    The receivers' inputs are read through TransformerLens's per-head input hooks
-    (``use_split_qkv_input`` and ``use_hook_mlp_in`` are switched on for the call and restored; on
-    TransformerLens 4's native attention the per-head inputs are emulated, see ``rs_interp._backend``).
+    A head's q, k or v input gradient is read at ``hook_{q,k,v}`` (the per-head projection) and
+    taken back through ``W_{Q,K,V}`` and the frozen LayerNorm by hand, on HookedTransformer's
+    attention and TransformerLens 4's native attention: the forward pass stays the model's own, with
+    no per-head copy of the stream. Elsewhere (shortformer positions, a Hugging Face-booted bridge's
+    attention) TransformerLens's per-head input hooks are used (``use_split_qkv_input`` switched on
+    for the call and restored). ``use_hook_mlp_in`` is switched on for the MLPs' inputs and restored.
 
     Args:
         metric: a :data:`rs_interp.Metric`, differentiable.
@@ -138,7 +186,9 @@ def edge_attribution_patching(
                 stack.append(_writes(model, ref, run))
             return stack[0]
 
-        def receiver(labels: list[str]) -> Callable:
+        def receiver(labels: list[str], to_input: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Callable:
+            """The hook reading the gradient of one hook point; ``to_input`` takes it to the receivers'
+            inputs (a projection's gradient back to the per-head inputs) where the point is not one."""
             cols = [column[r] for r in labels]
             k = upstream[cols[0]]
 
@@ -147,6 +197,9 @@ def edge_attribution_patching(
                     # The first k senders' writes are a contiguous prefix of the stack: one matrix
                     # product over (batch, pos, d_model) against the gradient, with no copy of them.
                     w = writes()[:k].reshape(k, -1)
+                    if to_input is not None:  # (batch * pos * d_model, head): a transposed view, no copy
+                        effect[:k, cols] += w @ to_input(grad).to(torch.float64).T
+                        return
                     g = grad.to(torch.float64)
                     if g.ndim == 4:  # per-head inputs: (batch, pos, head or kv_head, d_model)
                         effect[:k, cols] += w @ g.transpose(2, 3).reshape(-1, g.shape[2])
@@ -157,20 +210,48 @@ def edge_attribution_patching(
 
             return fwd
 
+        stream: dict[int, torch.Tensor] = {}
+
+        def keep_stream(t: torch.Tensor, *, hook) -> None:
+            stream[int(hook.name.split(".")[1])] = t.detach()
+
+        def through_projection(l: int, x: str) -> Callable[[torch.Tensor], torch.Tensor]:
+            """hook_{x}'s gradient (batch, pos, head, d_head) -> the per-head inputs', heads first."""
+            dt = compute_dtype(model)
+            W = attn_weight(model.blocks[l].attn, f"W_{x.upper()}", cfg.n_heads).detach().to(dt)  # (head, d_model, d_head)
+            if grouped and x != "q":
+                W = W[:: cfg.n_heads // kv_groups(cfg)]  # one per KV head: query head h reads KV head h // group
+            ln = None if cfg.normalization_type in (None, "LNPre", "RMSPre") else model.blocks[l].ln1.w.detach().to(dt)
+
+            def to_input(grad: torch.Tensor) -> torch.Tensor:  # -> (head, batch * pos * d_model)
+                dy = torch.bmm(grad.to(dt).flatten(0, 1).transpose(0, 1), W.transpose(1, 2))  # (head, batch * pos, d_model)
+                x = stream[l].to(dt).flatten(0, 1)
+                return _input_gradient(cfg.normalization_type, dy, x, ln, cfg.eps).flatten(1)
+
+            return to_input
+
         # Plain: the run's sender outputs are read in the pass itself. IG: from a pass of their own
         # (the passes run at interpolated inputs).
         fwd = [] if steps > 1 else store_matching(run, model, points)
+        projected = _projection_layers(model)
         for l in range(cfg.n_layers):
+            if l in projected:
+                fwd.append((f"blocks.{l}.hook_resid_pre", keep_stream))
             for x in "qkv":
                 if grouped and x != "q":
                     labels = [f"L{l}KV{g}.{x}" for g in range(kv_groups(cfg))]
                 else:
                     labels = [f"L{l}H{h}.{x}" for h in range(cfg.n_heads)]
-                fwd.append((f"blocks.{l}.hook_{x}_input", receiver(labels)))
+                if l in projected:
+                    fwd.append((f"blocks.{l}.attn.hook_{x}", receiver(labels, through_projection(l, x))))
+                else:
+                    fwd.append((f"blocks.{l}.hook_{x}_input", receiver(labels)))
             if not cfg.attn_only:
                 fwd.append((f"blocks.{l}.hook_mlp_in", receiver([f"MLP{l}"])))
         fwd.append((f"blocks.{cfg.n_layers - 1}.hook_resid_post", receiver(["logits"])))
-        with per_head_inputs(model, fwd) as runnable:
+        # Per-head input hooks (3.x's split inputs, 4.x's emulation) only where a layer reads them.
+        split = per_head_inputs(model, fwd) if len(projected) < cfg.n_layers else contextlib.nullcontext(fwd)
+        with split as runnable:
             value = _gradient_passes(model, tokens, metric, runnable, steps=steps, x_ref=ref[RESID0], progress=progress)
     effect /= steps
     effect[~layout.exists] = float("nan")

@@ -128,7 +128,12 @@ EDGES = [("embed", "L0H1.q"), ("embed", "L2H0.k"), ("L0H1", "L2H0.q"), ("L1H0", 
 MLP_EDGES = [("MLP0", "L1H0.k"), ("MLP1", "logits"), ("L1H0", "MLP1"), ("MLP0", "MLP2"), ("embed", "MLP0"), ("MLP1", "L2H1.v")]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
+#: Every normalisation for the edge estimates: where a layer's projection gradient is taken back
+#: through its LayerNorm by hand (HookedTransformer's and 4.x's native attention), each kind has its own formula.
+EDGE_VARIANTS = [*VARIANTS, ("RMS", "standard", False), ("LNPre", "rotary", True), (None, "standard", False)]
+
+
+@pytest.mark.parametrize("variant", EDGE_VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
 def test_edge_estimates_are_directional_derivatives(variant):
     model, toks, ref, clean, refc = _setup(variant)
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
