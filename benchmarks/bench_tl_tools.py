@@ -103,7 +103,7 @@ if row == "dla":
     # are one number (b_U is 0). Both sides run on the centred model.
     print(json.dumps({"W_U": [float(model.W_U.mean(-1).abs().max()), float(model.W_U.abs().mean()),
                               float(model.b_U.abs().max())]}))
-    model.W_U.sub_(model.W_U.mean(-1, keepdim=True))
+    ri._backend.set_unembedding(model, model.W_U.detach() - model.W_U.detach().mean(-1, keepdim=True))  # W_U is a view on 4.x
 metric = lambda logits: (logits[:, -1, 42] - logits[:, -1, 43]).mean()  # per pair; the batch mean
 layout = ri.edge_layout(model)
 if row == "faithfulness":  # one pair; the circuit: our edge estimate's top edges on it (untimed, both sides)

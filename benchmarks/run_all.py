@@ -1,9 +1,10 @@
 """Every heavy helper on GPT-2 small, medium, large and xl (random weights), beside TransformerLens's
 equivalent where one exists and beside this machine's own matmul rate, measured in the same run.
 
-For each (size, helper, tool) a subprocess builds the model and times one call (its own peak RSS
-above the model); rs_interp's call runs under ``torch.utils.flop_counter.FlopCounterMode`` to count
-its matmul FLOPs. The **bound** is those FLOPs at the matmul rate this machine reaches *at the call's
+For each (size, helper, tool) a subprocess builds the model, makes one untimed call (a warm-up; for
+rs_interp's side it runs under ``torch.utils.flop_counter.FlopCounterMode`` to count its matmul FLOPs,
+whose per-op dispatch stays out of the timed call), then times one call (its own peak RSS above the
+model). The **bound** is those FLOPs at the matmul rate this machine reaches *at the call's
 own shapes*, measured in the same run (:func:`shape_rate`: the model's per-layer products and the
 unembedding over the call's token rows, forward and transposed, in the model's FLOP mix); a 64-row
 product runs at about a third of the large-matmul rate, and no helper multiplies the model's matrices
@@ -14,8 +15,8 @@ same rows is added, as the lens must read every logit once. ``ratio`` = time / b
 machine's limit. For the gradient helpers (node and edge attribution patching, EAP-IG) the FLOPs are
 those the estimate cannot avoid, counted by running them bare (``floor_flops``: the reference's
 forward to the last activation needed, a forward with gradients and a backward to the embedding
-alone per step, activation gradients only, plus the contraction with the patch directions); what the
-call did is shown beside as "did".
+alone per step, activation gradients only, plus the contraction with the patch directions); that
+bare run is their warm-up.
 
 Every row with a TransformerLens column also shows the **max abs difference** of the two sides'
 numbers (each child saves them in one layout; the parent compares where ours defines a value): the
@@ -36,7 +37,7 @@ patching, ``logit_lens``, ``direct_logit_attribution``) is compared in ``bench_t
 expansion is for attention-only models: it is benchmarked on the toy in ``bench_composition``'s
 sibling tests, not here.
 
-Usage: python benchmarks/run_all.py [--sizes small medium large xl] [--helpers ...] [--readme]
+Usage: python benchmarks/run_all.py [--sizes small medium large xl] [--helpers ...] [--skip SIZE:HELPER ...] [--readme]
 ``--readme`` rewrites the table between the bench markers of docs/project/benchmarks.md (the docs' benchmarks page).
 """
 
@@ -138,24 +139,29 @@ def floor_flops():
         contraction = contraction * cfg.d_model + 2 * B * P * cfg.d_model * int(ri.edge_layout(model).exists.sum())
     return c.get_total_flops() + contraction
 
-floor = floor_flops() if helper in GRADIENT else 0
+# Before the clock starts, one untimed call of each side (a warm-up: first-call costs are not the
+# helper's): ours counts its matmul FLOPs there, under FlopCounterMode, whose per-op dispatch would
+# slow the timed call (the gradient helpers: their floor, counted bare, is that call).
+floor, counted = 0, 0
+if helper in GRADIENT:
+    floor = floor_flops()
+elif tool == "ours":
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        call()
+    counted = counter.get_total_flops()
+else:
+    call()
 """
 
 _BODY = r"""
-from torch.utils.flop_counter import FlopCounterMode
-if tool == "ours":  # the timed call also counts its matmul FLOPs (a dispatch mode: per-op overhead only)
-    with FlopCounterMode(display=False) as counter:
-        res = call()
-else:
-    res = call()
+res = call()
 out = {}
 """
 
 _COUNT = r"""
 elapsed = time.perf_counter() - t
-out["flops"] = counter.get_total_flops() if tool == "ours" else 0
-if floor:  # a gradient helper: its bound is what it cannot avoid; what it did is kept beside
-    out["counted_flops"], out["flops"] = out["flops"], floor
+out["flops"] = floor or counted  # a gradient helper's bound: the FLOPs it cannot avoid
 out["softmax_seconds"] = 0.0
 if helper == "logit lens" and tool == "ours":  # one pass over every logit the lens must read
     n_rows = rows * (model.cfg.n_layers + 1)
@@ -282,11 +288,10 @@ def table(results: list[dict], rates: dict[str, float]) -> str:
         # the bound: the FLOPs at the rate of the call's own shapes (composition: the large-matmul rate)
         bound = ours["flops"] / r["rate"] + ours["softmax_seconds"]
         big = ours["flops"] / rates[r["size"]] + ours["softmax_seconds"]
-        did = f" (did {ours['counted_flops'] / 1e9:.0f} G)" if "counted_flops" in ours else ""
         tl_cols = (f"{tl['seconds']:.2f} s | {tl['peak_extra_bytes'] / 2**30:.2f} GB | {tl['seconds'] / ours['seconds']:.1f}x | "
                    f"{r['diff']:.1e}" if tl else "failed | — | — | —" if "tl" in r else "— | — | — | —")
         lines.append(f"| {r['size']} | {r['helper']} | {ours['seconds']:.2f} s | {ours['peak_extra_bytes'] / 2**30:.2f} GB | "
-                     f"{ours['flops'] / 1e9:.0f} G{did} | {bound:.2f} s | {ours['seconds'] / bound:.2f} | "
+                     f"{ours['flops'] / 1e9:.0f} G | {bound:.2f} s | {ours['seconds'] / bound:.2f} | "
                      f"{ours['seconds'] / big:.2f} | {tl_cols} |")
     rate_line = ", ".join(f"{s} {rates[s] / 1e9:.0f}" for s in rates)
     shape_line = "; ".join(f"{s}: " + ", ".join(f"{n} rows {v / 1e9:.0f}" for n, v in sorted(by_rows.items()))
@@ -307,6 +312,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=SIZES)
     ap.add_argument("--helpers", nargs="+", default=[h for h, _ in HELPERS])
+    ap.add_argument("--skip", nargs="+", default=[], metavar="SIZE:HELPER",
+                    help='leave one size\'s helper out, e.g. --skip "xl:ablation scan"')
     ap.add_argument("--readme", action="store_true", help="rewrite the table in docs/project/benchmarks.md")
     args = ap.parse_args()
     rates: dict[str, float] = {}
@@ -315,7 +322,7 @@ def main() -> None:
         rates[size] = matmul_rate(D_MODEL[size])  # just before the size's helpers, on the same machine state
         by_rows = {n: shape_rate(size, n) for n in sorted(set(ROWS.values()))}
         for helper, tl_sizes in HELPERS:
-            if helper not in args.helpers:
+            if helper not in args.helpers or f"{size}:{helper}" in args.skip:
                 continue
             t = time.perf_counter()
             with tempfile.TemporaryDirectory() as d:

@@ -12,7 +12,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 # --no-compile: pip byte-compiles every file it installs (torch alone: 37 s of a core, 11 s without);
-# Python compiles the modules actually imported on first import, a few seconds, once.
+# Python compiles the modules actually imported on their first import, a few seconds, once (unless
+# PYTHONDONTWRITEBYTECODE is set: scripts/test.sh unsets it).
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install -q --no-compile "torch==2.13.0"
 # The dependencies (read from pyproject.toml: the runtime ones and the `test` and `docs` extras, the
 # latter for scripts/build_docs.sh; RS_INTERP_SKIP_DOCS=1 leaves `docs` out, as scripts/test.sh does),

@@ -5,7 +5,7 @@
 #   4.x (TransformerBridge, the default version): everything but the `docs` tests, the slow
 #       reproductions included (retraining, seeds, the report in Chromium, the notebooks), once.
 #   3.x (HookedTransformer): the fast suite, tests/test_cross_version.py, the slow tests marked
-#       `tl3` (code-2l's first 2,500 training steps: 3.x's forward is ~2.3x faster than the 4.3 bridge's),
+#       `tl3` (code-2l's first 2,500 training steps, ~12 minutes: the longest test, it balances the 4.x pass's other slow ones),
 #       and the tests marked `docs`: the documentation site's build (scripts/build_docs.sh, --strict)
 #       and its browser test, here because this pass ends about a minute and a half before the 4.x one.
 #   Neither: tests marked `full` (code-2l's full 4,000-step retraining, ~18 minutes): `pytest -m full`.
@@ -19,6 +19,10 @@
 # Options pass through to pytest; a later -m wins, e.g. bash scripts/test.sh -m "not slow".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The venvs install without byte-compiling (scripts/setup_env.sh): the first import of a module writes
+# its cache, which a PYTHONDONTWRITEBYTECODE environment would forbid (every import, in every test's
+# subprocess, would compile again: `import torch` 6.4 s instead of 3.7 s).
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup_browser.sh
 if [ -n "${RS_INTERP_TL:-}" ]; then versions="$RS_INTERP_TL"; else versions="3 4"; fi
 export RS_INTERP_CROSS_DIR="${RS_INTERP_CROSS_DIR:-$(mktemp -d -t rs_interp_cross.XXXXXX)}"

@@ -128,7 +128,7 @@ def _phase_change_step(curve: list[float], every: int = 50) -> int:
     return every * next(i for i, loss in enumerate(curve) if loss < 4.0)
 
 
-@slow_on_tl3("2,500 training steps take ~13 minutes on one thread under 3.x (the 4.3 bridge's forward is ~2.3x slower): once per CI run")
+@slow_on_tl3("2,500 training steps take ~12 minutes on one thread: once per CI run, in the 3.x pass, which it balances against the 4.x pass's other slow tests")
 def test_the_recipe_goes_through_the_phase_change_and_forms_the_circuit():
     """code-2l's recipe from the recorded seed, with the shipped tokenizer, for its first 2,500 steps:
     the loss curve follows the shipped one before the phase change, drops at the same step within the
