@@ -28,7 +28,10 @@ applies the final LayerNorm scale itself, so the head stack goes in unscaled); t
 with each head patched.
 
 Inputs: lens and DLA on 1 x 256 tokens, second order on 1 x 64 (last position), attribution
-patching on 1 x 64, the resample-ablation scan on 1 x 16 (metric at the last position).
+patching on 1 x 64, the resample-ablation scan on 1 x 16 (metric at the last position); the circuit
+helpers on 1 x 64: exact path patching of one source head (the middle layer's head 1) into every later
+head's query, the faithfulness curve at MIB's ten circuit sizes (ranked by edge attribution patching,
+untimed). Their bound is their own counted FLOPs, as for the forward helpers.
 TransformerLens's equivalents: ``all_composition_scores`` (small only: it holds every pair's SVD,
 ~10 GB per kind there), ``accumulated_resid`` + ``unembed`` for the lens, ``stack_head_results`` +
 ``logit_attrs`` for DLA, ``get_act_patch_attn_head_out_all_pos`` for the scan (small only: one
@@ -95,6 +98,10 @@ def call():
         return ri.edge_attribution_patching(model, t64, metric, reference=r64)
     if helper == "EAP-IG (5 steps)":
         return ri.edge_attribution_patching(model, t64, metric, reference=r64, ig_steps=5)
+    if helper == "path patching":  # exact, one source head (the middle layer's head 1) into every later query
+        return ri.path_patching(model, t64, metric, reference=r64, edges=direct_edges)
+    if helper == "faithfulness curve":  # MIB's ten circuit sizes, the circuits ranked by edge AP (untimed)
+        return ri.faithfulness_curve(model, ranking, t64, metric, reference=r64)
     if helper == "ablation scan":
         if tool == "ours":
             return ri.head_ablation_scan(model, t16, metric, method="resample", reference=r16, positions=[-1],
@@ -103,6 +110,9 @@ def call():
         return patching.get_act_patch_attn_head_out_all_pos(model, t16, cache, metric)
     raise ValueError(helper)
 rows = {"logit lens": 256, "DLA": 256}.get(helper, 0)
+L, H = model.cfg.n_layers, model.cfg.n_heads
+direct_edges = [(f"L{L // 2}H1", f"L{l}H{h}.q") for l in range(L // 2 + 1, L) for h in range(H)]
+ranking = ri.edge_attribution_patching(model, t64, metric, reference=r64) if helper == "faithfulness curve" else None
 
 def floor_flops():
     # The matmul FLOPs a gradient helper cannot avoid (counted before the timed call, so its memory
@@ -208,6 +218,8 @@ HELPERS = [
     ("edge attribution patching", set()),
     ("EAP-IG (5 steps)", set()),
     ("ablation scan", {"small"}),
+    ("path patching", set()),
+    ("faithfulness curve", set()),
 ]
 
 
@@ -221,7 +233,8 @@ def matmul_rate(d_model: int) -> float:
 
 #: Token rows per helper (batch x pos of its inputs); composition reads the weights alone.
 ROWS = {"logit lens": 256, "DLA": 256, "second order": 64, "node attribution patching": 64,
-        "edge attribution patching": 64, "EAP-IG (5 steps)": 64, "ablation scan": 16}
+        "edge attribution patching": 64, "EAP-IG (5 steps)": 64, "ablation scan": 16, "path patching": 64,
+        "faithfulness curve": 64}
 
 
 def shape_rate(size: str, rows: int) -> float:
