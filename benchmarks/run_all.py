@@ -101,7 +101,7 @@ def call():
     if helper == "path patching":  # exact, one source head (the middle layer's head 1) into every later query
         return ri.path_patching(model, t64, metric, reference=r64, edges=direct_edges)
     if helper == "faithfulness curve":  # MIB's ten circuit sizes, the circuits ranked by edge AP (untimed)
-        return ri.faithfulness_curve(model, ranking, t64, metric, reference=r64)
+        return ri.faithfulness_curve(model, t64, metric, ranking, reference=r64)
     if helper == "ablation scan":
         if tool == "ours":
             return ri.head_ablation_scan(model, t16, metric, method="resample", reference=r16, positions=[-1],

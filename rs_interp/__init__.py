@@ -7,14 +7,16 @@ True
 """
 
 from .ablation import run_with_key_input, run_with_query_input
-from .attribution_patching import AttributionPatching, attribution_patching
-from .edge_attribution import EdgeAttributionPatching, edge_attribution_patching
-from .edges import EdgeEffects, EdgeLayout, edge_layout
-from .path_patching import PathPatching, path_patching
-from .circuits import FaithfulnessCurve, evaluate_circuit, faithfulness_curve, top_edges
+from .certificate import Certificate, certify
+from .circuits.node_attribution import AttributionPatching, attribution_patching
+from .circuits.edge_attribution import EdgeAttributionPatching, edge_attribution_patching
+from .circuits.graph import EdgeEffects, EdgeLayout, edge_layout
+from .circuits.path_patching import PathPatching, path_patching
+from .circuits.evaluation import FaithfulnessCurve, MIBScores, evaluate_circuit, faithfulness_curve, mib_scores
+from .circuits.selection import top_edges
 from .composition import CompositionScores, composition_scores, virtual_weight
 from .copying import copying_scores
-from .data import InductionBatch, induction_batch, next_token_targets
+from .models.data import InductionBatch, induction_batch, next_token_targets
 from .heads import (
     FirstTokenAttention,
     InductionScores,
@@ -32,12 +34,12 @@ from .heads import (
 from . import hooks
 from .metrics import Metric, next_token_loss
 from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
-from .gpt2 import GPT2WeightsUnavailable, load_gpt2
-from .pretrained import WeightsUnavailable, load_pretrained
+from .models.gpt2 import GPT2WeightsUnavailable, load_gpt2
+from .models.pretrained import WeightsUnavailable, load_pretrained
 from .lens import LogitLensReadings, logit_lens
 from .tuned_lens import TunedLens, lens_kl, train_tuned_lens
-from .gpt2_config import ParameterCount, count_parameters, gpt2_config
-from .models import (
+from .models.gpt2_config import ParameterCount, count_parameters, gpt2_config
+from .models.checkpoints import (
     CheckpointError,
     as_dtype,
     attn_only_config,
@@ -45,11 +47,11 @@ from .models import (
     make_attn_only,
     save_model,
 )
-from .registry import SHIPPED_MODELS, TrainingCache, load_toy_model, train_shipped
+from .models.registry import SHIPPED_MODELS, TrainingCache, load_toy_model, train_shipped
 from .attribution import DirectLogitAttribution, direct_logit_attribution
 from .path_expansion import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
 from .second_order import SecondOrderAttribution, second_order_attribution
-from .training import Score, evaluate, score_logits, train_induction_model
+from .models.training import Score, evaluate, score_logits, train_induction_model
 
 __all__ = [
     # models and data
@@ -97,6 +99,8 @@ __all__ = [
     "evaluate_circuit",
     "faithfulness_curve",
     "FaithfulnessCurve",
+    "mib_scores",
+    "MIBScores",
     "top_edges",
     "attention_patterns",
     "prev_token_scores",
@@ -130,6 +134,9 @@ __all__ = [
     "GPT2WeightsUnavailable",
     "count_parameters",
     "ParameterCount",
+    # what holds on a model
+    "certify",
+    "Certificate",
     # hook factories
     "hooks",
 ]

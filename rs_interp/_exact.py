@@ -4,7 +4,7 @@ that a decomposition really sums to the run it claims to split (user hooks inclu
 from __future__ import annotations
 
 import torch
-from ._backend import Model
+from ._backend import Model, norm_affine
 
 __all__: list[str] = []
 
@@ -39,12 +39,16 @@ def attached_hooks(model: Model) -> list[str]:
 
 
 def check_sum(
-    what: str, total: torch.Tensor, target: torch.Tensor, terms: torch.Tensor, user_hooks: list[str], run_dtype: torch.dtype
+    what: str, total: torch.Tensor, target: torch.Tensor, terms: torch.Tensor, user_hooks: list[str], run_dtype: torch.dtype,
+    source: str = "native",
 ) -> None:
     """Raise ``ValueError`` unless ``total`` (the sum of ``terms``) equals ``target`` (the run's own
-    value) to rounding. A gap means the run is not the one decomposed: a hook changed it, or the
-    model has a part the decomposition does not know."""
-    eps = max(torch.finfo(terms.dtype).eps, torch.finfo(run_dtype).eps)
+    value) to rounding: of the coarser of the terms' and the run's dtype, and of float32 for a model
+    over Hugging Face modules (``source="booted"``: they compute some steps in float32 whatever the
+    dtype). A gap means the run is not the one decomposed: a hook changed it, or the model has a part
+    the decomposition does not know."""
+    eps = max(torch.finfo(terms.dtype).eps, torch.finfo(run_dtype).eps,
+              torch.finfo(torch.float32).eps if source == "booted" else 0.0)
     size = terms.abs().sum(0).amax() + target.abs().amax() + 1.0
     gap = (total - target.to(total.dtype)).abs().amax()
     if bool(gap <= _EPS_FACTOR * eps * size):
@@ -79,8 +83,24 @@ def frozen_norm_readout(kind: str | None, direction: torch.Tensor, w: torch.Tens
     (centering is a symmetric projection, so it moves onto the direction): ``center(w * d) / s``."""
     if kind is None:
         return direction
-    if kind in ("LN", "RMS"):
+    if w is not None:
         direction = direction * w.to(direction.dtype)
     if kind in ("LN", "LNPre"):
         direction = direction - direction.mean(-1, keepdim=True)
     return direction / scale.to(direction.dtype)
+
+
+def final_norm(model: Model, final: torch.Tensor, dt: torch.dtype) -> tuple[str | None, torch.Tensor | None, torch.Tensor | None,
+                                                                         torch.Tensor | None]:
+    """``(kind, gain, bias, scale)`` of the final norm on the final stream ``final`` (batch, pos,
+    d_model): read from the model (:func:`rs_interp._backend.norm_affine`: Gemma's ``1 + w`` gain, OLMo's
+    parameter-free LayerNorm), the scale computed from ``final`` itself, (batch, pos, 1) in ``dt``;
+    the certificate's ``readout`` checks that this is the model's norm."""
+    if model.cfg.normalization_type is None:
+        return None, None, None, None
+    kind, gain, bias, eps = norm_affine(model, model.ln_final)
+    x = final.to(dt)
+    if kind in ("LN", "LNPre"):
+        x = x - x.mean(-1, keepdim=True)
+    scale = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    return kind, None if gain is None else gain.detach().to(dt), None if bias is None else bias.detach().to(dt), scale

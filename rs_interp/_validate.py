@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from typing import Iterable
+from typing import Iterable, Literal
 
 import torch
 from jaxtyping import Int
@@ -167,3 +167,39 @@ def check_target_pair(
             raise ValueError("contrast is -1 at a position whose target is not: skip a position in targets (and contrast) together")
         contrast = contrast.masked_fill(skip, 0)
     return targets.masked_fill(skip, 0), contrast, skip
+
+
+#: What an ablated component writes, one meaning per word everywhere (heads at ``hook_z``, edges'
+#: senders in a circuit): ``"zero"`` nothing; ``"mean"`` its mean over the batch *and* positions of
+#: ``reference``; ``"position_mean"`` its mean over the batch of ``reference`` at each position;
+#: ``"resample"`` its value in the run on ``reference``, sequence by sequence, position by position.
+Ablation = Literal["zero", "mean", "position_mean", "resample"]
+ABLATIONS = ("zero", "mean", "position_mean", "resample")
+
+
+def check_ablation(model: Model, tokens: torch.Tensor, method: object, reference: torch.Tensor | None,
+                   helper: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``tokens`` and the reference ``method`` reads, checked: ``reference`` as ``tokens`` for
+    ``"resample"`` (required), as long as ``tokens`` for ``"position_mean"``, any length for ``"mean"``
+    (both default to ``tokens``); None for ``"zero"``.
+
+    Raises:
+        ValueError: an unknown method, or a reference of the wrong shape (named with ``helper``).
+    """
+    if method not in ABLATIONS:
+        raise ValueError(f"{helper}: method must be one of {ABLATIONS}, got {method!r}")
+    tokens = check_tokens(model, tokens)
+    if method == "zero":
+        return tokens, None
+    if reference is None:
+        if method == "resample":
+            raise ValueError(f"{helper}: method='resample' needs reference= tokens (the run each ablated value is taken from)")
+        return tokens, tokens
+    reference = check_tokens(model, reference, "reference")
+    if method == "resample" and reference.shape != tokens.shape:
+        raise ValueError(f"{helper}: reference must have the shape of tokens {tuple(tokens.shape)} for resample ablation, "
+                         f"got {tuple(reference.shape)}")
+    if method == "position_mean" and reference.shape[1] != tokens.shape[1]:
+        raise ValueError(f"{helper}: reference must have the length of tokens ({tokens.shape[1]} positions) for "
+                         f"position_mean ablation, got {reference.shape[1]}")
+    return tokens, reference

@@ -8,45 +8,58 @@ from dataclasses import dataclass
 import torch
 from einops import einsum
 from jaxtyping import Float, Int
-from ._backend import Model, attn_weight
 
-from .hooks import store_matching
-from ._exact import (attached_hooks, check_normalization, check_sum, compute_dtype, frozen_norm_readout, metric_of,
-                     unembed_direction)
+from ._backend import Model, attn_weight, logit_softcap, model_source
+from ._exact import attached_hooks, check_sum, compute_dtype, final_norm, frozen_norm_readout, metric_of, unembed_direction
 from ._state import preserve_state
 from ._validate import check_target_pair, check_tokens
-from .heads import head_labels
+from .certificate import require
+from .hooks import store_matching
+from .labels import bias_label, head_labels, mlp_label
+from .metrics import top_effects
 
 __all__ = ["DirectLogitAttribution", "direct_logit_attribution"]
 
 
 @dataclass(frozen=True)
 class DirectLogitAttribution:
-    """Per-component direct logit attribution with the final LayerNorm scale frozen.
+    """Per-component direct logit attribution with the final norm's scale frozen.
 
     Attributes:
-        labels: ``"embed"``, ``"pos_embed"``, ``"L{l}H{h}"``, ``"attn bias L{l}"``, ``"mlp L{l}"``,
-            ``"ln_final bias"``, ``"b_U"`` (those the model has).
+        labels: ``"W_E"`` (the token embedding), ``"W_pos"`` (learned positions), ``"L{l}H{h}"``,
+            ``"b_O L{l}"``, ``"MLP{l}"``, ``"ln_final.b"``, ``"b_U"`` (those the model has).
         contributions: (component, batch, pos): each component's part of the metric; 0 at the
             positions skipped (target -1).
-        clean: (batch, pos) the run's own metric (centered logit of the target, or the logit
-            difference); 0 at the skipped positions.
+        per_position: (batch, pos) the run's own metric at each position (the target's centered logit,
+            or the logit difference); 0 at the skipped positions.
+        clean: the run's own metric: ``per_position``'s mean over the positions with a target.
 
     >>> from rs_interp import SHIPPED_MODELS, next_token_targets
     >>> model = SHIPPED_MODELS["code-2l"].load()  # LayerNorm, MLPs, learned positions: GPT-2's architecture
     >>> tokens = torch.arange(10)[None]
     >>> dla = direct_logit_attribution(model, tokens, targets=next_token_targets(tokens))
-    >>> dla.labels[:3], dla.contributions.shape[0] == len(dla.labels), float((dla.total() - dla.clean).abs().max()) < 1e-3
-    (('embed', 'pos_embed', 'L0H0'), True, True)
+    >>> dla.labels[:3], dla.contributions.shape[0] == len(dla.labels), float((dla.total() - dla.per_position).abs().max()) < 1e-3
+    (('W_E', 'W_pos', 'L0H0'), True, True)
     """
 
     labels: tuple[str, ...]
     contributions: Float[torch.Tensor, "component batch pos"]
-    clean: Float[torch.Tensor, "batch pos"]
+    per_position: Float[torch.Tensor, "batch pos"]
+    clean: float
+    scored: torch.Tensor | None = None
 
     def total(self) -> Float[torch.Tensor, "batch pos"]:
-        """The sum over components: ``clean``, exactly (checked at run time)."""
+        """The sum over components: ``per_position``, exactly (checked at run time)."""
         return self.contributions.sum(0)
+
+    def mean(self) -> Float[torch.Tensor, " component"]:
+        """Each component's part of ``clean``: its contribution's mean over the positions with a target."""
+        mask = torch.ones_like(self.per_position, dtype=torch.bool) if self.scored is None else self.scored
+        return self.contributions[:, mask].mean(-1)
+
+    def top(self, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` components with the largest ``|part of clean|`` (:meth:`mean`), with that part."""
+        return top_effects(self.labels, self.mean(), k)
 
 
 def direct_logit_attribution(
@@ -83,29 +96,32 @@ def direct_logit_attribution(
     >>> from rs_interp import next_token_targets
     >>> toks = torch.randint(0, 256, (1, 10))
     >>> dla = direct_logit_attribution(load_toy_model(), toks, targets=next_token_targets(toks))
-    >>> bool(torch.allclose(dla.total(), dla.clean, atol=1e-4)), float(dla.clean[0, -1])
+    >>> bool(torch.allclose(dla.total(), dla.per_position, atol=1e-4)), float(dla.per_position[0, -1])
     (True, 0.0)
     """
-    check_normalization(model, "direct_logit_attribution")
     tokens = check_tokens(model, tokens)
     targets, contrast, skip = check_target_pair(targets, contrast, tokens, model.cfg.d_vocab)
+    require(model, "direct_logit_attribution")
+    if logit_softcap(model) is not None:
+        raise ValueError(f"direct_logit_attribution: the logits pass a soft-cap (c tanh(l / c), c = {logit_softcap(model):g}): "
+                         "no split of a logit over components is exact through it")
     cfg, dt = model.cfg, compute_dtype(model)
     user_hooks = attached_hooks(model)
     box: dict[str, torch.Tensor] = {}
-    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", "ln_final.hook_scale")
+    final = f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", final)
     with preserve_state(model), torch.no_grad():
         with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
             logits = model(tokens, return_type="logits").to(dt)
         direction, b_U = unembed_direction(model, targets, contrast, dt)
-        kind = cfg.normalization_type
         # The frozen final norm is linear: N(c) . direction = c . g, with g read back through it once
-        # (center(w * direction) / scale), so no (component, batch, pos, d_model) stack is built.
-        g = frozen_norm_readout(kind, direction, getattr(model.ln_final, "w", None) if kind else None,
-                                box.get("ln_final.hook_scale"))
+        # (center(gain * direction) / scale), so no (component, batch, pos, d_model) stack is built.
+        kind, gain, bias, scale = final_norm(model, box[final], dt)
+        g = frozen_norm_readout(kind, direction, gain, scale)
         dot = lambda c: (c.to(dt) * g).sum(-1)  # noqa: E731  (batch, pos)
-        labels, out = ["embed"], [dot(box["hook_embed"])]
+        labels, out = ["W_E"], [dot(box["hook_embed"])]
         if cfg.positional_embedding_type == "standard":
-            labels.append("pos_embed")
+            labels.append("W_pos")
             out.append(dot(box["hook_pos_embed"]))
         for l in range(cfg.n_layers):
             attn = model.blocks[l].attn
@@ -113,19 +129,22 @@ def direct_logit_attribution(
             g_heads = einsum(g, attn.W_O.to(dt), "batch pos d_model, head_index d_head d_model -> batch pos head_index d_head")
             labels += list(head_labels(cfg.n_layers, cfg.n_heads)[l * cfg.n_heads : (l + 1) * cfg.n_heads])
             out.append((z * g_heads).sum(-1).permute(2, 0, 1))  # (head, batch, pos)
-            labels.append(f"attn bias L{l}")
+            labels.append(bias_label(l))
             out.append(dot(attn_weight(attn, "b_O", model.cfg.n_heads)))
             if not cfg.attn_only:
-                labels.append(f"mlp L{l}")
+                labels.append(mlp_label(l))
                 out.append(dot(box[f"blocks.{l}.hook_mlp_out"]))
         out = [o if o.ndim == 3 else o[None] for o in out]
         metric = metric_of(logits, targets, contrast)
-        if cfg.normalization_type == "LN":
-            labels.append("ln_final bias")
-            out.append((model.ln_final.b.to(dt) * direction).sum(-1)[None])
+        if bias is not None:
+            labels.append("ln_final.b")
+            out.append((bias.to(dt) * direction).sum(-1)[None])
         labels.append("b_U")
         out.append(b_U[None])
         contributions = torch.cat(out).masked_fill(skip, 0.0)  # skipped positions: no part, excluded from the check
         metric = metric.masked_fill(skip, 0.0)
-    check_sum("direct_logit_attribution", contributions.sum(0), metric, contributions, user_hooks, cfg.dtype)
-    return DirectLogitAttribution(labels=tuple(labels), contributions=contributions, clean=metric)
+    check_sum("direct_logit_attribution", contributions.sum(0), metric, contributions, user_hooks, cfg.dtype,
+              model_source(model))
+    scored = ~skip
+    clean = float(metric[scored].mean()) if bool(scored.any()) else 0.0
+    return DirectLogitAttribution(labels=tuple(labels), contributions=contributions, per_position=metric, clean=clean, scored=scored)

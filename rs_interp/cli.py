@@ -8,7 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .registry import SHIPPED_MODELS
+from .models.registry import SHIPPED_MODELS
 from .reproduce import SECTIONS
 
 __all__ = ["main"]
@@ -38,7 +38,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     print(f"rs-interp reproduce on {describe_environment()}\n", flush=True)
     cache = None
     if args.cache:
-        from .registry import TrainingCache
+        from .models.registry import TrainingCache
 
         cache = TrainingCache(_writable_dir(args.cache))
     sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log, cache=cache)
@@ -52,8 +52,8 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .models import save_model
-    from .registry import train_shipped
+    from .models.checkpoints import save_model
+    from .models.registry import train_shipped
 
     out = _writable_dir(args.out)
     trained = train_shipped(args.name, args.seed, progress=not args.quiet)
@@ -66,8 +66,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _gpt2(args: argparse.Namespace) -> int:
-    from .gpt2 import find_pretrained_gpt2, load_gpt2
-    from .gpt2_config import count_parameters
+    from .models.gpt2 import find_pretrained_gpt2, load_gpt2
+    from .models.gpt2_config import count_parameters
     from .reproduce.gpt2_check import analyse_gpt2
 
     out = _writable_dir(args.out) if args.out else None

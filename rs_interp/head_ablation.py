@@ -26,24 +26,22 @@ residual stream before layer ``l`` is the clean run's, cached once, so each pass
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Callable, Sequence
 
 import torch
 from jaxtyping import Float, Int
-from tqdm.auto import tqdm
-from ._backend import Model, run_from
-from transformer_lens.utilities.activation_functions import apply_softcap
 
-from .heads import head_labels
-from .hooks import mean_heads, resample_heads, store, store_matching, zero_heads
-from .metrics import Metric, metric_value, top_effects
+from ._backend import Model, logit_softcap, run_from
+from ._budget import stacked_copies
 from ._state import preserve_state
-from ._validate import check_heads, check_int_range, check_positions, check_tokens
+from ._validate import Ablation, check_ablation, check_heads, check_int_range, check_positions
+from .certificate import require
+from .hooks import mean_heads, resample_heads, store, store_matching, zero_heads
+from .labels import head_labels
+from .metrics import Metric, metric_value, top_effects
 
 __all__ = ["ablate_heads", "head_ablation_scan", "HeadAblationScan"]
 
-Method = Literal["zero", "mean", "position_mean", "resample"]
-_METHODS = ("zero", "mean", "position_mean", "resample")
 
 
 @dataclass(frozen=True)
@@ -76,22 +74,6 @@ class HeadAblationScan:
         return top_effects(self.labels, self.effect, k)
 
 
-def _check_method(model: Model, tokens: torch.Tensor, method: str, reference: torch.Tensor | None) -> torch.Tensor:
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if reference is None:
-        if method == "resample":
-            raise ValueError("method='resample' needs reference= tokens (the run each head's z is taken from)")
-        return tokens
-    reference = check_tokens(model, reference, "reference")
-    if method == "resample" and reference.shape != tokens.shape:
-        raise ValueError(f"reference must have the shape of tokens {tuple(tokens.shape)} for resample ablation, got {tuple(reference.shape)}")
-    if method == "position_mean" and reference.shape[1] != tokens.shape[1]:
-        raise ValueError(f"reference must have the length of tokens ({tokens.shape[1]} positions) for position_mean ablation, "
-                         f"got {reference.shape[1]}")
-    return reference
-
-
 def _reference_z(model: Model, reference: torch.Tensor, method: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
     """Per layer, what ablated heads output: the mean (head, d_head), the per-position mean (pos, head,
     d_head) or the reference z (batch, pos, head, d_head)."""
@@ -115,7 +97,7 @@ def ablate_heads(
     tokens: Int[torch.Tensor, "batch pos"],
     heads: Sequence[tuple[int, int]],
     *,
-    method: Method = "zero",
+    method: Ablation = "zero",
     reference: Int[torch.Tensor, "batch pos"] | None = None,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Logits with ``heads`` ablated together (see the module docstring for the methods).
@@ -134,9 +116,9 @@ def ablate_heads(
     >>> tuple(ablate_heads(model, b.tokens, [(0, 0)], method="mean").shape)
     (4, 48, 256)
     """
-    tokens = check_tokens(model, tokens)
+    tokens, ref = check_ablation(model, tokens, method, reference, "ablate_heads")
     pairs = check_heads(model, heads, "heads", allow_empty=False)
-    ref = _check_method(model, tokens, method, reference)
+    require(model, "ablate_heads")
     layers = sorted({l for l, _ in pairs})
     with preserve_state(model), torch.no_grad():
         values = _reference_z(model, ref, method, layers)
@@ -147,13 +129,16 @@ def ablate_heads(
 
 def _logits(model: Model, x: torch.Tensor, start: int | None, spe: torch.Tensor | None, pos: list[int] | None) -> torch.Tensor:
     """The logits from tokens (``start=None``) or from the stream before layer ``start``; with ``pos``,
-    the final norm and the unembedding run at those positions only (both act position by position)."""
+    the final norm and the unembedding run at those positions only (both act position by position:
+    the certificate's ``readout``)."""
     if pos is None:
         return run_from(model, x, start=start, spe=spe)
     resid = run_from(model, x, start=start, stop=model.cfg.n_layers, spe=spe)[:, pos]
     if model.cfg.normalization_type is not None:
         resid = model.ln_final(resid)
-    return apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
+    logits = model.unembed(resid)
+    cap = logit_softcap(model)
+    return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
 def head_ablation_scan(
@@ -161,7 +146,7 @@ def head_ablation_scan(
     tokens: Int[torch.Tensor, "batch pos"],
     metric: Metric,
     *,
-    method: Method = "zero",
+    method: Ablation = "zero",
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     positions: Sequence[int] | None = None,
     memory_budget: int = 2**30,
@@ -190,18 +175,22 @@ def head_ablation_scan(
     >>> scan.top(1)[0][0] == head_label(*find_prev_token_head(model, batch.tokens))  # the costliest head
     True
     """
-    tokens = check_tokens(model, tokens)
-    ref = _check_method(model, tokens, method, reference)
+    from tqdm.auto import tqdm
+
+    tokens, ref = check_ablation(model, tokens, method, reference, "head_ablation_scan")
     check_int_range("memory_budget", memory_budget, 1)
     pos = None if positions is None else check_positions(positions, tokens.shape[1])
+    cert = require(model, "head_ablation_scan", also=() if pos is None else ("readout", "stop at layer"))
+    # Each pass starts at the ablated layer from the clean stream cached there where running from a
+    # layer reproduces the model (the certificate's "start at layer"); else from the tokens.
+    from_layer = cert.holds("start at layer")
     cfg = model.cfg
     L, n_heads = cfg.n_layers, cfg.n_heads
     values = torch.full((L, n_heads), float("nan"), dtype=torch.float64)
     box: dict[str, torch.Tensor] = {}
     names = lambda n: n.endswith("hook_resid_pre") or n == "hook_pos_embed"  # noqa: E731
     B, P = tokens.shape
-    row_bytes = (P * (8 * cfg.d_model + (cfg.d_mlp or 0)) + (P if pos is None else len(pos)) * cfg.d_vocab) * torch.finfo(cfg.dtype).bits // 8
-    per_pass = max(1, min(n_heads, memory_budget // max(1, B * row_bytes)))
+    per_pass = min(n_heads, stacked_copies(model, B, P, memory_budget, logit_positions=None if pos is None else len(pos)))
     with preserve_state(model), torch.no_grad():
         refs = _reference_z(model, ref, method, range(L))
         with model.hooks(fwd_hooks=store_matching(box, model, names)):
@@ -210,7 +199,8 @@ def head_ablation_scan(
         jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads)))) for l in range(L) for h0 in range(0, n_heads, per_pass)]
         for l, group in tqdm(jobs, desc="head ablation scan", disable=not progress, leave=False):
             k = len(group)
-            resid = box[f"blocks.{l}.hook_resid_pre"].repeat(k, 1, 1)  # replica i ablates head group[i]
+            # replica i ablates head group[i]
+            resid = box[f"blocks.{l}.hook_resid_pre"].repeat(k, 1, 1) if from_layer else tokens.repeat(k, 1)
             value = refs.get(l)
             if method == "resample":
                 value = value.repeat(k, 1, 1, 1)
@@ -230,7 +220,7 @@ def head_ablation_scan(
                 return out
 
             with model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_z", ablate)]):
-                logits = _logits(model, resid, l, None if spe is None else spe.repeat(k, 1, 1), pos)
+                logits = _logits(model, resid, l if from_layer else None, None if spe is None or not from_layer else spe.repeat(k, 1, 1), pos)
             for i, h in enumerate(group):
                 values[l, h] = metric_value(metric(logits[i * B : (i + 1) * B]), f"head ({l}, {h})")
     return HeadAblationScan(effect=values - clean, clean=clean, ablated=values, method=method, labels=head_labels(L, n_heads))

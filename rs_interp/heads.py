@@ -18,7 +18,7 @@ from ._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
 from .hooks import store_matching
 from ._state import preserve_state
 from ._validate import check_bilinear_scores, check_int_range, check_layer, check_tokens
-from .data import InductionBatch
+from .models.data import InductionBatch
 
 __all__ = [
     "attention_patterns",

@@ -1,9 +1,10 @@
 """The logit lens: read the residual stream through the unembedding between layers.
 
 At each reading point (after the embedding, after every block, optionally after every attention
-sublayer too) the stream ``x`` is decoded as ``softmax(LN_final(x) W_U + b_U)`` when the model has
-a final LayerNorm (each reading point's scale recomputed from ``x`` itself), and as
-``softmax(x W_U + b_U)`` otherwise. For the toy models, which have no final LayerNorm, the lens
+sublayer too) the stream ``x`` is decoded as the model decodes its final stream:
+``softmax(softcap(LN_final(x) W_U + b_U))``, the final norm's scale recomputed from ``x`` itself (no
+norm, no soft-cap where the model has none; the certificate's ``readout`` checks that this is the
+model's own readout). For the toy models, which have no final LayerNorm, the lens
 is the model's own readout; elsewhere it is a heuristic (the tuned lens refines it).
 
 Memory stays bounded: sequences go through the model as many at a time as ``memory_budget``
@@ -23,12 +24,14 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
-from ._backend import Model, run_from
+from ._backend import Model, logit_softcap, run_from
 
 from .hooks import store
 from ._exact import compute_dtype
 from ._state import preserve_state
 from ._validate import check_int_range, check_targets, check_tokens
+from .certificate import require
+from .labels import lens_label
 
 __all__ = ["LogitLensReadings", "logit_lens", "reading_points"]
 
@@ -66,17 +69,17 @@ class LogitLensReadings:
 
 
 def reading_points(model: Model, sublayers: bool = False) -> list[tuple[str, str]]:
-    """(label, hook name) of every reading point, in order."""
-    points = [("embed", "blocks.0.hook_resid_pre")]
+    """(label, hook name) of every reading point, in order (:func:`rs_interp.labels.lens_label`)."""
+    points = [(lens_label(None), "blocks.0.hook_resid_pre")]
     for l in range(model.cfg.n_layers):
         if sublayers and not model.cfg.attn_only:
-            points.append((f"L{l} attn", f"blocks.{l}.hook_resid_mid"))
-        points.append((f"L{l}", f"blocks.{l}.hook_resid_post"))
+            points.append((lens_label(l, sublayer="attn"), f"blocks.{l}.hook_resid_mid"))
+        points.append((lens_label(l), f"blocks.{l}.hook_resid_post"))
     return points
 
 
 def _read_tiled(x: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor | None, top_k: int, targets: torch.Tensor | None,
-                tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                tile: int, cap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Top-k probabilities and tokens, entropy and target probabilities of ``softmax(x W_U + b_U)``,
     reading the vocabulary ``tile`` columns at a time (online softmax).
 
@@ -97,6 +100,8 @@ def _read_tiled(x: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor | None, to
     for c0 in range(0, V, tile):
         c1 = min(c0 + tile, V)
         logits = torch.addmm(b_U[c0:c1], x, W_U[:, c0:c1]) if b_U is not None else x @ W_U[:, c0:c1]
+        if cap is not None:  # the model's final soft-cap, elementwise
+            logits = cap * torch.tanh(logits / cap)
         v, i = logits.topk(min(top_k, c1 - c0), dim=-1)  # sorted: v[:, :1] is the tile's maximum
         m_new = torch.maximum(m, v[:, :1])
         e = torch.sub(logits, m_new, out=buf[:, : c1 - c0]).exp_()
@@ -114,6 +119,8 @@ def _read_tiled(x: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor | None, to
     if targets is not None:
         t = targets.clamp(min=0)
         logit_t = (x * W_U[:, t].T).sum(-1) + (b_U[t] if b_U is not None else 0)
+        if cap is not None:
+            logit_t = cap * torch.tanh(logit_t / cap)
         target = (logit_t - log_z[:, 0]).exp()
     return (top_v - log_z).exp(), top_i, entropy, target
 
@@ -176,6 +183,8 @@ def logit_lens(
         ('embed', 3)
     """
     tokens = check_tokens(model, tokens)
+    require(model, "logit_lens")
+    cap = logit_softcap(model)
     check_int_range("top_k", top_k, 1, model.cfg.d_vocab)
     check_int_range("memory_budget", memory_budget, 1)
     if batch_chunk is None:
@@ -216,10 +225,10 @@ def logit_lens(
                 x = flat[r0 : r0 + row_chunk]
                 t = None if targets is None else targets[bb, pp]
                 if log_probs is None:
-                    tp, tt, ent, tgt = _read_tiled(x, W_U, b_U if has_bias else None, top_k, t, vocab_tile)
+                    tp, tt, ent, tgt = _read_tiled(x, W_U, b_U if has_bias else None, top_k, t, vocab_tile, cap)
                 else:
                     lp = torch.addmm(b_U, x, W_U) if has_bias else x @ W_U
-                    lp = lp.log_softmax(-1)
+                    lp = (lp if cap is None else cap * torch.tanh(lp / cap)).log_softmax(-1)
                     log_probs[ii, bb, pp] = lp.cpu()
                     (tp, tt), ent = lp.topk(top_k, dim=-1), -(lp.exp() * lp).sum(-1)
                     tp = tp.exp()

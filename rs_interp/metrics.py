@@ -87,11 +87,25 @@ def top_effects(labels: Sequence[str], effect: torch.Tensor, k: int) -> list[tup
 
 
 def metric_value(value: object, what: str) -> float:
-    """A metric's result as a float: a number or a one-element tensor; a ValueError naming ``what`` otherwise."""
+    """A metric's result as a finite float: a number or a one-element tensor; a ValueError naming
+    ``what`` (the run it was computed on) otherwise, NaN and infinity included (every helper
+    compares metrics: a NaN would pass silently through every comparison).
+
+    >>> metric_value(torch.tensor(0.5), "clean run")
+    0.5
+    >>> metric_value(float("nan"), "head (0, 1)")
+    Traceback (most recent call last):
+    ...
+    ValueError: metric returned nan on head (0, 1): a metric must be finite
+    """
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"metric must return a scalar, got a tensor of shape {tuple(value.shape)} ({what})")
-        return float(value.detach())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        out = float(value.detach())
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"metric must return a number or a one-element tensor, got {type(value).__name__} {value!r:.60} ({what})")
-    return float(value)
+    else:
+        out = float(value)
+    if out != out or out in (float("inf"), float("-inf")):
+        raise ValueError(f"metric returned {out} on {what}: a metric must be finite")
+    return out

@@ -38,7 +38,7 @@ __all__ = [
 
 def period_sequence(period: int = 11, *, seed: int = 0, d_vocab: int = 256, seq_len: int = 48) -> torch.Tensor:
     """One test sequence (1, seq_len) of the given period, seeded."""
-    from .data import induction_batch
+    from .models.data import induction_batch
 
     return induction_batch(1, seed=seed, d_vocab=d_vocab, seq_len=seq_len, min_period=period, max_period=period).tokens
 
@@ -244,13 +244,15 @@ def estimate_vs_exact_figure(labels: Sequence[str], exact: Sequence[float], esti
 def faithfulness_figure(curves: Mapping[str, object], *, title: str = "Faithfulness of the top edges") -> go.Figure:
     """Faithfulness against the fraction of edges kept (log axis), one line per
     :class:`~rs_interp.FaithfulnessCurve` in ``curves`` (e.g. ``{"EAP": ..., "EAP-IG": ..., "exact": ...}``),
-    with each curve's CPR and CMD in its legend entry; 1 (the full model) dotted."""
+    with each curve's area in its legend entry (CPR for a curve ranked by signed score, CMD for one ranked
+    by absolute score: MIB's); 1 (the full model) dotted."""
     if not curves:
         raise ValueError("curves is empty; pass at least one FaithfulnessCurve")
     fig = go.Figure()
     for name, c in curves.items():
+        area = f"CPR {c.cpr:.3f}" if c.ranking == "signed" else f"CMD {c.cmd:.3f}"
         fig.add_trace(go.Scatter(x=[100 * f for f in c.fractions], y=list(c.faithfulness), mode="lines+markers",
-                                 name=f"{name} (CPR {c.cpr:.3f}, CMD {c.cmd:.3f})"))
+                                 name=f"{name} ({area})"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
     fig.update_layout(title=title, xaxis_title="edges kept (%)", yaxis_title="faithfulness", xaxis_type="log", height=400)
     return fig

@@ -10,7 +10,7 @@ components that write the final stream. The next order splits each head's part o
 (``N_l`` the head's own LayerNorm with its scale frozen, its bias a term of its own), so its part of
 the metric splits exactly over the sources upstream of layer ``l``: the embeddings, every earlier
 head, every earlier layer's attention bias and MLP, plus two constant terms of the head's own,
-``"ln1 bias"`` (``b_ln1 W_V W_O``) and ``"b_V"`` (``b_V W_O``). The contributions of a head's sources
+``"ln1.b"`` (``b_ln1 W_V W_O``) and ``"b_V"`` (``b_V W_O``). The contributions of a head's sources
 sum to its first-order attribution (checked at run time; tested to 1e-9 in float64). On
 attention-only models without LayerNorm the head -> head terms are Theorem 3's two-head paths.
 
@@ -24,7 +24,7 @@ LayerNorm it becomes ``u_h[q] = center(w_ln1 * W_V^h W_O^h g[q])``, and a source
 >>> toks = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
 >>> so = second_order_attribution(load_toy_model(), toks, targets=next_token_targets(toks), positions=[10])
 >>> so.sources[:3], tuple(so.contributions.shape)
-(('embed', 'L0H0', 'L0H1'), (8, 4, 1, 1))
+(('W_E', 'L0H0', 'L0H1'), (8, 4, 1, 1))
 """
 
 from __future__ import annotations
@@ -35,20 +35,15 @@ from typing import Sequence
 import torch
 from einops import einsum
 from jaxtyping import Float, Int
-from ._backend import Model, attn_weight
+from ._backend import Model, attn_weight, logit_softcap, model_source, norm_affine
 
-from .attribution_patching import _record
-from ._exact import (
-    attached_hooks,
-    check_normalization,
-    check_sum,
-    compute_dtype,
-    frozen_norm_readout,
-    unembed_direction,
-)
+from ._stream import record
+from ._exact import attached_hooks, check_sum, compute_dtype, final_norm, frozen_norm_readout, unembed_direction
 from ._state import preserve_state
 from ._validate import check_int_range, check_positions, check_target_pair, check_tokens
-from .heads import head_labels
+from .certificate import require
+from .labels import bias_label, head_labels, mlp_label
+from .metrics import top_effects
 
 __all__ = ["SecondOrderAttribution", "second_order_attribution"]
 
@@ -58,8 +53,8 @@ class SecondOrderAttribution:
     """Each destination head's direct part of the metric, split over the sources it read.
 
     Attributes:
-        sources: ``"embed"``, ``"pos_embed"``, ``"L{l}H{h}"``, ``"attn bias L{l}"``, ``"mlp L{l}"``,
-            then the destination's own constant terms ``"ln1 bias"`` (LN models) and ``"b_V"``.
+        sources: ``"W_E"``, ``"W_pos"``, ``"L{l}H{h}"``, ``"b_O L{l}"``, ``"MLP{l}"``, then the
+            destination's own constant terms ``"ln1.b"`` (norms with a bias) and ``"b_V"``.
         destinations: every head, ``"L{l}H{h}"``.
         contributions: (source, destination, batch, position); exactly 0 where the source is not
             upstream of the destination, and where the position's target is -1 (skipped).
@@ -87,11 +82,18 @@ class SecondOrderAttribution:
         """(source, destination) contributions at one sequence and one (index into) position."""
         return self.contributions[:, :, batch, position]
 
+    def top(self, k: int = 5) -> list[tuple[tuple[str, str], float]]:
+        """The ``k`` (source, destination) pairs with the largest ``|contribution|`` summed over the batch
+        and the positions, each ``((source, destination), contribution)``."""
+        pairs = tuple((s, d) for s in self.sources for d in self.destinations)
+        return top_effects(pairs, self.contributions.sum((2, 3)), k)
+
 
 def _check_model(model: Model) -> None:
-    check_normalization(model, "second_order_attribution")
-    if getattr(model.cfg, "use_normalization_before_and_after", False):
-        raise ValueError("second_order_attribution: models with a LayerNorm after each sublayer have no exact split")
+    require(model, "second_order_attribution")
+    if logit_softcap(model) is not None:
+        raise ValueError(f"second_order_attribution: the logits pass a soft-cap (c tanh(l / c), c = {logit_softcap(model):g}): "
+                         "no split of a logit over components is exact through it")
 
 
 def second_order_attribution(
@@ -126,35 +128,37 @@ def second_order_attribution(
         >>> so.destinations[:2], so.contributions.shape[0] == len(so.sources)
         (('L0H0', 'L0H1'), True)
     """
-    _check_model(model)
     tokens = check_tokens(model, tokens)
     targets, contrast, skip = check_target_pair(targets, contrast, tokens, model.cfg.d_vocab)
+    _check_model(model)
     P = tokens.shape[1]
     pos = list(range(P)) if positions is None else check_positions(positions, P)
     check_int_range("memory_budget", memory_budget, 1)
     cfg, dt, kind = model.cfg, compute_dtype(model), model.cfg.normalization_type
     L, n_heads = cfg.n_layers, cfg.n_heads
     user_hooks = attached_hooks(model)
-    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "attn.hook_pattern", "hook_mlp_out", "hook_scale")
+    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "attn.hook_pattern", "hook_mlp_out", "hook_resid_pre", "hook_resid_post")
     with preserve_state(model), torch.no_grad():
-        box = _record(model, tokens, lambda n: n.endswith(wanted))  # ends at the last of them
+        box = record(model, tokens, lambda n: n.endswith(wanted))  # ends at the last of them
         q = torch.tensor(pos, device=tokens.device)
         direction, _ = unembed_direction(model, targets[:, q], None if contrast is None else contrast[:, q], dt)
-        g = frozen_norm_readout(kind, direction, getattr(model.ln_final, "w", None) if kind else None,
-                                box["ln_final.hook_scale"][:, q] if kind else None)  # (batch, Q, d_model)
+        f_kind, f_gain, _, f_scale = final_norm(model, box[f"blocks.{L - 1}.hook_resid_post"][:, q], dt)
+        g = frozen_norm_readout(f_kind, direction, f_gain, f_scale)  # (batch, Q, d_model)
 
         # The sources, in the order they enter the stream, and the layer that writes each; their
         # writes in one (source, batch, pos, d_model) tensor, so the sources upstream of a layer
         # are a prefix of it (no per-layer stacking).
-        labels, layer_of = ["embed"], [-1]
+        labels, layer_of = ["W_E"], [-1]
         if cfg.positional_embedding_type == "standard":
-            labels.append("pos_embed"), layer_of.append(-1)
+            labels.append("W_pos"), layer_of.append(-1)
         for l in range(L):
-            labels += [*head_labels(L, n_heads)[l * n_heads : (l + 1) * n_heads], f"attn bias L{l}"]
+            labels += [*head_labels(L, n_heads)[l * n_heads : (l + 1) * n_heads], bias_label(l)]
             layer_of += [l] * (n_heads + 1)
             if not cfg.attn_only:
-                labels.append(f"mlp L{l}"), layer_of.append(l)
-        own = (["ln1 bias"] if kind == "LN" else []) + ["b_V"]
+                labels.append(mlp_label(l)), layer_of.append(l)
+        ln1 = [norm_affine(model, model.blocks[l].ln1) if kind else (None, None, None, 0.0) for l in range(L)]
+        has_ln1_bias = any(b is not None for _, _, b, _ in ln1)
+        own = (["ln1.b"] if has_ln1_bias else []) + ["b_V"]
         n_src, B, Q = len(labels), tokens.shape[0], len(pos)
         terms = torch.empty(n_src, B, P, cfg.d_model, dtype=dt)
         terms[0] = box["hook_embed"]
@@ -174,18 +178,21 @@ def second_order_attribution(
         first = torch.empty(L, n_heads, B, Q, dtype=dt)
         elem = torch.finfo(dt).bits // 8
         for l in range(L):
-            attn, block = model.blocks[l].attn, model.blocks[l]
+            attn = model.blocks[l].attn
             W_V, W_O = attn_weight(attn, "W_V", n_heads).to(dt), attn.W_O.to(dt)
             A = box[f"blocks.{l}.attn.hook_pattern"].to(dt)[:, :, q]  # (batch, head, Q, key)
             u = einsum(g, W_O, W_V, "batch query d_model, head_index d_head d_model, head_index d_model_in d_head"
                        " -> batch head_index query d_model_in")  # W_V W_O g, per head
             # The head's own norm, scale frozen: its gain and centering move onto u, 1/scale onto each key.
-            if kind in ("LN", "RMS"):
-                u = u * block.ln1.w.to(dt)
-            if kind in ("LN", "LNPre"):
+            l_kind, l_gain, l_bias, l_eps = ln1[l]
+            if l_gain is not None:
+                u = u * l_gain.detach().to(dt)
+            if l_kind in ("LN", "LNPre"):
                 u = u - u.mean(-1, keepdim=True)
-            if kind:  # 1/scale per key moves onto the pattern: (S / s) . u = (S . u) / s
-                A = A / box[f"blocks.{l}.ln1.hook_scale"].to(dt)[:, None, None, :, 0]
+            if l_kind:  # 1/scale per key moves onto the pattern: (S / s) . u = (S . u) / s
+                x = box[f"blocks.{l}.hook_resid_pre"].to(dt)
+                x = x - x.mean(-1, keepdim=True) if l_kind in ("LN", "LNPre") else x
+                A = A / (x.pow(2).mean(-1) + l_eps).sqrt()[:, None, None, :]
             n_up = sum(1 for i in range(n_src) if layer_of[i] < l)  # a prefix: sources are in depth order
             chunk = max(1, memory_budget // max(1, B * n_heads * Q * P * elem))
             for c0 in range(0, n_up, chunk):
@@ -194,7 +201,7 @@ def second_order_attribution(
                 out[c0:c1, l] = torch.einsum("cbhqk,bhqk->chbq", T, A)
             # The destination's own constants: pattern rows sum to one, so they pass A unchanged.
             b_V = attn_weight(attn, "b_V", n_heads).to(dt)  # (head, d_head)
-            consts = [block.ln1.b.to(dt) @ W_V] if kind == "LN" else []  # (head, d_head): b_ln1 W_V
+            consts = [(l_bias.detach().to(dt) if l_bias is not None else torch.zeros(cfg.d_model, dtype=dt)) @ W_V] if has_ln1_bias else []
             for j, c in enumerate(consts + [b_V]):
                 out[n_src + j, l] = torch.einsum("hd,hdm,bqm->hbq", c, W_O, g)
             z = box[f"blocks.{l}.attn.hook_z"].to(dt)[:, q]  # (batch, Q, head, d_head)
@@ -204,6 +211,6 @@ def second_order_attribution(
         out, first = out.masked_fill(skipped, 0.0), first.masked_fill(skipped, 0.0)
     # Each head's sources sum to its first-order part; and the first-order parts, with the rest of the
     # stream, are the run's metric (checked by direct_logit_attribution's identity in the tests).
-    check_sum("second_order_attribution", out.sum(0), first, out, user_hooks, cfg.dtype)
+    check_sum("second_order_attribution", out.sum(0), first, out, user_hooks, cfg.dtype, model_source(model))
     return SecondOrderAttribution(sources=tuple(labels + own), destinations=head_labels(L, n_heads),
                                   contributions=out, first_order=first, positions=tuple(pos))

@@ -10,7 +10,7 @@ Not run by CI: tracr needs JAX and Haiku, which stay out of rs_interp's runtime.
 
 Then ``nice -n 19 .venv-tracr/bin/python scripts/compile_tracr.py`` writes
 ``rs_interp/toy_models/tracr-<program>.json`` + ``.safetensors`` for every program of
-:data:`rs_interp.tracr.PROGRAMS` (``--only reverse sort`` for some, ``--out DIR`` elsewhere).
+:data:`rs_interp.circuits.tracr.PROGRAMS` (``--only reverse sort`` for some, ``--out DIR`` elsewhere).
 
 For each program it: builds the RASP program from tracr's library; compiles it
 (``compiler_bos="BOS"``, ``compiler_pad="PAD"``); converts the weights to HookedTransformer's
@@ -20,8 +20,8 @@ most heads of any layer; ``W_U`` the projection of the residual stream onto the 
 bias; no LayerNorm, ReLU, learned positions, bidirectional attention: all of which TransformerLens
 4.3's native bridges build too); checks on *every* input up to the maximum length that the converted model, tracr's own
 forward pass and the plain-Python reference agree; derives the residual labels each component
-writes and reads, and from them the ground-truth edges (see :mod:`rs_interp.tracr`); and saves
-with :func:`rs_interp.models.save_model`.
+writes and reads, and from them the ground-truth edges (see :mod:`rs_interp.circuits.tracr`); and saves
+with :func:`rs_interp.models.checkpoints.save_model`.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from tracr.compiler import compiling, lib  # noqa: E402
 from tracr.rasp import rasp  # noqa: E402
 
 from rs_interp import _backend  # noqa: E402
-from rs_interp.models import build_model, save_model  # noqa: E402
-from rs_interp.edges import EdgeLayout, edge_layout  # noqa: E402  (plain Python, no JAX)
-from rs_interp.tracr import PROGRAMS  # noqa: E402
+from rs_interp.models.checkpoints import build_model, save_model  # noqa: E402
+from rs_interp.circuits.graph import EdgeLayout, edge_layout  # noqa: E402  (plain Python, no JAX)
+from rs_interp.circuits.tracr import PROGRAMS  # noqa: E402
 
 BOS, PAD = "BOS", "PAD"
 #: Numerical outputs must match the reference to this (tracr's attention is a softmax, not a hard
@@ -57,7 +57,7 @@ NUMERICAL_TOL = 1e-6
 
 
 def rasp_program(name: str, max_seq_len: int) -> rasp.SOp:
-    """The RASP program ``name`` (see ``rs_interp.tracr.PROGRAMS`` for what each computes)."""
+    """The RASP program ``name`` (see ``rs_interp.circuits.tracr.PROGRAMS`` for what each computes)."""
     if name == "reverse":
         return lib.make_reverse(rasp.tokens)
     if name == "sort":

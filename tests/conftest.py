@@ -1,6 +1,6 @@
 """Shared, seeded models and batches. Session-scoped: helpers must never mutate them (issue 9
 checks that), so sharing is safe and keeps the suite fast. Every model trained from a shipped recipe
-(or the finance study's) goes through one session-wide :class:`~rs_interp.registry.TrainingCache`
+(or the finance study's) goes through one session-wide :class:`~rs_interp.models.registry.TrainingCache`
 (``train_cache``): no two tests train the same (recipe, seed)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 import rs_interp as ri
 from rs_interp import _backend
-from rs_interp.registry import TrainingCache, held_out_batch
+from rs_interp.models.registry import TrainingCache, held_out_batch
 
 #: TransformerLens 4's models are native bridges: standard and rotary positions only, and no
 #: unembedding bias. Tests of what only 3.x can build are marked with this.
@@ -155,7 +155,7 @@ def random3x3():
 @pytest.fixture(scope="session")
 def gpt2_tiny():
     """A GPT-2-shaped model (LayerNorm, GELU MLPs, learned positions) small enough to be quick."""
-    from rs_interp.models import build_model
+    from rs_interp.models.checkpoints import build_model
 
     cfg = _backend.make_config(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, d_vocab=300, n_ctx=32,
                                act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
@@ -179,7 +179,7 @@ def make_variant(norm, pos, attn_only, feature=None, *, dtype=torch.float64, see
                  d_model=16, d_vocab=50, n_ctx=12):
     """A small random model of any TransformerLens variant, with every bias and gain nonzero; ``feature``
     adds one of :data:`FEATURES` (parallel blocks, grouped-query attention, qk-norm)."""
-    from rs_interp.models import build_model
+    from rs_interp.models.checkpoints import build_model
 
     cfg = _backend.make_config(
         n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_head, d_vocab=d_vocab, n_ctx=n_ctx,

@@ -171,19 +171,23 @@ def _interpolated(model, toks, ref, alpha):
     return ("blocks.0.hook_resid_pre", lambda t, hook: x_ref + alpha * (t - x_ref))
 
 
+@pytest.mark.parametrize("rule", ["left", "right"])
 @pytest.mark.parametrize("variant", VARIANTS[:2], ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
-def test_ig_steps_follow_the_definition(variant):
-    """EAP-IG with m = 3: each estimate is the mean over k = 1..3 of the derivative along the patch
-    at the input x_ref + (k/3)(x - x_ref), the patch direction fixed (the clean run's); m = 1 is plain."""
+def test_ig_steps_follow_the_definition(variant, rule):
+    """EAP-IG with m = 3: each estimate is the mean over k = 0..2 (``"left"``, Hanna et al.'s code) or
+    k = 1..3 (``"right"``) of the derivative along the patch at the input x_ref + (k/3)(x - x_ref), the
+    patch direction fixed (the clean run's); m = 1 with the right rule is plain attribution patching."""
     model, toks, ref, clean, refc = _setup(variant)
     m = 3
-    atp = ri.attribution_patching(model, toks, metric, reference=ref, ig_steps=m)
-    eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=m)
-    assert torch.equal(ri.attribution_patching(model, toks, metric, reference=ref, ig_steps=1).effect,
-                       ri.attribution_patching(model, toks, metric, reference=ref).effect)
+    ks = range(m) if rule == "left" else range(1, m + 1)
+    atp = ri.attribution_patching(model, toks, metric, reference=ref, ig_steps=m, ig_rule=rule)
+    eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=m, ig_rule=rule)
     plain = ri.edge_attribution_patching(model, toks, metric, reference=ref)
-    assert torch.equal(ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=1).effect.nan_to_num(7),
-                       plain.effect.nan_to_num(7))
+    if rule == "right":
+        assert torch.equal(ri.attribution_patching(model, toks, metric, reference=ref, ig_steps=1, ig_rule=rule).effect,
+                           ri.attribution_patching(model, toks, metric, reference=ref).effect)
+        assert torch.equal(ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=1, ig_rule=rule).effect.nan_to_num(7),
+                           plain.effect.nan_to_num(7))
     name = "blocks.1.attn.hook_z"
     d = refc[name] - clean[name]
 
@@ -195,7 +199,7 @@ def test_ig_steps_follow_the_definition(variant):
         with torch.no_grad():
             return float(metric(model.run_with_hooks(toks, fwd_hooks=[_interpolated(model, toks, ref, alpha), (name, add)])))
 
-    want = sum((at(k / m, EPS) - at(k / m, -EPS)) / (2 * EPS) for k in range(1, m + 1)) / m
+    want = sum((at(k / m, EPS) - at(k / m, -EPS)) / (2 * EPS) for k in ks) / m
     assert float(atp.effect[1, 0]) == pytest.approx(want, abs=1e-6)
     # an edge, through a receiver's input at each interpolated point
     w = _write(model, clean, refc, "L0H1")
@@ -213,22 +217,23 @@ def test_ig_steps_follow_the_definition(variant):
         with torch.no_grad():
             return float(metric(model.run_with_hooks(toks, fwd_hooks=hooks)))
 
-    want = sum((at_edge(k / m, EPS) - at_edge(k / m, -EPS)) / (2 * EPS) for k in range(1, m + 1)) / m
+    want = sum((at_edge(k / m, EPS) - at_edge(k / m, -EPS)) / (2 * EPS) for k in ks) / m
     assert eap.edge("L0H1", "L2H0.k") == pytest.approx(want, abs=1e-6)
-    assert eap.ig_steps == m and eap.clean == pytest.approx(plain.clean, abs=1e-12)
+    assert eap.ig_steps == m and eap.ig_rule == rule and eap.clean == pytest.approx(plain.clean, abs=1e-12)
 
 
-def test_ig_embed_total_converges_to_the_change_of_the_metric():
+@pytest.mark.parametrize("rule", ["left", "right"])
+def test_ig_embed_total_converges_to_the_change_of_the_metric(rule):
     """Completeness: the embedding sender's edges sum to the gradient along the whole input, so with
-    IG their total tends to metric(reference) - metric(run) as m grows (a right Riemann sum: O(1/m))."""
+    IG their total tends to metric(reference) - metric(run) as m grows (a left or right Riemann sum: O(1/m))."""
     model, toks, ref, _, _ = _setup(("LN", "standard", False))
     with torch.no_grad():
         exact = float(metric(model(ref))) - float(metric(model(toks)))
     err = {}
     for m in (4, 32):
-        eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=m)
+        eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=m, ig_rule=rule)
         err[m] = abs(float(eap.sender_totals()[0]) - exact)
-    assert err[32] <= err[4] / 4, (err, exact)  # measured: 13x smaller
+    assert err[32] <= err[4] / 4, (err, exact)  # measured: 13x smaller (right)
 
 
 def test_no_gradients_left_and_bad_metric(toy2, small_batch):
@@ -252,7 +257,7 @@ def test_top_ranks_the_effects(toy2, small_batch):
     flat = [(lab, float(v)) for lab, v in zip(ri.head_labels(2, 2), atp.effect.flatten())]
     assert atp.top(4) == sorted(flat, key=lambda x: -abs(x[1]))
     eap = ri.edge_attribution_patching(toy2, toks, metric, reference=ref)
-    edges = [(f"{s} -> {r}", float(eap.effect[i, j])) for i, s in enumerate(eap.layout.senders)
+    edges = [((s, r), float(eap.effect[i, j])) for i, s in enumerate(eap.layout.senders)
              for j, r in enumerate(eap.layout.receivers) if not eap.effect[i, j].isnan()]
     want = sorted(edges, key=lambda x: -abs(x[1]))[:5]
     assert [lab for lab, _ in eap.top(5)] == [lab for lab, _ in want]

@@ -1,6 +1,5 @@
 """Issue 30 item 4: circuits and faithfulness curves, exact."""
 
-import math
 
 import pytest
 import torch
@@ -48,55 +47,106 @@ def test_cutting_one_edge_is_path_patching_that_edge(variant):
         assert got == pytest.approx(pp.clean + pp.edge(*cut), abs=1e-9), cut
 
 
-def test_mean_ablation_of_one_edge_by_hand():
-    """Mean ablation: the cut edge carries the sender's mean write over the reference batch at each
-    position; checked against one hooked run written here (the embedding into the logits)."""
+@pytest.mark.parametrize("method", ["mean", "position_mean", "zero"])
+def test_mean_and_zero_ablation_of_one_edge_by_hand(method):
+    """Mean, per-position mean and zero ablation: the cut edge carries the sender's mean write over the
+    reference batch and positions, its mean over the batch at each position, or nothing; checked against
+    one hooked run written here (the embedding into the logits)."""
     model, toks, ref = _setup()
     box = {}
     with torch.no_grad():
         model.run_with_hooks(ref, fwd_hooks=[("blocks.0.hook_resid_pre", lambda t, hook: box.update(ref=t.clone()))])
         model.run_with_hooks(toks, fwd_hooks=[("blocks.0.hook_resid_pre", lambda t, hook: box.update(run=t.clone()))])
-        w = box["ref"].mean(0, keepdim=True) - box["run"]
+        ablated = {"mean": box["ref"].mean((0, 1), keepdim=True), "position_mean": box["ref"].mean(0, keepdim=True),
+                   "zero": torch.zeros_like(box["run"])}[method]
+        w = ablated - box["run"]
         want = float(metric(model.run_with_hooks(toks, fwd_hooks=[("blocks.2.hook_resid_post", lambda t, hook: t + w)])))
     edges = [e for e in ri.edge_layout(model).edges() if e != ("embed", "logits")]
-    assert ri.evaluate_circuit(model, toks, metric, edges, reference=ref, method="mean") == pytest.approx(want, abs=1e-9)
+    assert ri.evaluate_circuit(model, toks, metric, edges, reference=ref, method=method) == pytest.approx(want, abs=1e-9)
 
 
-def test_faithfulness_curve_and_its_areas():
+def _on_a_path(layout, kept):
+    """The kept edges that lie on some path from the embedding to the logits (written apart from the
+    library's pruning: forward and backward reachability over the components)."""
+    def component(r):
+        return r.split(".")[0] if "." in r else r
+    reach, changed = {"embed"}, True
+    while changed:  # forward: a sender is reached when a kept edge from a reached sender enters it
+        changed = False
+        for s, r in kept:
+            if s in reach and component(r) not in reach:
+                reach.add(component(r))
+                changed = True
+    back, changed = {"logits"}, True
+    while changed:  # backward: a sender reaches the logits when a kept edge leaves it into one that does
+        changed = False
+        for s, r in kept:
+            if component(r) in back and s not in back:
+                back.add(s)
+                changed = True
+    return [(s, r) for s, r in kept if s in reach and s in back and component(r) in back]
+
+
+@pytest.mark.parametrize("ranking", ["absolute", "signed"])
+def test_faithfulness_curve_is_mibs(ranking):
+    """MIB's evaluation, written apart: at each fraction f the top int(f * N) edges by |score| or by
+    score, pruned to those on a path from the embedding to the logits, evaluated; faithfulness against
+    the clean and the reference run; the areas by the trapezoid rule (CPR: signed, CMD: absolute)."""
     model, toks, ref = _setup()
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
-    curve = ri.faithfulness_curve(model, eap, toks, metric, reference=ref)
-    total = eap.layout.n_edges
+    curve = ri.faithfulness_curve(model, toks, metric, eap, reference=ref, ranking=ranking)
+    layout = eap.layout
+    total = layout.n_edges
     assert curve.fractions == ri.circuits.MIB_FRACTIONS
-    assert curve.n_edges == tuple(min(total, math.ceil(f * total)) for f in curve.fractions)
-    for n, v in zip(curve.n_edges, curve.values):  # each point is evaluate_circuit on the top n edges by |estimate|
-        flat = sorted(((abs(float(eap.effect[i, j])), i * 1000 + j, (s, r)) for i, s in enumerate(eap.layout.senders)
-                       for j, r in enumerate(eap.layout.receivers) if eap.layout.exists[i, j]), key=lambda x: (-x[0], x[1]))
-        top = [e for _, _, e in flat[:n]]
+    assert curve.n_requested == tuple(int(f * total) for f in curve.fractions)
+    flat = sorted(((float(eap.effect[i, j]), i * 1000 + j, (s, r)) for i, s in enumerate(layout.senders)
+                   for j, r in enumerate(layout.receivers) if layout.exists[i, j]),
+                  key=lambda x: (-(abs(x[0]) if ranking == "absolute" else x[0]), x[1]))
+    for n, kept_n, v in zip(curve.n_requested, curve.n_edges, curve.values):
+        top = _on_a_path(layout, [e for _, _, e in flat[:n]])
+        assert kept_n == len(top)
         assert v == pytest.approx(ri.evaluate_circuit(model, toks, metric, top, reference=ref), abs=1e-12)
     with torch.no_grad():
         full, empty = float(metric(model(toks))), float(metric(model(ref)))
+    assert (curve.clean, curve.empty) == (pytest.approx(full, abs=1e-12), pytest.approx(empty, abs=1e-9))
     faith = torch.tensor([(v - empty) / (full - empty) for v in curve.values], dtype=torch.float64)
     x = torch.tensor(curve.fractions, dtype=torch.float64)
     assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-9)
-    assert curve.cpr == pytest.approx(float(torch.trapezoid(faith, x)), abs=1e-12)
-    assert curve.cmd == pytest.approx(float(torch.trapezoid((1 - faith).abs(), x)), abs=1e-12)
+    assert curve.area_under == pytest.approx(float(torch.trapezoid(faith, x)), abs=1e-9)
+    assert curve.area_from_1 == pytest.approx(float(torch.trapezoid((1 - faith).abs(), x)), abs=1e-9)
+    right, wrong = ("cpr", "cmd") if ranking == "signed" else ("cmd", "cpr")
+    assert getattr(curve, right) == (curve.area_under if right == "cpr" else curve.area_from_1)
+    with pytest.raises(ValueError, match="ranked by"):
+        getattr(curve, wrong)
 
 
 def test_top_edges_and_bad_input():
     model, toks, ref = _setup()
     pp = ri.path_patching(model, toks, metric, reference=ref)
-    top3 = ri.top_edges(pp, 3)
-    assert top3 == {tuple(label.split(" -> ")) for label, _ in pp.top(3)}
+    assert ri.top_edges(pp, 3) == [edge for edge, _ in pp.top(3)]
+    assert ri.top_edges(pp, 0) == [] and len(ri.top_edges(pp, pp.layout.n_edges)) == pp.layout.n_edges
+    for bad in (-1, 2.5, "3", pp.layout.n_edges + 1):
+        with pytest.raises(ValueError, match="n must"):
+            ri.top_edges(pp, bad)
     with pytest.raises(ValueError, match="fractions"):
-        ri.faithfulness_curve(model, pp, toks, metric, reference=ref, fractions=(0.5, 0.2))
+        ri.faithfulness_curve(model, toks, metric, pp, reference=ref, fractions=(0.5, 0.2))
+    with pytest.raises(ValueError, match="fractions"):
+        ri.faithfulness_curve(model, toks, metric, pp, reference=ref, fractions="0.5")
     other = ri.path_patching(make_variant("LN", "standard", True, n_layers=2), toks, metric, reference=ref)
-    with pytest.raises(ValueError, match="another model"):
-        ri.faithfulness_curve(model, other, toks, metric, reference=ref)
+    with pytest.raises(ValueError, match="edge layout"):
+        ri.faithfulness_curve(model, toks, metric, other, reference=ref)
     with pytest.raises(ValueError, match="not an edge"):
         ri.evaluate_circuit(model, toks, metric, [("L2H0", "L0H0.q")], reference=ref)
+    with pytest.raises(ValueError, match="entries must be"):
+        ri.evaluate_circuit(model, toks, metric, [("embed", "logits", "x")], reference=ref)
+    with pytest.raises(ValueError, match="entries must be"):
+        ri.evaluate_circuit(model, toks, metric, ("embed", "logits"), reference=ref)  # one pair, not a list of pairs
     with pytest.raises(ValueError, match="method"):
-        ri.evaluate_circuit(model, toks, metric, [], reference=ref, method="zero")
+        ri.evaluate_circuit(model, toks, metric, [], reference=ref, method="shuffle")
+    with pytest.raises(ValueError, match="must be finite"):
+        ri.evaluate_circuit(model, toks, lambda lg: lg.sum() * float("nan"), [], reference=ref)
+    with pytest.warns(UserWarning, match="no path from the embedding"):
+        ri.evaluate_circuit(model, toks, metric, [("embed", "L0H0.q")], reference=ref)
 
 
 def test_faithfulness_figure():
@@ -104,10 +154,10 @@ def test_faithfulness_figure():
 
     model, toks, ref = _setup()
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
-    curves = {"EAP": ri.faithfulness_curve(model, eap, toks, metric, reference=ref, fractions=(0.1, 0.5, 1.0))}
+    curves = {"EAP": ri.faithfulness_curve(model, toks, metric, eap, reference=ref, fractions=(0.1, 0.5, 1.0))}
     fig = plots.faithfulness_figure(curves)
     (trace,) = fig.data
     assert list(trace.x) == [10.0, 50.0, 100.0] and list(trace.y) == list(curves["EAP"].faithfulness)
-    assert f"CPR {curves['EAP'].cpr:.3f}" in trace.name
+    assert f"CMD {curves['EAP'].cmd:.3f}" in trace.name
     with pytest.raises(ValueError, match="empty"):
         plots.faithfulness_figure({})

@@ -6,7 +6,7 @@ import pytest
 
 from rs_interp.cli import main
 from rs_interp.reproduce.expected import EXPECTED
-from rs_interp.registry import SHIPPED_MODELS
+from rs_interp.models.registry import SHIPPED_MODELS
 
 
 def test_reproduce_writes_results(tmp_path, capsys):
@@ -63,9 +63,9 @@ def test_reproduce_retrain_matches_the_shipped_models(tmp_path, train_cache):
             assert b[model][metric] == pytest.approx(a[model][metric], abs=SHIPPED_MODELS["induction-2l"].tolerance[f"test_{metric}"])
 
 
-@pytest.mark.parametrize("command,work", [(["train", "induction-1l"], "rs_interp.registry.train_shipped"),
+@pytest.mark.parametrize("command,work", [(["train", "induction-1l"], "rs_interp.models.registry.train_shipped"),
                                           (["reproduce", "--only", "induction"], "rs_interp.reproduce.run_sections"),
-                                          (["gpt2", "--weights", "random"], "rs_interp.gpt2.load_gpt2")])
+                                          (["gpt2", "--weights", "random"], "rs_interp.models.gpt2.load_gpt2")])
 def test_unwritable_out_fails_before_any_work(tmp_path, capsys, monkeypatch, command, work):
     """--out under a file: one line and a non-zero code before the long work is even started."""
     def never(*args, **kwargs):

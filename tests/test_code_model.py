@@ -5,10 +5,10 @@ import torch
 
 import rs_interp as ri
 from rs_interp._backend import bias_parameters
-from rs_interp.registry import SHIPPED_MODELS, toy_model_path
+from rs_interp.models.registry import SHIPPED_MODELS, toy_model_path
 
 from conftest import slow_on_tl3
-from rs_interp.code_model import (
+from rs_interp.models.code_model import (
     load_code_tokenizer,
     train_code_model,
     CODE_VOCAB,

@@ -14,7 +14,7 @@ import torch
 
 import rs_interp as ri
 from rs_interp import _backend
-from rs_interp.models import build_model
+from rs_interp.models.checkpoints import build_model
 
 from conftest import TL4, perturb
 

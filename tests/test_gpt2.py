@@ -13,7 +13,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import rs_interp as ri
-from rs_interp.gpt2 import ENV_VAR, GPT2WeightsUnavailable, find_pretrained_gpt2
+from rs_interp.models.gpt2 import ENV_VAR, GPT2WeightsUnavailable, find_pretrained_gpt2
 from rs_interp.reproduce.gpt2_check import analyse_gpt2
 
 
@@ -91,7 +91,7 @@ def test_bad_sources_say_how_to_provide_weights(tmp_path):
 
 
 def test_hub_offline_fails_fast_and_clearly():
-    code = ("from rs_interp.gpt2 import load_gpt2, GPT2WeightsUnavailable\n"
+    code = ("from rs_interp.models.gpt2 import load_gpt2, GPT2WeightsUnavailable\n"
             "try:\n    load_gpt2('hub'); print('LOADED')\n"
             "except GPT2WeightsUnavailable as e:\n    print('UNAVAILABLE', e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
@@ -139,7 +139,7 @@ def test_dla_on_gpt2(gpt2_random, tokens):
     dla = ri.direct_logit_attribution(gpt2_random, tokens, targets=ri.next_token_targets(tokens))
     ln_bias = gpt2_random.cfg.normalization_type == "LN"  # random weights keep LayerNorm explicit
     assert len(dla.labels) == 1 + 1 + 144 + 12 + 12 + ln_bias + 1  # embeds, heads, attn biases, MLPs, LN bias, b_U
-    assert (dla.total() - dla.clean).abs().max() <= 1e-4
+    assert (dla.total() - dla.per_position).abs().max() <= 1e-4
 
 
 def test_head_roles_on_gpt2(gpt2_random):

@@ -13,13 +13,16 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp import ground_truth as gt
-from rs_interp import tracr as rt
-from rs_interp.data import InductionBatch, induction_batch
-from rs_interp.edges import edge_layout
-from rs_interp.registry import held_out_batch
+from rs_interp.circuits import ground_truth as gt
+from rs_interp.circuits import induction_truth as it
+from rs_interp.circuits import tracr_truth as tt
+from rs_interp.circuits.methods import IG_STEPS
+from rs_interp.circuits import tracr as rt
+from rs_interp.models.data import InductionBatch, induction_batch
+from rs_interp.circuits.graph import edge_layout
+from rs_interp.models.registry import held_out_batch
 from rs_interp.reproduce.expected import INDUCTION_HEAD, NECESSARY_EDGE, PREV_TOKEN_HEAD
-from rs_interp.reproduce.sections.faithfulness import IG_STEPS, N_PAIRS
+from rs_interp.reproduce.sections.faithfulness import N_PAIRS
 from rs_interp.reproduce.sections.ground_truth import TRACR_PAIRS
 
 from conftest import other_version_record
@@ -59,6 +62,8 @@ def test_auroc_is_the_pairwise_count():
     assert gt.auroc([1.0, 2.0], [False, False]) is None
     with pytest.raises(ValueError, match="labels"):
         gt.auroc([1.0], [True, False])
+    with pytest.raises(ValueError, match="NaN"):  # its AUROC would depend on the scores' order
+        gt.auroc([float("nan"), 1.0, 0.5], [True, False, True])
 
 
 def test_magnitudes_floor_is_relative():
@@ -75,8 +80,8 @@ def tracr_scored():
     """The section's runs: every compiled program's case and its methods' scores."""
     out = {}
     for name in rt.TRACR_PROGRAMS:
-        case = gt.tracr_case(name, n_pairs=TRACR_PAIRS, seed=0)
-        out[name] = (case, gt.score_methods(case, ig_steps=IG_STEPS))
+        case = tt.tracr_case(name, n_pairs=TRACR_PAIRS, seed=0)
+        out[name] = (case, gt.score_methods(case))
     return out
 
 
@@ -173,7 +178,7 @@ def test_the_figure_draws_each_auroc():
 @pytest.fixture(scope="module")
 def induction():
     model, batch = ri.load_toy_model("induction-2l"), held_out_batch()
-    case, truth = gt.induction_case(model, batch, n_pairs=N_PAIRS, reference=induction_batch(N_PAIRS, seed=13).tokens, **THRESHOLDS)
+    case, truth = it.induction_case(model, batch, n_pairs=N_PAIRS, reference=induction_batch(N_PAIRS, seed=13).tokens, **THRESHOLDS)
     return model, batch, case, truth
 
 
@@ -210,15 +215,15 @@ def test_the_derivation_follows_the_evidence(induction):
     loose = truth
     weakest, second = sorted(loose.leave_one_out.values())[:2]
     cut = (weakest + second) / 2  # the weakest edge goes (and whatever then stops mattering)
-    strict = gt.induction_ground_truth(model, few, **pairs, prev_token_head=PREV_TOKEN_HEAD, induction_head=INDUCTION_HEAD,
+    strict = it.induction_ground_truth(model, few, **pairs, prev_token_head=PREV_TOKEN_HEAD, induction_head=INDUCTION_HEAD,
                                        necessary=cut)
     assert min(loose.leave_one_out, key=loose.leave_one_out.get) in strict.dropped
     assert strict.edges == loose.edges - set(strict.dropped)
     assert all(v >= cut for v in strict.leave_one_out.values())
     with pytest.raises(ValueError, match="no previous-token head"):
-        gt.induction_ground_truth(ri.make_attn_only(2, seed=3), few, **pairs, **THRESHOLDS)
+        it.induction_ground_truth(ri.make_attn_only(2, seed=3), few, **pairs, **THRESHOLDS)
     with pytest.raises(ValueError, match="two-layer attention-only"):
-        gt.induction_ground_truth(ri.load_toy_model("induction-1l"), few, **pairs, **THRESHOLDS)
+        it.induction_ground_truth(ri.load_toy_model("induction-1l"), few, **pairs, **THRESHOLDS)
 
 
 # --- both versions ----------------------------------------------------------------------------------
@@ -228,7 +233,7 @@ def test_numbers_match_the_other_version(tracr_scored, induction):
     """Every score and AUROC of the section's runs, and the induction circuit's evidence, in float64:
     the same under TransformerLens 3.x and 4.x (1e-9; the derivation's float32 runs 1e-5)."""
     _, _, case, truth = induction
-    runs = dict(tracr_scored) | {"induction-2l": (case, gt.score_methods(case, ig_steps=IG_STEPS))}
+    runs = dict(tracr_scored) | {"induction-2l": (case, gt.score_methods(case))}
     mine = {}
     for name, (c, scores) in runs.items():
         mine[f"{name} effective"] = torch.tensor([e in c.effective for e in edge_layout(c.model).edges()])

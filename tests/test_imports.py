@@ -32,7 +32,8 @@ def _resolve(module: str, node: ast.ImportFrom | ast.Import, is_package: bool) -
             target = ".".join(base + ([node.module] if node.module else []))
         else:
             target = node.module or ""
-        names = [target] + [f"{target}.{a.name}" for a in node.names]
+        # `from pkg import mod` imports the module mod; `from mod import f` the module mod
+        names = [f"{target}.{a.name}" if f"{target}.{a.name}" in SOURCES else target for a in node.names]
     out = []
     for name in names:
         while name and name not in SOURCES:  # `from .x import f`: the module x, not the function f
@@ -60,16 +61,16 @@ def _parents(module: str) -> set[str]:
 
 def test_the_graph_sees_the_package():
     graph = _graph()
-    assert "rs_interp.registry" in graph["rs_interp"] and "rs_interp.hooks" in graph
+    assert "rs_interp.models.registry" in graph["rs_interp"] and "rs_interp.hooks" in graph
     assert "rs_interp.reproduce.context" in graph["rs_interp.reproduce"]
 
 
 def test_no_import_circle():
-    """No module reaches itself through imports (the package __init__ files, which import everything
-    they re-export, are left out as sources: they are where a circle would be harmless)."""
-    graph = _graph()
-    edges = {m: {t for t in ts if not SOURCES[t].name == "__init__.py"} for m, ts in graph.items()
-             if SOURCES[m].name != "__init__.py"}
+    """No module reaches itself through the imports it writes, package ``__init__`` files included (an
+    import of ``rs_interp._backend`` is an edge to the package's ``__init__``). The implicit import of a
+    parent package (importing ``a.b`` runs ``a/__init__`` first) is not an edge: Python runs it once,
+    and a module reads only what it names."""
+    edges = _graph()
     cycles = []
     state: dict[str, int] = {}
 
@@ -86,6 +87,63 @@ def test_no_import_circle():
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+def test_no_version_outside_the_backend():
+    """Every difference between TransformerLens versions lives in ``rs_interp._backend``: no other
+    module reads ``TL_MAJOR`` or imports a version's module (the report names the version it ran on)."""
+    offenders = []
+    for module, path in SOURCES.items():
+        if module.startswith("rs_interp._backend"):
+            continue
+        text = path.read_text()
+        if "TL_MAJOR" in text or "_backend.tl3" in text or "_backend.tl4" in text or "from ._backend.tl" in text:
+            offenders.append(module)
+    assert offenders == []
+
+
+def test_the_versions_define_the_same_functions():
+    """``tl3.py`` and ``tl4.py`` define the same public functions with the same parameters (the package
+    picks one at import: a function missing from one would fail only under that version)."""
+    import inspect
+
+    def public(path):
+        tree = ast.parse(path.read_text())
+        return {n.name: [a.arg for a in n.args.args + n.args.kwonlyargs] for n in tree.body
+                if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+
+    tl3, tl4 = public(ROOT / "rs_interp/_backend/tl3.py"), public(ROOT / "rs_interp/_backend/tl4.py")
+    shared = {k for k in tl3 if k in tl4}
+    assert set(tl3) == set(tl4), f"only in tl3: {sorted(set(tl3) - set(tl4))}; only in tl4: {sorted(set(tl4) - set(tl3))}"
+    assert {k: tl3[k] for k in shared} == {k: tl4[k] for k in shared}
+    assert inspect  # both parsed from source: neither version need be installed
+
+
+def test_no_private_name_across_packages():
+    """A module imports another package's private names only from a private module of a package it is
+    inside (``rs_interp._validate`` serves every module; ``rs_interp.circuits._substrate`` only
+    ``rs_interp.circuits``)."""
+    offenders = []
+    for module, path in SOURCES.items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            for target in _resolve(module, node, path.name == "__init__.py"):
+                parts = target.split(".")
+                private = [i for i, p in enumerate(parts) if p.startswith("_") and p != "__init__"]
+                if not private:
+                    continue
+                owner = ".".join(parts[: private[0]])  # the package whose private module it is
+                if not (module == owner or module.startswith(owner + ".")):
+                    offenders.append((module, target))
+    assert offenders == []
+
+
+def test_library_modules_are_short():
+    """One idea per module: every library module within ~400 lines."""
+    long = {m: n for m, p in SOURCES.items() if (n := len(p.read_text().splitlines())) > 420}
+    assert long == {}
 
 
 @pytest.mark.parametrize("module", sorted(m for m in SOURCES if not m.startswith(("rs_interp.reproduce", "rs_interp.cli"))))

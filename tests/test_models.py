@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.models import read_metadata
-from rs_interp.registry import SHIPPED_MODELS, toy_model_path
+from rs_interp.models.checkpoints import read_metadata
+from rs_interp.models.registry import SHIPPED_MODELS, toy_model_path
 
 
 def test_config_is_the_theorys_model():
@@ -59,7 +59,7 @@ def test_save_load_roundtrip(tmp_path, toy2, small_batch):
     assert (tmp_path / "m.json").is_file() and (tmp_path / "m.safetensors").is_file()
     loaded = ri.load_model(path)
     assert torch.equal(loaded(small_batch.tokens), toy2(small_batch.tokens))
-    assert read_metadata(path) == {"note": "x", "versions": ri.models.made_with()}
+    assert read_metadata(path) == {"note": "x", "versions": ri.models.checkpoints.made_with()}
     assert json.loads((tmp_path / "m.json").read_text())["config"]["d_model"] == 32
 
 

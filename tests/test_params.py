@@ -5,7 +5,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 import rs_interp as ri
 from conftest import TL4, tl3_only
 from rs_interp import _backend
-from rs_interp.gpt2_config import GPT2_SIZES, count_parameters, gpt2_config
+from rs_interp.models.gpt2_config import GPT2_SIZES, count_parameters, gpt2_config
 
 
 def test_gpt2_small_is_exactly_124439808():
@@ -84,7 +84,7 @@ def test_overriding_d_model_derives_the_rest_and_matches_transformer_lens():
 
 def _materialised(cfg) -> int:
     """TransformerLens's own parameters (b_U excluded: not in a GPT-2 checkpoint; W_U tied to W_E)."""
-    from rs_interp.models import build_model
+    from rs_interp.models.checkpoints import build_model
 
     model = build_model(cfg)  # small configs only: a real allocation
     return sum(p.numel() for n, p in _backend.portable_state(model).items() if n not in ("unembed.W_U", "unembed.b_U"))

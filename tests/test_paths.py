@@ -65,10 +65,10 @@ def test_dla_sums_to_the_metric_on_a_gpt2_shaped_model(gpt2_tiny):
     dla = ri.direct_logit_attribution(gpt2_tiny, toks, targets=tg)
     n_heads = gpt2_tiny.cfg.n_layers * gpt2_tiny.cfg.n_heads
     assert sum(l.startswith("L") for l in dla.labels) == n_heads
-    assert (dla.total() - dla.clean).abs().max() <= 1e-4
+    assert (dla.total() - dla.per_position).abs().max() <= 1e-4
     other = toks
     diff = ri.direct_logit_attribution(gpt2_tiny, toks, targets=tg, contrast=other)
-    assert (diff.total() - diff.clean).abs().max() <= 1e-4
+    assert (diff.total() - diff.per_position).abs().max() <= 1e-4
 
 
 # ---- issue 12: exact on every variant TransformerLens builds -----------------------------------------------------
@@ -101,15 +101,15 @@ def _brute_force_dla(model, tokens, targets):
         metric = logits.gather(-1, targets[..., None])[..., 0] - logits.mean(-1)
         (grad,) = torch.autograd.grad(metric.sum(), stream["x"])
     part = lambda c: (grad * c).sum(-1)  # noqa: E731
-    out = {"embed": part(cache["hook_embed"])}
+    out = {"W_E": part(cache["hook_embed"])}
     if model.cfg.positional_embedding_type == "standard":
-        out["pos_embed"] = part(cache["hook_pos_embed"])
+        out["W_pos"] = part(cache["hook_pos_embed"])
     for l in range(model.cfg.n_layers):
         for h in range(model.cfg.n_heads):
             out[f"L{l}H{h}"] = part(cache[f"blocks.{l}.attn.hook_z"][:, :, h] @ model.blocks[l].attn.W_O[h].detach())
-        out[f"attn bias L{l}"] = part(model.blocks[l].attn.b_O.detach().expand_as(cache["hook_embed"]))
+        out[f"b_O L{l}"] = part(model.blocks[l].attn.b_O.detach().expand_as(cache["hook_embed"]))
         if not model.cfg.attn_only:
-            out[f"mlp L{l}"] = part(cache[f"blocks.{l}.hook_mlp_out"])
+            out[f"MLP{l}"] = part(cache[f"blocks.{l}.hook_mlp_out"])
     out["constant"] = metric.detach() - part(stream["x"].detach())
     return out, metric.detach()
 
@@ -123,10 +123,10 @@ def test_dla_is_exact_on_every_variant(variant):
     tg = torch.randint(0, model.cfg.d_vocab, (2, 10), generator=g)
     dla = ri.direct_logit_attribution(model, toks, targets=tg)
     brute, metric = _brute_force_dla(model, toks, tg)
-    assert (dla.clean - metric).abs().max() <= 1e-10
+    assert (dla.per_position - metric).abs().max() <= 1e-10
     assert (dla.total() - metric).abs().max() <= 1e-6
     got = dict(zip(dla.labels, dla.contributions))
-    constant = sum(got.pop(k) for k in ("ln_final bias", "b_U") if k in got)
+    constant = sum(got.pop(k) for k in ("ln_final.b", "b_U") if k in got)
     assert set(got) == set(brute) - {"constant"}  # pos_embed only where it enters the stream
     for k, v in got.items():
         assert (v - brute[k]).abs().max() <= 1e-9, k
@@ -143,7 +143,7 @@ def test_dla_sums_to_the_metric_property(variant, seed, n_layers, n_heads, dtype
     tg = torch.randint(0, model.cfg.d_vocab, (2, 7), generator=g)
     dla = ri.direct_logit_attribution(model, toks, targets=tg, contrast=toks if contrast else None)
     tol = 1e-6 if dtype == torch.float64 else 1e-4
-    assert (dla.total() - dla.clean).abs().max() <= tol
+    assert (dla.total() - dla.per_position).abs().max() <= tol
 
 
 @pytest.mark.parametrize("pos", POSITIONS)
@@ -227,9 +227,9 @@ def test_dla_skips_minus_one(variant):
     toks = torch.randint(0, model.cfg.d_vocab, (2, 10), generator=torch.Generator().manual_seed(2))
     tg, skip = _skipping_targets(model, toks)
     dla = ri.direct_logit_attribution(model, toks, targets=tg)
-    assert bool((dla.contributions[:, skip] == 0).all()) and bool((dla.clean[skip] == 0).all())
+    assert bool((dla.contributions[:, skip] == 0).all()) and bool((dla.per_position[skip] == 0).all())
     brute, metric = _brute_force_dla(model, toks, tg.clamp(min=0))
-    assert (dla.clean[~skip] - metric[~skip]).abs().max() <= 1e-10
+    assert (dla.per_position[~skip] - metric[~skip]).abs().max() <= 1e-10
     for k, v in zip(dla.labels, dla.contributions):
         if k in brute:
             assert (v[~skip] - brute[k][~skip]).abs().max() <= 1e-9, k

@@ -200,9 +200,9 @@ def _expected_refusals(name: str) -> set[str]:
         out |= {"composition_scores", "positional_scores"}
     if TL4:  # rs_interp's checkpoints build native models (and a folded GPT-2 has an unembedding bias)
         out.add("save_model")
-    if TL4 and name == "gptj":  # 4.3 gives GPT-J's attention no per-head q/k/v inputs
+    if TL4 and name == "gptj":  # 4.3 gives GPT-J's attention no per-head q/k/v inputs (the certificate's readers)
         out |= {"run_with_key_input", "run_with_query_input", "edge_attribution_patching", "evaluate_circuit",
-                "faithfulness_curve"}
+                "faithfulness_curve", "mib_scores", "path_patching"}
     return out
 
 

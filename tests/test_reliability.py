@@ -22,6 +22,13 @@ def _batch():
     return ri.induction_batch(4, seed=0)
 
 
+def _fixed_scores(model):
+    """Edge scores that do not depend on the model's numbers: each edge's index in the graph."""
+    layout = ri.edge_layout(model)
+    effect = torch.arange(layout.exists.numel(), dtype=torch.float64).reshape(layout.exists.shape)
+    return ri.EdgeEffects(layout=layout, effect=effect.masked_fill(~layout.exists, float("nan")), clean=0.0)
+
+
 HELPERS = {
     "evaluate": lambda m: ri.evaluate(m, _batch()),
     "run_with_key_input": lambda m: ri.run_with_key_input(m, _batch().tokens, layer=1, keep=[(0, 0)]),
@@ -55,11 +62,14 @@ HELPERS = {
                                                 reference=ri.induction_batch(4, seed=1).tokens, edges=[("embed", "logits")]),
     "evaluate_circuit": lambda m: ri.evaluate_circuit(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
                                                       [("embed", "logits")], reference=ri.induction_batch(4, seed=1).tokens),
+    # the circuits from fixed scores (the same edges in every dtype: a half-precision estimate ranks them otherwise)
     "faithfulness_curve": lambda m: ri.faithfulness_curve(
-        m, ri.edge_attribution_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
-                                        reference=ri.induction_batch(4, seed=1).tokens),
-        _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(), reference=ri.induction_batch(4, seed=1).tokens,
-        fractions=(0.5, 1.0)),
+        m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(), _fixed_scores(m),
+        reference=ri.induction_batch(4, seed=1).tokens, fractions=(0.5, 1.0)),
+    "mib_scores": lambda m: ri.mib_scores(
+        m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(), _fixed_scores(m),
+        reference=ri.induction_batch(4, seed=1).tokens, fractions=(0.5, 1.0)),
+    "certify": lambda m: ri.certify(m, refresh=True),
     "second_order_attribution": lambda m: ri.second_order_attribution(m, _batch().tokens, targets=_batch().tokens, positions=[-1]),
     "as_dtype": lambda m: ri.as_dtype(m, torch.float64),
     "save_model": lambda m: ri.save_model(m, __import__("tempfile").mkdtemp() + "/m"),
@@ -119,8 +129,8 @@ def _assert_same(before, after):
 
 def _model_for(name):
     if name in ("analyse_gpt2",):
-        from rs_interp.gpt2_config import gpt2_config
-        from rs_interp.models import build_model
+        from rs_interp.models.gpt2_config import gpt2_config
+        from rs_interp.models.checkpoints import build_model
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -421,6 +431,9 @@ def test_helpers_run_on_half_precision_models(name, dtype):
     ref = _model_for(name)
     half = ri.as_dtype(ref, dtype)
     out, want = HELPERS[name](half), HELPERS[name](ref)
+    if name == "certify":  # no tensors: the identities hold in half precision too, within its tolerance
+        assert out.failed() == () == want.failed() and out.dtype == dtype
+        return
     pairs = _tensor_pairs(out, want)
     assert pairs, name
     for a, b in pairs:

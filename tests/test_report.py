@@ -45,7 +45,7 @@ def pairwise_auroc(scores, labels):
 def test_ground_truth_aurocs_are_the_written_scores(report_dir):
     """The ground-truth section's AUROCs, recomputed from the scores and edge sets it wrote
     (|score|, the noise floor, a pairwise count): what the table says is what the scores say."""
-    from rs_interp.ground_truth import NOISE_FLOOR
+    from rs_interp.circuits.ground_truth import NOISE_FLOOR
 
     data = json.loads((report_dir / "results.json").read_text())["ground_truth"]
     models = [k for k in data if isinstance(data[k], dict)]

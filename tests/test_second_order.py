@@ -31,7 +31,8 @@ def test_a_source_not_upstream_contributes_exactly_zero(variant):
     toks, tg = _tokens(model)
     so = ri.second_order_attribution(model, toks, targets=tg)
     for i, s in enumerate(so.sources):
-        layer = int(s[1:].split("H")[0]) if s.startswith("L") else int(s.rsplit("L", 1)[1]) if s.startswith(("mlp", "attn bias")) else -1
+        layer = (int(s[1:].split("H")[0]) if s.startswith("L") else int(s[3:]) if s.startswith("MLP")
+                 else int(s.rsplit("L", 1)[1]) if s.startswith("b_O L") else -1)
         for j, d in enumerate(so.destinations):
             if layer >= int(d[1:].split("H")[0]):
                 assert bool((so.contributions[i, j] == 0).all()), (s, d)
@@ -47,9 +48,9 @@ def test_head_to_head_terms_are_theorem_3_two_head_paths(toy2_f64, small_batch, 
     pick = lambda t: pe.contributions.gather(-1, t[None, ..., None].expand(len(pe.labels), -1, -1, 1))[..., 0]  # noqa: E731
     paths = dict(zip(pe.labels, pick(tg.clamp(min=0)) - (pick(ct) if contrast else pe.contributions.mean(-1))))
     assert bool((so.contributions[..., -1] == 0).all()) and bool((so.first_order[..., -1] == 0).all())
-    for src in ("L0H0", "L0H1", "embed"):
+    for src in ("L0H0", "L0H1", "W_E"):
         for dst in ("L1H0", "L1H1"):
-            key = dst if src == "embed" else f"{src}>{dst}"
+            key = dst if src == "W_E" else f"{src}>{dst}"
             got = so.contributions[so.sources.index(src), so.destinations.index(dst)]
             assert (got[:, :-1] - paths[key][:, :-1]).abs().max() <= 1e-10, key
 

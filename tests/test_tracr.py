@@ -19,9 +19,9 @@ import torch
 
 import rs_interp as ri
 from rs_interp import _backend
-from rs_interp import tracr as rt
-from rs_interp.edges import depth, edge_layout
-from rs_interp.registry import SHIPPED_MODELS
+from rs_interp.circuits import tracr as rt
+from rs_interp.circuits.graph import depth, edge_layout
+from rs_interp.models.registry import SHIPPED_MODELS
 
 N_INPUTS = 1000
 #: tracr's attention is a (very cold) softmax, so numerical outputs are exact up to float32 rounding
@@ -75,7 +75,7 @@ def test_every_program_is_a_toy_model(models):
 
 
 def test_no_jax_at_run_time(models):
-    """rs_interp.tracr imports nothing of tracr, JAX or Haiku (statically), and running the models
+    """rs_interp.circuits.tracr imports nothing of tracr, JAX or Haiku (statically), and running the models
     here loaded none of them."""
     tree = ast.parse(pathlib.Path(rt.__file__).read_text())
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

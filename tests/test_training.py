@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.registry import SHIPPED_MODELS, train_shipped
-from rs_interp.training import masked_next_token_loss
+from rs_interp.models.registry import SHIPPED_MODELS, train_shipped
+from rs_interp.models.training import masked_next_token_loss
 from rs_interp.reproduce.expected import EXPECTED
 
 INDUCTION = ("induction-1l", "induction-2l")
@@ -95,7 +95,7 @@ def test_retraining_from_recorded_seed_reproduces_shipped_metrics(name, train_ca
 
 _RETRAIN_ON_GENERIC_KERNELS = """
 import json, torch
-from rs_interp.registry import train_shipped
+from rs_interp.models.registry import train_shipped
 t = train_shipped("induction-2l", progress=False)
 print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), **t.metadata}))
 """
@@ -127,7 +127,7 @@ def test_training_cache_reads_back_what_it_stored(tmp_path):
 
     def train(seed):
         calls.append(seed)
-        return ri.registry.Trained(ri.train_induction_model(1, steps=3, batch_size=4, seed=seed, progress=False), {"seed": seed, "x": 0.1})
+        return ri.models.Trained(ri.train_induction_model(1, steps=3, batch_size=4, seed=seed, progress=False), {"seed": seed, "x": 0.1})
 
     cache = ri.TrainingCache(tmp_path)
     a = cache.fetch("tiny", {"seed": 1}, lambda: train(1))

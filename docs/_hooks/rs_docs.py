@@ -15,7 +15,9 @@
   (``>>>``), except the names of :data:`NO_EXAMPLE_YET`; each example runs (doctest, in the
   module's namespace) unless ``RS_INTERP_DOCS_DOCTEST`` says otherwise (see :func:`_doctests`).
 - **Generated, never copied**: the reproduction page's bands table (``{{ bands_table }}``, from
-  ``rs_interp.reproduce.expected``) and the reference's index of every public name (``{{ api_index }}``).
+  ``rs_interp.reproduce.expected``), the reference's index of every public name (``{{ api_index }}``),
+  the certificate's identities and the tolerances by dtype and source (``{{ certificate_table }}``,
+  ``{{ tolerance_table }}``, from ``rs_interp.certificate`` and the loader).
 """
 
 from __future__ import annotations
@@ -157,6 +159,24 @@ def _macros(markdown: str) -> str:
             band = "—" if e.band == UNBANDED else html.escape(e.band)
             rows.append(f"| `{key}` | {html.escape(e.theory).replace('|', '&#124;')} | {band} |")
         markdown = markdown.replace("{{ bands_table }}", "\n".join(rows))
+    if "{{ certificate_table }}" in markdown:
+        from rs_interp.certificate import IDENTITIES, NEEDS
+
+        rows = ["| identity | what holds | helpers that refuse without it |", "|---|---|---|"]
+        for name, statement in IDENTITIES.items():
+            users = ", ".join(f"`{h}`" for h, needs in NEEDS.items() if name in needs) or "—"
+            rows.append(f"| `{name}` | {html.escape(statement)} | {users} |")
+        markdown = markdown.replace("{{ certificate_table }}", "\n".join(rows))
+    if "{{ tolerance_table }}" in markdown:
+        from rs_interp.certificate import TOLERANCES
+        from rs_interp.models._source import SOURCE_TOLERANCE
+
+        rows = ["| dtype | identities, native modules | identities, Hugging Face modules (4.x) | a loaded model against its checkpoint |",
+                "|---|---|---|---|"]
+        for dtype, source_tol in SOURCE_TOLERANCE.items():
+            name = str(dtype).removeprefix("torch.")
+            rows.append(f"| {name} | {TOLERANCES[(dtype, 'native')]:g} | {TOLERANCES[(dtype, 'booted')]:g} | {source_tol:g} |")
+        markdown = markdown.replace("{{ tolerance_table }}", "\n".join(rows))
     return markdown
 
 

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from . import config as _config
-from .common import _HT_BUFFERS, HOOK_FLAGS, KV_WEIGHTS, PORTABLE_FIELDS, TL_MAJOR, TL_VERSION, Stop, kv_groups, per_query_head, set_flag
+from .common import (_HT_BUFFERS, HOOK_FLAGS, KV_WEIGHTS, PORTABLE_FIELDS, TL_MAJOR, TL_VERSION, Stop, kv_groups,  # noqa: F401
+                     logit_softcap, per_query_head, set_flag)  # noqa: F401  (the backend's face: the library reads them here)
 
 if TL_MAJOR >= 4:
     from . import tl4 as _impl
@@ -50,6 +51,11 @@ set_tokenizer = _impl.set_tokenizer
 build_model = _impl.build_model
 reinitialise = _impl.reinitialise
 config_fields = _impl.config_fields
+model_source = _impl.model_source
+projection_layers = _impl.projection_layers
+norm_affine = _impl.norm_affine
+logits_with_grad = _impl.logits_with_grad
+other_version = _impl.other_version
 
 
 def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:

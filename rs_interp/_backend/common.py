@@ -114,3 +114,18 @@ def per_query_head(w: torch.Tensor, n_heads: int, axis: int) -> torch.Tensor:
     if n_heads % groups:
         raise ValueError(f"grouped-query attention: {n_heads} query heads do not split into {groups} KV heads")
     return w.repeat_interleave(n_heads // groups, dim=axis)
+
+
+def logit_softcap(model: Any) -> float | None:
+    """The final logit soft-cap ``c`` (logits ``c tanh(l / c)``), or None: ``output_logits_soft_cap``
+    where it is positive (Gemma-2's ``final_logit_softcapping``, as both versions convert it)."""
+    cap = getattr(model.cfg, "output_logits_soft_cap", None)
+    return float(cap) if cap is not None and cap > 0 else None
+
+
+def norm_kind(center: bool, gain: Any, bias: Any) -> str:
+    """The TransformerLens name of a norm: ``"LN"`` (centred, with a gain and maybe a bias),
+    ``"LNPre"`` (centred, no gain), ``"RMS"`` (a gain), ``"RMSPre"`` (neither)."""
+    if center:
+        return "LN" if gain is not None or bias is not None else "LNPre"
+    return "RMS" if gain is not None else "RMSPre"

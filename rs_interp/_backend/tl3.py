@@ -15,7 +15,7 @@ import torch
 from transformer_lens import HookedTransformer as Model
 from transformer_lens import HookedTransformerConfig as ModelConfig
 
-from .common import _HT_BUFFERS, set_flag
+from .common import _HT_BUFFERS, norm_kind, set_flag
 
 __all__ = ["Model", "ModelConfig"]
 
@@ -147,12 +147,11 @@ def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_
     own config and weight conversion (the steps of ``from_pretrained``, which accepts hub names only),
     from the hub by ``from_pretrained``.
 
-    A local directory is read through a link named ``checkpoint``: 3.9's config conversion picks the
-    architecture from the *name* when it contains "llama" or "gemma" and then reads no config
+    A local directory is read through a folder of links named ``checkpoint``: 3.9's config conversion
+    picks the architecture from the *name* when it contains "llama" or "gemma" and then reads no config
     (``convert_hf_model_config``). Remove when: TransformerLens 3.x reads a local directory's
     ``config.json`` whatever its name (3.9 does not).
     """
-    import os
     import tempfile
     from pathlib import Path
 
@@ -165,10 +164,10 @@ def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_
         if not Path(source).is_dir():
             return Model.from_pretrained(str(source), dtype=dtype, device="cpu", **processing)
         with tempfile.TemporaryDirectory(prefix="rs_interp_hf_") as tmp:
-            link = Path(tmp) / "checkpoint"
-            os.symlink(Path(source).resolve(), link)
+            link = _linked_checkpoint(Path(source), Path(tmp) / "checkpoint")
             hf_model = AutoModelForCausalLM.from_pretrained(str(link), local_files_only=True, torch_dtype=dtype)
-            cfg = loading.get_pretrained_model_config(str(link), fold_ln=fold_ln, device="cpu", dtype=dtype)
+            with _rope_fields_readable(link):
+                cfg = loading.get_pretrained_model_config(str(link), fold_ln=fold_ln, device="cpu", dtype=dtype)
             state = loading.get_pretrained_state_dict(str(link), cfg, hf_model=hf_model, dtype=dtype)
             model = Model(cfg, move_to_device=False)
             tables = {n: b.clone() for n, b in model.named_buffers() if "rotary" in n}
@@ -180,6 +179,38 @@ def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_
                     b.copy_(tables[n])
     model.cfg.tokenizer_name = str(Path(source).resolve())  # not the temporary link
     return model
+
+
+def _linked_checkpoint(source, folder):
+    """``folder`` holding a link to every file of the checkpoint ``source``."""
+    import os
+
+    folder.mkdir()
+    for f in source.resolve().iterdir():
+        os.symlink(f, folder / f.name)
+    return folder
+
+
+@contextlib.contextmanager
+def _rope_fields_readable(folder) -> Iterator[None]:
+    """For the duration, the rotary settings transformers 5 keeps under ``rope_parameters`` (e.g. Phi's
+    ``partial_rotary_factor``) readable as attributes of the checkpoint's config class, where
+    TransformerLens 3.9's conversion reads them (an AttributeError otherwise); the class as it was after.
+
+    Remove when: TransformerLens 3.x reads ``rope_parameters`` for every field (3.9 reads ``rope_theta`` only).
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    cls = type(config)
+    added = [k for k in (getattr(config, "rope_parameters", None) or {}) if k != "rope_type" and not hasattr(config, k)]
+    for k in added:
+        setattr(cls, k, property(lambda self, k=k: (self.rope_parameters or {}).get(k)))
+    try:
+        yield
+    finally:
+        for k in added:
+            delattr(cls, k)
 
 
 def set_tokenizer(model: Model, tokenizer: Any) -> None:
@@ -196,3 +227,65 @@ def converted_copy(model: Model, dtype: torch.dtype) -> Model:
     """Unused on 3.x (see :func:`is_hf_booted`)."""
     raise AssertionError("3.x models are rebuilt from their config")
 
+
+
+def model_source(model: Model) -> str:
+    """``"native"``: a ``HookedTransformer`` runs TransformerLens's own modules (Hugging Face
+    checkpoints are converted into them)."""
+    return "native"
+
+
+def projection_layers(model: Model) -> set[int]:
+    """The layers whose ``hook_{q,k,v}`` hold ``ln1(resid_pre) W + b`` per head: all, but with
+    shortformer positions (queries and keys read the stream plus the positions) or ungrouped
+    grouped-query weights."""
+    cfg = model.cfg
+    if cfg.positional_embedding_type == "shortformer" or getattr(cfg, "ungroup_grouped_query_attention", False):
+        return set()
+    return set(range(cfg.n_layers))
+
+
+def norm_affine(model: Model, norm: torch.nn.Module) -> tuple[str | None, torch.Tensor | None, torch.Tensor | None, float]:
+    """``(kind, gain, bias, eps)`` of one of the model's norms as it computes: ``kind`` as
+    TransformerLens names it (None: no norm), the gain and bias it applies (None where it has none)."""
+    kind = model.cfg.normalization_type
+    if kind is None:
+        return None, None, None, 0.0
+    gain = getattr(norm, "w", None) if kind in ("LN", "RMS") else None
+    bias = getattr(norm, "b", None) if kind == "LN" else None
+    return norm_kind(kind in ("LN", "LNPre"), gain, bias), gain, bias, float(getattr(norm, "eps", model.cfg.eps))
+
+
+def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
+    """``model(tokens)``'s logits, with gradients. The forward is ended at ``unembed.hook_in`` and the
+    unembedding applied here, to the same ``W_U``: 3.9's ``Unembed`` copies ``W_U.T`` (the whole
+    (d_vocab, d_model) matrix) into a contiguous tensor on every call, the largest copy of a gradient
+    pass (~0.2 s of 1.5 s on GPT-2 small at 64 tokens). Hooks on ``unembed.hook_in`` and
+    ``unembed.hook_out`` still run; models with a logit softcap take the model's own path.
+
+    Remove when: TransformerLens 3.x is no longer supported.
+    """
+    from .common import Stop
+
+    unembed = getattr(model, "unembed", None)
+    if (type(unembed).__name__ != "Unembed" or "unembed.hook_in" not in model.hook_dict
+            or getattr(model.cfg, "output_logits_soft_cap", -1.0) > 0):
+        return model(tokens, return_type="logits")
+    box: dict[str, torch.Tensor] = {}
+
+    def grab(t: torch.Tensor, *, hook) -> None:
+        box["x"] = t
+        raise Stop
+
+    try:
+        with model.hooks(fwd_hooks=[("unembed.hook_in", grab)]):
+            model(tokens, return_type="logits")
+    except Stop:
+        pass
+    return unembed.hook_out(torch.nn.functional.linear(box["x"], unembed.W_U.T, unembed.b_U))
+
+
+def other_version() -> str:
+    """What to try when this version cannot load a family: the other version, and how."""
+    return ("TransformerLens 4 (pip install 'transformer-lens>=4.3'; rs_interp's RS_INTERP_TL=4), which runs the "
+            "Hugging Face modules themselves")

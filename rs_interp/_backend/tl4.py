@@ -21,35 +21,18 @@ import torch
 import transformer_lens.model_bridge.sources.native  # noqa: F401  (attaches boot_native)
 from transformer_lens import TransformerBridge as Model
 from transformer_lens import TransformerBridgeConfig as ModelConfig
-from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
-from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
-    PositionEmbeddingsAttentionBridge,
-)
-from transformer_lens.model_bridge.sources.native.model import NativeAttention
 
 from . import emulation
-from .common import _HT_BUFFERS, KV_WEIGHTS, PORTABLE_FIELDS, TL_VERSION, qkv_input_target, set_flag
+from ._tl4_native import (_compatible, _norm_state, _norms_in_model_dtype, _refuse_unbuilt, _rotary_perm,
+                          _rotary_tables_in_model_dtype, _tl3_order, has_split_inputs, is_native_attention)
+from .common import _HT_BUFFERS, KV_WEIGHTS, PORTABLE_FIELDS, TL_VERSION, norm_kind, qkv_input_target, set_flag
 
 __all__ = ["Model", "ModelConfig"]
 
 NATIVE_POSITIONS = ("standard", "rotary")
 
-#: The attention bridges whose forward pass has TransformerLens's pre-ln1 split-input fork
-#: (what ``TransformerBridge._validate_attention_fork_supported`` accepts).
-_FORK_ATTENTION = (JointQKVAttentionBridge, PositionEmbeddingsAttentionBridge)
-
 
 # --- attention, per layer -----------------------------------------------------------------------
-
-def has_split_inputs(model: Model, layer: int) -> bool:
-    """Whether layer ``layer``'s attention bridge has TransformerLens's own ``hook_{q,k,v}_input``."""
-    return isinstance(model.blocks[layer].attn, _FORK_ATTENTION)
-
-
-def is_native_attention(model: Model, layer: int) -> bool:
-    """Whether layer ``layer``'s attention is TransformerLens-native (``NativeAttention``, from ``boot_native``)."""
-    return isinstance(getattr(model.blocks[layer].attn, "original_component", None), NativeAttention)
-
 
 @contextlib.contextmanager
 def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterator[list[tuple[Any, Callable]]]:
@@ -151,28 +134,8 @@ def make_config(**fields: Any) -> ModelConfig:
     fields.pop("rotary_adjacent_pairs", None)
     if fields.get("act_fn") is None:
         fields["act_fn"] = "gelu_new"  # attention-only models never call it
-    _refuse_unbuilt(fields)
+    _refuse_unbuilt(fields, config_fields())
     return ModelConfig(**fields)
-
-
-def _refuse_unbuilt(fields: dict[str, Any]) -> None:
-    """Refuse, by name, a functional field the native model does not read (it reads the portable
-    fields only) set to anything but what a config of the same shape holds.
-
-    Raises:
-        ValueError: e.g. ``parallel_attn_mlp=True``, ``use_qk_norm=True``.
-    """
-    from .config import functional_fields
-
-    extra = set(fields) & functional_fields(config_fields()) - set(PORTABLE_FIELDS)
-    if not extra:
-        return
-    base = ModelConfig(**{k: v for k, v in fields.items() if k not in extra})
-    bad = {k: fields[k] for k in sorted(extra) if fields[k] != getattr(base, k, None)}
-    if bad:
-        raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in bad.items())}: TransformerLens {TL_VERSION}'s native "
-                         f"models do not build {'this' if len(bad) == 1 else 'these'} (they would be ignored); "
-                         f"use TransformerLens 3.x")
 
 
 def build_model(cfg: ModelConfig) -> Model:
@@ -192,58 +155,6 @@ def reinitialise(model: Model) -> None:
     """Draw ``model``'s weights again from the global RNG, as :func:`build_model` does (the same
     state gives the same weights as a fresh build)."""
     _tl3_init(model)
-
-
-def _compatible(model: Model, **processing: Any) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.enable_compatibility_mode(disable_warnings=True, **processing)
-
-
-def _norms_in_model_dtype(model: Model) -> None:
-    """Switch every norm to the bridge's own Python path, HookedTransformer's formula in the
-    model's dtype (``NativeRMSNorm`` computes in float32 whatever the dtype: float64 would not be exact).
-
-    Remove when: TransformerLens >= 4.4 (or whichever release first does) computes
-    ``NativeRMSNorm`` in the input's dtype.
-    """
-    for module in model.modules():
-        if getattr(module, "use_native_layernorm_autograd", False):
-            module.use_native_layernorm_autograd = False
-
-
-def _rotary_tables_in_model_dtype(model: Model) -> None:
-    """Recompute the native rotary tables as HookedTransformer does, ``pos / base^(i / (r/2))`` in
-    float64 for a float64 model, laid out for adjacent pairs.
-
-    Remove when: TransformerLens >= 4.4 (or whichever release first does) builds ``NativeRotary``'s
-    ``cos_cached``/``sin_cached`` in the model's dtype (4.3: float32 whatever the dtype).
-    """
-    cfg = model.cfg
-    for module in model.modules():
-        if type(module).__name__ != "NativeRotary":
-            continue
-        r = module.rotary_dim
-        high = torch.float64 if cfg.dtype == torch.float64 else torch.float32
-        pos = torch.arange(cfg.n_ctx, dtype=high)
-        freq = float(cfg.rotary_base) ** (torch.arange(r // 2, dtype=high) / (r / 2))
-        angles = (pos[:, None] / freq[None, :]).repeat_interleave(2, dim=-1)
-        module.cos_cached = angles.cos().to(cfg.dtype)
-        module.sin_cached = angles.sin().to(cfg.dtype)
-
-
-def _tl3_order(cfg: Any) -> list[str]:
-    """HookedTransformer's parameters in its ``named_parameters`` order (the order it initialises them)."""
-    norm = {"LN": ["w", "b"], "RMS": ["w"]}.get(cfg.normalization_type, [])
-    names = ["embed.W_E"] + (["pos_embed.W_pos"] if cfg.positional_embedding_type == "standard" else [])
-    for l in range(cfg.n_layers):
-        names += [f"blocks.{l}.ln1.{p}" for p in norm]
-        if not cfg.attn_only:
-            names += [f"blocks.{l}.ln2.{p}" for p in norm]
-        names += [f"blocks.{l}.attn.{p}" for p in ("W_Q", "W_O", "b_Q", "b_O", "W_K", "W_V", "b_K", "b_V")]
-        if not cfg.attn_only:
-            names += [f"blocks.{l}.mlp.{p}" for p in ("W_in", "b_in", "W_out", "b_out")]
-    return names + [f"ln_final.{p}" for p in norm] + ["unembed.W_U", "unembed.b_U"]
 
 
 def _tl3_init(model: Model) -> None:
@@ -266,21 +177,6 @@ def _tl3_init(model: Model) -> None:
 
 
 # --- the one checkpoint format ------------------------------------------------------------------
-
-def _rotary_perm(cfg: Any) -> torch.Tensor | None:
-    """Native dim ``2i`` holds HookedTransformer dim ``i``, ``2i + 1`` holds ``i + r/2`` (first ``r = rotary_dim``).
-
-    The native bridge rotates adjacent pairs, HookedTransformer halves: each head's query and key
-    dimensions are permuted on load and save (scores are unchanged by a permutation shared by
-    queries and keys).
-    """
-    if cfg.positional_embedding_type != "rotary":
-        return None
-    r = cfg.rotary_dim or cfg.d_head
-    half = torch.arange(r // 2)
-    perm = torch.stack([half, half + r // 2], dim=1).flatten()
-    return torch.cat([perm, torch.arange(r, cfg.d_head)])
-
 
 def is_hf_booted(model: Model) -> bool:
     """Whether ``model`` wraps a Hugging Face model (``boot_transformers``) rather than TransformerLens-native modules."""
@@ -329,7 +225,10 @@ def portable_state(model: Model) -> dict[str, torch.Tensor]:
             out.update(_norm_state(getattr(block, ln), f"blocks.{l}.{ln}"))
         if not cfg.attn_only:
             for name in ("W_in", "b_in", "W_out", "b_out") + (("W_gate",) if cfg.gated_mlp else ()):
-                out[f"blocks.{l}.mlp.{name}"] = getattr(block.mlp, name)
+                t = getattr(block.mlp, name)
+                if t is None:  # 4.3's native gated MLP has no biases: HookedTransformer's zeros
+                    t = torch.zeros(cfg.d_mlp if name == "b_in" else cfg.d_model, dtype=cfg.dtype)
+                out[f"blocks.{l}.mlp.{name}"] = t
     if not folded:  # a folded GPT-2 keeps unit gains and zero biases that LNPre has no place for
         out.update(_norm_state(model.ln_final, "ln_final"))
     out["unembed.W_U"] = model.W_U
@@ -341,16 +240,6 @@ def portable_state(model: Model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 
-def _norm_state(norm: torch.nn.Module, prefix: str) -> dict[str, torch.Tensor]:
-    inner = getattr(norm, "original_component", norm)
-    out = {}
-    if getattr(inner, "weight", None) is not None:
-        out[f"{prefix}.w"] = inner.weight
-    if getattr(inner, "bias", None) is not None:
-        out[f"{prefix}.b"] = inner.bias
-    return out
-
-
 def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
     """Load a portable state dict (buffers optional) into the bridge, in place.
 
@@ -360,6 +249,12 @@ def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
 
     state = {k: v for k, v in state.items() if not k.endswith(_HT_BUFFERS)}
+    for name in [k for k in state if k.endswith((".mlp.b_in", ".mlp.b_out")) and getattr(model.cfg, "gated_mlp", False)]:
+        # 4.3's native gated MLP has no biases (Remove when: a native gated MLP with biases exists)
+        if bool(state[name].ne(0).any()):
+            raise ValueError(f"{name} is nonzero: TransformerLens {TL_VERSION}'s native gated MLPs have no biases; "
+                             "load this checkpoint under TransformerLens 3.x")
+        del state[name]
     b_U = state.pop("unembed.b_U", None)
     if b_U is not None and bool(b_U.ne(0).any()):
         raise ValueError(f"the unembedding bias is nonzero (max |b_U| {b_U.abs().max().item():.3g}); "
@@ -418,8 +313,10 @@ def _folded(model: Model, fold_ln: bool) -> Model:
     ``fold_ln`` (4.3 keeps ``"LN"`` with unit gains and zero biases).
     """
     if fold_ln and model.cfg.normalization_type == "LN":
-        norms = [b.ln1 for b in model.blocks] + [b.ln2 for b in model.blocks if hasattr(b, "ln2")] + [model.ln_final]
-        if all(bool((n.w == 1).all()) and not bool(n.b.any()) for n in norms):
+        # every norm the blocks have (OLMo's parameter-free ones have neither gain nor bias)
+        norms = [getattr(b, n) for b in model.blocks for n in ("ln1", "ln2") if n in b._modules] + [model.ln_final]
+        affine = [norm_affine(model, n) for n in norms]
+        if all((g is None or bool((g == 1).all())) and (b is None or not bool(b.any())) for _, g, b, _ in affine):
             model.cfg.normalization_type = "LNPre"
     return model
 
@@ -454,3 +351,48 @@ def set_tokenizer(model: Model, tokenizer: Any) -> None:
     """The bridge's ``tokenizer`` property (the bridge has no ``set_tokenizer``)."""
     model.tokenizer = tokenizer
 
+
+def model_source(model: Model) -> str:
+    """``"booted"`` for a bridge over Hugging Face modules (``boot_transformers``: some steps run in
+    float32 whatever the dtype), ``"native"`` for TransformerLens-native modules."""
+    return "booted" if is_hf_booted(model) else "native"
+
+
+def projection_layers(model: Model) -> set[int]:
+    """The layers whose ``hook_{q,k,v}`` hold ``ln1(resid_pre) W + b`` per head: TransformerLens-native
+    attention (a Hugging Face module's projection may be followed inside by more, e.g. a query norm)."""
+    return {l for l in range(model.cfg.n_layers) if is_native_attention(model, l)}
+
+
+def norm_affine(model: Model, norm: torch.nn.Module) -> tuple[str | None, torch.Tensor | None, torch.Tensor | None, float]:
+    """``(kind, gain, bias, eps)`` of one of the model's norms as it computes: whether it centres
+    (the bridge's ``uses_rms_norm``, or the config's kind on native modules), its gain (``1 + w``
+    where the bridge stores the gain as an offset, as Gemma's RMSNorm does; None where it has no
+    weight, as OLMo's parameter-free LayerNorm), its bias, and its epsilon (the wrapped module's)."""
+    if model.cfg.normalization_type is None:
+        return None, None, None, 0.0
+    inner = getattr(norm, "original_component", None)
+    inner = norm if inner is None else inner
+    if hasattr(norm, "uses_rms_norm") and inner is not norm:
+        center = not norm.uses_rms_norm
+        offset = bool(getattr(norm, "uses_weight_offset", False))
+    else:
+        center, offset = model.cfg.normalization_type in ("LN", "LNPre"), False
+    gain = getattr(inner, "weight", None)
+    gain = None if not isinstance(gain, torch.Tensor) else (1.0 + gain if offset else gain)
+    bias = getattr(inner, "bias", None)
+    bias = bias if isinstance(bias, torch.Tensor) else None
+    eps = next((float(e) for e in (getattr(inner, n, None) for n in ("eps", "variance_epsilon")) if isinstance(e, (int, float))),
+               float(model.cfg.eps))
+    return norm_kind(center, gain, bias), gain, bias, eps
+
+
+def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
+    """``model(tokens)``'s logits, with gradients (the bridge's own path)."""
+    return model(tokens, return_type="logits")
+
+
+def other_version() -> str:
+    """What to try when this version cannot load a family: the other version, and how."""
+    return ("TransformerLens 3.x (pip install 'transformer-lens>=3.9,<4'; rs_interp's RS_INTERP_TL=3), which converts "
+            "the weights into its own modules")

@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 from .._backend import Model
 
-from ..registry import Trained, TrainingCache, load_toy_model
+from ..models.registry import Trained, TrainingCache, load_toy_model
 from .corpus import D_VOCAB, N_CTX, Company, Corpus, Filing, Query, demo_filing, find_queries, make_corpus
 
 __all__ = [
@@ -59,8 +59,8 @@ def train_filing_model(filings: Sequence[Filing], *, steps: int = 600, batch_siz
 
     Adam, batches of 64 random 48-symbol windows, every position scored, deterministic for a seed.
     """
-    from ..models import make_attn_only
-    from ..training import train_on_batches
+    from ..models.checkpoints import make_attn_only
+    from ..models.training import train_on_batches
 
     windows = _windows(filings)
     model = make_attn_only(2, seed=seed)
@@ -163,7 +163,7 @@ def evaluate_readers(corpus: Corpus, *, filing_model: Model, induction_1l: Model
         dq = find_queries([f])
         demo = complete_queries(readers, dq)
         demo_labels = tuple(f"{q.query_word} -> {q.answer_word}" for q in dq)
-    from ..data import induction_batch
+    from ..models.data import induction_batch
     from ..heads import induction_scores
 
     ambiguous = sum(int((table.counts[q.context[-1]] > 0).sum()) > 1 for q in seen_q) / len(seen_q)

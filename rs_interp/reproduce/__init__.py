@@ -5,7 +5,7 @@ report. The library (``rs_interp``) never imports this package; this package rea
   order and the tests all read it). Adding a section is one builder in :mod:`.sections` plus one line here.
 - :mod:`.expected`: the theory's values and the accepted bands (one line each).
 - :mod:`.context`: rows, sections and the run context (the shipped models' recipes live in
-  :mod:`rs_interp.registry`).
+  :mod:`rs_interp.models.registry`).
 - :mod:`.gpt2_check`, :mod:`.gradients`: the GPT-2 analysis and conversion check, the gradient table.
 - :mod:`.report`: the text table, ``results.json`` and ``report.html``.
 
@@ -21,7 +21,7 @@ import dataclasses
 import importlib
 from typing import Callable, Iterable
 
-from ..registry import TrainingCache
+from ..models.registry import TrainingCache
 from .context import Context, Section
 
 __all__ = ["SECTIONS", "builder", "run_sections", "run_seeds", "Context", "Section"]

@@ -10,8 +10,8 @@ from typing import Any, Callable
 import plotly.graph_objects as go
 from .._backend import Model
 
-from ..data import InductionBatch
-from ..registry import SHIPPED_MODELS, TrainingCache, held_out_batch, train_shipped
+from ..models.data import InductionBatch
+from ..models.registry import SHIPPED_MODELS, TrainingCache, held_out_batch, train_shipped
 from .expected import EXPECTED, Expected
 
 __all__ = ["Row", "Section", "Context", "banded"]
@@ -74,7 +74,7 @@ class Context:
     """What the sections share: the trained models and the test batch (loaded or trained once).
 
     ``retrain``: train every shipped model from its recipe with ``seed`` instead of loading it;
-    ``cache``: a :class:`~rs_interp.registry.TrainingCache` that keeps every model trained in the run
+    ``cache``: a :class:`~rs_interp.models.registry.TrainingCache` that keeps every model trained in the run
     (the shipped ones and the finance study's) so another run reads it back instead of training again.
     """
 

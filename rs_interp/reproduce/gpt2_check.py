@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from .._backend import Model
 
-from ..data import induction_batch
-from ..gpt2 import load_gpt2
+from ..models.data import induction_batch
+from ..models.gpt2 import load_gpt2
 from ..heads import head_label, induction_scores, prev_token_scores
 from ..lens import logit_lens
 

@@ -23,7 +23,7 @@ from torch import nn
 from .._backend import Model, attention_output, make_config, mlp_out_parameter, reinitialise, set_unembedding
 
 from ..geometry import layer_norm
-from ..models import build_model
+from ..models.checkpoints import build_model
 
 __all__ = ["GradientRow", "gradient_scaling", "PostLNStack", "pre_ln_stack"]
 

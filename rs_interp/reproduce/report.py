@@ -78,9 +78,9 @@ def environment() -> dict[str, str]:
 
     import torch
 
-    from .._backend import TL_MAJOR, TL_VERSION
+    from .._backend import TL_VERSION, Model
 
-    return {"transformer_lens": TL_VERSION, "model_class": "HookedTransformer" if TL_MAJOR < 4 else "TransformerBridge",
+    return {"transformer_lens": TL_VERSION, "model_class": Model.__name__,
             "torch": torch.__version__, "python": platform.python_version()}
 
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import torch
 
-from ...attribution_patching import attribution_patching
+from ...circuits.node_attribution import attribution_patching
 from ...copying import copying_scores
-from ...data import induction_batch
+from ...models.data import induction_batch
 from ...head_ablation import ablate_heads, head_ablation_scan
 from ...heads import head_label, head_labels, prev_token_scores
 from ...metrics import next_token_loss

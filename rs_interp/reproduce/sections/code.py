@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from ...attribution import direct_logit_attribution
-from ...code_model import (EOT, code_corpus, encode_corpus, heldout_loss, repeated_sequence_losses, repeated_tokens,
+from ...models.code_model import (EOT, code_corpus, encode_corpus, heldout_loss, repeated_sequence_losses, repeated_tokens,
                            unigram_loss)
 from ...composition import composition_scores
 from ...head_ablation import ablate_heads, head_ablation_scan
-from ...data import next_token_targets
+from ...models.data import next_token_targets
 from ...metrics import next_token_loss
 from ...heads import attention_patterns, first_token_attention, head_label, prev_token_scores
 from ...lens import logit_lens

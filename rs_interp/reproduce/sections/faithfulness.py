@@ -4,18 +4,15 @@ MIB's ten circuit sizes, with CPR and CMD."""
 
 from __future__ import annotations
 
-from ...circuits import faithfulness_curve
-from ...code_model import repeated_tokens
-from ...data import induction_batch
-from ...edge_attribution import edge_attribution_patching
+from ...circuits.evaluation import mib_scores
+from ...models.code_model import repeated_tokens
+from ...models.data import induction_batch
+from ...circuits.methods import METHODS
 from ...metrics import next_token_loss
-from ...path_patching import path_patching
 from ...plots import faithfulness_figure
 from ..context import Context, Section, banded
 from .code import _repeat_targets
 
-#: EAP-IG's number of points (the issue's m = 5).
-IG_STEPS = 5
 #: Clean/corrupt pairs per model.
 N_PAIRS = 32
 
@@ -37,28 +34,32 @@ def faithfulness_section(ctx: Context) -> Section:
     """EAP, EAP-IG and exact path patching on the induction toy and code-2l, and their faithfulness curves."""
     rows, results, figures = [], {}, []
     for name, (model, tokens, reference, metric) in _cases(ctx).items():
-        scores = {
-            "EAP": edge_attribution_patching(model, tokens, metric, reference=reference),
-            f"EAP-IG (m = {IG_STEPS})": edge_attribution_patching(model, tokens, metric, reference=reference, ig_steps=IG_STEPS),
-            "exact path patching": path_patching(model, tokens, metric, reference=reference, progress=ctx.progress),
-        }
-        curves = {method: faithfulness_curve(model, s, tokens, metric, reference=reference) for method, s in scores.items()}
-        exact = scores["exact path patching"].effect[scores["EAP"].layout.exists]
-        for method, c in curves.items():
-            rows.append(banded("faithfulness.cpr", f"{name}, {method}: CPR (area under the faithfulness curve)", c.cpr))
-            rows.append(banded("faithfulness.cmd", f"{name}, {method}: CMD (area between the curve and 1)", c.cmd))
-            if method != "exact path patching":
-                estimate = scores[method].effect[scores[method].layout.exists]
+        # every edge method of the registry (rs_interp.circuits.methods)
+        scores = {name: m.run(model, tokens, metric, reference=reference, progress=ctx.progress)
+                  for name, m in METHODS.items() if m.level == "edge"}
+        exact_name = next(name for name, m in METHODS.items() if m.level == "edge" and m.exact)
+        mib = {method: mib_scores(model, tokens, metric, s, reference=reference) for method, s in scores.items()}
+        curves = {method: m.absolute for method, m in mib.items()}
+        layout = scores[exact_name].layout
+        exact = scores[exact_name].effect[layout.exists]
+        for method, m in mib.items():
+            rows.append(banded("faithfulness.cpr", f"{name}, {method}: CPR (area under the curve, edges by signed score)", m.cpr))
+            rows.append(banded("faithfulness.cmd", f"{name}, {method}: CMD (area between 1 and the curve, edges by |score|)", m.cmd))
+            if method != exact_name:
+                estimate = scores[method].effect[layout.exists]
                 err = float((estimate - exact).abs().max())
                 rows.append(banded("faithfulness.estimate_error", f"{name}, {method}: largest |estimate - exact| over the edges", err))
         rows.append(banded("faithfulness.full_circuit", f"{name}: the circuit of every edge, faithfulness",
-                           curves["exact path patching"].faithfulness[-1]))
-        results[name] = {"n_edges": scores["EAP"].layout.n_edges, "full": curves["EAP"].full, "empty": curves["EAP"].empty,
-                         "curves": {m: {"fractions": c.fractions, "faithfulness": c.faithfulness, "cpr": c.cpr, "cmd": c.cmd}
-                                    for m, c in curves.items()},
-                         "top_exact": scores["exact path patching"].top(5)}
+                           curves[exact_name].faithfulness[-1]))
+        results[name] = {"n_edges": layout.n_edges, "clean": curves[exact_name].clean, "empty": curves[exact_name].empty,
+                         "curves": {m: {"fractions": s.absolute.fractions, "faithfulness": s.absolute.faithfulness,
+                                        "faithfulness_signed": s.signed.faithfulness, "n_edges": s.absolute.n_edges,
+                                        "cpr": s.cpr, "cmd": s.cmd} for m, s in mib.items()},
+                         "top_exact": [[list(e), v] for e, v in scores[exact_name].top(5)]}
         figures.append(faithfulness_figure(curves, title=f"{name}: faithfulness of the top edges ({N_PAIRS} pairs)"))
-    notes = ("Faithfulness (m(circuit) - m(empty)) / (m(full) - m(empty)), the metric the loss on the induction targets; "
+    notes = ("Faithfulness (m(circuit) - m(empty)) / (m(clean) - m(empty)) as MIB computes it (int(f N) edges at each fraction f, "
+             "dangling edges pruned; CPR from the edges ranked by signed score, CMD by |score|; the figure: by |score|), "
+             "the metric the loss on the induction targets; "
              "ablated edges carry the corrupt run's write (resample). The estimates are exact derivatives; where the "
              "metric is far from linear in a patch (a softmax in between) they miss the exact effect, and the "
              "rows 'largest |estimate - exact|' say by how much.")

@@ -2,14 +2,14 @@
 known edges by AUROC, and the known circuit's faithfulness.
 
 The models: the five tracr-compiled programs (the circuit read off the weights) and induction-2l
-(the circuit derived here: :func:`rs_interp.ground_truth.induction_ground_truth`). The methods:
+(the circuit derived here: :func:`rs_interp.circuits.ground_truth.induction_ground_truth`). The methods:
 EAP, EAP-IG and exact path patching over every edge; attribution patching and the exact resample
 ablation scan over every head (a head is known when it sends a known edge). Everything runs in
-float64; :mod:`rs_interp.ground_truth` says why, and how the AUROC counts.
+float64; :mod:`rs_interp.circuits.ground_truth` says why, and how the AUROC counts.
 
 The runs: for each compiled program, :data:`TRACR_PAIRS` random inputs of its longest length
 against as many other random inputs of that length, the metric the program's correct outputs
-(:func:`rs_interp.ground_truth.tracr_metric`); for induction-2l, the faithfulness section's pairs
+(:func:`rs_interp.circuits.ground_truth.tracr_metric`); for induction-2l, the faithfulness section's pairs
 and metric (the loss on the induction targets).
 
 induction-2l's circuit, as derived on the shipped model (the section recomputes it; its row and
@@ -35,22 +35,24 @@ from __future__ import annotations
 
 import re
 
-from ...data import induction_batch
-from ...ground_truth import (FAINT, NODE_METHODS, NOISE_FLOOR, GroundTruthCase, MethodScores, faithfulness, induction_case, missed, score_methods,
-                             tracr_case)
+from ...models.data import induction_batch
+from ...circuits.ground_truth import FAINT, NOISE_FLOOR, GroundTruthCase, MethodScores, faithfulness, missed, score_methods
+from ...circuits.induction_truth import induction_case
+from ...circuits.methods import IG_STEPS, METHODS
+from ...circuits.tracr_truth import tracr_case
 from ...plots import ground_truth_figure
-from ...tracr import TRACR_PROGRAMS
+from ...circuits.tracr import TRACR_PROGRAMS
 from ..context import Context, Row, Section, banded
-from ..expected import INDUCTION_HEAD, NECESSARY_EDGE, PREV_TOKEN_HEAD
-from .faithfulness import IG_STEPS, N_PAIRS
+from ..expected import EXPECTED, INDUCTION_HEAD, NECESSARY_EDGE, PREV_TOKEN_HEAD, UNBANDED
+from .faithfulness import N_PAIRS
 
 #: Input pairs per compiled program.
 TRACR_PAIRS = 64
-#: The methods, by their name in :func:`rs_interp.ground_truth.score_methods`, and their key in ``expected.py``.
-METHODS = {"EAP": "EAP", f"EAP-IG (m = {IG_STEPS})": "EAP-IG", "exact path patching": "exact",
-           NODE_METHODS[0]: "AtP", NODE_METHODS[1]: "scan"}
-EXACT, SCAN = "exact path patching", NODE_METHODS[1]
-GRADIENT = ("EAP", f"EAP-IG (m = {IG_STEPS})", NODE_METHODS[0])
+
+
+def _exact(level: str) -> str:
+    """The registry's exact method of a level (the one the others' misses are measured against)."""
+    return next(name for name, m in METHODS.items() if m.exact and m.level == level)
 
 
 def _fmt(x: float | None) -> str:
@@ -77,7 +79,7 @@ def _why(case: GroundTruthCase, miss: dict, method: str, truth) -> tuple[str, st
     if case.name.startswith("tracr-"):
         parts = _flat_parts(case, item.split(" -> ")[1] if " -> " in item else item)
         return f"no gradient through {', '.join(parts) or 'a flat part of the computation'}", detail
-    if method in GRADIENT and ratio is not None and ratio < 0.1:
+    if not METHODS[method].exact and ratio is not None and ratio < 0.1:
         return (f"a first-order estimate at a saturated metric (the loss is near its minimum on the clean run)"
                 + (f"; below {by}" if by else "")), detail
     cause = f"below {by} ({miss['outranked_by_score']:.3g}), outside the circuit"
@@ -92,19 +94,21 @@ def _method_rows(name: str, scores: dict[str, MethodScores], case: GroundTruthCa
     K, c = len(case.known), len(case.effective)
     rows = []
     for method, s in scores.items():
-        what = "heads" if method in NODE_METHODS else "edges"
+        what = "heads" if METHODS[method].level == "node" else "edges"
         n_known, n_eff, n_all = sum(s.known), sum(s.effective), len(s.items)
         label = f"{name}, {method}: AUROC vs the {n_known} known of {n_all} {what}"
         if n_eff < n_known:
             label += f" (vs the {n_eff} that carry effect: {_fmt(s.auroc_effective)})"
         if s.auroc is None:
             rows.append(Row(label, "n/a", "undefined: every head is known", "n/a", None))
-        elif method == EXACT and c < K:  # the theory: every effective edge scores, the rest exactly 0
+        elif method == _exact("edge") and c < K:  # the theory: every effective edge scores, the rest exactly 0
             theory = (1 + c / K) / 2
             rows.append(banded("ground_truth.exact_known", label, s.auroc, lo=theory - 1e-12, hi=theory + 1e-12,
                                theory=f"(1 + {c}/{K}) / 2 = {theory:.4f}"))
-        else:
-            rows.append(banded(f"ground_truth.{name}.{METHODS[method]}", label, s.auroc))
+        elif f"ground_truth.{name}.{METHODS[method].key}" in EXPECTED:
+            rows.append(banded(f"ground_truth.{name}.{METHODS[method].key}", label, s.auroc))
+        else:  # a method registered without expected values: reported, not judged
+            rows.append(Row(label, float(s.auroc), "-", UNBANDED, None))
     return rows
 
 
@@ -116,8 +120,8 @@ def ground_truth_section(ctx: Context) -> Section:
                                 prev_token_head=PREV_TOKEN_HEAD, induction_head=INDUCTION_HEAD, necessary=NECESSARY_EDGE))
     for case, truth in cases:
         name, K, c = case.name, len(case.known), len(case.effective)
-        scores = score_methods(case, ig_steps=IG_STEPS, progress=ctx.progress)
-        n_edges = len(scores[EXACT].items)
+        scores = score_methods(case, progress=ctx.progress)
+        n_edges = len(scores[_exact("edge")].items)
         if truth is None:
             rows.append(banded("ground_truth.effective_edges", f"{name}: the known circuit, {K} of {n_edges} edges: those that carry effect "
                                "under the patch", c, theory=f"<= {K}"))
@@ -141,7 +145,7 @@ def ground_truth_section(ctx: Context) -> Section:
         if truth is None:
             faith = {"known": faithfulness(case, case.known), "effective": faithfulness(case, case.effective)}
             rows.append(banded("ground_truth.exact_effective", f"{name}, exact path patching: AUROC vs the {c} known edges that carry effect",
-                               scores[EXACT].auroc_effective))
+                               scores[_exact("edge")].auroc_effective))
             rows.append(banded("ground_truth.tracr_faithfulness", f"{name}: the known circuit ({K} edges), faithfulness", faith["known"]))
             rows.append(banded("ground_truth.tracr_faithfulness", f"{name}: its {c} edges that carry effect alone, faithfulness",
                                faith["effective"]))
@@ -149,7 +153,7 @@ def ground_truth_section(ctx: Context) -> Section:
             faith = {"known": truth.faithfulness}
         misses = {}
         for method, s in scores.items():
-            exact = scores[SCAN] if method in NODE_METHODS else scores[EXACT]
+            exact = scores[_exact(METHODS[method].level)]
             found = missed(s, None if s is exact else exact)
             if found:
                 misses[method] = [m | dict(zip(("why", "detail"), _why(case, m, method, truth))) for m in found]

@@ -9,10 +9,10 @@ import torch
 from ...ablation import run_with_key_input
 from ...composition import composition_scores
 from ...heads import attention_patterns, head_label, induction_scores, positional_scores, prev_token_scores
-from ...models import make_attn_only
+from ...models.checkpoints import make_attn_only
 from ...plots import attention_figure, composition_heatmaps, period_sequence, position_figure
-from ...training import evaluate, score_logits
-from ...registry import SHIPPED_MODELS
+from ...models.training import evaluate, score_logits
+from ...models.registry import SHIPPED_MODELS
 from ..context import Context, Row, Section, banded
 from ..expected import PREV_TOKEN_HEAD
 

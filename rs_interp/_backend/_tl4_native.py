@@ -1,0 +1,136 @@
+"""TransformerLens 4.x's native models and attention, read and built: the helpers of :mod:`.tl4` (which
+holds the functions :mod:`.tl3` has twins of). Each workaround says when it can go."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from transformer_lens import TransformerBridge as Model
+from transformer_lens import TransformerBridgeConfig as ModelConfig
+from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
+from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
+    PositionEmbeddingsAttentionBridge,
+)
+from transformer_lens.model_bridge.sources.native.model import NativeAttention
+
+from .common import PORTABLE_FIELDS, TL_VERSION
+
+__all__: list[str] = []
+
+
+#: The attention bridges whose forward pass has TransformerLens's pre-ln1 split-input fork
+
+#: (what ``TransformerBridge._validate_attention_fork_supported`` accepts).
+_FORK_ATTENTION = (JointQKVAttentionBridge, PositionEmbeddingsAttentionBridge)
+
+
+def _refuse_unbuilt(fields: dict[str, Any], known: frozenset[str]) -> None:
+    """Refuse, by name, a functional field the native model does not read (it reads the portable
+    fields only) set to anything but what a config of the same shape holds.
+
+    Raises:
+        ValueError: e.g. ``parallel_attn_mlp=True``, ``use_qk_norm=True``.
+    """
+    from .config import functional_fields
+
+    extra = set(fields) & functional_fields(known) - set(PORTABLE_FIELDS)
+    if not extra:
+        return
+    base = ModelConfig(**{k: v for k, v in fields.items() if k not in extra})
+    bad = {k: fields[k] for k in sorted(extra) if fields[k] != getattr(base, k, None)}
+    if bad:
+        raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in bad.items())}: TransformerLens {TL_VERSION}'s native "
+                         f"models do not build {'this' if len(bad) == 1 else 'these'} (they would be ignored); "
+                         f"use TransformerLens 3.x")
+
+
+def _compatible(model: Model, **processing: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.enable_compatibility_mode(disable_warnings=True, **processing)
+
+
+def _norms_in_model_dtype(model: Model) -> None:
+    """Switch every norm to the bridge's own Python path, HookedTransformer's formula in the
+    model's dtype (``NativeRMSNorm`` computes in float32 whatever the dtype: float64 would not be exact).
+
+    Remove when: TransformerLens >= 4.4 (or whichever release first does) computes
+    ``NativeRMSNorm`` in the input's dtype.
+    """
+    for module in model.modules():
+        # The Python path needs the norm's weight: 4.3 raises on a parameter-free LayerNorm (OLMo's),
+        # which keeps its own path (Hugging Face's: float32 inside, within the booted tolerance).
+        inner = getattr(module, "original_component", None)
+        if getattr(module, "use_native_layernorm_autograd", False) and isinstance(getattr(inner, "weight", None), torch.Tensor):
+            module.use_native_layernorm_autograd = False
+
+
+def _rotary_tables_in_model_dtype(model: Model) -> None:
+    """Recompute the native rotary tables as HookedTransformer does, ``pos / base^(i / (r/2))`` in
+    float64 for a float64 model, laid out for adjacent pairs.
+
+    Remove when: TransformerLens >= 4.4 (or whichever release first does) builds ``NativeRotary``'s
+    ``cos_cached``/``sin_cached`` in the model's dtype (4.3: float32 whatever the dtype).
+    """
+    cfg = model.cfg
+    for module in model.modules():
+        if type(module).__name__ != "NativeRotary":
+            continue
+        r = module.rotary_dim
+        high = torch.float64 if cfg.dtype == torch.float64 else torch.float32
+        pos = torch.arange(cfg.n_ctx, dtype=high)
+        freq = float(cfg.rotary_base) ** (torch.arange(r // 2, dtype=high) / (r / 2))
+        angles = (pos[:, None] / freq[None, :]).repeat_interleave(2, dim=-1)
+        module.cos_cached = angles.cos().to(cfg.dtype)
+        module.sin_cached = angles.sin().to(cfg.dtype)
+
+
+def _tl3_order(cfg: Any) -> list[str]:
+    """HookedTransformer's parameters in its ``named_parameters`` order (the order it initialises them)."""
+    norm = {"LN": ["w", "b"], "RMS": ["w"]}.get(cfg.normalization_type, [])
+    names = ["embed.W_E"] + (["pos_embed.W_pos"] if cfg.positional_embedding_type == "standard" else [])
+    for l in range(cfg.n_layers):
+        names += [f"blocks.{l}.ln1.{p}" for p in norm]
+        if not cfg.attn_only:
+            names += [f"blocks.{l}.ln2.{p}" for p in norm]
+        names += [f"blocks.{l}.attn.{p}" for p in ("W_Q", "W_O", "b_Q", "b_O", "W_K", "W_V", "b_K", "b_V")]
+        if not cfg.attn_only:
+            names += [f"blocks.{l}.mlp.{p}" for p in ("W_in", "b_in", "W_out", "b_out")]
+    return names + [f"ln_final.{p}" for p in norm] + ["unembed.W_U", "unembed.b_U"]
+
+
+def _rotary_perm(cfg: Any) -> torch.Tensor | None:
+    """Native dim ``2i`` holds HookedTransformer dim ``i``, ``2i + 1`` holds ``i + r/2`` (first ``r = rotary_dim``).
+
+    The native bridge rotates adjacent pairs, HookedTransformer halves: each head's query and key
+    dimensions are permuted on load and save (scores are unchanged by a permutation shared by
+    queries and keys).
+    """
+    if cfg.positional_embedding_type != "rotary":
+        return None
+    r = cfg.rotary_dim or cfg.d_head
+    half = torch.arange(r // 2)
+    perm = torch.stack([half, half + r // 2], dim=1).flatten()
+    return torch.cat([perm, torch.arange(r, cfg.d_head)])
+
+
+def _norm_state(norm: torch.nn.Module, prefix: str) -> dict[str, torch.Tensor]:
+    inner = getattr(norm, "original_component", norm)
+    out = {}
+    if getattr(inner, "weight", None) is not None:
+        out[f"{prefix}.w"] = inner.weight
+    if getattr(inner, "bias", None) is not None:
+        out[f"{prefix}.b"] = inner.bias
+    return out
+
+
+def has_split_inputs(model: Model, layer: int) -> bool:
+    """Whether layer ``layer``'s attention bridge has TransformerLens's own ``hook_{q,k,v}_input``."""
+    return isinstance(model.blocks[layer].attn, _FORK_ATTENTION)
+
+
+def is_native_attention(model: Model, layer: int) -> bool:
+    """Whether layer ``layer``'s attention is TransformerLens-native (``NativeAttention``, from ``boot_native``)."""
+    return isinstance(getattr(model.blocks[layer].attn, "original_component", None), NativeAttention)

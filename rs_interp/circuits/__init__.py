@@ -1,0 +1,30 @@
+"""Circuits on the model's edge graph: which edges carry a behaviour, estimated, measured and evaluated.
+
+Every method here works on one graph (:mod:`.graph`: the senders that write the residual stream, the
+receivers that read it) and shares one substrate (:mod:`._substrate`: where senders write and
+receivers read, the reference runs, the gradient passes). The methods are registered once
+(:mod:`.methods`), so the ground truth, the reproduction, the benchmarks and the command line read
+one list.
+
+- :mod:`.graph`: :func:`edge_layout`, :class:`EdgeLayout`, :class:`EdgeEffects`;
+- :mod:`.node_attribution`, :mod:`.edge_attribution`: first-order estimates (and EAP-IG);
+- :mod:`.path_patching`: the exact effect of each edge;
+- :mod:`.evaluation`: circuits, faithfulness and its curve;
+- :mod:`.methods`: the registry of methods;
+- :mod:`.ground_truth`, :mod:`.tracr`: models whose circuits are known, and how each method scores on them.
+"""
+
+from .edge_attribution import EdgeAttributionPatching, edge_attribution_patching
+from .evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, evaluate_circuit, faithfulness_curve, mib_scores
+from .graph import EdgeEffects, EdgeLayout, edge_layout
+from .node_attribution import AttributionPatching, attribution_patching
+from .path_patching import PathPatching, path_patching
+from .selection import top_edges
+
+__all__ = [
+    "EdgeLayout", "EdgeEffects", "edge_layout",
+    "AttributionPatching", "attribution_patching",
+    "EdgeAttributionPatching", "edge_attribution_patching",
+    "PathPatching", "path_patching",
+    "MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores", "top_edges",
+]

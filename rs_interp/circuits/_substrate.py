@@ -1,0 +1,176 @@
+"""What the circuit methods share: the runs they record, the senders' writes, the gradient passes.
+
+- the pair of runs: :func:`check_pair` (``tokens`` and ``reference``), :func:`record` (a run's
+  activations, ended once recorded);
+- the senders (``embed``, every head, every MLP): :func:`sender_points` (where their writes are
+  read), :func:`writes` (each sender's ``write_ref - write``, in the graph's order);
+- the gradient passes: :func:`gradient_passes` (one or ``m`` for EAP-IG), :func:`scalar_metric`,
+  :func:`outside_inference_mode`.
+
+The receivers (every reader of the stream, and its gradient) are :mod:`rs_interp._stream`'s, which
+the certificate (:func:`rs_interp.certify`) reads too.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Literal
+
+import torch
+
+from .. import _backend
+from .._backend import Model
+from .._stream import RESID0, record  # noqa: F401  (record: the circuit methods read it here)
+from .._validate import check_int_range, check_tokens
+from ..metrics import Metric
+
+__all__: list[str] = []
+
+
+def check_pair(model: Model, tokens: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tokens`` and ``reference`` checked, of one shape (pair ``b`` is row ``b`` of each)."""
+    tokens = check_tokens(model, tokens)
+    reference = check_tokens(model, reference, "reference")
+    if reference.shape != tokens.shape:
+        raise ValueError(f"reference must have the shape of tokens {tuple(tokens.shape)}, got {tuple(reference.shape)}")
+    return tokens, reference
+
+
+def scalar_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
+    """``metric(logits)`` as a 0-d tensor with gradients.
+
+    Raises:
+        ValueError: not a one-element tensor, not differentiable in the logits, or not finite.
+    """
+    value = metric(logits)
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise ValueError("metric must return a scalar tensor (a differentiable function of the logits)")
+    if not value.requires_grad:
+        raise ValueError("metric must be differentiable in the logits (its result does not require grad)")
+    if not bool(torch.isfinite(value.detach()).all()):
+        raise ValueError(f"metric returned {float(value.detach())} on the run being differentiated: a metric must be finite")
+    return value.reshape(())
+
+
+def sender_points(model: Model) -> Callable[[str], bool]:
+    """The hook points whose activations make the senders' writes: the stream entering block 0,
+    every ``hook_z`` (a head writes ``z W_O``) and every ``hook_mlp_out``."""
+    mlps = not model.cfg.attn_only
+    return lambda n: n == RESID0 or n.endswith("attn.hook_z") or (mlps and n.endswith("hook_mlp_out"))
+
+
+def n_senders(model: Model) -> int:
+    cfg = model.cfg
+    return 1 + cfg.n_layers * (cfg.n_heads + (not cfg.attn_only))
+
+
+def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(sender, batch, pos, d_model) float64: each sender's ``write_ref - write``, in the graph's
+    order, written into one buffer (the heads' writes by one batched product per layer)."""
+    cfg = model.cfg
+    shape = ref[RESID0].shape
+    out = torch.empty(n_senders(model), *shape, dtype=torch.float64)
+    out[0] = ref[RESID0].to(torch.float64) - run[RESID0].to(torch.float64)
+    i = 1
+    for l in range(cfg.n_layers):
+        z = f"blocks.{l}.attn.hook_z"
+        delta = (ref[z] - run[z]).to(torch.float64)  # (batch, pos, head, d_head)
+        W_O = model.blocks[l].attn.W_O.detach().to(torch.float64)  # (head, d_head, d_model)
+        H = W_O.shape[0]
+        torch.bmm(delta.flatten(0, 1).transpose(0, 1), W_O, out=out[i : i + H].view(H, -1, shape[-1]))
+        i += H
+        if not cfg.attn_only:
+            m = f"blocks.{l}.hook_mlp_out"
+            out[i] = ref[m].to(torch.float64) - run[m].to(torch.float64)
+            i += 1
+    return out
+
+
+IGRule = Literal["left", "right"]
+IG_RULES = ("left", "right")
+
+
+def ig_alphas(ig_steps: int | None, ig_rule: str) -> list[float]:
+    """Where the gradient passes run on the line from the reference's input embedding (0) to the
+    run's (1): ``[1]`` for plain attribution patching (``ig_steps=None``); for EAP-IG with ``m``
+    steps, ``k / m`` for ``k = 0 .. m - 1`` (``"left"``, the Riemann sum of Hanna et al.'s code) or
+    ``k = 1 .. m`` (``"right"``).
+
+    >>> ig_alphas(None, "left"), ig_alphas(4, "left"), ig_alphas(4, "right")
+    ([1.0], [0.0, 0.25, 0.5, 0.75], [0.25, 0.5, 0.75, 1.0])
+    """
+    if ig_rule not in IG_RULES:
+        raise ValueError(f"ig_rule must be one of {IG_RULES}, got {ig_rule!r}")
+    if ig_steps is None:
+        return [1.0]
+    m = check_int_range("ig_steps", ig_steps, 1)
+    return [k / m for k in (range(m) if ig_rule == "left" else range(1, m + 1))]
+
+
+def backward(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list) -> float:
+    """Forward with ``fwd`` hooks (which register tensor hooks) and a zero leaf at the embedding, then
+    backpropagate to that leaf alone: every tensor hook fires, no parameter gets a ``.grad``.
+
+    Raises:
+        ValueError: the model's weights are inference tensors (nothing can be backpropagated).
+    """
+    with torch.enable_grad():
+        leaf = torch.zeros((), dtype=model.cfg.dtype, requires_grad=True)
+        fwd = [("hook_embed", lambda t, *, hook: t + leaf)] + fwd
+        with model.hooks(fwd_hooks=fwd):
+            try:
+                value = scalar_metric(metric, _backend.logits_with_grad(model, tokens))
+                torch.autograd.backward(value, inputs=[leaf])
+            except RuntimeError as err:
+                if "nference tensor" not in str(err):
+                    raise
+                raise ValueError("attribution patching needs gradients, but the model's weights are inference tensors "
+                                 "(created under torch.inference_mode()); load the model outside it") from err
+    return float(value.detach())
+
+
+def gradient_passes(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list, *, alphas: list[float],
+                    x_ref: torch.Tensor | None, progress: bool) -> float:
+    """One forward and backward pass with ``fwd`` (whose tensor hooks accumulate) per ``alpha`` in
+    ``alphas``: the stream entering block 0 at ``x_ref + alpha (x - x_ref)``, on the line from the
+    reference's input embedding to the run's (``alpha = 1``: the run itself, no hook). Returns the
+    run's metric (from its own pass where ``1`` is among ``alphas``, else from a no-grad forward)."""
+    from tqdm.auto import tqdm
+
+    clean = None
+    for alpha in tqdm(alphas, desc="integrated gradients", disable=not progress or len(alphas) == 1, leave=False):
+        extra = []
+        if alpha != 1.0:
+            def interpolate(t: torch.Tensor, *, hook, alpha: float = alpha) -> torch.Tensor:
+                return x_ref.to(t.dtype) + alpha * (t - x_ref.to(t.dtype))
+
+            extra = [(RESID0, interpolate)]
+        value = backward(model, tokens, metric, extra + fwd)
+        if alpha == 1.0:
+            clean = value
+    if clean is None:
+        with torch.no_grad():
+            clean = float(scalar_metric_value(metric, model(tokens, return_type="logits"), "clean run"))
+    return clean
+
+
+def scalar_metric_value(metric: Metric, logits: torch.Tensor, what: str) -> float:
+    """``metric(logits)`` as a finite float (:func:`rs_interp.metrics.metric_value`)."""
+    from ..metrics import metric_value
+
+    return metric_value(metric(logits), what)
+
+
+def outside_inference_mode(fn: Callable) -> Callable:
+    """Run ``fn`` with ``torch.inference_mode`` switched off (a notebook's usual wrapper, under which
+    nothing can be backpropagated), on normal copies of the token tensors."""
+
+    @functools.wraps(fn)
+    def wrapper(model: Model, tokens: torch.Tensor, metric: Metric, **kwargs):
+        if not torch.is_inference_mode_enabled():
+            return fn(model, tokens, metric, **kwargs)
+        with torch.inference_mode(False):
+            copy = lambda t: t.clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+            return fn(model, copy(tokens), metric, **{k: copy(v) for k, v in kwargs.items()})
+
+    return wrapper

@@ -1,0 +1,350 @@
+"""Circuits (sets of edges of the model's graph) and how faithful they are.
+
+A circuit keeps its edges and ablates every other one: receiver ``r``'s input becomes
+
+    input_r + sum over senders s upstream of r with (s, r) outside the circuit of (ablated_s - write_s)
+
+where ``write_s`` is the sender's write in this very run (upstream ablations propagate) and
+``ablated_s`` what it writes ablated (:data:`rs_interp.Ablation`): its write in the reference run,
+pair by pair (``"resample"``, MIB's "patching"), its mean over the reference batch at each position
+(``"position_mean"``, MIB's "mean-positional"), over the batch and positions (``"mean"``) or nothing
+(``"zero"``). One forward pass per circuit, exact: the circuit of every edge is the clean run, the
+empty circuit with resampling the reference run (tested to 1e-9).
+
+Faithfulness (the MIB benchmark's circuit track, Mueller et al. 2025) of a circuit ``C`` is
+``(m(C) - m(empty)) / (m(clean) - m(empty))``. :func:`faithfulness_curve` evaluates the circuits MIB
+evaluates (:func:`rs_interp.circuits.selection.circuit_at`: ``int(f * N)`` edges at each fraction
+``f``, dangling edges pruned) and the areas of the curve over ``f`` by the trapezoid rule: MIB's CPR is
+the area under the curve of the edges ranked by signed score, its CMD the area between 1 and the
+curve of the edges ranked by absolute score.
+
+>>> from rs_interp import load_toy_model, induction_batch, next_token_loss, edge_attribution_patching
+>>> model = load_toy_model("induction-2l")
+>>> a, b = induction_batch(8, seed=0), induction_batch(8, seed=1)
+>>> metric = next_token_loss(a.targets)
+>>> eap = edge_attribution_patching(model, a.tokens, metric, reference=b.tokens)
+>>> curve = faithfulness_curve(model, a.tokens, metric, eap, reference=b.tokens)
+>>> len(curve.fractions), round(curve.faithfulness[-1], 6)
+(10, 1.0)
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+from jaxtyping import Int
+
+from .._backend import Model, per_head_inputs
+from .._state import preserve_state
+from .._stream import RESID0, mlp_flags, readers
+from .._validate import Ablation, check_ablation
+from ..certificate import require
+from ..metrics import Metric, metric_value
+from ._substrate import record, sender_points
+from .graph import EdgeEffects, EdgeLayout, edge_layout
+from .selection import Ranking, circuit_at, mask, mib_weights, prune
+
+__all__ = ["MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores"]
+
+#: The circuit sizes of the MIB circuit track: fractions of the model's edges kept.
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def _ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor | None, method: str) -> dict[str, torch.Tensor]:
+    """Per sender point, what an ablated sender writes, with the run's batch size."""
+    B, P = tokens.shape
+    if method == "zero":
+        return {k: torch.zeros_like(v) for k, v in record(model, tokens, sender_points(model)).items()}
+    ref = record(model, reference, sender_points(model))
+    if method == "position_mean":
+        return {k: v.mean(0, keepdim=True).expand(B, *v.shape[1:]) for k, v in ref.items()}
+    if method == "mean":
+        return {k: v.mean((0, 1), keepdim=True).expand(B, P, *v.shape[2:]) for k, v in ref.items()}
+    return ref
+
+
+def _run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: EdgeLayout, keep: torch.Tensor,
+                 ablated: dict[str, torch.Tensor], what: str) -> float:
+    """The metric with every edge outside ``keep`` (sender, receiver) ablated, in one forward pass."""
+    cfg = model.cfg
+    cut = (layout.exists & ~keep).to(torch.float64)  # (sender, receiver): edges to ablate
+    column = {r: j for j, r in enumerate(layout.receivers)}
+    diffs: list[torch.Tensor] = []  # per sender, in layout order: ablated - this run's write (batch, pos, d_model)
+
+    def sender(name: str, layer: int | None):
+        def fn(t: torch.Tensor, *, hook) -> None:
+            d = (ablated[name] - t).to(torch.float64)
+            if name.endswith("hook_z"):
+                W_O = model.blocks[layer].attn.W_O.detach().to(torch.float64)
+                diffs.extend(torch.einsum("bphd,hdm->hbpm", d, W_O))
+            else:
+                diffs.append(d)
+        return fn
+
+    def receiver(labels: Sequence[str]):
+        cols = [column[r] for r in labels]
+
+        def fn(t: torch.Tensor, *, hook) -> torch.Tensor:
+            D = torch.stack(diffs)  # every sender so far: exactly the upstream ones
+            w = cut[: len(diffs), cols]  # (upstream sender, receiver)
+            if t.ndim == 4:  # per-head inputs
+                return t + torch.einsum("sbpm,sn->bpnm", D, w).to(t.dtype)
+            return t + torch.einsum("sbpm,s->bpm", D, w[:, 0]).to(t.dtype)
+
+        return fn
+
+    # Hooks in the order the forward pass meets them, senders recorded before their readers.
+    by_layer: dict[int, list] = {}
+    for r in readers(model, projected=False):
+        by_layer.setdefault(r.layer, []).append((r.hook, receiver(r.labels)))
+    fwd = [(RESID0, sender(RESID0, None))]
+    for l in range(cfg.n_layers):
+        layer = by_layer[l]
+        fwd += [h for h in layer if "_input" in h[0]]
+        fwd.append((f"blocks.{l}.attn.hook_z", sender(f"blocks.{l}.attn.hook_z", l)))
+        fwd += [h for h in layer if h[0].endswith("hook_mlp_in")]
+        if not cfg.attn_only:
+            fwd.append((f"blocks.{l}.hook_mlp_out", sender(f"blocks.{l}.hook_mlp_out", l)))
+        fwd += [h for h in layer if h[0].endswith("hook_resid_post")]
+    with per_head_inputs(model, fwd) as runnable, model.hooks(fwd_hooks=runnable):
+        return metric_value(metric(model(tokens, return_type="logits")), what)
+
+
+def _reaches_logits(layout: EdgeLayout, keep: torch.Tensor) -> bool:
+    return bool(prune(layout, keep).any())
+
+
+def evaluate_circuit(
+    model: Model,
+    tokens: Int[torch.Tensor, "batch pos"],
+    metric: Metric,
+    circuit: Iterable[tuple[str, str]],
+    *,
+    reference: Int[torch.Tensor, "batch pos"] | None = None,
+    method: Ablation = "resample",
+) -> float:
+    """``metric`` of the run with every edge outside ``circuit`` ablated (module docstring).
+
+    Args:
+        circuit: ``(sender, receiver)`` edges to keep, labelled as :func:`rs_interp.edge_layout` does.
+        reference: tokens of the reference run: the shape of ``tokens`` for ``"resample"``, as long
+            as ``tokens`` for ``"position_mean"``, any shape for ``"mean"``; unused by ``"zero"``.
+        method: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring).
+
+    Warns:
+        UserWarning: the circuit has no path from the embedding to the logits (its dangling edges,
+            which MIB prunes, carry nothing that reaches the output).
+
+    Raises:
+        ValueError: a malformed entry, an unknown label or a pair that is not an edge (named); bad
+            tokens, reference or method; a model whose identities do not hold (:func:`rs_interp.certify`).
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> every = rs_interp.edge_layout(model).edges()
+        >>> abs(evaluate_circuit(model, a, metric, every, reference=b) - float(metric(model(a)).detach())) < 1e-5
+        True
+    """
+    tokens, reference = check_ablation(model, tokens, method, reference, "evaluate_circuit")
+    layout = edge_layout(model)
+    keep = mask(layout, circuit)
+    require(model, "evaluate_circuit")
+    if keep.any() and not _reaches_logits(layout, keep):
+        warnings.warn("this circuit has no path from the embedding to the logits: every path through it is cut, so it "
+                      "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=2)
+    with preserve_state(model, **mlp_flags(model)), torch.no_grad():
+        return _run_circuit(model, tokens, metric, layout, keep, _ablated_writes(model, tokens, reference, method), "circuit run")
+
+
+@dataclass(frozen=True)
+class FaithfulnessCurve:
+    """Faithfulness of the circuits MIB evaluates at several sizes (:func:`faithfulness_curve`).
+
+    Attributes:
+        fractions: the fractions ``f`` of the graph's edges (MIB's count).
+        ranking: how the edges were ranked, ``"absolute"`` or ``"signed"``.
+        n_requested: ``int(f * N)`` per fraction, ``N`` the graph's edges as MIB counts them.
+        n_edges: the edges each circuit kept, after pruning (MIB's count: the real size).
+        values: the metric of each circuit.
+        faithfulness: ``(values - empty) / (clean - empty)``.
+        clean: the run's own metric (every edge kept); empty: the metric with none.
+        area_under: the area under the curve over ``fractions`` (trapezoid rule): MIB's CPR for the
+            signed ranking.
+        area_from_1: the area between 1 and the curve, ``|1 - faithfulness|``: MIB's CMD for the
+            absolute ranking.
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> eap = rs_interp.edge_attribution_patching(model, a, metric, reference=b)
+        >>> curve = rs_interp.faithfulness_curve(model, a, metric, eap, reference=b, fractions=(0.1, 0.5, 1.0))
+        >>> len(curve.values) == len(curve.faithfulness) == len(curve.fractions) == 3, curve.n_requested
+        (True, (2, 14, 29))
+    """
+
+    fractions: tuple[float, ...]
+    ranking: str
+    n_requested: tuple[int, ...]
+    n_edges: tuple[int, ...]
+    values: tuple[float, ...]
+    faithfulness: tuple[float, ...]
+    clean: float
+    empty: float
+    area_under: float
+    area_from_1: float
+
+    @property
+    def cpr(self) -> float:
+        """MIB's CPR: the area under the curve of the edges ranked by signed score.
+
+        Raises:
+            ValueError: the curve ranks by absolute score (MIB's CPR ranks by signed score).
+        """
+        if self.ranking != "signed":
+            raise ValueError("CPR is the area under the curve of the edges ranked by signed score (MIB): "
+                             "faithfulness_curve(..., ranking='signed'); this curve's area_under is ranked by |score|")
+        return self.area_under
+
+    @property
+    def cmd(self) -> float:
+        """MIB's CMD: the area between 1 and the curve of the edges ranked by absolute score.
+
+        Raises:
+            ValueError: the curve ranks by signed score (MIB's CMD ranks by absolute score).
+        """
+        if self.ranking != "absolute":
+            raise ValueError("CMD is the area between 1 and the curve of the edges ranked by absolute score (MIB): "
+                             "faithfulness_curve(..., ranking='absolute'); this curve's area_from_1 is ranked by signed score")
+        return self.area_from_1
+
+
+def _area(x: Sequence[float], y: Sequence[float]) -> float:
+    return float(sum((x[i + 1] - x[i]) * (y[i] + y[i + 1]) / 2 for i in range(len(x) - 1)))
+
+
+def _check_fractions(fractions: object) -> list[float]:
+    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):
+        raise ValueError(f"fractions must be a sequence of numbers in (0, 1], got {fractions!r}")
+    fr = list(fractions)
+    if not fr or any(isinstance(f, bool) or not isinstance(f, (int, float)) for f in fr):
+        raise ValueError(f"fractions must be a non-empty sequence of numbers in (0, 1], got {fractions!r}")
+    fr = [float(f) for f in fr]
+    if any(not 0 < f <= 1 for f in fr) or any(b <= a for a, b in zip(fr, fr[1:])):
+        raise ValueError(f"fractions must increase within (0, 1], got {tuple(fractions)}")
+    return fr
+
+
+def faithfulness_curve(
+    model: Model,
+    tokens: Int[torch.Tensor, "batch pos"],
+    metric: Metric,
+    scores: EdgeEffects,
+    *,
+    reference: Int[torch.Tensor, "batch pos"] | None = None,
+    fractions: Sequence[float] = MIB_FRACTIONS,
+    ranking: Ranking = "absolute",
+    method: Ablation = "resample",
+    pruned: bool = True,
+    progress: bool = False,
+) -> FaithfulnessCurve:
+    """The faithfulness of the circuits MIB evaluates from ``scores`` at each fraction (MIB's ten by
+    default), over the pairs ``tokens`` / ``reference`` (row by row), with the curve's areas
+    (module docstring). CPR: ``ranking="signed"``, ``.cpr``; CMD: ``ranking="absolute"``, ``.cmd``.
+
+    Args:
+        scores: edge scores of this model's graph (any :class:`rs_interp.EdgeEffects`).
+        reference, method: as in :func:`evaluate_circuit`.
+        fractions: increasing, in (0, 1].
+        ranking: ``"absolute"`` (by ``|score|``) or ``"signed"`` (by score, largest first).
+        pruned: prune dangling edges as MIB does (``False``: every chosen edge stays, rs_interp's
+            earlier rule; a circuit may then hold edges that reach nothing).
+        progress: a progress bar over the circuits.
+
+    Raises:
+        ValueError: ``scores`` from another model's layout, bad fractions or ranking, the clean and
+            empty circuits giving the same metric (faithfulness undefined).
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> eap = rs_interp.edge_attribution_patching(model, a, metric, reference=b)
+        >>> curve = faithfulness_curve(model, a, metric, eap, reference=b, fractions=(0.5, 1.0))
+        >>> curve.n_requested, round(curve.faithfulness[-1], 6)
+        ((14, 29), 1.0)
+    """
+    from tqdm.auto import tqdm
+
+    tokens, reference = check_ablation(model, tokens, method, reference, "faithfulness_curve")
+    layout = edge_layout(model)
+    if not isinstance(scores, EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
+        raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
+    fr = _check_fractions(fractions)
+    circuits = [circuit_at(scores, f, ranking=ranking, pruned=pruned) for f in fr]
+    require(model, "faithfulness_curve")
+    weights = mib_weights(layout)
+    total = float(weights.sum())
+    with preserve_state(model, **mlp_flags(model)), torch.no_grad():
+        ablated = _ablated_writes(model, tokens, reference, method)
+        clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
+        empty = _run_circuit(model, tokens, metric, layout, torch.zeros_like(layout.exists), ablated, "empty circuit")
+        if clean == empty:
+            raise ValueError(f"the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
+        values = [_run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit at {f}")
+                  for f, keep in zip(fr, tqdm(circuits, desc="faithfulness", disable=not progress, leave=False))]
+    faith = [(v - empty) / (clean - empty) for v in values]
+    return FaithfulnessCurve(fractions=tuple(fr), ranking=ranking, n_requested=tuple(int(f * total) for f in fr),
+                             n_edges=tuple(int(float((weights * keep).sum())) for keep in circuits), values=tuple(values),
+                             faithfulness=tuple(faith), clean=clean, empty=empty, area_under=_area(fr, faith),
+                             area_from_1=_area(fr, [abs(1 - f) for f in faith]))
+
+
+@dataclass(frozen=True)
+class MIBScores:
+    """MIB's two circuit scores of one set of edge scores (:func:`mib_scores`).
+
+    Attributes:
+        cpr: the area under the faithfulness curve of the edges ranked by signed score.
+        cmd: the area between 1 and the curve of the edges ranked by absolute score.
+        signed, absolute: the two curves.
+    """
+
+    cpr: float
+    cmd: float
+    signed: FaithfulnessCurve
+    absolute: FaithfulnessCurve
+
+
+def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Metric, scores: EdgeEffects, *,
+               reference: Int[torch.Tensor, "batch pos"] | None = None, fractions: Sequence[float] = MIB_FRACTIONS,
+               method: Ablation = "resample", progress: bool = False) -> MIBScores:
+    """CPR and CMD as MIB's circuit track computes them: two :func:`faithfulness_curve` s, the edges
+    ranked by signed score (CPR, the area under it) and by absolute score (CMD, the area between it and 1).
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> eap = rs_interp.edge_attribution_patching(model, a, metric, reference=b)
+        >>> mib = rs_interp.mib_scores(model, a, metric, eap, reference=b)
+        >>> mib.cpr == mib.signed.area_under, mib.cmd == mib.absolute.area_from_1
+        (True, True)
+    """
+    kw = dict(reference=reference, fractions=fractions, method=method, progress=progress)
+    signed = faithfulness_curve(model, tokens, metric, scores, ranking="signed", **kw)
+    absolute = faithfulness_curve(model, tokens, metric, scores, ranking="absolute", **kw)
+    return MIBScores(cpr=signed.area_under, cmd=absolute.area_from_1, signed=signed, absolute=absolute)

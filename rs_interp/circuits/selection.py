@@ -1,0 +1,157 @@
+"""Choosing a circuit from edge scores: the ranking, the sizes MIB counts, and pruning dangling edges.
+
+One ranking serves every choice: the edges by ``|effect|`` (``"absolute"``) or by ``effect``
+(``"signed"``, largest first), ties broken by the edges' order in the graph (row-major), NaN never
+chosen. ``scores.top(k)`` and :func:`top_edges` both read it.
+
+MIB's circuit track (Mueller et al. 2025; ``hannamw/MIB-circuit-track`` and its EAP-IG ``Graph``)
+counts a circuit's size in edges of a graph whose key and value inputs are per *query* head (it
+ungroups grouped-query attention), keeps ``int(f * N)`` edges at fraction ``f`` of the ``N`` edges,
+and prunes the result: a component with no incoming edge (the embedding excepted) or no outgoing edge
+(the logits excepted) is dropped with its edges, until nothing changes. :func:`circuit_at` does the
+same on rs_interp's graph, where an edge into a key/value head's input counts as the edges into the
+inputs of the query heads that read it.
+
+>>> from rs_interp import edge_layout, make_attn_only
+>>> layout = edge_layout(make_attn_only(2, n_heads=1))
+>>> keep = prune(layout, mask(layout, [("embed", "L0H0.v"), ("L0H0", "L1H0.v")]))   # L1H0 writes nowhere kept
+>>> int(keep.sum())
+0
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Literal
+
+import torch
+
+from ..labels import parse
+from .graph import EdgeEffects, EdgeLayout
+
+__all__ = ["Ranking", "RANKINGS", "rank", "top_edges", "mask", "prune", "mib_weights", "circuit_at"]
+
+Ranking = Literal["absolute", "signed"]
+RANKINGS = ("absolute", "signed")
+
+
+def rank(scores: EdgeEffects, ranking: Ranking = "absolute") -> list[int]:
+    """Indices into ``scores.layout.edges()`` (row-major), best first, NaN left out (module docstring)."""
+    if not isinstance(scores, EdgeEffects):
+        raise ValueError(f"scores must be edge scores (an EdgeEffects), got {type(scores).__name__}")
+    return scores.ranked(ranking)
+
+
+def top_edges(scores: EdgeEffects, n: int, *, ranking: Ranking = "absolute") -> list[tuple[str, str]]:
+    """The ``n`` best edges of ``scores``, best first: the ranking of ``scores.top(n)``.
+
+    Raises:
+        ValueError: ``n`` not an int in ``[0, number of scored edges]``, or an unknown ranking.
+
+    Example:
+        >>> import rs_interp
+        >>> from rs_interp import load_toy_model, induction_batch
+        >>> model = load_toy_model("induction-2l")
+        >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+        >>> eap = rs_interp.edge_attribution_patching(model, a, lambda logits: logits[:, -1, 0].mean(), reference=b)
+        >>> top_edges(eap, 3) == [edge for edge, _ in eap.top(3)]
+        True
+    """
+    from .._validate import check_int_range
+
+    order = rank(scores, ranking)
+    n = check_int_range("n", n, 0, len(order))
+    edges = scores.layout.edges()
+    return [edges[i] for i in order[:n]]
+
+
+def mask(layout: EdgeLayout, circuit: Iterable[tuple[str, str]]) -> torch.Tensor:
+    """(sender, receiver) True at the circuit's edges.
+
+    Raises:
+        ValueError: an entry that is not a ``(sender, receiver)`` pair of this graph's labels (named).
+    """
+    if isinstance(circuit, (str, bytes, EdgeEffects)) or not isinstance(circuit, Iterable):
+        raise ValueError(f"a circuit is an iterable of (sender, receiver) edges, got {type(circuit).__name__}")
+    out = torch.zeros_like(layout.exists)
+    for entry in circuit:
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
+            raise ValueError(f"circuit entries must be (sender, receiver) label pairs, got {entry!r}")
+        out[layout.index(tuple(entry))] = True
+    return out
+
+
+def _component(label: str) -> str:
+    """The component a receiver feeds: the head for a query input, the KV head for a key or value
+    input, the MLP for its input, ``logits``."""
+    c = parse(label)
+    return label.split(".")[0] if c.input is not None else label
+
+
+def prune(layout: EdgeLayout, keep: torch.Tensor) -> torch.Tensor:
+    """``keep`` without dangling edges (MIB's ``Graph.prune``): repeatedly, a component is in the circuit
+    iff it has a kept incoming edge (``embed`` always has) and a kept outgoing edge (``logits`` always
+    has), and an edge is kept iff its sender and its receiver's component are in. A query head's
+    incoming edges are its own and those into the key/value heads it reads."""
+    keep = keep.clone() & layout.exists
+    comp = [_component(r) for r in layout.receivers]
+    n_kv = sum(1 for r in layout.receivers if ".k" in r and "KV" in r and r.startswith("L0"))
+    heads_per_layer = sum(1 for r in layout.receivers if r.startswith("L0H") and r.endswith(".q"))
+    group = heads_per_layer // n_kv if n_kv else 1
+
+    def reads(sender: str) -> list[str]:
+        """The components whose inputs feed ``sender`` (a head reads its query and its KV head)."""
+        c = parse(sender)
+        if c.kind == "head":
+            out = [sender]
+            if n_kv:
+                out.append(f"L{c.layer}KV{c.index // group}")
+            return out
+        return [sender]
+
+    while True:
+        fed = {comp[j] for j in range(len(comp)) if bool(keep[:, j].any())}
+        alive = []
+        for i, s in enumerate(layout.senders):
+            incoming = s == "embed" or any(r in fed for r in reads(s))
+            alive.append(incoming and bool(keep[i].any()))
+        # a KV head is in iff a query head reading it is
+        live = {s for s, a in zip(layout.senders, alive) if a}
+        live_kv = {f"L{parse(s).layer}KV{parse(s).index // group}" for s in live if parse(s).kind == "head" and n_kv}
+        col_ok = torch.tensor([c == "logits" or c in live or c in live_kv for c in comp])
+        new = keep & torch.tensor(alive)[:, None] & col_ok[None, :]
+        if torch.equal(new, keep):
+            return keep
+        keep = new
+
+
+def mib_weights(layout: EdgeLayout) -> torch.Tensor:
+    """(sender, receiver) how many edges of MIB's graph each edge is: 1, or the number of query heads
+    reading a key/value head under grouped-query attention (MIB ungroups it); 0 where no edge."""
+    n_q = sum(1 for r in layout.receivers if r.startswith("L0H") and r.endswith(".q"))
+    n_kv = sum(1 for r in layout.receivers if r.startswith("L0KV") and r.endswith(".k"))
+    w = torch.tensor([n_q // n_kv if n_kv and parse(r).kind == "kv_head" else 1 for r in layout.receivers], dtype=torch.float64)
+    return layout.exists.to(torch.float64) * w[None, :]
+
+
+def circuit_at(scores: EdgeEffects, fraction: float, *, ranking: Ranking = "absolute", pruned: bool = True) -> torch.Tensor:
+    """The circuit MIB evaluates at ``fraction`` of the edges: the best edges of ``scores`` (in rank
+    order, while their MIB count stays within ``int(fraction * N)``, ``N`` the graph's MIB count),
+    dangling edges pruned (``pruned=True``, as MIB does). A (sender, receiver) mask.
+
+    Raises:
+        ValueError: ``fraction`` not a number in [0, 1].
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
+    layout = scores.layout
+    weights = mib_weights(layout)[layout.exists]
+    budget = int(fraction * float(weights.sum()))
+    keep = torch.zeros_like(layout.exists)
+    rows, cols = layout.exists.nonzero(as_tuple=True)
+    used = 0.0
+    for i in rank(scores, ranking):
+        if used + float(weights[i]) > budget:
+            break
+        used += float(weights[i])
+        keep[rows[i], cols[i]] = True
+    return prune(layout, keep) if pruned else keep
