@@ -2,10 +2,13 @@
 
 >>> import rs_interp as ri
 >>> model = ri.load_toy_model("induction-2l")
->>> ri.evaluate(model, ri.induction_batch(100, seed=1)).accuracy > 0.9
+>>> batch = ri.induction_batch(100, seed=1)
+>>> ri.evaluate(model, batch.tokens, targets=batch.targets).accuracy > 0.9
 True
 """
 
+from ._backend import Model
+from ._validate import Ablation
 from .ablation import run_with_key_input, run_with_query_input
 from .certificate import Certificate, certify
 from .circuits.node_attribution import AttributionPatching, attribution_patching
@@ -24,14 +27,14 @@ from .heads import (
     attention_patterns,
     find_prev_token_head,
     first_token_attention,
-    head_label,
-    head_labels,
     induction_scores,
     key_score_sensitivity,
     positional_scores,
     prev_token_scores,
 )
-from . import hooks
+from . import hooks, tasks
+from .tokenizers import gpt2_tokenizer
+from .labels import head_label, head_labels
 from .metrics import Metric, next_token_loss
 from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
 from .models.gpt2 import GPT2WeightsUnavailable, load_gpt2
@@ -47,14 +50,27 @@ from .models.checkpoints import (
     make_attn_only,
     save_model,
 )
-from .models.registry import SHIPPED_MODELS, TrainingCache, load_toy_model, train_shipped
+from .models.registry import SHIPPED_MODELS, ShippedModel, Trained, TrainingCache, load_toy_model, train_shipped
 from .attribution import DirectLogitAttribution, direct_logit_attribution
 from .path_expansion import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
 from .second_order import SecondOrderAttribution, second_order_attribution
 from .models.training import Score, evaluate, score_logits, train_induction_model
 
+Model = Model
+"""The model every helper takes: ``HookedTransformer`` under TransformerLens 3.x, ``TransformerBridge``
+(in compatibility mode) under 4.x; :func:`rs_interp.load_toy_model`, :func:`rs_interp.load_gpt2` and
+:func:`rs_interp.load_pretrained` return it.
+
+>>> import rs_interp as ri
+>>> isinstance(ri.load_toy_model("induction-2l"), ri.Model)
+True
+"""
+
 __all__ = [
     # models and data
+    "Model",
+    "ShippedModel",
+    "Trained",
     "attn_only_config",
     "make_attn_only",
     "as_dtype",
@@ -84,6 +100,7 @@ __all__ = [
     "run_with_key_input",
     "run_with_query_input",
     "ablate_heads",
+    "Ablation",
     "head_ablation_scan",
     "HeadAblationScan",
     "copying_scores",
@@ -137,6 +154,9 @@ __all__ = [
     # what holds on a model
     "certify",
     "Certificate",
+    # tasks and GPT-2's tokenizer
+    "tasks",
+    "gpt2_tokenizer",
     # hook factories
     "hooks",
 ]

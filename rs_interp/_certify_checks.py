@@ -111,6 +111,8 @@ def _clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         try:
             logits = model(tokens, return_type="logits")
         except MODEL_ERRORS as err:
+            if any(hp._forward_hooks for hp in model.hook_dict.values()):
+                raise  # hooks are attached: theirs may be the error, and it is the caller's to see
             raise ValueError(f"the model's forward pass raises {type(err).__name__} on a probe batch "
                              f"({str(err)[:200]}): rs_interp cannot check or use it in dtype {model.cfg.dtype}; "
                              "try another dtype (e.g. torch.float32) or the other TransformerLens version") from err

@@ -174,6 +174,18 @@ def check_target_pair(
 #: ``reference``; ``"position_mean"`` its mean over the batch of ``reference`` at each position;
 #: ``"resample"`` its value in the run on ``reference``, sequence by sequence, position by position.
 Ablation = Literal["zero", "mean", "position_mean", "resample"]
+"""What an ablated component writes (``method=`` of :func:`rs_interp.ablate_heads`,
+:func:`rs_interp.head_ablation_scan`, :func:`rs_interp.evaluate_circuit` and the faithfulness curves),
+one meaning per word: ``"zero"`` nothing; ``"mean"`` its mean over the batch *and* the positions of
+``reference``; ``"position_mean"`` its mean over the batch of ``reference`` at each position;
+``"resample"`` its value in the run on ``reference``, sequence by sequence.
+
+>>> import rs_interp as ri
+>>> model, batch = ri.load_toy_model("induction-2l"), ri.induction_batch(8, seed=0)
+>>> method: ri.Ablation = "position_mean"
+>>> tuple(ri.ablate_heads(model, batch.tokens, [(0, 0)], method=method).shape)
+(8, 48, 256)
+"""
 ABLATIONS = ("zero", "mean", "position_mean", "resample")
 
 

@@ -126,8 +126,8 @@ def run_with_key_input(
     >>> from rs_interp import evaluate, find_prev_token_head, induction_batch, load_toy_model, score_logits
     >>> model, batch = load_toy_model("induction-2l"), induction_batch(100, seed=1)
     >>> prev = find_prev_token_head(model, batch.tokens)
-    >>> x0 = score_logits(run_with_key_input(model, batch.tokens, layer=1), batch)
-    >>> kept = score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[prev]), batch)
+    >>> x0 = score_logits(run_with_key_input(model, batch.tokens, layer=1), batch.targets)
+    >>> kept = score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[prev]), batch.targets)
     >>> x0.accuracy < 0.2, kept.accuracy > 0.9  # the previous-token head's write is what the keys need
     (True, True)
     """

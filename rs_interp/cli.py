@@ -1,4 +1,4 @@
-"""The ``rs-interp`` command line: ``reproduce`` (the main job), ``gpt2``, ``train``."""
+"""The ``rs-interp`` command line: ``reproduce`` (the main job), ``gpt2``, ``train``, ``circuit``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import circuit_command
 from .models.registry import SHIPPED_MODELS
 from .reproduce import SECTIONS
 
@@ -130,7 +131,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="rs-interp", description="Residual-stream interpretability on TransformerLens: reproduce the theory's tables, run the GPT-2 analyses, train the toy models.")
+    p = _Parser(prog="rs-interp", description="Residual-stream interpretability on TransformerLens: reproduce the theory's tables, run the GPT-2 analyses, train the toy models, find a task's circuit.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     r = sub.add_parser("reproduce", help="reproduce every table of the theory offline; write results.json and report.html",
                        description="Reproduce every table of the theory offline, print each beside the theory's values, and write DIR/results.json and DIR/report.html.")
@@ -161,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default="rs_interp_out", metavar="DIR", help="output directory (default: %(default)s)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
+    c = sub.add_parser("circuit", help="find a task's circuit: edge scores, faithfulness curve, diagram, one HTML page",
+                       description="Score every edge on a task (EAP, EAP-IG or exact path patching), the faithfulness curve at "
+                                   "MIB's ten sizes and the circuit at --size; write DIR/scores.safetensors, scores.json, "
+                                   "importances_mib.json, curve.json, circuit.json, diagram.json, report.html, summary.json.")
+    circuit_command.add_arguments(c)
+    c.set_defaults(func=circuit_command.main)
     return p
 
 

@@ -18,7 +18,8 @@ from ._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
 from .hooks import store_matching
 from ._state import preserve_state
 from ._validate import check_bilinear_scores, check_int_range, check_layer, check_tokens
-from .models.data import InductionBatch
+from .labels import head_labels
+from .metrics import top_effects
 
 __all__ = [
     "attention_patterns",
@@ -34,24 +35,6 @@ __all__ = [
     "head_label",
     "head_labels",
 ]
-
-
-def head_label(layer: int, head: int) -> str:
-    """The label of head ``(layer, head)`` in every result, table and figure: ``"L{layer}H{head}"``.
-
-    >>> head_label(0, 1)
-    'L0H1'
-    """
-    return f"L{int(layer)}H{int(head)}"
-
-
-def head_labels(n_layers: int, n_heads: int) -> tuple[str, ...]:
-    """Every head's :func:`head_label`, row-major: the order of a flattened (layer, head) tensor.
-
-    >>> head_labels(2, 2)
-    ('L0H0', 'L0H1', 'L1H0', 'L1H1')
-    """
-    return tuple(head_label(l, h) for l in range(n_layers) for h in range(n_heads))
 
 
 def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer batch head query_pos key_pos"]:
@@ -148,38 +131,58 @@ def find_prev_token_head(model: Model, tokens: Int[torch.Tensor, "batch pos"], l
 
 @dataclass(frozen=True)
 class InductionScores:
-    """Mean attention at scored positions, per (layer, head).
+    """Mean attention at the scored query positions (the second period, ``i >= p``), per (layer, head).
 
     Attributes:
-        target: weight on the induction target ``i - p + 1``.
+        induction: weight on position ``i - p + 1``, the token after the previous occurrence of the
+            current one (the induction score).
         after_occurrence: total weight on every ``j <= i`` whose predecessor equals the current
             token, ``t[j-1] == t[i]`` (the positions after any earlier occurrence).
+        labels: ``"L{l}H{h}"`` row-major.
 
     >>> from rs_interp import induction_batch, induction_scores, load_toy_model
-    >>> s = induction_scores(load_toy_model("induction-2l"), induction_batch(32, seed=2))
-    >>> tuple(s.target.shape), bool((s.after_occurrence[1] >= s.target[1]).all())  # the target is one such position
+    >>> b = induction_batch(32, seed=2)
+    >>> s = induction_scores(load_toy_model("induction-2l"), b.tokens, periods=b.periods)
+    >>> tuple(s.induction.shape), bool((s.after_occurrence[1] >= s.induction[1]).all())  # the target is one such position
     ((2, 2), True)
     """
 
-    target: Float[torch.Tensor, "layer head"]
+    induction: Float[torch.Tensor, "layer head"]
     after_occurrence: Float[torch.Tensor, "layer head"]
+    labels: tuple[str, ...] = ()
+
+    def top(self, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` heads with the largest induction score, with it."""
+        return top_effects(self.labels, self.induction, k)
 
 
-def induction_scores(model: Model, batch: InductionBatch) -> InductionScores:
-    """Induction scores of every head on a batch of repeated sequences (see :class:`InductionScores`).
+def induction_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, periods: Int[torch.Tensor, " batch"]) -> InductionScores:
+    """Induction scores of every head on repeated sequences ``tokens`` of periods ``periods`` (see
+    :class:`InductionScores`; an induction batch has both).
+
+    Raises:
+        ValueError: ``periods`` not one positive int per sequence, or no scored position (every period
+            at least the sequence's length).
 
     >>> from rs_interp import load_toy_model, induction_batch
-    >>> s = induction_scores(load_toy_model(), induction_batch(32, seed=2))
-    >>> bool((s.target[1] > 0.45).all())
+    >>> b = induction_batch(32, seed=2)
+    >>> s = induction_scores(load_toy_model(), b.tokens, periods=b.periods)
+    >>> bool((s.induction[1] > 0.45).all())
     True
     """
-    tokens = check_tokens(model, batch.tokens, "batch.tokens")
+    tokens = check_tokens(model, tokens)
+    if not isinstance(periods, torch.Tensor) or periods.dtype.is_floating_point or tuple(periods.shape) != tokens.shape[:1]:
+        raise ValueError(f"periods must be an integer tensor of one period per sequence, shape ({tokens.shape[0]},)")
+    if bool((periods < 1).any()):
+        raise ValueError("periods must be positive")
+    periods = periods.to(tokens.device)
     pat = attention_patterns(model, tokens)[..., :-1, :]  # query positions 0..pos-2 (the scored ones)
-    mask = batch.scored.to(pat.device)  # (batch, q)
+    pos = torch.arange(tokens.shape[1] - 1, device=tokens.device)
+    mask = pos[None] >= periods[:, None]  # (batch, q): the second period onwards
     n = mask.sum()
     if int(n) == 0:
-        raise ValueError("batch has no scored positions")
-    idx = batch.induction_targets.to(pat.device)  # (batch, q)
+        raise ValueError("no scored position: every period is at least the sequence's length")
+    idx = (pos[None] - periods[:, None] + 1).clamp(min=0)  # (batch, q): i - p + 1
     on_target = pat.gather(-1, idx[None, :, None, :, None].expand(*pat.shape[:-1], 1)).squeeze(-1)
     # j is "after an occurrence" of t[i] when t[j-1] == t[i], for 1 <= j <= i.
     t = tokens
@@ -189,7 +192,8 @@ def induction_scores(model: Model, batch: InductionBatch) -> InductionScores:
     after &= torch.ones_like(after).tril()  # j <= i (the causal mask already zeros j > i)
     on_after = (pat * after[None, :, None].to(pat.dtype)).sum(-1)
     avg = lambda x: (x * mask[None, :, None].to(x.dtype)).sum(dim=(1, 3)) / n  # noqa: E731
-    return InductionScores(target=avg(on_target), after_occurrence=avg(on_after))
+    return InductionScores(induction=avg(on_target), after_occurrence=avg(on_after),
+                           labels=head_labels(model.cfg.n_layers, model.cfg.n_heads))
 
 
 def positional_scores(model: Model, layer: int, *, max_offset: int | None = None) -> Float[torch.Tensor, "head offset"]:

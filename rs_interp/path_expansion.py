@@ -34,7 +34,8 @@ from .hooks import store_matching
 from ._exact import attached_hooks, check_sum, compute_dtype
 from ._state import preserve_state
 from ._validate import check_target_pair, check_tokens
-from .heads import head_label
+from .labels import head_label
+from .metrics import top_effects
 
 __all__ = [
     "PathExpansion",
@@ -80,6 +81,14 @@ class PathExpansion:
         """(path,) the layer that wrote each path's last term: its last head's layer, a bias
         term's own layer (``"bias L0"`` belongs to layer 0), -1 for the direct path and ``b_U``."""
         return torch.tensor(self.layers)
+
+    def top(self, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` paths with the largest mean ``|contribution|`` (over batch, positions and, without
+        targets, the vocabulary), with that mean; at the targets (``targets=``), skipped positions left out."""
+        c = self.contributions.abs()
+        if self.targets is not None:
+            c = c[:, self.targets >= 0]
+        return top_effects(self.labels, c.reshape(len(self.labels), -1).mean(-1), k)
 
 
 def _check_attn_only(model: Model, what: str) -> None:
@@ -222,6 +231,12 @@ class PathAttribution:
     def share_ending_in(self, layer: int) -> torch.Tensor:
         """(n_scored,) the summed share of the paths whose last term was written by ``layer``."""
         return self.share[self.last_layer == layer].sum(0)
+
+    def top(self, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` paths with the largest mean ``|part|`` of the centered logit, with their mean part."""
+        order = self.centered.abs().mean(-1)
+        ranked = top_effects(self.labels, order, k)
+        return [(label, float(self.centered[self.labels.index(label)].mean())) for label, _ in ranked]
 
 
 def path_logit_attribution(

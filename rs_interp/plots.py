@@ -17,7 +17,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from .heads import head_label, head_labels
+from .circuit_figure import circuit_figure
+from .labels import head_label, head_labels
 
 __all__ = [
     "faithfulness_figure",
@@ -33,7 +34,7 @@ __all__ = [
     "head_scan_figure",
     "second_order_figure",
     "estimate_vs_exact_figure",
-    "period_sequence", "position_figure"]
+    "period_sequence", "position_figure", "circuit_figure"]
 
 
 def period_sequence(period: int = 11, *, seed: int = 0, d_vocab: int = 256, seq_len: int = 48) -> torch.Tensor:

@@ -13,18 +13,18 @@ def prev_head(toy2, test_set):
 
 
 def test_keys_from_x0_break_the_circuit(toy2, test_set):
-    s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1), test_set)
+    s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1), test_set.targets)
     assert EXPECTED["key_ablation.x0_loss"].holds(s.loss) and EXPECTED["key_ablation.x0_accuracy"].holds(s.accuracy)
 
 
 def test_keeping_the_prev_token_head_restores_it(toy2, test_set, prev_head):
-    s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1, keep=[(0, prev_head)]), test_set)
+    s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1, keep=[(0, prev_head)]), test_set.targets)
     assert EXPECTED["key_ablation.prev_head_accuracy"].holds(s.accuracy)
 
 
 def test_keeping_the_other_head_does_not(toy2, test_set, prev_head):
     other = 1 - prev_head
-    s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1, keep=[(0, other)]), test_set)
+    s = ri.score_logits(ri.run_with_key_input(toy2, test_set.tokens, layer=1, keep=[(0, other)]), test_set.targets)
     assert EXPECTED["key_ablation.other_head_accuracy"].holds(s.accuracy)
 
 

@@ -230,10 +230,10 @@ def test_ig_embed_total_converges_to_the_change_of_the_metric(rule):
     with torch.no_grad():
         exact = float(metric(model(ref))) - float(metric(model(toks)))
     err = {}
-    for m in (4, 32):
+    for m in (8, 64):
         eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=m, ig_rule=rule)
         err[m] = abs(float(eap.sender_totals()[0]) - exact)
-    assert err[32] <= err[4] / 4, (err, exact)  # measured: 13x smaller (right)
+    assert err[64] <= err[8] / 4, (err, exact)  # measured: 5.4x smaller (left), 10x (right)
 
 
 def test_no_gradients_left_and_bad_metric(toy2, small_batch):

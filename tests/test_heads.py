@@ -26,14 +26,14 @@ def test_prev_token_scores_on_a_known_pattern():
 
 
 def test_induction_heads(toy2, test_set):
-    s = ri.induction_scores(toy2, test_set)
-    assert all(EXPECTED[f"heads.induction_target_h{h}"].holds(float(s.target[1, h])) for h in range(2))
-    assert (s.after_occurrence[1] >= s.target[1]).all()  # the target is one of the after-occurrence positions
-    assert (s.target[0] < 0.05).all()
+    s = ri.induction_scores(toy2, test_set.tokens, periods=test_set.periods)
+    assert all(EXPECTED[f"heads.induction_target_h{h}"].holds(float(s.induction[1, h])) for h in range(2))
+    assert (s.after_occurrence[1] >= s.induction[1]).all()  # the target is one of the after-occurrence positions
+    assert (s.induction[0] < 0.05).all()
 
 
 def test_one_layer_model_has_no_induction_head(toy1, test_set):
-    assert (ri.induction_scores(toy1, test_set).target < 0.2).all()
+    assert (ri.induction_scores(toy1, test_set.tokens, periods=test_set.periods).induction < 0.2).all()
 
 
 def test_positional_scores_match_the_model(toy2):

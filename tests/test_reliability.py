@@ -30,13 +30,13 @@ def _fixed_scores(model):
 
 
 HELPERS = {
-    "evaluate": lambda m: ri.evaluate(m, _batch()),
+    "evaluate": lambda m: ri.evaluate(m, _batch().tokens, targets=_batch().targets),
     "run_with_key_input": lambda m: ri.run_with_key_input(m, _batch().tokens, layer=1, keep=[(0, 0)]),
     "run_with_query_input": lambda m: ri.run_with_query_input(m, _batch().tokens, layer=1, keep=[(0, 1)]),
     "attention_patterns": lambda m: ri.attention_patterns(m, _batch().tokens),
     "prev_token_scores": lambda m: ri.prev_token_scores(m, _batch().tokens),
     "find_prev_token_head": lambda m: ri.find_prev_token_head(m, _batch().tokens),
-    "induction_scores": lambda m: ri.induction_scores(m, _batch()),
+    "induction_scores": lambda m: ri.induction_scores(m, _batch().tokens, periods=_batch().periods),
     "positional_scores": lambda m: ri.positional_scores(m, 0),
     "key_score_sensitivity": lambda m: ri.key_score_sensitivity(m, _batch().tokens),
     "composition_scores": lambda m: ri.composition_scores(m, "k", baseline=True),
@@ -241,7 +241,7 @@ BAD_CALLS = {
     "lens targets": (lambda m: ri.logit_lens(m, GOOD, targets=GOOD[:, :3]), "targets"),
     "lens top_k": (lambda m: ri.logit_lens(m, GOOD, top_k=0), "top_k"),
     "path expansion on LN": (lambda m: ri.path_expansion(ri.make_attn_only(1, normalization_type="LN"), GOOD), "LayerNorm"),
-    "evaluate chunk": (lambda m: ri.evaluate(m, ri.induction_batch(2), chunk_size=0), "chunk_size"),
+    "evaluate chunk": (lambda m: ri.evaluate(m, ri.induction_batch(2).tokens, targets=ri.induction_batch(2).targets, chunk_size=0), "chunk_size"),
     "batch_size": (lambda m: ri.induction_batch(0), "batch_size"),
     "min_period": (lambda m: ri.induction_batch(2, min_period=0), "min_period"),
     "max_period": (lambda m: ri.induction_batch(2, max_period=100), "max_period"),
@@ -465,8 +465,8 @@ def _tensor_pairs(a, b):
 def test_empty_selections_raise(toy2):
     b = _batch()
     empty = ri.InductionBatch(tokens=b.tokens, periods=b.periods, scored=torch.zeros_like(b.scored))
-    for call in (lambda: ri.evaluate(toy2, empty), lambda: ri.induction_scores(toy2, empty),
-                 lambda: ri.path_logit_attribution(toy2, empty.tokens, targets=empty.targets), lambda: ri.score_logits(toy2(empty.tokens), empty)):
+    for call in (lambda: ri.evaluate(toy2, empty.tokens, targets=empty.targets), lambda: ri.induction_scores(toy2, empty.tokens, periods=empty.periods),
+                 lambda: ri.path_logit_attribution(toy2, empty.tokens, targets=empty.targets), lambda: ri.score_logits(toy2(empty.tokens), empty.targets)):
         with pytest.raises(ValueError, match="no scored positions"):
             call()
     with pytest.raises(ValueError, match="heads is empty"):

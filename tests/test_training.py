@@ -16,23 +16,23 @@ INDUCTION = ("induction-1l", "induction-2l")
 
 
 def test_two_layer_model_solves_induction(toy2, test_set):
-    s = ri.evaluate(toy2, test_set)
+    s = ri.evaluate(toy2, test_set.tokens, targets=test_set.targets)
     assert EXPECTED["induction.two_layers_loss"].holds(s.loss) and EXPECTED["induction.two_layers_accuracy"].holds(s.accuracy)
 
 
 def test_one_layer_model_cannot(toy1, test_set):
-    s = ri.evaluate(toy1, test_set)
+    s = ri.evaluate(toy1, test_set.tokens, targets=test_set.targets)
     assert EXPECTED["induction.one_layer_loss"].holds(s.loss) and EXPECTED["induction.one_layer_accuracy"].holds(s.accuracy)
 
 
 def test_untrained_model_is_at_chance(test_set):
-    s = ri.evaluate(ri.make_attn_only(2), test_set)
+    s = ri.evaluate(ri.make_attn_only(2), test_set.tokens, targets=test_set.targets)
     assert abs(s.loss - math.log(256)) < 0.5 and s.accuracy < 0.02
 
 
 def test_evaluate_matches_score_logits(toy2, small_batch):
-    a = ri.evaluate(toy2, small_batch, chunk_size=5)
-    b = ri.score_logits(toy2(small_batch.tokens), small_batch)
+    a = ri.evaluate(toy2, small_batch.tokens, targets=small_batch.targets, chunk_size=5)
+    b = ri.score_logits(toy2(small_batch.tokens), small_batch.targets)
     assert a.n_scored == b.n_scored == int(small_batch.scored.sum())
     assert a.accuracy == pytest.approx(b.accuracy, abs=1e-12) and a.loss == pytest.approx(b.loss, rel=1e-5)
 
@@ -69,7 +69,7 @@ def test_short_training_is_bitwise_deterministic_and_learns():
         assert torch.equal(p, q), n
     assert not a.b_V.any() and not a.b_O.any() and not a.b_U.any()
     batch = ri.induction_batch(64, seed=99)
-    assert ri.evaluate(a, batch).loss < ri.evaluate(ri.make_attn_only(2, seed=11), batch).loss
+    assert ri.evaluate(a, batch.tokens, targets=batch.targets).loss < ri.evaluate(ri.make_attn_only(2, seed=11), batch.tokens, targets=batch.targets).loss
 
 
 @pytest.mark.parametrize("kwargs,arg", [(dict(n_layers=0), "n_layers"), (dict(n_layers=1, batch_size=0), "batch_size"),

@@ -348,8 +348,18 @@ def gpt2_from_hub(name: str, *, fold_ln: bool, center_writing_weights: bool, cen
 
 
 def set_tokenizer(model: Model, tokenizer: Any) -> None:
-    """The bridge's ``tokenizer`` property (the bridge has no ``set_tokenizer``)."""
-    model.tokenizer = tokenizer
+    """The bridge's ``tokenizer`` property (the bridge has no ``set_tokenizer``), normalised and its
+    BOS/EOS behaviour recorded on the config as ``boot_transformers`` does (``configure_tokenizer``).
+
+    Remove when: the bridge has a public ``set_tokenizer`` (4.3's ``configure_tokenizer`` is in a private
+    module: where it is absent the tokenizer is assigned as given).
+    """
+    try:
+        from transformer_lens.model_bridge.sources._bridge_builder import configure_tokenizer
+    except ImportError:
+        model.tokenizer = tokenizer
+        return
+    model.tokenizer = configure_tokenizer(tokenizer, model.cfg)
 
 
 def model_source(model: Model) -> str:

@@ -5,6 +5,7 @@ keep an edge only if leaving it out loses faithfulness).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +83,7 @@ def induction_ground_truth(model: Model, batch: InductionBatch, *, tokens: torch
         raise ValueError(f"the induction circuit is derived for a two-layer attention-only model, got n_layers={cfg.n_layers}, "
                          f"attn_only={cfg.attn_only}")
     prev = prev_token_scores(model, batch.tokens)[0]
-    target = induction_scores(model, batch).target[1]
+    target = induction_scores(model, batch.tokens, periods=batch.periods).induction[1]
     P = [h for h in range(cfg.n_heads) if float(prev[h]) >= prev_token_head]
     I = [h for h in range(cfg.n_heads) if float(target[h]) >= induction_head]
     if not P:
@@ -108,7 +109,10 @@ def induction_ground_truth(model: Model, batch: InductionBatch, *, tokens: torch
         proposed[(li, "logits")] = f"{li} writes the prediction"
 
     layout = edge_layout(model)
-    run = lambda c: evaluate_circuit(model, tokens, metric, c, reference=reference)  # noqa: E731
+    def run(circuit) -> float:  # sub-circuits cut from the proposal may reach nothing: that is what is measured
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return evaluate_circuit(model, tokens, metric, circuit, reference=reference)
     full, empty = run(layout.edges()), run([])
     faith = lambda c: (run(c) - empty) / (full - empty)  # noqa: E731
     circuit, dropped = set(proposed), {}

@@ -167,7 +167,8 @@ def evaluate_readers(corpus: Corpus, *, filing_model: Model, induction_1l: Model
     from ..heads import induction_scores
 
     ambiguous = sum(int((table.counts[q.context[-1]] > 0).sum()) > 1 for q in seen_q) / len(seen_q)
-    copying = float(induction_scores(filing_model, induction_batch(200, seed=5, d_vocab=D_VOCAB, seq_len=N_CTX)).target[-1].max())
+    probe = induction_batch(200, seed=5, d_vocab=D_VOCAB, seq_len=N_CTX)
+    copying = float(induction_scores(filing_model, probe.tokens, periods=probe.periods).induction[-1].max())
     return FinanceResult(seen=seen, unseen=unseen, n_queries={"seen": len(seen_q), "unseen": len(unseen_q)},
                          demo=demo, demo_queries=demo_labels,
                          diagnostics={"ambiguous_seen": ambiguous, "filing_model_induction": copying})

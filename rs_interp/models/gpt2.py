@@ -24,6 +24,7 @@ from .. import _backend
 from .._backend import Model
 
 from .checkpoints import build_model
+from ..tokenizers import gpt2_tokenizer
 from .gpt2_config import _HF_NAMES, GPT2_SIZES, gpt2_config
 from .pretrained import _GPT2_HOW as _HOW
 from .pretrained import ENV_VAR, GPT2WeightsUnavailable, _gpt2_from_dir
@@ -80,6 +81,7 @@ def load_gpt2(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = build_model(gpt2_config(size, dtype=dtype))
+        _backend.set_tokenizer(model, gpt2_tokenizer())  # GPT-2's own, whatever the weights (offline)
         return model.eval()
     if source == "hub":
         try:

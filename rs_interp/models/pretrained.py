@@ -25,6 +25,7 @@ import torch
 from .. import _backend
 from .._backend import Model
 from . import _source
+from ..tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
 from .gpt2_config import gpt2_config
 
 __all__ = ["load_pretrained", "WeightsUnavailable"]
@@ -90,10 +91,11 @@ def _gpt2_from_dir(path: Path, *, fold_ln: bool, center_writing_weights: bool, c
         raise GPT2WeightsUnavailable(f"could not read the weights in {path}: {err}. {_GPT2_HOW}") from err
     _source.compare(model, ref, dtype)
     has_tokenizer_files = any((path / f).is_file() for f in ("tokenizer.json", "vocab.json"))
-    if has_tokenizer_files:  # without them transformers builds an empty tokenizer; token ids still work
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        if len(tokenizer) >= cfg.d_vocab - 1:
-            _backend.set_tokenizer(model, tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True) if has_tokenizer_files else None
+    if tokenizer is not None and len(tokenizer) >= cfg.d_vocab - 1:
+        _backend.set_tokenizer(model, tokenizer)
+    elif cfg.d_vocab == GPT2_VOCAB_SIZE:  # GPT-2's shape and no tokenizer of its own: GPT-2's (offline)
+        _backend.set_tokenizer(model, gpt2_tokenizer())
     return model.eval()
 
 

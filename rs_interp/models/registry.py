@@ -63,7 +63,12 @@ def held_out_batch() -> InductionBatch:
 @dataclass(frozen=True)
 class Trained:
     """A freshly trained model, the metadata to ship beside it, and its tokenizer (``None`` where the
-    model reads token ids directly)."""
+    model reads token ids directly): what :func:`rs_interp.train_shipped` returns.
+
+    >>> trained = train_shipped("induction-1l", 0, steps=2, progress=False)   # doctest: +SKIP
+    >>> Trained(model=load_toy_model("induction-1l"), metadata={"seed": 0}).tokenizer is None
+    True
+    """
 
     model: Model
     metadata: dict[str, Any]
@@ -82,6 +87,10 @@ class ShippedModel:
             (absolute, per key), on any processor; see each recipe for the measured spread.
         extra_files: suffixes of the files shipped beside ``NAME.json``/``NAME.safetensors``.
         trainer: ``trainer(settings, progress) -> Trained``; ``None`` for a model that is not trained.
+
+    >>> entry = SHIPPED_MODELS["induction-2l"]
+    >>> isinstance(entry, ShippedModel), entry.name, entry.load().cfg.n_layers
+    (True, 'induction-2l', 2)
     """
 
     name: str
@@ -138,7 +147,7 @@ def _train_induction(settings: dict[str, Any], progress: bool) -> Trained:
     from .training import evaluate, train_induction_model
 
     model = train_induction_model(**settings, progress=progress)
-    score = evaluate(model, held_out_batch())
+    score = evaluate(model, held_out_batch().tokens, targets=held_out_batch().targets)
     meta = {"training": dict(settings), "test_seed": TEST_SEED, "test_size": TEST_SIZE,
             "test_loss": score.loss, "test_accuracy": score.accuracy}
     return Trained(model, meta)

@@ -14,7 +14,8 @@ Reproducibility, stated as it holds:
   measured spread).
 
 >>> model = train_induction_model(1, steps=5, progress=False)
->>> score = evaluate(model, induction_batch(64, seed=123))
+>>> held_out = induction_batch(64, seed=123)
+>>> score = evaluate(model, held_out.tokens, targets=held_out.targets)
 >>> score.loss > 3.0
 True
 """
@@ -33,7 +34,7 @@ from tqdm.auto import tqdm
 from .._backend import Model, bias_parameters
 
 from .._state import preserve_state
-from .._validate import check_int_range, check_tokens
+from .._validate import check_int_range, check_targets, check_tokens
 from .data import InductionBatch, induction_batch
 from .checkpoints import make_attn_only
 
@@ -64,14 +65,18 @@ class Score:
         n_scored: how many positions were scored.
 
     >>> from rs_interp import load_toy_model
-    >>> s = evaluate(load_toy_model("induction-2l"), induction_batch(50, seed=1))
-    >>> s.loss < 0.3, s.accuracy > 0.9, s.n_scored == int(induction_batch(50, seed=1).scored.sum())
+    >>> batch = induction_batch(50, seed=1)
+    >>> s = evaluate(load_toy_model("induction-2l"), batch.tokens, targets=batch.targets)
+    >>> s.loss < 0.3, s.accuracy > 0.9, s.n_scored == int((batch.targets >= 0).sum())
     (True, True, True)
     """
 
     loss: float
     accuracy: float
     n_scored: int
+
+    def __repr__(self) -> str:  # 4 significant digits: what a notebook shows
+        return f"Score(loss={self.loss:.4g}, accuracy={self.accuracy:.4g}, n_scored={self.n_scored})"
 
 
 def trainable_parameters(model: Model, frozen: tuple[str, ...] = _FROZEN_BIASES) -> list[torch.nn.Parameter]:
@@ -102,50 +107,57 @@ def _masked(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> t
     return logits[:, :-1][mask], tokens[:, 1:][mask]
 
 
-def score_logits(logits: Float[torch.Tensor, "batch pos d_vocab"], batch: InductionBatch) -> Score:
-    """Loss and accuracy of precomputed ``logits`` (e.g. from an ablation run) on ``batch``'s scored positions.
+def _scored(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed cross-entropy, correct argmax predictions and their number at the positions with a target."""
+    keep = targets >= 0
+    n = int(keep.sum())
+    picked, wanted = logits[keep].float() if logits.dtype != torch.float64 else logits[keep], targets[keep]
+    return F.cross_entropy(picked, wanted, reduction="sum"), (picked.argmax(-1) == wanted).sum(), n
+
+
+def score_logits(logits: Float[torch.Tensor, "batch pos d_vocab"], targets: Int[torch.Tensor, "batch pos"]) -> Score:
+    """Loss and accuracy of precomputed ``logits`` (e.g. from an ablation run) at the positions with a
+    target (``targets``: token ids, -1 = skip; an induction batch's ``targets``).
+
+    Raises:
+        ValueError: ``targets`` not of the logits' (batch, pos), or no position with a target.
 
     >>> from rs_interp import load_toy_model, run_with_key_input
     >>> model, batch = load_toy_model("induction-2l"), induction_batch(50, seed=1)
-    >>> score_logits(model(batch.tokens), batch) == evaluate(model, batch)
+    >>> score_logits(model(batch.tokens), batch.targets) == evaluate(model, batch.tokens, targets=batch.targets)
     True
-    >>> score_logits(run_with_key_input(model, batch.tokens, layer=1), batch).accuracy < 0.2  # keys from x_0 alone
+    >>> score_logits(run_with_key_input(model, batch.tokens, layer=1), batch.targets).accuracy < 0.2  # keys from x_0 alone
     True
     """
-    if logits.shape[:2] != batch.tokens.shape:
-        raise ValueError(f"logits must have shape (batch, pos, d_vocab) matching batch.tokens {tuple(batch.tokens.shape)}, got {tuple(logits.shape)}")
-    mask = batch.scored.to(logits.device)
-    n = int(mask.sum())
+    targets = check_targets(targets, logits[..., 0], logits.shape[-1])
+    loss, correct, n = _scored(logits.detach(), targets.to(logits.device))
     if n == 0:
-        raise ValueError("batch has no scored positions")
-    logits = logits.detach()
-    loss, correct = masked_next_token_loss(logits, batch.tokens.to(logits.device), mask)
-    return Score(loss=float(loss), accuracy=int(correct) / n, n_scored=n)
+        raise ValueError("targets has no position to score (every entry is -1)")
+    return Score(loss=float(loss) / n, accuracy=int(correct) / n, n_scored=n)
 
 
-def evaluate(model: Model, batch: InductionBatch, *, chunk_size: int = 250) -> Score:
-    """Loss and accuracy of ``model`` on ``batch`` at its scored positions.
+def evaluate(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, targets: Int[torch.Tensor, "batch pos"],
+             chunk_size: int = 250) -> Score:
+    """Loss and accuracy of ``model`` on ``tokens`` at the positions with a target (``targets``: the
+    next token, -1 = skip; an induction batch's ``targets`` scores the second period).
 
     Uniform guessing costs ``ln 256 = 5.545`` nats.
 
-    >>> evaluate(make_attn_only(1), induction_batch(8, seed=0)).loss > 5.0
+    >>> batch = induction_batch(8, seed=0)
+    >>> evaluate(make_attn_only(1), batch.tokens, targets=batch.targets).loss > 5.0
     True
     """
     check_int_range("chunk_size", chunk_size, 1)
-    tokens = check_tokens(model, batch.tokens, "batch.tokens")
+    tokens = check_tokens(model, tokens)
+    targets = check_targets(targets, tokens, model.cfg.d_vocab)
     total_loss, total_correct, n = 0.0, 0, 0
     with preserve_state(model), torch.no_grad():
         for start in range(0, tokens.shape[0], chunk_size):
-            toks = tokens[start : start + chunk_size]
-            mask = batch.scored[start : start + chunk_size].to(toks.device)
-            logits = model(toks, return_type="logits")
-            k = int(mask.sum())
-            loss, correct = masked_next_token_loss(logits, toks, mask)
-            total_loss += float(loss) * k
-            total_correct += int(correct)
-            n += k
+            logits = model(tokens[start : start + chunk_size], return_type="logits")
+            loss, correct, k = _scored(logits, targets[start : start + chunk_size])
+            total_loss, total_correct, n = total_loss + float(loss), total_correct + int(correct), n + k
     if n == 0:
-        raise ValueError("batch has no scored positions")
+        raise ValueError("targets has no position to score (every entry is -1)")
     return Score(loss=total_loss / n, accuracy=total_correct / n, n_scored=n)
 
 
@@ -222,7 +234,8 @@ def train_induction_model(
         ValueError: ``n_layers < 1``, ``steps < 0``, ``batch_size < 1`` or a non-positive ``lr``.
 
     >>> model = train_induction_model(1, steps=5, batch_size=8, progress=False)  # the real recipe: 1000 steps
-    >>> model.cfg.n_layers, evaluate(model, induction_batch(8, seed=9)).loss < 6.0
+    >>> b = induction_batch(8, seed=9)
+    >>> model.cfg.n_layers, evaluate(model, b.tokens, targets=b.targets).loss < 6.0
     (1, True)
     """
     check_int_range("n_layers", n_layers, 1)

@@ -15,7 +15,8 @@ from .._backend import Model
 
 from ..models.data import induction_batch
 from ..models.gpt2 import load_gpt2
-from ..heads import head_label, induction_scores, prev_token_scores
+from ..heads import induction_scores, prev_token_scores
+from ..labels import head_label
 from ..lens import logit_lens
 
 __all__ = ["GPT2Analysis", "analyse_gpt2", "conversion_check"]
@@ -75,7 +76,7 @@ def analyse_gpt2(
     batch = induction_batch(n_sequences, seed=seed, d_vocab=model.cfg.d_vocab, seq_len=2 * period,
                             min_period=period, max_period=period)
     prev = prev_token_scores(model, batch.tokens)
-    ind = induction_scores(model, batch).target
+    ind = induction_scores(model, batch.tokens, periods=batch.periods).induction
     out = dict(weights=weights, source=source, prev_token=prev, induction=ind,
                top_prev_token=_top_heads(prev), top_induction=_top_heads(ind))
     answer_ids = model.to_tokens(answer, prepend_bos=False)[0] if model.tokenizer is not None else None

@@ -10,7 +10,8 @@ from ...circuits.node_attribution import attribution_patching
 from ...copying import copying_scores
 from ...models.data import induction_batch
 from ...head_ablation import ablate_heads, head_ablation_scan
-from ...heads import head_label, head_labels, prev_token_scores
+from ...heads import prev_token_scores
+from ...labels import head_label, head_labels
 from ...metrics import next_token_loss
 from ...plots import estimate_vs_exact_figure, head_scan_figure
 from ..context import Context, Row, Section, banded, exact_row

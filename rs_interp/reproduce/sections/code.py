@@ -12,7 +12,8 @@ from ...composition import composition_scores
 from ...head_ablation import ablate_heads, head_ablation_scan
 from ...models.data import next_token_targets
 from ...metrics import next_token_loss
-from ...heads import attention_patterns, first_token_attention, head_label, prev_token_scores
+from ...heads import attention_patterns, first_token_attention, prev_token_scores
+from ...labels import head_label
 from ...lens import logit_lens
 from ...plots import head_scan_figure, logit_lens_figure
 from ...second_order import second_order_attribution

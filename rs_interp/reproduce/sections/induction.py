@@ -8,7 +8,8 @@ import torch
 
 from ...ablation import run_with_key_input
 from ...composition import composition_scores
-from ...heads import attention_patterns, head_label, induction_scores, positional_scores, prev_token_scores
+from ...heads import attention_patterns, induction_scores, positional_scores, prev_token_scores
+from ...labels import head_label
 from ...models.checkpoints import make_attn_only
 from ...plots import attention_figure, composition_heatmaps, period_sequence, position_figure
 from ...models.training import evaluate, score_logits
@@ -19,7 +20,7 @@ from ..expected import PREV_TOKEN_HEAD
 
 def induction_section(ctx: Context) -> Section:
     m2 = ctx.model("induction-2l")
-    s2, s1 = evaluate(m2, ctx.batch), evaluate(ctx.model("induction-1l"), ctx.batch)
+    s2, s1 = evaluate(m2, ctx.batch.tokens, targets=ctx.batch.targets), evaluate(ctx.model("induction-1l"), ctx.batch)
     cos = _rms_cosine(m2)
     rows = (
         banded("induction.two_layers_loss", "two layers: loss (nats)", s2.loss),
@@ -90,9 +91,9 @@ def circuits_section(ctx: Context) -> list[Section]:
     other = [h for h in range(model.cfg.n_heads) if h != ph]
     other_label = " + ".join(head_label(0, h) for h in other)
     ablations = {
-        "keys_from_x0": score_logits(run_with_key_input(model, batch.tokens, layer=1), batch),
-        "keys_x0_plus_prev_token_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, ph)]), batch),
-        "keys_x0_plus_other_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, h) for h in other]), batch),
+        "keys_from_x0": score_logits(run_with_key_input(model, batch.tokens, layer=1), batch.targets),
+        "keys_x0_plus_prev_token_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, ph)]), batch.targets),
+        "keys_x0_plus_other_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, h.targets) for h in other]), batch),
     }
     a = ablations
     abl_rows = (
@@ -106,18 +107,18 @@ def circuits_section(ctx: Context) -> list[Section]:
     key_ablation = Section("key_ablation", "Per-head key ablation (layer 1's key input)", abl_rows,
                            {k: {"loss": v.loss, "accuracy": v.accuracy} for k, v in ablations.items()} | {"prev_token_head": [0, ph]})
 
-    ind = induction_scores(model, batch)
+    ind = induction_scores(model, batch.tokens, periods=batch.periods)
     pos = positional_scores(model, 0, max_offset=model.cfg.n_ctx - 1)
     head_rows = [banded("heads.prev_token_weight", f"prev-token head {head_label(0, ph)}: weight on i-1", float(prev[0, ph]))]
     for h in range(model.cfg.n_heads):
-        head_rows.append(banded(f"heads.induction_target_h{h % 2}", f"head {head_label(1, h)}: weight on i-p+1", float(ind.target[1, h])))
+        head_rows.append(banded(f"heads.induction_target_h{h % 2}", f"head {head_label(1, h)}: weight on i-p+1", float(ind.induction[1, h])))
         head_rows.append(banded(f"heads.after_occurrence_h{h % 2}", f"head {head_label(1, h)}: weight after any earlier occurrence", float(ind.after_occurrence[1, h])))
     head_rows.append(banded("heads.positional_offset1", f"prev-token head {head_label(0, ph)}: content-free score at offset 1", float(pos[ph, 1])))
     head_rows.append(banded("heads.positional_offset0", f"prev-token head {head_label(0, ph)}: content-free score at offset 0", float(pos[ph, 0])))
     by_pos = _by_position(model, batch, ph, pos[ph])
     head_rows += by_pos.pop("rows")
     heads = Section("heads", "Head roles on the two-layer model", tuple(head_rows), {
-        "prev_token": prev.tolist(), "induction_target": ind.target.tolist(), "after_occurrence": ind.after_occurrence.tolist(),
+        "prev_token": prev.tolist(), "induction_target": ind.induction.tolist(), "after_occurrence": ind.after_occurrence.tolist(),
         "prev_token_head": [0, ph], "positional_score_prev_head": pos[ph].tolist()} | by_pos)
 
     results = {k: composition_scores(model, k, baseline=True) for k in "kqv"}
@@ -146,7 +147,7 @@ def circuits_section(ctx: Context) -> list[Section]:
               "layer-0 heads'). Where the other head's row says 'differs', that head is not read by layer 1's keys in "
               "this model: its K scores sit with its Q and V scores, below the initialisation maximum, and the key "
               "ablation shows layer 1 fails with its write alone. The scores then do separate the heads.")
-    induction_head = (1, int(ind.target[1].argmax()))
+    induction_head = (1, int(ind.induction[1].argmax()))
     patterns = attention_patterns(model, period_sequence(11, seed=ctx.seed))[:, 0]
     heads = dataclasses.replace(heads, figures=(
         attention_figure(patterns, [(0, ph), induction_head], period=11),

@@ -1,0 +1,386 @@
+"""From "which edges carry this behaviour on my model?" to a verified circuit, in one call:
+:func:`run_circuit` (and ``rs-interp circuit``, whose arguments :func:`add_arguments` declares and
+:func:`main` runs).
+
+The steps, each with a progress bar: score every edge of the model's graph on the task (EAP, EAP-IG
+or exact path patching, the corrupted prompts as the reference run); the faithfulness curve of the
+top edges at MIB's ten sizes; the circuit at the chosen size, evaluated; then the files, in ``out``:
+
+- ``scores.safetensors`` (``effect``: (sender, receiver) float64, NaN off the graph; ``exists``)
+  and ``scores.json`` (the labels of its rows and columns, the run's settings, the top edges);
+- ``importances_mib.json``: the scores as a MIB circuit-track importance file;
+- ``curve.json``: the faithfulness curve (fractions, edges kept, values, faithfulness, its areas);
+- ``circuit.json``: the circuit's edges with their scores, its metric and faithfulness;
+- ``diagram.json``: the circuit diagram (:func:`rs_interp.circuit_figure.circuit_figure`), plotly JSON;
+- ``report.html``: one offline page (plotly's JavaScript inside) with the numbers and both figures;
+- ``summary.json``: what :func:`run_circuit` returns.
+
+>>> import tempfile, rs_interp as ri
+>>> from rs_interp.tasks import induction_task
+>>> model = ri.load_toy_model("induction-2l")
+>>> run = run_circuit(model, induction_task(8, seed=0), method="eap", out=tempfile.mkdtemp(), size=8, progress=False)
+>>> run.size, sorted(run.files)[:3]
+(8, ['circuit', 'curve', 'diagram'])
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal, Mapping
+
+from .labels import edge_string
+
+__all__ = ["CircuitRun", "run_circuit", "add_arguments", "main", "load_model", "METHODS"]
+
+#: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching.
+METHODS = ("eap", "eap-ig", "exact")
+#: The most edges the diagram draws (the top ones of a larger circuit; the page says so).
+_DRAWN = 400
+Method = Literal["eap", "eap-ig", "exact"]
+
+
+@dataclass(frozen=True)
+class CircuitRun:
+    """What :func:`run_circuit` found and wrote.
+
+    Attributes:
+        model: the model's description (e.g. ``"GPT-2 small, random weights"``).
+        task, method: the task's name and the scoring method.
+        n_prompts: rows of the task.
+        clean, corrupted: the task's metric on the clean and on the corrupted prompts.
+        n_edges: edges in the model's graph.
+        size: edges in the chosen circuit; ``fraction`` = ``size / n_edges``.
+        value, faithfulness: the circuit's metric, and ``(value - empty) / (full - empty)``.
+        area_under, area_from_1: the faithfulness curve's areas over the fractions of edges kept
+            (trapezoid rule): under the curve, and between it and 1 (the edges ranked by ``|score|``).
+        top_edges: the ten edges of largest ``|score|``, ``(("L9H9", "logits"), score)``.
+        files: name -> path of every file written.
+        seconds: step -> wall-clock seconds.
+    """
+
+    model: str
+    task: str
+    method: str
+    n_prompts: int
+    clean: float
+    corrupted: float
+    n_edges: int
+    size: int
+    fraction: float
+    value: float
+    faithfulness: float
+    area_under: float
+    area_from_1: float
+    top_edges: tuple[tuple[tuple[str, str], float], ...]
+    files: Mapping[str, str]
+    seconds: Mapping[str, float]
+
+
+def _circuit_size(size: int | float, total: int) -> int:
+    """An edge count from ``size``: an int is a count, a float in (0, 1] a fraction (MIB's
+    ``int(f * N)``, at least one edge)."""
+    if isinstance(size, bool) or not isinstance(size, (int, float)):
+        raise ValueError(f"size must be an edge count (int) or a fraction of the edges (float in (0, 1]), got {size!r}")
+    if isinstance(size, int):
+        if not 1 <= size <= total:
+            raise ValueError(f"size must be between 1 and the graph's {total} edges, got {size}")
+        return size
+    if not 0 < size <= 1:
+        raise ValueError(f"a fractional size must lie in (0, 1], got {size}")
+    return max(1, int(size * total))
+
+
+def _check(model: Any, task: Any) -> None:
+    cfg = model.cfg
+    top = int(max(task.clean.max(), task.corrupted.max(), task.answers.max(), task.wrong.max()))
+    if top >= cfg.d_vocab:
+        raise ValueError(f"the {task.name} task uses token id {top}, outside this model's {cfg.d_vocab}-token vocabulary "
+                         "(was it built with another model's tokenizer?)")
+    if task.clean.shape[1] > cfg.n_ctx:
+        raise ValueError(f"the {task.name} task's prompts have {task.clean.shape[1]} tokens, more than the model's n_ctx {cfg.n_ctx}")
+
+
+def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike, size: int | float = 0.01,
+                ig_steps: int = 5, model_name: str | None = None, progress: bool = True) -> CircuitRun:
+    """Score, curve, circuit, files (module docstring).
+
+    Args:
+        model: a TransformerLens model (``rs_interp.load_gpt2``, ``load_toy_model`` ...).
+        task: a :class:`rs_interp.tasks.Task`; its corrupted prompts are the reference run.
+        method: ``"eap"``, ``"eap-ig"`` (``ig_steps`` steps) or ``"exact"`` (path patching: one
+            forward pass per edge, feasible on small models).
+        out: the output directory (created).
+        size: the circuit's size: an edge count, or a fraction of the edges (MIB's ``int(f * N)``).
+        ig_steps: EAP-IG's interpolation steps.
+        model_name: how the page and the files describe the model (default: its ``cfg.model_name``).
+        progress: progress bars (on stderr) over the steps and within the long ones.
+
+    Raises:
+        ValueError: an unknown method, a size outside the graph, a task the model cannot read (ids
+            outside its vocabulary, prompts longer than its context), the full and empty circuits
+            giving the same metric (faithfulness undefined).
+        OSError: ``out`` is not a writable directory.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
+    import rs_interp as ri
+    from .circuit_figure import circuit_figure
+    from .plots import faithfulness_figure
+    from .tasks.io import write_mib
+
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    _check(model, task)
+    layout = ri.edge_layout(model)
+    n = _circuit_size(size, layout.n_edges)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not os.access(out, os.W_OK):
+        raise OSError(f"{out} is not a writable directory")
+    name = model_name or str(getattr(model.cfg, "model_name", "model"))
+    metric = task.metric()
+    kw = dict(tokens=task.clean, metric=metric, reference=task.corrupted)
+    seconds: dict[str, float] = {}
+    with tqdm(total=4, desc=f"circuit ({task.name}, {method})", disable=not progress, unit="step") as steps:
+
+        def step(label: str):
+            steps.set_postfix_str(label)
+            return time.perf_counter()
+
+        def done(key: str, t0: float) -> None:
+            seconds[key] = round(time.perf_counter() - t0, 3)
+            steps.update(1)
+
+        t0 = step("scoring edges")
+        if method == "exact":
+            scores = ri.path_patching(model, progress=progress, **kw)
+        else:
+            scores = ri.edge_attribution_patching(model, ig_steps=ig_steps if method == "eap-ig" else None,
+                                                  progress=progress, **kw)
+        done("scores", t0)
+
+        t0 = step("faithfulness curve")
+        curve = ri.faithfulness_curve(model, scores=scores, progress=progress, **kw)
+        done("curve", t0)
+
+        t0 = step("the circuit")
+        rank = {e: k for k, e in enumerate(layout.edges())}
+        circuit = sorted(ri.top_edges(scores, n), key=rank.__getitem__)
+        value = ri.evaluate_circuit(model, circuit=circuit, **kw)
+        with torch.no_grad():  # the full circuit is the clean run, the empty one the corrupted run (resample ablation)
+            full = float(metric(model(task.clean, return_type="logits")))
+            empty = float(metric(model(task.corrupted, return_type="logits")))
+        if full == empty:
+            raise ValueError(f"the {task.name} metric is {full} on the clean and on the corrupted prompts: faithfulness is undefined")
+        faith = (value - empty) / (full - empty)
+        done("circuit", t0)
+
+        t0 = step("writing files")
+        files = {key: str(out / f) for key, f in (("scores", "scores.safetensors"), ("scores_json", "scores.json"),
+                                                   ("mib", "importances_mib.json"), ("curve", "curve.json"),
+                                                   ("circuit", "circuit.json"), ("diagram", "diagram.json"),
+                                                   ("report", "report.html"), ("summary", "summary.json"))}
+        save_file({"effect": scores.effect.to(torch.float64).contiguous(), "exists": layout.exists.contiguous()},
+                  files["scores"], metadata={"method": method, "task": task.name, "model": name})
+        best = sorted(ri.top_edges(scores, min(10, layout.n_edges)), key=lambda e: (-abs(scores.edge(*e)), rank[e]))
+        top = tuple(((s, r), scores.edge(s, r)) for s, r in best)
+        settings = {"model": name, "task": task.name, "method": method, "ig_steps": ig_steps if method == "eap-ig" else None,
+                    "n_prompts": len(task), "seed": task.seed, "metric": task.kind}
+        _write_json(files["scores_json"], {**settings, "clean": scores.clean, "senders": list(layout.senders),
+                                           "receivers": list(layout.receivers), "top_edges": [[list(e), v] for e, v in top],
+                                           "tensors": "scores.safetensors: effect (sender, receiver) float64, NaN off "
+                                                      "the graph; exists (sender, receiver) bool"})
+        write_mib(files["mib"], model, scores=scores)
+        _write_json(files["curve"], {**settings, **asdict(curve)})
+        _write_json(files["circuit"], {**settings, "size": n, "fraction": n / layout.n_edges, "value": value,
+                                       "faithfulness": faith, "full": full, "empty": empty,
+                                       "edges": [[s, r, scores.edge(s, r)] for s, r in circuit]})
+        drawn = min(n, _DRAWN)
+        diagram = circuit_figure(circuit if drawn == n else ri.top_edges(scores, drawn), layout, scores=scores, max_edges=_DRAWN,
+                                 title=f"{task.name} circuit on {name} ({method}): {n} edges"
+                                       + (f", the top {drawn} drawn" if drawn < n else "") + f"; faithfulness {faith:.3f}")
+        Path(files["diagram"]).write_text(diagram.to_json(), encoding="utf-8")
+        run = CircuitRun(model=name, task=task.name, method=method, n_prompts=len(task), clean=full, corrupted=empty,
+                         n_edges=layout.n_edges, size=n, fraction=n / layout.n_edges, value=value, faithfulness=faith,
+                         **_areas(curve), top_edges=top, files=MappingProxyType(files),
+                         seconds=MappingProxyType(seconds))
+        curve_fig = faithfulness_figure({method: curve}, title=f"Faithfulness of the top edges ({task.name}, {name})")
+        _write_page(Path(files["report"]), run, task, diagram, curve_fig)
+        done("files", t0)
+    _write_json(Path(files["summary"]), _summary_dict(run))  # after the last step: its timing included
+    return run
+
+
+def _areas(curve: Any) -> dict[str, float]:
+    """The curve's two areas (edges ranked by |score|: its area_from_1 is MIB's CMD)."""
+    return {"area_under": curve.area_under, "area_from_1": curve.area_from_1}
+
+
+def _summary_dict(run: CircuitRun) -> dict:
+    d = {f.name: getattr(run, f.name) for f in fields(run)}  # not asdict: it deep-copies, and a mappingproxy cannot be
+    d["files"], d["seconds"] = dict(run.files), dict(run.seconds)
+    return d
+
+
+def _write_json(path: str | Path, data: dict) -> None:
+    # NaN is not JSON: written as null (e.g. the curve's value where a circuit's metric was undefined)
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    Path(path).write_text(json.dumps(clean(data), indent=1), encoding="utf-8")
+
+
+_CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+        "td.num{text-align:right;font-variant-numeric:tabular-nums}.note{color:#555}code{background:#f4f4f4}")
+
+
+def _write_page(path: Path, run: CircuitRun, task: Any, diagram: Any, curve_fig: Any) -> None:
+    """One self-contained page: plotly's JavaScript once, the figures from inline JSON, no network request."""
+    from plotly.offline import get_plotlyjs
+
+    esc = html.escape
+    rows = [("model", run.model), ("task", f"{run.task} ({run.n_prompts} prompt pairs, metric {task.kind})"),
+            ("method", run.method), ("metric on the clean prompts", f"{run.clean:.6g}"),
+            ("metric on the corrupted prompts", f"{run.corrupted:.6g}"), ("edges in the graph", f"{run.n_edges:,}"),
+            ("circuit", f"{run.size:,} edges ({100 * run.fraction:.3g}%)"), ("circuit's metric", f"{run.value:.6g}"),
+            ("circuit's faithfulness", f"{run.faithfulness:.4f}"),
+            ("curve's area: under it / between it and 1", f"{run.area_under:.4f} / {run.area_from_1:.4f}")]
+    table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
+    edges = "".join(f"<tr><td><code>{esc(edge_string(e))}</code></td><td class='num'>{v:.6g}</td></tr>" for e, v in run.top_edges)
+    examples = ""
+    if task.prompts is not None:
+        pairs = list(zip(task.prompts, task.corrupted_prompts))[:3]
+        examples = ("<h2>Prompts</h2><table><tr><th>clean</th><th>corrupted</th></tr>"
+                    + "".join(f"<tr><td>{esc(c)}</td><td>{esc(x)}</td></tr>" for c, x in pairs) + "</table>")
+    files = "".join(f"<li><code>{esc(Path(p).name)}</code></li>" for p in run.files.values())
+    timing = ", ".join(f"{k} {v:.1f} s" for k, v in run.seconds.items())
+    figs = {"diagram": diagram, "curve": curve_fig}
+    scripts = "\n".join(f"Plotly.newPlot({json.dumps(fid)}, ...(function(s){{return [s.data, s.layout, "
+                        f"{{responsive:true, displaylogo:false}}]}})({fig.to_json()}));" for fid, fig in figs.items())
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{esc(run.task)} circuit</title>"
+            f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>"
+            f"<h1>The {esc(run.task)} circuit of {esc(run.model)}</h1><table>{table}</table>"
+            f"<p class='note'>Faithfulness: (circuit - empty) / (full - empty) with every edge outside the circuit "
+            f"patched from the corrupted run. Steps: {esc(timing)}.</p>"
+            f"<h2>The circuit</h2><div class='fig' id='diagram'></div>"
+            f"<h2>Faithfulness of the top edges</h2><div class='fig' id='curve'></div>"
+            f"<h2>The ten largest edges</h2><table><tr><th>edge</th><th>score</th></tr>{edges}</table>{examples}"
+            f"<h2>Files</h2><ul>{files}</ul><script>{scripts}</script></body></html>")
+    path.write_text(page, encoding="utf-8")
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Declare ``rs-interp circuit``'s arguments on ``parser`` (a subparser); returns it."""
+    from .tasks import TASK_NAMES
+
+    parser.add_argument("--model", required=True, metavar="MODEL",
+                        help="gpt2 (pretrained: $RS_INTERP_GPT2_PATH or the Hugging Face cache), gpt2-random, a shipped "
+                             "model's name (e.g. code-2l), or a Hugging Face checkpoint directory")
+    parser.add_argument("--task", required=True, choices=TASK_NAMES)
+    parser.add_argument("--method", default="eap", choices=METHODS,
+                        help="edge scores: eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
+                             "patched pass per edge, for small models; GPT-2 small has 32,491 edges) (default: %(default)s)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument("--size", type=_size, default=0.01, metavar="N|F",
+                        help="the circuit's size: an edge count, or a fraction of the edges in (0, 1] (default: %(default)s)")
+    parser.add_argument("--n", type=int, default=32, metavar="N", help="prompt pairs (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="the task's seed (default: %(default)s)")
+    parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG's steps (default: %(default)s)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def _size(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: an edge count or a fraction in (0, 1]") from None
+
+
+def load_model(spec: str) -> tuple[Any, Any, str]:
+    """(model, tokenizer or None, description) for ``--model`` (see :func:`add_arguments`).
+
+    Raises:
+        rs_interp.WeightsUnavailable: pretrained GPT-2 is not here (the message says how to provide it).
+        ValueError: ``spec`` is none of the accepted forms.
+    """
+    import rs_interp as ri
+    from .tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
+
+    if spec == "gpt2":
+        path = os.environ.get("RS_INTERP_GPT2_PATH")
+        if path:
+            model, what = ri.load_gpt2(path), f"GPT-2 small, pretrained weights from {path}"
+        elif _gpt2_cached():
+            model, what = ri.load_gpt2("hub"), "GPT-2 small, pretrained weights from the Hugging Face cache"
+        else:
+            raise ri.GPT2WeightsUnavailable(
+                "no pretrained GPT-2 weights here: RS_INTERP_GPT2_PATH is unset and the Hugging Face cache has no 'gpt2'. "
+                "Save them once on a machine with access (GPT2LMHeadModel.from_pretrained('gpt2').save_pretrained(DIR)), "
+                "then set RS_INTERP_GPT2_PATH=DIR or pass --model DIR; or run on random weights with --model gpt2-random.")
+    elif spec == "gpt2-random":
+        model, what = ri.load_gpt2("random"), "GPT-2 small, random weights (every number here is from random weights)"
+    elif spec in ri.SHIPPED_MODELS:
+        model, what = ri.load_toy_model(spec), f"{spec} (shipped toy model)"
+    elif Path(spec).is_dir():
+        model, what = ri.load_pretrained(spec), f"checkpoint {spec}"
+    else:
+        raise ValueError(f"--model {spec!r} is not gpt2, gpt2-random, a shipped model ({', '.join(ri.SHIPPED_MODELS)}) "
+                         "or a checkpoint directory")
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None and spec in ri.SHIPPED_MODELS:
+        tokenizer = ri.SHIPPED_MODELS[spec].tokenizer()
+    if tokenizer is None and model.cfg.d_vocab == GPT2_VOCAB_SIZE:
+        tokenizer = gpt2_tokenizer()  # GPT-2's vocabulary: its tokenizer, whatever the weights
+    return model, tokenizer, what
+
+
+def _gpt2_cached() -> bool:
+    """Whether the Hugging Face cache holds GPT-2's config and weights (no network call)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    have = lambda f: isinstance(try_to_load_from_cache("gpt2", f), str)  # noqa: E731
+    return have("config.json") and (have("model.safetensors") or have("pytorch_model.bin"))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``rs-interp circuit`` with parsed ``args``; prints the summary and returns 0.
+
+    Raises:
+        rs_interp.WeightsUnavailable, ValueError, OSError: with a message for one line (the CLI prints it).
+    """
+    from .tasks import build_task
+
+    model, tokenizer, what = load_model(args.model)
+    task = build_task(args.task, tokenizer, n=args.n, seed=args.seed, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
+    run = run_circuit(model, task, method=args.method, out=args.out, size=args.size, ig_steps=args.ig_steps,
+                      model_name=what, progress=not args.quiet)
+    print(f"{run.task} on {run.model}, {run.method}: metric {run.clean:.4g} clean, {run.corrupted:.4g} corrupted")
+    print(f"curve: area under {run.area_under:.4f}, from 1 {run.area_from_1:.4f}; circuit of {run.size} edges ({100 * run.fraction:.3g}%): "
+          f"faithfulness {run.faithfulness:.4f}")
+    print(f"wrote {len(run.files)} files to {args.out}: {', '.join(Path(p).name for p in run.files.values())}")
+    return 0

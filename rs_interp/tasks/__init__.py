@@ -1,0 +1,65 @@
+"""The standard circuit tasks behind one small type, :class:`Task`, and their file formats.
+
+- :mod:`.task`: :class:`Task` (clean and corrupted tokens, answer and wrong-answer ids, the read
+  positions, ``task.metric()``);
+- :mod:`.ioi`: indirect object identification (Wang et al. 2022), ABBA and BABA, the ABC corruption;
+- :mod:`.greater_than`: greater-than (Hanna et al. 2023), ACDC's prompt and year filter, "01";
+- :mod:`.sva`: subject-verb agreement, same-length singular/plural pairs;
+- :mod:`.induction`: repeated random sequences (:func:`rs_interp.induction_batch`);
+- :mod:`.io`: EAP-IG's task CSV and the MIB circuit track's graph files.
+
+Every builder is seeded (the same seed, the same task byte for byte) and refuses, naming the words,
+a tokenizer under which its words are not single tokens.
+
+>>> import rs_interp as ri
+>>> from rs_interp.tokenizers import gpt2_tokenizer
+>>> task = build_task("ioi", gpt2_tokenizer(), n=4, seed=0)
+>>> task.name, len(task), task.kind
+('ioi', 4, 'logit_diff')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .greater_than import greater_than_task
+from .induction import induction_task
+from .io import MIBGraph, from_mib_edge, mib_edge_names, read_eap_csv, read_mib, write_eap_csv, write_mib, write_mib_circuits
+from .ioi import ioi_task
+from .sva import sva_task
+from .task import MetricKind, Task
+
+__all__ = [
+    "Task", "MetricKind", "TASK_NAMES", "build_task",
+    "ioi_task", "greater_than_task", "sva_task", "induction_task",
+    "write_eap_csv", "read_eap_csv", "MIBGraph", "write_mib", "read_mib", "write_mib_circuits",
+    "mib_edge_names", "from_mib_edge",
+]
+
+#: The task names :func:`build_task` (and ``rs-interp circuit --task``) accept.
+TASK_NAMES = ("ioi", "greater-than", "sva", "induction")
+
+
+def build_task(name: str, tokenizer: Any = None, *, n: int = 32, seed: int = 0, d_vocab: int | None = None,
+               n_ctx: int | None = None) -> Task:
+    """The task ``name`` (one of :data:`TASK_NAMES`) with its defaults.
+
+    Args:
+        tokenizer: for the text tasks, a tokenizer or a model carrying one (unused by induction).
+        n, seed: number of rows and seed.
+        d_vocab, n_ctx: induction's token range and a bound on its length (the model's
+            ``cfg.d_vocab`` and ``cfg.n_ctx``; defaults 256 and 48 tokens).
+
+    Raises:
+        ValueError: an unknown name, a text task without a tokenizer, and the builder's own errors.
+    """
+    if name == "induction":
+        seq_len = 48 if n_ctx is None else min(48, n_ctx)
+        return induction_task(n, seed=seed, d_vocab=256 if d_vocab is None else d_vocab, seq_len=seq_len,
+                              max_period=min(24, seq_len - 1), min_period=min(6, seq_len - 1))
+    builders = {"ioi": ioi_task, "greater-than": greater_than_task, "sva": sva_task}
+    if name not in builders:
+        raise ValueError(f"unknown task {name!r}; the tasks are {', '.join(TASK_NAMES)}")
+    if tokenizer is None:
+        raise ValueError(f"the {name} task is built from text: it needs a tokenizer (or a model that has one)")
+    return builders[name](tokenizer, n, seed=seed)

@@ -1,0 +1,175 @@
+"""``rs-interp circuit``'s work (rs_interp.circuit_command): on code-2l with the induction task and on
+GPT-2 small's random weights with IOI, every file written within a minute, each number in them the
+one a direct computation gives, and the page drawn by headless Chromium (a screenshot beside the test)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import rs_interp as ri
+from rs_interp.circuit_command import add_arguments, load_model, main, run_circuit
+from rs_interp.tasks import build_task, read_mib
+
+FILES = {"scores.safetensors", "scores.json", "importances_mib.json", "curve.json", "circuit.json", "diagram.json",
+         "report.html", "summary.json"}
+
+
+def _run(argv):
+    parser = add_arguments(argparse.ArgumentParser(prog="rs-interp circuit"))
+    start = time.perf_counter()
+    assert main(parser.parse_args(argv)) == 0
+    return time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def code_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("code2l")
+    seconds = _run(["--model", "code-2l", "--task", "induction", "--method", "eap", "--out", str(out), "--n", "16",
+                    "--size", "0.2", "--seed", "1", "--quiet"])
+    return out, seconds
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpt2")
+    seconds = _run(["--model", "gpt2-random", "--task", "ioi", "--out", str(out), "--n", "2", "--quiet"])
+    return out, seconds
+
+
+def _chromium_draws(page_path, screenshot):
+    """Open the page offline in headless Chromium; every figure drawn, no request, no error."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing in CI: scripts/setup_browser.sh should have installed Debian's package")
+        pytest.skip("needs Debian's chromium package (bash scripts/setup_browser.sh installs it as root)")
+    from playwright.sync_api import sync_playwright
+
+    requests, errors = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto(page_path.as_uri())
+            page.wait_for_function("[...document.querySelectorAll('.fig')].every(d => d.querySelector('svg.main-svg'))",
+                                   timeout=60_000)
+            counts = page.evaluate("[...document.querySelectorAll('.fig')].map(d => d.querySelectorAll('.scatterlayer .trace').length)")
+            paths = page.evaluate("document.querySelector('#diagram .scatterlayer').querySelectorAll('path.js-line').length")
+            page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+    assert len(counts) == 2 and all(c > 0 for c in counts), counts
+    assert paths > 0  # the diagram's edges are drawn
+    assert [u for u in requests if not u.startswith("file://")] == [], "the page made a network request"
+    assert errors == [], errors
+    assert screenshot.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("which", ["code_run", "gpt2_run"])
+def test_writes_every_file_within_a_minute(request, which):
+    out, seconds = request.getfixturevalue(which)
+    assert {p.name for p in out.iterdir()} == FILES
+    assert seconds < 60
+    summary = json.loads((out / "summary.json").read_text())
+    assert {os.path.basename(p) for p in summary["files"].values()} == FILES
+
+
+@pytest.mark.parametrize("which", ["code_run", "gpt2_run"])
+def test_page_draws_in_headless_chromium(request, which, tmp_path):
+    out, _ = request.getfixturevalue(which)
+    html = (out / "report.html").read_text()
+    assert html.count("<script>") == 2 and "https://" not in html.split("<script>")[0]
+    _chromium_draws(out / "report.html", tmp_path / f"{which}.png")
+
+
+def test_files_hold_what_a_direct_computation_gives(code_run):
+    """The scores are edge attribution patching's on the task; the circuit is their top edges by
+    |score| and its metric and faithfulness are evaluate_circuit's; MIB's file holds the same scores."""
+    out, _ = code_run
+    model = ri.load_toy_model("code-2l")
+    task = build_task("induction", n=16, seed=1, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
+    eap = ri.edge_attribution_patching(model, task.clean, task.metric(), reference=task.corrupted)
+    tensors = load_file(str(out / "scores.safetensors"))
+    layout = ri.edge_layout(model)
+    assert torch.equal(tensors["exists"], layout.exists)
+    assert torch.allclose(tensors["effect"].nan_to_num(0), eap.effect.double().nan_to_num(0), atol=1e-9, rtol=1e-6)
+    meta = json.loads((out / "scores.json").read_text())
+    assert tuple(meta["senders"]) == layout.senders and tuple(meta["receivers"]) == layout.receivers
+
+    circuit = json.loads((out / "circuit.json").read_text())
+    n = int(0.2 * layout.n_edges)
+    flat = [(abs(float(tensors["effect"][i, j])), i * 1000 + j, (layout.senders[i], layout.receivers[j]))
+            for i, j in layout.exists.nonzero().tolist()]
+    top = {e for _, _, e in sorted(flat, key=lambda t: (-t[0], t[1]))[:n]}
+    assert circuit["size"] == n and {(s, r) for s, r, _ in circuit["edges"]} == top
+    value = ri.evaluate_circuit(model, tokens=task.clean, metric=task.metric(), circuit=top, reference=task.corrupted)
+    assert circuit["value"] == pytest.approx(value, abs=1e-9)
+    curve = json.loads((out / "curve.json").read_text())
+    with torch.no_grad():
+        full, empty = float(task.metric()(model(task.clean))), float(task.metric()(model(task.corrupted)))
+    assert circuit["full"] == pytest.approx(full, abs=1e-5) and circuit["empty"] == pytest.approx(empty, abs=1e-5)
+    assert circuit["faithfulness"] == pytest.approx((value - empty) / (full - empty), abs=1e-6)
+    assert curve["faithfulness"][-1] == pytest.approx(1.0, abs=1e-6)  # every edge kept: the clean run
+    mib = read_mib(out / "importances_mib.json", model)
+    assert torch.equal(mib.scores.effect.nan_to_num(0), tensors["effect"].nan_to_num(0))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["faithfulness"] == circuit["faithfulness"] and summary["size"] == n
+    fig = json.loads((out / "diagram.json").read_text())
+    drawn = next(t for t in fig["data"] if t.get("name") == "edges")["text"]
+    assert {tuple(t.split(":")[0].split(" -> ")) for t in drawn} == top
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig", "exact"])
+def test_each_method_scores_as_its_helper(tmp_path, method):
+    model = ri.load_toy_model("induction-2l")
+    task = build_task("induction", n=6, seed=2)
+    run = run_circuit(model, task, method=method, out=tmp_path, size=5, ig_steps=3, progress=False)
+    kw = dict(tokens=task.clean, metric=task.metric(), reference=task.corrupted)
+    want = (ri.path_patching(model, **kw) if method == "exact" else
+            ri.edge_attribution_patching(model, ig_steps=3 if method == "eap-ig" else None, **kw))
+    got = load_file(str(tmp_path / "scores.safetensors"))["effect"]
+    assert torch.allclose(got.nan_to_num(0), want.effect.double().nan_to_num(0), atol=1e-9, rtol=1e-6)
+    assert run.method == method and run.size == 5 and len(json.loads((tmp_path / "circuit.json").read_text())["edges"]) == 5
+
+
+def test_missing_weights_say_how_to_provide_them(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("RS_INTERP_GPT2_PATH", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # an empty cache
+    start = time.perf_counter()
+    with pytest.raises(ri.GPT2WeightsUnavailable, match="RS_INTERP_GPT2_PATH.*--model gpt2-random"):
+        _run(["--model", "gpt2", "--task", "ioi", "--out", str(tmp_path / "out")])
+    assert time.perf_counter() - start < 5  # no wait on a network
+    assert not (tmp_path / "out").exists()
+
+
+def test_refusals(tmp_path):
+    model = ri.load_toy_model("induction-2l")
+    task = build_task("induction", n=2)
+    with pytest.raises(ValueError, match="method must be one of"):
+        run_circuit(model, task, method="acdc", out=tmp_path)
+    with pytest.raises(ValueError, match="between 1 and the graph's 29 edges"):
+        run_circuit(model, task, method="eap", out=tmp_path, size=30)
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        run_circuit(model, task, method="eap", out=tmp_path, size=1.5)
+    with pytest.raises(ValueError, match="outside this model's 256-token vocabulary"):
+        run_circuit(model, build_task("induction", n=2, d_vocab=1000), method="eap", out=tmp_path)
+    with pytest.raises(ValueError, match="is not gpt2, gpt2-random, a shipped model"):
+        load_model("no-such-model")
+    with pytest.raises(ValueError, match=r"of \d+ names are not single tokens"):  # code-2l's tokenizer cannot say IOI's names
+        _run(["--model", "code-2l", "--task", "ioi", "--out", str(tmp_path)])
+    assert list(tmp_path.iterdir()) == []

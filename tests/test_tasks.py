@@ -1,0 +1,369 @@
+"""The task datasets: every pair as long in tokens under GPT-2's tokenizer, every name, object and year
+one token, the answers what the text says they are, the metric against a loop written out, the same
+seed the same bytes in another process, the refusals, and EAP-IG's CSV and MIB's graph files round-tripped."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import rs_interp as ri
+from rs_interp.tokenizers import gpt2_tokenizer
+from rs_interp.tasks import (MIBGraph, Task, build_task, from_mib_edge, greater_than_task, induction_task, ioi_task,
+                             mib_edge_names, read_eap_csv, read_mib, sva_task, write_eap_csv, write_mib,
+                             write_mib_circuits)
+from rs_interp.tasks import ioi as ioi_module
+from rs_interp.tasks import greater_than as gt_module
+from rs_interp.tasks import sva as sva_module
+
+TEXT_TASKS = {"ioi": ioi_task, "greater-than": greater_than_task, "sva": sva_task}
+N = 48
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return gpt2_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tasks(tok):
+    return {name: build(tok, N, seed=3) for name, build in TEXT_TASKS.items()}
+
+
+def _ids(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("name", TEXT_TASKS)
+def test_every_pair_is_as_long_in_tokens(tok, tasks, name):
+    task = tasks[name]
+    assert len(task) == N
+    for i, (c, x) in enumerate(zip(task.prompts, task.corrupted_prompts)):
+        tc, tx = _ids(tok, c), _ids(tok, x)
+        assert len(tc) == len(tx), (c, x)
+        assert c != x
+        assert task.clean[i, : len(tc) + 1].tolist() == [50256] + tc  # BOS, then the prompt
+        assert task.corrupted[i, : len(tx) + 1].tolist() == [50256] + tx
+        assert int(task.positions[i]) == len(tc)  # the prompt's last token
+
+
+def test_ioi_words_are_single_tokens(tok):
+    for words in (ioi_module.NAMES, ioi_module.PLACES, ioi_module.OBJECTS):
+        assert all(len(_ids(tok, " " + w)) == 1 for w in words)
+
+
+def test_ioi_answers_are_the_indirect_object_and_the_subject(tok, tasks):
+    """From the text alone: the name said once is the IO (the answer), the name said twice is S; the
+    ABC corruption names three others; both orders occur."""
+    task, names = tasks["ioi"], set(ioi_module.NAMES)
+    orders = set()
+    for i, (c, x) in enumerate(zip(task.prompts, task.corrupted_prompts)):
+        said = [w for w in re.findall(r"[A-Z][a-z]+", c) if w in names]
+        io = next(w for w in said if said.count(w) == 1)
+        s = next(w for w in said if said.count(w) == 2)
+        assert len(said) == 3 and tok.decode(task.answers[i]) == " " + io and tok.decode(task.wrong[i]) == " " + s
+        orders.add("ABBA" if said[0] == io else "BABA")
+        others = [w for w in re.findall(r"[A-Z][a-z]+", x) if w in names]
+        assert len(others) == 3 and len(set(others)) == 3 and not set(others) & {io, s}
+        assert re.sub("|".join(said + others), "_", c) == re.sub("|".join(said + others), "_", x)  # only the names differ
+    assert orders == {"ABBA", "BABA"}
+
+
+def test_greater_than_years_and_answers(tok, tasks):
+    task = tasks["greater-than"]
+    digits = [_ids(tok, f"{k:02d}") for k in range(100)]
+    assert all(len(d) == 1 for d in digits)
+    assert all(len(_ids(tok, " " + n)) == 1 for n in gt_module.NOUNS)
+    for year in gt_module.valid_years(tok):  # ACDC's filter: " YYyy" is " YY" + "yy"
+        assert _ids(tok, f" {year}") == _ids(tok, f" {year // 100}") + _ids(tok, f"{year % 100:02d}")
+    for i, (c, x) in enumerate(zip(task.prompts, task.corrupted_prompts)):
+        m = re.fullmatch(r"The (\w+) lasted from the year (\d\d)(\d\d) to (\d\d)", c)
+        assert m and m.group(2) == m.group(4) and int(m.group(3)) == int(task.label[i])
+        assert x == c.replace(f"year {m.group(2)}{m.group(3)}", f"year {m.group(2)}01")
+        yy = int(m.group(3))
+        assert [tok.decode(t) for t in task.answers[i] if t >= 0] == [f"{k:02d}" for k in range(yy + 1, 100)]
+        assert [tok.decode(t) for t in task.wrong[i] if t >= 0] == [f"{k:02d}" for k in range(yy + 1)]
+
+
+def test_sva_answers_agree_with_the_clean_subject(tok, tasks):
+    task = tasks["sva"]
+    plural_nouns = {p for _, p in sva_module.SUBJECTS}
+    for i, (c, x) in enumerate(zip(task.prompts, task.corrupted_prompts)):
+        subject, other = c.split()[1], x.split()[1]
+        assert (subject in plural_nouns) == bool(task.label[i]) != (other in plural_nouns)
+        assert c.split()[2:] == x.split()[2:]
+        forms = [tok.decode(t).strip() for t in task.answers[i] if t >= 0]
+        assert forms == [v[int(task.label[i])] for v in sva_module.VERBS]
+
+
+def test_sva_keeps_only_pairs_of_equal_length(tok):
+    """'painter' is one GPT-2 token and 'painters' two: with it as the only subject no pair survives."""
+    with pytest.raises(ValueError, match="as long in tokens"):
+        sva_task(tok, 2, subjects=[("painter", "painters")])
+    assert len(sva_task(tok, 2, subjects=[("skater", "skaters")])) == 2  # two tokens each: kept
+
+
+def _scores_by_hand(task, logits, kind):
+    out = []
+    for b in range(len(task)):
+        row = logits[b, int(task.positions[b])].double()
+        values = row.softmax(-1) if kind == "prob_diff" else row
+        good = [float(values[t]) for t in task.answers[b] if t >= 0]
+        bad = [float(values[t]) for t in task.wrong[b] if t >= 0]
+        agg = sum if kind == "prob_diff" else (lambda v: sum(v) / len(v))
+        out.append(agg(good) - agg(bad))
+    return out
+
+
+@pytest.mark.parametrize("name", list(TEXT_TASKS) + ["induction"])
+@pytest.mark.parametrize("kind", ["logit_diff", "prob_diff"])
+def test_metric_against_a_loop(tok, name, kind):
+    task = build_task(name, tok, n=5, seed=4)
+    vocab = 50257 if name in TEXT_TASKS else 256
+    logits = torch.randn(len(task), task.clean.shape[1], vocab, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    want = _scores_by_hand(task, logits, kind)
+    got = task.scores(logits, kind)
+    assert got.dtype == torch.float64 and torch.allclose(got, torch.tensor(want, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert float(task.metric(kind)(logits)) == pytest.approx(sum(want) / len(want), abs=1e-12)
+
+
+def test_metric_is_differentiable_and_checks_shapes(tok):
+    task = ioi_task(tok, 3, seed=0)
+    logits = torch.zeros(len(task), task.clean.shape[1], 50257, requires_grad=True)
+    task.metric()(logits).backward()
+    assert logits.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="do not match"):
+        task.metric()(torch.zeros(len(task), task.clean.shape[1] + 1, 50257))
+    with pytest.raises(ValueError, match="outside the model's 100 logits"):
+        task.metric()(torch.zeros(len(task), task.clean.shape[1], 100))
+
+
+def test_induction_answers_come_from_the_repeat():
+    task = induction_task(N, seed=5, seq_len=20, min_period=3, max_period=9)
+    for b in range(N):
+        p, row = int(task.label[b]), task.clean[b].tolist()
+        assert all(row[i] == row[i - p] for i in range(p, 20))
+        assert int(task.answers[b, 0]) == row[20 - p] != int(task.wrong[b, 0])
+    model = ri.load_toy_model("induction-2l")
+    with torch.no_grad():  # a trained induction model prefers the clean repeat on the clean rows
+        assert float(task.metric()(model(task.clean))) > 1 > -1 > float(task.metric()(model(task.corrupted)))
+
+
+_DIGESTS = """
+import json, sys
+from rs_interp.tokenizers import gpt2_tokenizer
+from rs_interp.tasks import build_task
+tok = gpt2_tokenizer()
+print(json.dumps({name: build_task(name, tok, n=24, seed=11).digest() for name in ("ioi", "greater-than", "sva", "induction")}))
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def other_process():
+    """The other process starts with the module's first test and runs beside the rest (it spends most
+    of its time importing); test_same_seed_same_bytes_in_another_process, last, reads its answer."""
+    proc = subprocess.Popen([sys.executable, "-c", _DIGESTS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONHASHSEED": "12345", "OMP_NUM_THREADS": "1"})
+    yield proc
+    proc.kill()
+    proc.communicate()
+
+
+@pytest.mark.parametrize("name", ["ioi", "greater-than", "sva"])
+def test_refuses_a_tokenizer_whose_words_are_not_single_tokens(name):
+    code_tok = ri.SHIPPED_MODELS["code-2l"].tokenizer()  # a 2,048-token BPE of Python sources
+    with pytest.raises(ValueError, match=r"of \d+ \w[\w -]* are not single tokens under this tokenizer: '"):
+        build_task(name, code_tok, n=2)
+
+
+def test_refusals_name_the_words(tok):
+    with pytest.raises(ValueError, match=r"1 of 6 names .* ' Bartholomew' -> \d tokens"):
+        ioi_task(tok, 2, names=["Mary", "John", "Tom", "James", "Anna", "Bartholomew"])
+    with pytest.raises(ValueError, match="at least 5 distinct names"):
+        ioi_task(tok, 2, names=["Mary", "John", "Tom", "Anna"])
+    with pytest.raises(ValueError, match="unknown task 'docstring'"):
+        build_task("docstring", tok)
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        build_task("ioi", None)
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        greater_than_task(tok, 0)
+
+
+def test_task_checks_its_fields():
+    ok = dict(clean=torch.tensor([[1, 2]]), corrupted=torch.tensor([[1, 3]]), answers=torch.tensor([[4]]),
+              wrong=torch.tensor([[5]]), positions=torch.tensor([1]))
+    Task("t", **ok)
+    for change, message in [(dict(corrupted=torch.tensor([[1, 3, 3]])), "as long"), (dict(positions=torch.tensor([2])), r"\[0, 2\)"),
+                            (dict(answers=torch.tensor([[-1]])), "empty in rows"), (dict(wrong=torch.tensor([[-2]])), "negative ids"),
+                            (dict(clean=torch.tensor([[1.0, 2.0]])), "torch.long"), (dict(kind="kl"), "kind")]:
+        with pytest.raises(ValueError, match=message):
+            Task("t", **{**ok, **change})
+
+
+# --- EAP-IG's CSV -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TEXT_TASKS)
+def test_eap_csv_round_trip(tok, tasks, tmp_path, name):
+    task = tasks[name]
+    path = write_eap_csv(task, tmp_path / f"{name}.csv")
+    header = path.read_text().splitlines()[0]
+    assert header == {"ioi": "clean,corrupted,correct_idx,incorrect_idx", "greater-than": "clean,corrupted,label",
+                      "sva": "clean,corrupted,plural"}[name]
+    back = read_eap_csv(path, name, tok)
+    assert back.digest() == task.digest() and back.prompts == task.prompts and back.seed is None
+
+
+def test_eap_csv_reads_eap_igs_own_layout(tok, tmp_path):
+    """pandas' index column and extra columns (EAP-IG's ioi files) are ignored; eap-ig-faithfulness's
+    greater-than column is named correct_idx."""
+    path = tmp_path / "ioi.csv"
+    path.write_text(',clean,corrupted,corrupted_hard,correct_idx,incorrect_idx\n'
+                    '826,"When Amy and Laura got a snack at the house, Laura decided to give it to",'
+                    '"When Amy and Laura got a snack at the house, Nicholas decided to give it to",'
+                    '"When Amy and Laura got a snack at the house, Amy decided to give it to",14235,16753\n')
+    task = read_eap_csv(path, "ioi", tok)
+    assert tok.decode(task.answers[0]) == " Amy" and tok.decode(task.wrong[0]) == " Laura"
+    gt = tmp_path / "gt.csv"
+    gt.write_text("clean,corrupted,correct_idx\nThe plan lasted from the year 1642 to the year 16,The plan lasted from the year 1601 to the year 16,42\n")
+    assert int(read_eap_csv(gt, "greater-than", tok).label[0]) == 42
+    with pytest.raises(ValueError, match="no column plural"):
+        read_eap_csv(gt, "sva", tok)
+
+
+def test_eap_csv_refuses_induction(tmp_path):
+    with pytest.raises(ValueError, match="no texts"):
+        write_eap_csv(induction_task(2), tmp_path / "x.csv")
+
+
+# --- MIB's graph files -------------------------------------------------------------------------
+
+
+def _models():
+    return {"induction-2l": ri.load_toy_model("induction-2l").cfg, "gpt2-small": ri.gpt2_config("small"),
+            "gqa": ri.make_attn_only(2, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32).cfg}
+
+
+@pytest.mark.parametrize("which", ["induction-2l", "gpt2-small", "gqa"])
+def test_mib_names_round_trip(which):
+    cfg = _models()[which]
+    layout = ri.edge_layout(cfg)
+    names = [n for e in layout.edges() for n in mib_edge_names(e, cfg)]
+    assert len(names) == len(set(names))
+    assert all(from_mib_edge(n, cfg) == e for e in layout.edges() for n in mib_edge_names(e, cfg))
+    if which == "gpt2-small":  # MIB's GPT-2 small graph (its example importance file): 32,491 edges
+        assert len(names) == 32491 and {"input->a0.h0<q>", "a0.h0->m0", "m11->logits", "a11.h11->logits"} <= set(names)
+
+
+@pytest.mark.parametrize("which", ["induction-2l", "gpt2-small", "gqa"])
+def test_mib_edge_check_agrees_with_the_layout(which):
+    """from_mib_edge validates from the config alone: against the layout, on every (sender, receiver) pair."""
+    from rs_interp.tasks.io import _check_edge
+
+    cfg = _models()[which]
+    layout = ri.edge_layout(cfg)
+    stride = 7 if which == "gpt2-small" else 1  # a sample of GPT-2's 70k pairs keeps this fast
+    for i, s in enumerate(layout.senders):
+        for j in range(i % stride, len(layout.receivers), stride):
+            r = layout.receivers[j]
+            if bool(layout.exists[i, j]):
+                _check_edge(s, r, cfg)
+            else:
+                with pytest.raises(ValueError, match="is not an edge"):
+                    _check_edge(s, r, cfg)
+    for s, r in [("L9H0", "logits"), ("embed", "L0H9.q"), ("MLP0", "logits"), ("embed", "L0KV0.k"), ("embed", "logits.q")]:
+        if s in layout.senders and r in layout.receivers:
+            continue
+        with pytest.raises(ValueError, match="is not a (sender|receiver) of this model"):
+            _check_edge(s, r, cfg)
+
+
+def _random_scores(cfg, seed=0):
+    layout = ri.edge_layout(cfg)
+    effect = torch.randn(layout.exists.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return ri.EdgeEffects(layout, torch.where(layout.exists, effect.float().double(), torch.nan), float("nan"))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".pt"])
+@pytest.mark.parametrize("which", ["induction-2l", "gqa"])  # GPT-2 small's names and count: test_mib_names_round_trip
+def test_mib_files_round_trip(tmp_path, which, suffix):
+    cfg = _models()[which]
+    scores = _random_scores(cfg)
+    back = read_mib(write_mib(tmp_path / f"importances{suffix}", cfg, scores=scores), cfg)
+    assert isinstance(back, MIBGraph) and torch.equal(back.scores.effect.isnan(), scores.effect.isnan())
+    assert torch.equal(back.scores.effect.nan_to_num(0), scores.effect.nan_to_num(0))
+    assert back.circuit == frozenset(ri.edge_layout(cfg).edges())
+    circuit = ri.top_edges(scores, 7)
+    again = read_mib(write_mib(tmp_path / f"circuit{suffix}", cfg, circuit=circuit), cfg)
+    assert again.circuit == set(circuit)
+    assert set(ri.top_edges(again.scores, 7)) == set(circuit)  # scores 1 inside, 0 outside: the top-7 is the circuit
+
+
+def test_mib_json_nodes_follow_the_circuit(tmp_path):
+    cfg = _models()["induction-2l"]
+    data = json.loads(write_mib(tmp_path / "c.json", cfg, circuit=[("embed", "L0H1.v"), ("L0H1", "L1H0.k")]).read_text())
+    assert data["cfg"] == {"n_layers": 2, "n_heads": 2, "parallel_attn_mlp": False, "d_model": cfg.d_model}
+    assert {n for n, d in data["nodes"].items() if d["in_graph"]} == {"input", "a0.h1", "a1.h0", "logits"}
+    assert data["edges"]["input->a0.h1<v>"] == {"score": 1.0, "in_graph": True}
+    assert data["edges"]["a0.h0->a1.h0<k>"] == {"score": 0.0, "in_graph": False}
+
+
+def test_mib_circuits_at_the_submission_sizes(tmp_path):
+    cfg = _models()["gqa"]
+    scores = _random_scores(cfg, seed=2)
+    total = sum(len(mib_edge_names(e, cfg)) for e in ri.edge_layout(cfg).edges())
+    paths = write_mib_circuits(tmp_path, cfg, scores, fractions=(0.05, 0.2, 0.5))
+    previous: frozenset = frozenset()
+    for f, path in zip((0.05, 0.2, 0.5), paths):
+        circuit = read_mib(path, cfg).circuit
+        used = sum(len(mib_edge_names(e, cfg)) for e in circuit)
+        assert used <= int(f * total) and previous <= circuit  # at most f of MIB's edges; nested
+        best_left = max((abs(scores.edge(*e)) for e in set(ri.edge_layout(cfg).edges()) - circuit), default=0)
+        assert all(abs(scores.edge(*e)) >= best_left for e in circuit)  # the largest |score| first
+        previous = circuit
+    plain = _models()["induction-2l"]
+    n_plain = ri.edge_layout(plain).n_edges
+    sizes = [len(read_mib(p, plain).circuit) for p in write_mib_circuits(tmp_path / "p", plain, _random_scores(plain))]
+    assert sizes == [int(f * n_plain) for f in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)]
+
+
+def test_mib_refusals(tmp_path):
+    cfg, gqa = _models()["induction-2l"], _models()["gqa"]
+    scores = _random_scores(cfg)
+    with pytest.raises(ValueError, match="no score"):
+        write_mib(tmp_path / "x.json", cfg, scores=ri.EdgeEffects(scores.layout, torch.full_like(scores.effect, math.nan), math.nan))
+    with pytest.raises(ValueError, match="not a receiver"):
+        write_mib(tmp_path / "x.json", cfg, circuit=[("embed", "MLP0")])
+    path = write_mib(tmp_path / "ok.json", cfg, scores=scores)
+    with pytest.raises(ValueError, match="graph of another model"):
+        read_mib(path, ri.gpt2_config("small"))
+    data = json.loads(path.read_text())
+    data["edges"]["input->m0"] = {"score": 0.5, "in_graph": True}  # an MLP this attention-only model has not
+    (tmp_path / "mlp.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="MLP0"):
+        read_mib(tmp_path / "mlp.json", cfg)
+    g = json.loads(write_mib(tmp_path / "g.json", gqa, scores=_random_scores(gqa)).read_text())
+    g["edges"]["input->a0.h1<k>"]["score"] += 1.0  # query heads 0 and 1 share KV head 0: their copies must agree
+    (tmp_path / "g.json").write_text(json.dumps(g))
+    with pytest.raises(ValueError, match="one key and one value input per KV head"):
+        read_mib(tmp_path / "g.json", gqa)
+    del data["edges"]["input->m0"], data["edges"]["input->a0.h0<q>"]
+    (tmp_path / "short.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="lacks 1 edges"):
+        read_mib(tmp_path / "short.json", cfg)
+
+
+def test_same_seed_same_bytes_in_another_process(tok, other_process):
+    mine = {name: build_task(name, tok, n=24, seed=11).digest() for name in ("ioi", "greater-than", "sva", "induction")}
+    assert mine == {name: build_task(name, tok, n=24, seed=11).digest() for name in mine}
+    assert all(build_task(name, tok, n=24, seed=12).digest() != d for name, d in mine.items())
+    out, err = other_process.communicate(timeout=300)
+    assert other_process.returncode == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1]) == mine
