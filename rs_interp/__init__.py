@@ -7,6 +7,15 @@
 True
 """
 
+import warnings as _warnings
+
+with _warnings.catch_warnings():
+    # TransformerLens imports huggingface_hub, which imports tqdm.auto: in a Jupyter kernel without ipywidgets
+    # that warns "IProgress not found" at import, before any bar is asked for. Imported here once, quietly
+    # (rs_interp's own bars pick the text bar where there are no widgets: rs_interp._progress).
+    _warnings.filterwarnings("ignore", message="IProgress not found")
+    import tqdm.auto  # noqa: F401
+
 from ._backend import Model
 from ._validate import Ablation
 from .ablation import run_with_key_input, run_with_query_input
@@ -32,7 +41,11 @@ from .heads import (
     positional_scores,
     prev_token_scores,
 )
-from . import hooks, tasks
+from ._source_tree import load_hooks_from_the_source_tree
+
+load_hooks_from_the_source_tree()  # hooks/ is rs_interp.hooks also when rs_interp runs from its clone (no install)
+
+from . import features, hooks, tasks  # noqa: E402
 from .tokenizers import gpt2_tokenizer
 from .labels import head_label, head_labels
 from .metrics import Metric, next_token_loss
@@ -156,6 +169,8 @@ __all__ = [
     "Certificate",
     # tasks and GPT-2's tokenizer
     "tasks",
+    # feature circuits
+    "features",
     "gpt2_tokenizer",
     # hook factories
     "hooks",

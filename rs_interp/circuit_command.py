@@ -131,7 +131,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
     """
     import torch
     from safetensors.torch import save_file
-    from tqdm.auto import tqdm
+    from ._progress import bar
 
     import rs_interp as ri
     from .circuit_figure import circuit_figure
@@ -151,7 +151,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
     metric = task.metric()
     kw = dict(tokens=task.clean, metric=metric, reference=task.corrupted)
     seconds: dict[str, float] = {}
-    with tqdm(total=4, desc=f"circuit ({task.name}, {method})", disable=not progress, unit="step") as steps:
+    with bar(total=4, desc=f"circuit ({task.name}, {method})", enabled=progress, unit="step") as steps:
 
         def step(label: str):
             steps.set_postfix_str(label)

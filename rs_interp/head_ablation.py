@@ -33,6 +33,7 @@ from jaxtyping import Float, Int
 
 from ._backend import Model, logit_softcap, run_from
 from ._budget import stacked_copies
+from ._progress import bar
 from ._state import preserve_state
 from ._validate import Ablation, check_ablation, check_heads, check_int_range, check_positions
 from .certificate import require
@@ -150,7 +151,7 @@ def head_ablation_scan(
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     positions: Sequence[int] | None = None,
     memory_budget: int = 2**30,
-    progress: bool = False,
+    progress: bool = True,
 ) -> HeadAblationScan:
     """The effect on ``metric`` of ablating each head in turn (and the clean and ablated metric).
 
@@ -175,8 +176,6 @@ def head_ablation_scan(
     >>> scan.top(1)[0][0] == head_label(*find_prev_token_head(model, batch.tokens))  # the costliest head
     True
     """
-    from tqdm.auto import tqdm
-
     tokens, ref = check_ablation(model, tokens, method, reference, "head_ablation_scan")
     check_int_range("memory_budget", memory_budget, 1)
     pos = None if positions is None else check_positions(positions, tokens.shape[1])
@@ -197,7 +196,7 @@ def head_ablation_scan(
             clean = metric_value(metric(_logits(model, tokens, None, None, pos)), "clean run")
         spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
         jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads)))) for l in range(L) for h0 in range(0, n_heads, per_pass)]
-        for l, group in tqdm(jobs, desc="head ablation scan", disable=not progress, leave=False):
+        for l, group in bar(jobs, desc="head ablation scan", enabled=progress, unit="pass"):
             k = len(group)
             # replica i ablates head group[i]
             resid = box[f"blocks.{l}.hook_resid_pre"].repeat(k, 1, 1) if from_layer else tokens.repeat(k, 1)

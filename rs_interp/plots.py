@@ -71,8 +71,28 @@ def attention_figure(patterns: torch.Tensor, heads: Sequence[tuple[int, int]], *
     return fig
 
 
-def path_contributions_figure(labels: Sequence[str], contributions: Sequence[float], *, title: str = "The correct token's logit, split into paths") -> go.Figure:
-    """Bar chart of each path's contribution (e.g. one column of a :class:`~rs_interp.PathExpansion`)."""
+def path_contributions_figure(labels, contributions: Sequence[float] | None = None, *,
+                              title: str = "The correct token's logit, split into paths") -> go.Figure:
+    """Bars of each path's (or component's) part of a logit: a :class:`~rs_interp.PathAttribution`, a
+    :class:`~rs_interp.DirectLogitAttribution` (each component's mean part), or ``labels`` and
+    ``contributions``.
+
+    >>> import rs_interp as ri
+    >>> b = ri.induction_batch(8, seed=0)
+    >>> fig = path_contributions_figure(ri.path_logit_attribution(ri.load_toy_model(), b.tokens, targets=b.targets))
+    >>> len(fig.data[0].x) > 3
+    True
+    """
+    if contributions is None:
+        result = labels
+        labels = list(result.labels)
+        if hasattr(result, "centered"):  # PathAttribution: each path's mean part of the centred logit
+            contributions = result.centered.mean(-1).tolist()
+        elif hasattr(result, "mean"):  # DirectLogitAttribution
+            contributions = result.mean().tolist()
+        else:
+            raise ValueError(f"path_contributions_figure takes a PathAttribution, a DirectLogitAttribution, or labels and "
+                             f"contributions; got {type(result).__name__}")
     vals = [float(v) for v in contributions]
     colors = ["#1f77b4" if v >= 0 else "#d62728" for v in vals]
     fig = go.Figure(go.Bar(x=list(labels), y=vals, marker_color=colors, hovertemplate="%{x}: %{y:.3f}<extra></extra>"))
@@ -81,22 +101,43 @@ def path_contributions_figure(labels: Sequence[str], contributions: Sequence[flo
     return fig
 
 
-def logit_lens_figure(labels: Sequence[str], probs: Mapping[str, Sequence[float]], *, chance: float | None = None,
+def logit_lens_figure(labels, probs: Mapping[str, Sequence[float]] | None = None, *, chance: float | None = None,
                       title: str = "Logit lens") -> go.Figure:
-    """P(target) per reading point, one line per series in ``probs``."""
+    """The probability of the correct token at every reading point: a
+    :class:`~rs_interp.LogitLensReadings` (its mean target probability over the positions with a
+    target), or ``labels`` and ``probs`` (series name -> one value per reading point). Every series is
+    named in the legend, a single one too.
+
+    >>> import rs_interp as ri
+    >>> b = ri.induction_batch(4, seed=0)
+    >>> fig = logit_lens_figure(ri.logit_lens(ri.load_toy_model(), b.tokens, targets=b.targets))
+    >>> list(fig.data[0].x), fig.layout.showlegend
+    (['embed', 'L0', 'L1'], True)
+    """
+    if probs is None:
+        readings = labels
+        if getattr(readings, "target_probs", None) is None:
+            raise ValueError("logit_lens_figure needs the lens read with targets= (its target probabilities), "
+                             "or labels and probs")
+        labels = list(readings.labels)
+        p = readings.target_probs.to(torch.float64)
+        probs = {"p(target)": p.nanmean(dim=(1, 2)).tolist()}
     fig = go.Figure()
     for name, ys in probs.items():
         fig.add_trace(go.Scatter(x=list(labels), y=[float(y) for y in ys], mode="lines+markers", name=name))
     if chance is not None:
-        fig.add_hline(y=chance, line_dash="dot", annotation_text="chance", line_color="#888")
-    fig.update_layout(title=title, xaxis_title="reading point", yaxis_title="probability", yaxis_range=[0, 1.02], height=400)
+        fig.add_hline(y=chance, line_dash="dot", line_color="#888", annotation_text="chance")
+    fig.update_layout(title=title, xaxis_title="reading point", yaxis_title="probability of the correct token", height=380,
+                      showlegend=True)
     return fig
 
 
-def composition_heatmaps(results: Sequence) -> go.Figure:
+def composition_heatmaps(results) -> go.Figure:
     """Composition scores of every (earlier head, later head) pair, one panel per
-    :class:`~rs_interp.CompositionScores` in ``results`` (e.g. one per kind, ``"k"``, ``"q"``,
+    :class:`~rs_interp.CompositionScores` (one, or several: e.g. one per kind, ``"k"``, ``"q"``,
     ``"v"``); a result's random baseline goes in its title when it has one."""
+    if hasattr(results, "scores"):
+        results = [results]
     if not results:
         raise ValueError("results is empty; pass at least one CompositionScores")
     by_kind = {r.kind: r for r in results}
@@ -165,8 +206,15 @@ def layernorm_figure(n_points: int = 40, *, seed: int = 0) -> go.Figure:
     return fig
 
 
-def parameter_breakdown_figure(by_category: Mapping[str, int], *, title: str = "GPT-2 small: where the parameters live") -> go.Figure:
-    """One stacked horizontal bar of parameter counts per category."""
+def parameter_breakdown_figure(by_category, *, title: str = "GPT-2 small: where the parameters live") -> go.Figure:
+    """One stacked horizontal bar of parameter counts per category: a :class:`~rs_interp.ParameterCount`
+    or its ``by_category``.
+
+    >>> import rs_interp as ri
+    >>> len(parameter_breakdown_figure(ri.count_parameters(ri.gpt2_config("small"))).data)
+    5
+    """
+    by_category = getattr(by_category, "by_category", by_category)
     total = sum(by_category.values())
     fig = go.Figure()
     for name, n in by_category.items():
@@ -176,8 +224,11 @@ def parameter_breakdown_figure(by_category: Mapping[str, int], *, title: str = "
     return fig
 
 
-def finance_figure(seen: Mapping[str, float], unseen: Mapping[str, float]) -> go.Figure:
-    """Fraction of company-name queries completed per reader, seen vs unseen companies."""
+def finance_figure(seen, unseen: Mapping[str, float] | None = None) -> go.Figure:
+    """Fraction of company-name queries completed per reader, seen vs unseen companies: a finance
+    study's result (with ``seen`` and ``unseen``) or the two mappings."""
+    if unseen is None:
+        seen, unseen = seen.seen, seen.unseen
     readers = list(seen)
     fig = go.Figure([go.Bar(name="seen companies", x=readers, y=[seen[r] for r in readers]),
                      go.Bar(name="unseen companies", x=readers, y=[unseen[r] for r in readers])])
@@ -202,11 +253,33 @@ def position_figure(prev_weight: Sequence[float], accuracy: Sequence[float], ker
     return fig
 
 
-def head_scan_figure(values: torch.Tensor, *, title: str, colorbar: str = "effect", symmetric: bool = True) -> go.Figure:
-    """A (layer, head) heatmap, e.g. a :class:`~rs_interp.HeadAblationScan`'s ``effect`` or copying scores.
+def head_scan_figure(values, *, title: str | None = None, colorbar: str = "effect", symmetric: bool = True) -> go.Figure:
+    """A (layer, head) heatmap: a result with a (layer, head) ``effect`` (:class:`~rs_interp.HeadAblationScan`,
+    :class:`~rs_interp.AttributionPatching`) or ``induction`` (:class:`~rs_interp.InductionScores`), or
+    the values themselves (copying scores ...). Computes nothing; ``symmetric`` centres the colour
+    scale on zero; the title defaults to the result's kind.
 
-    Takes computed values and computes nothing; ``symmetric`` centres the colour scale on zero.
+    >>> import rs_interp as ri
+    >>> b = ri.induction_batch(8, seed=0)
+    >>> fig = head_scan_figure(ri.head_ablation_scan(ri.load_toy_model(), b.tokens, ri.next_token_loss(b.targets)))
+    >>> fig.layout.title.text
+    'Head ablation scan (zero): change of the metric'
     """
+    if not isinstance(values, torch.Tensor):
+        result = values
+        kind = type(result).__name__
+        if hasattr(result, "effect"):
+            values = result.effect
+            method = getattr(result, "method", None)
+            default = ("Head ablation scan" + (f" ({method})" if method else "") + ": change of the metric"
+                       if kind == "HeadAblationScan" else f"{kind}: estimated change of the metric")
+        elif hasattr(result, "induction"):
+            values, default, symmetric, colorbar = result.induction, "Induction scores: weight on i - p + 1", False, "weight"
+        else:
+            raise ValueError(f"head_scan_figure takes a (layer, head) tensor or a result with effect or induction, got {kind}")
+        title = title or default
+    if values.ndim != 2:
+        raise ValueError(f"head_scan_figure takes (layer, head) values, got shape {tuple(values.shape)}")
     L, H = values.shape
     z = values.double().tolist()
     zmax = float(values.abs().max()) if symmetric else None
@@ -215,55 +288,114 @@ def head_scan_figure(values: torch.Tensor, *, title: str, colorbar: str = "effec
                                colorbar=dict(title=colorbar), hovertemplate="%{y}%{x}: %{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", title="layer")
     fig.update_xaxes(title="head")
-    fig.update_layout(title=title, height=160 + 60 * L)
+    fig.update_layout(title=title or "Heads", height=160 + 60 * L)
     return fig
 
 
-def second_order_figure(sources: Sequence[str], destinations: Sequence[str], matrix: torch.Tensor, *, title: str) -> go.Figure:
-    """A (source x destination) heatmap of second-order attributions at one position, e.g.
-    ``so.matrix(batch=0, position=-1)`` of a :class:`~rs_interp.SecondOrderAttribution`."""
+def second_order_figure(sources, destinations: Sequence[str] | None = None, matrix: torch.Tensor | None = None, *,
+                        title: str | None = None, batch: int = 0, position: int = -1) -> go.Figure:
+    """A (source x destination) heatmap of second-order attributions at one position: a
+    :class:`~rs_interp.SecondOrderAttribution` (at ``batch`` and the index ``position`` of its
+    positions), or ``sources``, ``destinations`` and a matrix.
+
+    >>> import rs_interp as ri
+    >>> b = ri.induction_batch(2, seed=0)
+    >>> so = ri.second_order_attribution(ri.load_toy_model(), b.tokens, targets=b.targets, positions=[-2])
+    >>> second_order_figure(so).data[0].z is not None
+    True
+    """
+    if destinations is None or matrix is None:
+        result = sources
+        sources, destinations, matrix = result.sources, result.destinations, result.matrix(batch, position)
+        title = title or f"Second order: each head's direct part, split over its sources (position {result.positions[position]})"
     z = matrix.double()
     zmax = float(z.abs().max()) or 1.0
     fig = go.Figure(go.Heatmap(z=z.tolist(), x=list(destinations), y=list(sources), colorscale="RdBu_r", zmid=0, zmin=-zmax, zmax=zmax,
                                colorbar=dict(title="logit"), hovertemplate="%{y} -> %{x}: %{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", title="source (what the head read)")
     fig.update_xaxes(title="destination head")
-    fig.update_layout(title=title, height=200 + 18 * len(sources))
+    fig.update_layout(title=title or "Second-order attribution", height=200 + 18 * len(sources))
     return fig
 
 
-def estimate_vs_exact_figure(labels: Sequence[str], exact: Sequence[float], estimate: Sequence[float], *, title: str) -> go.Figure:
-    """Scatter of a first-order estimate (e.g. attribution patching) against the exact patch, with y = x."""
-    lo, hi = min(list(exact) + list(estimate)), max(list(exact) + list(estimate))
+def estimate_vs_exact_figure(labels, exact=None, estimate: Sequence[float] | None = None, *, title: str | None = None) -> go.Figure:
+    """Scatter of an estimate against the exact effect, with y = x: two results of the same items
+    (``estimate_vs_exact_figure(estimate, exact)``: an :class:`~rs_interp.AttributionPatching` and a
+    :class:`~rs_interp.HeadAblationScan`, or two :class:`~rs_interp.EdgeEffects`), or ``labels``,
+    ``exact`` and ``estimate``. Labels show on hover (a crowded plot stays legible).
+
+    >>> import rs_interp as ri
+    >>> m, a, b = ri.load_toy_model(), ri.induction_batch(4, seed=0), ri.induction_batch(4, seed=1)
+    >>> metric = ri.next_token_loss(a.targets)
+    >>> atp = ri.attribution_patching(m, a.tokens, metric, reference=b.tokens)
+    >>> scan = ri.head_ablation_scan(m, a.tokens, metric, method="resample", reference=b.tokens)
+    >>> len(estimate_vs_exact_figure(atp, scan).data[1].x)
+    4
+    """
+    if estimate is None:
+        est, ex = labels, exact
+        if hasattr(est, "layout") and hasattr(ex, "layout"):  # edges
+            keep = est.layout.exists
+            labels = [f"{s} -> {r}" for s, r in est.layout.edges()]
+            estimate, exact = est.effect[keep].tolist(), ex.effect[keep].tolist()
+            what = "edges"
+        else:
+            labels, estimate, exact, what = list(est.labels), est.effect.flatten().tolist(), ex.effect.flatten().tolist(), "heads"
+        title = title or f"{type(est).__name__} against {type(ex).__name__} ({what})"
+    pairs = [(x, y) for x, y in zip(exact, estimate) if not (math.isnan(x) or math.isnan(y))]
+    lo, hi = min(v for p in pairs for v in p), max(v for p in pairs for v in p)
     fig = go.Figure([go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(dash="dot", color="grey"), name="estimate = exact"),
-                     go.Scatter(x=list(exact), y=list(estimate), mode="markers+text", text=list(labels), textposition="top center",
-                                name="heads", hovertemplate="%{text}: exact %{x:.3f}, estimate %{y:.3f}<extra></extra>")])
-    fig.update_layout(title=title, xaxis_title="exact patch (resample ablation scan)", yaxis_title="attribution patching estimate", height=420)
+                     go.Scatter(x=list(exact), y=list(estimate), mode="markers", text=list(labels),
+                                name="items", hovertemplate="%{text}: exact %{x:.3f}, estimate %{y:.3f}<extra></extra>")])
+    fig.update_layout(title=title or "Estimate against the exact effect", xaxis_title="exact effect", yaxis_title="estimate", height=420)
     return fig
 
 
-def faithfulness_figure(curves: Mapping[str, object], *, title: str = "Faithfulness of the top edges") -> go.Figure:
-    """Faithfulness against the fraction of edges kept (log axis), one line per
-    :class:`~rs_interp.FaithfulnessCurve` in ``curves`` (e.g. ``{"EAP": ..., "EAP-IG": ..., "exact": ...}``),
-    with each curve's area in its legend entry (CPR for a curve ranked by signed score, CMD for one ranked
-    by absolute score: MIB's); 1 (the full model) dotted."""
+def faithfulness_figure(curves, *, title: str = "Faithfulness of the top edges") -> go.Figure:
+    """Faithfulness against the fraction of edges kept (log axis), one line per curve: a
+    :class:`~rs_interp.FaithfulnessCurve`, an :class:`~rs_interp.MIBScores` (both of its curves), or a
+    mapping name -> either (e.g. ``{"EAP": ..., "exact": ...}``), each curve's area in its legend entry
+    (CPR for a curve ranked by signed score, CMD for one ranked by absolute score: MIB's); 1 (the full
+    model) dotted.
+
+    >>> import rs_interp as ri
+    >>> m, a, b = ri.load_toy_model(), ri.induction_batch(4, seed=0), ri.induction_batch(4, seed=1)
+    >>> metric = ri.next_token_loss(a.targets)
+    >>> eap = ri.edge_attribution_patching(m, a.tokens, metric, reference=b.tokens)
+    >>> len(faithfulness_figure(ri.mib_scores(m, a.tokens, metric, eap, reference=b.tokens)).data)
+    2
+    """
+    if hasattr(curves, "faithfulness"):
+        curves = {"top edges": curves}
+    elif hasattr(curves, "signed") and hasattr(curves, "absolute"):
+        curves = {"by signed score": curves.signed, "by |score|": curves.absolute}
     if not curves:
         raise ValueError("curves is empty; pass at least one FaithfulnessCurve")
-    fig = go.Figure()
+    items = []
     for name, c in curves.items():
+        if hasattr(c, "signed") and hasattr(c, "absolute"):
+            items += [(f"{name}, by signed score", c.signed), (f"{name}, by |score|", c.absolute)]
+        else:
+            items.append((name, c))
+    fig = go.Figure()
+    for name, c in items:
         area = f"CPR {c.cpr:.3f}" if c.ranking == "signed" else f"CMD {c.cmd:.3f}"
         fig.add_trace(go.Scatter(x=[100 * f for f in c.fractions], y=list(c.faithfulness), mode="lines+markers",
                                  name=f"{name} ({area})"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
+    ticks = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)]  # one label a tick: plotly's own repeats 2, 5 per decade
     fig.update_layout(title=title, xaxis_title="edges kept (%)", yaxis_title="faithfulness", xaxis_type="log", height=400)
+    fig.update_xaxes(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
     return fig
 
 
-def ground_truth_figure(aurocs: Mapping[str, Mapping[str, tuple[float | None, float | None]]], *,
-                        title: str = "Each method's scores against the known circuit (AUROC)") -> go.Figure:
+def ground_truth_figure(aurocs, *, title: str = "Each method's scores against the known circuit (AUROC)") -> go.Figure:
     """Grouped bars: per model (x), one bar per method, its AUROC against the known circuit (left)
-    and against the known edges that carry effect under the patch (right); ``aurocs[model][method]
-    = (vs known, vs effective)``, None where undefined (no bar). Chance (0.5) dotted."""
+    and against the known edges that carry effect under the patch (right); ``aurocs[model][method]``
+    is a :class:`~rs_interp.circuits.ground_truth.MethodScores` (what ``score_methods`` returns per model)
+    or ``(vs known, vs effective)``, None where undefined (no bar). Chance (0.5) dotted."""
+    aurocs = {model: {m: (v.auroc, v.auroc_effective) if hasattr(v, "auroc") else v for m, v in per.items()}
+              for model, per in aurocs.items()}
     if not aurocs:
         raise ValueError("aurocs is empty; pass at least one model")
     models = list(aurocs)

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from jaxtyping import Float, Int
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
 
+from ._progress import bar
 from ._backend import Model
 from ._exact import compute_dtype
 from ._state import preserve_state
@@ -138,7 +138,7 @@ def train_tuned_lens(
     opt = torch.optim.Adam([weight, bias], lr=lr)
     g = torch.Generator().manual_seed(seed)
     with preserve_state(model), torch.enable_grad():
-        for _ in tqdm(range(steps), desc="tuned lens", disable=not progress, leave=False):
+        for _ in bar(range(steps), desc="tuned lens", enabled=progress):
             idx = torch.randint(0, rows, (min(batch_rows, rows),), generator=g)
             x = streams[:-1, idx]  # (point, rows, d)
             translated = x + torch.einsum("prd,pde->pre", x, weight) + bias[:, None]

@@ -114,6 +114,23 @@ def _wait_for_docs_packages(timeout: float = 900.0) -> None:
     assert rc.read_text().strip() == "0", f"installing the docs packages failed:\n{text[-3000:]}"
 
 
+@pytest.mark.slow
+@pytest.mark.docs
+def test_the_build_uses_the_active_venv(tmp_path):
+    """Issue 42: an activated venv with the docs extra builds the site itself; no venv is created."""
+    _wait_for_docs_packages()
+    fake = tmp_path / "venv" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (fake / "python").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env.update(VIRTUAL_ENV=str(tmp_path / "venv"), RS_INTERP_VENV=str(tmp_path / "never"))
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "build_docs.sh"), "--help"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"building with {fake / 'python'} (the active venv)" in run.stderr
+    assert not (tmp_path / "never").exists()
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     _wait_for_docs_packages()

@@ -120,15 +120,39 @@ def test_sdist_holds_every_file(built):
     assert {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md"} <= names
 
 
+@pytest.fixture(scope="module")
+def installed(built) -> Path:
+    """The wheel installed non-editably (``pip install --target``), as a user's venv holds it."""
+    target = built["tmp"] / "site"
+    if not target.exists():
+        pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile", "--target", str(target),
+                              str(built["wheel"])], env=_clean_env(), capture_output=True, text=True)
+        assert pip.returncode == 0, pip.stderr[-3000:]
+    return target
+
+
+@pytest.mark.parametrize("where", ["the clone's root", "notebooks/"])
+def test_the_installed_wheel_imports_from_inside_the_clone(installed, where):
+    """Issue 42: a notebook saved in the clone (its kernel's working directory first on the path) imports
+    rs_interp with rs_interp.hooks, although the clone's rs_interp/ shadows the installed package there
+    and has no hooks/ of its own (they install from the top-level hooks/)."""
+    cwd = ROOT if where == "the clone's root" else ROOT / "notebooks"
+    script = ("import json, rs_interp, rs_interp.hooks\n"
+              "print(json.dumps([rs_interp.__file__, rs_interp.hooks.__file__, callable(rs_interp.hooks.store)]))")
+    run = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=_clean_env(PYTHONPATH=str(installed)), capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    init, hooks_init, ok = json.loads(run.stdout)
+    assert ok and Path(hooks_init).name == "__init__.py"
+    # from the root the clone's package is the one imported (the shadowing the fix is for), its hooks the clone's
+    assert Path(init).resolve().is_relative_to(ROOT if where == "the clone's root" else installed.resolve())
+    assert Path(hooks_init).resolve().parent.name == "hooks"
+
+
 @pytest.mark.slow
-def test_installed_wheel_runs(built):
+def test_installed_wheel_runs(built, installed):
     """``pip install --target`` (non-editable), then ``rs-interp --help`` and ``reproduce --only induction``
     from a directory outside the repository, with the wheel's copy first on the path."""
-    tmp = built["tmp"]
-    target = tmp / "site"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(target), str(built["wheel"])],
-                         env=_clean_env(), capture_output=True, text=True)
-    assert pip.returncode == 0, pip.stderr[-3000:]
+    tmp, target = built["tmp"], installed
     work = tmp / "work"
     work.mkdir()
     env = _clean_env(PYTHONPATH=str(target))

@@ -11,7 +11,7 @@ from rs_interp.cli import main
 # Each registry entry and the tables it builds: a section added to the registry but not here fails below.
 PARTS = {"induction": ["induction"], "circuits": ["key_ablation", "heads", "composition"], "ablation": ["ablation"],
          "attribution_patching": ["attribution_patching"], "faithfulness": ["faithfulness"], "ground_truth": ["ground_truth"], "paths": ["paths", "logit_lens", "propositions"],
-         "gpt2": ["gpt2"], "geometry": ["geometry"], "finance": ["finance"], "code": ["code", "code_lens", "code_patching"]}
+         "gpt2": ["gpt2"], "geometry": ["geometry"], "finance": ["finance"], "code": ["code", "code_lens", "code_patching"], "features": ["features"]}
 SECTIONS = [key for keys in PARTS.values() for key in keys]
 
 

@@ -4,6 +4,8 @@
   rs_interp): it is loaded from there and attached to the package, so ``::: rs_interp.hooks`` works.
 - Doctest examples (``>>>`` lines and their output, up to a blank line) become ``pycon`` code blocks:
   Markdown would otherwise read ``>>>`` as nested quotes.
+- A member whose docstring points at its module's ("(module docstring)") gets the module's docstring
+  appended as a note: the definitions it points at are on the page.
 - Sphinx roles (``:func:`name```, ``:class:`~rs_interp.X```, ...) become cross-references where the
   target is rendered by the reference, and code where it exists but is not rendered. A role naming
   nothing that exists is logged as a warning, which fails the strict build (a broken cross-reference).
@@ -68,7 +70,7 @@ def split_shared_params(text: str) -> str:
     out, lines, i, in_args = [], text.split("\n"), 0, None
     while i < len(lines):
         line = lines[i]
-        if line.strip() in ("Args:", "Arguments:", "Parameters:"):
+        if line.strip() in ("Args:", "Arguments:", "Parameters:", "Attributes:"):
             in_args = len(line) - len(line.lstrip())
         elif line.strip() and in_args is not None and len(line) - len(line.lstrip()) <= in_args:
             in_args = None
@@ -89,6 +91,24 @@ def split_shared_params(text: str) -> str:
     return "\n".join(out)
 
 
+_POINTER = re.compile(r"\((?:see )?the module docstring\)|\(module docstring\)|(?:see )?the module docstring")
+
+
+def with_module_definitions(obj, text: str) -> str:
+    """A docstring that points at its module's docstring ("(module docstring)", "see the module
+    docstring") gets that docstring, the definitions it points at, appended as a note: the reference
+    renders members, never their modules' docstrings."""
+    if not _POINTER.search(text) or obj.is_module:
+        return text
+    mod = obj.module
+    if mod is None or not mod.docstring:
+        return text
+    body = fence_doctests(split_shared_params(mod.docstring.value)).strip()
+    note = "\n".join("    " + line if line.strip() else "" for line in body.split("\n"))
+    text = _POINTER.sub(lambda m: "(the definitions below)" if m.group(0).startswith("(") else "the definitions below", text)
+    return f'{text.rstrip()}\n\n!!! note "The definitions (from `{mod.path}`)"\n{note}\n'
+
+
 class RsInterpDocs(griffe.Extension):
     def __init__(self) -> None:
         super().__init__()
@@ -107,7 +127,8 @@ class RsInterpDocs(griffe.Extension):
         self._index(pkg, loader)
         for obj in self._rendered(pkg, loader):
             if obj.docstring:
-                obj.docstring.value = self._roles(fence_doctests(split_shared_params(obj.docstring.value)), obj, loader)
+                text = with_module_definitions(obj, split_shared_params(obj.docstring.value))
+                obj.docstring.value = self._roles(fence_doctests(text), obj, loader)
 
     def _index(self, pkg: griffe.Module, loader) -> None:
         """Which objects the reference renders, under which path (autorefs' identifiers)."""

@@ -20,6 +20,7 @@ import torch
 
 from .. import _backend
 from .._backend import Model
+from .._progress import bar
 from .._stream import RESID0, record  # noqa: F401  (record: the circuit methods read it here)
 from .._validate import check_int_range, check_tokens
 from ..metrics import Metric
@@ -135,10 +136,8 @@ def gradient_passes(model: Model, tokens: torch.Tensor, metric: Metric, fwd: lis
     ``alphas``: the stream entering block 0 at ``x_ref + alpha (x - x_ref)``, on the line from the
     reference's input embedding to the run's (``alpha = 1``: the run itself, no hook). Returns the
     run's metric (from its own pass where ``1`` is among ``alphas``, else from a no-grad forward)."""
-    from tqdm.auto import tqdm
-
     clean = None
-    for alpha in tqdm(alphas, desc="integrated gradients", disable=not progress or len(alphas) == 1, leave=False):
+    for alpha in bar(alphas, desc="integrated gradients", enabled=progress and len(alphas) > 1, unit="pass"):
         extra = []
         if alpha != 1.0:
             def interpolate(t: torch.Tensor, *, hook, alpha: float = alpha) -> torch.Tensor:

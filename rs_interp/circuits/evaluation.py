@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Int
 
 from .._backend import Model, per_head_inputs
+from .._progress import bar
 from .._state import preserve_state
 from .._stream import RESID0, mlp_flags, readers
 from .._validate import Ablation, check_ablation
@@ -255,7 +256,7 @@ def faithfulness_curve(
     ranking: Ranking = "absolute",
     method: Ablation = "resample",
     pruned: bool = True,
-    progress: bool = False,
+    progress: bool = True,
 ) -> FaithfulnessCurve:
     """The faithfulness of the circuits MIB evaluates from ``scores`` at each fraction (MIB's ten by
     default), over the pairs ``tokens`` / ``reference`` (row by row), with the curve's areas
@@ -285,8 +286,6 @@ def faithfulness_curve(
         >>> curve.n_requested, round(curve.faithfulness[-1], 6)
         ((14, 29), 1.0)
     """
-    from tqdm.auto import tqdm
-
     tokens, reference = check_ablation(model, tokens, method, reference, "faithfulness_curve")
     layout = edge_layout(model)
     if not isinstance(scores, EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
@@ -303,7 +302,7 @@ def faithfulness_curve(
         if clean == empty:
             raise ValueError(f"the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
         values = [_run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit at {f}")
-                  for f, keep in zip(fr, tqdm(circuits, desc="faithfulness", disable=not progress, leave=False))]
+                  for f, keep in zip(fr, bar(circuits, desc="faithfulness curve", enabled=progress, unit="circuit"))]
     faith = [(v - empty) / (clean - empty) for v in values]
     return FaithfulnessCurve(fractions=tuple(fr), ranking=ranking, n_requested=tuple(int(f * total) for f in fr),
                              n_edges=tuple(int(float((weights * keep).sum())) for keep in circuits), values=tuple(values),
@@ -329,7 +328,7 @@ class MIBScores:
 
 def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Metric, scores: EdgeEffects, *,
                reference: Int[torch.Tensor, "batch pos"] | None = None, fractions: Sequence[float] = MIB_FRACTIONS,
-               method: Ablation = "resample", progress: bool = False) -> MIBScores:
+               method: Ablation = "resample", progress: bool = True) -> MIBScores:
     """CPR and CMD as MIB's circuit track computes them: two :func:`faithfulness_curve` s, the edges
     ranked by signed score (CPR, the area under it) and by absolute score (CMD, the area between it and 1).
 

@@ -28,6 +28,7 @@ from jaxtyping import Int
 
 from .._backend import Model, per_head_inputs, run_from
 from .._budget import stacked_copies
+from .._progress import bar
 from .._state import preserve_state
 from .._stream import mlp_flags, receiver_hook
 from .._validate import check_int_range
@@ -78,7 +79,7 @@ def path_patching(
     reference: Int[torch.Tensor, "batch pos"],
     edges: Sequence[tuple[str, str]] | None = None,
     memory_budget: int = 2**30,
-    progress: bool = False,
+    progress: bool = True,
 ) -> PathPatching:
     """The exact effect of patching each edge (module docstring): every edge of the graph, or
     ``edges`` (``(sender, receiver)`` labels, e.g. ``[("L0H1", "L1H0.k")]``).
@@ -129,9 +130,7 @@ def path_patching(
         for j, receiver in enumerate(layout.receivers):
             rows = wanted[:, j].nonzero().flatten().tolist()
             jobs += [(j, rows[i : i + per_pass]) for i in range(0, len(rows), per_pass)]
-        from tqdm.auto import tqdm
-
-        for j, rows in tqdm(jobs, desc="path patching", disable=not progress, leave=False):
+        for j, rows in bar(jobs, desc="path patching", enabled=progress, unit="pass"):
             layer, name, index = receiver_hook(layout.receivers[j], cfg.n_layers)
             k = len(rows)
             add = delta[rows].reshape(k * B, P, cfg.d_model)  # replica i patches sender rows[i]

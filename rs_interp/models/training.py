@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
-from tqdm.auto import tqdm
+from .._progress import bar
 from .._backend import Model, bias_parameters
 
 from .._state import preserve_state
@@ -187,9 +187,9 @@ def train_on_batches(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     losses: list[float] = []
     model.train()
-    bar: Iterator[int] = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
+    bar_: Iterator[int] = bar(range(steps), desc=desc, enabled=progress)
     with _one_thread():
-        for step in bar:
+        for step in bar_:
             tokens, mask = batches(step)
             # The loss alone: the argmax of the scoring would cost a pass over every logit per step.
             logits, targets = _masked(model(tokens, return_type="logits"), tokens, mask)
@@ -200,7 +200,7 @@ def train_on_batches(
             sched.step()
             losses.append(loss.item())
             if progress and step % 50 == 0:
-                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+                bar_.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses
 

@@ -40,6 +40,7 @@ SECTIONS: dict[str, str] = {
     "geometry": "geometry:geometry_section",
     "finance": "finance:finance_section",
     "code": "code:code_section",
+    "features": "features:features_section",
 }
 
 

@@ -168,6 +168,11 @@ EXPECTED: dict[str, Expected] = {
     "ground_truth.induction-2l.EAP": E("0.406", hi=0.8),
     "ground_truth.induction-2l.EAP-IG": E("0.956", lo=0.9),
     "ground_truth.induction-2l.exact": E("0.961", lo=0.9),
+    # Feature circuits (issue 46): code-2l's graph over its shipped transcoders; the identities to float64 rounding
+    "features.replacement_score": E("in [0, 1]", lo=0.0, hi=1.0),
+    "features.completeness_score": E("in [0, 1]", lo=0.0, hi=1.0),
+    "features.row_identity": E("0", hi=1e-9),
+    "features.frozen_intervention": E("0: the graph's entry", hi=1e-9),
     "ground_truth.induction-2l.AtP": E("0", hi=0.5),
     "ground_truth.induction-2l.scan": E("0.667 (2/3)", lo=0.5),
     "attribution_patching.spearman": E(),

@@ -1,0 +1,36 @@
+"""Feature circuits: transcoders, attribution graphs over their features, and interventions.
+
+>>> import torch
+>>> from rs_interp import load_toy_model
+>>> from rs_interp.features import attribution_graph, shipped_transcoders
+>>> g = attribution_graph(load_toy_model("code-2l"), shipped_transcoders("code-2l"), torch.arange(50, 58), targets=[58])
+>>> g.n_layers, g.n_pos
+(2, 8)
+"""
+
+from .attribution import attribution_graph
+from .graph import AttributionGraph, GraphScores, PrunedGraph
+from .interventions import Intervention, intervene
+from .training import TrainedTranscoders, TranscoderMetrics, train_transcoder, transcoder_metrics
+from .transcoders import (SHIPPED_TRANSCODERS, Transcoder, TranscoderSet, load_transcoders, mlp_transcoders, shipped_metrics,
+                          shipped_transcoders)
+
+__all__ = [
+    "Transcoder",
+    "TranscoderSet",
+    "load_transcoders",
+    "mlp_transcoders",
+    "shipped_transcoders",
+    "shipped_metrics",
+    "SHIPPED_TRANSCODERS",
+    "attribution_graph",
+    "AttributionGraph",
+    "PrunedGraph",
+    "GraphScores",
+    "intervene",
+    "Intervention",
+    "train_transcoder",
+    "TrainedTranscoders",
+    "transcoder_metrics",
+    "TranscoderMetrics",
+]

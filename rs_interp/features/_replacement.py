@@ -1,0 +1,243 @@
+"""The local replacement model, shared by the graph and the interventions (private).
+
+Under the freezes of circuit-tracer's replacement model, every attention pattern and every norm's
+scale is held at its value in the clean run, and every MLP's output is held at its clean value
+(except through the transcoder's linear skip): the map from the token embeddings and the MLP
+outputs to every transcoder input and to the final stream is then *linear*. Two ways of running it:
+
+- :func:`grad_forward`: the model's own forward pass with the patterns and scales detached and each
+  MLP output cut from its input (``skip(x) + (out - skip(x)).detach()``): a backward pass from a
+  transcoder input (or the final stream) then gives that linear map's transpose, exactly;
+- :func:`frozen_forward`: the model's own forward pass with the patterns and scales *replaced* by
+  their clean values and each MLP output replaced by what the caller says: an intervention in the
+  frozen model (linear in what is changed, so a graph entry predicts it exactly).
+
+Both read hooks every TransformerLens version has (``attn.hook_pattern``, ``ln*.hook_scale``,
+``ln2.hook_normalized`` or ``hook_resid_mid``, ``hook_mlp_out``, ``hook_embed``, ``unembed.hook_in``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from .._backend import Model, Stop, with_dtype
+from .transcoders import TranscoderSet
+
+__all__: list[str] = []
+
+NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
+
+
+def check_model(model: Model, transcoders: TranscoderSet, what: str) -> None:
+    """Refuse, naming why, a model whose replacement is not linear once frozen, or transcoders that do not fit it."""
+    cfg = model.cfg
+    if cfg.attn_only:
+        raise ValueError(f"{what}: the model is attention-only: there is no MLP for transcoders to replace")
+    if cfg.normalization_type not in NORMALIZATIONS:
+        raise ValueError(f"{what}: no frozen form is known for normalization_type={cfg.normalization_type!r}")
+    if getattr(cfg, "parallel_attn_mlp", False):
+        raise ValueError(f"{what}: parallel attention and MLP blocks are not supported (the MLP reads the block's input)")
+    if float(getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0) > 0:
+        raise ValueError(f"{what}: the logits are soft-capped (tanh), so not linear in the final stream")
+    if len(transcoders) != cfg.n_layers:
+        raise ValueError(f"{what}: {len(transcoders)} transcoders for {cfg.n_layers} layers (one per layer)")
+    if transcoders[0].d_model != cfg.d_model:
+        raise ValueError(f"{what}: the transcoders read d_model={transcoders[0].d_model}, the model has {cfg.d_model}")
+    if transcoders.input_point == "ln2.hook_normalized" and cfg.normalization_type is None:
+        raise ValueError(f"{what}: the transcoders read ln2.hook_normalized, and the model has no normalization")
+    missing = [n for n in hook_names(model, transcoders) if n not in model.hook_dict]
+    if missing:
+        raise ValueError(f"{what}: the model lacks the hook points {missing[:6]} (a Hugging Face-booted bridge of another layout?)")
+
+
+def working_copy(model: Model) -> Model:
+    """The model itself, or a float32 copy of a float16/bfloat16 one (long sums of half-precision terms lose
+    the identities the graph promises; as elsewhere in rs_interp, half models are computed in float32)."""
+    if model.cfg.dtype not in (torch.float16, torch.bfloat16):
+        return model
+    return with_dtype(model, torch.float32).eval()
+
+
+def working_set(transcoders: TranscoderSet, dtype: torch.dtype) -> TranscoderSet:
+    """The transcoders in the model's dtype, as normal tensors (a set loaded under ``torch.inference_mode``
+    holds inference tensors, which autograd cannot save): the set itself when it already is."""
+    if transcoders.dtype == dtype and not any(p.is_inference() for tc in transcoders for p in tc.parameters()):
+        return transcoders
+    return transcoders.to(dtype)
+
+
+def input_hook(model: Model, transcoders: TranscoderSet, layer: int) -> str:
+    """The hook point the transcoder input of ``layer`` is read from (see :func:`finish_input`)."""
+    point = transcoders.input_point
+    if point == "hook_resid_mid" or (point == "mlp.hook_in" and model.cfg.normalization_type is None):
+        return f"blocks.{layer}.hook_resid_mid"
+    return f"blocks.{layer}.ln2.hook_normalized"
+
+
+def finish_input(model: Model, transcoders: TranscoderSet, layer: int, t: torch.Tensor) -> torch.Tensor:
+    """The transcoder input from :func:`input_hook`'s tensor: TransformerLens's ``hook_normalized``
+    precedes the norm's gain and bias, which the MLP's input has."""
+    if transcoders.input_point != "mlp.hook_in" or model.cfg.normalization_type is None:
+        return t
+    ln = model.blocks[layer].ln2
+    w, b = getattr(ln, "w", None), getattr(ln, "b", None)
+    if model.cfg.normalization_type in ("LN", "RMS"):
+        t = t * w.to(t.dtype)
+    return t + b.to(t.dtype) if model.cfg.normalization_type == "LN" else t
+
+
+def freeze_names(model: Model) -> list[str]:
+    """Every attention pattern and every norm scale: what circuit-tracer's replacement model freezes."""
+    return [n for n in model.hook_dict if n.endswith(("attn.hook_pattern", "hook_scale"))]
+
+
+def hook_names(model: Model, transcoders: TranscoderSet) -> list[str]:
+    L = model.cfg.n_layers
+    return (["hook_embed", "unembed.hook_in"] + [input_hook(model, transcoders, l) for l in range(L)]
+            + [f"blocks.{l}.hook_mlp_out" for l in range(L)] + [f"blocks.{l}.attn.hook_pattern" for l in range(L)])
+
+
+@contextlib.contextmanager
+def quiet_model(model: Model) -> Iterator[None]:
+    """Eval mode and no parameter gradients for the duration (the backward passes need input
+    gradients only); every flag restored as found, also on errors."""
+    modes = [(m, m.training) for m in model.modules()]
+    grads = [(p, p.requires_grad) for p in model.parameters()]
+    grad_mode = torch.is_grad_enabled()
+    try:
+        model.eval()
+        for p, _ in grads:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+        for p, flag in grads:
+            p.requires_grad_(flag)
+        torch.set_grad_enabled(grad_mode)
+
+
+@dataclass(frozen=True)
+class Clean:
+    """One clean run of one prompt: what the freezes hold and what the graph's nodes are made of.
+
+    Attributes:
+        inputs, outputs: per layer, the transcoder input and the MLP output, (pos, d_model).
+        frozen: every pattern and norm scale, by hook name (batch 1).
+        embed: (pos, d_model) the token embeddings (``hook_embed``).
+        logits: (pos, d_vocab).
+    """
+
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+    frozen: dict[str, torch.Tensor]
+    embed: torch.Tensor
+    logits: torch.Tensor
+
+
+def _store(box: dict, key: str, fn: Callable[[torch.Tensor], torch.Tensor] = lambda t: t):
+    def hook(t: torch.Tensor, hook) -> None:
+        box[key] = fn(t).detach().clone()
+    return hook
+
+
+def clean_run(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor) -> Clean:
+    """Record one prompt's clean run (``tokens`` (1, pos))."""
+    box: dict[str, torch.Tensor] = {}
+    L = model.cfg.n_layers
+    hooks = [(n, _store(box, n)) for n in freeze_names(model)] + [("hook_embed", _store(box, "embed"))]
+    for l in range(L):
+        hooks.append((input_hook(model, transcoders, l), _store(box, f"in{l}", lambda t, l=l: finish_input(model, transcoders, l, t))))
+        hooks.append((f"blocks.{l}.hook_mlp_out", _store(box, f"out{l}")))
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        logits = model(tokens, return_type="logits")
+    frozen = {n: box[n] for n in freeze_names(model)}
+    return Clean(tuple(box[f"in{l}"][0] for l in range(L)), tuple(box[f"out{l}"][0] for l in range(L)), frozen,
+                 box["embed"][0], logits[0].detach())
+
+
+def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, tokens: torch.Tensor, *,
+                   outputs: Callable[[int, torch.Tensor], torch.Tensor],
+                   embed: torch.Tensor | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Run the frozen model: patterns and scales at their clean values, the token embeddings
+    ``embed`` (pos, d_model; default the clean ones), and layer ``l``'s MLP output
+    ``outputs(l, x)`` for its transcoder input ``x`` in this run. Returns the transcoder inputs
+    (per layer, (pos, d_model)) and the logits (pos, d_vocab)."""
+    box: dict[str, torch.Tensor] = {}
+
+    def freeze(t: torch.Tensor, hook) -> torch.Tensor:
+        return clean.frozen[hook.name].to(t.dtype)
+
+    def set_out(l: int):
+        return lambda t, hook: outputs(l, box[f"in{l}"])[None].to(t.dtype)
+
+    hooks = [(n, freeze) for n in clean.frozen]
+    if embed is not None:
+        hooks.append(("hook_embed", lambda t, hook: embed[None].to(t.dtype)))
+    for l in range(model.cfg.n_layers):
+        hooks.append((input_hook(model, transcoders, l),
+                      lambda t, hook, l=l: box.__setitem__(f"in{l}", finish_input(model, transcoders, l, t)[0])))
+        hooks.append((f"blocks.{l}.hook_mlp_out", set_out(l)))
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        logits = model(tokens, return_type="logits")
+    return [box[f"in{l}"] for l in range(model.cfg.n_layers)], logits[0]
+
+
+@dataclass
+class GradRun:
+    """The tensors of a :func:`grad_forward` run, each (batch, pos, d_model), in one autograd graph."""
+
+    inputs: list[torch.Tensor]   # transcoder inputs, per layer: where a feature target reads
+    outputs: list[torch.Tensor]  # MLP outputs, per layer: where features and errors write
+    embed: torch.Tensor          # token embeddings: where token nodes write
+    final: torch.Tensor          # the final normalized stream (unembed input): where logits read
+
+
+def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor) -> GradRun:
+    """The forward pass whose backward is the frozen replacement model's transpose (module docstring).
+    ``tokens`` (batch, pos): one row per target of a backward batch (the rows are the same prompt).
+    Call inside :func:`quiet_model` with gradients enabled."""
+    box: dict[str, torch.Tensor] = {}
+    L = model.cfg.n_layers
+
+    def detach(t: torch.Tensor, hook) -> torch.Tensor:
+        return t.detach()
+
+    def embed(t: torch.Tensor, hook) -> torch.Tensor:
+        box["embed"] = t.detach().requires_grad_(True)
+        return box["embed"]
+
+    def read(l: int):
+        def hook(t: torch.Tensor, hook) -> None:
+            box[f"in{l}"] = finish_input(model, transcoders, l, t)
+        return hook
+
+    def cut(l: int):
+        def hook(t: torch.Tensor, hook) -> torch.Tensor:
+            x = box[f"in{l}"]
+            if transcoders[l].W_skip is None:
+                out = t.detach().requires_grad_(True)  # a leaf: the MLP's output, cut from its input
+            else:
+                s = transcoders[l].skip(x.to(transcoders.dtype)).to(t.dtype)
+                out = s + (t - s).detach()  # only the skip's linear path stays
+            box[f"out{l}"] = out
+            return out
+        return hook
+
+    def final(t: torch.Tensor, hook) -> None:
+        box["final"] = t
+        raise Stop  # the logits are not needed: the unembedding of a batch is the costliest matmul
+
+    hooks = [(n, detach) for n in freeze_names(model)] + [("hook_embed", embed), ("unembed.hook_in", final)]
+    for l in range(L):
+        hooks += [(input_hook(model, transcoders, l), read(l)), (f"blocks.{l}.hook_mlp_out", cut(l))]
+    with model.hooks(fwd_hooks=hooks):
+        try:
+            model(tokens, return_type="logits")
+        except Stop:
+            pass
+    return GradRun([box[f"in{l}"] for l in range(L)], [box[f"out{l}"] for l in range(L)], box["embed"], box["final"])

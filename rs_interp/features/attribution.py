@@ -1,0 +1,317 @@
+"""Attribution graphs over transcoder features (Ameisen et al. 2025; circuit-tracer's algorithm),
+exact in the local replacement model, on TransformerLens 3 and 4.
+
+In the local replacement model of one prompt (attention patterns and norm scales frozen at their
+values in the run, each MLP's output cut from its input except through its transcoder's linear skip;
+see :mod:`rs_interp.features._replacement`), every transcoder input and the final stream are linear
+in what is written into the stream: the token embeddings, each active feature's write ``a_s W_dec[s]``
+and each error vector (the MLP output minus its reconstruction), plus a constant. So a target's value
+
+    t = sum_s A[t, s] + bias_t,       A[t, s] = write_s . J_{t <- s}^T v_t
+
+where ``v_t`` is the vector the target reads with (a feature's encoder row ``W_enc[f]``, read at its
+layer's transcoder input; a logit's demeaned unembedding column ``W_U[:, k] - mean_j W_U[:, j]``, read
+at the final normalized stream), and ``J^T v_t`` the gradient of ``v_t . (read point)`` at the
+source's write point. One backward pass per batch of targets gives a whole row per target
+(``is_grads_batched``: the forward is run once, for one row, whatever the batch).
+
+What is checked as it is built: every feature and logit row plus its bias sums to the target's own
+value in the run (the bias is measured by running the frozen model with every node switched off),
+or :class:`ValueError`. Interventions in the frozen model move targets by exactly the graph's entries
+(:mod:`rs_interp.features.interventions`; the tests check it in float64 to 1e-9).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from jaxtyping import Int
+
+from .._backend import Model
+from . import _replacement as R
+from .graph import AttributionGraph
+from .transcoders import TranscoderSet
+
+__all__ = ["attribution_graph"]
+
+#: Slack of the row-sum check in units of machine epsilon times the size of the terms (the sum of
+#: their magnitudes); measured gaps stay within a few units.
+_EPS_FACTOR = 64
+
+
+def _tokens(model: Model, tokens) -> torch.Tensor:
+    t = torch.as_tensor(tokens)
+    if t.ndim == 2 and t.shape[0] == 1:
+        t = t[0]
+    if t.ndim != 1 or t.dtype.is_floating_point or t.dtype == torch.bool or len(t) == 0:
+        raise ValueError(f"tokens must be one prompt of token ids, (pos,) or (1, pos); got shape {tuple(t.shape)}, {t.dtype}")
+    if len(t) > model.cfg.n_ctx:
+        raise ValueError(f"tokens: {len(t)} positions, the model's context is {model.cfg.n_ctx}")
+    if int(t.min()) < 0 or int(t.max()) >= model.cfg.d_vocab:
+        raise ValueError(f"tokens must be in [0, {model.cfg.d_vocab}), got [{int(t.min())}, {int(t.max())}]")
+    return t.long()
+
+
+def _logit_targets(probs: torch.Tensor, targets, max_logits: int, logit_probability: float) -> torch.Tensor:
+    if targets is None:  # the most probable tokens, until their probability reaches logit_probability
+        ranked, order = probs.sort(descending=True)
+        n = int((ranked.cumsum(0) < logit_probability).sum()) + 1
+        return order[: max(1, min(n, max_logits))]
+    t = torch.as_tensor(targets).long().flatten()
+    if len(t) == 0 or int(t.min()) < 0 or int(t.max()) >= len(probs) or len(set(t.tolist())) != len(t):
+        raise ValueError(f"targets must be distinct token ids in [0, {len(probs)}), got {t.tolist()}")
+    return t
+
+
+def attribution_graph(
+    model: Model,
+    transcoders: TranscoderSet,
+    tokens: Int[torch.Tensor, " pos"],
+    *,
+    targets: Sequence[int] | Int[torch.Tensor, " logit"] | None = None,
+    position: int = -1,
+    max_logits: int = 10,
+    logit_probability: float = 0.95,
+    centered: bool = True,
+    max_feature_nodes: int | None = None,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> AttributionGraph:
+    """The attribution graph of one prompt: feature, error, token and logit nodes and the exact direct
+    effects between them in the local replacement model (module docstring for the formula).
+
+    Args:
+        transcoders: one per layer (:func:`rs_interp.features.load_transcoders`,
+            :func:`~rs_interp.features.train_transcoder`, :func:`~rs_interp.features.mlp_transcoders`); cast to the model's dtype.
+        tokens: the prompt, (pos,) or (1, pos).
+        targets: the logit nodes' tokens, read at ``position``; default the most probable tokens
+            until their probability reaches ``logit_probability`` (at most ``max_logits``).
+        centered: a logit node's value is its logit minus the mean logit (circuit-tracer's; the
+            read vector ``W_U[:, k] - mean_j W_U[:, j]``); ``False``: the raw logit (read with
+            ``W_U[:, k]``, ``b_U`` in the bias), e.g. for a model with one output.
+        max_feature_nodes: keep at most this many feature nodes, chosen as circuit-tracer does, by
+            their influence on the rows computed so far; the rest's direct effects are summed in
+            ``unselected`` (so every row still sums to its value). Default: every active feature.
+        batch_size: targets per backward pass.
+        progress: a progress bar over the feature rows.
+
+    Raises:
+        ValueError: bad tokens, targets or position; a model whose replacement is not linear once
+            frozen (attention-only, soft-capped logits, parallel blocks, an unknown norm); transcoders
+            that do not fit the model; or a row that does not sum to its target's value (a hook the
+            caller attached changed the run).
+
+    >>> import torch
+    >>> from rs_interp import load_toy_model
+    >>> from rs_interp.features import shipped_transcoders
+    >>> model = load_toy_model("code-2l")
+    >>> g = attribution_graph(model, shipped_transcoders("code-2l"), torch.arange(100, 108), targets=[108])
+    >>> g.n_pos, g.n_logits, g.adjacency.shape[0] == g.n_features + 2 * 8 + 8 + 1
+    (8, 1, True)
+    """
+    if torch.is_inference_mode_enabled():  # a notebook's usual wrapper: the backward passes need autograd
+        with torch.inference_mode(False):
+            return attribution_graph(model, transcoders, torch.as_tensor(tokens).clone(), targets=targets, position=position,
+                                     max_logits=max_logits, logit_probability=logit_probability, centered=centered,
+                                     max_feature_nodes=max_feature_nodes, batch_size=batch_size, progress=progress)
+    tokens = _tokens(model, tokens)
+    R.check_model(model, transcoders, "attribution_graph")
+    model = R.working_copy(model)
+    P, L, dt = len(tokens), model.cfg.n_layers, model.cfg.dtype
+    if not -P <= int(position) < P:
+        raise ValueError(f"position must be in [{-P}, {P - 1}], got {position}")
+    position = int(position) % P
+    if batch_size < 1 or (max_feature_nodes is not None and max_feature_nodes < 0):
+        raise ValueError("batch_size must be >= 1 and max_feature_nodes >= 0")
+    tcs = R.working_set(transcoders, dt)
+    with R.quiet_model(model):
+        clean = R.clean_run(model, tcs, tokens[None])
+        probs = clean.logits[position].double().softmax(-1)
+        logit_tokens = _logit_targets(probs, targets, max_logits, logit_probability)
+        # the nodes: active features (layer, pos, index), their writes and reads
+        feats, writes, reads, acts_list = [], [], [], []
+        errors = torch.zeros(L, P, model.cfg.d_model, dtype=dt)
+        with torch.no_grad():
+            for l, tc in enumerate(tcs):
+                x = clean.inputs[l]
+                acts = tc.encode(x)
+                pos, idx = acts.nonzero(as_tuple=True)
+                feats.append(torch.stack([torch.full_like(pos, l), pos, idx], 1))
+                acts_list.append(acts[pos, idx])
+                writes.append(acts[pos, idx, None] * tc.W_dec[idx])
+                reads.append(tc.W_enc[idx])
+                recon = tc.decode(acts, x)
+                errors[l] = clean.outputs[l] - recon
+        features = torch.cat(feats)
+        activations = torch.cat(acts_list)
+        W_U = model.W_U.detach().to(dt)
+        logit_reads = (W_U[:, logit_tokens] - (W_U.mean(1, keepdim=True) if centered else 0.0)).T  # (logit, d_model)
+        n_active = len(features)
+        with torch.enable_grad():
+            run = R.grad_forward(model, tcs, tokens[None])
+            rows = _Rows(run, features, torch.cat(writes), errors, clean.embed, P, L)
+            logit_rows = rows.compute([(L, position, v) for v in logit_reads], batch_size)
+            feature_rows, selected = _feature_rows(rows, features, torch.cat(reads), logit_rows, probs[logit_tokens],
+                                                   max_feature_nodes, batch_size, progress)
+        del run, rows
+        values, bias = _values_and_bias(model, tcs, clean, tokens, features[selected], logit_tokens, position, centered)
+    return _assemble(features, activations, selected, feature_rows, logit_rows, logit_tokens, probs, values, bias,
+                     tokens, errors, L, position, n_active, tcs.scan, centered, model)
+
+
+class _Rows:
+    """Direct-effect rows from batched backward passes through one :func:`~._replacement.grad_forward` run."""
+
+    def __init__(self, run: R.GradRun, features, writes, errors, embed, P: int, L: int) -> None:
+        self.run, self.P, self.L = run, P, L
+        self.errors, self.embed = errors, embed
+        # per layer: the feature nodes' columns, grouped by position for one small matmul per position
+        self.groups = []
+        for l in range(L):
+            cols = (features[:, 0] == l).nonzero()[:, 0]
+            self.groups.append([(p, cols[features[cols, 1] == p]) for p in features[cols, 1].unique().tolist()])
+        self.writes = writes
+        self.n_features = len(features)
+
+    def compute(self, targets: list[tuple[int, int, torch.Tensor]], batch_size: int) -> torch.Tensor:
+        """Rows (target, source) for targets ``(layer, pos, read vector)`` (layer ``L``: the final stream),
+        over every active feature, then error nodes, then tokens."""
+        out = torch.zeros(len(targets), self.n_features + (self.L + 1) * self.P, dtype=self.embed.dtype)
+        for start in range(0, len(targets), batch_size):
+            batch = targets[start : start + batch_size]
+            out[start : start + len(batch)] = self._batch(batch)
+        return out
+
+    def _batch(self, batch) -> torch.Tensor:
+        B, run = len(batch), self.run
+        points = run.inputs + [run.final]
+        injected: dict[int, torch.Tensor] = {}
+        for b, (layer, pos, vector) in enumerate(batch):
+            if layer not in injected:
+                injected[layer] = torch.zeros(B, *points[layer].shape, dtype=points[layer].dtype)
+            injected[layer][b, 0, pos] = vector.to(points[layer].dtype)
+        layers = sorted(injected)
+        grads = torch.autograd.grad([points[l] for l in layers], run.outputs + [run.embed], [injected[l] for l in layers],
+                                    retain_graph=True, allow_unused=True, is_grads_batched=True)
+        row = torch.zeros(B, self.n_features + (self.L + 1) * self.P, dtype=self.embed.dtype)
+        err0 = self.n_features
+        for l in range(self.L):
+            g = grads[l]
+            if g is None:
+                continue
+            g = g[:, 0].to(row.dtype)  # (B, pos, d_model)
+            for p, cols in self.groups[l]:
+                row[:, cols] = g[:, p] @ self.writes[cols].T
+            row[:, err0 + l * self.P : err0 + (l + 1) * self.P] = (g * self.errors[l]).sum(-1)
+        if grads[-1] is not None:
+            row[:, err0 + self.L * self.P :] = (grads[-1][:, 0].to(row.dtype) * self.embed).sum(-1)
+        return row
+
+
+def _feature_rows(rows: _Rows, features, reads, logit_rows, logit_p, max_nodes, batch_size, progress):
+    """The rows of the selected features and which they are: every active feature, or (``max_nodes``)
+    circuit-tracer's choice, the most influential on the rows computed so far, a round at a time."""
+    from tqdm.auto import tqdm
+
+    n, width = len(features), logit_rows.shape[1]
+    n_select = n if max_nodes is None else min(max_nodes, n)
+    targets = lambda idx: [(int(features[i, 0]), int(features[i, 1]), reads[i]) for i in idx]  # noqa: E731
+    out = torch.zeros(n_select, width, dtype=logit_rows.dtype)  # filled in the order chosen
+    order: list[int] = []
+    visited = torch.zeros(n, dtype=torch.bool)
+    # a round: the features chosen from one influence estimate (at most ~8 rounds: each estimate reads every row so far)
+    per_round = n_select if n_select == n else max(4 * batch_size, -(-n_select // 8))
+    with tqdm(total=n_select, desc="feature rows", disable=not progress, leave=False) as bar:
+        while len(order) < n_select:
+            if n_select == n:
+                pending = list(range(n))
+            else:
+                infl = _partial_influence(logit_rows, logit_p, out[: len(order)], order)
+                rank = infl[:n].argsort(descending=True)
+                pending = rank[~visited[rank]][: min(per_round, n_select - len(order))].tolist()
+                # a backward pass costs as much as its deepest target: batch a round's features layer by layer
+                pending.sort(key=lambda i: (int(features[i, 0]), int(features[i, 1])))
+            for start in range(0, len(pending), batch_size):
+                idx = pending[start : start + batch_size]
+                out[len(order) : len(order) + len(idx)] = rows.compute(targets(idx), batch_size)
+                order += idx
+                bar.update(len(idx))
+            visited[pending] = True
+    return out, torch.tensor(order, dtype=torch.long)
+
+
+def _partial_influence(logit_rows, logit_p, feature_rows, order) -> torch.Tensor:
+    """Each node's influence on the logits through the rows known so far (the logits', then the
+    computed features'), each row's absolute values scaled to sum 1; read a block of rows at a time."""
+    def spread(weights: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        acc = torch.zeros(block.shape[1], dtype=block.dtype)
+        for i in range(0, len(block), 1024):
+            part = block[i : i + 1024].abs()
+            acc += (weights[i : i + 1024] / part.sum(1).clamp(min=torch.finfo(part.dtype).tiny)) @ part
+        return acc
+
+    node = torch.tensor(order, dtype=torch.long)
+    step = spread(logit_p.to(logit_rows.dtype), logit_rows)
+    total = step.clone()
+    for _ in range(len(order) + 1):  # the graph is acyclic: the walk ends
+        if len(order) == 0:
+            break
+        step = spread(step[node], feature_rows)
+        if not bool(step.any()):
+            break
+        total += step
+    return total
+
+
+def _values_and_bias(model, tcs, clean, tokens, feats, logit_tokens, position, centered):
+    """Each target's value in the run and its constant part, from the frozen model with every node off
+    (no token embedding; each MLP writes only its transcoder's ``b_dec`` and skip)."""
+    zero = torch.zeros_like(clean.embed)
+    inputs, logits = R.frozen_forward(model, tcs, clean, tokens[None], embed=zero,
+                                      outputs=lambda l, x: tcs[l].b_dec + tcs[l].skip(x))
+
+    def read(ins, lg):
+        pre = [(ins[int(l)][int(p)] @ tcs[int(l)].W_enc[int(f)] + tcs[int(l)].b_enc[int(f)]) for l, p, f in feats.tolist()]
+        last = lg[position] - (lg[position].mean() if centered else 0.0)
+        return torch.cat([torch.stack(pre).to(lg.dtype) if pre else torch.zeros(0, dtype=lg.dtype), last[logit_tokens]])
+
+    with torch.no_grad():
+        return read(list(clean.inputs), clean.logits), read(inputs, logits)
+
+
+def _assemble(features, activations, selected, feature_rows, logit_rows, logit_tokens, probs, values, bias, tokens, errors,
+              L, position, n_active, scan, centered, model) -> AttributionGraph:
+    n_sel, P, n_logit = len(selected), len(tokens), len(logit_tokens)
+    n_nodes = n_sel + (L + 1) * P + n_logit
+    keep = torch.cat([selected, torch.arange(n_active, n_active + (L + 1) * P)])  # the columns kept
+    adjacency = torch.zeros(n_nodes, n_nodes, dtype=feature_rows.dtype)
+    dropped = torch.ones(n_active, dtype=feature_rows.dtype)
+    dropped[selected] = 0.0
+    unselected_rows = torch.cat([feature_rows[:, :n_active] @ dropped, logit_rows[:, :n_active] @ dropped])
+    adjacency[:n_sel, : n_nodes - n_logit] = feature_rows[:, keep]
+    adjacency[n_nodes - n_logit :, : n_nodes - n_logit] = logit_rows[:, keep]
+    target_rows = torch.cat([torch.arange(n_sel), torch.arange(n_nodes - n_logit, n_nodes)])
+    full = lambda v: torch.zeros(n_nodes, dtype=adjacency.dtype).index_put_((target_rows,), v.to(adjacency.dtype))  # noqa: E731
+    graph = AttributionGraph(
+        tokens=tokens, features=features[selected], activations=activations[selected], logit_tokens=logit_tokens,
+        logit_probabilities=probs[logit_tokens].to(adjacency.dtype), adjacency=adjacency, values=full(values),
+        bias=full(bias), unselected=full(unselected_rows), errors=errors, n_layers=L, position=position, n_active=n_active,
+        scan=scan, centered=centered)
+    _check_rows(graph, target_rows, model)
+    return graph
+
+
+def _check_rows(graph: AttributionGraph, rows: torch.Tensor, model: Model) -> None:
+    """Every feature and logit row plus its bias and unselected part is the target's value, to rounding."""
+    A = graph.adjacency[rows]
+    total = A.sum(1) + graph.unselected[rows] + graph.bias[rows]
+    size = A.abs().sum(1) + graph.values[rows].abs() + graph.bias[rows].abs() + graph.unselected[rows].abs() + 1.0
+    gap = (total - graph.values[rows]).abs()
+    eps = torch.finfo(graph.adjacency.dtype).eps
+    if bool((gap <= _EPS_FACTOR * eps * size).all()):
+        return
+    hooked = [n for n, hp in model.hook_dict.items() if hp._forward_hooks]
+    why = (f"the run was changed by hooks attached at {hooked[:4]}: remove them (model.reset_hooks())" if hooked
+           else "the model has a part the frozen replacement does not follow")
+    raise ValueError(f"attribution_graph: a row sums to a value {float(gap.max()):.3g} away from its target's own: {why}")

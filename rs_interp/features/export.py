@@ -1,0 +1,109 @@
+"""An attribution graph in circuit-tracer's JSON, which its frontend (and Neuronpedia's) opens.
+
+The file is one object with ``metadata`` (``slug``, ``scan``, ``transcoder_list``, ``prompt_tokens``,
+``prompt``, ``node_threshold``, ``schema_version``), ``qParams`` (the frontend's view state: no pinned
+node, no supernode), ``nodes`` and ``links`` (``source``, ``target``, ``weight``: the kept edges of the
+pruned graph). Each node carries circuit-tracer's fields (``node_id``, ``feature``, ``layer``,
+``ctx_idx``, ``feature_type``, ``token_prob``, ``is_target_logit``, ``run_idx``, ``reverse_ctx_idx``,
+``jsNodeId``, ``clerp``, ``influence``, ``activation``) with its conventions: a feature of layer ``l``,
+index ``i`` at position ``p`` is ``"l_i_p"`` with ``feature`` the Cantor pairing of ``(l, i)``; token
+nodes sit in layer ``"E"``, logits in layer ``n_layers + 1``. One departure: circuit-tracer names an
+error node ``"0_l_p"``, the name of feature ``l`` of layer 0 at ``p``; here it is ``"err_l_p"`` so
+every node id is unique (the frontend keys its nodes by id and never parses it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from .graph import AttributionGraph
+
+__all__ = ["graph_json", "save_graph_json"]
+
+
+def _text(token: str) -> str:
+    """A prompt token as circuit-tracer shows it (newlines, tabs, returns made visible)."""
+    return token.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
+
+
+def _node(node_id: str, feature: int, layer: str, pos: int, kind: str, js: str, **extra) -> dict:
+    return {"node_id": node_id, "feature": feature, "layer": layer, "ctx_idx": pos, "feature_type": kind,
+            "token_prob": 0.0, "is_target_logit": False, "run_idx": 0, "reverse_ctx_idx": 0, "jsNodeId": js, "clerp": "",
+            "influence": None, "activation": None} | extra
+
+
+def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_threshold: float = 0.8,
+               edge_threshold: float = 0.98, decode: Callable[[int], str] | None = None) -> dict:
+    """The pruned graph (:meth:`~rs_interp.features.AttributionGraph.prune` at the two thresholds) as
+    circuit-tracer's graph JSON (module docstring). ``decode`` (token id -> text) names the prompt's
+    tokens and the logits; without it they show as ids.
+
+    >>> import torch
+    >>> from rs_interp import load_toy_model
+    >>> from rs_interp.features import attribution_graph, mlp_transcoders
+    >>> model = load_toy_model("tracr-sort")
+    >>> data = graph_json(attribution_graph(model, mlp_transcoders(model), torch.tensor([4, 3, 0, 2])))
+    >>> sorted(data), data["metadata"]["prompt_tokens"]
+    (['links', 'metadata', 'nodes', 'qParams'], ['4', '3', '0', '2'])
+    """
+    show = decode if decode is not None else (lambda t: str(t))
+    pruned = graph.prune(node_threshold, edge_threshold)
+    kinds, L, P = graph.kinds(), graph.n_layers, graph.n_pos
+    influence = pruned.cumulative.tolist()
+    nodes: dict[int, dict] = {}
+    for n in pruned.nodes.nonzero()[:, 0].tolist():
+        kind = kinds[n]
+        if kind == "feature":
+            l, p, i = graph.features[n].tolist()
+            nodes[n] = _node(f"{l}_{i}_{p}", (l + i) * (l + i + 1) // 2 + i, str(l), p, "cross layer transcoder", f"{l}_{i}-0",
+                             influence=influence[n], activation=float(graph.activations[n]))
+        elif kind == "error":
+            l, p = divmod(n - graph.n_features, P)
+            nodes[n] = _node(f"err_{l}_{p}", -1, str(l), p, "mlp reconstruction error", f"{l}_{p}-0", influence=influence[n])
+        elif kind == "token":
+            p = n - graph.n_features - L * P
+            t = int(graph.tokens[p])
+            nodes[n] = _node(f"E_{t}_{p}", p, "E", p, "embedding", f"E_{t}-{p}", influence=influence[n])
+        else:
+            i = n - (graph.n_nodes - graph.n_logits)
+            t, prob = int(graph.logit_tokens[i]), float(graph.logit_probabilities[i])
+            nodes[n] = _node(f"{L + 1}_{t}_{graph.position}", t, str(L + 1), graph.position, "logit", f"L_{t}-{graph.position}",
+                             token_prob=prob, is_target_logit=i == 0, clerp=f'Output "{_text(show(t))}" (p={prob:.3f})')
+    targets, sources = pruned.edges.nonzero(as_tuple=True)
+    weights = graph.adjacency[targets, sources].tolist()
+    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}
+             for t, s, w in zip(targets.tolist(), sources.tolist(), weights) if s in nodes and t in nodes]
+    linked = {x for link in links for x in (link["source"], link["target"])}
+    kept = [d for d in nodes.values() if d["node_id"] in linked or d["feature_type"] in ("embedding", "logit")]
+    tokens = [_text(show(int(t))) for t in graph.tokens]
+    metadata = {"slug": slug, "scan": graph.scan, "transcoder_list": [], "prompt_tokens": tokens, "prompt": "".join(tokens),
+                "node_threshold": node_threshold, "schema_version": 1}
+    qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
+    return {"metadata": metadata, "qParams": qparams, "nodes": kept, "links": links}
+
+
+def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = "rs-interp-graph", node_threshold: float = 0.8,
+                    edge_threshold: float = 0.98, decode: Callable[[int], str] | None = None) -> Path:
+    """Write ``folder/{slug}.json`` (:func:`graph_json`) and list it in ``folder/graph-metadata.json``,
+    the index circuit-tracer's local server reads (``circuit_tracer.frontend.local_server.serve(data_dir=folder)``).
+
+    >>> import tempfile, torch
+    >>> from rs_interp import load_toy_model
+    >>> from rs_interp.features import attribution_graph, mlp_transcoders
+    >>> model = load_toy_model("tracr-sort")
+    >>> path = save_graph_json(attribution_graph(model, mlp_transcoders(model), torch.tensor([4, 3, 0, 2])), tempfile.mkdtemp(), slug="sort")
+    >>> path.name, sorted(p.name for p in path.parent.iterdir())
+    ('sort.json', ['graph-metadata.json', 'sort.json'])
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = graph_json(graph, slug=slug, node_threshold=node_threshold, edge_threshold=edge_threshold, decode=decode)
+    path = folder / f"{slug}.json"
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False))
+    index = folder / "graph-metadata.json"
+    listed = json.loads(index.read_text()) if index.is_file() else {"graphs": []}
+    listed["graphs"] = [g for g in listed["graphs"] if g.get("slug") != slug] + [data["metadata"]]
+    index.write_text(json.dumps(listed, indent=1, ensure_ascii=False))
+    return path

@@ -1,0 +1,107 @@
+"""An attribution graph drawn with plotly, offline (no frontend, no server): a ``go.Figure`` to show
+in a notebook or write as one HTML file (``fig.write_html(path, include_plotlyjs=True)``).
+
+Nodes sit at their prompt position (x) and their layer (y): tokens at the bottom, layer ``l``'s
+features and error node at height ``l + 1`` (features spread a little around it, the error node
+just below), logits at the top; a node's size grows with its influence. Edges are lines from source
+to target, blue where the direct effect is positive and red where it is negative, wider for larger
+effects. Hovering a node shows its label, activation and influence. The figure draws what it is
+given and computes nothing but the layout.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import plotly.graph_objects as go
+
+from .graph import AttributionGraph, PrunedGraph
+
+__all__ = ["graph_figure"]
+
+_COLORS = {"feature": "#4c78a8", "error": "#9d9d9d", "token": "#54a24b", "logit": "#e45756"}
+
+
+def graph_figure(graph: AttributionGraph | PrunedGraph, *, decode: Callable[[int], str] | None = None,
+                 title: str | None = None, max_edges: int = 2000) -> go.Figure:
+    """The graph's kept nodes and edges (an :class:`~rs_interp.features.AttributionGraph` is pruned at
+    circuit-tracer's defaults, 0.8 and 0.98); at most ``max_edges`` edges, the strongest.
+
+    >>> import torch
+    >>> from rs_interp import load_toy_model
+    >>> from rs_interp.features import attribution_graph, mlp_transcoders
+    >>> model = load_toy_model("tracr-sort")
+    >>> fig = graph_figure(attribution_graph(model, mlp_transcoders(model), torch.tensor([4, 3, 0, 2])))
+    >>> [t.name for t in fig.data if t.mode == "markers"]
+    ['feature', 'error', 'token', 'logit']
+    """
+    pruned = graph if isinstance(graph, PrunedGraph) else graph.prune()
+    g = pruned.graph
+    kinds, labels = g.kinds(), g.labels(decode)
+    L, P = g.n_layers, g.n_pos
+    xy: dict[int, tuple[float, float]] = {}
+    kept = pruned.nodes.nonzero()[:, 0].tolist()
+    per_cell: dict[tuple[int, int], list[int]] = {}
+    for n in kept:
+        if kinds[n] == "feature":
+            l, p, _ = g.features[n].tolist()
+            per_cell.setdefault((l, p), []).append(n)
+    for (l, p), members in per_cell.items():  # a cell's features on a small grid: 0.8 of a position wide, 0.3 of a layer high
+        cols = max(1, math.ceil(math.sqrt(2 * len(members))))
+        rows = math.ceil(len(members) / cols)
+        for j, n in enumerate(members):
+            r, c = divmod(j, cols)
+            xy[n] = (p + (c - (cols - 1) / 2) * 0.8 / max(cols - 1, 1), l + 1.0 + (r - (rows - 1) / 2) * 0.3 / max(rows - 1, 1))
+    for n in kept:
+        if kinds[n] == "error":
+            l, p = divmod(n - g.n_features, P)
+            xy[n] = (p, l + 0.7)
+        elif kinds[n] == "token":
+            xy[n] = (n - g.n_features - L * P, 0.0)
+        elif kinds[n] == "logit":
+            i = n - (g.n_nodes - g.n_logits)
+            xy[n] = (g.position + (i - (g.n_logits - 1) / 2) * 0.3, L + 1.0)
+    infl = g.influence()
+    top = float(infl[kept].max()) if kept else 1.0
+    fig = go.Figure()
+    targets, sources = pruned.edges.nonzero(as_tuple=True)
+    weights = g.adjacency[targets, sources]
+    order = weights.abs().argsort(descending=True)[:max_edges]
+    biggest = float(weights.abs().max()) if len(weights) else 1.0
+    bins = ((0.5, 3.0), (0.15, 1.6), (0.0, 0.7))  # |effect| / the biggest kept -> line width
+    for sign, name, color in ((1, "edges +", "rgba(31,119,180,0.5)"), (-1, "edges -", "rgba(214,39,40,0.5)")):
+        shown = False
+        for b, (floor, width) in enumerate(bins):
+            xs, ys = [], []
+            for k in order.tolist():
+                w = float(weights[k])
+                ceiling = bins[b - 1][0] if b else float("inf")
+                if (w > 0) != (sign > 0) or not floor * biggest <= abs(w) < ceiling * biggest:
+                    continue
+                (x0, y0), (x1, y1) = xy[int(sources[k])], xy[int(targets[k])]
+                xs += [x0, x1, None]
+                ys += [y0, y1, None]
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, legendgroup=name, showlegend=bool(xs) and not shown,
+                                     hoverinfo="skip", line=dict(color=color, width=width)))
+            shown = shown or bool(xs)
+    for kind, color in _COLORS.items():
+        ns = [n for n in kept if kinds[n] == kind]
+        text = []
+        for n in ns:
+            extra = f"<br>activation {float(g.activations[n]):.3g}" if kind == "feature" else ""
+            if kind == "logit":
+                extra = f"<br>p = {float(g.logit_probabilities[n - (g.n_nodes - g.n_logits)]):.3g}"
+            text.append(f"{labels[n]}{extra}<br>influence {float(infl[n]):.3g}")
+        fig.add_trace(go.Scatter(x=[xy[n][0] for n in ns], y=[xy[n][1] for n in ns], mode="markers", name=kind, text=text,
+                                 hoverinfo="text", marker=dict(color=color, line=dict(width=0.5, color="white"),
+                                                               size=[7 + 18 * float(infl[n]) / top if top > 0 else 7 for n in ns])))
+    tick = [decode(int(t)) if decode else str(int(t)) for t in g.tokens]
+    counts = pruned.counts()
+    fig.update_layout(
+        title=title or (f"attribution graph: {counts['feature']} features, {counts['error']} error nodes, {counts['edges']} edges "
+                        f"(biggest |effect| {biggest:.3g})"),
+        xaxis=dict(tickmode="array", tickvals=list(range(P)), ticktext=[repr(t)[1:-1] for t in tick], title="position"),
+        yaxis=dict(tickmode="array", tickvals=list(range(L + 2)), ticktext=["tokens"] + [f"layer {l}" for l in range(L)] + ["logits"]),
+        template="plotly_white", height=360 + 60 * L, legend=dict(orientation="h", y=-0.3))
+    return fig

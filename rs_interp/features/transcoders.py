@@ -1,0 +1,340 @@
+"""Per-layer transcoders: a sparse, wide replacement of each MLP, in circuit-tracer's file format.
+
+A transcoder of layer ``l`` reads the MLP's input ``x`` and writes an approximation of its output:
+
+    f = act(x W_enc^T + b_enc)            (d_transcoder,)  the feature activations
+    y = f W_dec + b_dec (+ x W_skip^T)    (d_model,)       the reconstruction
+
+with ``act`` ReLU, JumpReLU (``pre * (pre > threshold)``) or TopK (the ``k`` largest pre-activations
+kept, the rest 0). ``W_enc`` and ``W_dec`` are both (d_transcoder, d_model), as circuit-tracer stores
+them, so row ``i`` of each is feature ``i``'s input and output direction.
+
+Files (circuit-tracer's per-layer transcoder set): a folder with ``layer_{i}.safetensors`` (``W_enc``,
+``W_dec``, ``b_enc``, ``b_dec``, optional ``W_skip``, ``activation_function.threshold`` for JumpReLU,
+``k`` for TopK) and a ``config.yaml`` (``model_kind: transcoder_set``, ``feature_input_hook``,
+``feature_output_hook``, ``activation``, ``k``, ``scan``). :func:`load_transcoders` reads such a
+folder, :meth:`TranscoderSet.save` writes one.
+
+Where a transcoder reads and writes (:data:`INPUT_POINTS`, :data:`OUTPUT_POINTS`): the MLP's own
+input (``mlp.hook_in``, after the second norm, circuit-tracer's name) or the stream before the norm
+(``hook_resid_mid``) or TransformerLens's ``ln2.hook_normalized`` (the norm before its gain); and the
+MLP's output (``mlp.hook_out`` = ``hook_mlp_out``). All are linear in the residual stream once the
+norm's scale is frozen, which is what the attribution graph needs.
+
+>>> import torch
+>>> tc = Transcoder(4, 8, activation="topk", k=2)
+>>> _ = torch.nn.init.normal_(tc.W_enc)
+>>> (tc.encode(torch.randn(3, 4)) != 0).sum(-1).tolist()
+[2, 2, 2]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from jaxtyping import Float
+
+from . import _config
+
+__all__ = ["Transcoder", "TranscoderSet", "load_transcoders", "mlp_transcoders", "shipped_transcoders",
+           "SHIPPED_TRANSCODERS", "INPUT_POINTS", "OUTPUT_POINTS"]
+
+#: Where a transcoder may read, by circuit-tracer's config name: the MLP's input (after the norm,
+#: gain and bias), the residual stream before the norm, or TransformerLens's normalized stream (before the gain).
+INPUT_POINTS = ("mlp.hook_in", "hook_resid_mid", "ln2.hook_normalized")
+#: Where it writes: the MLP's output (both names are the same point).
+OUTPUT_POINTS = ("mlp.hook_out", "hook_mlp_out")
+ACTIVATIONS = ("relu", "jumprelu", "topk")
+
+#: The shipped transcoder sets, by model name, under ``rs_interp/toy_models/transcoders/``.
+SHIPPED_TRANSCODERS = ("code-2l",)
+_SHIPPED_ROOT = Path(__file__).resolve().parents[1] / "toy_models" / "transcoders"
+
+
+class Transcoder(torch.nn.Module):
+    """One layer's transcoder (module docstring for the formula).
+
+    Args:
+        d_model: width of the stream it reads and writes.
+        d_transcoder: number of features.
+        activation: ``"relu"``, ``"jumprelu"`` (with per-feature ``threshold``) or ``"topk"`` (with ``k``).
+        k: TopK's number of features kept per token.
+        skip: whether it has a linear skip connection ``W_skip`` (d_model, d_model).
+
+    Raises:
+        ValueError: an unknown activation, or TopK without a ``k`` in ``[1, d_transcoder]``.
+
+    >>> tc = Transcoder(4, 8, activation="jumprelu", skip=True)
+    >>> tc.d_model, tc.d_transcoder, tuple(tc.threshold.shape), tuple(tc.W_skip.shape)
+    (4, 8, (8,), (4, 4))
+    """
+
+    def __init__(self, d_model: int, d_transcoder: int, *, activation: str = "relu", k: int | None = None,
+                 skip: bool = False, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if activation == "topk" and (k is None or not 1 <= int(k) <= d_transcoder):
+            raise ValueError(f"a TopK transcoder needs k in [1, {d_transcoder}], got {k!r}")
+        self.activation, self.k = activation, (int(k) if activation == "topk" else None)
+        z = lambda *shape: torch.nn.Parameter(torch.zeros(*shape, dtype=dtype))  # noqa: E731
+        self.W_enc, self.b_enc = z(d_transcoder, d_model), z(d_transcoder)
+        self.W_dec, self.b_dec = z(d_transcoder, d_model), z(d_model)
+        self.threshold = z(d_transcoder) if activation == "jumprelu" else None
+        self.W_skip = z(d_model, d_model) if skip else None
+
+    @property
+    def d_model(self) -> int:
+        return self.W_enc.shape[1]
+
+    @property
+    def d_transcoder(self) -> int:
+        return self.W_enc.shape[0]
+
+    def pre_activation(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_transcoder"]:
+        """``x W_enc^T + b_enc``: what the activation function reads (the quantity a graph attributes)."""
+        return x @ self.W_enc.T + self.b_enc
+
+    def activate(self, pre: Float[torch.Tensor, "... d_transcoder"]) -> Float[torch.Tensor, "... d_transcoder"]:
+        """The activation function applied to pre-activations."""
+        if self.activation == "relu":
+            return torch.relu(pre)
+        if self.activation == "jumprelu":
+            return pre * (pre > self.threshold)
+        kept = pre.topk(self.k, dim=-1).indices
+        return torch.zeros_like(pre).scatter(-1, kept, pre.gather(-1, kept))
+
+    def encode(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_transcoder"]:
+        """The feature activations."""
+        return self.activate(self.pre_activation(x))
+
+    def skip(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"] | float:
+        """The skip connection's write ``x W_skip^T`` (0 without one)."""
+        return 0.0 if self.W_skip is None else x @ self.W_skip.T
+
+    def decode(self, acts: Float[torch.Tensor, "... d_transcoder"],
+               x: Float[torch.Tensor, "... d_model"] | None = None) -> Float[torch.Tensor, "... d_model"]:
+        """The reconstruction from activations (and, with a skip connection, the input ``x``)."""
+        if self.W_skip is not None and x is None:
+            raise ValueError("this transcoder has a skip connection: decode needs the input x too")
+        return acts @ self.W_dec + self.b_dec + (self.skip(x) if x is not None else 0.0)
+
+    def forward(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
+        return self.decode(self.encode(x), x)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The tensors of ``layer_{i}.safetensors``, named as circuit-tracer names them."""
+        out = {n: getattr(self, n).detach().contiguous() for n in ("W_enc", "W_dec", "b_enc", "b_dec")}
+        if self.threshold is not None:
+            out["activation_function.threshold"] = self.threshold.detach().contiguous()
+        if self.k is not None:
+            out["k"] = torch.tensor(self.k)
+        if self.W_skip is not None:
+            out["W_skip"] = self.W_skip.detach().contiguous()
+        return out
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor], *, activation: str | None = None, k: int | None = None,
+                   dtype: torch.dtype = torch.float32) -> "Transcoder":
+        """A transcoder from :meth:`state`'s tensors; the activation as circuit-tracer infers it when not
+        given: TopK if the file holds ``k``, JumpReLU if it holds a threshold, else ReLU.
+
+        Raises:
+            ValueError: a tensor missing or of the wrong shape.
+        """
+        missing = {"W_enc", "W_dec", "b_enc", "b_dec"} - set(state)
+        if missing:
+            raise ValueError(f"transcoder file lacks {sorted(missing)}")
+        if activation is None:
+            activation = "topk" if "k" in state else "jumprelu" if "activation_function.threshold" in state else "relu"
+        if activation == "topk" and k is None:
+            k = int(state["k"]) if "k" in state else None
+        d_transcoder, d_model = state["W_enc"].shape
+        tc = cls(d_model, d_transcoder, activation=activation, k=k, skip="W_skip" in state, dtype=dtype)
+        names = {"activation_function.threshold": "threshold"}
+        with torch.no_grad():
+            for key, value in state.items():
+                if key == "k":
+                    continue
+                param = getattr(tc, names.get(key, key), None)
+                if param is None:
+                    raise ValueError(f"unexpected tensor {key!r} for a {activation} transcoder")
+                if tuple(param.shape) != tuple(value.shape):
+                    raise ValueError(f"{key}: shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+                param.copy_(value.to(dtype))
+        return tc
+
+
+@dataclass(frozen=True)
+class TranscoderSet:
+    """One transcoder per layer, and where they read and write.
+
+    Attributes:
+        transcoders: layer ``l``'s transcoder at index ``l``.
+        input_point: one of :data:`INPUT_POINTS` (default the MLP's input).
+        output_point: one of :data:`OUTPUT_POINTS`.
+        scan: circuit-tracer's identifier of the set (its graph JSON's ``metadata.scan``).
+
+    >>> tcs = TranscoderSet((Transcoder(4, 8), Transcoder(4, 8)))
+    >>> len(tcs), tcs.config()["activation"], tcs.to(torch.float64).dtype
+    (2, 'relu', torch.float64)
+    """
+
+    transcoders: tuple[Transcoder, ...]
+    input_point: str = "mlp.hook_in"
+    output_point: str = "mlp.hook_out"
+    scan: str = "rs_interp"
+
+    def __post_init__(self) -> None:
+        if not self.transcoders:
+            raise ValueError("a transcoder set needs at least one transcoder")
+        if self.input_point not in INPUT_POINTS:
+            raise ValueError(f"input_point must be one of {INPUT_POINTS}, got {self.input_point!r}")
+        if self.output_point not in OUTPUT_POINTS:
+            raise ValueError(f"output_point must be one of {OUTPUT_POINTS}, got {self.output_point!r}")
+        if len({tc.d_model for tc in self.transcoders}) != 1:
+            raise ValueError("the transcoders read streams of different widths")
+
+    def __len__(self) -> int:
+        return len(self.transcoders)
+
+    def __getitem__(self, layer: int) -> Transcoder:
+        return self.transcoders[layer]
+
+    def __iter__(self) -> Iterator[Transcoder]:
+        return iter(self.transcoders)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.transcoders[0].W_enc.dtype
+
+    def to(self, dtype: torch.dtype) -> "TranscoderSet":
+        """A copy in ``dtype`` (e.g. float64 for the exact checks)."""
+        tcs = tuple(Transcoder.from_state(tc.state(), activation=tc.activation, k=tc.k, dtype=dtype) for tc in self)
+        return TranscoderSet(tcs, self.input_point, self.output_point, self.scan)
+
+    def config(self) -> dict:
+        """circuit-tracer's ``config.yaml`` of the set."""
+        kinds = {tc.activation for tc in self}
+        if len(kinds) != 1 or len({tc.k for tc in self}) != 1:
+            raise ValueError("circuit-tracer's config holds one activation (and one k) for every layer")
+        cfg = {"model_kind": "transcoder_set", "scan": self.scan, "feature_input_hook": self.input_point,
+               "feature_output_hook": self.output_point, "activation": kinds.pop()}
+        if self.transcoders[0].k is not None:
+            cfg["k"] = self.transcoders[0].k
+        return cfg
+
+    def save(self, folder: str | Path) -> Path:
+        """Write ``layer_{i}.safetensors`` and ``config.yaml`` into ``folder`` (made if needed)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = self.config()  # refuses a mixed set before anything is written
+        for i, tc in enumerate(self):
+            path = folder / f"layer_{i}.safetensors"
+            save_file({k: v.cpu() for k, v in tc.state().items()}, str(path))
+            path.chmod(0o644)  # safetensors writes owner-only files; these are data to ship and share
+        (folder / "config.yaml").write_text(_config.dumps(config))
+        return folder
+
+
+def load_transcoders(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> TranscoderSet:
+    """Read a circuit-tracer transcoder set from ``folder`` (``config.yaml`` and ``layer_{i}.safetensors``;
+    or the files the config's ``transcoders`` list names, relative to the folder).
+
+    Raises:
+        ValueError: no config, a config that is not a per-layer set, a layer file missing, a
+            ``hf://`` path (nothing is downloaded here), an input or output point rs_interp cannot read.
+
+    >>> import tempfile
+    >>> folder = TranscoderSet((Transcoder(4, 8, activation="topk", k=2),)).save(tempfile.mkdtemp())
+    >>> sorted(p.name for p in folder.iterdir()), load_transcoders(folder)[0].k
+    (['config.yaml', 'layer_0.safetensors'], 2)
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / "config.yaml").is_file():
+        raise ValueError(f"{folder} has no config.yaml (circuit-tracer's transcoder-set config)")
+    cfg = _config.loads((folder / "config.yaml").read_text())
+    if cfg.get("model_kind", "transcoder_set") != "transcoder_set":
+        raise ValueError(f"model_kind {cfg.get('model_kind')!r}: only per-layer transcoder sets are read (no cross-layer transcoders)")
+    paths = [str(p) for p in cfg["transcoders"]] if "transcoders" in cfg else None
+    if paths is None:
+        n = len(list(folder.glob("layer_*.safetensors")))
+        paths = [f"layer_{i}.safetensors" for i in range(n)]
+    if not paths:
+        raise ValueError(f"{folder} holds no layer_{{i}}.safetensors")
+    if any(p.startswith("hf://") for p in paths):
+        raise ValueError("the config names hf:// files: download them first (rs_interp reads local files only)")
+    files = [folder / p for p in paths]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"transcoder files missing: {missing}")
+    activation = cfg.get("activation")
+    tcs = tuple(Transcoder.from_state(load_file(str(f)), activation=activation, k=cfg.get("k"), dtype=dtype) for f in files)
+    return TranscoderSet(tcs, cfg.get("feature_input_hook", "mlp.hook_in"), cfg.get("feature_output_hook", "mlp.hook_out"),
+                         str(cfg.get("scan", folder.name)))
+
+
+def shipped_transcoders(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) -> TranscoderSet:
+    """The transcoder set shipped for the model ``name`` (trained by ``scripts/train_transcoders.py``;
+    its metrics in ``metrics.json`` beside it, see :func:`shipped_metrics`).
+
+    >>> tcs = shipped_transcoders("code-2l")
+    >>> len(tcs), tcs[0].d_model, tcs.input_point
+    (2, 128, 'mlp.hook_in')
+    """
+    if name not in SHIPPED_TRANSCODERS:
+        raise ValueError(f"no transcoders are shipped for {name!r}; shipped: {SHIPPED_TRANSCODERS}")
+    return load_transcoders(_SHIPPED_ROOT / name, dtype=dtype)
+
+
+def shipped_metrics(name: str = "code-2l") -> dict:
+    """The metrics recorded when the shipped set ``name`` was trained (``metrics.json``): the settings,
+    the measures of :func:`~rs_interp.features.transcoder_metrics` on held-out windows, the curves.
+
+    >>> m = shipped_metrics("code-2l")
+    >>> m["settings"]["activation"], len(m["metrics"]["fvu"])
+    ('topk', 2)
+    """
+    import json
+
+    if name not in SHIPPED_TRANSCODERS:
+        raise ValueError(f"no transcoders are shipped for {name!r}; shipped: {SHIPPED_TRANSCODERS}")
+    return json.loads((_SHIPPED_ROOT / name / "metrics.json").read_text())
+
+
+def mlp_transcoders(model) -> TranscoderSet:
+    """The exact transcoders of a ReLU MLP: each neuron a feature (``W_enc = W_in^T``, ``b_enc = b_in``,
+    ``W_dec = W_out``, ``b_dec = b_out``), so the reconstruction *is* the MLP: every error node is 0
+    and a graph's replacement and completeness scores are 1 (the ground truth of feature circuits;
+    tracr's MLPs are such MLPs).
+
+    Raises:
+        ValueError: the model has no MLPs, or its MLPs are not plain ReLU MLPs (gated, or another activation).
+
+    >>> from rs_interp import load_toy_model
+    >>> tcs = mlp_transcoders(load_toy_model("tracr-sort"))
+    >>> len(tcs), tcs[0].d_transcoder
+    (3, 20)
+    """
+    cfg = model.cfg
+    if cfg.attn_only:
+        raise ValueError("mlp_transcoders: the model is attention-only (no MLP to read)")
+    if cfg.act_fn != "relu" or getattr(cfg, "gated_mlp", False):
+        raise ValueError(f"mlp_transcoders: the MLPs are {'gated ' if getattr(cfg, 'gated_mlp', False) else ''}{cfg.act_fn}, "
+                         "not plain ReLU MLPs: their neurons are no exact transcoder (train one: train_transcoder)")
+    out = []
+    for l in range(cfg.n_layers):
+        mlp = model.blocks[l].mlp
+        W_in, b_in, W_out, b_out = (t.detach() for t in (mlp.W_in, mlp.b_in, mlp.W_out, mlp.b_out))
+        tc = Transcoder(W_in.shape[0], W_in.shape[1], dtype=W_in.dtype)
+        with torch.no_grad():
+            tc.W_enc.copy_(W_in.T), tc.b_enc.copy_(b_in), tc.W_dec.copy_(W_out), tc.b_dec.copy_(b_out)
+        out.append(tc)
+    return TranscoderSet(tuple(out), scan=f"{getattr(cfg, 'model_name', 'model')}-mlp-neurons")
