@@ -136,7 +136,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
     import rs_interp as ri
     from .circuit_figure import circuit_figure
     from .plots import faithfulness_figure
-    from .tasks.io import write_mib
+    from .tasks.mib import write_mib
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")

@@ -75,25 +75,26 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
         >>> sorted(t.name for t in fig.data if t.showlegend)
         ['into a key', 'into a value', 'into the logits']
     """
-    import rs_interp as ri
+    from .circuits.graph import EdgeEffects, EdgeLayout, edge_layout
+    from .circuits.selection import top_edges
 
     if not isinstance(max_edges, int) or max_edges < 1:
         raise ValueError(f"max_edges must be a positive integer, got {max_edges!r}")
-    weighted = isinstance(circuit, ri.EdgeEffects)
+    weighted = isinstance(circuit, EdgeEffects)
     if weighted:
         scores = circuit
     layout = model_or_layout if model_or_layout is not None else getattr(scores, "layout", None)
     if layout is None:
         raise ValueError("pass the model (or its edge layout) to place an edge set's nodes")
-    if not isinstance(layout, ri.EdgeLayout):
-        layout = ri.edge_layout(layout)
+    if not isinstance(layout, EdgeLayout):
+        layout = edge_layout(layout)
     if scores is not None and (scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers):
         raise ValueError("scores belong to another model's edge layout")
     total = layout.n_edges
     if weighted:
         finite = scores.effect[layout.exists].nan_to_num(0.0)
         n = min(max_edges, int((finite != 0).sum()))
-        edges = sorted(ri.top_edges(scores, n), key=layout.index)
+        edges = sorted(top_edges(scores, n), key=layout.index)
         what = f"the top {n} of {total} edges by |effect|"
     else:
         edges = sorted({tuple(e) for e in circuit}, key=layout.index)  # index() refuses unknown labels and non-edges

@@ -145,7 +145,9 @@ def test_dla_on_gpt2(gpt2_random, tokens):
 def test_head_roles_on_gpt2(gpt2_random):
     a = analyse_gpt2(gpt2_random, weights="random", n_sequences=2, period=20)
     assert a.prev_token.shape == (12, 12) and a.induction.shape == (12, 12)
-    assert len(a.top_induction) == 10 and a.prompt is None  # random weights carry no tokenizer
+    assert len(a.top_induction) == 10
+    # random weights carry GPT-2's real tokenizer (issue 43): the lens runs on the prompt, the answer is " Paris"
+    assert a.prompt == "The Eiffel Tower is in the city of" and a.prompt_answer == " Paris" and len(a.lens_p_answer) == 13
 
 
 # ---- the real weights, where they are present -----------------------------------------------------

@@ -265,7 +265,7 @@ def test_mib_names_round_trip(which):
 @pytest.mark.parametrize("which", ["induction-2l", "gpt2-small", "gqa"])
 def test_mib_edge_check_agrees_with_the_layout(which):
     """from_mib_edge validates from the config alone: against the layout, on every (sender, receiver) pair."""
-    from rs_interp.tasks.io import _check_edge
+    from rs_interp.tasks.mib import _check_edge
 
     cfg = _models()[which]
     layout = ri.edge_layout(cfg)

@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Int
@@ -75,8 +76,9 @@ def induction_batch(
     *,
     seed: int | None = None,
     generator: torch.Generator | None = None,
-    d_vocab: int = 256,
-    seq_len: int = 48,
+    model: Any = None,
+    d_vocab: int | None = None,
+    seq_len: int | None = None,
     min_period: int = 6,
     max_period: int = 24,
 ) -> InductionBatch:
@@ -84,6 +86,9 @@ def induction_batch(
 
     Give either ``seed`` (a fresh generator) or ``generator`` (advanced in place, for streams of
     fresh batches); with neither, a seed-0 generator is used so the call stays deterministic.
+    ``model=`` fits the batch to a model: its vocabulary and context (``d_vocab=model.cfg.d_vocab``,
+    ``seq_len=model.cfg.n_ctx``, e.g. 2,048 and 64 for ``code-2l``); without it, the toy models'
+    256 and 48. ``d_vocab`` and ``seq_len`` given explicitly win.
 
     Raises:
         ValueError: ``batch_size < 1``, ``d_vocab < 1``, ``seq_len < 2``, or period bounds outside
@@ -94,7 +99,15 @@ def induction_batch(
     ((200, 48), True, True)
     >>> bool(torch.equal(induction_batch(4, seed=1).tokens, induction_batch(4, seed=1).tokens))
     True
+    >>> from rs_interp import load_toy_model
+    >>> tuple(induction_batch(2, seed=0, model=load_toy_model("code-2l")).tokens.shape)
+    (2, 64)
     """
+    if model is not None:
+        d_vocab = model.cfg.d_vocab if d_vocab is None else d_vocab
+        seq_len = model.cfg.n_ctx if seq_len is None else seq_len
+    d_vocab = 256 if d_vocab is None else d_vocab
+    seq_len = 48 if seq_len is None else seq_len
     check_int_range("batch_size", batch_size, 1)
     check_int_range("d_vocab", d_vocab, 1)
     check_int_range("seq_len", seq_len, 2)

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from .. import _backend
 from .._backend import Model
 from .data import InductionBatch, induction_batch
 from .checkpoints import load_model, made_with, read_metadata, save_model
@@ -111,8 +112,20 @@ class ShippedModel:
         return Path(str(resources.files("rs_interp") / "toy_models" / self.name))
 
     def load(self) -> Model:
-        """The shipped model."""
-        return load_model(self.path)
+        """The shipped model, with its tokenizer attached where it has one (``model.to_tokens("...")``
+        works on ``code-2l``: its end-of-file token, the start of a file, is the BOS)."""
+        model = load_model(self.path)
+        tok = self.tokenizer()
+        if tok is not None:
+            from transformers import PreTrainedTokenizerFast
+
+            from .code_model import EOT
+
+            # add_bos_token: TransformerLens takes the tokenizer as it is (it reloads one without it by name)
+            _backend.set_tokenizer(model, PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, unk_token=EOT,
+                                                                  pad_token=EOT, add_bos_token=True, name_or_path=self.name,
+                                                                  model_max_length=model.cfg.n_ctx))
+        return model
 
     def metadata(self) -> dict[str, Any]:
         """The metadata shipped beside the checkpoint (settings, metrics, versions)."""
@@ -147,7 +160,8 @@ def _train_induction(settings: dict[str, Any], progress: bool) -> Trained:
     from .training import evaluate, train_induction_model
 
     model = train_induction_model(**settings, progress=progress)
-    score = evaluate(model, held_out_batch().tokens, targets=held_out_batch().targets)
+    held_out = held_out_batch()
+    score = evaluate(model, held_out.tokens, targets=held_out.targets)
     meta = {"training": dict(settings), "test_seed": TEST_SEED, "test_size": TEST_SIZE,
             "test_loss": score.loss, "test_accuracy": score.accuracy}
     return Trained(model, meta)

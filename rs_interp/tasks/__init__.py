@@ -6,7 +6,7 @@
 - :mod:`.greater_than`: greater-than (Hanna et al. 2023), ACDC's prompt and year filter, "01";
 - :mod:`.sva`: subject-verb agreement, same-length singular/plural pairs;
 - :mod:`.induction`: repeated random sequences (:func:`rs_interp.induction_batch`);
-- :mod:`.io`: EAP-IG's task CSV and the MIB circuit track's graph files.
+- :mod:`.eap_csv`: EAP-IG's task CSV; :mod:`.mib`: the MIB circuit track's graph files.
 
 Every builder is seeded (the same seed, the same task byte for byte) and refuses, naming the words,
 a tokenizer under which its words are not single tokens.
@@ -24,7 +24,8 @@ from typing import Any
 
 from .greater_than import greater_than_task
 from .induction import induction_task
-from .io import MIBGraph, from_mib_edge, mib_edge_names, read_eap_csv, read_mib, write_eap_csv, write_mib, write_mib_circuits
+from .eap_csv import read_eap_csv, write_eap_csv
+from .mib import MIBGraph, from_mib_edge, mib_edge_names, read_mib, write_mib, write_mib_circuits
 from .ioi import ioi_task
 from .sva import sva_task
 from .task import MetricKind, Task

@@ -46,7 +46,7 @@ def induction_task(n: int = 32, *, seed: int = 0, d_vocab: int = 256, seq_len: i
         >>> tuple(t.clean.shape), t.positions.tolist(), bool((t.answers != t.wrong).all())
         ((3, 48), [47, 47, 47], True)
     """
-    import rs_interp as ri
+    from ..models.data import induction_batch
 
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
@@ -58,7 +58,7 @@ def induction_task(n: int = 32, *, seed: int = 0, d_vocab: int = 256, seq_len: i
     kw = dict(generator=g, d_vocab=d_vocab, seq_len=seq_len, min_period=min_period, max_period=max_period)
     clean, corrupted, p_clean, p_corr = [], [], [], []
     while sum(len(t) for t in clean) < n:
-        a, b = ri.induction_batch(n, **kw), ri.induction_batch(n, **kw)
+        a, b = induction_batch(n, **kw), induction_batch(n, **kw)
         ans_a = a.tokens[torch.arange(n), seq_len - a.periods]
         ans_b = b.tokens[torch.arange(n), seq_len - b.periods]
         keep = (ans_a != ans_b).nonzero().flatten()[: n - sum(len(t) for t in clean)]

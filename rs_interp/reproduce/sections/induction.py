@@ -20,7 +20,8 @@ from ..expected import PREV_TOKEN_HEAD
 
 def induction_section(ctx: Context) -> Section:
     m2 = ctx.model("induction-2l")
-    s2, s1 = evaluate(m2, ctx.batch.tokens, targets=ctx.batch.targets), evaluate(ctx.model("induction-1l"), ctx.batch)
+    s2 = evaluate(m2, ctx.batch.tokens, targets=ctx.batch.targets)
+    s1 = evaluate(ctx.model("induction-1l"), ctx.batch.tokens, targets=ctx.batch.targets)
     cos = _rms_cosine(m2)
     rows = (
         banded("induction.two_layers_loss", "two layers: loss (nats)", s2.loss),
@@ -93,7 +94,7 @@ def circuits_section(ctx: Context) -> list[Section]:
     ablations = {
         "keys_from_x0": score_logits(run_with_key_input(model, batch.tokens, layer=1), batch.targets),
         "keys_x0_plus_prev_token_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, ph)]), batch.targets),
-        "keys_x0_plus_other_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, h.targets) for h in other]), batch),
+        "keys_x0_plus_other_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, h) for h in other]), batch.targets),
     }
     a = ablations
     abl_rows = (

@@ -1,10 +1,4 @@
-"""Tasks and circuits in the field's file formats: EAP-IG's task CSV and the MIB circuit track's graphs.
-
-**EAP-IG's CSV** (``hannamw/EAP-IG``, ``hannamw/eap-ig-faithfulness``): one row per prompt pair,
-``clean,corrupted`` and the task's label columns: IOI ``correct_idx,incorrect_idx`` (token ids),
-greater-than ``label`` (the start year's yy; ``correct_idx`` in eap-ig-faithfulness), SVA ``plural``
-(1 where the clean subject is plural). Texts carry no BOS (EAP-IG adds it when tokenizing), so
-:func:`read_eap_csv` with ``prepend_bos=True`` gives back the tokens :func:`write_eap_csv` wrote.
+"""Circuits in the MIB circuit track's file formats: its graphs of edge scores and circuits.
 
 **MIB's graphs** (``hannamw/MIB-circuit-track``, EAP-IG's ``Graph.to_json`` / ``to_pt``): nodes
 ``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``; an edge ``parent->child``, with ``<q>``/``<k>``/``<v>``
@@ -30,7 +24,6 @@ circuits at the nine sizes 0.1% ... 50% of the edges (:func:`write_mib_circuits`
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -41,118 +34,12 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from .._backend import kv_groups
-from .greater_than import year_tokens
-from .sva import VERBS, verb_ids
-from .task import Task, pack, resolve_tokenizer
 
-__all__ = ["write_eap_csv", "read_eap_csv", "MIBGraph", "write_mib", "read_mib", "write_mib_circuits",
-           "mib_edge_names", "from_mib_edge", "MIB_SUBMISSION_FRACTIONS"]
+__all__ = ["MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge", "MIB_SUBMISSION_FRACTIONS"]
 
 #: The circuit sizes of a MIB submission of several circuits: at most these fractions of the edges.
 MIB_SUBMISSION_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
-#: EAP-IG's label columns per task (greater-than: also eap-ig-faithfulness's ``correct_idx``).
-_COLUMNS = {"ioi": ("correct_idx", "incorrect_idx"), "greater-than": ("label",), "sva": ("plural",)}
-
-
-# --- EAP-IG's CSV -----------------------------------------------------------------------------
-
-
-def write_eap_csv(task: Task, path: str | Path) -> Path:
-    """Write ``task`` as EAP-IG's CSV (module docstring); returns the path.
-
-    Raises:
-        ValueError: a task with no texts (induction), or one whose label columns EAP-IG does not define.
-
-    Example:
-        >>> import tempfile
-        >>> from rs_interp.tokenizers import gpt2_tokenizer
-        >>> from rs_interp.tasks import greater_than_task
-        >>> path = write_eap_csv(greater_than_task(gpt2_tokenizer(), 2, seed=0), tempfile.mkdtemp() + "/gt.csv")
-        >>> path.read_text().splitlines()[:2]
-        ['clean,corrupted,label', 'The testing lasted from the year 1578 to 15,The testing lasted from the year 1501 to 15,78']
-    """
-    if task.prompts is None or task.corrupted_prompts is None:
-        raise ValueError(f"the {task.name} task has no texts (token ids only): EAP-IG's CSV holds texts")
-    if task.name not in _COLUMNS:
-        raise ValueError(f"EAP-IG's CSV has no label columns for a {task.name!r} task; it has {sorted(_COLUMNS)}")
-    if task.name == "ioi":
-        if task.answers.shape[1] != 1 or task.wrong.shape[1] != 1:
-            raise ValueError("an ioi task has one answer and one wrong id per row")
-        labels = [[int(a), int(w)] for a, w in zip(task.answers[:, 0], task.wrong[:, 0])]
-    else:
-        if task.label is None:
-            raise ValueError(f"this {task.name} task has no label to write")
-        labels = [[int(v)] for v in task.label]
-    path = Path(path)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        out = csv.writer(f, lineterminator="\n")
-        out.writerow(["clean", "corrupted", *_COLUMNS[task.name]])
-        for c, x, lab in zip(task.prompts, task.corrupted_prompts, labels):
-            out.writerow([c, x, *lab])
-    return path
-
-
-def read_eap_csv(path: str | Path, task: str, tokenizer: Any, *, prepend_bos: bool = True,
-                 verbs: Sequence[tuple[str, str]] = VERBS) -> Task:
-    """A :class:`Task` from EAP-IG's CSV (module docstring; other columns, such as pandas' index or
-    ``corrupted_hard``, are ignored).
-
-    Args:
-        task: ``"ioi"``, ``"greater-than"`` or ``"sva"``: which label columns to read.
-        tokenizer: a Hugging Face tokenizer, a ``tokenizers.Tokenizer``, or a model carrying one.
-        prepend_bos: start every prompt with the tokenizer's BOS (EAP-IG does).
-        verbs: SVA's verb forms (as :func:`rs_interp.tasks.sva_task`).
-
-    Raises:
-        ValueError: an unknown task, missing columns, a label that is not an integer in range, or a
-            pair of different token lengths (the row is named).
-    """
-    if task not in _COLUMNS:
-        raise ValueError(f"task must be one of {sorted(_COLUMNS)}, got {task!r}")
-    tok = resolve_tokenizer(tokenizer)
-    with Path(path).open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    cols = _COLUMNS[task]
-    if task == "greater-than" and "label" not in rows[0] and "correct_idx" in rows[0]:
-        cols = ("correct_idx",)  # eap-ig-faithfulness's name for the same column
-    missing = [c for c in ("clean", "corrupted", *cols) if c not in rows[0]]
-    if missing:
-        raise ValueError(f"{path}: no column {', '.join(missing)} (a {task} CSV has clean, corrupted, {', '.join(cols)})")
-
-    def integer(i: int, col: str, lo: int, hi: int) -> int:
-        text = rows[i][col]
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"{path} row {i}: {col} is {text!r}, not an integer") from None
-        if not lo <= value < hi:
-            raise ValueError(f"{path} row {i}: {col} {value} is outside [{lo}, {hi})")
-        return value
-
-    clean, corrupted = [r["clean"] for r in rows], [r["corrupted"] for r in rows]
-    label = None
-    if task == "ioi":
-        vocab = len(tok) if hasattr(tok, "__len__") else tok.get_vocab_size()
-        answers = [[integer(i, "correct_idx", 0, vocab)] for i in range(len(rows))]
-        wrong = [[integer(i, "incorrect_idx", 0, vocab)] for i in range(len(rows))]
-        kind = "logit_diff"
-    elif task == "greater-than":
-        digits = year_tokens(tok)
-        label = [integer(i, cols[0], 0, 99) for i in range(len(rows))]
-        answers, wrong, kind = [digits[y + 1:] for y in label], [digits[: y + 1] for y in label], "prob_diff"
-    else:
-        singular, plural = verb_ids(tok, verbs)
-        label = [integer(i, "plural", 0, 2) for i in range(len(rows))]
-        answers = [plural if p else singular for p in label]
-        wrong = [singular if p else plural for p in label]
-        kind = "prob_diff"
-    return pack(tok, task, clean, corrupted, answers, wrong, kind=kind, prepend_bos=prepend_bos, seed=None, label=label)
-
-
-# --- MIB's graphs -----------------------------------------------------------------------------
 
 _SENDER = re.compile(r"^(?:input|a(\d+)\.h(\d+)|m(\d+))$")
 _EDGE = re.compile(r"^(input|a\d+\.h\d+|m\d+)->(a\d+\.h\d+|m\d+|logits)(?:<([qkv])>)?$")
@@ -324,10 +211,10 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
         ValueError: neither given; ``scores`` of another layout or with NaN on an edge; a circuit
             edge that is not an edge of this model; a suffix other than .json or .pt.
     """
-    import rs_interp as ri
+    from ..circuits.graph import edge_layout
 
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
-    layout = ri.edge_layout(cfg)
+    layout = edge_layout(cfg)
     path = Path(path)
     if path.suffix not in (".json", ".pt"):
         raise ValueError(f"{path}: a MIB graph file is .json or .pt")
@@ -380,10 +267,10 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
             does not have (e.g. into an MLP of an attention-only model), an edge of the model the
             file lacks, or, under grouped-query attention, copies of one KV edge that disagree.
     """
-    import rs_interp as ri
+    from ..circuits.graph import EdgeEffects, edge_layout
 
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
-    layout = ri.edge_layout(cfg)
+    layout = edge_layout(cfg)
     path = Path(path)
     if path.suffix == ".json":
         data = json.loads(path.read_text())
@@ -431,7 +318,7 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
     absent = [e for e in cell if e not in member]
     if absent:
         raise ValueError(f"{path} lacks {len(absent)} edges of this model, e.g. {absent[:3]}")
-    return MIBGraph(ri.EdgeEffects(layout, effect, float("nan")), frozenset(e for e, v in member.items() if v), dict(file_cfg))
+    return MIBGraph(EdgeEffects(layout, effect, float("nan")), frozenset(e for e, v in member.items() if v), dict(file_cfg))
 
 
 def write_mib_circuits(folder: str | Path, model_or_cfg: Any, scores: Any, *,
@@ -452,12 +339,12 @@ def write_mib_circuits(folder: str | Path, model_or_cfg: Any, scores: Any, *,
         >>> [p.name for p in paths], [len(read_mib(p, model).circuit) for p in paths]
         (['circuit_0.1.json', 'circuit_0.5.json'], [2, 14])
     """
-    import rs_interp as ri
+    from ..circuits.graph import edge_layout
 
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     if any(not 0 < f <= 1 for f in fractions):
         raise ValueError(f"fractions must lie in (0, 1], got {tuple(fractions)}")
-    layout = ri.edge_layout(cfg)
+    layout = edge_layout(cfg)
     if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
         raise ValueError("scores belong to another model's edge layout")
     edges = _edges(layout)
@@ -478,4 +365,3 @@ def write_mib_circuits(folder: str | Path, model_or_cfg: Any, scores: Any, *,
             used += c
         out.append(write_mib(folder / f"circuit_{f:g}{suffix}", cfg, scores=scores, circuit=keep))
     return out
-
