@@ -7,77 +7,158 @@
 True
 """
 
-import warnings as _warnings
+from __future__ import annotations
 
-with _warnings.catch_warnings():
-    # TransformerLens imports huggingface_hub, which imports tqdm.auto: in a Jupyter kernel without ipywidgets
-    # that warns "IProgress not found" at import, before any bar is asked for. Imported here once, quietly
-    # (rs_interp's own bars pick the text bar where there are no widgets: rs_interp._progress).
-    _warnings.filterwarnings("ignore", message="IProgress not found")
-    import tqdm.auto  # noqa: F401
+from typing import TYPE_CHECKING
 
-from ._backend import Model
-from ._validate import Ablation
-from .ablation import run_with_key_input, run_with_query_input
-from .certificate import Certificate, certify
-from .circuits.node_attribution import AttributionPatching, attribution_patching
-from .circuits.edge_attribution import EdgeAttributionPatching, edge_attribution_patching
-from .circuits.graph import EdgeEffects, EdgeLayout, edge_layout
-from .circuits.path_patching import PathPatching, path_patching
-from .circuits.evaluation import FaithfulnessCurve, MIBScores, evaluate_circuit, faithfulness_curve, mib_scores
-from .circuits.selection import top_edges
-from .composition import CompositionScores, composition_scores, virtual_weight
-from .copying import copying_scores
-from .models.data import InductionBatch, induction_batch, next_token_targets
-from .heads import (
-    FirstTokenAttention,
-    InductionScores,
-    ScoreSensitivity,
-    attention_patterns,
-    find_prev_token_head,
-    first_token_attention,
-    induction_scores,
-    key_score_sensitivity,
-    positional_scores,
-    prev_token_scores,
-)
-from ._source_tree import load_hooks_from_the_source_tree
+from ._lazy import attach
+from ._source_tree import register_hooks_of_the_source_tree
 
-load_hooks_from_the_source_tree()  # hooks/ is rs_interp.hooks also when rs_interp runs from its clone (no install)
+register_hooks_of_the_source_tree()  # hooks/ is rs_interp.hooks also when rs_interp runs from its clone (no install)
 
-from . import features, hooks, tasks  # noqa: E402
-from .tokenizers import gpt2_tokenizer
-from .labels import head_label, head_labels
-from .metrics import Metric, next_token_loss
-from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
-from .models.gpt2 import GPT2WeightsUnavailable, load_gpt2
-from .models.pretrained import WeightsUnavailable, load_pretrained
-from .lens import LogitLensReadings, logit_lens
-from .tuned_lens import TunedLens, lens_kl, train_tuned_lens
-from .models.gpt2_config import ParameterCount, count_parameters, gpt2_config
-from .models.checkpoints import (
-    CheckpointError,
-    as_dtype,
-    attn_only_config,
-    load_model,
-    make_attn_only,
-    save_model,
-)
-from .models.registry import SHIPPED_MODELS, ShippedModel, Trained, TrainingCache, load_toy_model, train_shipped
-from .attribution import DirectLogitAttribution, direct_logit_attribution
-from .path_expansion import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
-from .second_order import SecondOrderAttribution, second_order_attribution
-from .models.training import Score, evaluate, score_logits, train_induction_model
+#: Every public name and the module that defines it. Imported on first use (PEP 562): ``import rs_interp``
+#: itself loads neither torch nor TransformerLens (rs_interp._lazy).
+_WHERE: dict[str, str] = {
+    "Model": "._backend",
+    "Ablation": "._validate",
+    "run_with_key_input": ".ablation",
+    "run_with_query_input": ".ablation",
+    "Certificate": ".certificate",
+    "certify": ".certificate",
+    "AttributionPatching": ".circuits.node_attribution",
+    "attribution_patching": ".circuits.node_attribution",
+    "EdgeAttributionPatching": ".circuits.edge_attribution",
+    "edge_attribution_patching": ".circuits.edge_attribution",
+    "EdgeEffects": ".circuits.graph",
+    "EdgeLayout": ".circuits.graph",
+    "edge_layout": ".circuits.graph",
+    "PathPatching": ".circuits.path_patching",
+    "path_patching": ".circuits.path_patching",
+    "FaithfulnessCurve": ".circuits.evaluation",
+    "MIBScores": ".circuits.evaluation",
+    "evaluate_circuit": ".circuits.evaluation",
+    "faithfulness_curve": ".circuits.evaluation",
+    "mib_scores": ".circuits.evaluation",
+    "top_edges": ".circuits.selection",
+    "CompositionScores": ".composition",
+    "composition_scores": ".composition",
+    "virtual_weight": ".composition",
+    "copying_scores": ".copying",
+    "InductionBatch": ".models.data",
+    "induction_batch": ".models.data",
+    "next_token_targets": ".models.data",
+    "FirstTokenAttention": ".heads",
+    "InductionScores": ".heads",
+    "ScoreSensitivity": ".heads",
+    "attention_patterns": ".heads",
+    "find_prev_token_head": ".heads",
+    "first_token_attention": ".heads",
+    "induction_scores": ".heads",
+    "key_score_sensitivity": ".heads",
+    "positional_scores": ".heads",
+    "prev_token_scores": ".heads",
+    "features": ".features",
+    "hooks": ".hooks",
+    "tasks": ".tasks",
+    "gpt2_tokenizer": ".tokenizers",
+    "head_label": ".labels",
+    "head_labels": ".labels",
+    "Metric": ".metrics",
+    "next_token_loss": ".metrics",
+    "HeadAblationScan": ".head_ablation",
+    "ablate_heads": ".head_ablation",
+    "head_ablation_scan": ".head_ablation",
+    "GPT2WeightsUnavailable": ".models.gpt2",
+    "load_gpt2": ".models.gpt2",
+    "WeightsUnavailable": ".models.pretrained",
+    "load_pretrained": ".models.pretrained",
+    "LogitLensReadings": ".lens",
+    "logit_lens": ".lens",
+    "TunedLens": ".tuned_lens",
+    "lens_kl": ".tuned_lens",
+    "train_tuned_lens": ".tuned_lens",
+    "ParameterCount": ".models.gpt2_config",
+    "count_parameters": ".models.gpt2_config",
+    "gpt2_config": ".models.gpt2_config",
+    "CheckpointError": ".models.checkpoints",
+    "as_dtype": ".models.checkpoints",
+    "attn_only_config": ".models.checkpoints",
+    "load_model": ".models.checkpoints",
+    "make_attn_only": ".models.checkpoints",
+    "save_model": ".models.checkpoints",
+    "SHIPPED_MODELS": ".models.registry",
+    "ShippedModel": ".models.registry",
+    "Trained": ".models.registry",
+    "TrainingCache": ".models.registry",
+    "load_toy_model": ".models.registry",
+    "train_shipped": ".models.registry",
+    "DirectLogitAttribution": ".attribution",
+    "direct_logit_attribution": ".attribution",
+    "PathAttribution": ".path_expansion",
+    "PathExpansion": ".path_expansion",
+    "path_expansion": ".path_expansion",
+    "path_logit_attribution": ".path_expansion",
+    "SecondOrderAttribution": ".second_order",
+    "second_order_attribution": ".second_order",
+    "Score": ".models.training",
+    "evaluate": ".models.training",
+    "score_logits": ".models.training",
+    "train_induction_model": ".models.training",
+}
 
-Model = Model
-"""The model every helper takes: ``HookedTransformer`` under TransformerLens 3.x, ``TransformerBridge``
-(in compatibility mode) under 4.x; :func:`rs_interp.load_toy_model`, :func:`rs_interp.load_gpt2` and
-:func:`rs_interp.load_pretrained` return it.
+if TYPE_CHECKING:  # the names, for type checkers and the documentation (which reads these imports)
+    from ._backend import Model
+    from ._validate import Ablation
+    from .ablation import run_with_key_input, run_with_query_input
+    from .certificate import Certificate, certify
+    from .circuits.node_attribution import AttributionPatching, attribution_patching
+    from .circuits.edge_attribution import EdgeAttributionPatching, edge_attribution_patching
+    from .circuits.graph import EdgeEffects, EdgeLayout, edge_layout
+    from .circuits.path_patching import PathPatching, path_patching
+    from .circuits.evaluation import FaithfulnessCurve, MIBScores, evaluate_circuit, faithfulness_curve, mib_scores
+    from .circuits.selection import top_edges
+    from .composition import CompositionScores, composition_scores, virtual_weight
+    from .copying import copying_scores
+    from .models.data import InductionBatch, induction_batch, next_token_targets
+    from .heads import (
+        FirstTokenAttention,
+        InductionScores,
+        ScoreSensitivity,
+        attention_patterns,
+        find_prev_token_head,
+        first_token_attention,
+        induction_scores,
+        key_score_sensitivity,
+        positional_scores,
+        prev_token_scores,
+    )
+    from . import features, hooks, tasks
+    from .tokenizers import gpt2_tokenizer
+    from .labels import head_label, head_labels
+    from .metrics import Metric, next_token_loss
+    from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
+    from .models.gpt2 import GPT2WeightsUnavailable, load_gpt2
+    from .models.pretrained import WeightsUnavailable, load_pretrained
+    from .lens import LogitLensReadings, logit_lens
+    from .tuned_lens import TunedLens, lens_kl, train_tuned_lens
+    from .models.gpt2_config import ParameterCount, count_parameters, gpt2_config
+    from .models.checkpoints import (
+        CheckpointError,
+        as_dtype,
+        attn_only_config,
+        load_model,
+        make_attn_only,
+        save_model,
+    )
+    from .models.registry import SHIPPED_MODELS, ShippedModel, Trained, TrainingCache, load_toy_model, train_shipped
+    from .attribution import DirectLogitAttribution, direct_logit_attribution
+    from .path_expansion import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
+    from .second_order import SecondOrderAttribution, second_order_attribution
+    from .models.training import Score, evaluate, score_logits, train_induction_model
 
->>> import rs_interp as ri
->>> isinstance(ri.load_toy_model("induction-2l"), ri.Model)
-True
-"""
+
+__getattr__, __dir__ = attach(__name__, _WHERE, globals())
+
 
 __all__ = [
     # models and data

@@ -3,12 +3,14 @@
 The hook factories live in the top-level folder ``hooks/`` (the project's layout), which an install
 puts at ``rs_interp/hooks`` (setup.py's ``package_dir``). Run from a clone instead (a notebook saved in
 the clone, ``python -c "import rs_interp"`` there, the docs build), the folder ``rs_interp/`` of the
-clone is the package and has no ``hooks``: this loads the clone's ``hooks/`` as ``rs_interp.hooks``,
-once, before the package imports it. An installed rs_interp (``rs_interp/hooks`` present) is left alone.
+clone is the package and has no ``hooks``: a finder maps ``rs_interp.hooks`` to the clone's ``hooks/``
+(found when first imported, never before). An installed rs_interp (``rs_interp/hooks`` present) and an
+editable install (which maps it already) are left alone.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import sys
 from pathlib import Path
@@ -16,19 +18,24 @@ from pathlib import Path
 __all__: list[str] = []
 
 
-def load_hooks_from_the_source_tree() -> None:
-    """Register the clone's ``hooks/`` as ``rs_interp.hooks`` where the package has none of its own."""
+class _HooksFinder(importlib.abc.MetaPathFinder):
+    """Finds ``rs_interp.hooks`` in ``folder`` (its submodules then by the package's path)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "rs_interp.hooks":
+            return None
+        return importlib.util.spec_from_file_location(fullname, self.folder / "__init__.py", submodule_search_locations=[str(self.folder)])
+
+
+def register_hooks_of_the_source_tree() -> None:
+    """Map ``rs_interp.hooks`` to the clone's ``hooks/`` where the package has none of its own."""
     package = Path(__file__).resolve().parent
-    source = package.parent / "hooks" / "__init__.py"
-    if (package / "hooks").is_dir() or "rs_interp.hooks" in sys.modules or not source.is_file():
+    folder = package.parent / "hooks"
+    if (package / "hooks").is_dir() or not (folder / "__init__.py").is_file():
         return
-    if importlib.util.find_spec("rs_interp.hooks") is not None:  # an editable install maps it already
+    if any(isinstance(f, _HooksFinder) for f in sys.meta_path):
         return
-    spec = importlib.util.spec_from_file_location("rs_interp.hooks", source, submodule_search_locations=[str(source.parent)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rs_interp.hooks"] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules["rs_interp.hooks"]
-        raise
+    sys.meta_path.append(_HooksFinder(folder))  # last: an editable install's own finder answers first

@@ -73,12 +73,11 @@ def test_bigram_table_counts(corpus):
 def test_the_table(train_cache):
     res = F.run_case_study(seed=0, progress=False, cache=train_cache)
     s, u = res.seen, res.unseen
-    assert s["bigram table"] >= 0.40 and u["bigram table"] == 0.0  # theory 0.576 / 0.000
-    assert u["filing-trained model, direct path"] <= 0.05  # theory 0.717 / 0.000 (seen: report)
-    assert s["filing-trained model"] >= 0.60 and u["filing-trained model"] <= 0.05  # theory 0.814 / 0.000
-    assert EXPECTED["finance.induction model, one layer.seen"].holds(s["induction model, one layer"])
-    assert EXPECTED["finance.induction model, one layer.unseen"].holds(u["induction model, one layer"])
-    assert s["induction model, two layers"] >= 0.55 and u["induction model, two layers"] >= 0.60  # 0.710 / 0.768
+    # every reader's rate within the band reproduce/expected.py holds for it (the one place a band is typed)
+    for reader in ("bigram table", "filing-trained model, direct path", "filing-trained model", "induction model, one layer",
+                   "induction model, two layers"):
+        for split, rates in (("seen", s), ("unseen", u)):
+            assert EXPECTED[f"finance.{reader}.{split}"].holds(rates[reader]), (reader, split, rates[reader])
     demo = res.demo
     assert sum(demo["induction model, two layers"]) >= 0.8 * len(demo["induction model, two layers"])
     assert sum(demo["bigram table"]) == 0 and sum(demo["filing-trained model"]) == 0

@@ -7,6 +7,7 @@ import that would close a circle at run time counts as much as a top-level one.
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -43,13 +44,15 @@ def _resolve(module: str, node: ast.ImportFrom | ast.Import, is_package: bool) -
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+@functools.cache
+def _graph() -> dict[str, frozenset[str]]:
+    """module -> the rs_interp modules it imports (parsed once per session)."""
     graph = {}
     for module, path in SOURCES.items():
         tree = ast.parse(path.read_text())
         is_package = path.name == "__init__.py"
-        graph[module] = {t for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-                         for t in _resolve(module, node, is_package)}
+        graph[module] = frozenset(t for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                         for t in _resolve(module, node, is_package))
     return graph
 
 
@@ -151,3 +154,35 @@ def test_the_library_never_imports_the_reproduction(module):
     """One-way: the reproduction (rs_interp.reproduce) reads the library, never the other way, not
     even lazily. The command line (rs_interp.cli) is the application on top of both."""
     assert [t for t in _graph()[module] if t.startswith("rs_interp.reproduce")] == []
+
+
+@pytest.mark.parametrize("code", [
+    "import rs_interp",
+    "import rs_interp.models, rs_interp.tasks, rs_interp.reproduce; rs_interp.models.SHIPPED_MODELS; rs_interp.tasks.TASK_NAMES",
+    "from rs_interp.cli import main; main(['--help'])",
+    "from rs_interp.cli import main; main(['circuit', '--help'])",
+    "from rs_interp.cli import main; main(['reproduce', '--only', 'nosuch'])",
+])
+def test_the_package_and_the_command_line_load_without_torch(code):
+    """``import rs_interp``, the catalogs and ``rs-interp ... --help`` (or an argument error) load neither
+    torch nor TransformerLens: names are imported on first use (rs_interp._lazy), so the command line
+    answers at once. Checked in a fresh interpreter, whose modules are then listed."""
+    import subprocess
+    import sys
+
+    probe = f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformer_lens', 'plotly')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_lazy_name_is_the_defined_one():
+    """The lazy names resolve to the objects their modules define (and unknown names raise AttributeError)."""
+    import rs_interp
+    from rs_interp.circuits.evaluation import faithfulness_curve
+    from rs_interp.models.registry import load_toy_model
+
+    assert rs_interp.faithfulness_curve is faithfulness_curve and rs_interp.models.load_toy_model is load_toy_model
+    assert set(rs_interp.__all__) <= set(dir(rs_interp))
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        rs_interp.nosuch  # noqa: B018

@@ -33,6 +33,14 @@ else:
 __all__ = ["TL_VERSION", "TL_MAJOR", "Model", "ModelConfig", "transformer_lens_version"]
 
 Model = _impl.Model
+"""The model every helper takes: ``HookedTransformer`` under TransformerLens 3.x, ``TransformerBridge``
+(in compatibility mode) under 4.x; :func:`rs_interp.load_toy_model`, :func:`rs_interp.load_gpt2` and
+:func:`rs_interp.load_pretrained` return it.
+
+>>> import rs_interp as ri
+>>> isinstance(ri.load_toy_model("induction-2l"), ri.Model)
+True
+"""
 ModelConfig = _impl.ModelConfig
 portable_state = _impl.portable_state
 load_portable_state = _impl.load_portable_state

@@ -24,14 +24,11 @@ import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import torch
-
-from .. import _backend
-from .._backend import Model
-from .data import InductionBatch, induction_batch
-from .checkpoints import load_model, made_with, read_metadata, save_model
+if TYPE_CHECKING:  # torch and TransformerLens are imported where used: the catalog (SHIPPED_MODELS) stays light
+    from .._backend import Model
+    from .data import InductionBatch
 
 __all__ = [
     "SHIPPED_MODELS",
@@ -58,6 +55,8 @@ def held_out_batch() -> InductionBatch:
     >>> tuple(held_out_batch().tokens.shape)
     (1000, 48)
     """
+    from .data import induction_batch
+
     return induction_batch(TEST_SIZE, seed=TEST_SEED)
 
 
@@ -114,6 +113,9 @@ class ShippedModel:
     def load(self) -> Model:
         """The shipped model, with its tokenizer attached where it has one (``model.to_tokens("...")``
         works on ``code-2l``: its end-of-file token, the start of a file, is the BOS)."""
+        from .. import _backend
+        from .checkpoints import load_model
+
         model = load_model(self.path)
         tok = self.tokenizer()
         if tok is not None:
@@ -129,6 +131,8 @@ class ShippedModel:
 
     def metadata(self) -> dict[str, Any]:
         """The metadata shipped beside the checkpoint (settings, metrics, versions)."""
+        from .checkpoints import read_metadata
+
         return read_metadata(self.path)
 
     def tokenizer(self) -> Any:
@@ -295,12 +299,18 @@ class TrainingCache:
         return cls(folder if folder else Path.home() / ".cache" / "rs_interp" / "trained")
 
     def _key(self, name: str, settings: Mapping[str, Any]) -> str:
+        import torch
+
+        from .checkpoints import made_with
+
         ident = json.dumps({"name": name, "settings": dict(settings), "kernel": torch.backends.cpu.get_cpu_capability(),
                             **made_with()}, sort_keys=True, default=str)
         return f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
     def fetch(self, name: str, settings: Mapping[str, Any], train: Callable[[], Trained]) -> Trained:
         """The entry for (``name``, ``settings``): read from disk if present, else ``train()`` and stored."""
+        from .checkpoints import load_model, read_metadata, save_model
+
         folder = self.root / self._key(name, settings)
         if not (folder / "model.json").is_file():
             trained = train()

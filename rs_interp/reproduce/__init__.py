@@ -15,14 +15,19 @@ report. The library (``rs_interp``) never imports this package; this package rea
 
 from __future__ import annotations
 
-import math
-
 import dataclasses
 import importlib
-from typing import Callable, Iterable
+import math
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from ..models.registry import TrainingCache
-from .context import Context, Section
+from .._lazy import attach
+
+if TYPE_CHECKING:
+    from ..models.registry import TrainingCache
+    from .context import Context, Section
+
+# Context and Section load torch and plotly: imported on first use, so the command line's --help stays light.
+__getattr__, __dir__ = attach(__name__, {"Context": ".context", "Section": ".context"}, globals())
 
 __all__ = ["SECTIONS", "builder", "run_sections", "run_seeds", "Context", "Section"]
 
@@ -76,6 +81,8 @@ def run_seeds(seed: int = 0, n: int = 1, only: Iterable[str] | None = None, *, r
     where given) and returns the first seed's tables with every row holding
     its per-seed values (:attr:`Row.per_seed`); a numeric row's value is then the mean over seeds.
     """
+    from .context import Context
+
     if n < 1:
         raise ValueError(f"n (the number of seeds) must be >= 1, got {n}")
     if n == 1:

@@ -20,15 +20,39 @@ a tokenizer under which its words are not single tokens.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .greater_than import greater_than_task
-from .induction import induction_task
-from .eap_csv import read_eap_csv, write_eap_csv
-from .mib import MIBGraph, from_mib_edge, mib_edge_names, read_mib, write_mib, write_mib_circuits
-from .ioi import ioi_task
-from .sva import sva_task
-from .task import MetricKind, Task
+from .._lazy import attach
+
+#: Every public name and its module, imported on first use (rs_interp._lazy): ``rs-interp circuit --help``
+#: reads TASK_NAMES without loading torch.
+_WHERE: dict[str, str] = {
+    "greater_than_task": ".greater_than",
+    "induction_task": ".induction",
+    "read_eap_csv": ".eap_csv",
+    "write_eap_csv": ".eap_csv",
+    "MIBGraph": ".mib",
+    "from_mib_edge": ".mib",
+    "mib_edge_names": ".mib",
+    "read_mib": ".mib",
+    "write_mib": ".mib",
+    "write_mib_circuits": ".mib",
+    "ioi_task": ".ioi",
+    "sva_task": ".sva",
+    "MetricKind": ".task",
+    "Task": ".task",
+}
+
+if TYPE_CHECKING:
+    from .greater_than import greater_than_task
+    from .induction import induction_task
+    from .eap_csv import read_eap_csv, write_eap_csv
+    from .mib import MIBGraph, from_mib_edge, mib_edge_names, read_mib, write_mib, write_mib_circuits
+    from .ioi import ioi_task
+    from .sva import sva_task
+    from .task import MetricKind, Task
+
+__getattr__, __dir__ = attach(__name__, _WHERE, globals())
 
 __all__ = [
     "Task", "MetricKind", "TASK_NAMES", "build_task",
@@ -54,6 +78,11 @@ def build_task(name: str, tokenizer: Any = None, *, n: int = 32, seed: int = 0, 
     Raises:
         ValueError: an unknown name, a text task without a tokenizer, and the builder's own errors.
     """
+    from .greater_than import greater_than_task
+    from .induction import induction_task
+    from .ioi import ioi_task
+    from .sva import sva_task
+
     if name == "induction":
         seq_len = 48 if n_ctx is None else min(48, n_ctx)
         return induction_task(n, seed=seed, d_vocab=256 if d_vocab is None else d_vocab, seq_len=seq_len,

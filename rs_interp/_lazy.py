@@ -1,0 +1,50 @@
+"""Names of a package imported on first use (PEP 562), so that importing the package stays light.
+
+``import rs_interp`` (and the ``rs-interp`` command's ``--help``) loads neither torch nor
+TransformerLens; a notebook pays for what it uses. A package lists each public name with the module
+that defines it and takes its ``__getattr__`` and ``__dir__`` from :func:`attach`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any, Callable, Mapping
+
+
+def attach(package: str, where: Mapping[str, str], namespace: dict[str, Any]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``package``: ``where`` maps a public name to its module (relative
+    to ``package``); any other name is tried as a submodule (``rs_interp.circuits``). A loaded name is
+    stored in ``namespace`` (the package's globals), so each is imported once.
+
+    >>> import json.decoder
+    >>> namespace = {}
+    >>> getattr_, dir_ = attach("json", {"JSONDecoder": ".decoder"}, namespace)
+    >>> getattr_("JSONDecoder") is json.decoder.JSONDecoder, list(namespace)
+    (True, ['JSONDecoder'])
+    >>> getattr_("nothing")
+    Traceback (most recent call last):
+    AttributeError: module 'json' has no attribute 'nothing'
+    """
+
+    def __getattr__(name: str) -> Any:
+        module = where.get(name, "." + name)
+        with warnings.catch_warnings():
+            # TransformerLens imports huggingface_hub, which imports tqdm.auto: in a Jupyter kernel without
+            # ipywidgets that warns "IProgress not found" before any bar is asked for (rs_interp's own
+            # bars pick the text bar where there are no widgets: rs_interp._progress).
+            warnings.filterwarnings("ignore", message="IProgress not found")
+            try:
+                loaded = importlib.import_module(module, package)
+            except ModuleNotFoundError as err:
+                if err.name != f"{package}{module}":
+                    raise
+                raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        value = loaded if name not in where or module == "." + name else getattr(loaded, name)
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(namespace.get("__all__", ())))
+
+    return __getattr__, __dir__
