@@ -77,9 +77,9 @@ _WHERE: dict[str, str] = {
     "TunedLens": ".tuned_lens",
     "lens_kl": ".tuned_lens",
     "train_tuned_lens": ".tuned_lens",
-    "ParameterCount": ".models.gpt2_config",
-    "count_parameters": ".models.gpt2_config",
-    "gpt2_config": ".models.gpt2_config",
+    "ParameterCount": ".models.gpt2_sizes",
+    "count_parameters": ".models.gpt2_sizes",
+    "gpt2_config": ".models.gpt2_sizes",
     "CheckpointError": ".models.checkpoints",
     "as_dtype": ".models.checkpoints",
     "attn_only_config": ".models.checkpoints",
@@ -94,10 +94,10 @@ _WHERE: dict[str, str] = {
     "train_shipped": ".models.registry",
     "DirectLogitAttribution": ".attribution",
     "direct_logit_attribution": ".attribution",
-    "PathAttribution": ".path_expansion",
-    "PathExpansion": ".path_expansion",
-    "path_expansion": ".path_expansion",
-    "path_logit_attribution": ".path_expansion",
+    "PathAttribution": ".paths",
+    "PathExpansion": ".paths",
+    "path_expansion": ".paths",
+    "path_logit_attribution": ".paths",
     "SecondOrderAttribution": ".second_order",
     "second_order_attribution": ".second_order",
     "Score": ".models.training",
@@ -141,7 +141,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     from .models.pretrained import WeightsUnavailable, load_pretrained
     from .lens import LogitLensReadings, logit_lens
     from .tuned_lens import TunedLens, lens_kl, train_tuned_lens
-    from .models.gpt2_config import ParameterCount, count_parameters, gpt2_config
+    from .models.gpt2_sizes import ParameterCount, count_parameters, gpt2_config
     from .models.checkpoints import (
         CheckpointError,
         as_dtype,
@@ -152,7 +152,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     )
     from .models.registry import SHIPPED_MODELS, ShippedModel, Trained, TrainingCache, load_toy_model, train_shipped
     from .attribution import DirectLogitAttribution, direct_logit_attribution
-    from .path_expansion import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
+    from .paths import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
     from .second_order import SecondOrderAttribution, second_order_attribution
     from .models.training import Score, evaluate, score_logits, train_induction_model
 

@@ -68,7 +68,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _gpt2(args: argparse.Namespace) -> int:
     from .models.gpt2 import find_pretrained_gpt2, load_gpt2
-    from .models.gpt2_config import count_parameters
+    from .models.gpt2_sizes import count_parameters
     from .reproduce.gpt2_check import analyse_gpt2
 
     out = _writable_dir(args.out) if args.out else None

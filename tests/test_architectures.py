@@ -17,7 +17,7 @@ import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.models.checkpoints import build_model
 
-from conftest import TL4, perturb, tl3_only
+from builders import TL4, perturb, tl3_only
 
 N_HEADS, N_KV = 4, 2
 SIZE = N_HEADS // N_KV  # query heads per KV head
@@ -222,8 +222,8 @@ def test_parallel_block_dla_and_ablation_are_exact(tokens):
 def test_qk_norm_weight_readings_of_the_score_are_refused():
     """The weight-based readings of the score refuse by name; V-composition (no score) and the
     activation-based helpers run (the latter checked against brute forces on the qk-norm grid
-    variant in test_paths, test_attribution_patching, test_path_patching and test_circuits)."""
-    from conftest import make_variant
+    variant in test_attribution, test_paths, test_node_attribution, test_path_patching and test_evaluation)."""
+    from builders import make_variant
 
     model = make_variant("RMS", "rotary", False, "qk_norm", seed=3)
     for call in (lambda: ri.composition_scores(model, "k"), lambda: ri.composition_scores(model, "q"),

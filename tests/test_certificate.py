@@ -15,7 +15,7 @@ import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.certificate import IDENTITIES
 
-from conftest import make_variant
+from builders import make_variant
 
 
 def _model():

@@ -9,7 +9,7 @@ import torch
 import rs_interp as ri
 from rs_interp.circuit_figure import EDGE_COLOURS, circuit_figure
 
-from conftest import TL4
+from builders import TL4
 
 
 def _cfgs():

@@ -9,7 +9,7 @@ from rs_interp.models.registry import SHIPPED_MODELS, toy_model_path
 
 from rs_interp.reproduce.expected import EXPECTED
 
-from conftest import slow_on_tl3
+from builders import slow_on_tl3
 from rs_interp.models.code_model import (
     load_code_tokenizer,
     train_code_model,

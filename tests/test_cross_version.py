@@ -17,7 +17,7 @@ import torch
 import rs_interp as ri
 from rs_interp import _backend
 
-from conftest import other_version_record
+from builders import other_version_record
 
 DATA = Path(__file__).parent / "data"
 

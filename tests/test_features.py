@@ -14,7 +14,7 @@ from rs_interp import _backend
 from rs_interp.features import (Transcoder, TranscoderSet, attribution_graph, load_transcoders, mlp_transcoders,
                                 shipped_metrics, shipped_transcoders, train_transcoder, transcoder_metrics)
 
-from conftest import NORMALIZATIONS, perturb
+from builders import NORMALIZATIONS, perturb
 
 TRACR = ("tracr-sort", "tracr-reverse", "tracr-hist", "tracr-frac_prevs", "tracr-at_least_half")
 

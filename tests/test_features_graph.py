@@ -17,7 +17,7 @@ from rs_interp.features import attribution_graph, intervene, mlp_transcoders, sh
 from rs_interp.features.export import save_graph_json
 from rs_interp.features.figures import graph_figure
 
-from conftest import NORMALIZATIONS, POSITIONS, make_variant, other_version_record
+from builders import NORMALIZATIONS, POSITIONS, make_variant, other_version_record
 from test_features import _mlp_input, random_transcoders, relu_model
 
 TOL = 1e-9

@@ -25,7 +25,7 @@ from rs_interp.reproduce.expected import INDUCTION_HEAD, NECESSARY_EDGE, PREV_TO
 from rs_interp.reproduce.sections.faithfulness import N_PAIRS
 from rs_interp.reproduce.sections.ground_truth import TRACR_PAIRS
 
-from conftest import other_version_record
+from builders import other_version_record
 
 THRESHOLDS = dict(prev_token_head=PREV_TOKEN_HEAD, induction_head=INDUCTION_HEAD, necessary=NECESSARY_EDGE)
 

@@ -6,7 +6,7 @@ from transformer_lens import FactoredMatrix
 from transformer_lens import patching as tl_patching
 
 import rs_interp as ri
-from conftest import TL4, make_variant
+from builders import TL4, make_variant
 from rs_interp.reproduce.expected import EXPECTED
 
 

@@ -186,3 +186,19 @@ def test_a_lazy_name_is_the_defined_one():
     assert set(rs_interp.__all__) <= set(dir(rs_interp))
     with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
         rs_interp.nosuch  # noqa: B018
+
+
+@pytest.mark.parametrize("package", ["rs_interp", "rs_interp.models", "rs_interp.tasks", "rs_interp.reproduce"])
+def test_no_lazy_name_is_shadowed_by_a_submodule(package):
+    """Importing a submodule sets it as an attribute of its package: a lazily imported public name that
+    is also a submodule's name (a function ``f`` defined in ``pkg/f.py``) would turn into the module once
+    anything imports ``pkg.f``. So a public name is a submodule's name only when it *is* that
+    subpackage (``rs_interp.tasks``)."""
+    import importlib
+
+    where = getattr(importlib.import_module(package), "_WHERE", None) or {"Context": ".context", "Section": ".context"}
+    folder = ROOT / package.replace(".", "/")
+    submodules = {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    clashes = {name: module for name, module in where.items()
+               if name in submodules and not (module == "." + name and (folder / name / "__init__.py").is_file())}
+    assert clashes == {}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import ARCHITECTURES, architecture_params, ln1_by_hand as _norm, make_variant, needs_tl3, variant_id
+from builders import ARCHITECTURES, architecture_params, ln1_by_hand as _norm, make_variant, needs_tl3, variant_id
 
 
 def metric(logits):

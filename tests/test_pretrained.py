@@ -17,7 +17,7 @@ import torch
 import rs_interp as ri
 from rs_interp import _backend
 
-from conftest import TL4
+from builders import TL4
 
 FAMILIES = {
     "gpt2": lambda T: T.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=300, n_positions=64),

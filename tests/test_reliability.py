@@ -129,7 +129,7 @@ def _assert_same(before, after):
 
 def _model_for(name):
     if name in ("analyse_gpt2",):
-        from rs_interp.models.gpt2_config import gpt2_config
+        from rs_interp.models.gpt2_sizes import gpt2_config
         from rs_interp.models.checkpoints import build_model
 
         with torch.random.fork_rng(devices=[]):

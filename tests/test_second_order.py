@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import VARIANTS, architecture_params, make_variant, variant_id
+from builders import VARIANTS, architecture_params, make_variant, variant_id
 
 
 def _tokens(model, n=2, pos=9, seed=0):

@@ -20,7 +20,7 @@ import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.hooks import split_qkv_inputs
 
-from conftest import TL4, make_variant, other_version_record
+from builders import TL4, make_variant, other_version_record
 
 TOL = 1e-10
 

@@ -36,7 +36,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import TL4, ln1_by_hand, tl3_only
+from builders import TL4, ln1_by_hand, tl3_only
 from rs_interp import _backend
 from transformer_lens.tools.analysis import attribution_patching as tl
 

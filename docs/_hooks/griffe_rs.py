@@ -46,21 +46,6 @@ def fence_doctests(text: str) -> str:
     return "\n".join(out)
 
 
-def unshadow(pkg: griffe.Module) -> None:
-    """``rs_interp.path_expansion`` is the function, as at run time, not its module.
-
-    ``from .path_expansion import path_expansion`` in ``rs_interp/__init__.py`` rebinds the name to the
-    function; griffe keeps the submodule under it. Every public name that is a submodule holding a
-    member of its own name (``path_expansion``, ``path_patching``, ``attribution_patching``) becomes an
-    alias of that member (the module keeps its path for everything already resolved through it).
-    """
-    for name in _all(pkg):
-        member = pkg.members.get(name)
-        if member is not None and not member.is_alias and member.is_module and name in member.members:
-            target = member.members[name]
-            pkg.members[name] = griffe.Alias(name, target.final_target if target.is_alias else target, parent=pkg)
-
-
 _SHARED = re.compile(r"^(\s+)(\w+(?:, \w+)+): (.*)$")
 
 
@@ -123,7 +108,6 @@ class RsInterpDocs(griffe.Extension):
             hooks = loader.modules_collection["hooks"]
         pkg.set_member("hooks", hooks)
         loader.resolve_aliases(implicit=False, external=False)
-        unshadow(pkg)
         self._index(pkg, loader)
         for obj in self._rendered(pkg, loader):
             if obj.docstring:

@@ -41,8 +41,6 @@ from mkdocs.structure.files import File, Files
 
 sys.path.insert(0, str(Path(__file__).parent))
 import notebooks as nbs  # noqa: E402
-from griffe_rs import unshadow  # noqa: E402
-
 log = logging.getLogger("mkdocs.hooks.rs_docs")
 ROOT = Path(__file__).resolve().parents[2]
 PLOTLY_JS = "assets/javascripts/plotly.min.js"
@@ -252,7 +250,6 @@ def _check_reference(config) -> None:
         for path in re.findall(r"^::: (rs_interp\.[\w.]+)", md.read_text(), re.M):
             rendered.setdefault(path, md.name)
     pkg = griffe.load("rs_interp", search_paths=[str(ROOT)], resolve_aliases=True, resolve_external=False)
-    unshadow(pkg)  # rs_interp.path_expansion is the function, as at run time
     hooks_pkg = griffe.load("hooks", search_paths=[str(ROOT)])
     problems, examples = [], []
     for name in rs_interp.__all__:

@@ -75,7 +75,7 @@ def train_filing_model(filings: Sequence[Filing], *, steps: int = 600, batch_siz
 
 
 def _model_reader(model: Model, *, direct_only: bool = False) -> Callable[[Sequence[Query]], list[int | None]]:
-    from ..path_expansion import path_expansion
+    from ..paths import path_expansion
 
     def read(queries: Sequence[Query]) -> list[int | None]:
         preds: list[int | None] = [None] * len(queries)

@@ -5,7 +5,7 @@
 - :mod:`.registry`: the shipped models (:data:`SHIPPED_MODELS`) and their retraining;
 - :mod:`.training`: the training loop and scores; :mod:`.data`: the induction batches;
 - :mod:`.code_model`: ``code-2l``'s corpus, tokenizer and recipe;
-- :mod:`.gpt2_config`, :mod:`.gpt2`, :mod:`.pretrained`: GPT-2 and any Hugging Face causal LM.
+- :mod:`.gpt2_sizes`, :mod:`.gpt2`, :mod:`.pretrained`: GPT-2 and any Hugging Face causal LM.
 """
 
 from typing import TYPE_CHECKING
@@ -26,9 +26,9 @@ _WHERE: dict[str, str] = {
     "next_token_targets": ".data",
     "GPT2WeightsUnavailable": ".gpt2",
     "load_gpt2": ".gpt2",
-    "ParameterCount": ".gpt2_config",
-    "count_parameters": ".gpt2_config",
-    "gpt2_config": ".gpt2_config",
+    "ParameterCount": ".gpt2_sizes",
+    "count_parameters": ".gpt2_sizes",
+    "gpt2_config": ".gpt2_sizes",
     "WeightsUnavailable": ".pretrained",
     "load_pretrained": ".pretrained",
     "SHIPPED_MODELS": ".registry",
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .checkpoints import CheckpointError, as_dtype, attn_only_config, load_model, make_attn_only, save_model
     from .data import InductionBatch, induction_batch, next_token_targets
     from .gpt2 import GPT2WeightsUnavailable, load_gpt2
-    from .gpt2_config import ParameterCount, count_parameters, gpt2_config
+    from .gpt2_sizes import ParameterCount, count_parameters, gpt2_config
     from .pretrained import WeightsUnavailable, load_pretrained
     from .registry import SHIPPED_MODELS, ShippedModel, Trained, TrainingCache, load_toy_model, train_shipped
     from .training import Score, evaluate, score_logits, train_induction_model

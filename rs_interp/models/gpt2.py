@@ -25,7 +25,7 @@ from .._backend import Model
 
 from .checkpoints import build_model
 from ..tokenizers import gpt2_tokenizer
-from .gpt2_config import _HF_NAMES, GPT2_SIZES, gpt2_config
+from .gpt2_sizes import _HF_NAMES, GPT2_SIZES, gpt2_config
 from .pretrained import _GPT2_HOW as _HOW
 from .pretrained import ENV_VAR, GPT2WeightsUnavailable, _gpt2_from_dir
 

@@ -26,7 +26,7 @@ from .. import _backend
 from .._backend import Model
 from . import _source
 from ..tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
-from .gpt2_config import gpt2_config
+from .gpt2_sizes import gpt2_config
 
 __all__ = ["load_pretrained", "WeightsUnavailable"]
 

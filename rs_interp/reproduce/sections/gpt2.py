@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...models.gpt2 import find_pretrained_gpt2
-from ...models.gpt2_config import count_parameters, gpt2_config
+from ...models.gpt2_sizes import count_parameters, gpt2_config
 from ...plots import logit_lens_figure, parameter_breakdown_figure
 from ..gpt2_check import analyse_gpt2, conversion_check
 from ..context import Context, Row, Section, banded

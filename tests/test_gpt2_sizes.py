@@ -3,9 +3,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import rs_interp as ri
-from conftest import TL4, tl3_only
+from builders import TL4, tl3_only
 from rs_interp import _backend
-from rs_interp.models.gpt2_config import GPT2_SIZES, count_parameters, gpt2_config
+from rs_interp.models.gpt2_sizes import GPT2_SIZES, count_parameters, gpt2_config
 
 
 def test_gpt2_small_is_exactly_124439808():

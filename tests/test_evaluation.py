@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from conftest import architecture_params, make_variant, variant_id
+from builders import architecture_params, make_variant, variant_id
 
 
 def metric(logits):
