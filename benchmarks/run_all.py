@@ -290,8 +290,9 @@ def max_abs_diff(ours: Path, theirs: Path) -> float:
 
 
 def table(results: list[dict], rates: dict[str, float]) -> str:
-    lines = ["| size | helper | rs_interp | peak extra | FLOPs | bound | ratio | ratio at the large-matmul rate "
-             "| TransformerLens | its peak | speed-up | max abs diff |",
+    # TransformerLens's columns beside ours (what a TransformerLens user compares), then the bound's
+    lines = ["| size | helper | rs_interp | TransformerLens | speed-up | max abs diff | peak extra | TL's peak "
+             "| FLOPs | bound | ratio | ratio, large-matmul rate |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ours, tl = r["ours"], r.get("tl")
@@ -301,11 +302,14 @@ def table(results: list[dict], rates: dict[str, float]) -> str:
         # the bound: the FLOPs at the rate of the call's own shapes (composition: the large-matmul rate)
         bound = ours["flops"] / r["rate"] + ours["softmax_seconds"]
         big = ours["flops"] / rates[r["size"]] + ours["softmax_seconds"]
-        tl_cols = (f"{tl['seconds']:.2f} s | {tl['peak_extra_bytes'] / 2**30:.2f} GB | {tl['seconds'] / ours['seconds']:.1f}x | "
-                   f"{r['diff']:.1e}" if tl else "failed | — | — | —" if "tl" in r else "— | — | — | —")
-        lines.append(f"| {r['size']} | {r['helper']} | {ours['seconds']:.2f} s | {ours['peak_extra_bytes'] / 2**30:.2f} GB | "
-                     f"{ours['flops'] / 1e9:.0f} G | {bound:.2f} s | {ours['seconds'] / bound:.2f} | "
-                     f"{ours['seconds'] / big:.2f} | {tl_cols} |")
+        if tl:
+            tl_time, speed, diff, tl_peak = (f"{tl['seconds']:.2f} s", f"{tl['seconds'] / ours['seconds']:.1f}x", f"{r['diff']:.1e}",
+                                             f"{tl['peak_extra_bytes'] / 2**30:.2f} GB")
+        else:
+            tl_time, speed, diff, tl_peak = ("failed" if "tl" in r else "—"), "—", "—", "—"
+        lines.append(f"| {r['size']} | {r['helper']} | {ours['seconds']:.2f} s | {tl_time} | {speed} | {diff} | "
+                     f"{ours['peak_extra_bytes'] / 2**30:.2f} GB | {tl_peak} | {ours['flops'] / 1e9:.0f} G | {bound:.2f} s | "
+                     f"{ours['seconds'] / bound:.2f} | {ours['seconds'] / big:.2f} |")
     rate_line = ", ".join(f"{s} {rates[s] / 1e9:.0f}" for s in rates)
     shape_line = "; ".join(f"{s}: " + ", ".join(f"{n} rows {v / 1e9:.0f}" for n, v in sorted(by_rows.items()))
                            for s, by_rows in _shape_rates(results).items())

@@ -172,6 +172,8 @@ def test_the_site_is_complete_and_offline(site):
         entry = reference.split(f'<h2 id="rs_interp.{name}"', 1)[1].split('<h2 id="', 1)[0]
         if name not in allowed:
             assert "&gt;&gt;&gt;" in entry, f"rs_interp.{name}'s reference entry shows no example"
+    # a docstring's example is fenced once: no literal fence is left in a rendered page
+    assert [p for p in pages if "```" in (root / p).read_text()] == []
     # the moved README sections are pages of the site
     text = lambda p: re.sub(r"\s+", " ", (root / p).read_text())  # noqa: E731
     assert "next_token_targets(tokens)" in text("getting-started.html") and "batch.targets" in text("getting-started.html")
@@ -188,11 +190,31 @@ def _chromium():
     return chromium
 
 
+#: The pages kept as screenshots beside the built site: the home page, a capability page with figures,
+#: the benchmarks table (TransformerLens's columns beside ours) and a reference page.
+SCREENSHOTS = ("index.html", "capabilities/composition.html", "project/benchmarks.html", "reference/circuits.html")
+
+#: Measured in the page: every code block, output and table of the text column whose content is wider
+#: than its box (it would scroll or be cut), and every space-free identifier in a table cell that the
+#: browser broke across lines.
+_LAYOUT = """() => {
+  const column = document.querySelector('article') || document.body;
+  const overflow = [];
+  for (const el of column.querySelectorAll('pre, pre > code, .md-typeset__scrollwrap, table')) {
+    if (el.closest('.rs-fig')) continue;
+    if (el.scrollWidth > el.clientWidth + 1) overflow.push(`${el.tagName} ${el.scrollWidth - el.clientWidth}px: ${el.innerText.slice(0, 50)}`);
+  }
+  const broken = [...column.querySelectorAll('td code, th code')]
+    .filter(c => !/\\s/.test(c.innerText) && c.getClientRects().length > 1).map(c => c.innerText);
+  return {overflow, broken};
+}"""
+
+
 @pytest.mark.slow
 @pytest.mark.docs
 def test_the_site_renders_in_headless_chromium(site):
     """Every page opens from file:// with no error and no network request; every figure draws data;
-    screenshots of the home page and of one capability page are kept beside the built site.
+    at 1280 px nothing overflows its column (:data:`_LAYOUT`); :data:`SCREENSHOTS` are kept beside the built site.
     (The sample report, capabilities/report-sample.html, is rs-interp reproduce's own page, which
     tests/test_report.py draws in Chromium: here it is checked to be self-contained only.)"""
     from playwright.sync_api import sync_playwright
@@ -200,7 +222,7 @@ def test_the_site_renders_in_headless_chromium(site):
     root = site / "site"
     pages = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.html")
                    if p.name not in ("404.html", "report-sample.html"))
-    requests, errors, drawn, sizes = [], [], {}, {}
+    requests, errors, drawn, sizes, overflow, broken = [], [], {}, {}, {}, {}
     start, cpu = time.perf_counter(), _cpu()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=_chromium(), args=[
@@ -219,8 +241,13 @@ def test_the_site_renders_in_headless_chromium(site):
                     "[...document.querySelectorAll('.rs-fig')].map(d => d.querySelectorAll("
                     "'.scatterlayer .trace, .heatmaplayer image, .barlayer .point, .gl-container canvas, .scene').length)")
                 sizes[name] = page.evaluate("(document.querySelector('article') || document.body).innerText.length")
-                if name in ("index.html", "capabilities/composition.html"):
-                    page.screenshot(path=str(site / f"{Path(name).stem}.png"), full_page=True)
+                layout = page.evaluate(_LAYOUT)
+                if layout["overflow"]:
+                    overflow[name] = layout["overflow"]
+                if layout["broken"]:
+                    broken[name] = layout["broken"]
+                if name in SCREENSHOTS:
+                    page.screenshot(path=str(site / f"{Path(name).stem}.png"), full_page=name in ("index.html", "capabilities/composition.html"))
         finally:
             browser.close()
     print(f"browser: {len(pages)} pages in {time.perf_counter() - start:.1f} s, {_cpu() - cpu:.1f} s of CPU")
@@ -231,7 +258,11 @@ def test_the_site_renders_in_headless_chromium(site):
         assert drawn.get(name), f"{name} draws no figure"
     empty = {name: counts for name, counts in drawn.items() if not all(c > 0 for c in counts)}
     assert empty == {}, f"a figure drew no data: {empty}"
-    for shot in ("index.png", "composition.png"):
-        assert (site / shot).stat().st_size > 20_000, shot
-    print(f"screenshots: {site / 'index.png'} (home), {site / 'composition.png'} (composition and virtual weights)")
+    # issue 42: at 1280 px no code block, output or table runs past its column, and no identifier in a
+    # table cell is broken across lines
+    assert overflow == {}, f"blocks wider than their column (scrollWidth > clientWidth): {overflow}"
+    assert broken == {}, f"identifiers broken across lines in table cells: {broken}"
+    for name in SCREENSHOTS:
+        assert (site / f"{Path(name).stem}.png").stat().st_size > 20_000, name
+    print("screenshots: " + ", ".join(str(site / f"{Path(name).stem}.png") for name in SCREENSHOTS))
     (site / "figures.json").write_text(json.dumps(drawn, indent=1))

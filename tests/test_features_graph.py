@@ -169,7 +169,7 @@ def test_the_librarys_intervention_matches_its_graph():
     assert (label, actual, predicted) == (iv.labels[i], float(iv.actual[i]), float(iv.predicted[i]))
     (edge, weight), *_ = g.top(3)
     t, s = divmod(int(g.adjacency.abs().argmax()), g.n_nodes)
-    assert edge == f"{g.labels()[s]} -> {g.labels()[t]}" and weight == float(g.adjacency[t, s])
+    assert edge == (g.labels()[s], g.labels()[t]) and weight == float(g.adjacency[t, s])
     set_to = intervene(model, tcs, g, [5], value=float(g.activations[5]) * 3.0)
     assert torch.allclose(set_to.actual, g.adjacency[_rows(g), 5] * 2.0, atol=TOL, rtol=0)
     # live: the feature's write (new - current activation) W_dec added to its MLP's output, nothing frozen

@@ -51,3 +51,12 @@ def test_the_readme_points_to_the_docs_not_outside_the_repository():
     assert "../shared" not in README and "The Transformer Block and the Residual Stream" in README
     for path in re.findall(r"`((?:docs|scripts)/[\w./-]+)`", README):
         assert (ROOT / path).exists(), f"README names {path}, which does not exist"
+
+
+def test_the_readme_says_how_to_install_into_your_own_kernel():
+    """Issue 42: the README's two commands make their own venvs; it also says, inline (not a third set-up
+    command), how to install the clone into the user's own environment (tests/test_packaging.py
+    installs the wheel that way, non-editably, and imports it from the clone's root and notebooks/)."""
+    section = README.split("## In your own kernel", 1)[1].split("\n## ", 1)[0]
+    assert "pip install torch==2.13.0" in section and "pip install /path/to/this/clone" in section and "%pip install" in section
+    assert "```" not in section

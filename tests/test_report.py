@@ -1,7 +1,10 @@
 """The main job's report: written offline, every section present, and drawn in a real browser."""
 
+import contextlib
+import io
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -18,8 +21,23 @@ SECTIONS = [key for keys in PARTS.values() for key in keys]
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory, train_cache):
     out = tmp_path_factory.mktemp("report")
-    assert main(["reproduce", "--out", str(out), "--quiet", "--cache", str(train_cache.root)]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["reproduce", "--out", str(out), "--quiet", "--cache", str(train_cache.root)]) == 0
+    (out / "printed.txt").write_text(printed.getvalue())
     return out
+
+
+@pytest.mark.slow
+def test_the_printed_tables_fit_100_characters(report_dir):
+    """Issue 42: the tables and their notes wrap at 100 characters (they ran to ~240), and no value
+    prints as -0."""
+    from rs_interp.reproduce.report import WIDTH
+
+    lines = (report_dir / "printed.txt").read_text().splitlines()
+    assert sum(line.startswith("== ") for line in lines) >= len(SECTIONS)
+    assert [line for line in lines[1:] if len(line) > WIDTH] == []  # the first: the environment, one line
+    assert not any(re.search(r"(?<![\w.])-0(?![.\de])", line) for line in lines if not line.startswith("rs-interp reproduce"))
 
 
 @pytest.mark.slow

@@ -28,12 +28,15 @@ _ROLE = re.compile(r":(?:py:)?(func|class|meth|attr|data|mod|obj|exc):`(~?)([\w.
 
 
 def fence_doctests(text: str) -> str:
-    """Wrap each run of doctest lines (``>>>`` through the next blank line) in a ``pycon`` fence."""
-    out, lines, i = [], text.split("\n"), 0
+    """Wrap each run of doctest lines (``>>>`` through the next blank line) in a ``pycon`` fence; lines
+    already inside a fence stay as they are (a docstring reached twice is fenced once)."""
+    out, lines, i, fenced = [], text.split("\n"), 0, False
     while i < len(lines):
         line = lines[i]
         stripped = line.lstrip()
-        if stripped.startswith(">>>"):
+        if stripped.startswith("```"):
+            fenced = not fenced
+        elif stripped.startswith(">>>") and not fenced:
             indent = line[: len(line) - len(stripped)]
             block = []
             while i < len(lines) and lines[i].strip():
@@ -88,7 +91,7 @@ def with_module_definitions(obj, text: str) -> str:
     mod = obj.module
     if mod is None or not mod.docstring:
         return text
-    body = fence_doctests(split_shared_params(mod.docstring.value)).strip()
+    body = split_shared_params(mod.docstring.value).strip()  # fenced with the rest (fence_doctests), once
     note = "\n".join("    " + line if line.strip() else "" for line in body.split("\n"))
     text = _POINTER.sub(lambda m: "(the definitions below)" if m.group(0).startswith("(") else "the definitions below", text)
     return f'{text.rstrip()}\n\n!!! note "The definitions (from `{mod.path}`)"\n{note}\n'

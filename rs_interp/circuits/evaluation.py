@@ -318,6 +318,15 @@ class MIBScores:
         cpr: the area under the faithfulness curve of the edges ranked by signed score.
         cmd: the area between 1 and the curve of the edges ranked by absolute score.
         signed, absolute: the two curves.
+
+    >>> import rs_interp as ri
+    >>> model = ri.load_toy_model("induction-1l")
+    >>> a, b = ri.induction_batch(2, seed=0).tokens, ri.induction_batch(2, seed=1).tokens
+    >>> metric = lambda logits: logits[:, -1, 0].mean()
+    >>> eap = ri.edge_attribution_patching(model, a, metric, reference=b, progress=False)
+    >>> mib = ri.mib_scores(model, a, metric, eap, reference=b, progress=False)
+    >>> mib.signed.ranking, mib.absolute.ranking, mib.cpr == mib.signed.area_under
+    ('signed', 'absolute', True)
     """
 
     cpr: float

@@ -17,7 +17,7 @@ source's write point. One backward pass per batch of targets gives a whole row p
 
 What is checked as it is built: every feature and logit row plus its bias sums to the target's own
 value in the run (the bias is measured by running the frozen model with every node switched off),
-or :class:`ValueError`. Interventions in the frozen model move targets by exactly the graph's entries
+or ``ValueError``. Interventions in the frozen model move targets by exactly the graph's entries
 (:mod:`rs_interp.features.interventions`; the tests check it in float64 to 1e-9).
 """
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Bool, Float, Int
 
+from .._format import Ranking
+
 __all__ = ["AttributionGraph", "PrunedGraph", "GraphScores"]
 
 
@@ -230,13 +232,14 @@ class AttributionGraph:
         cumulative[order] = ranked.cumsum(0) / ranked.sum().clamp(min=torch.finfo(ranked.dtype).tiny)
         return PrunedGraph(self, nodes, edges, cumulative, node_threshold, edge_threshold)
 
-    def top(self, k: int = 5, decode=None) -> list[tuple[str, float]]:
-        """The ``k`` edges with the largest ``|direct effect|``, as ``("source -> target", effect)``."""
+    def top(self, k: int = 5, decode=None) -> list[tuple[tuple[str, str], float]]:
+        """The ``k`` edges with the largest ``|direct effect|``, each ``((source, target), effect)``
+        (an edge is a pair of labels, as in :class:`rs_interp.EdgeEffects`)."""
         labels = self.labels(decode)
         flat = self.adjacency.flatten()
         idx = flat.abs().topk(min(k, int((flat != 0).sum()))).indices
         n = self.n_nodes
-        return [(f"{labels[int(i) % n]} -> {labels[int(i) // n]}", float(flat[i])) for i in idx]
+        return Ranking(((labels[int(i) % n], labels[int(i) // n]), float(flat[i])) for i in idx)
 
 
 @dataclass(frozen=True)
@@ -280,11 +283,11 @@ class PrunedGraph:
                for k in ("feature", "error", "token", "logit")}
         return out | {"edges": self.n_edges}
 
-    def top(self, k: int = 5, decode=None) -> list[tuple[str, float]]:
-        """The ``k`` kept edges with the largest ``|direct effect|``."""
+    def top(self, k: int = 5, decode=None) -> list[tuple[tuple[str, str], float]]:
+        """The ``k`` kept edges with the largest ``|direct effect|``, each ``((source, target), effect)``."""
         kept = self.graph.adjacency * self.edges
         labels = self.graph.labels(decode)
         flat = kept.flatten()
         idx = flat.abs().topk(min(k, self.n_edges)).indices
         n = self.graph.n_nodes
-        return [(f"{labels[int(i) % n]} -> {labels[int(i) // n]}", float(flat[i])) for i in idx]
+        return Ranking(((labels[int(i) % n], labels[int(i) // n]), float(flat[i])) for i in idx)

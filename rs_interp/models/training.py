@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from .._progress import bar
 from .._backend import Model, bias_parameters
+from .._format import short
 
 from .._state import preserve_state
 from .._validate import check_int_range, check_targets, check_tokens
@@ -76,7 +77,7 @@ class Score:
     n_scored: int
 
     def __repr__(self) -> str:  # 4 significant digits: what a notebook shows
-        return f"Score(loss={self.loss:.4g}, accuracy={self.accuracy:.4g}, n_scored={self.n_scored})"
+        return f"Score(loss={short(self.loss)}, accuracy={short(self.accuracy)}, n_scored={self.n_scored})"
 
 
 def trainable_parameters(model: Model, frozen: tuple[str, ...] = _FROZEN_BIASES) -> list[torch.nn.Parameter]:

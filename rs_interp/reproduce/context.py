@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import plotly.graph_objects as go
 from .._backend import Model
+from .._format import short
 
 from ..models.data import InductionBatch
 from ..models.registry import SHIPPED_MODELS, TrainingCache, held_out_batch, train_shipped
@@ -30,7 +31,7 @@ class Row:
 
     def formatted(self) -> str:
         v = self.value
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
+        return short(v) if isinstance(v, float) else str(v)
 
     @property
     def within(self) -> tuple[int, int, int] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +18,39 @@ from .expected import UNBANDED
 __all__ = ["format_table", "write_results", "write_report"]
 
 
+#: The widest each column of the text table gets (measure, ours, theory, band, within band): longer
+#: cells wrap onto more lines, so a table fits 100 characters (a terminal, a log, the report's <pre>).
+COLUMN_WIDTHS = (44, 10, 16, 14, 8)
+#: The width of the notes under a table (and of the widest table).
+WIDTH = 100
+
+
 def format_table(section: Section) -> str:
-    """A plain-text table: measure, ours, theory, band, within band (``k of N`` over several seeds)."""
+    """A plain-text table: measure, ours, theory, band, within band (``k of N`` over several seeds), each
+    column at most :data:`COLUMN_WIDTHS` wide (a longer cell wraps onto the next lines).
+
+    >>> from rs_interp.reproduce.context import Row, Section
+    >>> row = Row("a measure whose description runs on well past the width of its column", -0.0, "0", "= 0 ± 1e-09", True)
+    >>> print(format_table(Section("k", "A table", (row,), {})))
+    == A table
+    measure                                   ours  theory  band
+    ----------------------------------------  ----  ------  -----------  --
+    a measure whose description runs on well  0     0       = 0 ± 1e-09  ok
+    past the width of its column
+    """
     head = ("measure", "ours", "theory", "band", "")
     rows = [head] + [(r.label, r.formatted(), r.theory, _band_cell(r, "-"), _mark(r)) for r in section.rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    cells = [[textwrap.wrap(c, cap, break_on_hyphens=False) or [""] for c, cap in zip(r, COLUMN_WIDTHS)] for r in rows]
+    widths = [max(len(line) for r in cells for line in r[i]) for i in range(len(head))]
     lines = [f"== {section.title}"]
-    for i, r in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    for i, r in enumerate(cells):
+        for j in range(max(len(c) for c in r)):
+            lines.append("  ".join((c[j] if j < len(c) else "").ljust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
-    if section.notes:
-        lines.append(section.notes)
+    for note in section.notes.splitlines():  # a long line of the notes wraps too; shorter ones keep their layout
+        lines.extend(textwrap.wrap(note, WIDTH, break_on_hyphens=False, subsequent_indent=" " * (len(note) - len(note.lstrip())))
+                     if len(note) > WIDTH else [note])
     return "\n".join(lines)
 
 

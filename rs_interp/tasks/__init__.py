@@ -1,12 +1,12 @@
 """The standard circuit tasks behind one small type, :class:`Task`, and their file formats.
 
-- :mod:`.task`: :class:`Task` (clean and corrupted tokens, answer and wrong-answer ids, the read
+- ``tasks.task``: :class:`Task` (clean and corrupted tokens, answer and wrong-answer ids, the read
   positions, ``task.metric()``);
-- :mod:`.ioi`: indirect object identification (Wang et al. 2022), ABBA and BABA, the ABC corruption;
-- :mod:`.greater_than`: greater-than (Hanna et al. 2023), ACDC's prompt and year filter, "01";
-- :mod:`.sva`: subject-verb agreement, same-length singular/plural pairs;
-- :mod:`.induction`: repeated random sequences (:func:`rs_interp.induction_batch`);
-- :mod:`.eap_csv`: EAP-IG's task CSV; :mod:`.mib`: the MIB circuit track's graph files.
+- ``tasks.ioi``: indirect object identification (Wang et al. 2022), ABBA and BABA, the ABC corruption;
+- ``tasks.greater_than``: greater-than (Hanna et al. 2023), ACDC's prompt and year filter, "01";
+- ``tasks.sva``: subject-verb agreement, same-length singular/plural pairs;
+- ``tasks.induction``: repeated random sequences (:func:`rs_interp.induction_batch`);
+- ``tasks.eap_csv``: EAP-IG's task CSV; ``tasks.mib``: the MIB circuit track's graph files.
 
 Every builder is seeded (the same seed, the same task byte for byte) and refuses, naming the words,
 a tokenizer under which its words are not single tokens.
