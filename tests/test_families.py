@@ -246,3 +246,44 @@ def test_every_helper_is_exact_or_refuses_by_name(loaded, tokens, helper):
         return
     assert cert.holds(*needs), f"{family}, {helper}: returned a number although {set(cert.failed()) & set(needs)} fail"
     row[helper] = "exact"
+
+
+#: Edge attribution patching, path patching and circuit evaluation: the docs' "edge methods".
+EDGE_METHODS = ("edge_attribution_patching", "path_patching", "evaluate_circuit")
+
+
+def summary(row: dict[str, str]) -> str:
+    """One family's outcome as the docs' table words it (docs/capabilities/models.md)."""
+    if row["load"] == "refused":
+        return "refused at load"
+    refused = {h: v.split(": ", 1)[1] for h, v in row.items() if h != "load" and v.startswith("refused")}
+    reasons = sorted(set(refused.values()))
+    if not refused:
+        return "exact"
+    if len(reasons) == 1 and set(refused) == set(EDGE_METHODS):
+        return f"exact; edge methods refused ({reasons[0]})"
+    if len(reasons) == 1 and set(refused) == set(HELPERS) - {"attribution_patching", "head_ablation_scan", "logit_lens"}:
+        return f"node attribution, scan and lens exact; the rest refused ({reasons[0]})"
+    return "exact; refused: " + "; ".join(f"{h} ({r})" for h, r in refused.items())
+
+
+def test_the_docs_table_says_what_was_measured(table):
+    """Runs after the family tests (file order): each family measured here has the docs' row for this
+    TransformerLens version, word for word."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "capabilities" / "models.md").read_text()
+    section = text.split("## Every other family", 1)[1].split("\n## ", 1)[0]
+    column = 1 if _backend.TL_MAJOR == 3 else 2
+    docs = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 3 and not cells[0].startswith(("family", "---")):
+            name = re.sub(r" \(float64\)$", "", cells[0])
+            docs[name] = cells[column]
+    measured = {f"{family} ({dtype})" if dtype != "float64" else family: summary(row)
+                for (family, dtype), row in table.items() if len(row) == len(HELPERS) + 1}
+    if not measured:
+        pytest.skip("no family was measured in this session (run the whole module)")
+    assert {k: docs.get(k) for k in measured} == measured
