@@ -5,10 +5,11 @@
 #   4.x (TransformerBridge, the default version): everything but the `docs` tests, the slow
 #       reproductions included (retraining, seeds, the report in Chromium, the notebooks), once.
 #   3.x (HookedTransformer): the fast suite, tests/test_cross_version.py, the slow tests marked
-#       `tl3` (code-2l's first 2,500 training steps, ~12 minutes: the longest test, it balances the 4.x pass's other slow ones),
+#       `tl3` (they balance the two passes: code-2l's loss curve over its first 300 steps, ...),
 #       and the tests marked `docs`: the documentation site's build (scripts/build_docs.sh, --strict)
-#       and its browser test, here because this pass ends about a minute and a half before the 4.x one.
-#   Neither: tests marked `full` (code-2l's full 4,000-step retraining, ~18 minutes): `pytest -m full`.
+#       and its browser test.
+#   Neither: tests marked `full` (code-2l's phase change, 2,500 steps, ~12 minutes, and its full
+#       4,000-step retraining, ~18 minutes): `pytest -m full`.
 #       3.x-only paths (shortformer and alibi variants) are fast tests: they run here.
 # The two passes run side by side, one thread each (2 cores), the 3.x pass's output goes to a log
 # printed when both are done, then one closing line for both.
