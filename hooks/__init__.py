@@ -23,6 +23,7 @@ from typing import Any, Callable, MutableMapping, Sequence
 
 import torch
 from transformer_lens.hook_points import HookPoint
+
 from .split_qkv import split_qkv_inputs  # per-head q/k/v inputs on both TransformerLens versions
 
 __all__ = ["store", "store_matching", "replace", "replace_heads", "replace_heads_with", "add", "zero_heads", "mean_heads", "resample_heads",

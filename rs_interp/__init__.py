@@ -40,6 +40,14 @@ _WHERE: dict[str, str] = {
     "faithfulness_curve": ".circuits.evaluation",
     "mib_scores": ".circuits.evaluation",
     "top_edges": ".circuits.selection",
+    "ACDC": ".circuits.acdc",
+    "acdc": ".circuits.acdc",
+    "Bootstrap": ".circuits.uncertainty",
+    "Stability": ".circuits.uncertainty",
+    "bootstrap": ".circuits.uncertainty",
+    "stability": ".circuits.uncertainty",
+    "Fixed": ".circuits.correction",
+    "fix_unreliable": ".circuits.correction",
     "CompositionScores": ".composition",
     "composition_scores": ".composition",
     "virtual_weight": ".composition",
@@ -60,6 +68,7 @@ _WHERE: dict[str, str] = {
     "features": ".features",
     "hooks": ".hooks",
     "tasks": ".tasks",
+    "scale": ".scale",
     "gpt2_tokenizer": ".tokenizers",
     "head_label": ".labels",
     "head_labels": ".labels",
@@ -107,19 +116,24 @@ _WHERE: dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # the names, for type checkers and the documentation (which reads these imports)
+    from . import features, hooks, scale, tasks
     from ._backend import Model
     from ._validate import Ablation
     from .ablation import run_with_key_input, run_with_query_input
+    from .attribution import DirectLogitAttribution, direct_logit_attribution
     from .certificate import Certificate, certify
-    from .circuits.node_attribution import AttributionPatching, attribution_patching
+    from .circuits.acdc import ACDC, acdc
+    from .circuits.correction import Fixed, fix_unreliable
     from .circuits.edge_attribution import EdgeAttributionPatching, edge_attribution_patching
-    from .circuits.graph import EdgeEffects, EdgeLayout, edge_layout
-    from .circuits.path_patching import PathPatching, path_patching
     from .circuits.evaluation import FaithfulnessCurve, MIBScores, evaluate_circuit, faithfulness_curve, mib_scores
+    from .circuits.graph import EdgeEffects, EdgeLayout, edge_layout
+    from .circuits.node_attribution import AttributionPatching, attribution_patching
+    from .circuits.path_patching import PathPatching, path_patching
     from .circuits.selection import top_edges
+    from .circuits.uncertainty import Bootstrap, Stability, bootstrap, stability
     from .composition import CompositionScores, composition_scores, virtual_weight
     from .copying import copying_scores
-    from .models.data import InductionBatch, induction_batch, next_token_targets
+    from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
     from .heads import (
         FirstTokenAttention,
         InductionScores,
@@ -132,16 +146,9 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
         positional_scores,
         prev_token_scores,
     )
-    from . import features, hooks, tasks
-    from .tokenizers import gpt2_tokenizer
     from .labels import head_label, head_labels
-    from .metrics import Metric, next_token_loss
-    from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
-    from .models.gpt2 import GPT2WeightsUnavailable, load_gpt2
-    from .models.pretrained import WeightsUnavailable, load_pretrained
     from .lens import LogitLensReadings, logit_lens
-    from .tuned_lens import TunedLens, lens_kl, train_tuned_lens
-    from .models.gpt2_sizes import ParameterCount, count_parameters, gpt2_config
+    from .metrics import Metric, next_token_loss
     from .models.checkpoints import (
         CheckpointError,
         as_dtype,
@@ -150,11 +157,16 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
         make_attn_only,
         save_model,
     )
+    from .models.data import InductionBatch, induction_batch, next_token_targets
+    from .models.gpt2 import GPT2WeightsUnavailable, load_gpt2
+    from .models.gpt2_sizes import ParameterCount, count_parameters, gpt2_config
+    from .models.pretrained import WeightsUnavailable, load_pretrained
     from .models.registry import SHIPPED_MODELS, ShippedModel, Trained, TrainingCache, load_toy_model, train_shipped
-    from .attribution import DirectLogitAttribution, direct_logit_attribution
+    from .models.training import Score, evaluate, score_logits, train_induction_model
     from .paths import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
     from .second_order import SecondOrderAttribution, second_order_attribution
-    from .models.training import Score, evaluate, score_logits, train_induction_model
+    from .tokenizers import gpt2_tokenizer
+    from .tuned_lens import TunedLens, lens_kl, train_tuned_lens
 
 
 __getattr__, __dir__ = attach(__name__, _WHERE, globals())
@@ -213,6 +225,14 @@ __all__ = [
     "mib_scores",
     "MIBScores",
     "top_edges",
+    "fix_unreliable",
+    "Fixed",
+    "bootstrap",
+    "Bootstrap",
+    "stability",
+    "Stability",
+    "acdc",
+    "ACDC",
     "attention_patterns",
     "prev_token_scores",
     "find_prev_token_head",
@@ -250,6 +270,8 @@ __all__ = [
     "Certificate",
     # tasks and GPT-2's tokenizer
     "tasks",
+    # datasets, resuming, several processes
+    "scale",
     # feature circuits
     "features",
     "gpt2_tokenizer",

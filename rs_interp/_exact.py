@@ -4,6 +4,7 @@ that a decomposition really sums to the run it claims to split (user hooks inclu
 from __future__ import annotations
 
 import torch
+
 from ._backend import Model, norm_affine
 
 __all__: list[str] = []

@@ -14,11 +14,11 @@ def short(x: float) -> str:
     return f"{float(x) + 0.0:.4g}"  # + 0.0 turns -0.0 into 0.0
 
 
-class Ranking(list):
+class Top(list):
     """A ``.top(k)`` answer: a list of ``(label, value)`` tuples (or ``(label, value, value)``), best
     first. It is a plain list of exact floats; only its printed form rounds them (:func:`short`).
 
-    >>> r = Ranking([("L0H0", 4.731234), (("embed", "L1H0.q"), -0.0)])
+    >>> r = Top([("L0H0", 4.731234), (("embed", "L1H0.q"), -0.0)])
     >>> r
     [('L0H0', 4.731), (('embed', 'L1H0.q'), 0)]
     >>> r[0][1], r == [("L0H0", 4.731234), (("embed", "L1H0.q"), 0.0)]

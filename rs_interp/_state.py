@@ -6,6 +6,7 @@ import contextlib
 from typing import Iterator
 
 import torch
+
 from ._backend import Model, set_flag
 
 __all__: list[str] = []

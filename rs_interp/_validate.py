@@ -7,6 +7,7 @@ from typing import Iterable, Literal
 
 import torch
 from jaxtyping import Int
+
 from . import _backend
 from ._backend import Model
 

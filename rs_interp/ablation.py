@@ -21,11 +21,11 @@ from typing import Literal, Sequence
 
 import torch
 from jaxtyping import Float, Int
-from ._backend import Model, attn_weight, kv_groups, per_head_inputs
 
-from .hooks import replace_heads_with, store
+from ._backend import Model, attn_weight, kv_groups, per_head_inputs
 from ._state import preserve_state
 from ._validate import check_heads, check_layer, check_tokens
+from .hooks import replace_heads_with, store
 
 __all__ = ["run_with_key_input", "run_with_query_input", "run_with_input"]
 

@@ -32,8 +32,8 @@ import torch
 
 from . import _backend
 from ._backend import Model
-from ._state import preserve_state
 from ._certify_checks import Identity, measure
+from ._state import preserve_state
 from ._stream import mlp_flags
 
 __all__ = ["Certificate", "Identity", "certify", "require", "note_source", "NEEDS", "IDENTITIES", "TOLERANCES"]
@@ -66,6 +66,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "path_patching": ("stream", "z", "heads", "readers"),
     "evaluate_circuit": ("stream", "z", "heads", "readers"),
     "faithfulness_curve": ("stream", "z", "heads", "readers"),
+    "acdc": ("stream", "z", "heads", "readers"),
     "head_ablation_scan": ("z",),
     "ablate_heads": ("z",),
     "logit_lens": ("readout", "stop at layer"),

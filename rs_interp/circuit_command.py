@@ -109,8 +109,13 @@ def _check(model: Any, task: Any) -> None:
 
 
 def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike, size: int | float = 0.01,
-                ig_steps: int = 5, model_name: str | None = None, progress: bool = True) -> CircuitRun:
+                ig_steps: int = 5, model_name: str | None = None, progress: bool = True,
+                batch_size: int | None = None) -> CircuitRun:
     """Score, curve, circuit, files (module docstring).
+
+    Every step streams over the task (:mod:`rs_interp.scale`): ``batch_size`` pairs at a time, and under
+    ``torchrun`` the batches shared over the ranks, every rank computing the same numbers and rank 0
+    alone writing the files (the others return the same :class:`CircuitRun`).
 
     Args:
         model: a TransformerLens model (``rs_interp.load_gpt2``, ``load_toy_model`` ...).
@@ -121,19 +126,23 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         size: the circuit's size: an edge count, or a fraction of the edges (MIB's ``int(f * N)``).
         ig_steps: EAP-IG's interpolation steps.
         model_name: how the page and the files describe the model (default: its ``cfg.model_name``).
-        progress: progress bars (on stderr) over the steps and within the long ones.
+        progress: progress bars (on stderr) over the steps and within the long ones (rank 0's).
+        batch_size: pairs per batch (default: the whole task on one process, an even share of it per rank
+            under ``torchrun``).
 
     Raises:
         ValueError: an unknown method, a size outside the graph, a task the model cannot read (ids
             outside its vocabulary, prompts longer than its context), the full and empty circuits
-            giving the same metric (faithfulness undefined).
+            giving the same metric (faithfulness undefined), a bad ``batch_size``.
         OSError: ``out`` is not a writable directory.
     """
     import torch
     from safetensors.torch import save_file
-    from ._progress import bar
 
     import rs_interp as ri
+
+    from . import scale
+    from ._progress import bar
     from .circuit_figure import circuit_figure
     from .plots import faithfulness_figure
     from .tasks.mib import write_mib
@@ -143,15 +152,19 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
     _check(model, task)
     layout = ri.edge_layout(model)
     n = _circuit_size(size, layout.n_edges)
+    me, world = scale.world()
+    lead = me == 0  # the rank that writes the files and draws the bars
+    if batch_size is None:
+        batch_size = -(-len(task) // world)  # one batch per rank
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if not os.access(out, os.W_OK):
-        raise OSError(f"{out} is not a writable directory")
+    if lead:
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise OSError(f"{out} is not a writable directory")
     name = model_name or str(getattr(model.cfg, "model_name", "model"))
-    metric = task.metric()
-    kw = dict(tokens=task.clean, metric=metric, reference=task.corrupted)
+    kw = dict(batch_size=batch_size, progress=progress)
     seconds: dict[str, float] = {}
-    with bar(total=4, desc=f"circuit ({task.name}, {method})", enabled=progress, unit="step") as steps:
+    with bar(total=4, desc=f"circuit ({task.name}, {method})", enabled=progress and lead, unit="step") as steps:
 
         def step(label: str):
             steps.set_postfix_str(label)
@@ -163,23 +176,22 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
 
         t0 = step("scoring edges")
         if method == "exact":
-            scores = ri.path_patching(model, progress=progress, **kw)
+            scores = scale.path_patching(model, task, **kw)
         else:
-            scores = ri.edge_attribution_patching(model, ig_steps=ig_steps if method == "eap-ig" else None,
-                                                  progress=progress, **kw)
+            scores = scale.edge_attribution_patching(model, task, ig_steps=ig_steps if method == "eap-ig" else None, **kw)
         done("scores", t0)
 
         t0 = step("faithfulness curve")
-        curve = ri.faithfulness_curve(model, scores=scores, progress=progress, **kw)
+        curve = scale.faithfulness_curve(model, task, scores, **kw)
         done("curve", t0)
 
         t0 = step("the circuit")
         rank = {e: k for k, e in enumerate(layout.edges())}
         circuit = sorted(ri.top_edges(scores, n), key=rank.__getitem__)
-        value = ri.evaluate_circuit(model, circuit=circuit, **kw)
-        with torch.no_grad():  # the full circuit is the clean run, the empty one the corrupted run (resample ablation)
-            full = float(metric(model(task.clean, return_type="logits")))
-            empty = float(metric(model(task.corrupted, return_type="logits")))
+        value = scale.evaluate_circuit(model, task, circuit, **kw)
+        # the full circuit is the clean run, the empty one the corrupted run (resample ablation)
+        runs = scale.metric_values(model, task, **kw)
+        full, empty = runs.clean, runs.corrupted
         if full == empty:
             raise ValueError(f"the {task.name} metric is {full} on the clean and on the corrupted prompts: faithfulness is undefined")
         faith = (value - empty) / (full - empty)
@@ -190,10 +202,16 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
                                                    ("mib", "importances_mib.json"), ("curve", "curve.json"),
                                                    ("circuit", "circuit.json"), ("diagram", "diagram.json"),
                                                    ("report", "report.html"), ("summary", "summary.json"))}
-        save_file({"effect": scores.effect.to(torch.float64).contiguous(), "exists": layout.exists.contiguous()},
-                  files["scores"], metadata={"method": method, "task": task.name, "model": name})
         best = sorted(ri.top_edges(scores, min(10, layout.n_edges)), key=lambda e: (-abs(scores.edge(*e)), rank[e]))
         top = tuple(((s, r), scores.edge(s, r)) for s, r in best)
+        run = CircuitRun(model=name, task=task.name, method=method, n_prompts=len(task), clean=full, corrupted=empty,
+                         n_edges=layout.n_edges, size=n, fraction=n / layout.n_edges, value=value, faithfulness=faith,
+                         **_areas(curve), top_edges=top, files=MappingProxyType(files),
+                         seconds=MappingProxyType(seconds))
+        if not lead:  # every rank holds the numbers; rank 0 writes them
+            return run
+        save_file({"effect": scores.effect.to(torch.float64).contiguous(), "exists": layout.exists.contiguous()},
+                  files["scores"], metadata={"method": method, "task": task.name, "model": name})
         settings = {"model": name, "task": task.name, "method": method, "ig_steps": ig_steps if method == "eap-ig" else None,
                     "n_prompts": len(task), "seed": task.seed, "metric": task.kind}
         _write_json(files["scores_json"], {**settings, "clean": scores.clean, "senders": list(layout.senders),
@@ -210,10 +228,6 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
                                  title=f"{task.name} circuit on {name} ({method}): {n} edges"
                                        + (f", the top {drawn} drawn" if drawn < n else "") + f"; faithfulness {faith:.3f}")
         Path(files["diagram"]).write_text(diagram.to_json(), encoding="utf-8")
-        run = CircuitRun(model=name, task=task.name, method=method, n_prompts=len(task), clean=full, corrupted=empty,
-                         n_edges=layout.n_edges, size=n, fraction=n / layout.n_edges, value=value, faithfulness=faith,
-                         **_areas(curve), top_edges=top, files=MappingProxyType(files),
-                         seconds=MappingProxyType(seconds))
         curve_fig = faithfulness_figure({method: curve}, title=f"Faithfulness of the top edges ({task.name}, {name})")
         _write_page(Path(files["report"]), run, task, diagram, curve_fig)
         done("files", t0)
@@ -306,6 +320,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--n", type=int, default=32, metavar="N", help="prompt pairs (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="the task's seed (default: %(default)s)")
     parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG's steps (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=None, metavar="B",
+                        help="prompt pairs per batch: memory holds one batch, the results are the whole task's (default: "
+                             "the whole task; under torchrun an even share per rank)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
@@ -329,6 +346,7 @@ def load_model(spec: str) -> tuple[Any, Any, str]:
         ValueError: ``spec`` is none of the accepted forms.
     """
     import rs_interp as ri
+
     from .tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
 
     if spec == "gpt2":
@@ -368,17 +386,26 @@ def _gpt2_cached() -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``rs-interp circuit`` with parsed ``args``; prints the summary and returns 0.
+    """Run ``rs-interp circuit`` with parsed ``args``; prints the summary and returns 0. Under ``torchrun``
+    every rank runs it on its share of the pairs and rank 0 writes and prints
+    (``torchrun --nproc_per_node=N -m rs_interp.cli circuit ...``).
 
     Raises:
         rs_interp.WeightsUnavailable, ValueError, OSError: with a message for one line (the CLI prints it).
     """
+    from .scale import rank_device, world
     from .tasks import build_task
 
+    me, _ = world()  # under torchrun: this rank (the process group joined); else 0
     model, tokenizer, what = load_model(args.model)
+    device = rank_device()  # each rank's model on its own device: cuda:LOCAL_RANK where there is CUDA
+    if device.type != "cpu":
+        model = model.to(device, print_details=False)
     task = build_task(args.task, tokenizer, n=args.n, seed=args.seed, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
     run = run_circuit(model, task, method=args.method, out=args.out, size=args.size, ig_steps=args.ig_steps,
-                      model_name=what, progress=not args.quiet)
+                      model_name=what, progress=not args.quiet, batch_size=getattr(args, "batch_size", None))
+    if me != 0:  # rank 0 reports; every rank computed the same numbers
+        return 0
     print(f"{run.task} on {run.model}, {run.method}: metric {run.clean:.4g} clean, {run.corrupted:.4g} corrupted")
     print(f"curve: area under {run.area_under:.4f}, from 1 {run.area_from_1:.4f}; circuit of {run.size} edges ({100 * run.fraction:.3g}%): "
           f"faithfulness {run.faithfulness:.4f}")

@@ -131,10 +131,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="rs-interp", description="Residual-stream interpretability on TransformerLens: reproduce the theory's tables, run the GPT-2 analyses, train the toy models, find a task's circuit.")
+    p = _Parser(prog="rs-interp", description="Residual-stream interpretability on TransformerLens: reproduce the theory's tables, "
+                                               "run the GPT-2 analyses, train the toy models, find a task's circuit.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     r = sub.add_parser("reproduce", help="reproduce every table of the theory offline; write results.json and report.html",
-                       description="Reproduce every table of the theory offline, print each beside the theory's values, and write DIR/results.json and DIR/report.html.")
+                       description="Reproduce every table of the theory offline, print each beside the theory's values, "
+                                   "and write DIR/results.json and DIR/report.html.")
     r.add_argument("--out", default="rs_interp_out", metavar="DIR", help="output directory (default: %(default)s)")
     r.add_argument("--retrain", action="store_true", help="retrain the toy models instead of loading the shipped ones (~1 minute)")
     r.add_argument("--seed", type=_seed, default=0, help="seed of retraining (with --retrain), the collapse cloud, the gradient draws, the finance corpus and "
@@ -148,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)
     g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",
-                       description="Run the GPT-2 small analyses (parameter count, head roles, logit lens). Weights: --weights PATH (a local Hugging Face checkpoint directory), --weights random, or by default $RS_INTERP_GPT2_PATH or the Hugging Face cache.")
+                       description="Run the GPT-2 small analyses (parameter count, head roles, logit lens). Weights: --weights PATH "
+                                   "(a local Hugging Face checkpoint directory), --weights random, or by default $RS_INTERP_GPT2_PATH "
+                                   "or the Hugging Face cache.")
     g.add_argument("--weights", metavar="PATH", help="a local Hugging Face GPT-2 checkpoint directory, or 'random'")
     g.add_argument("--seed", type=_seed, default=0, help="seed of the random tokens (and random weights) (default: %(default)s)")
     g.add_argument("--out", metavar="DIR", help="also write DIR/gpt2.json with the scores")

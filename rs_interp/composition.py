@@ -31,7 +31,6 @@ from jaxtyping import Float
 from transformer_lens import FactoredMatrix
 
 from ._backend import Model, attn_weight
-
 from ._exact import compute_dtype
 from ._validate import check_bilinear_scores, check_model
 

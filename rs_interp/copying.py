@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 from jaxtyping import Float
+
 from ._backend import Model, attn_weight
 from ._validate import check_model
 

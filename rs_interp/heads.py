@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float, Int
-from ._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
 
-from .hooks import store_matching
+from ._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
 from ._state import preserve_state
 from ._validate import check_bilinear_scores, check_int_range, check_layer, check_tokens
+from .hooks import store_matching
 from .labels import head_labels
 from .metrics import top_effects
 
@@ -32,8 +32,6 @@ __all__ = [
     "key_score_sensitivity",
     "ScoreSensitivity",
     "find_prev_token_head",
-    "head_label",
-    "head_labels",
 ]
 
 

@@ -17,8 +17,10 @@ the docs lists them):
 
 >>> head_label(1, 0), mlp_label(2), receiver_label(1, 0, "k"), receiver_label(1, 0, "k", kv=True)
 ('L1H0', 'MLP2', 'L1H0.k', 'L1KV0.k')
->>> parse("L1KV0.v"), parse("MLP3"), parse("logits")
-(Component(kind='kv_head', layer=1, index=0, input='v'), Component(kind='mlp', layer=3, index=None, input=None), Component(kind='logits', layer=None, index=None, input=None))
+>>> parse("L1KV0.v")
+Component(kind='kv_head', layer=1, index=0, input='v')
+>>> parse("MLP3"), parse("logits")
+(Component(kind='mlp', layer=3, index=None, input=None), Component(kind='logits', layer=None, index=None, input=None))
 """
 
 from __future__ import annotations

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
-from ._backend import Model, logit_softcap, run_from
 
-from .hooks import store
+from ._backend import Model, logit_softcap, run_from
 from ._exact import compute_dtype
 from ._state import preserve_state
 from ._validate import check_int_range, check_targets, check_tokens
 from .certificate import require
+from .hooks import store
 from .labels import lens_label
 
 __all__ = ["LogitLensReadings", "logit_lens", "reading_points"]

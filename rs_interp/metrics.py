@@ -75,7 +75,7 @@ def next_token_loss(targets: Int[torch.Tensor, "batch pos"]) -> Metric:
 def top_effects(labels: Sequence[str], effect: torch.Tensor, k: int) -> list[tuple[str, float]]:
     """The ``k`` entries of ``effect`` (any shape, flattened row-major like ``labels``) largest in
     magnitude, with their labels, largest first; NaN entries are never picked."""
-    from ._format import Ranking
+    from ._format import Top
     from ._validate import check_int_range
 
     check_int_range("k", k, 1)
@@ -84,7 +84,7 @@ def top_effects(labels: Sequence[str], effect: torch.Tensor, k: int) -> list[tup
         raise ValueError(f"{len(labels)} labels for {flat.numel()} effects")
     size = flat.abs().nan_to_num(-1.0)  # NaN (no such edge) sorts last
     order = [int(i) for i in size.argsort(descending=True, stable=True)[:k] if not bool(flat[i].isnan())]
-    return Ranking((labels[i], float(flat[i])) for i in order)
+    return Top((labels[i], float(flat[i])) for i in order)
 
 
 def metric_value(value: object, what: str) -> float:

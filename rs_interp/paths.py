@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
-from ._backend import Model, attn_weight
 
-from .hooks import store_matching
+from ._backend import Model, attn_weight
 from ._exact import attached_hooks, check_sum, compute_dtype
 from ._state import preserve_state
 from ._validate import check_target_pair, check_tokens
+from .hooks import store_matching
 from .labels import head_label
 from .metrics import top_effects
 

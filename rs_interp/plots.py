@@ -186,7 +186,8 @@ def layernorm_figure(n_points: int = 40, *, seed: int = 0) -> go.Figure:
     from .geometry import layer_norm
 
     g = torch.Generator().manual_seed(seed)
-    cloud = torch.randn(n_points, 3, generator=g, dtype=torch.float64) * torch.tensor([1.5, 0.7, 0.4], dtype=torch.float64) + torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    scale, shift = torch.tensor([1.5, 0.7, 0.4], dtype=torch.float64), torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    cloud = torch.randn(n_points, 3, generator=g, dtype=torch.float64) * scale + shift
     after = layer_norm(cloud)
     e1 = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64) / math.sqrt(2)
     e2 = torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64) / math.sqrt(6)

@@ -35,11 +35,11 @@ from typing import Sequence
 import torch
 from einops import einsum
 from jaxtyping import Float, Int
-from ._backend import Model, attn_weight, logit_softcap, model_source, norm_affine
 
-from ._stream import record
+from ._backend import Model, attn_weight, logit_softcap, model_source, norm_affine
 from ._exact import attached_hooks, check_sum, compute_dtype, final_norm, frozen_norm_readout, unembed_direction
 from ._state import preserve_state
+from ._stream import record
 from ._validate import check_int_range, check_positions, check_target_pair, check_tokens
 from .certificate import require
 from .labels import bias_label, head_labels, mlp_label

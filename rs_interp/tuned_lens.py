@@ -29,9 +29,9 @@ import torch
 from jaxtyping import Float, Int
 from safetensors.torch import load_file, save_file
 
-from ._progress import bar
 from ._backend import Model
 from ._exact import compute_dtype
+from ._progress import bar
 from ._state import preserve_state
 from ._validate import check_int_range, check_tokens
 from .hooks import store

@@ -46,9 +46,9 @@ from tracr.compiler import compiling, lib  # noqa: E402
 from tracr.rasp import rasp  # noqa: E402
 
 from rs_interp import _backend  # noqa: E402
-from rs_interp.models.checkpoints import build_model, save_model  # noqa: E402
 from rs_interp.circuits.graph import EdgeLayout, edge_layout  # noqa: E402  (plain Python, no JAX)
 from rs_interp.circuits.tracr import PROGRAMS  # noqa: E402
+from rs_interp.models.checkpoints import build_model, save_model  # noqa: E402
 
 BOS, PAD = "BOS", "PAD"
 #: Numerical outputs must match the reference to this (tracr's attention is a softmax, not a hard

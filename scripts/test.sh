@@ -13,6 +13,7 @@
 #       3.x-only paths (shortformer and alibi variants) are fast tests: they run here.
 # The two passes run side by side, one thread each (2 cores), the 3.x pass's output goes to a log
 # printed when both are done, then one closing line for both.
+# ruff (lint and import order) runs first, once.
 # The cross-version records (tests marked cross_version, run first by tests/conftest.py): the 3.x pass
 # records, the 4.x pass waits for the records and compares.
 #
@@ -47,6 +48,13 @@ pass() {
   return $rc
 }
 
+# Lint and import order (ruff, pinned in the test extra; pyproject.toml's [tool.ruff]) before any test:
+# a failure stops the run, naming the file and line.
+lint() {
+  "$(venv_of "$1")/bin/python" -m ruff check . || { echo "== ruff: fix the lines above (ruff check --fix . fixes the import order)" >&2; return 1; }
+  echo "== ruff: clean" >&2
+}
+
 rc=0
 if [ "$versions" = "3 4" ]; then
   # Both venvs are set up side by side (scripts/setup_env.sh locks the one step they share, the
@@ -59,6 +67,7 @@ if [ "$versions" = "3 4" ]; then
   # take ~50 s; the docs tests, last in that pass, wait for $RS_INTERP_DOCS_SETUP.rc: tests/test_docs.py).
   RS_INTERP_TL=3 RS_INTERP_SKIP_DOCS=1 bash scripts/setup_env.sh || { kill "$setup4"; exit 1; }
   echo "== set-up, 3.x: $(( $(date +%s) - start )) s" >&2
+  lint 3 || { kill "$setup4"; exit 1; }
   export RS_INTERP_DOCS_SETUP="$logs/docs3"
   OMP_NUM_THREADS=1 pass 3 "(not slow or tl3 or docs) and not full" "$@" > "$logs/tl3.log" 2>&1 &
   pid3=$!
@@ -75,6 +84,7 @@ if [ "$versions" = "3 4" ]; then
 else
   RS_INTERP_TL=$versions bash scripts/setup_env.sh
   echo "== set-up: $(( $(date +%s) - start )) s" >&2
+  lint "$versions"
   pass "$versions" "(slow or not slow) and not full" "$@" || rc=$?
 fi
 # One closing line for every pass, from the JUnit records.

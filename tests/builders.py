@@ -136,7 +136,9 @@ ARCHITECTURES = [("LN", "rotary", False, "parallel"), ("RMS", "rotary", False, "
 def architecture_params(variants=tuple(ARCHITECTURES)):
     """:data:`ARCHITECTURES` as pytest params, those 4.x's native models cannot build skipped there."""
     skip = lambda v: TL4 and v[3] in ("parallel", "qk_norm")  # noqa: E731
-    return [pytest.param(v, id=variant_id(v), marks=pytest.mark.skipif(skip(v), reason=f"TransformerLens {_backend.TL_VERSION}'s native models do not build {v[3]} (its Hugging Face-booted families are tested in test_pretrained)"))
+    why = lambda v: (f"TransformerLens {_backend.TL_VERSION}'s native models do not build {v[3]} "  # noqa: E731
+                     "(its Hugging Face-booted families are tested in test_pretrained)")
+    return [pytest.param(v, id=variant_id(v), marks=pytest.mark.skipif(skip(v), reason=why(v)))
             for v in variants]
 
 

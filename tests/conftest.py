@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import perturb
 
 import rs_interp as ri
-from builders import perturb
 from rs_interp import _backend
 from rs_interp.models.registry import TrainingCache, held_out_batch
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import perturb, tl3_only
 
 import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.models.checkpoints import build_model
-
-from builders import TL4, perturb, tl3_only
 
 N_HEADS, N_KV = 4, 2
 SIZE = N_HEADS // N_KV  # query heads per KV head

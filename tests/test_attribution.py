@@ -4,11 +4,11 @@ the parts sum to the metric, on every variant, under hooks, with skipped targets
 
 import pytest
 import torch
+from builders import VARIANTS, architecture_params, make_variant, skipping_targets, variant_id
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rs_interp as ri
-from builders import VARIANTS, architecture_params, make_variant, skipping_targets, variant_id
 
 
 def test_dla_sums_to_the_metric_on_a_gpt2_shaped_model(gpt2_tiny):

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import make_variant
 
 import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.certificate import IDENTITIES
-
-from builders import make_variant
 
 
 def _model():

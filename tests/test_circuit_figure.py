@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import TL4
 
 import rs_interp as ri
 from rs_interp.circuit_figure import EDGE_COLOURS, circuit_figure
-
-from builders import TL4
 
 
 def _cfgs():

@@ -5,8 +5,8 @@ import sys
 import pytest
 
 from rs_interp.cli import main
-from rs_interp.reproduce.expected import EXPECTED
 from rs_interp.models.registry import SHIPPED_MODELS
+from rs_interp.reproduce.expected import EXPECTED
 
 
 def test_reproduce_writes_results(tmp_path, capsys):

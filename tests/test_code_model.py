@@ -2,26 +2,24 @@
 
 import pytest
 import torch
+from builders import slow_on_tl3
 
 import rs_interp as ri
 from rs_interp._backend import bias_parameters
-from rs_interp.models.registry import SHIPPED_MODELS, toy_model_path
-
-from rs_interp.reproduce.expected import EXPECTED
-
-from builders import slow_on_tl3
 from rs_interp.models.code_model import (
-    load_code_tokenizer,
-    train_code_model,
     CODE_VOCAB,
     EOT,
     _batch,
     code_corpus,
     encode_corpus,
+    load_code_tokenizer,
     repeated_sequence_losses,
+    train_code_model,
     train_code_tokenizer,
     unigram_loss,
 )
+from rs_interp.models.registry import SHIPPED_MODELS, toy_model_path
+from rs_interp.reproduce.expected import EXPECTED
 
 #: sha256 of the corpus read from torch 2.13.0's sources (what scripts/setup_env.sh installs).
 TORCH_2_13_SHA256 = "9043cfe89fa534fc"

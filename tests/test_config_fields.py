@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import TL4, perturb
 
 import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.models.checkpoints import build_model
-
-from builders import TL4, perturb
 
 BASE = dict(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=40, n_ctx=12, attn_only=False, d_mlp=32,
             act_fn="gelu", normalization_type="LN", positional_embedding_type="standard", dtype=torch.float64,

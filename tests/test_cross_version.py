@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import other_version_record
 
 import rs_interp as ri
 from rs_interp import _backend
-
-from builders import other_version_record
 
 DATA = Path(__file__).parent / "data"
 
@@ -85,7 +84,12 @@ def _numbers() -> dict[str, torch.Tensor]:
     g = torch.randint(0, 500, (2, 12), generator=torch.Generator().manual_seed(99))
     with torch.no_grad():
         out["gpt2 logits"] = gpt2(g)
-    out["gpt2 dla"] = ri.direct_logit_attribution(gpt2, g, targets=ri.next_token_targets(g)).contributions
+    dla = ri.direct_logit_attribution(gpt2, g, targets=ri.next_token_targets(g))
+    # 3.x's fold_ln folds ln_final's bias into b_U; 4.x's bridge keeps it as its own term: compare the sum.
+    rows = dict(zip(dla.labels, dla.contributions))
+    if "ln_final.b" in rows:
+        rows["b_U"] = rows["b_U"] + rows.pop("ln_final.b")
+    out["gpt2 dla"] = torch.stack(list(rows.values()))
     out["gpt2 second order"] = ri.second_order_attribution(gpt2, g[:1], targets=ri.next_token_targets(g[:1]), positions=[-2]).contributions
     metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 3].mean()  # noqa: E731
     out["gpt2 attribution patching"] = ri.attribution_patching(gpt2, g, metric, reference=g.flip(1)).effect

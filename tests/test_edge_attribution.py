@@ -4,11 +4,10 @@ normalisation); a sender's edges sum to its node estimate; EAP-IG's embedding to
 
 import pytest
 import torch
+from builders import architecture_params, variant_id
+from finite_differences import VARIANTS, derivative, edge_derivative, make_case, metric, upstream, write
 
 import rs_interp as ri
-from builders import architecture_params, variant_id
-from finite_differences import VARIANTS, derivative, edge_derivative, metric, make_case, upstream, write
-
 
 EDGES = [("embed", "L0H1.q"), ("embed", "L2H0.k"), ("L0H1", "L2H0.q"), ("L1H0", "L2H1.k"), ("L0H0", "L1H1.v"),
          ("embed", "logits"), ("L2H1", "logits")]

@@ -3,9 +3,9 @@
 
 import pytest
 import torch
+from builders import architecture_params, make_variant, variant_id
 
 import rs_interp as ri
-from builders import architecture_params, make_variant, variant_id
 
 
 def metric(logits):
@@ -147,6 +147,48 @@ def test_top_edges_and_bad_input():
         ri.evaluate_circuit(model, toks, lambda lg: lg.sum() * float("nan"), [], reference=ref)
     with pytest.warns(UserWarning, match="no path from the embedding"):
         ri.evaluate_circuit(model, toks, metric, [("embed", "L0H0.q")], reference=ref)
+
+
+def _on_a_path(layout, kept, n_heads, n_kv):
+    """The kept edges on a path embed -> logits, by reachability (written apart from selection.prune)."""
+    group = n_heads // n_kv if n_kv else 1
+
+    def component(receiver):  # what a receiver's input feeds: "L1H0.q" -> L1H0, "L1KV0.k" -> L1KV0
+        return receiver.split(".")[0]
+
+    def fed_by(sender):  # the components whose inputs make a sender's output
+        if sender == "embed" or not sender.startswith("L") or "H" not in sender:
+            return {sender}
+        layer, head = sender[1:].split("H")
+        return {sender} | ({f"L{layer}KV{int(head) // group}"} if n_kv else set())
+
+    reached, reaches = {"embed"}, {"logits"}
+    for _ in range(len(layout.senders) + 2):  # fixed points
+        reached |= {component(r) for s, r in kept if s in reached or fed_by(s) & reached}
+        reaches |= {s for s, r in kept if component(r) in reaches}
+        reaches |= {c for s in reaches for c in fed_by(s)}
+    return [(s, r) for s, r in kept if (s == "embed" or fed_by(s) & reached) and component(r) in reaches]
+
+
+@pytest.mark.parametrize("variant", [("LN", "standard", False, None), ("RMS", "rotary", False, "gqa")], ids=lambda v: str(v[3]))
+@pytest.mark.parametrize("n", [1, 3, 8, 20])
+def test_pruned_top_edges_are_the_ones_on_a_path_from_embed_to_logits(variant, n):
+    """``top_edges(..., pruned=True)``: the top ``n`` (rank order kept) on an embed -> logits path."""
+    model = make_variant(*variant, n_layers=3, n_heads=2, seed=n)
+    toks, ref = (torch.randint(0, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(i)) for i in (0, 1))
+    eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
+    top = ri.top_edges(eap, n)
+    n_kv = model.cfg.n_key_value_heads or 0
+    assert ri.top_edges(eap, n, pruned=True) == _on_a_path(eap.layout, top, model.cfg.n_heads, n_kv if n_kv != model.cfg.n_heads else 0)
+    # by hand: a dangling edge first, then a connected one
+    effect = torch.where(eap.layout.exists, 0.0, float("nan")).double()
+    effect[eap.layout.index(("embed", "L0H0.q"))] = 2.0  # L0H0 writes nowhere kept
+    effect[eap.layout.index(("embed", "logits"))] = 1.0
+    hand = ri.EdgeEffects(eap.layout, effect, eap.clean)
+    assert ri.top_edges(hand, 2) == [("embed", "L0H0.q"), ("embed", "logits")]
+    assert ri.top_edges(hand, 2, pruned=True) == [("embed", "logits")]
+    with pytest.raises(ValueError, match="pruned"):
+        ri.top_edges(hand, 2, pruned="yes")
 
 
 def test_faithfulness_figure():

@@ -15,12 +15,11 @@ import os
 
 import pytest
 import torch
+from hf_families import save_checkpoint
 
 import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.certificate import NEEDS, TOLERANCES
-
-from hf_families import save_checkpoint
 
 #: The families beyond the first five (tests/test_pretrained.py), and Mixtral in float32 too
 #: (transformers runs its experts in float32 and half precision only).

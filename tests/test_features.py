@@ -8,13 +8,21 @@ import json
 
 import pytest
 import torch
+from builders import NORMALIZATIONS, perturb
 
 import rs_interp as ri
 from rs_interp import _backend
-from rs_interp.features import (Transcoder, TranscoderSet, attribution_graph, load_transcoders, mlp_transcoders,
-                                shipped_metrics, shipped_transcoders, train_transcoder, transcoder_metrics)
-
-from builders import NORMALIZATIONS, perturb
+from rs_interp.features import (
+    Transcoder,
+    TranscoderSet,
+    attribution_graph,
+    load_transcoders,
+    mlp_transcoders,
+    shipped_metrics,
+    shipped_transcoders,
+    train_transcoder,
+    transcoder_metrics,
+)
 
 TRACR = ("tracr-sort", "tracr-reverse", "tracr-hist", "tracr-frac_prevs", "tracr-at_least_half")
 

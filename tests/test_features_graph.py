@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import NORMALIZATIONS, POSITIONS, make_variant, other_version_record
+from test_features import _mlp_input, random_transcoders, relu_model
 
 import rs_interp as ri
 from rs_interp.features import attribution_graph, intervene, mlp_transcoders, shipped_transcoders
 from rs_interp.features.export import save_graph_json
 from rs_interp.features.figures import graph_figure
-
-from builders import NORMALIZATIONS, POSITIONS, make_variant, other_version_record
-from test_features import _mlp_input, random_transcoders, relu_model
 
 TOL = 1e-9
 
@@ -292,7 +291,8 @@ JSON_SCHEMA = {
         "nodes": {"type": "array", "items": {
             "type": "object", "required": ["node_id", "feature", "layer", "ctx_idx", "feature_type", "jsNodeId"],
             "properties": {"node_id": {"type": "string"}, "feature": {"type": "integer"}, "layer": {"type": "string"},
-                           "ctx_idx": {"type": "integer"}, "feature_type": {"enum": ["cross layer transcoder", "mlp reconstruction error", "embedding", "logit"]},
+                           "ctx_idx": {"type": "integer"},
+                           "feature_type": {"enum": ["cross layer transcoder", "mlp reconstruction error", "embedding", "logit"]},
                            "token_prob": {"type": "number"}, "is_target_logit": {"type": "boolean"}, "run_idx": {"type": "integer"},
                            "reverse_ctx_idx": {"type": "integer"}, "jsNodeId": {"type": "string"}, "clerp": {"type": "string"},
                            "influence": {"type": ["number", "null"]}, "activation": {"type": ["number", "null"]}}}},

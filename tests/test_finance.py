@@ -1,7 +1,6 @@
 import time
 
 import pytest
-import torch
 
 from rs_interp import finance as F
 from rs_interp.reproduce.expected import EXPECTED

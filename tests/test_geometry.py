@@ -6,9 +6,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.reproduce.expected import EXPECTED
 from rs_interp.geometry import (
-    attention_matrix,
     centering_projection,
     collapse_cloud,
     collapse_run,
@@ -20,6 +18,7 @@ from rs_interp.geometry import (
     residual_jacobian_expansion,
     rms_norm,
 )
+from rs_interp.reproduce.expected import EXPECTED
 
 NORMS = [1, 2, "inf"]
 F64 = torch.float64
@@ -88,7 +87,7 @@ def test_theorem_1_iii_and_proposition_2_on_random_stacks(p):
         n, d, L = 6, 3, 5
         X = torch.randn(n, d, generator=g, dtype=F64)
         X_pure, X_skip = X, X
-        bound, floor = diameter(X, p), diameter(X, p)
+        bound = diameter(X, p)
         for _ in range(L):
             W = torch.randn(d, d, generator=g, dtype=F64)
             W = W / operator_norm(W, p) * float(torch.rand(1, generator=g, dtype=F64))  # ||W|| <= 1

@@ -158,7 +158,8 @@ def pretrained():
     model, _ = find_pretrained_gpt2()
     if model is None:
         pytest.skip(f"needs pretrained GPT-2 small, absent here: set {ENV_VAR}=DIR, a local Hugging Face checkpoint "
-                    "directory (config.json, model.safetensors, tokenizer files; see the docs' page 'GPT-2 and loading models' (docs/capabilities/models.md)), or put "
+                    "directory (config.json, model.safetensors, tokenizer files; see the docs' page 'GPT-2 and loading models' "
+                    "(docs/capabilities/models.md)), or put "
                     "'gpt2' in the Hugging Face cache")
     return model
 

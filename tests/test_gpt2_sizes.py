@@ -1,9 +1,9 @@
 import pytest
 import torch
+from builders import tl3_only
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import rs_interp as ri
-from builders import TL4, tl3_only
 from rs_interp import _backend
 from rs_interp.models.gpt2_sizes import GPT2_SIZES, count_parameters, gpt2_config
 

@@ -11,21 +11,20 @@ import random
 
 import pytest
 import torch
+from builders import other_version_record
 
 import rs_interp as ri
 from rs_interp.circuits import ground_truth as gt
 from rs_interp.circuits import induction_truth as it
-from rs_interp.circuits import tracr_truth as tt
-from rs_interp.circuits.methods import IG_STEPS
 from rs_interp.circuits import tracr as rt
-from rs_interp.models.data import InductionBatch, induction_batch
+from rs_interp.circuits import tracr_truth as tt
 from rs_interp.circuits.graph import edge_layout
+from rs_interp.circuits.methods import IG_STEPS
+from rs_interp.models.data import InductionBatch, induction_batch
 from rs_interp.models.registry import held_out_batch
 from rs_interp.reproduce.expected import INDUCTION_HEAD, NECESSARY_EDGE, PREV_TOKEN_HEAD
 from rs_interp.reproduce.sections.faithfulness import N_PAIRS
 from rs_interp.reproduce.sections.ground_truth import TRACR_PAIRS
-
-from builders import other_version_record
 
 THRESHOLDS = dict(prev_token_head=PREV_TOKEN_HEAD, induction_head=INDUCTION_HEAD, necessary=NECESSARY_EDGE)
 
@@ -256,3 +255,35 @@ def test_numbers_match_the_other_version(tracr_scored, induction):
         ok = ~a.isnan()
         gap = float((a[ok] - b[ok]).abs().max()) if ok.any() else 0.0
         assert gap <= tol, f"{k}: 3.x and 4.x differ by {gap:.3g} (tolerance {tol:g})"
+
+
+# --- the registry -----------------------------------------------------------------------------------
+
+def test_a_registered_method_is_in_the_ground_truth_table_with_no_other_edit():
+    """Issue 41: a new method is one ``Method`` in the registry; the section's rows, results and
+    figure show it. A constant score ties every item, so its AUROC is exactly 1/2 on every model."""
+    import dataclasses
+
+    from rs_interp.circuits import methods as cm
+    from rs_interp.reproduce.context import Context
+    from rs_interp.reproduce.sections.ground_truth import ground_truth_section
+
+    def constant(model, tokens, metric, *, reference, progress=False):
+        exact = ri.path_patching(model, tokens, metric, reference=reference)
+        return dataclasses.replace(exact, effect=torch.where(exact.layout.exists, 1.0, float("nan")).double())
+
+    saved = dict(cm.METHODS)
+    try:  # the exact methods the section measures against, and the new one: the rest would only cost time
+        cm.METHODS.clear()
+        cm.METHODS.update({n: m for n, m in saved.items() if m.key in ("EAP", "exact", "scan")})
+        with cm.registered(cm.Method("constant (a test's method)", "constant", "edge", constant)):
+            section = ground_truth_section(Context(progress=False))
+    finally:
+        cm.METHODS.clear()
+        cm.METHODS.update(saved)
+    models = [k for k in section.results if k != "ig_steps"]
+    rows = [r for r in section.rows if "constant (a test's method)" in r.label]
+    assert len(models) == len(rt.TRACR_PROGRAMS) + 1 and len(rows) == len(models)
+    assert all(r.value == 0.5 and r.ok is None for r in rows)  # reported, not judged: no expected values
+    assert all(section.results[m]["auroc"]["constant (a test's method)"]["known"] == 0.5 for m in models)
+    assert any("constant" in (trace.name or "") for trace in section.figures[0].data)

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from builders import TL4, make_variant
 from transformer_lens import FactoredMatrix
 from transformer_lens import patching as tl_patching
 
 import rs_interp as ri
-from builders import TL4, make_variant
 from rs_interp.reproduce.expected import EXPECTED
 
 

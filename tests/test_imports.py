@@ -170,7 +170,8 @@ def test_the_package_and_the_command_line_load_without_torch(code):
     import subprocess
     import sys
 
-    probe = f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformer_lens', 'plotly')))"
+    heavy = "('torch', 'transformer_lens', 'plotly')"
+    probe = f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {heavy}))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -188,7 +189,7 @@ def test_a_lazy_name_is_the_defined_one():
         rs_interp.nosuch  # noqa: B018
 
 
-@pytest.mark.parametrize("package", ["rs_interp", "rs_interp.models", "rs_interp.tasks", "rs_interp.reproduce"])
+@pytest.mark.parametrize("package", ["rs_interp", "rs_interp.models", "rs_interp.tasks", "rs_interp.scale", "rs_interp.reproduce"])
 def test_no_lazy_name_is_shadowed_by_a_submodule(package):
     """Importing a submodule sets it as an attribute of its package: a lazily imported public name that
     is also a submodule's name (a function ``f`` defined in ``pkg/f.py``) would turn into the module once

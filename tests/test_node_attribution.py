@@ -4,10 +4,10 @@ contract (no gradients left, bad metrics named, inference mode, meta device, ``.
 
 import pytest
 import torch
+from builders import architecture_params, ln1_by_hand, variant_id
+from finite_differences import EPS, VARIANTS, derivative, interpolated, make_case, metric, write
 
 import rs_interp as ri
-from builders import architecture_params, ln1_by_hand, variant_id
-from finite_differences import EPS, VARIANTS, derivative, interpolated, metric, make_case, write
 
 
 @pytest.mark.parametrize("variant", [*VARIANTS, *architecture_params()], ids=variant_id)

@@ -2,9 +2,10 @@
 
 import pytest
 import torch
+from builders import ARCHITECTURES, architecture_params, make_variant, needs_tl3, variant_id
+from builders import ln1_by_hand as _norm
 
 import rs_interp as ri
-from builders import ARCHITECTURES, architecture_params, ln1_by_hand as _norm, make_variant, needs_tl3, variant_id
 
 
 def metric(logits):

@@ -3,9 +3,9 @@ every shape and positional scheme, biases included; path attribution; hooks and 
 
 import pytest
 import torch
+from builders import POSITIONS, TL4, make_variant, skipping_targets
 
 import rs_interp as ri
-from builders import POSITIONS, TL4, make_variant, skipping_targets
 from rs_interp.reproduce.expected import EXPECTED
 
 # TransformerLens 4's native models have no unembedding bias: its path is there on 3.x only.

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import TL4
 
 import rs_interp as ri
 from rs_interp import _backend
-
-from builders import TL4
 
 FAMILIES = {
     "gpt2": lambda T: T.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=300, n_positions=64),

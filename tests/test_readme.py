@@ -44,6 +44,7 @@ def test_two_setup_commands_and_ci():
     commands = re.search(r"## Set-up: two commands.*?```bash\n(.*?)```", README, re.S).group(1).strip().splitlines()
     assert [c.split("#")[0].split()[:2] for c in commands] == [["bash", "scripts/reproduce.sh"], ["bash", "scripts/test.sh"]]
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+    assert "-m ruff check ." in (ROOT / "scripts" / "test.sh").read_text()  # lint and import order, in the test command
 
 
 def test_the_readme_points_to_the_docs_not_outside_the_repository():

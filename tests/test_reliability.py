@@ -129,8 +129,8 @@ def _assert_same(before, after):
 
 def _model_for(name):
     if name in ("analyse_gpt2",):
-        from rs_interp.models.gpt2_sizes import gpt2_config
         from rs_interp.models.checkpoints import build_model
+        from rs_interp.models.gpt2_sizes import gpt2_config
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -164,8 +164,8 @@ class _Injected(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"composition_scores", "copying_scores", "virtual_weight", "count_parameters", "positional_scores", "as_dtype", "save_model",
-                                          "edge_layout"}))
+@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"composition_scores", "copying_scores", "virtual_weight", "count_parameters", "positional_scores",
+                                                        "as_dtype", "save_model", "edge_layout"}))
 def test_helper_cleans_up_after_a_failing_hook(name):
     """A user hook that raises mid-forward: the error propagates and nothing of the helper's stays."""
     model = _model_for(name)
@@ -269,6 +269,13 @@ def checkpoint(tmp_path, shared_toy):
     return ri.save_model(shared_toy, tmp_path / "toy")
 
 
+def _edit_config(cfg, change):
+    """Rewrite a checkpoint's config.json with ``change`` applied to its "config" mapping."""
+    d = json.loads(cfg.read_text())
+    change(d["config"])
+    cfg.write_text(json.dumps(d))
+
+
 def _corrupt(path, how):
     cfg, w = path.with_name(path.name + ".json"), path.with_name(path.name + ".safetensors")
     if how == "missing weights":
@@ -284,15 +291,15 @@ def _corrupt(path, how):
     elif how == "json list":
         cfg.write_text("[1, 2]")
     elif how == "missing field":
-        d = json.loads(cfg.read_text()); del d["config"]["d_model"]; cfg.write_text(json.dumps(d))
+        _edit_config(cfg, lambda c: c.pop("d_model"))
     elif how == "wrong field type":
-        d = json.loads(cfg.read_text()); d["config"]["n_heads"] = "two"; cfg.write_text(json.dumps(d))
+        _edit_config(cfg, lambda c: c.update(n_heads="two"))
     elif how == "unknown field":
-        d = json.loads(cfg.read_text()); d["config"]["evil"] = 1; cfg.write_text(json.dumps(d))
+        _edit_config(cfg, lambda c: c.update(evil=1))
     elif how == "shape mismatch":
-        d = json.loads(cfg.read_text()); d["config"]["d_vocab"] = 300; cfg.write_text(json.dumps(d))
+        _edit_config(cfg, lambda c: c.update(d_vocab=300))
     elif how == "bad dtype":
-        d = json.loads(cfg.read_text()); d["config"]["dtype"] = "os.system"; cfg.write_text(json.dumps(d))
+        _edit_config(cfg, lambda c: c.update(dtype="os.system"))
 
 
 CORRUPTIONS = ["missing weights", "missing config", "truncated weights", "garbage weights", "not json", "json list",
@@ -465,7 +472,7 @@ def _tensor_pairs(a, b):
 def test_empty_selections_raise(toy2):
     b = _batch()
     empty = ri.InductionBatch(tokens=b.tokens, periods=b.periods, scored=torch.zeros_like(b.scored))
-    for call in (lambda: ri.evaluate(toy2, empty.tokens, targets=empty.targets), lambda: ri.induction_scores(toy2, empty.tokens, periods=empty.periods),
+    for call in (lambda: ri.evaluate(toy2, empty.tokens, targets=empty.targets), lambda: ri.induction_scores(toy2, empty.tokens, periods=torch.full_like(b.periods, b.tokens.shape[1])),
                  lambda: ri.path_logit_attribution(toy2, empty.tokens, targets=empty.targets), lambda: ri.score_logits(toy2(empty.tokens), empty.targets)):
         with pytest.raises(ValueError, match="no (scored )?position"):
             call()

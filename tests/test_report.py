@@ -13,7 +13,8 @@ from rs_interp.cli import main
 
 # Each registry entry and the tables it builds: a section added to the registry but not here fails below.
 PARTS = {"induction": ["induction"], "circuits": ["key_ablation", "heads", "composition"], "ablation": ["ablation"],
-         "attribution_patching": ["attribution_patching"], "faithfulness": ["faithfulness"], "ground_truth": ["ground_truth"], "paths": ["paths", "logit_lens", "propositions"],
+         "attribution_patching": ["attribution_patching"], "faithfulness": ["faithfulness"], "ground_truth": ["ground_truth"],
+         "paths": ["paths", "logit_lens", "propositions"],
          "gpt2": ["gpt2"], "geometry": ["geometry"], "finance": ["finance"], "code": ["code", "code_lens", "code_patching"], "features": ["features"]}
 SECTIONS = [key for keys in PARTS.values() for key in keys]
 
@@ -139,7 +140,8 @@ def test_report_renders_in_headless_chromium(report_dir, tmp_path):
 def test_the_registry_is_the_one_list():
     """The CLI's --only choices, the report's order and these tests all read rs_interp.reproduce.SECTIONS."""
     from rs_interp.cli import build_parser
-    from rs_interp.reproduce import SECTIONS as REGISTRY, builder
+    from rs_interp.reproduce import SECTIONS as REGISTRY
+    from rs_interp.reproduce import builder
 
     reproduce = next(a for a in build_parser()._subparsers._group_actions[0].choices["reproduce"]._actions if a.dest == "only")
     assert list(reproduce.choices) == list(REGISTRY)

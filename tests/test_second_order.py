@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from builders import VARIANTS, architecture_params, make_variant, variant_id
 
 import rs_interp as ri
-from builders import VARIANTS, architecture_params, make_variant, variant_id
 
 
 def _tokens(model, n=2, pos=9, seed=0):

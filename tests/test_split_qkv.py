@@ -12,15 +12,13 @@ head h's slice into a normal run at the same hook. On 3.x, TransformerLens's own
 
 from __future__ import annotations
 
-
 import pytest
 import torch
+from builders import TL4, make_variant, other_version_record
 
 import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.hooks import split_qkv_inputs
-
-from builders import TL4, make_variant, other_version_record
 
 TOL = 1e-10
 

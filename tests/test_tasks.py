@@ -15,13 +15,26 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.tokenizers import gpt2_tokenizer
-from rs_interp.tasks import (MIBGraph, Task, build_task, from_mib_edge, greater_than_task, induction_task, ioi_task,
-                             mib_edge_names, read_eap_csv, read_mib, sva_task, write_eap_csv, write_mib,
-                             write_mib_circuits)
-from rs_interp.tasks import ioi as ioi_module
+from rs_interp.tasks import (
+    MIBGraph,
+    Task,
+    build_task,
+    from_mib_edge,
+    greater_than_task,
+    induction_task,
+    ioi_task,
+    mib_edge_names,
+    read_eap_csv,
+    read_mib,
+    sva_task,
+    write_eap_csv,
+    write_mib,
+    write_mib_circuits,
+)
 from rs_interp.tasks import greater_than as gt_module
+from rs_interp.tasks import ioi as ioi_module
 from rs_interp.tasks import sva as sva_module
+from rs_interp.tokenizers import gpt2_tokenizer
 
 TEXT_TASKS = {"ioi": ioi_task, "greater-than": greater_than_task, "sva": sva_task}
 N = 48

@@ -34,11 +34,11 @@ from collections import defaultdict
 
 import pytest
 import torch
+from builders import TL4, ln1_by_hand, tl3_only
+from transformer_lens.tools.analysis import attribution_patching as tl
 
 import rs_interp as ri
-from builders import TL4, ln1_by_hand, tl3_only
 from rs_interp import _backend
-from transformer_lens.tools.analysis import attribution_patching as tl
 
 TOL = 1e-5
 N_PAIRS, N_POS = 3, 7

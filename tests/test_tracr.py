@@ -17,7 +17,6 @@ import sys
 import pytest
 import torch
 
-import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.circuits import tracr as rt
 from rs_interp.circuits.graph import depth, edge_layout

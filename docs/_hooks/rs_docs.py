@@ -41,6 +41,7 @@ from mkdocs.structure.files import File, Files
 
 sys.path.insert(0, str(Path(__file__).parent))
 import notebooks as nbs  # noqa: E402
+
 log = logging.getLogger("mkdocs.hooks.rs_docs")
 ROOT = Path(__file__).resolve().parents[2]
 PLOTLY_JS = "assets/javascripts/plotly.min.js"

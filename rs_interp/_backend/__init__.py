@@ -22,8 +22,19 @@ from typing import Any
 import torch
 
 from . import config as _config
-from .common import (_HT_BUFFERS, HOOK_FLAGS, KV_WEIGHTS, PORTABLE_FIELDS, TL_MAJOR, TL_VERSION, Stop, kv_groups,  # noqa: F401
-                     logit_softcap, per_query_head, set_flag)  # noqa: F401  (the backend's face: the library reads them here)
+from .common import (  # noqa: F401
+    _HT_BUFFERS,
+    HOOK_FLAGS,
+    KV_WEIGHTS,
+    PORTABLE_FIELDS,
+    TL_MAJOR,
+    TL_VERSION,
+    Stop,
+    kv_groups,
+    logit_softcap,  # noqa: F401  (the backend's face: the library reads them here)
+    per_query_head,
+    set_flag,
+)
 
 if TL_MAJOR >= 4:
     from . import tl4 as _impl

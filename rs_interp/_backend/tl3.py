@@ -121,8 +121,8 @@ def set_unembedding(model: Model, W_U: torch.Tensor) -> None:
 def gpt2_from_hf_dir(path: str, cfg: ModelConfig, *, fold_ln: bool, center_writing_weights: bool,
                      center_unembed: bool, dtype: torch.dtype) -> Model:
     """GPT-2 from a local Hugging Face directory: TransformerLens's weight conversion, then its processing."""
-    from transformers import GPT2LMHeadModel
     from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
+    from transformers import GPT2LMHeadModel
 
     hf_model = GPT2LMHeadModel.from_pretrained(str(path), local_files_only=True, torch_dtype=dtype)  # processed in dtype
     state = convert_gpt2_weights(hf_model, cfg)

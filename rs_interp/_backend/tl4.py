@@ -23,8 +23,17 @@ from transformer_lens import TransformerBridge as Model
 from transformer_lens import TransformerBridgeConfig as ModelConfig
 
 from . import emulation
-from ._tl4_native import (_compatible, _norm_state, _norms_in_model_dtype, _refuse_unbuilt, _rotary_perm,
-                          _rotary_tables_in_model_dtype, _tl3_order, has_split_inputs, is_native_attention)
+from ._tl4_native import (
+    _compatible,
+    _norm_state,
+    _norms_in_model_dtype,
+    _refuse_unbuilt,
+    _rotary_perm,
+    _rotary_tables_in_model_dtype,
+    _tl3_order,
+    has_split_inputs,
+    is_native_attention,
+)
 from .common import _HT_BUFFERS, KV_WEIGHTS, PORTABLE_FIELDS, TL_VERSION, norm_kind, qkv_input_target, set_flag
 
 __all__ = ["Model", "ModelConfig"]

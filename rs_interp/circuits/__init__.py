@@ -7,19 +7,25 @@ receivers read, the reference runs, the gradient passes). The methods are regist
 one list.
 
 - :mod:`.graph`: :func:`edge_layout`, :class:`EdgeLayout`, :class:`EdgeEffects`;
-- :mod:`.node_attribution`, :mod:`.edge_attribution`: first-order estimates (and EAP-IG);
-- :mod:`.path_patching`: the exact effect of each edge;
+- :mod:`.node_attribution`, :mod:`.edge_attribution`: first-order estimates (and EAP-IG), with the
+  options of :mod:`.atp_star` (the QK fix, GradDrop) and :mod:`.correction` (the Hessian correction,
+  Gauss-Legendre EAP-IG, screen-flag-fix);
+- :mod:`.uncertainty`: per-pair shares, standard errors, reliability, the bootstrap, stability;
+- :mod:`.path_patching`: the exact effect of each edge; :mod:`.acdc`: ACDC, exact edge by edge;
 - :mod:`.evaluation`: circuits, faithfulness and its curve;
 - :mod:`.methods`: the registry of methods;
 - :mod:`.ground_truth`, :mod:`.tracr`: models whose circuits are known, and how each method scores on them.
 """
 
+from .acdc import ACDC, acdc
+from .correction import Fixed, fix_unreliable
 from .edge_attribution import EdgeAttributionPatching, edge_attribution_patching
 from .evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, evaluate_circuit, faithfulness_curve, mib_scores
 from .graph import EdgeEffects, EdgeLayout, edge_layout
 from .node_attribution import AttributionPatching, attribution_patching
 from .path_patching import PathPatching, path_patching
 from .selection import top_edges
+from .uncertainty import Bootstrap, Stability, bootstrap, stability
 
 __all__ = [
     "EdgeLayout", "EdgeEffects", "edge_layout",
@@ -27,4 +33,5 @@ __all__ = [
     "EdgeAttributionPatching", "edge_attribution_patching",
     "PathPatching", "path_patching",
     "MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores", "top_edges",
+    "ACDC", "acdc", "Fixed", "fix_unreliable", "Bootstrap", "Stability", "bootstrap", "stability",
 ]

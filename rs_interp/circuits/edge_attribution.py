@@ -14,7 +14,13 @@ stream for ``logits``. Each estimate is the exact derivative of the metric along
 receiver, a sender's outgoing edges sum to the derivative along its whole write (its node estimate).
 
 With ``ig_steps=m`` (EAP-IG, Hanna et al. 2024) the gradients are averaged over ``m`` points on the
-line from the reference's input embedding to the run's (see :func:`rs_interp.attribution_patching`).
+line from the reference's input embedding to the run's (see :func:`rs_interp.attribution_patching`;
+``ig_rule="gauss"``: the Gauss-Legendre points and weights).
+
+Options (each its own definition and test): ``qk_fix`` and ``grad_drop`` (AtP*,
+:mod:`rs_interp.circuits.atp_star`), ``correction="hessian"`` (the second-order term,
+:mod:`rs_interp.circuits.correction`; with it ``first_order`` and ``.reliability()``), and
+``per_example`` (each pair's share: ``.stderr()``, ``.error_bar()``, :func:`rs_interp.circuits.uncertainty.bootstrap`).
 
 >>> from rs_interp import load_toy_model, induction_batch
 >>> model = load_toy_model("induction-2l")
@@ -29,27 +35,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 
 from .._backend import Model
 from .._state import preserve_state
-from .._stream import RESID0, Reader, mlp_flags, reader_gradients, readers
+from .._stream import RESID0, Reader, mlp_flags, reader_gradients, readers, watched
 from ..certificate import require
 from ..hooks import store_matching
 from ..metrics import Metric
-from ._substrate import IGRule, check_pair, gradient_passes, ig_alphas, outside_inference_mode, record, sender_points, writes
+from ._substrate import IGRule, check_pair, outside_inference_mode, record, sender_points, writes
+from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix, stream_points
+from .correction import clean_metric, quadrature, run_passes
 from .graph import EdgeEffects, edge_layout
+from .uncertainty import Spread
 
 __all__ = ["EdgeAttributionPatching", "edge_attribution_patching"]
 
 
 @dataclass(frozen=True)
-class EdgeAttributionPatching(EdgeEffects):
+class EdgeAttributionPatching(EdgeEffects, Spread):
     """Edge-level estimates on the model's edge graph (:class:`rs_interp.EdgeEffects`: ``layout``,
     ``effect`` (sender, receiver), NaN where there is no edge, ``clean``, ``.edge(s, r)``, ``.top(k)``).
 
     Attributes:
         ig_steps, ig_rule: ``m`` of EAP-IG and its rule, or None for plain edge attribution patching.
+        qk_fix, grad_drop: AtP*'s options (:mod:`rs_interp.circuits.atp_star`).
+        correction: ``"hessian"`` or None (:mod:`rs_interp.circuits.correction`).
+        first_order: with the correction, the estimate without it (the same passes); else None.
+        per_example: (batch, sender, receiver) each pair's share (they sum to ``effect``), with
+            ``per_example=True``; else None. ``.stderr()``, ``.error_bar()``, ``.reliability()``:
+            :class:`rs_interp.circuits.uncertainty.Spread`.
 
     Example:
         >>> import rs_interp
@@ -66,6 +81,34 @@ class EdgeAttributionPatching(EdgeEffects):
 
     ig_steps: int | None = None
     ig_rule: str = "left"
+    qk_fix: bool = False
+    grad_drop: bool = False
+    correction: str | None = None
+    first_order: Float[torch.Tensor, "sender receiver"] | None = None
+    per_example: Float[torch.Tensor, "batch sender receiver"] | None = None
+
+
+def check_options(ig_steps: int | None, qk_fix: bool, grad_drop: bool, correction: str | None, per_example: bool) -> None:
+    """Refuse the combinations that have no single definition (named)."""
+    for name, value in (("qk_fix", qk_fix), ("grad_drop", grad_drop), ("per_example", per_example)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    if (qk_fix or grad_drop) and (ig_steps is not None or correction is not None):
+        raise ValueError("the QK fix and GradDrop (AtP*) correct the gradient at the run itself: they do not combine with "
+                         "ig_steps or correction (run them as separate estimates)")
+    if grad_drop and per_example:
+        raise ValueError("GradDrop scores the sum of |estimate| over its passes: it has no per-pair shares (per_example); "
+                         "bootstrap the plain or QK-fixed estimate instead")
+
+
+def _accumulate(buf: torch.Tensor, W: torch.Tensor, G: torch.Tensor, cols: list[int], weight: float) -> None:
+    """``buf[:, :k, cols] += weight * W . G`` per batch row (``buf``'s first axis the batch) or summed (size 1)."""
+    k = W.shape[0]
+    if buf.shape[0] == 1:
+        buf[0, :k, cols] += weight * (W.reshape(k, -1) @ G)
+    else:
+        B = buf.shape[0]
+        buf[:, :k, cols] += weight * torch.einsum("kbx,bxc->bkc", W.reshape(k, B, -1), G.reshape(B, -1, len(cols)))
 
 
 @outside_inference_mode
@@ -76,26 +119,61 @@ def edge_attribution_patching(
     *,
     reference: Int[torch.Tensor, "batch pos"],
     ig_steps: int | None = None,
-    ig_rule: IGRule = "left",
+    ig_rule: IGRule | str = "left",
+    qk_fix: bool = False,
+    grad_drop: bool = False,
+    correction: str | None = None,
+    per_example: bool = False,
+    memory_budget: int = 2**30,
     progress: bool = False,
 ) -> EdgeAttributionPatching:
-    """Edge attribution patching of every edge of the model's graph (module docstring), from one
-    forward and one backward pass on ``tokens`` (``m`` of each with ``ig_steps=m``) plus one forward
-    pass on ``reference``.
+    """Edge attribution patching of every edge of the model's graph, from one forward and one
+    backward pass on ``tokens`` (``m`` of each with ``ig_steps=m``) plus one forward pass on
+    ``reference``.
+
+    ``effect[s, r]`` estimates ``metric(edge s -> r patched) - metric(run on tokens)``, where patching
+    the edge adds the change of sender ``s``'s write, ``w_s = write_s(reference) - write_s(tokens)``,
+    to receiver ``r``'s input only (every other reader keeps the run's):
+
+        effect[s, r] = sum over batch and positions of w_s . d metric / d input_r
+
+    Positive: patching that edge from the reference raises the metric; negative: lowers it. A
+    sender's row sums to its node estimate (:func:`rs_interp.attribution_patching`). NaN where ``s``
+    is not upstream of ``r`` (no edge).
 
     A head's q, k or v input gradient is read at ``hook_{q,k,v}`` (the per-head projection) and
     taken back through ``W_{Q,K,V}`` and the frozen LayerNorm by hand, on HookedTransformer's
     attention and TransformerLens 4's native attention: the forward pass stays the model's own, with
     no per-head copy of the stream. Elsewhere (shortformer positions, a Hugging Face-booted bridge's
-    attention) TransformerLens's per-head input hooks are used (``use_split_qkv_input`` switched on
-    for the call and restored). ``use_hook_mlp_in`` is switched on for the MLPs' inputs and restored.
+    attention), and for the Hessian correction (which differentiates the norms too), TransformerLens's
+    per-head input hooks are used (``use_split_qkv_input`` switched on for the call and restored).
+    ``use_hook_mlp_in`` is switched on for the MLPs' inputs and restored.
 
     Args:
-        metric: a :data:`rs_interp.Metric`, differentiable.
+        model: a TransformerLens model (HookedTransformer on 3.x, TransformerBridge or
+            HookedTransformer on 4.x) that :func:`rs_interp.certify` passes for this helper.
+        tokens: (batch, pos) the run's tokens (the clean prompts).
+        metric: a :data:`rs_interp.Metric`, differentiable: logits -> a scalar.
         reference: tokens of the reference run, the shape of ``tokens``.
-        ig_steps, ig_rule: ``m`` for EAP-IG and which ``m`` points (see :func:`rs_interp.attribution_patching`);
-            default plain.
-        progress: a progress bar over the ``m`` passes.
+        ig_steps, ig_rule: ``m`` for EAP-IG and which ``m`` points (``"left"``, ``"right"``: see
+            :func:`rs_interp.attribution_patching`; ``"gauss"``: Gauss-Legendre); default plain.
+        qk_fix: the QK fix for edges into query and key inputs (:mod:`rs_interp.circuits.atp_star`).
+        grad_drop: GradDrop, ``L - 1`` more backward passes (a magnitude; :mod:`rs_interp.circuits.atp_star`).
+        correction: ``"hessian"``, the second-order term at each point, one more backward pass
+            through each (:mod:`rs_interp.circuits.correction`).
+        per_example: keep each pair's share of every estimate (``per_example``, for error bars).
+        memory_budget: bytes one chunk of the QK fix's patched patterns (or stacked pass) may use (roughly).
+        progress: a progress bar over the passes.
+
+    Returns:
+        An :class:`EdgeAttributionPatching`: ``effect`` (sender, receiver) as above, ``layout``,
+        ``clean`` (the metric on ``tokens``), the options used, and ``first_order``/``per_example``
+        when asked for.
+
+    Raises:
+        ValueError: bad tokens, options that do not combine (named), a model
+            whose identities fail (:func:`rs_interp.certify`), or (the Hessian correction) attention
+            that cannot be differentiated twice.
 
     Example:
         >>> from rs_interp import load_toy_model, induction_batch
@@ -105,18 +183,32 @@ def edge_attribution_patching(
         >>> eap = edge_attribution_patching(model, a, metric, reference=b, ig_steps=3)
         >>> eap.layout.n_edges, eap.ig_steps, int(eap.effect.isnan().sum())
         (29, 3, 36)
+        >>> fixed = edge_attribution_patching(model, a, metric, reference=b, correction="hessian", per_example=True)
+        >>> tuple(fixed.per_example.shape), bool((fixed.reliability().nan_to_num(0) <= 1).all())
+        ((4, 5, 13), True)
     """
     tokens, reference = check_pair(model, tokens, reference)
-    alphas = ig_alphas(ig_steps, ig_rule)
-    require(model, "edge_attribution_patching")
+    alphas, weights, seconds = quadrature(ig_steps, ig_rule, correction)
+    check_options(ig_steps, qk_fix, grad_drop, correction, per_example)
+    drops = [None] + (check_drop_layers(model) if grad_drop else [])
+    cert = require(model, "edge_attribution_patching")
+    hessian = correction == "hessian"
     layout = edge_layout(model)
-    effect = torch.zeros(len(layout.senders), len(layout.receivers), dtype=torch.float64)
+    B = tokens.shape[0]
+    shape = (B if per_example else 1, len(layout.senders), len(layout.receivers))
+    first = [torch.zeros(shape, dtype=torch.float64) for _ in drops]
+    second = torch.zeros(shape, dtype=torch.float64)
     column = {r: j for j, r in enumerate(layout.receivers)}
     upstream = layout.exists.sum(0).tolist()  # per receiver: its senders are the first `upstream` (depth order)
     points = sender_points(model)
+    state: dict = {}
+    grads_z: list[dict[int, torch.Tensor]] = [{} for _ in drops]  # per GradDrop round, dm/dz per layer (the QK fix's)
     with preserve_state(model, **mlp_flags(model)):
         ref = record(model, reference, points)
-        run: dict[str, torch.Tensor] = record(model, tokens, points) if alphas != [1.0] else {}
+        # Plain: the run's sender outputs are read in the pass itself. Else from a pass of their own
+        # (the passes run at interpolated inputs).
+        plain_run = alphas == [1.0] and not hessian
+        run: dict[str, torch.Tensor] = {} if plain_run else record(model, tokens, points)
         stack: list[torch.Tensor] = []
 
         def on_grad(reader: Reader, G: torch.Tensor) -> None:
@@ -126,13 +218,44 @@ def edge_attribution_patching(
                 stack.append(writes(model, ref, run))
             cols = [column[r] for r in reader.labels]
             k = upstream[cols[0]]
-            effect[:k, cols] += stack[0][:k].reshape(k, -1) @ G
+            if state["phase"] == 1:
+                _accumulate(first[state["drop"]], stack[0][:k], G.detach(), cols, weights[state["point"]])
+            else:
+                _accumulate(second, stack[0][:k], G.detach(), cols, seconds[state["point"]])
 
-        # Plain: the run's sender outputs are read in the pass itself. IG: from a pass of their own
-        # (the passes run at interpolated inputs).
-        fwd = [] if alphas != [1.0] else store_matching(run, model, points)
-        with reader_gradients(model, readers(model), on_grad) as hooks:
-            value = gradient_passes(model, tokens, metric, fwd + hooks, alphas=alphas, x_ref=ref[RESID0], progress=progress)
-    effect /= len(alphas)
-    effect[~layout.exists] = float("nan")
-    return EdgeAttributionPatching(layout=layout, effect=effect, clean=value, ig_steps=ig_steps, ig_rule=ig_rule)
+        def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
+            def keep(grad: torch.Tensor, layer: int = int(hook.name.split(".")[1])) -> None:
+                if state["phase"] == 1:
+                    grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
+            return watched(z, keep)
+
+        fwd = (store_matching(run, model, points) if plain_run else []) + ([(lambda n: n.endswith("attn.hook_z"), on_z)] if qk_fix else [])
+        for d, layer in enumerate(drops):
+            state["drop"] = d
+            wanted = readers(model, projected=not hessian)
+            with reader_gradients(model, wanted, on_grad, extra=drop_hooks(model, layer)) as hooks:
+                value = run_passes(model, tokens, metric, fwd + hooks, alphas=alphas, hessian=hessian, x_ref=ref[RESID0],
+                                   state=state, progress=progress)
+        value = clean_metric(model, tokens, metric, value)
+        if qk_fix:
+            box = record(model, tokens, stream_points(model, set(range(model.cfg.n_layers)), attention=True))
+            fixed = edge_qk_fix(model, layout, tokens, stack[0], grads_z, box, cert.holds("start at layer"), per_example,
+                                memory_budget, cert["projections"].tolerance, progress)
+            for buf, fix in zip(first, fixed):
+                buf.copy_(torch.where(fix.isnan(), buf, fix))
+    gone = ~layout.exists
+    if grad_drop:
+        effect, shares, first_order = combine_drops([f[0] for f in first], model.cfg.n_layers), None, None
+    elif hessian:
+        shares = first[0] + second
+        effect, first_order = shares.sum(0), first[0].sum(0)
+        first_order[gone] = float("nan")
+    else:
+        shares, first_order = first[0], None
+        effect = shares.sum(0)
+    effect[gone] = float("nan")
+    if per_example:
+        shares[:, gone] = float("nan")
+    return EdgeAttributionPatching(layout=layout, effect=effect, clean=value, ig_steps=ig_steps, ig_rule=ig_rule, qk_fix=qk_fix,
+                                   grad_drop=grad_drop, correction=correction, first_order=first_order,
+                                   per_example=shares if per_example else None)

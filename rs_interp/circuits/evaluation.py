@@ -175,7 +175,8 @@ class FaithfulnessCurve:
         n_edges: the edges each circuit kept, after pruning (MIB's count: the real size).
         values: the metric of each circuit.
         faithfulness: ``(values - empty) / (clean - empty)``.
-        clean: the run's own metric (every edge kept); empty: the metric with none.
+        clean: the run's own metric (every edge kept).
+        empty: the metric with no edge kept (every edge ablated).
         area_under: the area under the curve over ``fractions`` (trapezoid rule): MIB's CPR for the
             signed ranking.
         area_from_1: the area between 1 and the curve, ``|1 - faithfulness|``: MIB's CMD for the

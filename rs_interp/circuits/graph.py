@@ -183,9 +183,9 @@ class EdgeEffects:
     def top(self, k: int = 5) -> list[tuple[tuple[str, str], float]]:
         """The ``k`` edges with the largest ``|effect|``, each ``((sender, receiver), effect)``, best
         first (NaN never picked)."""
-        from .._format import Ranking
+        from .._format import Top
         from .._validate import check_int_range
 
         check_int_range("k", k, 1)
         edges, values = self.layout.edges(), self.effect[self.layout.exists]
-        return Ranking((edges[i], float(values[i])) for i in self.ranked()[:k])
+        return Top((edges[i], float(values[i])) for i in self.ranked()[:k])

@@ -3,12 +3,13 @@ expected values and the benchmarks read.
 
 A method is a name, a key (its entries in ``rs_interp.reproduce.expected``), a level (``"edge"``: it
 scores every edge of the graph, an :class:`rs_interp.EdgeEffects`; ``"node"``: every head, a result
-with ``labels`` and ``effect``) and a callable ``run(model, tokens, metric, *, reference, progress)``.
+with ``labels`` and ``effect``) and a callable ``run(model, tokens, metric, *, reference, progress)``
+(``shares``: it also takes ``per_example=True``, each pair's share for error bars).
 Adding a method is its module, one entry here (or :func:`registered` for the duration, as a test
 does), the export, its test and its reference entry.
 
 >>> [m.key for m in METHODS.values()]
-['EAP', 'EAP-IG', 'exact', 'AtP', 'scan']
+['EAP', 'EAP-IG', 'exact', 'AtP', 'scan', 'EAP-QK', 'AtP*', 'EAP-H', 'EAP-H2', 'EAP-IG-G2', 'EAP-H-fix', 'ACDC', 'AtP-GD', 'AtP-H']
 >>> METHODS["exact path patching"].exact, METHODS["EAP"].level
 (True, 'edge')
 """
@@ -20,14 +21,23 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal
 
 from ..head_ablation import head_ablation_scan
+from .acdc import acdc
+from .correction import fix_unreliable
 from .edge_attribution import edge_attribution_patching
+from .graph import edge_layout
 from .node_attribution import attribution_patching
 from .path_patching import path_patching
 
-__all__ = ["Method", "METHODS", "IG_STEPS", "registered"]
+__all__ = ["Method", "METHODS", "IG_STEPS", "HESSIAN_STEPS", "GAUSS_STEPS", "ACDC_FRACTION", "registered"]
 
 #: EAP-IG's number of points in the registry's entry.
 IG_STEPS = 5
+#: The multi-step Hessian-corrected entry's points (the left rule, as EAP-IG's).
+HESSIAN_STEPS = 2
+#: Gauss-Legendre EAP-IG's points.
+GAUSS_STEPS = 2
+#: ACDC's threshold in the registry, as a fraction of |m(clean) - m(every edge ablated)| on the run.
+ACDC_FRACTION = 0.02
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,7 @@ class Method:
         level: ``"edge"`` (scores every edge) or ``"node"`` (every head).
         run: ``run(model, tokens, metric, *, reference, progress)`` -> the scores.
         exact: it measures the effect (the others are compared with it), rather than estimating it.
+        shares: ``run`` also takes ``per_example=True`` (each pair's share: error bars, the bootstrap).
     """
 
     name: str
@@ -47,22 +58,36 @@ class Method:
     level: Literal["edge", "node"]
     run: Callable[..., Any]
     exact: bool = False
+    shares: bool = False
 
 
-def _eap(model, tokens, metric, *, reference, progress=False):
-    return edge_attribution_patching(model, tokens, metric, reference=reference)
+def _edges(**options):
+    def run(model, tokens, metric, *, reference, progress=False, per_example=False):
+        return edge_attribution_patching(model, tokens, metric, reference=reference, per_example=per_example, progress=progress, **options)
+    return run
 
 
-def _eap_ig(model, tokens, metric, *, reference, progress=False):
-    return edge_attribution_patching(model, tokens, metric, reference=reference, ig_steps=IG_STEPS, progress=progress)
+def _nodes(**options):
+    def run(model, tokens, metric, *, reference, progress=False, per_example=False):
+        return attribution_patching(model, tokens, metric, reference=reference, per_example=per_example, progress=progress, **options)
+    return run
+
+
+def _fix(model, tokens, metric, *, reference, progress=False):
+    screen = edge_attribution_patching(model, tokens, metric, reference=reference, correction="hessian", per_example=True, progress=progress)
+    return fix_unreliable(model, tokens, metric, screen, reference=reference, progress=progress)
+
+
+def _acdc(model, tokens, metric, *, reference, progress=False):
+    from .evaluation import evaluate_circuit
+
+    empty = evaluate_circuit(model, tokens, metric, [], reference=reference)
+    full = evaluate_circuit(model, tokens, metric, edge_layout(model).edges(), reference=reference)
+    return acdc(model, tokens, metric, reference=reference, threshold=ACDC_FRACTION * abs(full - empty), progress=progress)
 
 
 def _exact(model, tokens, metric, *, reference, progress=False):
     return path_patching(model, tokens, metric, reference=reference, progress=progress)
-
-
-def _atp(model, tokens, metric, *, reference, progress=False):
-    return attribution_patching(model, tokens, metric, reference=reference)
 
 
 def _scan(model, tokens, metric, *, reference, progress=False):
@@ -71,11 +96,22 @@ def _scan(model, tokens, metric, *, reference, progress=False):
 
 #: Every method, by name, in the order of the tables.
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("EAP", "EAP", "edge", _eap),
-    Method(f"EAP-IG (m = {IG_STEPS})", "EAP-IG", "edge", _eap_ig),
+    Method("EAP", "EAP", "edge", _edges(), shares=True),
+    Method(f"EAP-IG (m = {IG_STEPS})", "EAP-IG", "edge", _edges(ig_steps=IG_STEPS), shares=True),
     Method("exact path patching", "exact", "edge", _exact, exact=True),
-    Method("attribution patching (heads)", "AtP", "node", _atp),
+    Method("attribution patching (heads)", "AtP", "node", _nodes(), shares=True),
     Method("ablation scan (heads)", "scan", "node", _scan, exact=True),
+    Method("EAP, QK fix", "EAP-QK", "edge", _edges(qk_fix=True), shares=True),
+    Method("AtP* (QK fix, GradDrop)", "AtP*", "edge", _edges(qk_fix=True, grad_drop=True)),
+    Method("EAP, Hessian-corrected", "EAP-H", "edge", _edges(correction="hessian"), shares=True),
+    Method(f"EAP-IG, Hessian-corrected (m = {HESSIAN_STEPS})", "EAP-H2", "edge",
+           _edges(correction="hessian", ig_steps=HESSIAN_STEPS), shares=True),
+    Method(f"EAP-IG, Gauss-Legendre (m = {GAUSS_STEPS})", "EAP-IG-G2", "edge", _edges(ig_steps=GAUSS_STEPS, ig_rule="gauss"),
+           shares=True),
+    Method("EAP, Hessian-corrected, unreliable edges patched", "EAP-H-fix", "edge", _fix),
+    Method(f"ACDC (threshold {ACDC_FRACTION:g} of clean - empty)", "ACDC", "edge", _acdc, exact=True),
+    Method("attribution patching, GradDrop (heads)", "AtP-GD", "node", _nodes(grad_drop=True)),
+    Method("attribution patching, Hessian-corrected (heads)", "AtP-H", "node", _nodes(correction="hessian"), shares=True),
 )}
 
 

@@ -41,8 +41,14 @@ def rank(scores: EdgeEffects, ranking: Ranking = "absolute") -> list[int]:
     return scores.ranked(ranking)
 
 
-def top_edges(scores: EdgeEffects, n: int, *, ranking: Ranking = "absolute") -> list[tuple[str, str]]:
+def top_edges(scores: EdgeEffects, n: int, *, ranking: Ranking = "absolute", pruned: bool = False) -> list[tuple[str, str]]:
     """The ``n`` best edges of ``scores``, best first: the ranking of ``scores.top(n)``.
+
+    The top ``n`` need not connect the embedding to the logits (then ablating everything else leaves
+    the metric at its fully ablated value, and :func:`~rs_interp.evaluate_circuit` warns). With
+    ``pruned=True`` the answer drops the dangling ones, as MIB's ``Graph.prune`` does: an edge stays iff
+    its sender is reached from ``embed`` and its receiver reaches ``logits`` through kept edges; the
+    survivors keep their rank order, so the list may be shorter than ``n``.
 
     Raises:
         ValueError: ``n`` not an int in ``[0, number of scored edges]``, or an unknown ranking.
@@ -55,13 +61,24 @@ def top_edges(scores: EdgeEffects, n: int, *, ranking: Ranking = "absolute") -> 
         >>> eap = rs_interp.edge_attribution_patching(model, a, lambda logits: logits[:, -1, 0].mean(), reference=b)
         >>> top_edges(eap, 3) == [edge for edge, _ in eap.top(3)]
         True
+        >>> set(top_edges(eap, 3, pruned=True)) <= set(top_edges(eap, 3))
+        True
     """
     from .._validate import check_int_range
 
+    if not isinstance(pruned, bool):
+        raise ValueError(f"pruned must be True or False, got {pruned!r}")
     order = rank(scores, ranking)
     n = check_int_range("n", n, 0, len(order))
     edges = scores.layout.edges()
-    return [edges[i] for i in order[:n]]
+    if not pruned:
+        return [edges[i] for i in order[:n]]
+    layout = scores.layout
+    rows, cols = layout.exists.nonzero(as_tuple=True)  # edges() lists the existing edges in this order
+    keep = torch.zeros_like(layout.exists)
+    keep[rows[order[:n]], cols[order[:n]]] = True
+    kept = prune(layout, keep)
+    return [edges[i] for i in order[:n] if bool(kept[rows[i], cols[i]])]
 
 
 def mask(layout: EdgeLayout, circuit: Iterable[tuple[str, str]]) -> torch.Tensor:

@@ -42,9 +42,9 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 import torch
 from jaxtyping import Float, Int
 
+from .._backend import Model
 from ..models import checkpoints as _models
 from ..models.registry import load_toy_model, toy_model_path
-from .._backend import Model
 from .graph import depth, edge_layout  # noqa: F401  (depth: the docstring example)
 
 __all__ = [

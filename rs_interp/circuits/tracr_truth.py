@@ -13,9 +13,9 @@ from typing import Any, Sequence
 
 import torch
 
-from . import tracr as _tracr
 from .._backend import Model
 from ..metrics import Metric
+from . import tracr as _tracr
 from ._substrate import record, sender_points, writes
 from .graph import edge_layout
 from .ground_truth import GroundTruthCase, as_float64, receiver_response

@@ -12,8 +12,7 @@ from .attribution import attribution_graph
 from .graph import AttributionGraph, GraphScores, PrunedGraph
 from .interventions import Intervention, intervene
 from .training import TrainedTranscoders, TranscoderMetrics, train_transcoder, transcoder_metrics
-from .transcoders import (SHIPPED_TRANSCODERS, Transcoder, TranscoderSet, load_transcoders, mlp_transcoders, shipped_metrics,
-                          shipped_transcoders)
+from .transcoders import SHIPPED_TRANSCODERS, Transcoder, TranscoderSet, load_transcoders, mlp_transcoders, shipped_metrics, shipped_transcoders
 
 __all__ = [
     "Transcoder",

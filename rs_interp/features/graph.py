@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Bool, Float, Int
 
-from .._format import Ranking
+from .._format import Top
 
 __all__ = ["AttributionGraph", "PrunedGraph", "GraphScores"]
 
@@ -239,7 +239,7 @@ class AttributionGraph:
         flat = self.adjacency.flatten()
         idx = flat.abs().topk(min(k, int((flat != 0).sum()))).indices
         n = self.n_nodes
-        return Ranking(((labels[int(i) % n], labels[int(i) // n]), float(flat[i])) for i in idx)
+        return Top(((labels[int(i) % n], labels[int(i) // n]), float(flat[i])) for i in idx)
 
 
 @dataclass(frozen=True)
@@ -290,4 +290,4 @@ class PrunedGraph:
         flat = kept.flatten()
         idx = flat.abs().topk(min(k, self.n_edges)).indices
         n = self.graph.n_nodes
-        return Ranking(((labels[int(i) % n], labels[int(i) // n]), float(flat[i])) for i in idx)
+        return Top(((labels[int(i) % n], labels[int(i) // n]), float(flat[i])) for i in idx)

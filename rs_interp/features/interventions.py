@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float
 
 from .._backend import Model
-from .._format import Ranking
+from .._format import Top
 from . import _replacement as R
 from .graph import AttributionGraph
 from .transcoders import TranscoderSet
@@ -63,7 +63,7 @@ class Intervention:
     def top(self, k: int = 5) -> list[tuple[str, float, float]]:
         """The ``k`` targets that moved most: ``(label, actual change, predicted change)``."""
         idx = self.actual.abs().topk(min(k, len(self.labels))).indices
-        return Ranking((self.labels[int(i)], float(self.actual[i]), float(self.predicted[i])) for i in idx)
+        return Top((self.labels[int(i)], float(self.actual[i]), float(self.predicted[i])) for i in idx)
 
 
 def _factors(graph: AttributionGraph, nodes: Sequence[int], scale, value) -> list[tuple[int, float]]:

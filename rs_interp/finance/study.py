@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import torch
-from .._backend import Model
 
+from .._backend import Model
 from ..models.registry import Trained, TrainingCache, load_toy_model
 from .corpus import D_VOCAB, N_CTX, Company, Corpus, Filing, Query, demo_filing, find_queries, make_corpus
 
@@ -163,8 +163,8 @@ def evaluate_readers(corpus: Corpus, *, filing_model: Model, induction_1l: Model
         dq = find_queries([f])
         demo = complete_queries(readers, dq)
         demo_labels = tuple(f"{q.query_word} -> {q.answer_word}" for q in dq)
-    from ..models.data import induction_batch
     from ..heads import induction_scores
+    from ..models.data import induction_batch
 
     ambiguous = sum(int((table.counts[q.context[-1]] > 0).sum()) > 1 for q in seen_q) / len(seen_q)
     probe = induction_batch(200, seed=5, d_vocab=D_VOCAB, seq_len=N_CTX)

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
 from .. import _backend
 from .._backend import Model, ModelConfig
-
 from .._validate import check_int_range
 
 __all__ = [

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from .._backend import Model, ModelConfig, make_config
 
+from .._backend import Model, ModelConfig, make_config
 from .._validate import check_int_range, check_tokens
-from .data import induction_batch
 from .checkpoints import build_model
+from .data import induction_batch
 
 __all__ = [
     "CODE_VOCAB",

@@ -20,11 +20,11 @@ import os
 from pathlib import Path
 
 import torch
+
 from .. import _backend
 from .._backend import Model
-
-from .checkpoints import build_model
 from ..tokenizers import gpt2_tokenizer
+from .checkpoints import build_model
 from .gpt2_sizes import _HF_NAMES, GPT2_SIZES, gpt2_config
 from .pretrained import _GPT2_HOW as _HOW
 from .pretrained import ENV_VAR, GPT2WeightsUnavailable, _gpt2_from_dir
@@ -88,7 +88,8 @@ def load_gpt2(
             model = _backend.gpt2_from_hub(_HF_NAMES[size], fold_ln=fold_ln, center_writing_weights=cww,
                                            center_unembed=cu, dtype=dtype)
         except Exception as err:  # network, cache and hub errors come in many types
-            raise GPT2WeightsUnavailable(f"could not load {_HF_NAMES[size]!r} from the Hugging Face hub or cache ({type(err).__name__}: {str(err)[:200]}). {_HOW}") from err
+            raise GPT2WeightsUnavailable(f"could not load {_HF_NAMES[size]!r} from the Hugging Face hub or cache "
+                                         f"({type(err).__name__}: {str(err)[:200]}). {_HOW}") from err
         return model.eval()
     path = Path(source)
     if not path.exists():

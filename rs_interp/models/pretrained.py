@@ -24,8 +24,8 @@ import torch
 
 from .. import _backend
 from .._backend import Model
-from . import _source
 from ..tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
+from . import _source
 from .gpt2_sizes import gpt2_config
 
 __all__ = ["load_pretrained", "WeightsUnavailable"]

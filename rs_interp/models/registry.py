@@ -272,7 +272,7 @@ class TrainingCache:
     folder and renamed into place, so a reader never sees half an entry. Weights and metadata come
     back bit for bit (safetensors and JSON round-trip float32 and float64 exactly).
 
-    >>> import tempfile
+    >>> import tempfile, torch
     >>> cache = TrainingCache(tempfile.mkdtemp())
     >>> a = cache.fetch("demo", {"seed": 3}, lambda: Trained(load_toy_model("induction-1l"), {"x": 1.5}))
     >>> b = cache.fetch("demo", {"seed": 3}, lambda: 1 / 0)     # read back: not called again

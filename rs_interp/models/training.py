@@ -30,14 +30,14 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
-from .._progress import bar
+
 from .._backend import Model, bias_parameters
 from .._format import short
-
+from .._progress import bar
 from .._state import preserve_state
 from .._validate import check_int_range, check_targets, check_tokens
-from .data import InductionBatch, induction_batch
 from .checkpoints import make_attn_only
+from .data import induction_batch
 
 __all__ = [
     "Score",

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import plotly.graph_objects as go
+
 from .._backend import Model
 from .._format import short
-
 from ..models.data import InductionBatch
 from ..models.registry import SHIPPED_MODELS, TrainingCache, held_out_batch, train_shipped
 from .expected import EXPECTED, Expected

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from .._backend import Model, attention_output, make_config, mlp_out_parameter, reinitialise, set_unembedding
-
 from ..geometry import layer_norm
 from ..models.checkpoints import build_model
 

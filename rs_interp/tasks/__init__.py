@@ -44,11 +44,11 @@ _WHERE: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
+    from .eap_csv import read_eap_csv, write_eap_csv
     from .greater_than import greater_than_task
     from .induction import induction_task
-    from .eap_csv import read_eap_csv, write_eap_csv
-    from .mib import MIBGraph, from_mib_edge, mib_edge_names, read_mib, write_mib, write_mib_circuits
     from .ioi import ioi_task
+    from .mib import MIBGraph, from_mib_edge, mib_edge_names, read_mib, write_mib, write_mib_circuits
     from .sva import sva_task
     from .task import MetricKind, Task
 

@@ -13,7 +13,6 @@ import csv
 from pathlib import Path
 from typing import Any, Sequence
 
-
 from .greater_than import year_tokens
 from .sva import VERBS, verb_ids
 from .task import Task, pack, resolve_tokenizer

@@ -8,11 +8,11 @@ import torch
 
 from ...circuits.node_attribution import attribution_patching
 from ...copying import copying_scores
-from ...models.data import induction_batch
 from ...head_ablation import ablate_heads, head_ablation_scan
 from ...heads import prev_token_scores
 from ...labels import head_label, head_labels
 from ...metrics import next_token_loss
+from ...models.data import induction_batch
 from ...plots import estimate_vs_exact_figure, head_scan_figure
 from ..context import Context, Row, Section, banded, exact_row
 from ..expected import PREV_TOKEN_HEAD
@@ -46,8 +46,10 @@ def ablation_section(ctx: Context) -> Section:
         _single_prev_head_row(float(scan.effect[0, ph]), ph, float(prev[0, [h for h in range(model.cfg.n_heads) if h != ph]].max())),
         exact_row("the costliest single head", top_label, head_label(0, ph), theory="the prev-token head"),
     ]
-    rows += [banded("ablation.other_layer0_rise", f"head {head_label(0, h)} mean-ablated: loss rise", float(scan.effect[0, h])) for h in range(model.cfg.n_heads) if h != ph]
-    rows += [banded("ablation.induction_head_rise", f"induction head {head_label(1, h)} mean-ablated alone: loss rise", float(scan.effect[1, h])) for h in range(model.cfg.n_heads)]
+    rows += [banded("ablation.other_layer0_rise", f"head {head_label(0, h)} mean-ablated: loss rise", float(scan.effect[0, h]))
+             for h in range(model.cfg.n_heads) if h != ph]
+    rows += [banded("ablation.induction_head_rise", f"induction head {head_label(1, h)} mean-ablated alone: loss rise", float(scan.effect[1, h]))
+             for h in range(model.cfg.n_heads)]
     rows.append(banded("ablation.both_induction_rise", "both layer-1 heads mean-ablated: loss rise", both))
     rows += [banded("ablation.copying_induction", f"copying score, induction head {head_label(1, h)}", float(copying[1, h])) for h in range(model.cfg.n_heads)]
     rows += [banded("ablation.copying_layer0", f"copying score, head {head_label(0, h)}", float(copying[0, h])) for h in range(model.cfg.n_heads)]

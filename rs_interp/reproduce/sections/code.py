@@ -6,15 +6,14 @@ from __future__ import annotations
 import torch
 
 from ...attribution import direct_logit_attribution
-from ...models.code_model import (EOT, code_corpus, encode_corpus, heldout_loss, repeated_sequence_losses, repeated_tokens,
-                           unigram_loss)
 from ...composition import composition_scores
 from ...head_ablation import ablate_heads, head_ablation_scan
-from ...models.data import next_token_targets
-from ...metrics import next_token_loss
 from ...heads import attention_patterns, first_token_attention, prev_token_scores
 from ...labels import head_label
 from ...lens import logit_lens
+from ...metrics import next_token_loss
+from ...models.code_model import EOT, code_corpus, encode_corpus, heldout_loss, repeated_sequence_losses, repeated_tokens, unigram_loss
+from ...models.data import next_token_targets
 from ...plots import head_scan_figure, logit_lens_figure
 from ...second_order import second_order_attribution
 from ...tuned_lens import lens_kl, train_tuned_lens
@@ -73,8 +72,8 @@ def code_section(ctx: Context) -> list[Section]:
         banded("code.prev_token", f"largest weight on the previous token, layer 0: head {head_label(0, ph)}", float(prev[0, ph])),
         banded("code.induction_weight", f"largest weight on the token after the earlier occurrence, layer 1: head {head_label(1, ih)}",
                float(pat_ind[1, ih])),
-        banded("code.single_head_ablation", f"largest loss rise on the repeat, one layer-1 head mean-ablated: head {head_label(1, int(scan.effect[1].argmax()))}",
-               best_rise),
+        banded("code.single_head_ablation",
+               f"largest loss rise on the repeat, one layer-1 head mean-ablated: head {head_label(1, int(scan.effect[1].argmax()))}", best_rise),
         banded("code.layer1_ablation", "loss rise on the repeat, every layer-1 head mean-ablated", all_layer1),
         banded("code.k_composition", f"K-composition, prev-token head {head_label(0, ph)} -> induction head {head_label(1, ih)} (random baseline {k_base:.3f})",
                float(k[ph, ih]), lo=float(k[[h for h in range(cfg.n_heads) if h != ph], ih].max())),

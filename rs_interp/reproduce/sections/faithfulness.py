@@ -1,20 +1,30 @@
-"""Circuit discovery on the shipped models (issue 30): every edge scored by edge attribution
-patching, by EAP-IG and exactly by path patching, and the faithfulness of each score's top edges at
-MIB's ten circuit sizes, with CPR and CMD."""
+"""Circuit discovery on the shipped models (issues 30 and 44): every edge scored by every edge method
+of the registry (EAP, EAP-IG, the QK fix, AtP*, the Hessian correction, Gauss-Legendre EAP-IG,
+ACDC, exact path patching), the faithfulness of each score's top edges at MIB's ten circuit sizes
+with CPR and CMD, each method's cost beside EAP's (matmul FLOPs counted, in forward passes; seconds),
+and, for the estimates with per-pair shares, how often their error bars hold the exact effect and
+how stable their top edges are under a bootstrap over the pairs."""
 
 from __future__ import annotations
 
+import time
+
+import torch
+
 from ...circuits.evaluation import mib_scores
+from ...circuits.methods import METHODS
+from ...circuits.uncertainty import Z95, bootstrap
+from ...metrics import next_token_loss
 from ...models.code_model import repeated_tokens
 from ...models.data import induction_batch
-from ...circuits.methods import METHODS
-from ...metrics import next_token_loss
 from ...plots import faithfulness_figure
 from ..context import Context, Section, banded
 from .code import _repeat_targets
 
 #: Clean/corrupt pairs per model.
 N_PAIRS = 32
+#: The bootstrap's resamples and the top set it compares.
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_TOP = 200, 10
 
 
 def _cases(ctx: Context) -> dict[str, tuple]:
@@ -30,39 +40,100 @@ def _cases(ctx: Context) -> dict[str, tuple]:
     return cases
 
 
+def _flops(fn) -> int:
+    """The matmul FLOPs ``fn()`` runs (forward and backward passes alike), counted by PyTorch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def _run(ctx: Context, method, model, tokens, reference, metric) -> tuple:
+    """The method's scores (with per-pair shares where it has them), its seconds and its FLOPs."""
+    kw = {"per_example": True} if method.shares else {}
+    flops = _flops(lambda: method.run(model, tokens, metric, reference=reference, **kw))  # also the untimed warm-up
+    start = time.perf_counter()
+    scores = method.run(model, tokens, metric, reference=reference, progress=ctx.progress, **kw)
+    return scores, time.perf_counter() - start, flops
+
+
+def _error_bar(scores) -> torch.Tensor | None:
+    """The result's error bar (± 1.96 standard errors over the pairs), None where it has none."""
+    try:
+        return scores.error_bar(Z95)
+    except (AttributeError, ValueError):
+        return None
+
+
 def faithfulness_section(ctx: Context) -> Section:
-    """EAP, EAP-IG and exact path patching on the induction toy and code-2l, and their faithfulness curves."""
+    """Every edge method of the registry on the induction toy and code-2l: faithfulness curves, cost, error bars."""
     rows, results, figures = [], {}, []
+    edge_methods = {name: m for name, m in METHODS.items() if m.level == "edge"}
+    exact_name = next(name for name, m in edge_methods.items() if m.exact)
+    base = "EAP"
     for name, (model, tokens, reference, metric) in _cases(ctx).items():
-        # every edge method of the registry (rs_interp.circuits.methods)
-        scores = {name: m.run(model, tokens, metric, reference=reference, progress=ctx.progress)
-                  for name, m in METHODS.items() if m.level == "edge"}
-        exact_name = next(name for name, m in METHODS.items() if m.level == "edge" and m.exact)
+        runs = {method: _run(ctx, m, model, tokens, reference, metric) for method, m in edge_methods.items()}
+        scores = {method: r[0] for method, r in runs.items()}
+        forward = _flops(lambda: model(tokens, return_type="logits"))
         mib = {method: mib_scores(model, tokens, metric, s, reference=reference) for method, s in scores.items()}
         curves = {method: m.absolute for method, m in mib.items()}
         layout = scores[exact_name].layout
         exact = scores[exact_name].effect[layout.exists]
+        extra: dict[str, dict] = {}
         for method, m in mib.items():
             rows.append(banded("faithfulness.cpr", f"{name}, {method}: CPR (area under the curve, edges by signed score)", m.cpr))
             rows.append(banded("faithfulness.cmd", f"{name}, {method}: CMD (area between 1 and the curve, edges by |score|)", m.cmd))
-            if method != exact_name:
-                estimate = scores[method].effect[layout.exists]
-                err = float((estimate - exact).abs().max())
-                rows.append(banded("faithfulness.estimate_error", f"{name}, {method}: largest |estimate - exact| over the edges", err))
+            s, seconds, flops = runs[method][0], runs[method][1], runs[method][2]
+            passes = flops / forward
+            rows.append(banded("faithfulness.cost_passes", f"{name}, {method}: cost in forward passes (matmul FLOPs / one forward's)",
+                               passes, theory=f"{passes / (runs[base][2] / forward):.2f} x EAP"))
+            rows.append(banded("faithfulness.cost_seconds", f"{name}, {method}: seconds", seconds,
+                               theory=f"{seconds / runs[base][1]:.2f} x EAP"))
+            extra[method] = {"passes": passes, "flops": flops, "seconds": seconds, "flops_vs_eap": flops / runs[base][2],
+                             "seconds_vs_eap": seconds / runs[base][1]}
+            if method == exact_name:
+                continue
+            estimate = s.effect[layout.exists]
+            err = float((estimate - exact).abs().max())
+            rows.append(banded("faithfulness.estimate_error", f"{name}, {method}: largest |estimate - exact| over the edges", err))
+            bar = _error_bar(s)
+            if bar is not None:
+                held = float(((estimate - exact).abs() <= bar[layout.exists]).double().mean())
+                rows.append(banded("faithfulness.calibration", f"{name}, {method}: edges whose exact effect lies within the "
+                                   f"error bar (± {Z95:.2f} SE over the pairs)", held))
+                extra[method]["calibration"] = held
+            if getattr(s, "per_example", None) is not None:
+                boot = bootstrap(s, n_resamples=BOOTSTRAP_RESAMPLES, k=BOOTSTRAP_TOP, seed=ctx.seed)
+                rows.append(banded("faithfulness.bootstrap_jaccard", f"{name}, {method}: top-{BOOTSTRAP_TOP} Jaccard index of "
+                                   f"{BOOTSTRAP_RESAMPLES} bootstrap resamples of the pairs with the full sample's (mean)", boot.mean_jaccard))
+                extra[method] |= {"bootstrap_jaccard": boot.mean_jaccard,
+                                  "inclusion": {f"{e[0]} -> {e[1]}": v for e, v in zip(layout.edges(), boot.inclusion[layout.exists].tolist())}}
+            if getattr(s, "first_order", None) is not None:
+                flagged = float((s.reliability()[layout.exists] < 0.5).double().mean())
+                rows.append(banded("faithfulness.unreliable", f"{name}, {method}: edges flagged unreliable (reliability < 1/2: the "
+                                   "second-order term outweighs the first)", flagged))
+                extra[method]["unreliable"] = flagged
         rows.append(banded("faithfulness.full_circuit", f"{name}: the circuit of every edge, faithfulness",
                            curves[exact_name].faithfulness[-1]))
         results[name] = {"n_edges": layout.n_edges, "clean": curves[exact_name].clean, "empty": curves[exact_name].empty,
+                         "forward_flops": forward,
                          "curves": {m: {"fractions": s.absolute.fractions, "faithfulness": s.absolute.faithfulness,
                                         "faithfulness_signed": s.signed.faithfulness, "n_edges": s.absolute.n_edges,
-                                        "cpr": s.cpr, "cmd": s.cmd} for m, s in mib.items()},
+                                        "cpr": s.cpr, "cmd": s.cmd} | extra[m] for m, s in mib.items()},
                          "top_exact": [[list(e), v] for e, v in scores[exact_name].top(5)]}
         figures.append(faithfulness_figure(curves, title=f"{name}: faithfulness of the top edges ({N_PAIRS} pairs)"))
     notes = ("Faithfulness (m(circuit) - m(empty)) / (m(clean) - m(empty)) as MIB computes it (int(f N) edges at each fraction f, "
              "dangling edges pruned; CPR from the edges ranked by signed score, CMD by |score|; the figure: by |score|), "
-             "the metric the loss on the induction targets; "
-             "ablated edges carry the corrupt run's write (resample). The estimates are exact derivatives; where the "
-             "metric is far from linear in a patch (a softmax in between) they miss the exact effect, and the "
-             "rows 'largest |estimate - exact|' say by how much.")
-    return Section("faithfulness", f"Circuit discovery: faithfulness of EAP, EAP-IG and exact path patching ({N_PAIRS} pairs)",
+             "the metric the loss on the induction targets; ablated edges carry the corrupt run's write (resample). "
+             "Cost: the matmul FLOPs PyTorch counts over the whole call (forward, backward and double-backward passes), in forward "
+             "passes over the batch, and the seconds of one call on a shared machine (noisy), each beside EAP's. The estimates are "
+             "exact derivatives (or exact patches for the QK fix's pattern, ACDC and path patching); where the metric is far from "
+             "linear in a patch (here the loss sits near its minimum on the clean run, and a patch moves it by nats) they miss the "
+             "exact effect, and the rows 'largest |estimate - exact|' say by how much. Error bars: ± 1.96 standard errors over the "
+             "pairs, from each pair's share of the estimate in the same passes; they measure the sampling spread, not the "
+             "linearisation error, so they hold the exact effect only where the estimate is unbiased: the rows say how often. "
+             f"Bootstrap: {BOOTSTRAP_RESAMPLES} resamples of the pairs from the shares, the top {BOOTSTRAP_TOP} edges against "
+             "the full sample's.")
+    return Section("faithfulness", f"Circuit discovery: faithfulness, cost and error bars of every edge method ({N_PAIRS} pairs)",
                    tuple(rows), results, figures=tuple(figures), notes=notes)
-

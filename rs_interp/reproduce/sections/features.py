@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ... import load_toy_model, next_token_loss, edge_attribution_patching, SHIPPED_MODELS, as_dtype
+from ... import SHIPPED_MODELS, as_dtype, edge_attribution_patching, load_toy_model, next_token_loss
 from ...features import attribution_graph, intervene, shipped_metrics, shipped_transcoders
 from ...features.figures import graph_figure
 from ..context import Context, Row, Section, banded

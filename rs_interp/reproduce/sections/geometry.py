@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from ...geometry import collapse_cloud, collapse_run, count_clusters
-from ..context import exact_row
 from ...plots import collapse_figure, layernorm_figure
-from ..gradients import gradient_scaling
-from ..context import Context, Row, Section, banded
+from ..context import Context, Row, Section, banded, exact_row
 from ..expected import UNBANDED
-
+from ..gradients import gradient_scaling
 
 #: The search for Theorem 1's narrow-kernel regime: clouds ``collapse_cloud(s)`` for ``s`` in
 #: ``seed .. seed + NARROW_SEARCH - 1``, at beta = 4, run to layer NARROW_LAYERS.
@@ -60,7 +58,8 @@ def geometry_section(ctx: Context) -> Section:
     never = all(bool((r.diameter[1:] >= r.diameter[:-1] - 1e-12).all()) for r in skip.values())
     rows.append(Row("with the skip: the diameter never shrinks", str(never), "holds", "True", never))
     for b in betas:
-        rows.append(banded("geometry.pure_diameter_12_beta4" if b == 4 else "geometry.pure_diameter_12", f"β = {b:g}: pure stack, diameter at layer 12", float(pure[b].diameter[-1])))
+        rows.append(banded("geometry.pure_diameter_12_beta4" if b == 4 else "geometry.pure_diameter_12",
+                           f"β = {b:g}: pure stack, diameter at layer 12", float(pure[b].diameter[-1])))
     for b in betas:
         rows.append(banded("geometry.skip_growth_beta0.25" if b == 0.25 else "geometry.skip_growth",
                            f"β = {b:g}: with the skip, diam(X_12) / diam(X_0)", float(skip[b].diameter[-1] / skip[b].diameter[0])))

@@ -7,9 +7,9 @@ from typing import Any
 from ...models.gpt2 import find_pretrained_gpt2
 from ...models.gpt2_sizes import count_parameters, gpt2_config
 from ...plots import logit_lens_figure, parameter_breakdown_figure
-from ..gpt2_check import analyse_gpt2, conversion_check
 from ..context import Context, Row, Section, banded
 from ..expected import GPT2_SMALL_PARAMETERS
+from ..gpt2_check import analyse_gpt2, conversion_check
 
 
 def gpt2_section(ctx: Context) -> Section:
@@ -43,5 +43,6 @@ def gpt2_section(ctx: Context) -> Section:
     notes = f"Weights: {results['weights']} ({why})"
     figures = [parameter_breakdown_figure(pc.by_category)]
     if model is not None:
-        figures.append(logit_lens_figure(a.lens_labels, {"P(' Paris')": a.lens_p_answer}, title="GPT-2 small: logit lens on 'The Eiffel Tower is in the city of'"))
+        figures.append(logit_lens_figure(a.lens_labels, {"P(' Paris')": a.lens_p_answer},
+                                         title="GPT-2 small: logit lens on 'The Eiffel Tower is in the city of'"))
     return Section("gpt2", "GPT-2 small: parameters, conversion, weights", tuple(rows), results, figures=tuple(figures), notes=notes)

@@ -3,8 +3,11 @@ known edges by AUROC, and the known circuit's faithfulness.
 
 The models: the five tracr-compiled programs (the circuit read off the weights) and induction-2l
 (the circuit derived here: :func:`rs_interp.circuits.ground_truth.induction_ground_truth`). The methods:
-EAP, EAP-IG and exact path patching over every edge; attribution patching and the exact resample
-ablation scan over every head (a head is known when it sends a known edge). Everything runs in
+every entry of the registry (:data:`rs_interp.circuits.methods.METHODS`): over every edge, EAP, EAP-IG,
+exact path patching, the QK fix, AtP* (QK fix and GradDrop), the Hessian correction (one point and the
+two-point multi-step rule), Gauss-Legendre EAP-IG, screen-flag-fix and ACDC; over every head,
+attribution patching (plain, GradDrop, Hessian-corrected) and the exact resample ablation scan (a head
+is known when it sends a known edge). A method without expected values is reported, not judged. Everything runs in
 float64; :mod:`rs_interp.circuits.ground_truth` says why, and how the AUROC counts.
 
 The runs: for each compiled program, :data:`TRACR_PAIRS` random inputs of its longest length
@@ -35,13 +38,13 @@ from __future__ import annotations
 
 import re
 
-from ...models.data import induction_batch
 from ...circuits.ground_truth import FAINT, NOISE_FLOOR, GroundTruthCase, MethodScores, faithfulness, missed, score_methods
 from ...circuits.induction_truth import induction_case
 from ...circuits.methods import IG_STEPS, METHODS
-from ...circuits.tracr_truth import tracr_case
-from ...plots import ground_truth_figure
 from ...circuits.tracr import TRACR_PROGRAMS
+from ...circuits.tracr_truth import tracr_case
+from ...models.data import induction_batch
+from ...plots import ground_truth_figure
 from ..context import Context, Row, Section, banded
 from ..expected import EXPECTED, INDUCTION_HEAD, NECESSARY_EDGE, PREV_TOKEN_HEAD, UNBANDED
 from .faithfulness import N_PAIRS
@@ -80,7 +83,7 @@ def _why(case: GroundTruthCase, miss: dict, method: str, truth) -> tuple[str, st
         parts = _flat_parts(case, item.split(" -> ")[1] if " -> " in item else item)
         return f"no gradient through {', '.join(parts) or 'a flat part of the computation'}", detail
     if not METHODS[method].exact and ratio is not None and ratio < 0.1:
-        return (f"a first-order estimate at a saturated metric (the loss is near its minimum on the clean run)"
+        return ("a gradient estimate at a saturated metric (the loss is near its minimum on the clean run)"
                 + (f"; below {by}" if by else "")), detail
     cause = f"below {by} ({miss['outranked_by_score']:.3g}), outside the circuit"
     extra, gain = truth.best_head

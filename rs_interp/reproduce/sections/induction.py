@@ -11,9 +11,9 @@ from ...composition import composition_scores
 from ...heads import attention_patterns, induction_scores, positional_scores, prev_token_scores
 from ...labels import head_label
 from ...models.checkpoints import make_attn_only
-from ...plots import attention_figure, composition_heatmaps, period_sequence, position_figure
-from ...models.training import evaluate, score_logits
 from ...models.registry import SHIPPED_MODELS
+from ...models.training import evaluate, score_logits
+from ...plots import attention_figure, composition_heatmaps, period_sequence, position_figure
 from ..context import Context, Row, Section, banded
 from ..expected import PREV_TOKEN_HEAD
 
@@ -113,7 +113,8 @@ def circuits_section(ctx: Context) -> list[Section]:
     head_rows = [banded("heads.prev_token_weight", f"prev-token head {head_label(0, ph)}: weight on i-1", float(prev[0, ph]))]
     for h in range(model.cfg.n_heads):
         head_rows.append(banded(f"heads.induction_target_h{h % 2}", f"head {head_label(1, h)}: weight on i-p+1", float(ind.induction[1, h])))
-        head_rows.append(banded(f"heads.after_occurrence_h{h % 2}", f"head {head_label(1, h)}: weight after any earlier occurrence", float(ind.after_occurrence[1, h])))
+        head_rows.append(banded(f"heads.after_occurrence_h{h % 2}", f"head {head_label(1, h)}: weight after any earlier occurrence",
+                                float(ind.after_occurrence[1, h])))
     head_rows.append(banded("heads.positional_offset1", f"prev-token head {head_label(0, ph)}: content-free score at offset 1", float(pos[ph, 1])))
     head_rows.append(banded("heads.positional_offset0", f"prev-token head {head_label(0, ph)}: content-free score at offset 0", float(pos[ph, 0])))
     by_pos = _by_position(model, batch, ph, pos[ph])

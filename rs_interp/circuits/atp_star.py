@@ -1,0 +1,279 @@
+"""AtP* (Kramar, Lieberum, Shah & Nanda 2024): the QK fix and GradDrop, options of the node and
+edge estimates (``qk_fix=True``, ``grad_drop=True``).
+
+**The QK fix.** Attribution patching linearises a query or key patch through the attention softmax,
+whose gradient vanishes where it saturates. The QK fix recomputes the softmax with the patched scores
+and linearises after it only: for head ``h`` whose query or key input is patched,
+
+    QK(n) = sum over batch, query, key of (A'_h - A_h) dm/dA_h = sum over batch, pos of (z'_h - z_h) . dm/dz_h
+
+(equal sums: ``z = A v``, and ``v`` does not move when a query or key does), where ``A'_h`` and
+``z'_h`` are the head's pattern and output with the patch, computed by the model's own attention
+(rotary, grouped-query, soft-caps and all): one forward pass from the receiver's layer up to its
+``hook_z``, the patched copies stacked along the batch, every sender of a layer in one pass where the
+memory budget allows. Nodes: a head's ``hook_q`` (or ``hook_k``) set to the reference run's. Edges:
+``w_s`` added to the receiver's input (a key/value head's patch moves every query head that reads it).
+Exact where the metric is linear in the head's output (tested to 1e-9 against exact patching).
+
+**GradDrop.** A node whose direct and indirect effects cancel gets a gradient near 0. GradDrop runs
+the backward pass once more per layer ``l = 1 .. L - 1``, each time with the gradient from layer ``l``'s
+readers into the stream set to 0 (layer ``l``'s components and everything after them keep their
+gradient; the paths through layer ``l`` are cut for everything before it), and scores
+
+    GradDrop(n) = (1 / max(L - 1, 1)) sum_{l = 0}^{L - 1} |AtP_{-l}(n)|
+
+where ``AtP_{-0} = AtP`` (nothing reads the stream below layer 0): ``L`` backward passes in all (a
+one-layer model has nothing to drop, and GradDrop is ``|AtP|``). With
+the QK fix, each pass's ``dm/dz`` enters the fix. A magnitude, for ranking: it has no sign and no
+per-pair shares.
+
+>>> from rs_interp import load_toy_model, induction_batch, edge_attribution_patching
+>>> model = load_toy_model("induction-2l")
+>>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
+>>> star = edge_attribution_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b, qk_fix=True, grad_drop=True)
+>>> star.qk_fix, star.grad_drop, bool((star.effect.nan_to_num(0) >= 0).all())
+(True, True, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+
+from .. import _backend
+from .._backend import Model, Stop, attn_weight, per_head_inputs, per_query_head, run_from
+from .._progress import bar
+from .._stream import readers
+from .graph import EdgeLayout
+
+__all__ = ["drop_hooks", "dropped", "combine_drops", "node_qk_deltas", "edge_qk_fix", "check_drop_layers"]
+
+
+def check_drop_layers(model: Model) -> list[int]:
+    """The layers GradDrop drops, ``1 .. L - 1`` (none on a one-layer model)."""
+    return list(range(1, model.cfg.n_layers))
+
+
+def _severed(t: torch.Tensor, *, hook) -> torch.Tensor:
+    out = t.clone()
+    out.register_hook(torch.zeros_like)  # what reads this point keeps its gradient; nothing flows on upstream
+    return out
+
+
+def drop_hooks(model: Model, layer: int | None, *, projected: bool = True) -> list[tuple[str, Callable]]:
+    """Hooks that set the gradient from layer ``layer``'s readers (its heads' query, key and value
+    inputs and its MLP's input) into the stream to 0; none for ``None``. To be placed ahead of any
+    other hook at those points (:func:`rs_interp._stream.reader_gradients`' ``extra``)."""
+    if layer is None:
+        return []
+    return [(r.hook, _severed) for r in readers(model, projected=projected) if r.layer == layer and r.kind != "logits"]
+
+
+@contextlib.contextmanager
+def dropped(model: Model, layer: int | None, fwd: list) -> Iterator[list]:
+    """``fwd`` with :func:`drop_hooks` of ``layer`` ahead, routed through the per-head inputs where a
+    reader is read split."""
+    drops = drop_hooks(model, layer)
+    split = any("_input" in name for name, _ in drops)
+    with (per_head_inputs(model, drops + fwd) if split else contextlib.nullcontext(drops + fwd)) as runnable:
+        yield runnable
+
+
+def combine_drops(estimates: list[torch.Tensor], n_layers: int) -> torch.Tensor:
+    """GradDrop's score from the plain estimate and the ``L - 1`` dropped ones (module docstring)."""
+    return sum(e.abs() for e in estimates) / max(n_layers - 1, 1)
+
+
+def _replica_z(model: Model, tokens: torch.Tensor, layer: int, hooks: list, n_rep: int, box: dict[str, torch.Tensor],
+               from_layer: bool, split: bool) -> torch.Tensor:
+    """Layer ``layer``'s ``z`` (replica, batch, pos, head, d_head) from ``n_rep`` stacked copies of the run,
+    ``hooks`` acting on the stacked tensors, the pass ended at that ``hook_z``."""
+    B = tokens.shape[0]
+    got: dict[str, torch.Tensor] = {}
+
+    def grab(t: torch.Tensor, *, hook) -> None:
+        got["z"] = t.detach()
+        raise Stop
+
+    fwd = hooks + [(f"blocks.{layer}.attn.hook_z", grab)]
+    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable, model.hooks(fwd_hooks=runnable), \
+            torch.no_grad():
+        try:
+            if from_layer:
+                spe = box.get("hook_pos_embed")
+                run_from(model, box[f"blocks.{layer}.hook_resid_pre"].repeat(n_rep, 1, 1), start=layer,
+                         spe=None if spe is None else spe.repeat(n_rep, 1, 1))
+            else:
+                model(tokens.repeat(n_rep, 1), return_type=None)
+        except Stop:
+            pass
+    return got["z"].to(torch.float64).reshape(n_rep, B, *got["z"].shape[1:])
+
+
+def stream_points(model: Model, layers: set[int], *, attention: bool = False) -> Callable[[str], bool]:
+    """The hook points a replica pass starts from: the stream entering each of ``layers`` (and the
+    shortformer positions); with ``attention``, also each layer's ``hook_q``, ``hook_k``, ``hook_v``
+    and ``hook_pattern`` (what :func:`edge_qk_fix` forms patterns from)."""
+    names = {f"blocks.{l}.hook_resid_pre" for l in layers}
+    names |= {f"blocks.{l}.attn.hook_{n}" for l in layers for n in ("q", "k", "v", "pattern")} if attention else set()
+    short = model.cfg.positional_embedding_type == "shortformer"
+    return lambda n: n in names or (short and n == "hook_pos_embed")
+
+
+def node_qk_deltas(model: Model, tokens: torch.Tensor, ref: dict[str, torch.Tensor], box: dict[str, torch.Tensor],
+                   from_layer: bool, which: str, progress: bool) -> dict[int, torch.Tensor]:
+    """Per layer, ``z' - z`` (batch, pos, head, d_head) with every head's ``hook_{which}`` (``q`` or
+    ``k``) set to the reference run's: each head's output with its own query or key patched (a key of
+    a KV head moves the query heads that read it)."""
+    out = {}
+    for l in bar(range(model.cfg.n_layers), desc="QK fix", enabled=progress, unit="layer"):
+        name = f"blocks.{l}.attn.hook_{which}"
+        B = tokens.shape[0]
+
+        def patch(t: torch.Tensor, *, hook, name: str = name) -> torch.Tensor:
+            t = t.clone()
+            t[B:] = ref[name].to(t.dtype)  # replica 0: the run; replica 1: patched
+            return t
+
+        z = _replica_z(model, tokens, l, [(name, patch)], 2, box, from_layer, split=False)
+        out[l] = z[1] - z[0]
+    return out
+
+
+def edge_qk_fix(model: Model, layout: EdgeLayout, tokens: torch.Tensor, delta: torch.Tensor, grads: list[dict[int, torch.Tensor]],
+                box: dict[str, torch.Tensor], from_layer: bool, per_example: bool, budget: int, tol: float,
+                progress: bool) -> list[torch.Tensor]:
+    """The QK-fixed estimate of every edge into a query or key input, for each set of ``dm/dz``
+    gradients in ``grads`` (one per GradDrop round): per set, (batch or 1, sender, receiver), NaN off
+    those columns. ``delta``: the senders' writes (sender, batch, pos, d_model); ``box``: the run's
+    stream entering each layer and its ``hook_q``, ``hook_k``, ``hook_v`` and ``hook_pattern``.
+
+    Where a layer's attention is recomputed from its projections to ``tol`` (:func:`_by_hand`), the
+    patched patterns are formed there, for a chunk of senders at once; elsewhere by the model's own
+    attention on stacked copies (:func:`_by_replicas`)."""
+    cfg = model.cfg
+    B = tokens.shape[0]
+    H = cfg.n_heads
+    S, R = len(layout.senders), len(layout.receivers)
+    out = [torch.full((B if per_example else 1, S, R), float("nan"), dtype=torch.float64) for _ in grads]
+    upstream = layout.exists.sum(0).tolist()
+    fast = _backend.projection_layers(model)
+    for l in bar(range(cfg.n_layers), desc="QK fix", enabled=progress, unit="layer"):
+        cols = {x: [j for j, r in enumerate(layout.receivers) if r.startswith(f"L{l}") and r.endswith(f".{x}")] for x in "qk"}
+        senders = list(range(upstream[cols["q"][0]]))
+        hand = _by_hand(model, l, box, delta, senders, budget, tol) if l in fast else None
+        chunks = hand if hand is not None else _by_replicas(model, tokens, l, box, delta, senders, budget, from_layer)
+        for reps, dz in chunks:  # dz: (replica, batch, pos, head, d_head), replica (sender, "q" or "k")
+            for g_set, buf in zip(grads, out):
+                per_head = torch.einsum("rbphd,bphd->rbh", dz, g_set[l])  # each replica's change of the metric, per head
+                for m, (i, x) in enumerate(reps):
+                    for j in cols[x]:
+                        value = per_head[m][:, _heads_of(layout.receivers[j], H, len(cols["k"]))].sum(-1)
+                        buf[:, i, j] = value if per_example else value.sum()
+    return out
+
+
+def _by_replicas(model: Model, tokens: torch.Tensor, l: int, box: dict, delta: torch.Tensor, senders: list[int], budget: int,
+                 from_layer: bool) -> Iterator[tuple[list, torch.Tensor]]:
+    """Layer ``l``'s ``z' - z`` per (sender, q or k): ``w_s`` added to every head's query (or key)
+    input of a stacked copy of the run, the model's own pass ended at ``hook_z``."""
+    cfg = model.cfg
+    B, P = tokens.shape
+    # per copy: the per-head query, key and value inputs and their normalised copies (a dozen
+    # (head, d_model) tensors in flight under the split-input fork) and a block's transients
+    per_copy = B * P * cfg.d_model * (12 * cfg.n_heads + 8) * torch.finfo(cfg.dtype).bits // 8
+    per_pass = max(2, budget // max(1, per_copy))
+    reps_all = [(i, x) for i in senders for x in "qk"]
+    for c in range(0, len(reps_all), per_pass - 1):
+        reps = reps_all[c : c + per_pass - 1]
+        n = len(reps) + 1  # replica 0: the run itself, subtracted from the same pass's copies
+        adds = {x: torch.zeros(n * B, P, cfg.d_model, dtype=torch.float64) for x in "qk"}
+        for m, (i, x) in enumerate(reps, start=1):
+            adds[x][m * B : (m + 1) * B] = delta[i]
+
+        def patch(x: str) -> Callable:
+            def fn(t: torch.Tensor, *, hook) -> torch.Tensor:  # a per-head input (batch, pos, head or kv_head, d_model)
+                return t + adds[x][:, :, None, :].to(t.dtype)
+            return fn
+
+        z = _replica_z(model, tokens, l, [(f"blocks.{l}.hook_{x}_input", patch(x)) for x in "qk"], n, box, from_layer, split=True)
+        yield reps, z[1:] - z[0]
+
+
+def _norm(model: Model, l: int, x: torch.Tensor) -> torch.Tensor:
+    """Layer ``l``'s first norm as it computes (:func:`rs_interp._backend.norm_affine`), in float64."""
+    kind, gain, bias, eps = _backend.norm_affine(model, model.blocks[l].ln1) if model.cfg.normalization_type else (None, None, None, 0.0)
+    if kind in ("LN", "LNPre"):
+        x = x - x.mean(-1, keepdim=True)
+    if kind is not None:
+        x = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    x = x if gain is None else x * gain.detach().to(x.dtype)
+    return x if bias is None else x + bias.detach().to(x.dtype)
+
+
+def _pattern(model: Model, l: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """(n, head, query, key) softmax of the causal scores of ``q`` (n, pos, head, d_head) against ``k``
+    (n, pos, kv_head, d_head), rotated where the positions are rotary."""
+    cfg = model.cfg
+    if cfg.positional_embedding_type == "rotary":
+        q, k = _backend.apply_rotary(model, l, q), _backend.apply_rotary(model, l, k)
+    k = per_query_head(k, cfg.n_heads, -2)
+    s = torch.einsum("nqhd,nkhd->nhqk", q, k) / _backend.attn_scale(model, l)
+    P = s.shape[-1]
+    return s.masked_fill(torch.ones(P, P, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def _by_hand(model: Model, l: int, box: dict, delta: torch.Tensor, senders: list[int], budget: int,
+             tol: float) -> list[tuple[list, torch.Tensor]] | None:
+    """Layer ``l``'s ``z' - z`` per (sender, q or k) formed from its projections: ``q' = ln1(x + w_s)
+    W_Q + b_Q`` (``k'`` alike), the causal softmax of the rotated scores, ``z' - z = (A' - A) v``. None
+    where the run's own projections and pattern are not reproduced to ``tol`` (a soft-cap, a query
+    norm, ALiBi ...): the caller then runs the model's own attention."""
+    cfg = model.cfg
+    attn, a = model.blocks[l].attn, f"blocks.{l}.attn"
+    H = cfg.n_heads
+    x = box[f"blocks.{l}.hook_resid_pre"].to(torch.float64)
+    q, k, v = (box[f"{a}.hook_{n}"].to(torch.float64) for n in "qkv")
+    G = k.shape[2]
+    W = {n: attn_weight(attn, f"W_{n.upper()}", H).detach().to(torch.float64)[:: H // (G if n == "k" else H)] for n in "qk"}
+    b = {n: attn_weight(attn, f"b_{n.upper()}", H).detach().to(torch.float64)[:: H // (G if n == "k" else H)] for n in "qk"}
+    ln = _norm(model, l, x)
+    A = _pattern(model, l, q, k)
+    if max(_gap(torch.einsum("bpm,hmd->bphd", ln, W[n]) + b[n], t) for n, t in (("q", q), ("k", k))) > tol \
+            or _gap(A, box[f"{a}.hook_pattern"].to(torch.float64)) > tol:
+        return None
+    v = per_query_head(v, H, -2)
+    B, P = x.shape[:2]
+    per_sender = 8 * B * P * (6 * H * P + 4 * cfg.d_model + 4 * H * cfg.d_head)
+    step = max(1, budget // per_sender)
+    out = []
+    for c in range(0, len(senders), step):
+        chunk = senders[c : c + step]
+        moved = _norm(model, l, x + delta[chunk]) - ln  # (sender, batch, pos, d_model)
+        reps, dz = [], []
+        for n in "qk":
+            d = torch.einsum("sbpm,hmd->sbphd", moved, W[n]).flatten(0, 1)
+            Ap = _pattern(model, l, q.repeat(len(chunk), 1, 1, 1) + d, k.repeat(len(chunk), 1, 1, 1)) if n == "q" else \
+                _pattern(model, l, q.repeat(len(chunk), 1, 1, 1), k.repeat(len(chunk), 1, 1, 1) + d)
+            dz.append(torch.einsum("nhqk,nkhd->nqhd", Ap - A.repeat(len(chunk), 1, 1, 1), v.repeat(len(chunk), 1, 1, 1))
+                      .unflatten(0, (len(chunk), B)))
+            reps += [(i, n) for i in chunk]
+        out.append((reps, torch.cat(dz)))
+    return out
+
+
+def _heads_of(receiver: str, n_heads: int, n_kv: int) -> list[int]:
+    """The query heads whose output a query or key receiver moves: its own, or the KV head's group."""
+    from ..labels import parse
+
+    c = parse(receiver)
+    if c.kind == "kv_head":
+        group = n_heads // n_kv
+        return list(range(c.index * group, (c.index + 1) * group))
+    return [c.index]

@@ -1,0 +1,317 @@
+"""The circuit analyses over a dataset: node and edge attribution patching (EAP-IG included), head
+ablation scans, exact path patching, circuits' metrics, faithfulness curves and MIB's scores.
+
+Each is the helper of the same name in :mod:`rs_interp` run batch by batch (:func:`~rs_interp.scale.engine.stream`)
+and returns what one call on the concatenated batch returns. Every field these results hold is a
+metric, or a derivative or difference of one, at rows the model processes independently, so with
+``M = sum_b w_b M_b / W`` (:mod:`rs_interp.scale.pairs`) each field is the weighted mean of the
+batches' fields:
+
+    field(dataset) = sum over batches b of w_b * field(b)  /  sum over batches b of w_b
+
+(the estimates are linear in the metric's gradient, their Hessian correction in its Hessian, the
+exact effects in its value; EAP-IG's interpolation, the QK fix's recomputed attention, are row by
+row). Faithfulness is not linear: the curve's ``values``, ``clean`` and ``empty`` are summed first
+and its ratio and areas computed from the totals, its circuits chosen from the dataset's scores. Options pass through to the helper (``ig_steps``, ``edges``,
+``positions``, ``fractions`` ... and those added later), so a new option streams as long as its
+result's fields are declared (:func:`rs_interp.scale.sums.weighted` refuses one it does not know).
+
+Refused, naming why: the ablations ``"mean"`` and ``"position_mean"`` (they ablate with the mean over
+the whole batch, which per batch is not the dataset's mean), GradDrop (a sum of magnitudes of
+whole-batch estimates), ``per_example`` (one share per pair: as large as the dataset), and ``metric=``
+(a bare metric carries no weight: each batch brings its own).
+
+>>> import rs_interp as ri
+>>> from rs_interp import scale
+>>> from rs_interp.tasks import induction_task
+>>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+>>> scan = scale.head_ablation_scan(model, task, batch_size=2, method="resample", progress=False)
+>>> one = ri.head_ablation_scan(model, task.clean, task.metric(), method="resample", reference=task.corrupted)
+>>> abs(scan.clean - one.clean) < 1e-5, bool(torch.allclose(scan.effect, one.effect, atol=1e-5))
+(True, True)
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from .. import circuits as _c
+from .. import head_ablation as _h
+from .._backend import Model
+from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores
+from ..circuits.selection import circuit_at, mib_weights
+from ..metrics import metric_value
+from .engine import Analysis, no_overrides, quiet, stream, weight_of
+from .pairs import Dataset
+from .sums import weighted
+
+__all__ = ["attribution_patching", "edge_attribution_patching", "head_ablation_scan", "path_patching", "evaluate_circuit",
+           "faithfulness_curve", "mib_scores", "metric_values", "MetricValues"]
+
+_ROW_COUPLED = ("mean", "position_mean")
+_STREAM = ("batch_size", "resume", "save_every", "progress", "kind")
+
+
+def _rowwise(method: str, helper: str) -> None:
+    if method in _ROW_COUPLED:
+        raise ValueError(f"{helper}: method={method!r} ablates with the reference's mean over the whole batch; batch by batch "
+                         "that is each batch's own mean, not the dataset's, so no sum over batches gives one call's result. "
+                         f"Use 'resample' or 'zero', or call rs_interp.{helper} on the whole dataset at once")
+
+
+def _estimate_options(options: dict, helper: str) -> None:
+    """Refuse the estimates' options whose result is not a weighted sum over batches (named)."""
+    if options.get("grad_drop"):
+        raise ValueError(f"{helper}: grad_drop=True scores the sum over layers of |the estimate on the whole batch|, and "
+                         "|a + b| is not |a| + |b|: no sum over batches gives one call's result. Stream the plain or QK-fixed "
+                         f"estimate, or call rs_interp.{helper} with grad_drop=True on the whole dataset at once")
+    if options.get("per_example"):
+        raise ValueError(f"{helper}: per_example=True keeps one share per pair, a result as large as the dataset, which the "
+                         f"streamed helpers exist to avoid holding; call rs_interp.{helper} with per_example=True on the pairs "
+                         "whose shares you need (rs_interp.circuits.uncertainty.bootstrap reads them)")
+
+
+def _metric_analysis(name: str, helper: Any, rule: tuple, options: dict, **fixed_kw: Any) -> Analysis:
+    parts, build = rule
+
+    def run(model: Any, batch: Any) -> Any:
+        weight_of(batch, name)
+        return helper(model, batch.tokens, batch.metric, reference=batch.reference, **fixed_kw, **options, **quiet(helper))
+
+    return Analysis(name, run, lambda r, b: parts(r, b.weight), build, {**options, **fixed_kw})
+
+
+def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.AttributionPatching:
+    """:func:`rs_interp.attribution_patching` over a dataset: the result of one call on every pair.
+
+    Args:
+        data: a :class:`rs_interp.tasks.Task` (its corrupted prompts the reference run) or an iterable
+            of :class:`rs_interp.scale.Batch`.
+        **options: ``batch_size``, ``resume``, ``save_every``, ``progress``, ``kind`` (:func:`rs_interp.scale.stream`);
+            the rest (``ig_steps``, ``ig_rule``, ``nodes``, ``qk_fix``, ``correction`` ...) pass to the helper.
+
+    Raises:
+        ValueError: ``grad_drop=True`` (a sum of magnitudes of whole-batch estimates: not a sum over
+            batches) and ``per_example=True`` (a result as large as the dataset), each saying so.
+    """
+    run_kw, options = _split(options, "attribution_patching")
+    _estimate_options(options, "attribution_patching")
+    rule = weighted(_c.AttributionPatching, mean=("effect", "effect_per_position", "clean", "first_order"),
+                    same=("labels", "ig_steps", "ig_rule", "nodes", "qk_fix", "grad_drop", "correction"))
+    return stream(_metric_analysis("attribution patching", _c.attribution_patching, rule, options), model, data, **run_kw)
+
+
+def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.EdgeAttributionPatching:
+    """:func:`rs_interp.edge_attribution_patching` (EAP, EAP-IG with ``ig_steps``) over a dataset;
+    arguments as :func:`attribution_patching`.
+
+    Example:
+        >>> import rs_interp as ri
+        >>> from rs_interp.tasks import induction_task
+        >>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> eap_ig = edge_attribution_patching(model, task, batch_size=2, ig_steps=2, progress=False)
+        >>> eap_ig.ig_steps, eap_ig.layout.n_edges
+        (2, 29)
+    """
+    run_kw, options = _split(options, "edge_attribution_patching")
+    _estimate_options(options, "edge_attribution_patching")
+    rule = weighted(_c.EdgeAttributionPatching, mean=("effect", "clean", "first_order"),
+                    same=("layout", "ig_steps", "ig_rule", "qk_fix", "grad_drop", "correction"))
+    return stream(_metric_analysis("edge attribution patching", _c.edge_attribution_patching, rule, options), model, data, **run_kw)
+
+
+def head_ablation_scan(model: Model, data: Dataset, *, method: str = "zero", **options: Any) -> _h.HeadAblationScan:
+    """:func:`rs_interp.head_ablation_scan` over a dataset (``"zero"`` or ``"resample"``, the reference
+    run the batch's); arguments as :func:`attribution_patching`.
+
+    Raises:
+        ValueError: ``method="mean"`` or ``"position_mean"`` (module docstring).
+    """
+    _rowwise(method, "head_ablation_scan")
+    run_kw, options = _split(options, "head_ablation_scan")
+    rule = weighted(_h.HeadAblationScan, mean=("effect", "clean", "ablated"), same=("method", "labels"))
+    analysis = _metric_analysis("head ablation scan", _h.head_ablation_scan, rule, options, method=method)
+    return stream(analysis, model, data, **run_kw)
+
+
+def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatching:
+    """:func:`rs_interp.path_patching` (every edge, or ``edges``) over a dataset; arguments as
+    :func:`attribution_patching`."""
+    run_kw, options = _split(options, "path_patching")
+    rule = weighted(_c.PathPatching, mean=("effect", "clean"), same=("layout",))
+    return stream(_metric_analysis("path patching", _c.path_patching, rule, options), model, data, **run_kw)
+
+
+def evaluate_circuit(model: Model, data: Dataset, circuit: Iterable[tuple[str, str]], *, method: str = "resample", **options: Any) -> float:
+    """:func:`rs_interp.evaluate_circuit` over a dataset: the metric with every edge outside ``circuit``
+    ablated; arguments as :func:`attribution_patching`."""
+    _rowwise(method, "evaluate_circuit")
+    run_kw, options = _split(options, "evaluate_circuit")
+    circuit = [tuple(e) for e in circuit]
+
+    def run(model: Any, batch: Any) -> float:
+        weight_of(batch, "evaluate_circuit")
+        return _c.evaluate_circuit(model, batch.tokens, batch.metric, circuit, reference=batch.reference, method=method, **options,
+                                   **quiet(_c.evaluate_circuit))
+
+    def parts(value: float, batch: Any) -> tuple[dict, dict]:
+        return {"value": batch.weight * torch.tensor(value, dtype=torch.float64), "weight": torch.tensor(batch.weight, dtype=torch.float64)}, {}
+
+    build = lambda totals, fixed, model: float(totals["value"] / totals["weight"])  # noqa: E731
+    return stream(Analysis("circuit", run, parts, build, {"circuit": circuit, "method": method, **options}), model, data, **run_kw)
+
+
+def _area(x: Sequence[float], y: Sequence[float]) -> float:
+    """The trapezoid rule, as :func:`rs_interp.faithfulness_curve` takes it."""
+    return float(sum((x[i + 1] - x[i]) * (y[i] + y[i + 1]) / 2 for i in range(len(x) - 1)))
+
+
+def _finish(v: dict) -> dict:
+    clean, empty = v["clean"], v["empty"]
+    if clean == empty:
+        raise ValueError(f"over the dataset the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
+    faith = tuple((x - empty) / (clean - empty) for x in v["values"])
+    return {"faithfulness": faith, "area_under": _area(v["fractions"], faith),
+            "area_from_1": _area(v["fractions"], [abs(1 - f) for f in faith])}
+
+
+_CURVE = weighted(FaithfulnessCurve, mean=("values", "clean", "empty"), same=("fractions", "ranking", "n_requested", "n_edges"),
+                  derived=("faithfulness", "area_under", "area_from_1"), finish=_finish)
+
+
+def _curve_on(model: Any, batch: Any, scores: Any, options: dict) -> FaithfulnessCurve:
+    """One batch's curve. A batch on which the clean run and the empty circuit give the same metric
+    (faithfulness undefined on it alone) still has values that add up: they are measured circuit by
+    circuit with :func:`rs_interp.evaluate_circuit` (the same circuits, the same runs)."""
+    try:
+        return _c.faithfulness_curve(model, batch.tokens, batch.metric, scores, reference=batch.reference, **options,
+                                     **quiet(_c.faithfulness_curve))
+    except ValueError as err:
+        if "faithfulness is undefined" not in str(err) or set(options) - {"fractions", "ranking", "method", "pruned"}:
+            raise
+    fr = tuple(float(f) for f in options.get("fractions", MIB_FRACTIONS))
+    ranking, method = options.get("ranking", "absolute"), options.get("method", "resample")
+    layout, weights = scores.layout, mib_weights(scores.layout)
+    keeps = [circuit_at(scores, f, ranking=ranking, pruned=options.get("pruned", True)) for f in fr]
+    kw = dict(reference=batch.reference, method=method)
+    with warnings.catch_warnings():  # a dangling circuit: faithfulness_curve evaluates it without a warning
+        warnings.simplefilter("ignore")
+        values = [_c.evaluate_circuit(model, batch.tokens, batch.metric, _edges(layout, k), **kw) for k in keeps]
+        empty = _c.evaluate_circuit(model, batch.tokens, batch.metric, [], **kw)
+    with torch.no_grad():
+        clean = metric_value(batch.metric(model(batch.tokens, return_type="logits")), "clean run")
+    total = float(weights.sum())
+    nan = float("nan")
+    return FaithfulnessCurve(fractions=fr, ranking=ranking, n_requested=tuple(int(f * total) for f in fr),
+                             n_edges=tuple(int(float((weights * k).sum())) for k in keeps), values=tuple(values),
+                             faithfulness=(nan,) * len(fr), clean=clean, empty=empty, area_under=nan, area_from_1=nan)
+
+
+def _edges(layout: Any, keep: torch.Tensor) -> list[tuple[str, str]]:
+    return [(layout.senders[i], layout.receivers[j]) for i, j in keep.nonzero().tolist()]
+
+
+def _check_scores(model: Any, scores: Any) -> None:
+    layout = _c.edge_layout(model)
+    if not isinstance(scores, _c.EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
+        raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
+
+
+def faithfulness_curve(model: Model, data: Dataset, scores: _c.EdgeEffects, **options: Any) -> FaithfulnessCurve:
+    """:func:`rs_interp.faithfulness_curve` over a dataset: the circuits chosen once from ``scores``
+    (the dataset's), each circuit's metric, the clean and the empty one summed over the batches,
+    then the faithfulness and the areas from the totals. Arguments as :func:`attribution_patching`.
+
+    Raises:
+        ValueError: ``method="mean"``/``"position_mean"``; the clean run and the empty circuit giving
+            the same metric over the dataset (faithfulness undefined).
+    """
+    _rowwise(options.get("method", "resample"), "faithfulness_curve")
+    _check_scores(model, scores)
+    run_kw, options = _split(options, "faithfulness_curve")
+    parts, build = _CURVE
+
+    def run(model: Any, batch: Any) -> FaithfulnessCurve:
+        weight_of(batch, "faithfulness_curve")
+        return _curve_on(model, batch, scores, options)
+
+    analysis = Analysis("faithfulness curve", run, lambda r, b: parts(r, b.weight), build, {"scores": scores, **options})
+    return stream(analysis, model, data, **run_kw)
+
+
+def mib_scores(model: Model, data: Dataset, scores: _c.EdgeEffects, *, fractions: Sequence[float] = MIB_FRACTIONS,
+               method: str = "resample", **options: Any) -> MIBScores:
+    """:func:`rs_interp.mib_scores` over a dataset: both curves (signed and absolute ranking) in one
+    pass over the batches. Arguments as :func:`attribution_patching`."""
+    _rowwise(method, "mib_scores")
+    _check_scores(model, scores)
+    run_kw, options = _split(options, "mib_scores")
+    parts, build = _CURVE
+    kw = {"fractions": fractions, "method": method, **options}
+
+    def run(model: Any, batch: Any) -> tuple[FaithfulnessCurve, FaithfulnessCurve]:
+        weight_of(batch, "mib_scores")
+        return tuple(_curve_on(model, batch, scores, {**kw, "ranking": r}) for r in ("signed", "absolute"))
+
+    def split(curves: tuple, batch: Any) -> tuple[dict, dict]:
+        (ps, fs), (pa, fa) = (parts(c, batch.weight) for c in curves)
+        return {**{f"signed.{k}": v for k, v in ps.items()}, **{f"absolute.{k}": v for k, v in pa.items()}}, {"signed": fs, "absolute": fa}
+
+    def assemble(totals: dict, fixed: dict, model: Any) -> MIBScores:
+        s, a = (build({k.split(".", 1)[1]: v for k, v in totals.items() if k.startswith(f"{r}.")}, fixed[r], model)
+                for r in ("signed", "absolute"))
+        return MIBScores(cpr=s.area_under, cmd=a.area_from_1, signed=s, absolute=a)
+
+    return stream(Analysis("MIB scores", run, split, assemble, {"scores": scores, **kw}), model, data, **run_kw)
+
+
+@dataclass(frozen=True)
+class MetricValues:
+    """A dataset's metric on the clean prompts and on the corrupted ones (:func:`metric_values`).
+
+    Attributes:
+        clean: the metric of the runs on the batches' ``tokens``.
+        corrupted: the metric of the runs on their ``reference`` (the corrupted prompts).
+    """
+
+    clean: float
+    corrupted: float
+
+
+def metric_values(model: Model, data: Dataset, **options: Any) -> MetricValues:
+    """The dataset's metric on the clean and on the corrupted prompts, each one forward pass per
+    batch: what ``metric(model(tokens))`` and ``metric(model(reference))`` give on the concatenated
+    batch. Arguments as :func:`attribution_patching` (no helper options).
+
+    Example:
+        >>> import rs_interp as ri
+        >>> from rs_interp.tasks import induction_task
+        >>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> v = metric_values(model, task, batch_size=2, progress=False)
+        >>> abs(v.clean - float(task.metric()(model(task.clean)).detach())) < 1e-5
+        True
+    """
+    run_kw, options = _split(options, "metric_values")
+    if options:
+        raise ValueError(f"metric_values takes no options beyond {_STREAM}, got {sorted(options)}")
+
+    def run(model: Any, batch: Any) -> MetricValues:
+        weight_of(batch, "metric_values")
+        if batch.reference is None:
+            raise ValueError("metric_values needs each batch's reference (the corrupted prompts)")
+        with torch.no_grad():
+            return MetricValues(*(metric_value(batch.metric(model(t, return_type="logits")), what)
+                                  for t, what in ((batch.tokens, "clean run"), (batch.reference, "corrupted run"))))
+
+    parts, build = weighted(MetricValues, mean=("clean", "corrupted"))
+    return stream(Analysis("metric", run, lambda r, b: parts(r, b.weight), build, {}), model, data, **run_kw)
+
+
+def _split(options: dict, helper: str) -> tuple[dict, dict]:
+    """(the streaming keywords, the helper's options), refusing what the dataset provides."""
+    no_overrides(options, helper)
+    return {k: options[k] for k in _STREAM if k in options}, {k: v for k, v in options.items() if k not in _STREAM}
