@@ -126,6 +126,8 @@ class RsInterpDocs(griffe.Extension):
                 self._public[f"rs_interp.{name}"] = f"rs_interp.{name}"
             except (KeyError, griffe.AliasResolutionError):
                 continue
+        for mod_path in _directive_modules(loader):  # rendered for their docstrings: :mod: links land there
+            self._public.setdefault(mod_path, mod_path)
         for mod_path in DOCUMENTED_MODULES:
             mod = _get(loader, mod_path)
             if mod is None:
@@ -142,7 +144,7 @@ class RsInterpDocs(griffe.Extension):
     def _rendered(self, pkg: griffe.Module, loader):
         seen = set()
         roots = [pkg[name] for name in _all(pkg) if name != "hooks"]
-        roots += [m for m in (_get(loader, p) for p in DOCUMENTED_MODULES) if m is not None]
+        roots += [m for m in (_get(loader, p) for p in (*DOCUMENTED_MODULES, *_directive_modules(loader))) if m is not None]
         stack = list(roots)
         while stack:
             obj = stack.pop()
@@ -177,7 +179,8 @@ class RsInterpDocs(griffe.Extension):
         scopes = [obj] if (obj.is_class or obj.is_module) else []
         scopes += [s for s in (obj.parent, mod, mod.parent) if s is not None]
         name = target.lstrip(".")
-        for scope in scopes if not target.startswith(".") else [mod.parent or mod]:
+        relative = mod if mod.is_package else (mod.parent or mod)  # ".x" in a package's __init__ is its own x
+        for scope in scopes if not target.startswith(".") else [relative]:
             try:
                 return _final(scope[name])
             except (KeyError, ValueError, griffe.AliasResolutionError):
@@ -187,6 +190,18 @@ class RsInterpDocs(griffe.Extension):
             if found is not None:
                 return _final(found)
         return None
+
+
+def _directive_modules(loader) -> list[str]:
+    """The modules the reference pages render by a ``::: rs_interp.<module>`` line of their own (for
+    their docstrings, the definitions their members point to)."""
+    out = []
+    for md in sorted((ROOT / "docs" / "reference").glob("*.md")):
+        for path in re.findall(r"^::: (rs_interp\.[\w.]+)", md.read_text(), re.M):
+            found = _get(loader, path)
+            if found is not None and not found.is_alias and found.is_module and path not in out:
+                out.append(path)
+    return out
 
 
 def _final(obj):

@@ -55,6 +55,14 @@ class ACDC(EdgeEffects):
         threshold: the threshold it pruned at.
         method: how removed edges were ablated.
         final: the metric of the kept circuit.
+
+    Example:
+        >>> import rs_interp
+        >>> model = rs_interp.load_toy_model("induction-1l")
+        >>> a, b = rs_interp.induction_batch(2, seed=0).tokens, rs_interp.induction_batch(2, seed=1).tokens
+        >>> run = rs_interp.acdc(model, a, lambda logits: logits[:, -1, 0].mean(), reference=b, threshold=0.0, progress=False)
+        >>> isinstance(run, ACDC), len(run.circuit()) == int(run.kept.sum())
+        (True, True)
     """
 
     kept: Bool[torch.Tensor, "sender receiver"] = None  # type: ignore[assignment]

@@ -180,6 +180,16 @@ class Fixed(EdgeEffects):
         fixed: (sender, receiver) the edges patched exactly.
         screen: the corrected estimate the flags were read from.
         threshold: the reliability below which an edge was patched.
+
+    Example:
+        >>> import rs_interp
+        >>> model = rs_interp.load_toy_model("induction-1l")
+        >>> a, b = rs_interp.induction_batch(2, seed=0).tokens, rs_interp.induction_batch(2, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> screen = rs_interp.edge_attribution_patching(model, a, metric, reference=b, correction="hessian", per_example=True)
+        >>> fixed = rs_interp.fix_unreliable(model, a, metric, screen, reference=b)
+        >>> isinstance(fixed, Fixed), len(fixed.fixed_edges()) == int(fixed.fixed.sum())
+        (True, True)
     """
 
     fixed: Bool[torch.Tensor, "sender receiver"] = None  # type: ignore[assignment]

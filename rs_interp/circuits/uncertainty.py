@@ -107,6 +107,15 @@ class Bootstrap:
             where there is no edge).
         jaccard: (resample,) each resample's top-``k`` Jaccard index with the full sample's top ``k``.
         k, ranking: the top-``k`` sets compared, and how they are ranked.
+
+    Example:
+        >>> import rs_interp
+        >>> model = rs_interp.load_toy_model("induction-1l")
+        >>> a, b = rs_interp.induction_batch(8, seed=0).tokens, rs_interp.induction_batch(8, seed=1).tokens
+        >>> eap = rs_interp.edge_attribution_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b, per_example=True)
+        >>> boot = rs_interp.bootstrap(eap, n_resamples=20, k=3)
+        >>> tuple(boot.resamples.shape), bool((boot.jaccard <= 1).all())
+        ((20, 8), True)
     """
 
     layout: EdgeLayout
@@ -197,6 +206,16 @@ class Stability:
             (CIRCUS's retention frequency; NaN where there is no edge).
         jaccard: (result, result) the pairwise top-``k`` Jaccard indices.
         k, ranking: the top sets compared.
+
+    Example:
+        >>> import rs_interp
+        >>> model = rs_interp.load_toy_model("induction-1l")
+        >>> a, b = rs_interp.induction_batch(4, seed=0).tokens, rs_interp.induction_batch(4, seed=1).tokens
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> runs = [rs_interp.edge_attribution_patching(model, a, metric, reference=b, ig_steps=m) for m in (1, 3)]
+        >>> s = rs_interp.stability(runs, k=3)
+        >>> tuple(s.jaccard.shape), 0 <= s.mean_jaccard <= 1
+        ((2, 2), True)
     """
 
     layout: EdgeLayout

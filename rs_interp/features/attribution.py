@@ -2,10 +2,10 @@
 exact in the local replacement model, on TransformerLens 3 and 4.
 
 In the local replacement model of one prompt (attention patterns and norm scales frozen at their
-values in the run, each MLP's output cut from its input except through its transcoder's linear skip;
-see :mod:`rs_interp.features._replacement`), every transcoder input and the final stream are linear
-in what is written into the stream: the token embeddings, each active feature's write ``a_s W_dec[s]``
-and each error vector (the MLP output minus its reconstruction), plus a constant. So a target's value
+values in the run, each MLP's output cut from its input except through its transcoder's linear
+skip), every transcoder input and the final stream are linear in what is written into the stream:
+the token embeddings, each active feature's write ``a_s W_dec[s]`` and each error vector
+(the MLP output minus its reconstruction), plus a constant. So a target's value
 
     t = sum_s A[t, s] + bias_t,       A[t, s] = write_s . J_{t <- s}^T v_t
 

@@ -8,14 +8,14 @@ batch. ``resume=FILE`` writes the partial sums and the position every ``save_eve
 on from them; under ``torchrun`` the batches are shared over the ranks (batch ``k`` on rank
 ``k mod world``), the sums added with one ``all_reduce``, and every rank returns the same result.
 
-- :mod:`.pairs`: :class:`Batch` (a batch, its metric and the metric's weight), :func:`batches`;
-- :mod:`.sums`: float64 sums, and which fields of a result add and which must agree;
-- :mod:`.resume`: the resume files;
-- :mod:`.distributed`: ranks, devices, the one reduction;
-- :mod:`.engine`: :func:`stream`, the loop they all run;
-- :mod:`.circuits`: attribution patching (nodes, edges, EAP-IG), head ablation scans, path patching,
+- :mod:`rs_interp.scale.pairs`: :class:`Batch` (a batch, its metric and the metric's weight), :func:`batches`;
+- :mod:`rs_interp.scale.sums`: float64 sums, and which fields of a result add and which must agree;
+- :mod:`rs_interp.scale.resume`: the resume files;
+- :mod:`rs_interp.scale.distributed`: ranks, devices, the one reduction;
+- :mod:`rs_interp.scale.engine`: :func:`stream`, the loop they all run;
+- :mod:`rs_interp.scale.circuits`: attribution patching (nodes, edges, EAP-IG), head ablation scans, path patching,
   circuits, faithfulness curves, MIB's scores, the metric on clean and corrupted prompts;
-- :mod:`.summaries`: DLA and the lenses, summarised.
+- :mod:`rs_interp.scale.summaries`: DLA and the lenses, summarised.
 
 >>> import rs_interp as ri
 >>> from rs_interp import scale
