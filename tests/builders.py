@@ -154,3 +154,27 @@ def skipping_targets(model, toks, seed=7):
     skip = torch.rand(toks.shape, generator=g) < 0.35
     skip[0, 0], skip[0, 1] = True, False
     return tg.masked_fill(skip, -1), skip
+
+
+# --- brute forces shared by the patching tests (plain hooks on the raw forward, apart from the library) ---
+
+def grab(model, toks, names) -> dict:
+    """The activations at hook points ``names`` on ``toks`` (clones, no grad)."""
+    box = {}
+    with torch.no_grad():
+        model.run_with_hooks(toks, fwd_hooks=[(n, lambda t, hook, n=n: box.__setitem__(n, t.clone())) for n in names])
+    return box
+
+
+def sender_write_change(model, toks, ref, sender: str) -> torch.Tensor:
+    """Reference minus run of a sender's write into the stream: ``embed`` (the stream entering block
+    0), ``MLP{l}`` (its output) or ``L{l}H{h}`` (``z W_O`` of the head)."""
+    if sender == "embed":
+        name = "blocks.0.hook_resid_pre"
+    elif sender.startswith("MLP"):
+        name = f"blocks.{int(sender[3:])}.hook_mlp_out"
+    else:
+        l, h = (int(x) for x in sender[1:].split("H"))
+        name = f"blocks.{l}.attn.hook_z"
+    a, b = grab(model, ref, [name])[name], grab(model, toks, [name])[name]
+    return (a - b)[:, :, h] @ model.blocks[l].attn.W_O[h] if sender.startswith("L") else a - b

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from builders import ARCHITECTURES, architecture_params, make_variant, needs_tl3, variant_id
+from builders import ARCHITECTURES, architecture_params, make_variant, needs_tl3, sender_write_change, variant_id
 from builders import ln1_by_hand as _norm
 
 import rs_interp as ri
@@ -19,26 +19,7 @@ def _setup(variant, seed=1):
     return model, toks, ref
 
 
-def _grab(model, toks, names):
-    box = {}
-    with torch.no_grad():
-        model.run_with_hooks(toks, fwd_hooks=[(n, lambda t, hook, n=n: box.__setitem__(n, t.clone())) for n in names])
-    return box
 
-
-def _write(model, toks, ref, sender):
-    """Reference minus run, of the sender's write (plain hooks, apart from the library)."""
-    if sender == "embed":
-        name = "blocks.0.hook_resid_pre"
-    elif sender.startswith("MLP"):
-        name = f"blocks.{int(sender[3:])}.hook_mlp_out"
-    else:
-        l, h = (int(x) for x in sender[1:].split("H"))
-        name = f"blocks.{l}.attn.hook_z"
-    a, b = _grab(model, ref, [name])[name], _grab(model, toks, [name])[name]
-    if sender.startswith("L"):
-        return (a - b)[:, :, h] @ model.blocks[l].attn.W_O[h]
-    return a - b
 
 
 def _patched(model, toks, receiver, w):
@@ -83,7 +64,7 @@ def test_every_edge_equals_a_hand_written_run(variant):
         clean = float(metric(model(toks)))
     assert pp.clean == pytest.approx(clean, abs=1e-12)
     assert torch.equal(pp.effect.isnan(), ~pp.layout.exists)
-    writes = {s: _write(model, toks, ref, s) for s in pp.layout.senders}
+    writes = {s: sender_write_change(model, toks, ref, s) for s in pp.layout.senders}
     for s, r in pp.layout.edges():
         assert pp.edge(s, r) == pytest.approx(_patched(model, toks, r, writes[s]) - clean, abs=1e-9), (s, r)
 

@@ -201,7 +201,7 @@ def _expected_refusals(name: str) -> set[str]:
         out.add("save_model")
     if TL4 and name == "gptj":  # 4.3 gives GPT-J's attention no per-head q/k/v inputs (the certificate's readers)
         out |= {"run_with_key_input", "run_with_query_input", "edge_attribution_patching", "evaluate_circuit",
-                "faithfulness_curve", "mib_scores", "path_patching"}
+                "faithfulness_curve", "mib_scores", "path_patching", "acdc", "fix_unreliable"}
     return out
 
 

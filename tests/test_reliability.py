@@ -484,7 +484,8 @@ def _tensor_pairs(a, b):
 def test_empty_selections_raise(toy2):
     b = _batch()
     empty = ri.InductionBatch(tokens=b.tokens, periods=b.periods, scored=torch.zeros_like(b.scored))
-    for call in (lambda: ri.evaluate(toy2, empty.tokens, targets=empty.targets), lambda: ri.induction_scores(toy2, empty.tokens, periods=torch.full_like(b.periods, b.tokens.shape[1])),
+    too_long = torch.full_like(b.periods, b.tokens.shape[1])  # every period as long as the sequence: nothing scored
+    for call in (lambda: ri.evaluate(toy2, empty.tokens, targets=empty.targets), lambda: ri.induction_scores(toy2, empty.tokens, periods=too_long),
                  lambda: ri.path_logit_attribution(toy2, empty.tokens, targets=empty.targets), lambda: ri.score_logits(toy2(empty.tokens), empty.targets)):
         with pytest.raises(ValueError, match="no (scored )?position"):
             call()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import architecture_params, make_variant, needs_tl3, tl3_only, variant_id
+from builders import architecture_params, grab, make_variant, needs_tl3, sender_write_change, tl3_only, variant_id
 from builders import ln1_by_hand as _norm
 
 import rs_interp as ri
@@ -26,12 +26,6 @@ def _setup(variant, seed=1, n_layers=3):
     return model, toks, ref
 
 
-def _cache(model, toks, names):
-    box = {}
-    with torch.no_grad():
-        model.run_with_hooks(toks, fwd_hooks=[(n, lambda t, hook, n=n: box.__setitem__(n, t.clone())) for n in names])
-    return box
-
 
 def _grad_z(model, toks):
     """dm/dz of every layer at the clean run, by autograd (apart from the library)."""
@@ -48,17 +42,6 @@ def _grad_z(model, toks):
     return {int(k.split(".")[1]): v.grad.detach() for k, v in box.items()}
 
 
-def _write(model, toks, ref, sender):
-    """Reference minus run of a sender's write."""
-    if sender == "embed":
-        name = "blocks.0.hook_resid_pre"
-    elif sender.startswith("MLP"):
-        name = f"blocks.{int(sender[3:])}.hook_mlp_out"
-    else:
-        l, h = (int(x) for x in sender[1:].split("H"))
-        name = f"blocks.{l}.attn.hook_z"
-    a, b = _cache(model, ref, [name])[name], _cache(model, toks, [name])[name]
-    return (a - b)[:, :, h] @ model.blocks[l].attn.W_O[h] if sender.startswith("L") else a - b
 
 
 def _receiver(model, receiver):
@@ -106,7 +89,7 @@ def test_qk_fixed_edges_are_the_patched_pattern_against_dm_dz(variant):
     fixed = ri.edge_attribution_patching(model, toks, metric, reference=ref, qk_fix=True, per_example=True)
     plain = ri.edge_attribution_patching(model, toks, metric, reference=ref)
     gz = _grad_z(model, toks)
-    z = _cache(model, toks, [f"blocks.{l}.attn.hook_z" for l in range(3)])
+    z = grab(model, toks, [f"blocks.{l}.attn.hook_z" for l in range(3)])
     layout = fixed.layout
     qk = [r for r in layout.receivers if r.endswith((".q", ".k"))]
     checked = 0
@@ -115,7 +98,7 @@ def test_qk_fixed_edges_are_the_patched_pattern_against_dm_dz(variant):
         for sender in layout.senders:
             if not layout.exists[layout.senders.index(sender), layout.receivers.index(receiver)] or (sender.startswith("L") and checked > 12):
                 continue
-            moved = _z_moved(model, toks, receiver, _write(model, toks, ref, sender)) - z[f"blocks.{l}.attn.hook_z"]
+            moved = _z_moved(model, toks, receiver, sender_write_change(model, toks, ref, sender)) - z[f"blocks.{l}.attn.hook_z"]
             want = float((moved[:, :, heads] * gz[l][:, :, heads]).sum())
             assert fixed.edge(sender, receiver) == pytest.approx(want, abs=1e-9), (sender, receiver)
             checked += 1
@@ -135,7 +118,7 @@ def test_qk_fixed_nodes_are_the_patched_pattern_against_dm_dz(variant, which):
     plain = ri.attribution_patching(model, toks, metric, reference=ref, nodes=which)
     gz = _grad_z(model, toks)
     names = [f"blocks.{l}.attn.hook_{which}" for l in range(3)]
-    refs, z = _cache(model, ref, names), _cache(model, toks, [f"blocks.{l}.attn.hook_z" for l in range(3)])
+    refs, z = grab(model, ref, names), grab(model, toks, [f"blocks.{l}.attn.hook_z" for l in range(3)])
     n = fixed.effect.shape[1]
     group = model.cfg.n_heads // n
     for l in range(3):
@@ -148,7 +131,7 @@ def test_qk_fixed_nodes_are_the_patched_pattern_against_dm_dz(variant, which):
             heads = list(range(g * group, (g + 1) * group))
             assert float(fixed.effect[l, g]) == pytest.approx(float((moved[:, :, heads] * gz[l][:, :, heads]).sum()), abs=1e-9)
             # plain: the derivative along the patch, by central differences
-            d = refs[names[l]][:, :, g] - _cache(model, toks, [names[l]])[names[l]][:, :, g]
+            d = refs[names[l]][:, :, g] - grab(model, toks, [names[l]])[names[l]][:, :, g]
 
             def at(eps, l=l, g=g, d=d):
                 def add(t, hook):
@@ -189,9 +172,9 @@ def test_qk_fix_on_a_saturated_head_is_exact_where_plain_atp_sees_nothing(seed):
     g = torch.Generator().manual_seed(seed)
     toks, ref = (torch.stack([torch.randperm(model.cfg.d_vocab, generator=g)[:10] for _ in range(4)]) for _ in range(2))
     lin = lambda logits: (logits[:, 1:, 1] - logits[:, 1:, 2]).sum(-1).mean()  # noqa: E731
-    pattern = _cache(model, toks, ["blocks.0.attn.hook_pattern"])["blocks.0.attn.hook_pattern"]
+    pattern = grab(model, toks, ["blocks.0.attn.hook_pattern"])["blocks.0.attn.hook_pattern"]
     assert float(pattern.max(-1).values[..., 1:].mean()) > 0.999  # saturated: ~all the weight on one key
-    k_ref = _cache(model, ref, ["blocks.0.attn.hook_k"])["blocks.0.attn.hook_k"]
+    k_ref = grab(model, ref, ["blocks.0.attn.hook_k"])["blocks.0.attn.hook_k"]
     with torch.no_grad():
         clean = float(lin(model(toks)))
         exact = float(lin(model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_k", lambda t, hook: k_ref)]))) - clean
@@ -235,7 +218,7 @@ def test_grad_drop_reports_a_node_whose_effects_cancel(seed):
     m = lambda logits: logits[:, -1, 0].mean()  # noqa: E731
     plain = ri.attribution_patching(model, toks, m, reference=ref)
     drop = ri.attribution_patching(model, toks, m, reference=ref, grad_drop=True)
-    z = lambda t: _cache(model, t, ["blocks.0.attn.hook_z"])["blocks.0.attn.hook_z"]  # noqa: E731
+    z = lambda t: grab(model, t, ["blocks.0.attn.hook_z"])["blocks.0.attn.hook_z"]  # noqa: E731
     direct = float((z(ref) - z(toks))[:, 0, 0, 0].mean())  # W_O e2 = 1 on head dim 0, the logit reads e2 once
     assert abs(direct) > 0.05
     assert abs(float(plain.effect[0, 0])) < 1e-12
@@ -251,7 +234,7 @@ def _frozen_derivative(model, toks, patch_name, add, layer):
     frozen = []
     if layer is not None:
         names = [f"blocks.{layer}.attn.hook_{x}" for x in "qkv"] + ([] if model.cfg.attn_only else [f"blocks.{layer}.hook_mlp_in"])
-        clean = _cache(model, toks, names)
+        clean = grab(model, toks, names)
         frozen = [(n, lambda t, hook, n=n: clean[n]) for n in names]
 
     def at(eps):
@@ -274,7 +257,7 @@ def test_grad_drop_follows_its_definition(variant):
         L = 3
         for l in range(L):
             name = f"blocks.{l}.attn.hook_z"
-            d = _cache(model, ref, [name])[name] - _cache(model, toks, [name])[name]
+            d = grab(model, ref, [name])[name] - grab(model, toks, [name])[name]
             for h in range(2):
                 def add(t, eps, h=h, d=d):
                     t = t.clone()
@@ -286,7 +269,7 @@ def test_grad_drop_follows_its_definition(variant):
         if not model.cfg.attn_only:
             checks.append(("L0H0", "MLP1", "blocks.1.hook_mlp_in", 1))
         for sender, receiver, point, layer in checks:
-            w = _write(model, toks, ref, sender)
+            w = sender_write_change(model, toks, ref, sender)
             add = lambda t, eps, w=w: t + eps * w  # noqa: E731
             want = sum(abs(_frozen_derivative(model, toks, point, add, k if layer is not None and k > layer else None))
                        for k in range(L)) / (L - 1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from builders import ARCHITECTURES, architecture_params, make_variant, needs_tl3, variant_id
+from builders import ARCHITECTURES, architecture_params, grab, make_variant, needs_tl3, sender_write_change, variant_id
 from builders import ln1_by_hand as _norm
 
 import rs_interp as ri
@@ -29,23 +29,7 @@ def _setup(variant, seed=1):
     return model, toks, ref
 
 
-def _cache(model, toks, names):
-    box = {}
-    with torch.no_grad():
-        model.run_with_hooks(toks, fwd_hooks=[(n, lambda t, hook, n=n: box.__setitem__(n, t.clone())) for n in names])
-    return box
 
-
-def _write(model, toks, ref, sender):
-    if sender == "embed":
-        name = "blocks.0.hook_resid_pre"
-    elif sender.startswith("MLP"):
-        name = f"blocks.{int(sender[3:])}.hook_mlp_out"
-    else:
-        l, h = (int(x) for x in sender[1:].split("H"))
-        name = f"blocks.{l}.attn.hook_z"
-    a, b = _cache(model, ref, [name])[name], _cache(model, toks, [name])[name]
-    return (a - b)[:, :, h] @ model.blocks[l].attn.W_O[h] if sender.startswith("L") else a - b
 
 
 def _receiver_hooks(model, receiver, w, eps):
@@ -104,18 +88,18 @@ def test_hessian_term_is_the_derivative_of_the_gradient_along_the_line(variant):
     try:
         fixed = ri.edge_attribution_patching(model, toks, metric, reference=ref, correction="hessian")
         plain = ri.edge_attribution_patching(model, toks, metric, reference=ref)
-        x_ref = _cache(model, ref, ["blocks.0.hook_resid_pre"])["blocks.0.hook_resid_pre"]
+        x_ref = grab(model, ref, ["blocks.0.hook_resid_pre"])["blocks.0.hook_resid_pre"]
         assert (fixed.first_order - plain.effect).nan_to_num(0).abs().max() <= 1e-10
         for s, r in EDGES:
             if s.startswith("MLP") and not mlp_in:
                 continue
-            w = _write(model, toks, ref, s)
+            w = sender_write_change(model, toks, ref, s)
             want = -0.5 * _curvature(model, toks, x_ref, 1.0, lambda eps: _receiver_hooks(model, r, w, eps))
             got = fixed.edge(s, r) - plain.edge(s, r)
             assert got == pytest.approx(want, rel=2e-5, abs=1e-7), (s, r)
         node = ri.attribution_patching(model, toks, metric, reference=ref, correction="hessian")
         name = "blocks.1.attn.hook_z"
-        d = _cache(model, ref, [name])[name] - _cache(model, toks, [name])[name]
+        d = grab(model, ref, [name])[name] - grab(model, toks, [name])[name]
 
         def nodes(eps):
             def add(t, hook):
@@ -135,9 +119,9 @@ def test_multi_step_and_gauss_rules_follow_their_definitions(rule):
     (h = 1/2; + for segments starting at alpha_k, the left rule); Gauss-Legendre with m = 2: the two
     points 1/2 -+ 1/(2 sqrt 3), weight 1/2 each."""
     model, toks, ref = _setup(("LN", "standard", False))
-    x_ref = _cache(model, ref, ["blocks.0.hook_resid_pre"])["blocks.0.hook_resid_pre"]
+    x_ref = grab(model, ref, ["blocks.0.hook_resid_pre"])["blocks.0.hook_resid_pre"]
     s, r = "L0H1", "L2H0.q"
-    w = _write(model, toks, ref, s)
+    w = sender_write_change(model, toks, ref, s)
     make = lambda eps: _receiver_hooks(model, r, w, eps)  # noqa: E731
     alphas = [0.0, 0.5] if rule == "left" else [0.5, 1.0]
     sign = 1 if rule == "left" else -1
@@ -195,7 +179,7 @@ def test_hessian_correction_is_exact_patching_where_the_metric_is_quadratic(seed
     assert (fixed.effect - exact.effect)[E].abs().max() <= 1e-9
     assert (fixed.first_order - exact.effect)[E].abs().max() > 1e-2
     node = ri.attribution_patching(model, toks, quadratic_metric, reference=ref, correction="hessian")
-    z = lambda t: _cache(model, t, ["blocks.0.attn.hook_z"])["blocks.0.attn.hook_z"]  # noqa: E731
+    z = lambda t: grab(model, t, ["blocks.0.attn.hook_z"])["blocks.0.attn.hook_z"]  # noqa: E731
     zr = z(ref)
     with torch.no_grad():
         clean = float(quadratic_metric(model(toks)))
