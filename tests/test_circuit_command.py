@@ -79,10 +79,12 @@ def _chromium_draws(page_path, screenshot):
 
 
 @pytest.mark.parametrize("which", ["code_run", "gpt2_run"])
-def test_writes_every_file_within_a_minute(request, which):
+def test_writes_every_file(request, which):
     out, seconds = request.getfixturevalue(which)
     assert {p.name for p in out.iterdir()} == FILES
-    assert seconds < 60
+    # A hang guard, not a speed test (speed goals live in benchmarks/): on a quiet 2-core machine each
+    # run takes well under a minute (the durations CI prints); two suites side by side slow it.
+    assert seconds < 180
     summary = json.loads((out / "summary.json").read_text())
     assert {os.path.basename(p) for p in summary["files"].values()} == FILES
 
