@@ -1,9 +1,10 @@
 """Issue 30 item 4: circuits and faithfulness curves, exact."""
 
+import warnings
 
 import pytest
 import torch
-from builders import architecture_params, make_variant, variant_id
+from builders import TL4, architecture_params, ln1_by_hand, make_variant, variant_id
 
 import rs_interp as ri
 
@@ -149,7 +150,7 @@ def test_top_edges_and_bad_input():
         ri.evaluate_circuit(model, toks, metric, [("embed", "L0H0.q")], reference=ref)
 
 
-def _on_a_path(layout, kept, n_heads, n_kv):
+def _on_a_path_gqa(layout, kept, n_heads, n_kv):
     """The kept edges on a path embed -> logits, by reachability (written apart from selection.prune)."""
     group = n_heads // n_kv if n_kv else 1
 
@@ -179,7 +180,7 @@ def test_pruned_top_edges_are_the_ones_on_a_path_from_embed_to_logits(variant, n
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
     top = ri.top_edges(eap, n)
     n_kv = model.cfg.n_key_value_heads or 0
-    assert ri.top_edges(eap, n, pruned=True) == _on_a_path(eap.layout, top, model.cfg.n_heads, n_kv if n_kv != model.cfg.n_heads else 0)
+    assert ri.top_edges(eap, n, pruned=True) == _on_a_path_gqa(eap.layout, top, model.cfg.n_heads, n_kv if n_kv != model.cfg.n_heads else 0)
     # by hand: a dangling edge first, then a connected one
     effect = torch.where(eap.layout.exists, 0.0, float("nan")).double()
     effect[eap.layout.index(("embed", "L0H0.q"))] = 2.0  # L0H0 writes nowhere kept
@@ -203,3 +204,122 @@ def test_faithfulness_figure():
     assert f"CMD {curves['EAP'].cmd:.3f}" in trace.name
     with pytest.raises(ValueError, match="empty"):
         plots.faithfulness_figure({})
+
+
+def _brute_force_circuit(model, toks, ref, kept, method):
+    """The metric with every edge outside ``kept`` ablated, written apart from the library: one hooked
+    run that records each sender's ``ablated - write`` as it fires and adds the cut ones to each
+    receiver's input, head by head. A head's input goes in through TransformerLens's own per-head
+    inputs on 3.x (``use_split_qkv_input``); on 4.x's native attention, which has none, its q/k/v is
+    recomputed from the moved input by hand (the first norm written out, then its own W and b)."""
+    cfg, layout = model.cfg, ri.edge_layout(model)
+    cut = set(layout.edges()) - set(kept)
+    into: dict[str, list[str]] = {}
+    for s, r in cut:
+        into.setdefault(r, []).append(s)
+    points = lambda n: n == "blocks.0.hook_resid_pre" or n.endswith("attn.hook_z") or n.endswith("hook_mlp_out")  # noqa: E731
+    box = {}
+    with torch.no_grad():
+        model.run_with_hooks(ref, fwd_hooks=[(points, lambda t, hook: box.update({hook.name: t.clone()}))])
+    if method == "mean":
+        box = {k: v.mean((0, 1), keepdim=True).expand(toks.shape[0], toks.shape[1], *v.shape[2:]) for k, v in box.items()}
+    delta, stream = {}, {}
+
+    def moved(receiver, t):
+        return t + sum((delta[s] for s in into.get(receiver, [])), torch.zeros_like(t))
+
+    def resid_pre(t, hook):
+        layer = int(hook.name.split(".")[1])
+        stream[layer] = t
+        if layer == 0:
+            delta["embed"] = box[hook.name] - t
+
+    def z(t, hook):
+        layer = int(hook.name.split(".")[1])
+        W_O = model.blocks[layer].attn.W_O
+        for h in range(cfg.n_heads):
+            delta[f"L{layer}H{h}"] = (box[hook.name][:, :, h] - t[:, :, h]) @ W_O[h]
+
+    def mlp_out(t, hook):
+        delta[f"MLP{hook.name.split('.')[1]}"] = box[hook.name] - t
+
+    def head_labels(layer, kind, n):
+        return [f"L{layer}H{i}.{kind}" if n == cfg.n_heads else f"L{layer}KV{i}.{kind}" for i in range(n)]
+
+    def split_input(t, hook):  # 3.x: (batch, pos, head or KV head, d_model)
+        layer, kind = int(hook.name.split(".")[1]), hook.name.split("_")[-2]
+        labels = head_labels(layer, kind, t.shape[2])
+        return torch.stack([moved(lab, t[:, :, i]) for i, lab in enumerate(labels)], 2)
+
+    def projection(t, hook):  # 4.x's native attention: (batch, pos, head or KV head, d_head)
+        layer, kind = int(hook.name.split(".")[1]), hook.name[-1]
+        attn, out = model.blocks[layer].attn, t.clone()
+        W, b = getattr(attn, f"W_{kind.upper()}"), getattr(attn, f"b_{kind.upper()}")
+        step = W.shape[0] // t.shape[2]
+        for i, lab in enumerate(head_labels(layer, kind, t.shape[2])):
+            if into.get(lab):
+                out[:, :, i] = ln1_by_hand(model, layer, moved(lab, stream[layer])) @ W[i * step] + (0 if b is None else b[i * step])
+        return out
+
+    last = f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+    fwd = [(lambda n: n.endswith("hook_resid_pre"), resid_pre), (lambda n: n.endswith("attn.hook_z"), z),
+           (last, lambda t, hook: moved("logits", t))]
+    if not cfg.attn_only:
+        fwd += [(lambda n: n.endswith("hook_mlp_out"), mlp_out),
+                (lambda n: n.endswith("hook_mlp_in"), lambda t, hook: moved(f"MLP{hook.name.split('.')[1]}", t))]
+    if TL4:
+        fwd.append((lambda n: n.split(".")[-1] in ("hook_q", "hook_k", "hook_v") and ".attn." in n, projection))
+    else:
+        fwd.append((lambda n: n.split(".")[-1] in ("hook_q_input", "hook_k_input", "hook_v_input"), split_input))
+    saved = (cfg.use_split_qkv_input, getattr(cfg, "use_hook_mlp_in", True))
+    try:
+        if not TL4:
+            model.set_use_split_qkv_input(True)
+        if not cfg.attn_only:
+            model.set_use_hook_mlp_in(True)
+        with torch.no_grad():
+            return float(metric(model.run_with_hooks(toks, fwd_hooks=fwd)))
+    finally:
+        if not TL4:
+            model.set_use_split_qkv_input(saved[0])
+        if not cfg.attn_only:
+            model.set_use_hook_mlp_in(saved[1])
+
+
+def _mixed_circuits(layout, seed):
+    """Circuits whose receivers have every incoming edge cut, none, or some (per receiver at random,
+    in three proportions), so the heads of a layer read the fully ablated input, the run's own, or
+    their own mix: empty, full, random fractions and the three mixes."""
+    g = torch.Generator().manual_seed(seed)
+    edges = layout.edges()
+    out = [[], edges]
+    for frac in (0.02, 0.3, 0.7):
+        out.append([edges[i] for i in torch.randperm(len(edges), generator=g)[: int(frac * len(edges))].tolist()])
+    for p_all, p_none in ((0.6, 0.3), (0.3, 0.6), (0.2, 0.2)):
+        mode = {r: float(torch.rand((), generator=g)) for r in layout.receivers}
+        out.append([(s, r) for s, r in edges if mode[r] >= p_all and (mode[r] >= 1 - p_none or bool(torch.rand((), generator=g) < 0.5))])
+    return out
+
+
+@pytest.mark.parametrize("method", ["resample", "mean"])
+@pytest.mark.parametrize("variant", [*VARIANTS, *architecture_params()], ids=variant_id)
+def test_circuits_of_every_size_by_hand(variant, method):
+    """evaluate_circuit and faithfulness_curve against a brute force written here
+    (:func:`_brute_force_circuit`) on circuits where a layer's heads read the fully ablated input,
+    the run's own or their own mix (the grouping of equal inputs the evaluation does), to 1e-12."""
+    model = make_variant(*variant, seed=1, n_layers=3, n_heads=4)
+    g = torch.Generator().manual_seed(2)
+    toks, ref = (torch.randint(0, model.cfg.d_vocab, (3, 8), generator=g) for _ in range(2))
+    layout = ri.edge_layout(model)
+    for kept in _mixed_circuits(layout, seed=3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # dangling circuits warn
+            got = ri.evaluate_circuit(model, toks, metric, kept, reference=ref, method=method)
+        assert got == pytest.approx(_brute_force_circuit(model, toks, ref, kept, method), rel=1e-12, abs=1e-12), len(kept)
+    eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, progress=False)
+    curve = ri.faithfulness_curve(model, toks, metric, eap, reference=ref, method=method, progress=False)
+    for f, value in zip(curve.fractions, curve.values):
+        keep = ri.circuits.selection.circuit_at(eap, f)
+        kept = [(s, r) for i, s in enumerate(layout.senders) for j, r in enumerate(layout.receivers) if keep[i, j]]
+        assert value == pytest.approx(_brute_force_circuit(model, toks, ref, kept, method), rel=1e-12, abs=1e-12), f
+    assert curve.empty == pytest.approx(_brute_force_circuit(model, toks, ref, [], method), rel=1e-12, abs=1e-12)

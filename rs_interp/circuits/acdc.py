@@ -39,7 +39,7 @@ from .._stream import mlp_flags
 from .._validate import Ablation, check_ablation
 from ..certificate import require
 from ..metrics import Metric, metric_value
-from .evaluation import _ablated_writes, _run_circuit
+from ._ablated_run import ablated_writes, run_circuit
 from .graph import EdgeEffects, edge_layout
 
 __all__ = ["ACDC", "acdc"]
@@ -117,12 +117,12 @@ def acdc(
     # Receivers from the logits back; each one's senders from the latest back.
     order = [(i, j) for j in reversed(range(len(layout.receivers))) for i in reversed(range(len(layout.senders))) if layout.exists[i, j]]
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        ablated = _ablated_writes(model, tokens, reference, method)
+        ablated = ablated_writes(model, tokens, reference, method)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
-        current = _run_circuit(model, tokens, metric, layout, keep, ablated, "every edge")
+        current = run_circuit(model, tokens, metric, layout, keep, ablated, "every edge")
         for i, j in bar(order, desc="ACDC", enabled=progress, unit="edge"):
             keep[i, j] = False
-            value = _run_circuit(model, tokens, metric, layout, keep, ablated, f"without {layout.senders[i]} -> {layout.receivers[j]}")
+            value = run_circuit(model, tokens, metric, layout, keep, ablated, f"without {layout.senders[i]} -> {layout.receivers[j]}")
             effect[i, j] = value - current
             if abs(value - current) <= threshold:
                 current = value

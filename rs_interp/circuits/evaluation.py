@@ -37,14 +37,14 @@ from typing import Iterable, Sequence
 import torch
 from jaxtyping import Int
 
-from .._backend import Model, per_head_inputs
+from .._backend import Model
 from .._progress import bar
 from .._state import preserve_state
-from .._stream import RESID0, mlp_flags, readers
+from .._stream import mlp_flags
 from .._validate import Ablation, check_ablation
 from ..certificate import require
 from ..metrics import Metric, metric_value
-from ._substrate import record, sender_points
+from ._ablated_run import ablated_writes, run_circuit
 from .graph import EdgeEffects, EdgeLayout, edge_layout
 from .selection import Ranking, circuit_at, mask, mib_weights, prune
 
@@ -52,66 +52,6 @@ __all__ = ["MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit"
 
 #: The circuit sizes of the MIB circuit track: fractions of the model's edges kept.
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-
-
-def _ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor | None, method: str) -> dict[str, torch.Tensor]:
-    """Per sender point, what an ablated sender writes, with the run's batch size."""
-    B, P = tokens.shape
-    if method == "zero":
-        return {k: torch.zeros_like(v) for k, v in record(model, tokens, sender_points(model)).items()}
-    ref = record(model, reference, sender_points(model))
-    if method == "position_mean":
-        return {k: v.mean(0, keepdim=True).expand(B, *v.shape[1:]) for k, v in ref.items()}
-    if method == "mean":
-        return {k: v.mean((0, 1), keepdim=True).expand(B, P, *v.shape[2:]) for k, v in ref.items()}
-    return ref
-
-
-def _run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: EdgeLayout, keep: torch.Tensor,
-                 ablated: dict[str, torch.Tensor], what: str) -> float:
-    """The metric with every edge outside ``keep`` (sender, receiver) ablated, in one forward pass."""
-    cfg = model.cfg
-    cut = (layout.exists & ~keep).to(torch.float64)  # (sender, receiver): edges to ablate
-    column = {r: j for j, r in enumerate(layout.receivers)}
-    diffs: list[torch.Tensor] = []  # per sender, in layout order: ablated - this run's write (batch, pos, d_model)
-
-    def sender(name: str, layer: int | None):
-        def fn(t: torch.Tensor, *, hook) -> None:
-            d = (ablated[name] - t).to(torch.float64)
-            if name.endswith("hook_z"):
-                W_O = model.blocks[layer].attn.W_O.detach().to(torch.float64)
-                diffs.extend(torch.einsum("bphd,hdm->hbpm", d, W_O))
-            else:
-                diffs.append(d)
-        return fn
-
-    def receiver(labels: Sequence[str]):
-        cols = [column[r] for r in labels]
-
-        def fn(t: torch.Tensor, *, hook) -> torch.Tensor:
-            D = torch.stack(diffs)  # every sender so far: exactly the upstream ones
-            w = cut[: len(diffs), cols]  # (upstream sender, receiver)
-            if t.ndim == 4:  # per-head inputs
-                return t + torch.einsum("sbpm,sn->bpnm", D, w).to(t.dtype)
-            return t + torch.einsum("sbpm,s->bpm", D, w[:, 0]).to(t.dtype)
-
-        return fn
-
-    # Hooks in the order the forward pass meets them, senders recorded before their readers.
-    by_layer: dict[int, list] = {}
-    for r in readers(model, projected=False):
-        by_layer.setdefault(r.layer, []).append((r.hook, receiver(r.labels)))
-    fwd = [(RESID0, sender(RESID0, None))]
-    for l in range(cfg.n_layers):
-        layer = by_layer[l]
-        fwd += [h for h in layer if "_input" in h[0]]
-        fwd.append((f"blocks.{l}.attn.hook_z", sender(f"blocks.{l}.attn.hook_z", l)))
-        fwd += [h for h in layer if h[0].endswith("hook_mlp_in")]
-        if not cfg.attn_only:
-            fwd.append((f"blocks.{l}.hook_mlp_out", sender(f"blocks.{l}.hook_mlp_out", l)))
-        fwd += [h for h in layer if h[0].endswith("hook_resid_post")]
-    with per_head_inputs(model, fwd) as runnable, model.hooks(fwd_hooks=runnable):
-        return metric_value(metric(model(tokens, return_type="logits")), what)
 
 
 def _reaches_logits(layout: EdgeLayout, keep: torch.Tensor) -> bool:
@@ -161,7 +101,7 @@ def evaluate_circuit(
         warnings.warn("this circuit has no path from the embedding to the logits: every path through it is cut, so it "
                       "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=2)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        return _run_circuit(model, tokens, metric, layout, keep, _ablated_writes(model, tokens, reference, method), "circuit run")
+        return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, method), "circuit run")
 
 
 @dataclass(frozen=True)
@@ -297,12 +237,12 @@ def faithfulness_curve(
     weights = mib_weights(layout)
     total = float(weights.sum())
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        ablated = _ablated_writes(model, tokens, reference, method)
+        ablated = ablated_writes(model, tokens, reference, method)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
-        empty = _run_circuit(model, tokens, metric, layout, torch.zeros_like(layout.exists), ablated, "empty circuit")
+        empty = run_circuit(model, tokens, metric, layout, torch.zeros_like(layout.exists), ablated, "empty circuit")
         if clean == empty:
             raise ValueError(f"the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
-        values = [_run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit at {f}")
+        values = [run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit at {f}")
                   for f, keep in zip(fr, bar(circuits, desc="faithfulness curve", enabled=progress, unit="circuit"))]
     faith = [(v - empty) / (clean - empty) for v in values]
     return FaithfulnessCurve(fractions=tuple(fr), ranking=ranking, n_requested=tuple(int(f * total) for f in fr),

@@ -1,0 +1,175 @@
+"""Running a circuit (private, shared by :mod:`rs_interp.circuits.evaluation` and
+:mod:`rs_interp.circuits.acdc`): one forward pass in which every edge outside the circuit is
+ablated, each receiver's input moved by ``sum_s cut[s, r] (ablated_s - write_s)`` over its upstream
+senders ``s``, exactly (the real norm of the moved input, never a frozen one)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+import torch
+
+from .. import _backend
+from .._backend import Model, attn_weight, per_head_inputs
+from .._stream import RESID0, readers
+from ..metrics import Metric, metric_value
+from ._substrate import n_senders, record, sender_points
+from .graph import EdgeLayout
+
+
+def ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor | None, method: str) -> dict[str, torch.Tensor]:
+    """Per sender point, what an ablated sender writes, with the run's batch size."""
+    B, P = tokens.shape
+    if method == "zero":
+        return {k: torch.zeros_like(v) for k, v in record(model, tokens, sender_points(model)).items()}
+    ref = record(model, reference, sender_points(model))
+    if method == "position_mean":
+        return {k: v.mean(0, keepdim=True).expand(B, *v.shape[1:]) for k, v in ref.items()}
+    if method == "mean":
+        return {k: v.mean((0, 1), keepdim=True).expand(B, P, *v.shape[2:]) for k, v in ref.items()}
+    return ref
+
+
+def _normalised(kind: str | None, gain: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                x: torch.Tensor) -> torch.Tensor:
+    """A first norm (``(kind, gain, bias, eps)`` from :func:`rs_interp._backend.norm_affine`) applied to
+    ``x`` (any leading shape), computed as TransformerLens computes it."""
+    if kind is None:
+        return x
+    if kind in ("LN", "LNPre"):
+        x = x - x.mean(-1, keepdim=True)
+    x = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    if gain is not None:
+        x = x * gain.to(x.dtype)
+    if bias is not None:
+        x = x + bias.to(x.dtype)
+    return x
+
+
+def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: EdgeLayout, keep: torch.Tensor,
+                 ablated: dict[str, torch.Tensor], what: str) -> float:
+    """The metric with every edge outside ``keep`` (sender, receiver) ablated, in one forward pass.
+
+    A head's q, k or v input is moved one of two ways, chosen per layer (the same numbers either way, to
+    float64 rounding: tests/test_evaluation.py checks both against a brute force):
+
+    - *projected*, on the layers whose ``hook_{q,k,v}`` hold ``ln1(resid_pre) W + b`` per head
+      (:func:`rs_interp._backend.projection_layers`: every layer but shortformer's and ungrouped
+      grouped-query attention on 3.x, TransformerLens-native attention on 4.x; the certificate checks
+      it as ``projections``). The heads of a layer and kind whose columns of ``cut`` are equal read the
+      same input ``resid_pre + sum_s cut[s, r] D_s``, so it is formed and normalised (the exact norm of
+      the moved input, not a frozen one) once per distinct column, each of those heads projected from
+      it, and written into ``hook_{q,k,v}``; a head with no cut edge that moves anything keeps the
+      model's own projection. In a faithfulness curve most heads have every edge cut or none, so a
+      layer costs one or two norms and at most one projection's worth of matmuls, not a per-head copy
+      of the stream and its norm (4.x's emulated per-head inputs).
+    - *split*, elsewhere (a Hugging Face module's projection may be followed inside by more, such as
+      a query norm; shortformer queries and keys read the positions too): TransformerLens's per-head
+      inputs ``hook_{q,k,v}_input`` (:func:`rs_interp._backend.per_head_inputs`), the value added there.
+    """
+    cfg = model.cfg
+    cut = (layout.exists & ~keep).to(torch.float64)  # (sender, receiver): edges to ablate
+    column = {r: j for j, r in enumerate(layout.receivers)}
+    B, P = tokens.shape
+    device = ablated[RESID0].device
+    cut = cut.to(device)
+    # Per sender, in layout order: ablated - this run's write (batch, pos, d_model), written into one
+    # buffer as the senders fire (the first `filled[0]` rows are exactly the upstream ones)
+    D = torch.empty(n_senders(model), B, P, cfg.d_model, dtype=torch.float64, device=device)
+    # Which senders' differences are not exactly 0: an edge whose sender changes nothing is no cut at
+    # all (the split path adds an exact 0; the projected path must not recompute a head for it, or a
+    # head's value would move by rounding when such an edge is cut, and ACDC at threshold 0 would keep it)
+    moves = torch.zeros(n_senders(model), dtype=torch.float64, device=device)
+    filled = [0]
+    stream: dict[int, torch.Tensor] = {}
+
+    def sender(name: str, layer: int | None):
+        def fn(t: torch.Tensor, *, hook) -> None:
+            d = (ablated[name] - t).to(torch.float64)
+            i = filled[0]
+            if name.endswith("hook_z"):
+                W_O = model.blocks[layer].attn.W_O.detach().to(torch.float64)
+                D[i : i + W_O.shape[0]] = torch.einsum("bphd,hdm->hbpm", d, W_O)
+                filled[0] += W_O.shape[0]
+            else:
+                D[i] = d
+                filled[0] += 1
+            moves[i : filled[0]] = D[i : filled[0]].flatten(1).ne(0).any(1).to(torch.float64)
+        return fn
+
+    def receiver(labels: Sequence[str]):
+        cols = [column[r] for r in labels]
+
+        def fn(t: torch.Tensor, *, hook) -> torch.Tensor | None:
+            n = filled[0]
+            w = cut[:n, cols] * moves[:n, None]  # (upstream sender, receiver): the cuts that move something
+            if not bool(w.any()):
+                return None  # nothing cut into these receivers: their input is the run's own
+            if t.ndim == 4:  # per-head inputs
+                return t + torch.einsum("sbpm,sn->bpnm", D[:n], w).to(t.dtype)
+            return t + torch.einsum("sbpm,s->bpm", D[:n], w[:, 0]).to(t.dtype)
+
+        return fn
+
+    def keep_stream(t: torch.Tensor, *, hook) -> None:
+        stream[int(hook.name.split(".")[1])] = t
+
+    def projected_receiver(r):
+        cols = [column[lab] for lab in r.labels]
+        attn = model.blocks[r.layer].attn
+        W = attn_weight(attn, f"W_{r.kind.upper()}", cfg.n_heads).detach()  # (head, d_model, d_head)
+        b = attn_weight(attn, f"b_{r.kind.upper()}", cfg.n_heads).detach()  # (head, d_head)
+        if len(cols) != cfg.n_heads:  # one per KV head: query head h reads KV head h // group
+            W, b = W[:: cfg.n_heads // len(cols)], b[:: cfg.n_heads // len(cols)]
+        norm = _backend.norm_affine(model, model.blocks[r.layer].ln1)
+
+        def fn(t: torch.Tensor, *, hook) -> torch.Tensor | None:
+            n = filled[0]
+            w = cut[:n, cols] * moves[:n, None]  # (upstream sender, receiver): the cuts that move something
+            live = [h for h, a in enumerate(w.any(0).tolist()) if a]
+            if not live:
+                return None  # no cut edge into this layer's kind: the model's own projection stands
+            groups: dict[tuple[int, ...], list[int]] = {}  # heads with the same column of cut read the same input
+            for h in live:
+                groups.setdefault(tuple(w[:, h].nonzero().flatten().tolist()), []).append(h)
+            x = stream[r.layer]
+            dt = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+            out = t.clone()
+            # Each group's input is formed and normalised on its own, and each head projected on its own
+            # (the same shapes whatever the grouping), so a head's number depends on its own column of
+            # cut alone, never on how the other heads group: cutting an edge that carries exactly
+            # nothing leaves every other value unchanged to the bit (ACDC at threshold 0 relies on it).
+            for hs in groups.values():
+                moved = x.to(dt) + torch.einsum("sbpm,s->bpm", D[:n], w[:, hs[0]]).to(dt)
+                normed = _normalised(*norm, moved)
+                for h in hs:
+                    out[:, :, h] = (normed @ W[h].to(dt) + b[h].to(dt)).to(t.dtype)
+            return out
+
+        return fn
+
+    # Hooks in the order the forward pass meets them, senders recorded before their readers.
+    by_layer: dict[int, list] = {}
+    split = False
+    for r in readers(model, projected=True):
+        if r.projected:
+            hooks = [(f"blocks.{r.layer}.hook_resid_pre", keep_stream)] if r.kind == "q" else []
+            by_layer.setdefault(r.layer, []).extend(hooks + [(r.hook, projected_receiver(r))])
+        else:
+            split = split or r.kind in "qkv"
+            by_layer.setdefault(r.layer, []).append((r.hook, receiver(r.labels)))
+    fwd = [(RESID0, sender(RESID0, None))]
+    for l in range(cfg.n_layers):
+        layer = by_layer[l]
+        fwd += [h for h in layer if h[0].endswith("hook_resid_pre")]
+        fwd += [h for h in layer if "_input" in h[0] or ".attn.hook_" in h[0]]
+        fwd.append((f"blocks.{l}.attn.hook_z", sender(f"blocks.{l}.attn.hook_z", l)))
+        fwd += [h for h in layer if h[0].endswith("hook_mlp_in")]
+        if not cfg.attn_only:
+            fwd.append((f"blocks.{l}.hook_mlp_out", sender(f"blocks.{l}.hook_mlp_out", l)))
+        fwd += [h for h in layer if h[0].endswith("hook_resid_post")]
+    # The per-head inputs are switched on (3.x) or emulated (4.x's native attention) only where a
+    # layer is read split: on the projected layers they would be a per-head copy of the stream for nothing.
+    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable, model.hooks(fwd_hooks=runnable):
+        return metric_value(metric(model(tokens, return_type="logits")), what)
