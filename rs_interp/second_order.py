@@ -160,20 +160,21 @@ def second_order_attribution(
         has_ln1_bias = any(b is not None for _, _, b, _ in ln1)
         own = (["ln1.b"] if has_ln1_bias else []) + ["b_V"]
         n_src, B, Q = len(labels), tokens.shape[0], len(pos)
-        terms = torch.empty(n_src, B, P, cfg.d_model, dtype=dt)
-        terms[0] = box["hook_embed"]
+        # Batch first, (batch, source, pos, d_model): a batch row's sources upstream of a layer are one
+        # (source * pos, d_model) matrix, multiplied in place (no copy of them per layer).
+        terms = torch.empty(B, n_src, P, cfg.d_model, dtype=dt)
+        terms[:, 0] = box["hook_embed"]
         i = 1
         if cfg.positional_embedding_type == "standard":
-            terms[1], i = box["hook_pos_embed"], 2
+            terms[:, 1], i = box["hook_pos_embed"], 2
         for l in range(L):
             attn = model.blocks[l].attn
             z = box[f"blocks.{l}.attn.hook_z"].to(dt)
-            torch.bmm(z.permute(2, 0, 1, 3).reshape(n_heads, B * P, -1), attn.W_O.to(dt),
-                      out=terms[i : i + n_heads].view(n_heads, B * P, cfg.d_model))  # z W_O, per head
-            terms[i + n_heads] = attn_weight(attn, "b_O", model.cfg.n_heads).to(dt)
+            terms[:, i : i + n_heads] = torch.matmul(z.transpose(1, 2), attn.W_O.to(dt))  # z W_O, per head
+            terms[:, i + n_heads] = attn_weight(attn, "b_O", model.cfg.n_heads).to(dt)
             i += n_heads + 1
             if not cfg.attn_only:
-                terms[i], i = box[f"blocks.{l}.hook_mlp_out"], i + 1
+                terms[:, i], i = box[f"blocks.{l}.hook_mlp_out"], i + 1
         out = torch.zeros(n_src + len(own), L, n_heads, B, Q, dtype=dt)
         first = torch.empty(L, n_heads, B, Q, dtype=dt)
         elem = torch.finfo(dt).bits // 8
@@ -195,10 +196,14 @@ def second_order_attribution(
                 A = A / (x.pow(2).mean(-1) + l_eps).sqrt()[:, None, None, :]
             n_up = sum(1 for i in range(n_src) if layer_of[i] < l)  # a prefix: sources are in depth order
             chunk = max(1, memory_budget // max(1, B * n_heads * Q * P * elem))
+            # T[b, (c, k), (h, q)] = src_c[b, k] . u_h[b, q]: one product per batch row; then the
+            # pattern's weights A[b, h, q, k] multiply T in place and the keys are summed.
+            u_t = u.reshape(B, n_heads * Q, -1).transpose(1, 2)  # (batch, d_model, head * Q)
+            A_t = A.permute(0, 3, 1, 2).reshape(B, 1, P, n_heads * Q)  # (batch, 1, key, head * Q)
             for c0 in range(0, n_up, chunk):
                 c1 = min(n_up, c0 + chunk)
-                T = torch.einsum("cbkm,bhqm->cbhqk", terms[c0:c1], u)
-                out[c0:c1, l] = torch.einsum("cbhqk,bhqk->chbq", T, A)
+                T = torch.bmm(terms[:, c0:c1].reshape(B, (c1 - c0) * P, -1), u_t).view(B, c1 - c0, P, n_heads * Q)
+                out[c0:c1, l] = T.mul_(A_t).sum(2).view(B, c1 - c0, n_heads, Q).permute(1, 2, 0, 3)
             # The destination's own constants: pattern rows sum to one, so they pass A unchanged.
             b_V = attn_weight(attn, "b_V", n_heads).to(dt)  # (head, d_head)
             consts = [(l_bias.detach().to(dt) if l_bias is not None else torch.zeros(cfg.d_model, dtype=dt)) @ W_V] if has_ln1_bias else []

@@ -90,7 +90,12 @@ def _numbers() -> dict[str, torch.Tensor]:
     if "ln_final.b" in rows:
         rows["b_U"] = rows["b_U"] + rows.pop("ln_final.b")
     out["gpt2 dla"] = torch.stack(list(rows.values()))
-    out["gpt2 second order"] = ri.second_order_attribution(gpt2, g[:1], targets=ri.next_token_targets(g[:1]), positions=[-2]).contributions
+    second = ri.second_order_attribution(gpt2, g[:1], targets=ri.next_token_targets(g[:1]), positions=[-2])
+    # Likewise 3.x folds ln1's bias into b_V; 4.x's bridge keeps it as a source of its own: compare the sum.
+    rows = dict(zip(second.sources, second.contributions))
+    if "ln1.b" in rows:
+        rows["b_V"] = rows["b_V"] + rows.pop("ln1.b")
+    out["gpt2 second order"] = torch.stack(list(rows.values()))
     metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 3].mean()  # noqa: E731
     out["gpt2 attribution patching"] = ri.attribution_patching(gpt2, g, metric, reference=g.flip(1)).effect
     return {k: v.detach().cpu() for k, v in out.items()}

@@ -32,18 +32,22 @@ Options (each its own definition and test): ``qk_fix`` and ``grad_drop`` (AtP*,
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
 
 import torch
 from jaxtyping import Float, Int
 
-from .._backend import Model
+from .. import _backend
+from .._backend import Model, attn_weight, per_head_inputs
+from .._exact import compute_dtype
 from .._state import preserve_state
-from .._stream import RESID0, Reader, mlp_flags, reader_gradients, readers, watched
+from .._stream import RESID0, Reader, mlp_flags, readers, watched
 from ..certificate import require
 from ..hooks import store_matching
 from ..metrics import Metric
-from ._substrate import IGRule, check_pair, outside_inference_mode, record, sender_points, writes
+from ._substrate import IGRule, check_pair, n_senders, outside_inference_mode, record, sender_points, writes
 from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix, stream_points
 from .correction import clean_metric, quadrature, run_passes
 from .graph import EdgeEffects, edge_layout
@@ -101,14 +105,136 @@ def check_options(ig_steps: int | None, qk_fix: bool, grad_drop: bool, correctio
                          "bootstrap the plain or QK-fixed estimate instead")
 
 
-def _accumulate(buf: torch.Tensor, W: torch.Tensor, G: torch.Tensor, cols: list[int], weight: float) -> None:
-    """``buf[:, :k, cols] += weight * W . G`` per batch row (``buf``'s first axis the batch) or summed (size 1)."""
-    k = W.shape[0]
-    if buf.shape[0] == 1:
-        buf[0, :k, cols] += weight * (W.reshape(k, -1) @ G)
-    else:
-        B = buf.shape[0]
-        buf[:, :k, cols] += weight * torch.einsum("kbx,bxc->bkc", W.reshape(k, B, -1), G.reshape(B, -1, len(cols)))
+def _writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], dt: torch.dtype) -> torch.Tensor:
+    """(sender, batch, pos, d_model) in ``dt``: :func:`rs_interp.circuits._substrate.writes` (each
+    sender's ``write_ref - write``, in the graph's order) in the dtype the contraction runs in."""
+    if dt == torch.float64:
+        return writes(model, ref, run)
+    cfg = model.cfg
+    shape = ref[RESID0].shape
+    out = torch.empty(n_senders(model), *shape, dtype=dt, device=ref[RESID0].device)
+    torch.sub(ref[RESID0].to(dt), run[RESID0].to(dt), out=out[0])
+    i = 1
+    for l in range(cfg.n_layers):
+        z = f"blocks.{l}.attn.hook_z"
+        delta = (ref[z] - run[z]).to(dt)  # (batch, pos, head, d_head)
+        W_O = model.blocks[l].attn.W_O.detach().to(dt)  # (head, d_head, d_model)
+        H = W_O.shape[0]
+        torch.bmm(delta.flatten(0, 1).transpose(0, 1), W_O, out=out[i : i + H].view(H, -1, shape[-1]))
+        i += H
+        if not cfg.attn_only:
+            m = f"blocks.{l}.hook_mlp_out"
+            torch.sub(ref[m].to(dt), run[m].to(dt), out=out[i])
+            i += 1
+    return out
+
+
+def _through_projection(model: Model, reader: Reader, stream: dict[int, torch.Tensor], dt: torch.dtype) -> Callable:
+    """``hook_{x}``'s gradient (batch, pos, head, d_head) -> the per-head inputs' (head, batch * pos * d_model)
+    in ``dt``: :func:`rs_interp._stream.input_gradient` through ``W_{Q,K,V}``, with the norm's gain and
+    centring folded into the weights and ``1/scale`` into the gradient's rows, so the one
+    (head, row, d_model) tensor is the product's output, corrected in place once.
+
+    With ``g = dy * w`` centred (``M``: ``W^T`` scaled by the gain, its rows centred for LN), ``n`` the
+    normalised input and ``s`` its scale, the input gradient is ``(g - n mean(g n)) / s``; ``mean(g n)``
+    is read from ``n W`` at d_head per head (``mean(n) = 0`` under LN, so the centring does not change it)."""
+    cfg, l, x = model.cfg, reader.layer, reader.kind
+    W = attn_weight(model.blocks[l].attn, f"W_{x.upper()}", cfg.n_heads).detach().to(dt)  # (head, d_model, d_head)
+    if len(reader.labels) != cfg.n_heads:
+        W = W[:: cfg.n_heads // len(reader.labels)]  # one per KV head: query head h reads KV head h // group
+    kind, gain, _, eps = _backend.norm_affine(model, model.blocks[l].ln1) if cfg.normalization_type else (None, None, None, 0.0)
+    M = W.transpose(1, 2)  # (head, d_head, d_model): dy = grad @ M
+    if kind is not None and gain is not None:
+        M = M * gain.detach().to(dt)
+    if kind in ("LN", "LNPre"):
+        M = M - M.mean(-1, keepdim=True)
+    M = M.contiguous()
+    Mt = M.transpose(1, 2)
+
+    def to_input(grad: torch.Tensor, out: torch.Tensor) -> None:
+        g = grad.to(dt).flatten(0, 1).transpose(0, 1)  # (head, row, d_head)
+        out = out.view(g.shape[0], g.shape[1], -1)
+        if kind is None:
+            torch.bmm(g, M, out=out)
+            return
+        x = stream[l].to(dt).flatten(0, 1)  # (row, d_model)
+        if kind in ("LN", "LNPre"):
+            x = x - x.mean(-1, keepdim=True)
+        s = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+        n = x / s
+        g = g / s
+        ts = (g * torch.matmul(n, Mt)).sum(-1, keepdim=True) / x.shape[-1]  # mean(g n) / s per head and row
+        torch.bmm(g, M, out=out).addcmul_(n, ts, value=-1)
+
+    return to_input
+
+
+@contextlib.contextmanager
+def _reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[Reader, Callable], None], dt: torch.dtype, *,
+                      extra: Sequence[tuple[str, Callable]] = ()) -> Iterator[list[tuple[str, Callable]]]:
+    """:func:`rs_interp._stream.reader_gradients` in ``dt`` (the contraction's dtype): ``on_grad(reader,
+    fill)`` as each reader's input gradient is computed, where ``fill(out)`` writes ``G`` into ``out``
+    (column, batch * pos * d_model), one row per label (the caller's buffer, reused: no allocation per reader)."""
+    stream: dict[int, torch.Tensor] = {}
+
+    def keep_stream(t: torch.Tensor, *, hook) -> None:
+        stream[int(hook.name.split(".")[1])] = t.detach()
+
+    def hook_for(reader: Reader) -> Callable:
+        to_input = _through_projection(model, reader, stream, dt) if reader.projected else None
+
+        def fwd(t: torch.Tensor, *, hook) -> torch.Tensor:
+            def contract(grad: torch.Tensor) -> None:
+                grad = grad.detach()  # (the Hessian correction's first backward builds a graph)
+
+                def fill(out: torch.Tensor) -> None:
+                    if to_input is not None:
+                        to_input(grad, out)
+                    elif grad.ndim == 4:  # per-head inputs: (batch, pos, head or kv_head, d_model)
+                        out.view(grad.shape[2], *grad.shape[:2], grad.shape[3]).copy_(grad.permute(2, 0, 1, 3))
+                    else:
+                        out.view(grad.shape).copy_(grad)
+
+                on_grad(reader, fill)
+
+            return watched(t, contract)
+
+        return fwd
+
+    fwd: list[tuple[str, Callable]] = list(extra)
+    for l in sorted({r.layer for r in wanted if r.projected}):
+        fwd.append((f"blocks.{l}.hook_resid_pre", keep_stream))
+    fwd += [(r.hook, hook_for(r)) for r in wanted]
+    split = any(r.kind in "qkv" and not r.projected for r in wanted)
+    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable:
+        yield runnable
+
+
+def _contract(buf: torch.Tensor, W: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    """``W . G`` (rows of ``W`` against rows of ``G``, over batch * pos * d_model), (batch or 1, sender,
+    column) as ``buf``'s first axis asks: one product per batch row in ``W``'s dtype (sums of pos *
+    d_model terms), their results added in float64."""
+    k, c, B = W.shape[0], G.shape[0], W.shape[1]
+    per_row = torch.bmm(W.reshape(k, B, -1).transpose(0, 1), G.reshape(c, B, -1).permute(1, 2, 0)).to(torch.float64)
+    return per_row if buf.shape[0] > 1 else per_row.sum(0, keepdim=True)
+
+
+def _flush(pending: list, rows: list[torch.Tensor]) -> None:
+    """One product for the gradients gathered (one layer's readers, one pass and phase): the senders
+    upstream of all of them (a prefix of the writes) against every column at once, then the few
+    senders only some of them read, each reader alone. ``pending``: (buf, weight, W, G, cols, k), the
+    ``G`` consecutive rows of ``rows[0]`` from its first."""
+    if not pending:
+        return
+    buf, weight, W = pending[0][0], pending[0][1], pending[0][2]
+    k0 = min(p[5] for p in pending)
+    G = rows[0][: sum(p[3].shape[0] for p in pending)]
+    cols = [j for p in pending for j in p[4]]
+    buf[:, :k0, cols] += weight * _contract(buf, W[:k0], G)
+    for _, _, _, g, c, k in pending:
+        if k > k0:
+            buf[:, k0:k, c] += weight * _contract(buf, W[k0:k], g)
+    pending.clear()
 
 
 @outside_inference_mode
@@ -210,18 +336,34 @@ def edge_attribution_patching(
         plain_run = alphas == [1.0] and not hessian
         run: dict[str, torch.Tensor] = {} if plain_run else record(model, tokens, points)
         stack: list[torch.Tensor] = []
+        # The contraction in the model's dtype (float32 for a half-precision model; float64 under the
+        # QK fix, whose corrections read the writes in float64): each product sums one batch row's
+        # pos * d_model terms, and those results are added in float64 (_contract).
+        dt = torch.float64 if qk_fix else compute_dtype(model)
+        pending: list = []  # one layer's readers' gradients, contracted together (_flush)
+        key: list = [None]
+        rows = max(sum(len(r.labels) for r in readers(model) if r.layer == l) for l in range(model.cfg.n_layers))
+        grads: list[torch.Tensor] = []  # (rows, batch * pos * d_model): the pending gradients, reused
 
-        def on_grad(reader: Reader, G: torch.Tensor) -> None:
+        def on_grad(reader: Reader, fill: Callable[[torch.Tensor], None]) -> None:
             # The senders upstream of a receiver are a contiguous prefix of the writes: one matrix
-            # product over (batch, pos, d_model) against the gradient, with no copy of them.
+            # product over (batch, pos, d_model) against the gradients of a layer's readers, with no copy of them.
             if not stack:  # built once, when the first gradient arrives (the forward is over)
-                stack.append(writes(model, ref, run))
+                stack.append(_writes(model, ref, run, dt))
+                grads.append(torch.empty(rows, stack[0][0].numel(), dtype=dt, device=stack[0].device))
+            now = (reader.layer, state["drop"], state["point"], state["phase"])
+            if now != key[0]:
+                _flush(pending, grads)
+                key[0] = now
+            at = sum(len(p[4]) for p in pending)
+            G = grads[0][at : at + len(reader.labels)]
+            fill(G)
             cols = [column[r] for r in reader.labels]
-            k = upstream[cols[0]]
             if state["phase"] == 1:
-                _accumulate(first[state["drop"]], stack[0][:k], G.detach(), cols, weights[state["point"]])
+                buf, w = first[state["drop"]], weights[state["point"]]
             else:
-                _accumulate(second, stack[0][:k], G.detach(), cols, seconds[state["point"]])
+                buf, w = second, seconds[state["point"]]
+            pending.append((buf, w, stack[0], G, cols, upstream[cols[0]]))
 
         def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
             def keep(grad: torch.Tensor, layer: int = int(hook.name.split(".")[1])) -> None:
@@ -233,9 +375,11 @@ def edge_attribution_patching(
         for d, layer in enumerate(drops):
             state["drop"] = d
             wanted = readers(model, projected=not hessian)
-            with reader_gradients(model, wanted, on_grad, extra=drop_hooks(model, layer)) as hooks:
+            with _reader_gradients(model, wanted, on_grad, dt, extra=drop_hooks(model, layer)) as hooks:
                 value = run_passes(model, tokens, metric, fwd + hooks, alphas=alphas, hessian=hessian, x_ref=ref[RESID0],
                                    state=state, progress=progress)
+            _flush(pending, grads)
+            key[0] = None
         value = clean_metric(model, tokens, metric, value)
         if qk_fix:
             box = record(model, tokens, stream_points(model, set(range(model.cfg.n_layers)), attention=True))
