@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from builders import slow_on_tl3
 
 from rs_interp.cli import main
 from rs_interp.reproduce import _merge
@@ -35,7 +36,7 @@ def test_seeds_must_be_positive(capsys):
     assert "at least 1" in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@slow_on_tl3("three full reproductions (3 min): once per CI run, in the shorter 3.x pass")
 def test_three_seeds_every_banded_row_per_seed(tmp_path, capsys, train_cache):
     """N = 3 retrains every seeded piece; each banded row holds its three values and 'k of 3'."""
     only = ["induction", "circuits", "ablation", "paths", "geometry", "finance"]

@@ -192,6 +192,6 @@ def ground_truth_section(ctx: Context) -> Section:
             f"not ranked above every other item, or estimated under {FAINT:.0%} of its exact effect); in the compiled models, tracr's "
             "attention is a saturated softmax and its MLPs discretise (lookup tables, steps), all flat at the inputs they see, "
             "so a gradient through them vanishes: " + " ".join(notes))
-    return Section("ground_truth", f"Ground truth: each method against the known circuit (tracr: {TRACR_PAIRS} input pairs; "
-                   f"induction-2l: {N_PAIRS} pairs; float64)", tuple(rows), results | {"ig_steps": IG_STEPS},
+    return Section("ground_truth", f"Ground truth: each method against the known circuit (tracr {TRACR_PAIRS} pairs, "
+                   f"induction-2l {N_PAIRS}, float64)", tuple(rows), results | {"ig_steps": IG_STEPS},
                    figures=(ground_truth_figure(aurocs),), notes=re.sub(r"\s+", " ", text))
