@@ -178,3 +178,17 @@ def sender_write_change(model, toks, ref, sender: str) -> torch.Tensor:
         name = f"blocks.{l}.attn.hook_z"
     a, b = grab(model, ref, [name])[name], grab(model, toks, [name])[name]
     return (a - b)[:, :, h] @ model.blocks[l].attn.W_O[h] if sender.startswith("L") else a - b
+
+
+def patching_metric(logits):
+    """The patching tests' metric: a log-probability at the last position plus a raw logit elsewhere
+    (so both the softmax and a linear read are exercised)."""
+    return logits[:, -1].log_softmax(-1)[:, 3].mean() + 0.1 * logits[:, 2, 5].sum()
+
+
+def random_pair(variant, seed=1, n_layers=3):
+    """A variant (``make_variant``'s arguments) with 2 heads a layer and a random run/reference pair of 2 x 8 tokens."""
+    model = make_variant(*variant, seed=seed, n_layers=n_layers, n_heads=2)
+    g = torch.Generator().manual_seed(seed)
+    toks, ref = (torch.randint(0, model.cfg.d_vocab, (2, 8), generator=g) for _ in range(2))
+    return model, toks, ref

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from builders import ARCHITECTURES, architecture_params, grab, make_variant, needs_tl3, sender_write_change, variant_id
+from builders import ARCHITECTURES, architecture_params, grab, make_variant, needs_tl3, patching_metric, random_pair, sender_write_change, variant_id
 from builders import ln1_by_hand as _norm
 
 import rs_interp as ri
@@ -18,15 +18,10 @@ from rs_interp.circuits.correction import gauss_points
 D = 1e-4  # steps of the mixed central differences: truncation O(D^2), rounding ~1e-16 / D^2
 
 
-def metric(logits):
-    return logits[:, -1].log_softmax(-1)[:, 3].mean() + 0.1 * logits[:, 2, 5].sum()
+metric = patching_metric
 
 
-def _setup(variant, seed=1):
-    model = make_variant(*variant, seed=seed, n_layers=3, n_heads=2)
-    g = torch.Generator().manual_seed(seed)
-    toks, ref = (torch.randint(0, model.cfg.d_vocab, (2, 8), generator=g) for _ in range(2))
-    return model, toks, ref
+_setup = random_pair
 
 
 
