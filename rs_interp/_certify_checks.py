@@ -1,6 +1,7 @@
-"""The measurements behind :func:`rs_interp.certify`: one clean run, one perturbed run with gradients,
-and the runs from and to each layer, on a probe batch; each identity of
-:data:`rs_interp.certificate.IDENTITIES` is a relative gap against the tolerance."""
+"""The identities read off one clean run of the probe batch (:func:`clean_run`), each a relative gap of
+the model's own activations against what rs_interp computes from them by hand (the norms by
+:mod:`rs_interp._norm`, in float64). The runs of their own (gradients, rows, from and to a layer) are
+:mod:`rs_interp._certify_runs`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Callable
 import torch
 
 from . import _backend
-from ._backend import Model, attn_weight, logit_softcap, norm_affine, run_from
-from ._stream import RESID0, Reader, reader_gradients, readers, watched
+from . import _names as N
+from ._backend import Model, attn_weight, logit_softcap, norm_of
+from ._exact import d_vocab_out, readout
 from .hooks import store_matching
 
 __all__: list[str] = []
@@ -28,7 +30,7 @@ class Identity:
     """One identity measured on one model.
 
     Attributes:
-        name: its key in :data:`IDENTITIES`.
+        name: its key in :data:`rs_interp.certificate.IDENTITIES`.
         holds: True or False; None where it does not apply (e.g. MLP inputs of an attention-only model).
         gap: the largest relative gap measured (NaN where nothing could be measured).
         tolerance: the tolerance for the model's dtype and source.
@@ -42,7 +44,7 @@ class Identity:
     why: str = ""
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """``max |a - b| / max |b|`` in float64 (0 when both are 0)."""
     a, b = a.detach().to(torch.float64), b.detach().to(torch.float64)
     if a.shape != b.shape:
@@ -52,30 +54,29 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return gap / scale if scale > 0 else (0.0 if gap == 0 else float("inf"))
 
 
-def _probe(model: Model) -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
-    B, P = _PROBE[0], min(_PROBE[1], model.cfg.n_ctx)
-    return torch.randint(0, model.cfg.d_vocab, (B, P), generator=g).to(model.cfg.device)
+def probe(model: Model, seed: int = 0, batch: int = _PROBE[0], pos: int = _PROBE[1]) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.cfg.d_vocab, (batch, min(pos, model.cfg.n_ctx)), generator=g).to(model.cfg.device)
 
 
-class _Missing(Exception):
+class Missing(Exception):
     """A hook point an identity reads is absent."""
 
 
-def _get(box: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+def get(box: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     if name not in box:
-        raise _Missing(name)
+        raise Missing(name)
     return box[name]
 
 
-def _judge(name: str, tol: float, fn: Callable[[], tuple[float, str]], applies: bool = True) -> Identity:
+def judge(name: str, tol: float, fn: Callable[[], tuple[float, str]], applies: bool = True) -> Identity:
     """Run one check: ``fn`` returns (relative gap, what fails where the gap is over ``tol``); an
     exception or a missing hook point fails the identity, named."""
     if not applies:
         return Identity(name, None, float("nan"), tol)
     try:
         gap, why = fn()
-    except _Missing as err:
+    except Missing as err:
         return Identity(name, False, float("nan"), tol, f"the model has no hook point {err.args[0]}")
     except MODEL_ERRORS as err:  # the model's own modules: an error there means the identity cannot hold
         return Identity(name, False, float("nan"), tol, f"{type(err).__name__}: {str(err)[:160]}")
@@ -83,303 +84,212 @@ def _judge(name: str, tol: float, fn: Callable[[], tuple[float, str]], applies: 
     return Identity(name, ok, gap, tol, "" if ok else why)
 
 
-def _norm(model: Model, module: torch.nn.Module | None, x: torch.Tensor, what: str) -> torch.Tensor:
-    """The norm ``module`` applied to ``x`` by hand from :func:`rs_interp._backend.norm_affine`, in float64."""
-    if model.cfg.normalization_type is None:
-        return x.to(torch.float64)
-    if module is None:
-        raise ValueError(f"{what}: the model has no such norm (the config says {model.cfg.normalization_type})")
-    kind, gain, bias, eps = norm_affine(model, module)
-    x = x.to(torch.float64)
-    if kind in ("LN", "LNPre"):
-        x = x - x.mean(-1, keepdim=True)
-    x = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-    if gain is not None:
-        x = x * gain.detach().to(torch.float64)
-    if bias is not None:
-        x = x + bias.detach().to(torch.float64)
-    return x
+class _Worst:
+    """The largest gap seen and where."""
+
+    def __init__(self) -> None:
+        self.gap, self.where = 0.0, ""
+
+    def see(self, gap: float, where: str) -> None:
+        if gap > self.gap or (gap != gap and self.gap == self.gap):
+            self.gap, self.where = gap, where
 
 
-def _clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+def _normed(model: Model, module: torch.nn.Module | None, x: torch.Tensor) -> torch.Tensor:
+    return norm_of(model, module).to(torch.float64).apply(x.to(torch.float64))
+
+
+def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The probe's activations: every hook point the identities read (as it leaves the point, after any
+    hook on it), each MLP's input and output as its module sees them (``mlp_in L``, ``mlp_out L``: the
+    output before any hook on the module) and ``hook_mlp_out`` as it enters its point (``mlp_write L``,
+    before any hook on it), and the logits."""
     wanted = ("hook_embed", "hook_pos_embed", "hook_resid_pre", "hook_resid_mid", "hook_attn_out", "hook_mlp_in",
               "hook_mlp_out", "hook_resid_post", "attn.hook_z", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_pattern")
     box: dict[str, torch.Tensor] = {}
     if model.cfg.attn_only:  # hook_mlp_in exists but may not be switched on
         wanted = tuple(w for w in wanted if w != "hook_mlp_in")
-    with torch.no_grad(), model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
-        try:
-            logits = model(tokens, return_type="logits")
-        except MODEL_ERRORS as err:
-            if any(hp._forward_hooks for hp in model.hook_dict.values()):
-                raise  # hooks are attached: theirs may be the error, and it is the caller's to see
-            raise ValueError(f"the model's forward pass raises {type(err).__name__} on a probe batch "
-                             f"({str(err)[:200]}): rs_interp cannot check or use it in dtype {model.cfg.dtype}; "
-                             "try another dtype (e.g. torch.float32) or the other TransformerLens version") from err
+    handles = []
+    try:
+        if not model.cfg.attn_only:
+            for l, block in enumerate(model.blocks):
+                mlp = getattr(block, "mlp", None)
+                if mlp is None:
+                    continue
+                handles.append(mlp.register_forward_pre_hook(
+                    lambda mod, args, kwargs, l=l: box.__setitem__(f"mlp_in {l}", (args[0] if args else next(iter(kwargs.values()))).detach()),
+                    with_kwargs=True))
+                handles.append(mlp.register_forward_hook(
+                    lambda mod, args, out, l=l: box.__setitem__(f"mlp_out {l}", (out[0] if isinstance(out, tuple) else out).detach()),
+                    prepend=True))  # ahead of any hook of the caller's: the module's own output
+                point = model.hook_dict.get(N.mlp_out(l))
+                if point is not None:  # a PyTorch hook on the point, ahead of every other: the value entering it
+                    handles.append(point.register_forward_hook(
+                        lambda mod, args, out, l=l: box.__setitem__(f"mlp_write {l}", out.detach()), prepend=True))
+        with torch.no_grad(), model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
+            try:
+                logits = model(tokens, return_type="logits")
+            except MODEL_ERRORS as err:
+                if any(hp._forward_hooks for hp in model.hook_dict.values()):
+                    raise  # hooks are attached: theirs may be the error, and it is the caller's to see
+                raise ValueError(f"the model's forward pass raises {type(err).__name__} on a probe batch "
+                                 f"({str(err)[:200]}): rs_interp cannot check or use it in dtype {model.cfg.dtype}; "
+                                 "try another dtype (e.g. torch.float32) or the other TransformerLens version") from err
+    finally:
+        for handle in handles:
+            handle.remove()
     box["logits"] = logits
     return box
 
 
-def _embedding(model: Model, box: dict) -> tuple[float, str]:
-    want = _get(box, "hook_embed")
+def embedding(model: Model, box: dict) -> tuple[float, str]:
+    want = get(box, N.EMBED)
     if model.cfg.positional_embedding_type == "standard":
-        want = want + _get(box, "hook_pos_embed")
-    return _rel(_get(box, RESID0), want), ("the stream entering block 0 is not the token (and learned position) embedding: "
-                                            "something between them (an embedding norm or scale) is not a component")
+        want = want + get(box, N.POS_EMBED)
+    return rel(get(box, N.RESID0), want), ("the stream entering block 0 is not the token (and learned position) embedding: "
+                                           "something between them (an embedding norm or scale) is not a component")
 
 
-def _stream(model: Model, box: dict) -> tuple[float, str]:
-    cfg, worst, where = model.cfg, 0.0, ""
+def stream(model: Model, box: dict) -> tuple[float, str]:
+    cfg, worst = model.cfg, _Worst()
     parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
     for l in range(cfg.n_layers):
-        b = f"blocks.{l}."
-        pre, attn, post = _get(box, b + "hook_resid_pre"), _get(box, b + "hook_attn_out"), _get(box, b + "hook_resid_post")
+        pre, attn, post = get(box, N.resid_pre(l)), get(box, N.attn_out(l)), get(box, N.resid_post(l))
         if cfg.attn_only:
             pairs = [(post, pre + attn, "resid_pre + attn_out = resid_post")]
         elif parallel:
-            pairs = [(post, pre + attn + _get(box, b + "hook_mlp_out"), "resid_pre + attn_out + mlp_out = resid_post")]
+            pairs = [(post, pre + attn + get(box, N.mlp_out(l)), "resid_pre + attn_out + mlp_out = resid_post")]
         else:
-            mid = _get(box, b + "hook_resid_mid")
-            pairs = [(mid, pre + attn, "resid_pre + attn_out = resid_mid"), (post, mid + _get(box, b + "hook_mlp_out"),
-                                                                              "resid_mid + mlp_out = resid_post")]
+            mid = get(box, N.resid_mid(l))
+            pairs = [(mid, pre + attn, "resid_pre + attn_out = resid_mid"), (post, mid + get(box, N.mlp_out(l)),
+                                                                             "resid_mid + mlp_out = resid_post")]
         if l + 1 < cfg.n_layers:
-            pairs.append((_get(box, f"blocks.{l + 1}.hook_resid_pre"), post, "resid_post = the next resid_pre"))
+            pairs.append((get(box, N.resid_pre(l + 1)), post, "resid_post = the next resid_pre"))
         for lhs, rhs, what in pairs:
-            gap = _rel(lhs, rhs)
-            if gap > worst:
-                worst, where = gap, f"layer {l}: {what}"
-    return worst, (f"the stream does not add up ({where}): a block changes what its sublayers write before adding it "
-                   "(a norm after a sublayer?) or the config's block form is not the model's")
+            worst.see(rel(lhs, rhs), f"layer {l}: {what}")
+    return worst.gap, (f"the stream does not add up ({worst.where}): a block changes what its sublayers write before adding it "
+                       "(a norm after a sublayer?) or the config's block form is not the model's")
 
 
-def _values(model: Model, box: dict) -> tuple[float, str]:
-    cfg, worst, where = model.cfg, 0.0, ""
+def _per_query_head(t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return t.repeat_interleave(n_heads // t.shape[2], dim=2)
+
+
+def _weights(model: Model, l: int, which: str, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``W_{which}``, ``b_{which}`` of layer ``l`` in float64, one per head of the hook (query or KV heads)."""
+    cfg, attn = model.cfg, model.blocks[l].attn
+    W, b = attn_weight(attn, f"W_{which.upper()}", cfg.n_heads), attn_weight(attn, f"b_{which.upper()}", cfg.n_heads)
+    if heads != cfg.n_heads:
+        W, b = W[:: cfg.n_heads // heads], b[:: cfg.n_heads // heads]
+    return W.detach().to(torch.float64), b.detach().to(torch.float64)
+
+
+def _projected(model: Model, box: dict, l: int, which: str, heads: int, x: torch.Tensor) -> torch.Tensor:
+    W, b = _weights(model, l, which, heads)
+    if which != "v" and model.cfg.positional_embedding_type == "shortformer":
+        x = x + get(box, N.POS_EMBED).to(torch.float64)  # shortformer: queries and keys read the positions too
+    return torch.einsum("bpm,hmd->bphd", x, W) + b
+
+
+def values(model: Model, box: dict) -> tuple[float, str]:
+    cfg, worst = model.cfg, _Worst()
     for l in range(cfg.n_layers):
-        block, attn = model.blocks[l], model.blocks[l].attn
-        x = _norm(model, getattr(block, "ln1", None), _get(box, f"blocks.{l}.hook_resid_pre"), f"layer {l}'s ln1")
-        v = _get(box, f"blocks.{l}.attn.hook_v").to(torch.float64)
-        W_V, b_V = attn_weight(attn, "W_V", cfg.n_heads), attn_weight(attn, "b_V", cfg.n_heads)
-        if v.shape[2] != cfg.n_heads:  # one value per KV head
-            step = cfg.n_heads // v.shape[2]
-            W_V, b_V = W_V[::step], b_V[::step]
-        v_hand = torch.einsum("bpm,hmd->bphd", x, W_V.detach().to(torch.float64)) + b_V.detach().to(torch.float64)
-        A = _get(box, f"blocks.{l}.attn.hook_pattern").to(torch.float64)
-        v_q = v.repeat_interleave(cfg.n_heads // v.shape[2], dim=2)
-        z_hand = torch.einsum("bhqk,bkhd->bqhd", A, v_q)
-        for gap, what in ((_rel(v, v_hand), "hook_v = ln1(resid_pre) W_V + b_V"), (_rel(_get(box, f"blocks.{l}.attn.hook_z"), z_hand),
-                                                                                     "z = pattern v")):
-            if gap > worst:
-                worst, where = gap, f"layer {l}: {what}"
-    return worst, f"a head's output is not its pattern applied to its values as rs_interp reads them ({where})"
+        x = _normed(model, getattr(model.blocks[l], "ln1", None), get(box, N.resid_pre(l)))
+        v = get(box, N.v(l))
+        v_hand = _projected(model, box, l, "v", v.shape[2], x)
+        z_hand = torch.einsum("bhqk,bkhd->bqhd", get(box, N.pattern(l)).to(torch.float64), _per_query_head(v.to(torch.float64), cfg.n_heads))
+        worst.see(rel(v, v_hand), f"layer {l}: hook_v = ln1(resid_pre) W_V + b_V")
+        worst.see(rel(get(box, N.z(l)), z_hand), f"layer {l}: z = pattern v")
+    return worst.gap, f"a head's output is not its pattern applied to its values as rs_interp reads them ({worst.where})"
 
 
-def _projections(model: Model, box: dict, layers: set[int]) -> tuple[float, str]:
-    cfg, worst, where = model.cfg, 0.0, ""
+def scores(model: Model, box: dict) -> tuple[float, str]:
+    cfg, worst = model.cfg, _Worst()
+    for l in range(cfg.n_layers):
+        x = _normed(model, getattr(model.blocks[l], "ln1", None), get(box, N.resid_pre(l)))
+        q = _projected(model, box, l, "q", cfg.n_heads, x)
+        k = _projected(model, box, l, "k", get(box, N.k(l)).shape[2], x)
+        if cfg.positional_embedding_type == "rotary":
+            q = _backend.apply_rotary(model, l, q.to(cfg.dtype)).to(torch.float64)
+            k = _backend.apply_rotary(model, l, k.to(cfg.dtype)).to(torch.float64)
+        s = torch.einsum("bqhd,bkhd->bhqk", q, _per_query_head(k, cfg.n_heads)) / _backend.attn_scale(model, l)
+        P = s.shape[-1]
+        A = s.masked_fill(torch.ones(P, P, dtype=torch.bool, device=s.device).triu(1), float("-inf")).softmax(-1)
+        worst.see(rel(get(box, N.pattern(l)), A), f"layer {l}")
+    return worst.gap, (f"a pattern is not the causal softmax of the bilinear scores of ln1(resid_pre) W_Q + b_Q and W_K + b_K "
+                       f"({worst.where}): something else moves the score (a query/key norm, a soft-cap, a bias such as ALiBi, "
+                       "a sliding window), so a reading of the score from the weights alone is not the model's")
+
+
+def projections(model: Model, box: dict, layers: set[int]) -> tuple[float, str]:
+    worst = _Worst()
     for l in sorted(layers):
-        x = _norm(model, getattr(model.blocks[l], "ln1", None), _get(box, f"blocks.{l}.hook_resid_pre"), f"layer {l}'s ln1")
+        x = _normed(model, getattr(model.blocks[l], "ln1", None), get(box, N.resid_pre(l)))
         for which in "qkv":
-            got = _get(box, f"blocks.{l}.attn.hook_{which}").to(torch.float64)
-            W = attn_weight(model.blocks[l].attn, f"W_{which.upper()}", cfg.n_heads)
-            b = attn_weight(model.blocks[l].attn, f"b_{which.upper()}", cfg.n_heads)
-            if got.shape[2] != cfg.n_heads:
-                step = cfg.n_heads // got.shape[2]
-                W, b = W[::step], b[::step]
-            gap = _rel(got, torch.einsum("bpm,hmd->bphd", x, W.detach().to(torch.float64)) + b.detach().to(torch.float64))
-            if gap > worst:
-                worst, where = gap, f"layer {l}'s hook_{which}"
-    return worst, f"a projection is not ln1(resid_pre) W + b ({where}): its input gradient cannot be taken back by hand"
+            got = get(box, N.projection(l, which))
+            worst.see(rel(got, _projected(model, box, l, which, got.shape[2], x)), f"layer {l}'s hook_{which}")
+    return worst.gap, f"a projection is not ln1(resid_pre) W + b ({worst.where}): its input gradient cannot be taken back by hand"
+
+
+def mlp_reads(model: Model, box: dict) -> tuple[float, str]:
+    cfg, worst = model.cfg, _Worst()
+    parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
+    for l in range(cfg.n_layers):
+        x = get(box, N.resid_pre(l) if parallel else N.resid_mid(l))
+        worst.see(rel(get(box, f"mlp_in {l}"), _normed(model, getattr(model.blocks[l], "ln2", None), x)), f"layer {l}")
+    return worst.gap, (f"an MLP does not read ln2 of the stream before it ({worst.where}): what a transcoder reads at "
+                       "ln2.hook_normalized or hook_resid_mid is not the MLP's input (a hook on the way, or a norm the "
+                       "model places elsewhere)")
+
+
+def mlp_writes(model: Model, box: dict) -> tuple[float, str]:
+    worst = _Worst()
+    for l in range(model.cfg.n_layers):
+        written = get(box, N.mlp_out(l))
+        worst.see(rel(written, get(box, f"mlp_write {l}")), f"layer {l}: a hook on hook_mlp_out")
+        worst.see(rel(written, get(box, f"mlp_out {l}")), f"layer {l}: between the MLP module and hook_mlp_out")
+    return worst.gap, (f"what enters the stream is not the MLP's own output ({worst.where} changes it; or a norm after the "
+                       "MLP): a feature's write through a transcoder would miss that change")
+
+
+def _act(cfg) -> Callable[[torch.Tensor], torch.Tensor]:
+    from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
+
+    if cfg.act_fn in (None, "solu_ln") or cfg.act_fn not in SUPPORTED_ACTIVATIONS:
+        raise ValueError(f"no by-hand form of the MLP activation {cfg.act_fn!r} (solu_ln has a norm inside)")
+    return SUPPORTED_ACTIVATIONS[cfg.act_fn]
+
+
+def mlp_weights(model: Model, box: dict) -> tuple[float, str]:
+    cfg, worst = model.cfg, _Worst()
+    act = _act(cfg)
+    for l in range(cfg.n_layers):
+        mlp = model.blocks[l].mlp
+        x = get(box, f"mlp_in {l}").to(torch.float64)
+        w = {n: getattr(mlp, n).detach().to(torch.float64) for n in ("W_in", "b_in", "W_out", "b_out")}
+        pre = x @ w["W_in"] + w["b_in"]
+        hidden = act(x @ mlp.W_gate.detach().to(torch.float64)) * pre if getattr(cfg, "gated_mlp", False) else act(pre)
+        worst.see(rel(get(box, f"mlp_out {l}"), hidden @ w["W_out"] + w["b_out"]), f"layer {l}")
+    return worst.gap, (f"an MLP's output is not its weights' function of its input ({worst.where}): a hook inside it, or a "
+                       "form rs_interp does not know; its neurons are not an exact transcoder")
 
 
 def readout_by_hand(model: Model, final: torch.Tensor) -> torch.Tensor:
     """``softcap(final_norm(final) W_U + b_U)`` in float64, the norm by hand."""
-    x = _norm(model, getattr(model, "ln_final", None), final, "the final norm")
-    logits = x @ model.W_U.detach().to(torch.float64)
-    b_U = getattr(model, "b_U", None)
-    if b_U is not None:
-        logits = logits + b_U.detach().to(torch.float64)
+    return readout(model, final, torch.float64)
+
+
+def readout_check(model: Model, box: dict) -> tuple[float, str]:
+    final = get(box, N.final_stream(model.cfg.n_layers))
     cap = logit_softcap(model)
-    return logits if cap is None else cap * torch.tanh(logits / cap)
+    return rel(box["logits"], readout_by_hand(model, final)), (
+        "the logits are not the unembedding of the final norm of the final stream"
+        + ("" if cap is None else f" with the soft-cap {cap:g}") + " (a step after the unembedding, or a norm rs_interp does not read)")
 
 
-def _readout(model: Model, box: dict) -> tuple[float, str]:
-    final = _get(box, f"blocks.{model.cfg.n_layers - 1}.hook_resid_post")
-    gap = _rel(box["logits"], readout_by_hand(model, final))
-    cap = logit_softcap(model)
-    return gap, ("the logits are not the unembedding of the final norm of the final stream"
-                 + ("" if cap is None else f" with the soft-cap {cap:g}") + " (a step after the unembedding, or a norm "
-                 "rs_interp does not read)")
-
-
-def _start(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
-    worst, where = 0.0, ""
-    spe = box.get("hook_pos_embed") if model.cfg.positional_embedding_type == "shortformer" else None
-    with torch.no_grad():
-        for l in range(model.cfg.n_layers):
-            gap = _rel(run_from(model, _get(box, f"blocks.{l}.hook_resid_pre"), start=l, spe=spe), box["logits"])
-            if gap > worst:
-                worst, where = gap, f"from layer {l}"
-    return worst, (f"running from a layer does not reproduce the full run ({where}): TransformerLens's start_at_layer "
-                   "misses a step of this architecture (the scan and path patching then run every pass from the tokens)")
-
-
-def _stop(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
-    L = model.cfg.n_layers
-    with torch.no_grad():
-        gap = _rel(run_from(model, tokens, stop=L), _get(box, f"blocks.{L - 1}.hook_resid_post"))
-    return gap, "stop_at_layer=n_layers does not return the final stream"
-
-
-def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, Identity]:
-    """The perturbed run: every head's z moved (the heads identity then shows it is on the forward path),
-    and the gradient of a random linear function of the logits at every reader and every resid_pre."""
-    cfg, L = model.cfg, model.cfg.n_layers
-    g = torch.Generator().manual_seed(1)
-    box: dict[str, torch.Tensor] = {}
-    grads: dict[str, torch.Tensor] = {}
-    by_reader: dict[tuple[int, str], torch.Tensor] = {}
-    fired: set[str] = set()
-
-    def perturb(name: str) -> Callable:  # keyed by the name asked (4.x hands a hook its canonical name)
-        def fn(z: torch.Tensor, *, hook) -> torch.Tensor:
-            d = torch.randn(z.shape, generator=g, dtype=torch.float64).to(z.dtype) * (0.5 * float(z.detach().abs().mean()) + 1e-3)
-            out = z + d
-            box[name] = out.detach()
-
-            def save(grad: torch.Tensor) -> None:
-                grads[name] = grad.detach().to(torch.float64)
-            return watched(out, save)
-        return fn
-
-    def keep(name: str) -> Callable:
-        def fn(t: torch.Tensor, *, hook) -> None:
-            box[name] = t.detach()
-        return fn
-
-    def watch(name: str) -> Callable:
-        def fn(t: torch.Tensor, *, hook) -> torch.Tensor:
-            def save(grad: torch.Tensor) -> None:
-                grads[name] = grad.detach().to(torch.float64)
-            return watched(t, save)
-        return fn
-
-    def on_grad(reader: Reader, G: torch.Tensor) -> None:
-        fired.add(reader.kind)
-        fired.add((reader.layer, reader.kind))
-        key = (reader.layer, "logits" if reader.kind == "logits" else "layer")
-        total = G.sum(1)
-        by_reader[key] = by_reader.get(key, 0) + total
-
-    wanted = readers(model, projected=False)
-    names = set(model.hook_dict)
-    missing = sorted({r.hook for r in wanted if r.hook.split(".")[-1] in ("hook_mlp_in", "hook_resid_post") and r.hook not in names})
-    fwd = [(n, perturb(n)) for n in (f"blocks.{l}.attn.hook_z" for l in range(L))]
-    fwd += [(n, keep(n)) for n in (f"blocks.{l}.hook_attn_out" for l in range(L))]
-    fwd += [(f"blocks.{l}.hook_resid_pre", watch(f"pre{l}")) for l in range(L)]
-    out: dict[str, Identity] = {}
-    def run(with_readers: bool) -> None:
-        box.clear(), grads.clear(), by_reader.clear(), fired.clear()
-        g.manual_seed(1)
-        with torch.enable_grad():
-            leaf = torch.zeros((), dtype=cfg.dtype, requires_grad=True)
-            hooks = [("hook_embed", lambda t, *, hook: t + leaf)] + fwd
-            absent = sorted({n for n, _ in hooks if n not in names})
-            if absent:
-                raise _Missing(absent[0])
-            with reader_gradients(model, wanted if with_readers else [], on_grad, extra=hooks) as runnable, \
-                    model.hooks(fwd_hooks=runnable):
-                logits = model(tokens, return_type="logits")
-                R = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(logits.device)
-                (logits.to(torch.float64) * R).sum().div(R.numel()).backward(inputs=[leaf])
-
-    def failed(err: Exception) -> str:
-        return f"the model has no hook point {err.args[0]}" if isinstance(err, _Missing) else f"{type(err).__name__}: {str(err)[:200]}"
-
-    readers_failed = None
-    try:
-        if missing:
-            raise _Missing(missing[0])
-        run(True)
-    except (_Missing, *MODEL_ERRORS) as err:  # the readers' hooks: measure the rest without them
-        readers_failed = failed(err)
-        try:
-            run(False)
-        except (_Missing, *MODEL_ERRORS) as err2:
-            for name in ("z", "heads", "input", "readers"):
-                out[name] = Identity(name, False, float("nan"), tol, f"the run with gradients failed: {failed(err2)}")
-            return out
-
-    def heads() -> tuple[float, str]:
-        worst, where = 0.0, ""
-        for l in range(L):
-            attn = model.blocks[l].attn
-            z = _get(box, f"blocks.{l}.attn.hook_z").to(torch.float64)
-            want = torch.einsum("bphd,hdm->bpm", z, attn.W_O.detach().to(torch.float64)) + attn_weight(attn, "b_O", cfg.n_heads).detach().to(torch.float64)
-            gap = _rel(_get(box, f"blocks.{l}.hook_attn_out"), want)
-            if gap > worst:
-                worst, where = gap, f"layer {l}"
-        return worst, (f"the heads' z W_O + b_O are not attn_out ({where}): a head's write is not what its z says "
-                       "(a norm after the attention?)")
-
-    def z_on_path() -> tuple[float, str]:
-        # on the path iff its gradient is computed at all (0 is a gradient: a head nothing downstream reads)
-        for l in range(L):
-            if f"blocks.{l}.attn.hook_z" not in grads:
-                return float("inf"), f"blocks.{l}.attn.hook_z is not on the forward path: no gradient reaches it"
+def vocabulary(model: Model, box: dict) -> tuple[float, str]:
+    sizes = {"the logits": box["logits"].shape[-1], "W_U": model.W_U.shape[-1], "cfg.d_vocab_out": d_vocab_out(model)}
+    if len(set(sizes.values())) == 1:
         return 0.0, ""
-
-    def input_on_path() -> tuple[float, str]:
-        return (0.0 if "pre0" in grads else float("inf")), "blocks.0.hook_resid_pre is not on the forward path: no gradient reaches it"
-
-    def complete() -> tuple[float, str]:
-        for kind, hook in (("mlp", "hook_mlp_in"), ("q", "hook_q_input ... hook_v_input")):
-            if (kind == "q" or not cfg.attn_only) and kind not in fired:
-                return float("inf"), (f"this model's {hook} is not on the forward path (no gradient reaches it): edges into "
-                                      f"{'MLPs' if kind == 'mlp' else 'heads'} cannot be patched or estimated")
-        worst, where = 0.0, ""
-        for l in range(L):
-            if f"pre{l}" not in grads:
-                return float("inf"), f"blocks.{l}.hook_resid_pre is not on the forward path"
-            if not cfg.attn_only and (l, "mlp") not in fired:
-                return float("inf"), (f"this model's blocks.{l}.hook_mlp_in is not on the forward path (no gradient reaches it): "
-                                      "edges into MLPs cannot be patched or estimated")
-            nxt = grads.get(f"pre{l + 1}") if l + 1 < L else by_reader.get((l, "logits"))
-            if nxt is None:
-                return float("inf"), f"the stream after layer {l} is not on the forward path"
-            rhs = by_reader.get((l, "layer"), 0) + nxt.reshape(-1)
-            gap = _rel(grads[f"pre{l}"].reshape(-1), rhs)
-            if gap > worst:
-                worst, where = gap, f"layer {l}"
-        return worst, (f"the receivers' gradients miss the stream's at {where}: some reader of the stream is not one of the "
-                       "graph's receivers (a norm after a sublayer, an input the hooks do not see)")
-
-    out["z"] = _judge("z", tol, z_on_path)
-    out["heads"] = _judge("heads", tol, heads)
-    out["input"] = _judge("input", tol, input_on_path)
-    out["readers"] = (_judge("readers", tol, complete) if readers_failed is None
-                      else Identity("readers", False, float("nan"), tol, f"the receivers cannot be read: {readers_failed}"))
-    return out
-
-
-def measure(model: Model, tol: float) -> dict[str, Identity]:
-    """Every identity of :data:`rs_interp.certificate.IDENTITIES` on ``model`` (flags already set by the caller).
-
-    Raises:
-        ValueError: the model's forward pass fails on the probe batch (named).
-    """
-    tokens = _probe(model)
-    box = _clean_run(model, tokens)
-    cfg = model.cfg
-    projected = _backend.projection_layers(model)
-    out = {
-        "embedding": _judge("embedding", tol, lambda: _embedding(model, box)),
-        "stream": _judge("stream", tol, lambda: _stream(model, box)),
-        "values": _judge("values", tol, lambda: _values(model, box)),
-        "projections": _judge("projections", tol, lambda: _projections(model, box, projected), applies=bool(projected)),
-        "readout": _judge("readout", tol, lambda: _readout(model, box)),
-        "start at layer": _judge("start at layer", tol, lambda: _start(model, tokens, box)),
-        "stop at layer": _judge("stop at layer", tol, lambda: _stop(model, tokens, box)),
-    }
-    out.update(_gradient_run(model, tokens, tol))
-    if cfg.n_layers == 0:  # nothing to read: every identity is vacuous
-        out = {k: Identity(k, None, float("nan"), tol) for k in out}
-    return out
+    return float("inf"), ("the output vocabulary is not one size (" + ", ".join(f"{k} {v}" for k, v in sizes.items())
+                          + "): a target id could index another token than the logit it names")

@@ -1,23 +1,14 @@
-"""What the exact decompositions share: the compute dtype, the frozen final norm, and the check
-that a decomposition really sums to the run it claims to split (user hooks included)."""
+"""What the exact decompositions share: the compute dtype, the unembedding (the metric's direction, the
+readout the lenses and the certificate use), and the frozen final norm."""
 
 from __future__ import annotations
 
 import torch
 
-from ._backend import Model, norm_affine
+from ._backend import Model, logit_softcap, norm_of
+from ._norm import Norm
 
 __all__: list[str] = []
-
-#: The normalizations TransformerLens offers; each has an exact split once its scale is frozen.
-NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
-
-#: Slack of the sum check, in units of machine epsilon (of the coarser of the run's dtype and the
-#: compute dtype: a float16 run was rounded in float16 however exactly we split it) times the size
-#: of the terms summed (the sum of their magnitudes). Measured gaps: ~1 such unit in float16 and
-#: bfloat16, < 10 in float32 and float64; a hook that changes the run moves it by far more (but in
-#: bfloat16 the check catches only gross changes).
-_EPS_FACTOR = 64
 
 
 def compute_dtype(model: Model) -> torch.dtype:
@@ -28,38 +19,36 @@ def compute_dtype(model: Model) -> torch.dtype:
     return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
 
 
-def check_normalization(model: Model, what: str) -> None:
-    if model.cfg.normalization_type not in NORMALIZATIONS:
-        raise ValueError(f"{what}: no exact split is known for normalization_type={model.cfg.normalization_type!r} "
-                         f"(supported: {NORMALIZATIONS})")
+def d_vocab_out(model: Model) -> int:
+    """How many logits the model outputs (``cfg.d_vocab_out``; ``d_vocab`` where the config says -1)."""
+    out = getattr(model.cfg, "d_vocab_out", -1)
+    return model.cfg.d_vocab if out in (None, -1) else int(out)
 
 
-def attached_hooks(model: Model) -> list[str]:
-    """Names of the hook points that carry forward hooks right now (the user's, before ours)."""
-    return [name for name, hp in model.hook_dict.items() if hp._forward_hooks]
+def unembed_bias(model: Model, dt: torch.dtype) -> torch.Tensor | None:
+    """``b_U`` in ``dt``, or None where the model has none (a Hugging Face-booted bridge may say None)."""
+    b_U = getattr(model, "b_U", None)
+    return None if b_U is None else b_U.detach().to(dt)
 
 
-def check_sum(
-    what: str, total: torch.Tensor, target: torch.Tensor, terms: torch.Tensor, user_hooks: list[str], run_dtype: torch.dtype,
-    source: str = "native",
-) -> None:
-    """Raise ``ValueError`` unless ``total`` (the sum of ``terms``) equals ``target`` (the run's own
-    value) to rounding: of the coarser of the terms' and the run's dtype, and of float32 for a model
-    over Hugging Face modules (``source="booted"``: they compute some steps in float32 whatever the
-    dtype). A gap means the run is not the one decomposed: a hook changed it, or the model has a part
-    the decomposition does not know."""
-    eps = max(torch.finfo(terms.dtype).eps, torch.finfo(run_dtype).eps,
-              torch.finfo(torch.float32).eps if source == "booted" else 0.0)
-    size = terms.abs().sum(0).amax() + target.abs().amax() + 1.0
-    gap = (total - target.to(total.dtype)).abs().amax()
-    if bool(gap <= _EPS_FACTOR * eps * size):
-        return
-    if user_hooks:
-        why = (f"the run was changed by the hooks attached at {user_hooks}; the decomposition cannot follow "
-               "a changed activation: remove them (model.reset_hooks()) or decompose without them")
-    else:
-        why = "this model has a part the decomposition does not split (no exact split exists for its config)"
-    raise ValueError(f"{what}: the parts sum to a value {float(gap):.3g} away from the run's own output: {why}")
+def readout(model: Model, final: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    """``softcap(N_final(final) W_U + b_U)`` in ``dt``, the final norm (:mod:`rs_interp._norm`) with its
+    scale computed from each row itself: the model's own readout where the certificate's ``readout``
+    holds, and the lenses' reading of any stream.
+
+    >>> from rs_interp import make_attn_only
+    >>> model = make_attn_only(1)
+    >>> tokens = torch.zeros(1, 3, dtype=torch.long)
+    >>> _, cache = model.run_with_cache(tokens)
+    >>> bool(torch.allclose(readout(model, cache["blocks.0.hook_resid_post"], torch.float32), model(tokens), atol=1e-5))
+    True
+    """
+    logits = final_norm_of(model).to(dt).apply(final.to(dt)) @ model.W_U.detach().to(dt)
+    b_U = unembed_bias(model, dt)
+    if b_U is not None:
+        logits = logits + b_U
+    cap = logit_softcap(model)
+    return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
 def unembed_direction(
@@ -67,7 +56,9 @@ def unembed_direction(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The metric's direction in the unembedding space and its ``b_U`` term, (batch, pos, d_model) and
     (batch, pos): the target's centered logit, or ``logit[target] - logit[contrast]``."""
-    W_U, b_U = model.W_U.to(dt), model.b_U.to(dt)
+    W_U = model.W_U.detach().to(dt)
+    b_U = unembed_bias(model, dt)
+    b_U = torch.zeros(W_U.shape[1], dtype=dt, device=W_U.device) if b_U is None else b_U
     if contrast is None:
         return W_U.T[targets] - W_U.mean(1), b_U[targets] - b_U.mean()
     return W_U.T[targets] - W_U.T[contrast], b_U[targets] - b_U[contrast]
@@ -79,29 +70,14 @@ def metric_of(logits: torch.Tensor, targets: torch.Tensor, contrast: torch.Tenso
     return picked - (logits.mean(-1) if contrast is None else logits.gather(-1, contrast[..., None])[..., 0])
 
 
-def frozen_norm_readout(kind: str | None, direction: torch.Tensor, w: torch.Tensor | None, scale: torch.Tensor | None) -> torch.Tensor:
-    """The vector ``g`` with ``N(c) . direction = c . g`` for a norm ``N`` with frozen ``scale``
-    (centering is a symmetric projection, so it moves onto the direction): ``center(w * d) / s``."""
-    if kind is None:
-        return direction
-    if w is not None:
-        direction = direction * w.to(direction.dtype)
-    if kind in ("LN", "LNPre"):
-        direction = direction - direction.mean(-1, keepdim=True)
-    return direction / scale.to(direction.dtype)
+def final_norm_of(model: Model) -> Norm:
+    """The final norm as the model computes it (:func:`rs_interp._backend.norm_of`)."""
+    return norm_of(model, getattr(model, "ln_final", None))
 
 
-def final_norm(model: Model, final: torch.Tensor, dt: torch.dtype) -> tuple[str | None, torch.Tensor | None, torch.Tensor | None,
-                                                                         torch.Tensor | None]:
-    """``(kind, gain, bias, scale)`` of the final norm on the final stream ``final`` (batch, pos,
-    d_model): read from the model (:func:`rs_interp._backend.norm_affine`: Gemma's ``1 + w`` gain, OLMo's
-    parameter-free LayerNorm), the scale computed from ``final`` itself, (batch, pos, 1) in ``dt``;
-    the certificate's ``readout`` checks that this is the model's norm."""
-    if model.cfg.normalization_type is None:
-        return None, None, None, None
-    kind, gain, bias, eps = norm_affine(model, model.ln_final)
-    x = final.to(dt)
-    if kind in ("LN", "LNPre"):
-        x = x - x.mean(-1, keepdim=True)
-    scale = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-    return kind, None if gain is None else gain.detach().to(dt), None if bias is None else bias.detach().to(dt), scale
+def final_norm(model: Model, final: torch.Tensor, dt: torch.dtype) -> tuple[Norm, torch.Tensor]:
+    """The final norm in ``dt`` and its scale on the final stream ``final`` (batch, pos, d_model),
+    (batch, pos, 1): read from the model (Gemma's ``1 + w`` gain, OLMo's parameter-free LayerNorm); the
+    certificate's ``readout`` checks that this is the model's norm."""
+    norm = final_norm_of(model).to(dt)
+    return norm, norm.scale(final.to(dt))

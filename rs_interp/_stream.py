@@ -13,7 +13,7 @@ A head's input is read one of two ways:
   TransformerLens 4's native attention);
 - *projected*: the per-head projection ``blocks.L.attn.hook_{q,k,v}`` (batch, pos, head, d_head),
   whose gradient is taken back through ``W_{Q,K,V}`` and the frozen first norm by hand
-  (:func:`input_gradient`), with no per-head copy of the stream in the forward pass. Only on layers
+  (:meth:`rs_interp._norm.Norm.input_gradient`), with no per-head copy of the stream in the forward pass. Only on layers
   whose projection is ``ln1(resid_pre) W + b`` (:func:`rs_interp._backend.projection_layers`; the
   certificate checks it as ``projections``).
 """
@@ -27,15 +27,15 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from . import _backend
+from . import _names as N
 from ._backend import Model, Stop, attn_weight, kv_groups, per_head_inputs
-from ._exact import compute_dtype
 from .hooks import store_matching
 from .labels import LOGITS, mlp_label, parse, receiver_label
 
 __all__: list[str] = []
 
 #: The stream entering block 0 (what the ``embed`` sender writes).
-RESID0 = "blocks.0.hook_resid_pre"
+RESID0 = N.RESID0
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,12 @@ def readers(model: Model, *, projected: bool = True) -> list[Reader]:
             n = kv_groups(cfg) if kv else cfg.n_heads
             labels = tuple(receiver_label(l, h, x, kv=kv) for h in range(n))
             if l in by_projection:
-                out.append(Reader(l, x, f"blocks.{l}.attn.hook_{x}", labels, True))
+                out.append(Reader(l, x, N.projection(l, x), labels, True))
             else:
-                out.append(Reader(l, x, f"blocks.{l}.hook_{x}_input", labels, False))
+                out.append(Reader(l, x, N.qkv_input(l, x), labels, False))
         if not cfg.attn_only:
-            out.append(Reader(l, "mlp", f"blocks.{l}.hook_mlp_in", (mlp_label(l),), False))
-    out.append(Reader(cfg.n_layers - 1, "logits", f"blocks.{cfg.n_layers - 1}.hook_resid_post", (LOGITS,), False))
+            out.append(Reader(l, "mlp", N.mlp_in(l), (mlp_label(l),), False))
+    out.append(Reader(cfg.n_layers - 1, "logits", N.final_stream(cfg.n_layers), (LOGITS,), False))
     return out
 
 
@@ -98,54 +98,30 @@ def watched(t: torch.Tensor, contract: Callable[[torch.Tensor], None]) -> torch.
     return out
 
 
-def input_gradient(kind: str | None, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """The gradient at a norm's input ``x`` (row, d_model) given the gradient ``dy`` at its output
-    (head, row, d_model), one input per head, the statistics those of ``x``:
-    ``(g - mean(g) - n mean(g n)) / s`` with ``g = dy * w``, ``n`` the normalised input, ``s`` its
-    scale (no centring for RMS).
-
-    >>> x, dy = torch.randn(3, 8, dtype=torch.float64, requires_grad=True), torch.randn(1, 3, 8, dtype=torch.float64)
-    >>> y = torch.nn.functional.layer_norm(x, (8,), eps=1e-5)
-    >>> (auto,) = torch.autograd.grad(y, x, dy[0])
-    >>> bool(torch.allclose(input_gradient("LNPre", dy, x.detach(), None, 1e-5)[0], auto))
-    True
-    """
-    if kind is None:
-        return dy
-    g = dy * w if w is not None else dy
-    if kind in ("LN", "LNPre"):
-        x = x - x.mean(-1, keepdim=True)
-    s = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-    n = x / s
-    dx = g - n * (g * n).mean(-1, keepdim=True)
-    if kind in ("LN", "LNPre"):
-        dx = dx - g.mean(-1, keepdim=True)
-    return dx / s
-
-
-def _through_projection(model: Model, reader: Reader, stream: dict[int, torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """hook_{x}'s gradient (batch, pos, head, d_head) -> the per-head inputs' (head, batch * pos * d_model)."""
+def _through_projection(model: Model, reader: Reader, stream: dict[int, torch.Tensor], dt: torch.dtype) -> Callable:
+    """``hook_{x}``'s gradient (batch, pos, head, d_head) -> the per-head inputs' (head, batch * pos *
+    d_model) in ``dt``, written into the caller's buffer: the norm's input gradient behind the projection
+    (:meth:`rs_interp._norm.Norm.through_projection`), the stream's statistics those of the run."""
     cfg, l, x = model.cfg, reader.layer, reader.kind
-    dt = compute_dtype(model)
     W = attn_weight(model.blocks[l].attn, f"W_{x.upper()}", cfg.n_heads).detach().to(dt)  # (head, d_model, d_head)
     if len(reader.labels) != cfg.n_heads:
         W = W[:: cfg.n_heads // len(reader.labels)]  # one per KV head: query head h reads KV head h // group
-    kind, gain, _, eps = _backend.norm_affine(model, model.blocks[l].ln1) if cfg.normalization_type else (None, None, None, 0.0)
-    gain = None if gain is None else gain.detach().to(dt)
+    through = _backend.norm_of(model, model.blocks[l].ln1).to(dt).through_projection(W)
 
-    def to_input(grad: torch.Tensor) -> torch.Tensor:
-        dy = torch.bmm(grad.to(dt).flatten(0, 1).transpose(0, 1), W.transpose(1, 2))  # (head, batch * pos, d_model)
-        return input_gradient(kind, dy, stream[l].to(dt).flatten(0, 1), gain, eps).flatten(1)
+    def to_input(grad: torch.Tensor, out: torch.Tensor) -> None:
+        g = grad.to(dt).flatten(0, 1).transpose(0, 1)  # (head, row, d_head)
+        through(g, stream[l].to(dt).flatten(0, 1), out=out.view(g.shape[0], g.shape[1], -1))
 
     return to_input
 
 
 @contextlib.contextmanager
-def reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[Reader, torch.Tensor], None], *,
+def reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[Reader, Callable], None], dt: torch.dtype, *,
                      extra: Sequence[tuple[str, Callable]] = ()) -> Iterator[list[tuple[str, Callable]]]:
-    """Forward hooks that call ``on_grad(reader, G)`` with each reader's input gradient as it is
-    computed in the backward pass: ``G`` (batch * pos * d_model, column) in float64, one column per
-    label (a transposed view where it can be), the inputs read before their norm.
+    """Forward hooks that call ``on_grad(reader, fill)`` as each reader's input gradient is computed in
+    the backward pass, where ``fill(out)`` writes it into ``out`` (column, batch * pos * d_model) in
+    ``dt``, one row per label (the caller's buffer, reused: no allocation per reader), the inputs read
+    before their norm (read projected, they are taken back through it: :func:`_through_projection`).
 
     Yields the hooks to apply with ``model.hooks``, ``extra`` (the caller's own) first (per-head input
     hooks routed where a layer needs them); restores what it switched on.
@@ -153,21 +129,24 @@ def reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[
     stream: dict[int, torch.Tensor] = {}
 
     def keep_stream(t: torch.Tensor, *, hook) -> None:
-        stream[int(hook.name.split(".")[1])] = t.detach()
+        stream[N.layer_of(hook.name)] = t.detach()
 
     def hook_for(reader: Reader) -> Callable:
-        to_input = _through_projection(model, reader, stream) if reader.projected else None
+        to_input = _through_projection(model, reader, stream, dt) if reader.projected else None
 
         def fwd(t: torch.Tensor, *, hook) -> torch.Tensor:
             def contract(grad: torch.Tensor) -> None:
-                if to_input is not None:  # (head, batch * pos * d_model) -> a transposed view
-                    on_grad(reader, to_input(grad).to(torch.float64).T)
-                    return
-                g = grad.to(torch.float64)
-                if g.ndim == 4:  # per-head inputs: (batch, pos, head or kv_head, d_model)
-                    on_grad(reader, g.transpose(2, 3).reshape(-1, g.shape[2]))
-                else:
-                    on_grad(reader, g.reshape(-1, 1))
+                grad = grad.detach()  # (the Hessian correction's first backward builds a graph)
+
+                def fill(out: torch.Tensor) -> None:
+                    if to_input is not None:
+                        to_input(grad, out)
+                    elif grad.ndim == 4:  # per-head inputs: (batch, pos, head or kv_head, d_model)
+                        out.view(grad.shape[2], *grad.shape[:2], grad.shape[3]).copy_(grad.permute(2, 0, 1, 3))
+                    else:
+                        out.view(grad.shape).copy_(grad)
+
+                on_grad(reader, fill)
 
             return watched(t, contract)
 
@@ -175,7 +154,7 @@ def reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[
 
     fwd: list[tuple[str, Callable]] = list(extra)
     for l in sorted({r.layer for r in wanted if r.projected}):
-        fwd.append((f"blocks.{l}.hook_resid_pre", keep_stream))
+        fwd.append((N.resid_pre(l), keep_stream))
     fwd += [(r.hook, hook_for(r)) for r in wanted]
     split = any(r.kind in "qkv" and not r.projected for r in wanted)
     with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable:
@@ -214,9 +193,9 @@ def receiver_hook(label: str, n_layers: int) -> tuple[int, str, int | None]:
     """
     c = parse(label)
     if c.kind == "logits":
-        return n_layers - 1, f"blocks.{n_layers - 1}.hook_resid_post", None
+        return n_layers - 1, N.final_stream(n_layers), None
     if c.kind == "mlp":
-        return c.layer, f"blocks.{c.layer}.hook_mlp_in", None
+        return c.layer, N.mlp_in(c.layer), None
     if c.input is None:
         raise ValueError(f"{label!r} is a sender, not a receiver (a head is read as .q, .k or .v)")
-    return c.layer, f"blocks.{c.layer}.hook_{c.input}_input", c.index
+    return c.layer, N.qkv_input(c.layer, c.input), c.index

@@ -8,7 +8,6 @@ from typing import Iterable, Literal
 import torch
 from jaxtyping import Int
 
-from . import _backend
 from ._backend import Model
 
 __all__: list[str] = []
@@ -92,19 +91,7 @@ def check_heads(model: Model, heads: object, name: str, *, allow_empty: bool = T
     return out
 
 
-def check_bilinear_scores(model: Model, what: str) -> None:
-    """Refuse a weight-based reading of the attention score on a qk-norm model.
-
-    Raises:
-        ValueError: qk-norm (:func:`rs_interp._backend.has_qk_norm`): the score is not the bilinear form ``x W_Q W_K^T y``.
-    """
-    if _backend.has_qk_norm(model):
-        raise ValueError(f"{what} reads the score as the bilinear form W_Q W_K^T, but qk-norm (use_qk_norm) normalises each "
-                         "head's queries and keys before the score; the activation-based helpers (attribution and path "
-                         "patching, ablations, key_score_sensitivity) handle it")
-
-
-def check_model(model: Model) -> Model:
+def check_weights(model: Model) -> Model:
     """``model`` if its weights hold data: a model on the ``meta`` device (built with
     ``torch.device("meta")`` or ``init_empty_weights``) has shapes only.
 
@@ -119,9 +106,9 @@ def check_model(model: Model) -> Model:
 
 
 def check_tokens(model: Model, tokens: torch.Tensor, name: str = "tokens") -> Int[torch.Tensor, "batch pos"]:
-    """Validate a token tensor for ``model`` (and the model: :func:`check_model`); a 1-D tensor is
+    """Validate a token tensor for ``model`` (and the model: :func:`check_weights`); a 1-D tensor is
     promoted to a batch of one."""
-    check_model(model)
+    check_weights(model)
     if not isinstance(tokens, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}")
     if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:

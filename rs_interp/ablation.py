@@ -22,9 +22,11 @@ from typing import Literal, Sequence
 import torch
 from jaxtyping import Float, Int
 
+from . import _names as N
 from ._backend import Model, attn_weight, kv_groups, per_head_inputs
 from ._state import preserve_state
 from ._validate import check_heads, check_layer, check_tokens
+from .certificate import require
 from .hooks import replace_heads_with, store
 
 __all__ = ["run_with_key_input", "run_with_query_input", "run_with_input"]
@@ -77,10 +79,12 @@ def run_with_input(
         if which in "kv" and groups != model.cfg.n_heads:
             head_indices = _kv_heads(head_indices, model.cfg.n_heads // groups, which, layer)
     tokens = check_tokens(model, tokens)
+    # x_0 plus the kept heads' z W_O is a stream only where the stream adds up and a head writes z W_O.
+    require(model, "run_with_query_input" if which == "q" else "run_with_key_input")
 
     box: dict[str, torch.Tensor] = {}
-    fwd = [("blocks.0.hook_resid_pre", store(box, "x0"))]
-    fwd += [(f"blocks.{l}.attn.hook_z", store(box, f"z{l}")) for l in sorted({l for l, _ in kept})]
+    fwd = [(N.RESID0, store(box, "x0"))]
+    fwd += [(N.z(l), store(box, f"z{l}")) for l in sorted({l for l, _ in kept})]
 
     def new_input(_: torch.Tensor) -> torch.Tensor:
         x = box["x0"]
@@ -91,7 +95,7 @@ def run_with_input(
                 x = x + attn_weight(model.blocks[lb].attn, "b_O", model.cfg.n_heads)
         return x
 
-    fwd.append((f"blocks.{layer}.hook_{which}_input", replace_heads_with(new_input, head_indices)))
+    fwd.append((N.qkv_input(layer, which), replace_heads_with(new_input, head_indices)))
     with preserve_state(model), torch.no_grad(), per_head_inputs(model, fwd) as runnable:
         with model.hooks(fwd_hooks=runnable):
             return model(tokens, return_type="logits")

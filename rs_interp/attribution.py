@@ -9,11 +9,12 @@ import torch
 from einops import einsum
 from jaxtyping import Float, Int
 
-from ._backend import Model, attn_weight, logit_softcap, model_source
-from ._exact import attached_hooks, check_sum, compute_dtype, final_norm, frozen_norm_readout, metric_of, unembed_direction
+from . import _names as N
+from ._backend import Model, attn_weight, model_source
+from ._exact import compute_dtype, d_vocab_out, final_norm, metric_of, unembed_direction
 from ._state import preserve_state
 from ._validate import check_target_pair, check_tokens
-from .certificate import require
+from .certificate import confirm, require
 from .hooks import store_matching
 from .labels import bias_label, head_labels, mlp_label
 from .metrics import top_effects
@@ -100,15 +101,11 @@ def direct_logit_attribution(
     (True, 0.0)
     """
     tokens = check_tokens(model, tokens)
-    targets, contrast, skip = check_target_pair(targets, contrast, tokens, model.cfg.d_vocab)
     require(model, "direct_logit_attribution")
-    if logit_softcap(model) is not None:
-        raise ValueError(f"direct_logit_attribution: the logits pass a soft-cap (c tanh(l / c), c = {logit_softcap(model):g}): "
-                         "no split of a logit over components is exact through it")
+    targets, contrast, skip = check_target_pair(targets, contrast, tokens, d_vocab_out(model))
     cfg, dt = model.cfg, compute_dtype(model)
-    user_hooks = attached_hooks(model)
     box: dict[str, torch.Tensor] = {}
-    final = f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+    final = N.final_stream(cfg.n_layers)
     wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", final)
     with preserve_state(model), torch.no_grad():
         with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
@@ -116,16 +113,16 @@ def direct_logit_attribution(
         direction, b_U = unembed_direction(model, targets, contrast, dt)
         # The frozen final norm is linear: N(c) . direction = c . g, with g read back through it once
         # (center(gain * direction) / scale), so no (component, batch, pos, d_model) stack is built.
-        kind, gain, bias, scale = final_norm(model, box[final], dt)
-        g = frozen_norm_readout(kind, direction, gain, scale)
+        norm, scale = final_norm(model, box[final], dt)
+        g = norm.readout(direction, scale)
         dot = lambda c: (c.to(dt) * g).sum(-1)  # noqa: E731  (batch, pos)
-        labels, out = ["W_E"], [dot(box["hook_embed"])]
+        labels, out = ["W_E"], [dot(box[N.EMBED])]
         if cfg.positional_embedding_type == "standard":
             labels.append("W_pos")
-            out.append(dot(box["hook_pos_embed"]))
+            out.append(dot(box[N.POS_EMBED]))
         for l in range(cfg.n_layers):
             attn = model.blocks[l].attn
-            z = box[f"blocks.{l}.attn.hook_z"].to(dt)
+            z = box[N.z(l)].to(dt)
             g_heads = einsum(g, attn.W_O.to(dt), "batch pos d_model, head_index d_head d_model -> batch pos head_index d_head")
             labels += list(head_labels(cfg.n_layers, cfg.n_heads)[l * cfg.n_heads : (l + 1) * cfg.n_heads])
             out.append((z * g_heads).sum(-1).permute(2, 0, 1))  # (head, batch, pos)
@@ -133,18 +130,18 @@ def direct_logit_attribution(
             out.append(dot(attn_weight(attn, "b_O", model.cfg.n_heads)))
             if not cfg.attn_only:
                 labels.append(mlp_label(l))
-                out.append(dot(box[f"blocks.{l}.hook_mlp_out"]))
+                out.append(dot(box[N.mlp_out(l)]))
         out = [o if o.ndim == 3 else o[None] for o in out]
         metric = metric_of(logits, targets, contrast)
-        if bias is not None:
+        if norm.bias is not None:
             labels.append("ln_final.b")
-            out.append((bias.to(dt) * direction).sum(-1)[None])
+            out.append((norm.bias * direction).sum(-1)[None])
         labels.append("b_U")
         out.append(b_U[None])
         contributions = torch.cat(out).masked_fill(skip, 0.0)  # skipped positions: no part, excluded from the check
         metric = metric.masked_fill(skip, 0.0)
-    check_sum("direct_logit_attribution", contributions.sum(0), metric, contributions, user_hooks, cfg.dtype,
-              model_source(model))
+    # The identities the certificate measured on its probe, checked again on this batch at no cost.
+    confirm("direct_logit_attribution", "readout", contributions.sum(0), metric, contributions, cfg.dtype, model_source(model))
     scored = ~skip
     clean = float(metric[scored].mean()) if bool(scored.any()) else 0.0
     return DirectLogitAttribution(labels=tuple(labels), contributions=contributions, per_position=metric, clean=clean, scored=scored)

@@ -32,7 +32,8 @@ from transformer_lens import FactoredMatrix
 
 from ._backend import Model, attn_weight
 from ._exact import compute_dtype
-from ._validate import check_bilinear_scores, check_model
+from ._validate import check_head
+from .certificate import require
 
 __all__ = ["CompositionScores", "composition_scores", "random_baseline", "virtual_weight", "score_from_virtual_weight"]
 
@@ -122,9 +123,7 @@ def composition_scores(
     (True, True)
     """
     kind = check_kind(kind)
-    check_model(model)
-    if kind != "v":
-        check_bilinear_scores(model, f"{kind.upper()}-composition")
+    require(model, "composition_scores", also=() if kind == "v" else ("scores",))
     L, H = model.cfg.n_layers, model.cfg.n_heads
     with torch.no_grad():
         dt = dtype or compute_dtype(model)  # float32 for half models: QR has no half-precision CPU kernel
@@ -195,14 +194,11 @@ def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kin
     >>> tuple(vw.A.shape), tuple(vw.B.shape)
     ((32, 16), (16, 16))
     """
-    from ._validate import check_head
-
     (ls, hs), (ld, hd) = check_head(model, *src, name="src"), check_head(model, *dst, name="dst")
     if ls >= ld:
         raise ValueError(f"src layer {ls} must come before dst layer {ld}")
     kind = check_kind(kind)
-    if kind != "v":
-        check_bilinear_scores(model, f"virtual_weight(kind={kind!r})")
+    require(model, "virtual_weight", also=() if kind == "v" else ("scores",))
     with torch.no_grad():
         return FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[ls, hs], model.W_O[ls, hs]) @ _circuit(model, ld, hd, kind)
 

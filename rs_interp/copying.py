@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float
 
 from ._backend import Model, attn_weight
-from ._validate import check_model
+from .certificate import require
 
 __all__ = ["copying_scores", "ov_eigenvalues"]
 
@@ -33,7 +33,7 @@ __all__ = ["copying_scores", "ov_eigenvalues"]
 def ov_eigenvalues(model: Model) -> torch.Tensor:
     """(layer, head, d_head) complex eigenvalues of each head's full OV circuit ``W_E W_V W_O W_U``
     (its nonzero spectrum, from the ``d_head x d_head`` matrix ``W_O W_U W_E W_V``), in float64."""
-    check_model(model)
+    require(model, "copying_scores")
     with torch.no_grad():
         W_E, W_U = model.W_E.to(torch.float64), model.W_U.to(torch.float64)
         UE = W_U @ W_E  # (d_model, d_model), formed once

@@ -189,7 +189,10 @@ def head_ablation_scan(
     box: dict[str, torch.Tensor] = {}
     names = lambda n: n.endswith("hook_resid_pre") or n == "hook_pos_embed"  # noqa: E731
     B, P = tokens.shape
+    # Several heads per pass, stacked along the batch, where each row is computed on its own (the
+    # certificate's "rows": a hook reading the batch as a whole would see the stack); else one per pass.
     per_pass = min(n_heads, stacked_copies(model, B, P, memory_budget, logit_positions=None if pos is None else len(pos)))
+    per_pass = per_pass if cert.holds("rows") else 1
     with preserve_state(model), torch.no_grad():
         refs = _reference_z(model, ref, method, range(L))
         with model.hooks(fwd_hooks=store_matching(box, model, names)):

@@ -16,7 +16,8 @@ from jaxtyping import Float, Int
 
 from ._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
 from ._state import preserve_state
-from ._validate import check_bilinear_scores, check_int_range, check_layer, check_tokens
+from ._validate import check_int_range, check_layer, check_tokens
+from .certificate import require
 from .hooks import store_matching
 from .labels import head_labels
 from .metrics import top_effects
@@ -46,6 +47,7 @@ def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> 
     (True, 0.0)
     """
     tokens = check_tokens(model, tokens)
+    require(model, "attention_patterns")
     box: dict[str, torch.Tensor] = {}
     with preserve_state(model), torch.no_grad():
         with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith("attn.hook_pattern"))):
@@ -89,6 +91,7 @@ def first_token_attention(model: Model, tokens: Int[torch.Tensor, "batch pos"], 
     ((2, 2), 0.054)
     """
     tokens = check_tokens(model, tokens)
+    require(model, "first_token_attention")
     n = tokens.shape[1]
     if n < 2:  # query 0 can only attend to itself: there is no choice to measure
         raise ValueError(f"tokens must have at least 2 positions for first-token attention, got {n}")
@@ -108,6 +111,7 @@ def prev_token_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> F
     True
     """
     tokens = check_tokens(model, tokens)
+    require(model, "prev_token_scores")
     if tokens.shape[1] < 2:
         raise ValueError("tokens must have at least 2 positions for previous-token scores")
     pat = attention_patterns(model, tokens)
@@ -124,6 +128,7 @@ def find_prev_token_head(model: Model, tokens: Int[torch.Tensor, "batch pos"], l
     (0, True)
     """
     layer = check_layer(model, layer)
+    require(model, "find_prev_token_head")
     return layer, int(prev_token_scores(model, tokens)[layer].argmax())
 
 
@@ -169,6 +174,7 @@ def induction_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, pe
     True
     """
     tokens = check_tokens(model, tokens)
+    require(model, "induction_scores")
     if not isinstance(periods, torch.Tensor) or periods.dtype.is_floating_point or tuple(periods.shape) != tokens.shape[:1]:
         raise ValueError(f"periods must be an integer tensor of one period per sequence, shape ({tokens.shape[0]},)")
     if bool((periods < 1).any()):
@@ -210,9 +216,7 @@ def positional_scores(model: Model, layer: int, *, max_offset: int | None = None
     (2, 4)
     """
     check_layer(model, layer)
-    if model.cfg.positional_embedding_type != "rotary":
-        raise ValueError("positional_scores needs a rotary model (cfg.positional_embedding_type == 'rotary')")
-    check_bilinear_scores(model, "positional_scores")
+    require(model, "positional_scores")  # a rotary model whose scores are the bilinear form the weights say
     n = model.cfg.n_ctx if max_offset is None else check_int_range("max_offset", max_offset, 0, model.cfg.n_ctx - 1) + 1
     attn = model.blocks[layer].attn
     with torch.no_grad():
@@ -259,6 +263,7 @@ def key_score_sensitivity(model: Model, tokens: Int[torch.Tensor, "batch pos"], 
     (True, True)
     """
     tokens = check_tokens(model, tokens)
+    require(model, "key_score_sensitivity")
     b, n = tokens.shape
     if n < 2:
         raise ValueError("tokens must have at least 2 positions")

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Int
 
+from . import _names as N
 from ._backend import Model, logit_softcap, run_from
-from ._exact import compute_dtype
+from ._exact import compute_dtype, d_vocab_out, final_norm_of, unembed_bias
 from ._state import preserve_state
 from ._validate import check_int_range, check_targets, check_tokens
 from .certificate import require
@@ -70,11 +71,11 @@ class LogitLensReadings:
 
 def reading_points(model: Model, sublayers: bool = False) -> list[tuple[str, str]]:
     """(label, hook name) of every reading point, in order (:func:`rs_interp.labels.lens_label`)."""
-    points = [(lens_label(None), "blocks.0.hook_resid_pre")]
+    points = [(lens_label(None), N.RESID0)]
     for l in range(model.cfg.n_layers):
         if sublayers and not model.cfg.attn_only:
-            points.append((lens_label(l, sublayer="attn"), f"blocks.{l}.hook_resid_mid"))
-        points.append((lens_label(l), f"blocks.{l}.hook_resid_post"))
+            points.append((lens_label(l, sublayer="attn"), N.resid_mid(l)))
+        points.append((lens_label(l), N.resid_post(l)))
     return points
 
 
@@ -136,12 +137,6 @@ def _batch_chunk(model: Model, P: int, n_points: int, memory_budget: int) -> int
     return max(1, memory_budget // per_seq)
 
 
-def _final_norm(model: Model, x: torch.Tensor) -> torch.Tensor:
-    """The final norm of every row of ``x`` (rows, d_model), its scale recomputed from the row itself:
-    the lens reads each point on its own terms."""
-    return x if model.cfg.normalization_type is None else model.ln_final(x)
-
-
 def logit_lens(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -185,7 +180,8 @@ def logit_lens(
     tokens = check_tokens(model, tokens)
     require(model, "logit_lens")
     cap = logit_softcap(model)
-    check_int_range("top_k", top_k, 1, model.cfg.d_vocab)
+    V = d_vocab_out(model)
+    check_int_range("top_k", top_k, 1, V)
     check_int_range("memory_budget", memory_budget, 1)
     if batch_chunk is None:
         batch_chunk = _batch_chunk(model, tokens.shape[1], len(reading_points(model, sublayers)), memory_budget)
@@ -193,7 +189,7 @@ def logit_lens(
     check_int_range("row_chunk", row_chunk, 1)
     check_int_range("vocab_tile", vocab_tile, 1)
     if targets is not None:
-        targets = check_targets(targets, tokens, model.cfg.d_vocab)  # -1: skip (NaN probability)
+        targets = check_targets(targets, tokens, V)  # -1: skip (NaN probability)
     points = reading_points(model, sublayers)
     B, P = tokens.shape
     n_pts = len(points)
@@ -202,12 +198,13 @@ def logit_lens(
     top_probs = torch.empty(n_pts, B, P, top_k, dtype=dt)
     entropy = torch.empty(n_pts, B, P, dtype=dt)
     target_probs = None if targets is None else torch.full((n_pts, B, P), float("nan"), dtype=dt)
-    log_probs = torch.empty(n_pts, B, P, model.cfg.d_vocab, dtype=dt) if full else None
+    log_probs = torch.empty(n_pts, B, P, V, dtype=dt) if full else None
     names = {name for _, name in points}
     with preserve_state(model), torch.no_grad():
-        W_U = model.W_U.to(dt)
-        b_U = model.b_U.to(dt)
-        has_bias = bool(b_U.any())
+        W_U = model.W_U.detach().to(dt)
+        b_U = unembed_bias(model, dt)
+        has_bias = b_U is not None and bool(b_U.any())
+        norm = final_norm_of(model).to(dt)
         for b0 in range(0, B, batch_chunk):
             box: dict[str, torch.Tensor] = {}
             with model.hooks(fwd_hooks=[(n, store(box, n)) for n in names]):
@@ -216,7 +213,7 @@ def logit_lens(
             # Every reading point's rows decoded together: on short inputs one point alone is too
             # few rows to pay for reading W_U (the decoding is bound by memory below ~100 rows).
             nb = box[points[0][1]].shape[0]
-            flat = torch.cat([_final_norm(model, box.pop(name).reshape(nb * P, -1)).to(dt) for _, name in points])
+            flat = torch.cat([norm.apply(box.pop(name).reshape(nb * P, -1).to(dt)) for _, name in points])
             n = nb * P  # rows per reading point
             for r0 in range(0, flat.shape[0], row_chunk):
                 rows = torch.arange(r0, min(r0 + row_chunk, flat.shape[0]))

@@ -29,10 +29,12 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Int
 
+from . import _names as N
 from ._backend import Model, attn_weight
-from ._exact import attached_hooks, check_sum, compute_dtype
+from ._exact import compute_dtype, d_vocab_out, unembed_bias
 from ._state import preserve_state
 from ._validate import check_target_pair, check_tokens
+from .certificate import confirm, require
 from .hooks import store_matching
 from .labels import head_label
 from .metrics import top_effects
@@ -91,14 +93,10 @@ class PathExpansion:
         return top_effects(self.labels, c.reshape(len(self.labels), -1).mean(-1), k)
 
 
-def _check_attn_only(model: Model, what: str) -> None:
-    cfg = model.cfg
-    if not cfg.attn_only or cfg.normalization_type is not None:
-        raise ValueError(
-            f"{what} is exact only for attention-only models without LayerNorm or MLPs "
-            f"(this model has attn_only={cfg.attn_only}, normalization_type={cfg.normalization_type!r}); "
-            "use rs_interp.direct_logit_attribution, which freezes each token's LayerNorm scale"
-        )
+def _bias(model: Model, dt: torch.dtype) -> torch.Tensor:
+    """``b_U`` in ``dt`` (zeros where the model has none)."""
+    b_U = unembed_bias(model, dt)
+    return torch.zeros(model.W_U.shape[-1], dtype=dt) if b_U is None else b_U
 
 
 def _stream_paths(
@@ -113,14 +111,14 @@ def _stream_paths(
     """
     dt = compute_dtype(model)
     box: dict[str, torch.Tensor] = {}
-    names = lambda n: n == "blocks.0.hook_resid_pre" or n.endswith("attn.hook_pattern")  # noqa: E731
+    names = lambda n: n == N.RESID0 or n.endswith("attn.hook_pattern")  # noqa: E731
     with preserve_state(model), torch.no_grad():
         with model.hooks(fwd_hooks=store_matching(box, model, names)):
             logits = model(tokens, return_type="logits")
-        labels, heads, layers, terms = [DIRECT], [()], [-1], [box["blocks.0.hook_resid_pre"].to(dt)]
+        labels, heads, layers, terms = [DIRECT], [()], [-1], [box[N.RESID0].to(dt)]
         for l in range(model.cfg.n_layers):
             attn = model.blocks[l].attn
-            pattern = box[f"blocks.{l}.attn.hook_pattern"].to(dt)  # (batch, head, q, k)
+            pattern = box[N.pattern(l)].to(dt)  # (batch, head, q, k)
             W_O = attn.W_O.to(dt)
             W_OV = attn_weight(attn, "W_V", model.cfg.n_heads).to(dt) @ W_O  # (head, d_model, d_model)
             new: list[tuple[str, tuple, int, torch.Tensor]] = []
@@ -172,18 +170,17 @@ def path_expansion(
     >>> len(pe.labels), float((pe.total() - model(tokens).detach()).abs().max()) < 1e-10  # (1 + 2)^2 paths, exact
     (9, True)
     """
-    _check_attn_only(model, "path_expansion")
     tokens = check_tokens(model, tokens)
+    require(model, "path_expansion")
     skip = None
     if targets is not None:
-        safe, _, skip = check_target_pair(targets, None, tokens, model.cfg.d_vocab)
+        safe, _, skip = check_target_pair(targets, None, tokens, d_vocab_out(model))
         targets = safe.masked_fill(skip, -1)
-    user_hooks = attached_hooks(model)
     labels, heads, layers, terms, logits = _stream_paths(model, tokens)
     dt = terms[0].dtype
     with torch.no_grad():
         stack = torch.stack(terms)  # (path, batch, pos, d_model)
-        W_U, b_U_all = model.W_U.to(dt), model.b_U.to(dt)
+        W_U, b_U_all = model.W_U.to(dt), _bias(model, dt)
         if targets is None:
             out, b_U, run = stack @ W_U, b_U_all, logits
         else:
@@ -196,7 +193,7 @@ def path_expansion(
             heads.append(())
             layers.append(-1)
             out = torch.cat([out, b_U.expand_as(out[0])[None]])
-    check_sum("path_expansion", out.sum(0), run, out, user_hooks, model.cfg.dtype)
+    confirm("path_expansion", "values", out.sum(0), run, out, model.cfg.dtype)
     return PathExpansion(labels=tuple(labels), contributions=out, chains=tuple(heads), targets=targets, layers=tuple(layers))
 
 
@@ -260,19 +257,18 @@ def path_logit_attribution(
     >>> float(att.share_ending_in(1).median()) > 0.8
     True
     """
-    _check_attn_only(model, "path_logit_attribution")
     tokens = check_tokens(model, tokens)
-    safe, _, skip = check_target_pair(targets, None, tokens, model.cfg.d_vocab)
+    require(model, "path_logit_attribution")
+    safe, _, skip = check_target_pair(targets, None, tokens, d_vocab_out(model))
     mask = ~skip
     if not bool(mask.any()):
         raise ValueError("targets skips every position (all -1): no scored positions to attribute")
-    user_hooks = attached_hooks(model)
     labels, heads, layers, terms, logits = _stream_paths(model, tokens)
     dt = terms[0].dtype
     with torch.no_grad():
         stack = torch.stack(terms)[:, mask]  # (path, n, d_model)
         correct = safe[mask]  # (n,)
-        W_U, b_U = model.W_U.to(dt), model.b_U.to(dt)
+        W_U, b_U = model.W_U.to(dt), _bias(model, dt)
         w = W_U.T[correct] - W_U.mean(1)  # centered unembedding columns, (n, d_model)
         centered = (stack * w).sum(-1)
         last = torch.tensor(layers, device=stack.device)
@@ -281,8 +277,8 @@ def path_logit_attribution(
             centered = torch.cat([centered, (b_U[correct] - b_U.mean())[None]])
             last = torch.cat([last, last.new_tensor([-1])])
         run = logits[mask].to(dt)
-        check_sum("path_logit_attribution", centered.sum(0), run.gather(-1, correct[:, None])[:, 0] - run.mean(-1),
-                  centered, user_hooks, model.cfg.dtype)
+        confirm("path_logit_attribution", "values", centered.sum(0), run.gather(-1, correct[:, None])[:, 0] - run.mean(-1),
+                centered, model.cfg.dtype)
         partial = stack[last[: len(stack)] != model.cfg.n_layers - 1].sum(0) @ W_U + b_U
         top1 = float((partial.argmax(-1) == correct).float().mean())
     return PathAttribution(labels=tuple(labels), centered=centered, share=centered / centered.sum(0),

@@ -36,12 +36,13 @@ import torch
 from einops import einsum
 from jaxtyping import Float, Int
 
-from ._backend import Model, attn_weight, logit_softcap, model_source, norm_affine
-from ._exact import attached_hooks, check_sum, compute_dtype, final_norm, frozen_norm_readout, unembed_direction
+from . import _names as N
+from ._backend import Model, attn_weight, model_source, norm_of
+from ._exact import compute_dtype, d_vocab_out, final_norm, unembed_direction
 from ._state import preserve_state
 from ._stream import record
 from ._validate import check_int_range, check_positions, check_target_pair, check_tokens
-from .certificate import require
+from .certificate import confirm, require
 from .labels import bias_label, head_labels, mlp_label
 from .metrics import top_effects
 
@@ -89,13 +90,6 @@ class SecondOrderAttribution:
         return top_effects(pairs, self.contributions.sum((2, 3)), k)
 
 
-def _check_model(model: Model) -> None:
-    require(model, "second_order_attribution")
-    if logit_softcap(model) is not None:
-        raise ValueError(f"second_order_attribution: the logits pass a soft-cap (c tanh(l / c), c = {logit_softcap(model):g}): "
-                         "no split of a logit over components is exact through it")
-
-
 def second_order_attribution(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -129,21 +123,20 @@ def second_order_attribution(
         (('L0H0', 'L0H1'), True)
     """
     tokens = check_tokens(model, tokens)
-    targets, contrast, skip = check_target_pair(targets, contrast, tokens, model.cfg.d_vocab)
-    _check_model(model)
+    require(model, "second_order_attribution")
+    targets, contrast, skip = check_target_pair(targets, contrast, tokens, d_vocab_out(model))
     P = tokens.shape[1]
     pos = list(range(P)) if positions is None else check_positions(positions, P)
     check_int_range("memory_budget", memory_budget, 1)
-    cfg, dt, kind = model.cfg, compute_dtype(model), model.cfg.normalization_type
+    cfg, dt = model.cfg, compute_dtype(model)
     L, n_heads = cfg.n_layers, cfg.n_heads
-    user_hooks = attached_hooks(model)
     wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "attn.hook_pattern", "hook_mlp_out", "hook_resid_pre", "hook_resid_post")
     with preserve_state(model), torch.no_grad():
         box = record(model, tokens, lambda n: n.endswith(wanted))  # ends at the last of them
         q = torch.tensor(pos, device=tokens.device)
         direction, _ = unembed_direction(model, targets[:, q], None if contrast is None else contrast[:, q], dt)
-        f_kind, f_gain, _, f_scale = final_norm(model, box[f"blocks.{L - 1}.hook_resid_post"][:, q], dt)
-        g = frozen_norm_readout(f_kind, direction, f_gain, f_scale)  # (batch, Q, d_model)
+        f_norm, f_scale = final_norm(model, box[N.final_stream(L)][:, q], dt)
+        g = f_norm.readout(direction, f_scale)  # (batch, Q, d_model)
 
         # The sources, in the order they enter the stream, and the layer that writes each; their
         # writes in one (source, batch, pos, d_model) tensor, so the sources upstream of a layer
@@ -156,44 +149,39 @@ def second_order_attribution(
             layer_of += [l] * (n_heads + 1)
             if not cfg.attn_only:
                 labels.append(mlp_label(l)), layer_of.append(l)
-        ln1 = [norm_affine(model, model.blocks[l].ln1) if kind else (None, None, None, 0.0) for l in range(L)]
-        has_ln1_bias = any(b is not None for _, _, b, _ in ln1)
+        ln1 = [norm_of(model, getattr(model.blocks[l], "ln1", None)).to(dt) for l in range(L)]
+        has_ln1_bias = any(n.bias is not None for n in ln1)
         own = (["ln1.b"] if has_ln1_bias else []) + ["b_V"]
         n_src, B, Q = len(labels), tokens.shape[0], len(pos)
         # Batch first, (batch, source, pos, d_model): a batch row's sources upstream of a layer are one
         # (source * pos, d_model) matrix, multiplied in place (no copy of them per layer).
         terms = torch.empty(B, n_src, P, cfg.d_model, dtype=dt)
-        terms[:, 0] = box["hook_embed"]
+        terms[:, 0] = box[N.EMBED]
         i = 1
         if cfg.positional_embedding_type == "standard":
-            terms[:, 1], i = box["hook_pos_embed"], 2
+            terms[:, 1], i = box[N.POS_EMBED], 2
         for l in range(L):
             attn = model.blocks[l].attn
-            z = box[f"blocks.{l}.attn.hook_z"].to(dt)
+            z = box[N.z(l)].to(dt)
             terms[:, i : i + n_heads] = torch.matmul(z.transpose(1, 2), attn.W_O.to(dt))  # z W_O, per head
             terms[:, i + n_heads] = attn_weight(attn, "b_O", model.cfg.n_heads).to(dt)
             i += n_heads + 1
             if not cfg.attn_only:
-                terms[:, i], i = box[f"blocks.{l}.hook_mlp_out"], i + 1
+                terms[:, i], i = box[N.mlp_out(l)], i + 1
         out = torch.zeros(n_src + len(own), L, n_heads, B, Q, dtype=dt)
         first = torch.empty(L, n_heads, B, Q, dtype=dt)
         elem = torch.finfo(dt).bits // 8
         for l in range(L):
             attn = model.blocks[l].attn
             W_V, W_O = attn_weight(attn, "W_V", n_heads).to(dt), attn.W_O.to(dt)
-            A = box[f"blocks.{l}.attn.hook_pattern"].to(dt)[:, :, q]  # (batch, head, Q, key)
+            A = box[N.pattern(l)].to(dt)[:, :, q]  # (batch, head, Q, key)
             u = einsum(g, W_O, W_V, "batch query d_model, head_index d_head d_model, head_index d_model_in d_head"
                        " -> batch head_index query d_model_in")  # W_V W_O g, per head
-            # The head's own norm, scale frozen: its gain and centering move onto u, 1/scale onto each key.
-            l_kind, l_gain, l_bias, l_eps = ln1[l]
-            if l_gain is not None:
-                u = u * l_gain.detach().to(dt)
-            if l_kind in ("LN", "LNPre"):
-                u = u - u.mean(-1, keepdim=True)
-            if l_kind:  # 1/scale per key moves onto the pattern: (S / s) . u = (S . u) / s
-                x = box[f"blocks.{l}.hook_resid_pre"].to(dt)
-                x = x - x.mean(-1, keepdim=True) if l_kind in ("LN", "LNPre") else x
-                A = A / (x.pow(2).mean(-1) + l_eps).sqrt()[:, None, None, :]
+            # The head's own norm, scale frozen: its gain and centering move onto u (its transpose with
+            # scale 1), 1/scale onto each key: (S / s) . u = (S . u) / s.
+            u = ln1[l].readout(u, torch.ones((), dtype=dt))
+            if ln1[l].kind is not None:
+                A = A / ln1[l].scale(box[N.resid_pre(l)].to(dt))[..., 0][:, None, None, :]
             n_up = sum(1 for i in range(n_src) if layer_of[i] < l)  # a prefix: sources are in depth order
             chunk = max(1, memory_budget // max(1, B * n_heads * Q * P * elem))
             # T[b, (c, k), (h, q)] = src_c[b, k] . u_h[b, q]: one product per batch row; then the
@@ -206,16 +194,16 @@ def second_order_attribution(
                 out[c0:c1, l] = T.mul_(A_t).sum(2).view(B, c1 - c0, n_heads, Q).permute(1, 2, 0, 3)
             # The destination's own constants: pattern rows sum to one, so they pass A unchanged.
             b_V = attn_weight(attn, "b_V", n_heads).to(dt)  # (head, d_head)
-            consts = [(l_bias.detach().to(dt) if l_bias is not None else torch.zeros(cfg.d_model, dtype=dt)) @ W_V] if has_ln1_bias else []
+            consts = [(ln1[l].bias if ln1[l].bias is not None else torch.zeros(cfg.d_model, dtype=dt)) @ W_V] if has_ln1_bias else []
             for j, c in enumerate(consts + [b_V]):
                 out[n_src + j, l] = torch.einsum("hd,hdm,bqm->hbq", c, W_O, g)
-            z = box[f"blocks.{l}.attn.hook_z"].to(dt)[:, q]  # (batch, Q, head, d_head)
+            z = box[N.z(l)].to(dt)[:, q]  # (batch, Q, head, d_head)
             first[l] = torch.einsum("bqhd,hdm,bqm->hbq", z, W_O, g)
         out, first = out.flatten(1, 2), first.flatten(0, 1)
         skipped = skip[:, q]  # (batch, Q): skipped positions have no part, and are excluded from the check
         out, first = out.masked_fill(skipped, 0.0), first.masked_fill(skipped, 0.0)
     # Each head's sources sum to its first-order part; and the first-order parts, with the rest of the
     # stream, are the run's metric (checked by direct_logit_attribution's identity in the tests).
-    check_sum("second_order_attribution", out.sum(0), first, out, user_hooks, cfg.dtype, model_source(model))
+    confirm("second_order_attribution", "values", out.sum(0), first, out, cfg.dtype, model_source(model))
     return SecondOrderAttribution(sources=tuple(labels + own), destinations=head_labels(L, n_heads),
                                   contributions=out, first_order=first, positions=tuple(pos))

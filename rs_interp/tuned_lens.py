@@ -30,12 +30,13 @@ from jaxtyping import Float, Int
 from safetensors.torch import load_file, save_file
 
 from ._backend import Model
-from ._exact import compute_dtype
+from ._exact import compute_dtype, readout
 from ._progress import bar
 from ._state import preserve_state
 from ._validate import check_int_range, check_tokens
+from .certificate import require
 from .hooks import store
-from .lens import _final_norm, reading_points
+from .lens import reading_points
 
 __all__ = ["TunedLens", "train_tuned_lens", "lens_kl"]
 
@@ -96,8 +97,8 @@ def _streams(model: Model, tokens: torch.Tensor) -> tuple[list[str], torch.Tenso
 
 
 def _readout(model: Model, x: torch.Tensor) -> torch.Tensor:
-    dt = x.dtype
-    return _final_norm(model, x.to(model.cfg.dtype)).to(dt) @ model.W_U.to(dt) + model.b_U.to(dt)
+    """The model's readout of ``x`` (the final norm, ``W_U``, ``b_U`` and the soft-cap: the logit lens's)."""
+    return readout(model, x, x.dtype)
 
 
 def _kl(final_lp: torch.Tensor, lens_logits: torch.Tensor) -> torch.Tensor:
@@ -129,6 +130,7 @@ def train_tuned_lens(
     True
     """
     tokens = check_tokens(model, tokens)
+    require(model, "train_tuned_lens")
     check_int_range("steps", steps, 0)
     check_int_range("batch_rows", batch_rows, 1)
     labels, streams, final_lp = _streams(model, tokens)
@@ -193,6 +195,7 @@ def lens_kl(model: Model, tokens: Int[torch.Tensor, "batch pos"], tuned: TunedLe
     ((2,), True)
     """
     tokens = check_tokens(model, tokens)
+    require(model, "lens_kl")
     if tuned is not None:
         _check_lens(model, tuned, strict)
     _, streams, final_lp = _streams(model, tokens)

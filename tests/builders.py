@@ -106,9 +106,10 @@ FEATURES = {None: {}, "parallel": dict(parallel_attn_mlp=True), "gqa": dict(n_ke
 
 
 def make_variant(norm, pos, attn_only, feature=None, *, dtype=torch.float64, seed=0, n_layers=2, n_heads=2, d_head=8,
-                 d_model=16, d_vocab=50, n_ctx=12):
+                 d_model=16, d_vocab=50, n_ctx=12, **overrides):
     """A small random model of any TransformerLens variant, with every bias and gain nonzero; ``feature``
-    adds one of :data:`FEATURES` (parallel blocks, grouped-query attention, qk-norm, gated SiLU MLPs)."""
+    adds one of :data:`FEATURES` (parallel blocks, grouped-query attention, qk-norm, gated SiLU MLPs);
+    ``overrides`` set any other config field (``act_fn="relu"`` ...)."""
     from rs_interp.models.checkpoints import build_model
 
     fields = dict(
@@ -116,7 +117,7 @@ def make_variant(norm, pos, attn_only, feature=None, *, dtype=torch.float64, see
         attn_only=attn_only, d_mlp=None if attn_only else 4 * d_model, act_fn=None if attn_only else "gelu",
         normalization_type=norm, positional_embedding_type=pos, rotary_dim=d_head if pos == "rotary" else None,
         dtype=dtype, seed=None, device="cpu")
-    cfg = _backend.make_config(**{**fields, **FEATURES[feature]})
+    cfg = _backend.make_config(**{**fields, **FEATURES[feature], **overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_model(cfg)

@@ -33,6 +33,9 @@ FAMILIES = {
     "mistral": lambda T: T.MistralConfig(**COMMON, num_key_value_heads=2),
     "mixtral": lambda T: T.MixtralConfig(**COMMON, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
     "qwen2": lambda T: T.Qwen2Config(**COMMON, num_key_value_heads=2),
+    # a sliding window of 8 on every layer: past the load check's first probe (issue 49)
+    "qwen2_window": lambda T: T.Qwen2Config(**COMMON, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+                                            max_window_layers=0),
     "opt": lambda T: T.OPTConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, ffn_dim=48, vocab_size=300,
                                  max_position_embeddings=64, word_embed_proj_dim=32),
     "gpt_neo": lambda T: T.GPTNeoConfig(num_layers=2, hidden_size=32, num_heads=4, vocab_size=300, max_position_embeddings=64,

@@ -49,7 +49,10 @@ def test_query_ablation_moves_the_output(toy2, small_batch):
 def test_single_head_ablation(toy2_f64, small_batch):
     """Only the chosen head's key input is replaced: the other head's pattern is untouched."""
     box = {}
-    store = lambda t, hook: box.__setitem__(len(box), t)  # noqa: E731
+    # The certificate runs the hooked model on its probe batch too (hooks are part of the model
+    # certified): record this batch's runs only.
+    n = small_batch.tokens.shape
+    store = lambda t, hook: box.__setitem__(len(box), t) if t.shape[-1] == n[1] and t.shape[0] == n[0] else None  # noqa: E731
     with toy2_f64.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", store)]):
         toy2_f64(small_batch.tokens)
         ri.run_with_key_input(toy2_f64, small_batch.tokens, layer=1, heads=[(1, 0)])

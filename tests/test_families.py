@@ -24,7 +24,7 @@ from rs_interp.certificate import NEEDS, TOLERANCES
 #: The families beyond the first five (tests/test_pretrained.py), and Mixtral in float32 too
 #: (transformers runs its experts in float32 and half precision only).
 CASES = [(f, torch.float64) for f in ("bloom", "phi", "gemma", "gemma2", "gemma3", "olmo", "olmo2", "stablelm", "mistral",
-                                      "mixtral", "qwen2", "opt", "gpt_neo", "phi3", "llama_bias", "falcon", "cohere",
+                                      "mixtral", "qwen2", "qwen2_window", "opt", "gpt_neo", "phi3", "llama_bias", "falcon", "cohere",
                                       "gpt_bigcode")] + [("mixtral", torch.float32)]
 
 
@@ -89,7 +89,8 @@ def test_load_is_the_checkpoint_or_refused_by_name(loaded):
     are the checkpoint's (the source identity, measured at load)."""
     family, model, err, _ = loaded
     if model is None:
-        arch = {"llama_bias": "Llama", "gpt_neo": "GPTNeo", "gpt_bigcode": "GPTBigCode"}.get(family, family.replace("_", ""))
+        arch = {"llama_bias": "Llama", "gpt_neo": "GPTNeo", "gpt_bigcode": "GPTBigCode", "qwen2_window": "Qwen2"}.get(
+            family, family.replace("_", ""))
         assert arch.lower() in str(err).lower() and ("try" in str(err) or "transformers' own" in str(err)), str(err)
         return
     source = ri.certify(model)["source"]

@@ -159,13 +159,25 @@ def _macros(markdown: str) -> str:
             rows.append(f"| `{key}` | {html.escape(e.theory).replace('|', '&#124;')} | {band} |")
         markdown = markdown.replace("{{ bands_table }}", "\n".join(rows))
     if "{{ certificate_table }}" in markdown:
-        from rs_interp.certificate import IDENTITIES, NEEDS
+        from rs_interp.certificate import IDENTITIES, NEEDS, REMEDIES
 
-        rows = ["| identity | what holds | helpers that refuse without it |", "|---|---|---|"]
+        rows = ["| identity | what holds | helpers that need it | where it fails |", "|---|---|---|---|"]
         for name, statement in IDENTITIES.items():
-            users = ", ".join(f"`{h}`" for h, needs in NEEDS.items() if name in needs) or "—"
-            rows.append(f"| `{name}` | {html.escape(statement)} | {users} |")
+            users = sum(name in needs for needs in NEEDS.values())
+            rows.append(f"| `{name}` | {html.escape(statement)} | {users} | {html.escape(REMEDIES.get(name, ''))} |")
         markdown = markdown.replace("{{ certificate_table }}", "\n".join(rows))
+    if "{{ helper_table }}" in markdown:
+        from rs_interp.certificate import ADAPTS, EXEMPT, IDENTITIES, NEEDS, OPTIONAL, REFUSES
+
+        names = list(IDENTITIES)
+        short = {n: n.replace(" at layer", "").replace("mlp ", "mlp&nbsp;") for n in names}
+        rows = ["| helper | " + " | ".join(short[n] for n in names) + " | refuses |", "|---|" + "---|" * (len(names) + 1)]
+        for helper, needs in NEEDS.items():
+            cells = ["✔" if n in needs else "opt." if n in OPTIONAL.get(helper, {}) else "adapts" if n in ADAPTS.get(helper, {})
+                     else "" for n in names]
+            rows.append(f"| `{helper}` | " + " | ".join(cells) + f" | {', '.join(REFUSES.get(helper, ())) or '—'} |")
+        rows += ["", "| exempt | why |", "|---|---|"] + [f"| `{h}` | {html.escape(why)} |" for h, why in EXEMPT.items()]
+        markdown = markdown.replace("{{ helper_table }}", "\n".join(rows))
     if "{{ tolerance_table }}" in markdown:
         from rs_interp.certificate import TOLERANCES
         from rs_interp.models._source import SOURCE_TOLERANCE

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .._norm import IDENTITY, Norm
 from . import config as _config
 from .common import (  # noqa: F401
     _HT_BUFFERS,
@@ -75,6 +76,7 @@ projection_layers = _impl.projection_layers
 norm_affine = _impl.norm_affine
 logits_with_grad = _impl.logits_with_grad
 other_version = _impl.other_version
+is_own_hook = _impl.is_own_hook
 
 
 def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:
@@ -103,6 +105,25 @@ def has_qk_norm(model: Model) -> bool:
     Hugging Face attention with ``q_norm`` (Qwen3, OLMo-2 ... booted on 4.x, whose config does not say)."""
     return bool(getattr(model.cfg, "use_qk_norm", False)) or any(
         hasattr(getattr(block.attn, "original_component", None), "q_norm") for block in model.blocks)
+
+
+def norm_of(model: Model, module: torch.nn.Module | None) -> Norm:
+    """One of the model's norms as it computes (:class:`rs_interp._norm.Norm`: its kind, the gain it
+    applies, its bias and epsilon, read by :func:`norm_affine`); the identity where the model has none.
+
+    Raises:
+        ValueError: the config says the model normalises, but ``module`` is None.
+
+    >>> from rs_interp import make_attn_only
+    >>> model = make_attn_only(1)
+    >>> norm_of(model, model.blocks[0].ln1).kind, norm_of(make_attn_only(1, normalization_type=None), None).kind
+    ('LN', None)
+    """
+    if model.cfg.normalization_type is None:
+        return IDENTITY
+    if module is None:
+        raise ValueError(f"the config says normalization_type={model.cfg.normalization_type!r}, but the model has no such norm here")
+    return Norm(*norm_affine(model, module))
 
 
 def transformer_lens_version() -> str:

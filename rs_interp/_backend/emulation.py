@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from .._norm import Norm
 from .common import HookName, Stop, per_query_head, qkv_input_target
 
 __all__ = ["qkv_input_hooks", "score_hooks", "final_stream"]
@@ -56,30 +57,22 @@ def _route(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set[int]) ->
     return wanted, rest
 
 
-def normalise(model: Any, norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """HookedTransformer's normalisation of ``x`` (any leading shape) in its own dtype, firing
-    ``norm``'s ``hook_scale`` and ``hook_normalized`` where HookedTransformer fires them, so a
-    user's hooks there act on the per-head inputs as they do on 3.x."""
-    kind = model.cfg.normalization_type
-    if kind is None:
+def normalise(norm: Norm, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """HookedTransformer's normalisation of ``x`` (any leading shape) by ``norm`` (the model's own, as
+    :func:`rs_interp._backend.norm_of` reads it), computed in float32 at least, firing ``module``'s
+    ``hook_scale`` and ``hook_normalized`` where HookedTransformer fires them, so a user's hooks there act
+    on the per-head inputs as they do on 3.x."""
+    if norm.kind is None:
         return x
     if x.dtype not in (torch.float32, torch.float64):
         x = x.float()
-    if kind in ("LN", "LNPre"):
-        x = x - x.mean(-1, keepdim=True)
-    scale = (x.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
-    fire = lambda name, t: getattr(norm, name)(t) if hasattr(norm, name) else t  # noqa: E731
-    x = fire("hook_normalized", x / fire("hook_scale", scale))
-    inner = getattr(norm, "original_component", norm)
-    if kind in ("LN", "RMS"):
-        x = x * inner.weight.to(x.dtype)
-    if kind == "LN":
-        x = x + inner.bias.to(x.dtype)
-    return x
+    fire = lambda name, t: getattr(module, name)(t) if hasattr(module, name) else t  # noqa: E731
+    return norm.affine(fire("hook_normalized", norm.centre(x) / fire("hook_scale", norm.scale(x))))
 
 
 @contextlib.contextmanager
-def qkv_input_hooks(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set[int]) -> Iterator[Hooks]:
+def qkv_input_hooks(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set[int],
+                    norm_of: Callable[[torch.nn.Module], Norm]) -> Iterator[Hooks]:
     """Run the ``blocks.L.hook_{q,k,v}_input`` hooks of ``fwd`` for the native layers ``layers``.
 
     Remove when: TransformerLens >= 4.4 (or whichever release first does) accepts
@@ -106,14 +99,14 @@ def qkv_input_hooks(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set
             removers.append(_prepend(model.hook_dict[f"blocks.{layer}.ln1.hook_in"], keep))
         for (layer, which), fns in wanted.items():
             point = model.hook_dict[f"blocks.{layer}.attn.hook_{which}"]
-            removers.append(_prepend(point, _projection(model, layer, which, fns, stream)))
+            removers.append(_prepend(point, _projection(model, layer, which, fns, stream, norm_of(model.blocks[layer].ln1))))
         yield rest
     finally:
         for remove in reversed(removers):
             remove()
 
 
-def _projection(model: Any, layer: int, which: str, fns: list[Callable], stream: dict[int, torch.Tensor]) -> Callable:
+def _projection(model: Any, layer: int, which: str, fns: list[Callable], stream: dict[int, torch.Tensor], norm: Norm) -> Callable:
     block = model.blocks[layer]
     name = f"blocks.{layer}.hook_{which}_input"
 
@@ -128,7 +121,8 @@ def _projection(model: Any, layer: int, which: str, fns: list[Callable], stream:
         for user in fns:
             result = user(x, hook=HookName(name))
             x = x if result is None else result
-        y = torch.einsum("bphm,hmd->bphd", normalise(model, block.ln1, x), W.to(x.dtype)) + b.to(x.dtype)
+        normed = normalise(norm, block.ln1, x)  # float32 at least: the projection is computed in its dtype
+        y = torch.einsum("bphm,hmd->bphd", normed, W.to(normed.dtype)) + b.to(normed.dtype)
         return y.to(projected.dtype)
 
     return fn

@@ -285,6 +285,11 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     return unembed.hook_out(torch.nn.functional.linear(box["x"], unembed.W_U.T, unembed.b_U))
 
 
+def is_own_hook(fn: Callable) -> bool:
+    """Whether a PyTorch hook is TransformerLens's own wiring rather than a user's: never on 3.x."""
+    return False
+
+
 def other_version() -> str:
     """What to try when this version cannot load a family: the other version, and how."""
     return ("TransformerLens 4 (pip install 'transformer-lens>=4.3'; rs_interp's RS_INTERP_TL=4), which runs the "

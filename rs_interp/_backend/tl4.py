@@ -22,6 +22,7 @@ import transformer_lens.model_bridge.sources.native  # noqa: F401  (attaches boo
 from transformer_lens import TransformerBridge as Model
 from transformer_lens import TransformerBridgeConfig as ModelConfig
 
+from .._norm import Norm
 from . import emulation
 from ._tl4_native import (
     _compatible,
@@ -65,7 +66,7 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
     if layers - native:
         set_flag(model, "use_split_qkv_input", True)
     try:
-        with emulation.qkv_input_hooks(model, fwd, native) as runnable:
+        with emulation.qkv_input_hooks(model, fwd, native, lambda module: Norm(*norm_affine(model, module))) as runnable:
             yield runnable
     finally:
         set_flag(model, "use_split_qkv_input", saved)
@@ -409,6 +410,13 @@ def norm_affine(model: Model, norm: torch.nn.Module) -> tuple[str | None, torch.
 def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     """``model(tokens)``'s logits, with gradients (the bridge's own path)."""
     return model(tokens, return_type="logits")
+
+
+def is_own_hook(fn: Callable) -> bool:
+    """Whether a PyTorch hook is the bridge's own wiring (``BlockBridge`` wires capture hooks on its norms
+    the first time ``hook_mlp_in`` or the split inputs are asked for), not a user's: the certificate's key
+    leaves it out. Remove when: a TransformerLens 4 release wires them at construction."""
+    return getattr(fn, "__module__", "").startswith("transformer_lens.model_bridge")
 
 
 def other_version() -> str:

@@ -11,6 +11,7 @@ from typing import Sequence
 import torch
 
 from .. import _backend
+from .. import _names as N
 from .._backend import Model, attn_weight, per_head_inputs
 from .._stream import RESID0, readers
 from ..metrics import Metric, metric_value
@@ -29,22 +30,6 @@ def ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor |
     if method == "mean":
         return {k: v.mean((0, 1), keepdim=True).expand(B, P, *v.shape[2:]) for k, v in ref.items()}
     return ref
-
-
-def _normalised(kind: str | None, gain: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-                x: torch.Tensor) -> torch.Tensor:
-    """A first norm (``(kind, gain, bias, eps)`` from :func:`rs_interp._backend.norm_affine`) applied to
-    ``x`` (any leading shape), computed as TransformerLens computes it."""
-    if kind is None:
-        return x
-    if kind in ("LN", "LNPre"):
-        x = x - x.mean(-1, keepdim=True)
-    x = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-    if gain is not None:
-        x = x * gain.to(x.dtype)
-    if bias is not None:
-        x = x + bias.to(x.dtype)
-    return x
 
 
 def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: EdgeLayout, keep: torch.Tensor,
@@ -113,7 +98,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
         return fn
 
     def keep_stream(t: torch.Tensor, *, hook) -> None:
-        stream[int(hook.name.split(".")[1])] = t
+        stream[N.layer_of(hook.name)] = t
 
     def projected_receiver(r):
         cols = [column[lab] for lab in r.labels]
@@ -122,7 +107,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
         b = attn_weight(attn, f"b_{r.kind.upper()}", cfg.n_heads).detach()  # (head, d_head)
         if len(cols) != cfg.n_heads:  # one per KV head: query head h reads KV head h // group
             W, b = W[:: cfg.n_heads // len(cols)], b[:: cfg.n_heads // len(cols)]
-        norm = _backend.norm_affine(model, model.blocks[r.layer].ln1)
+        norm = _backend.norm_of(model, model.blocks[r.layer].ln1)
 
         def fn(t: torch.Tensor, *, hook) -> torch.Tensor | None:
             n = filled[0]
@@ -142,7 +127,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
             # nothing leaves every other value unchanged to the bit (ACDC at threshold 0 relies on it).
             for hs in groups.values():
                 moved = x.to(dt) + torch.einsum("sbpm,s->bpm", D[:n], w[:, hs[0]]).to(dt)
-                normed = _normalised(*norm, moved)
+                normed = norm.apply(moved)
                 for h in hs:
                     out[:, :, h] = (normed @ W[h].to(dt) + b[h].to(dt)).to(t.dtype)
             return out

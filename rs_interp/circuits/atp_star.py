@@ -43,9 +43,11 @@ from typing import Callable, Iterator
 import torch
 
 from .. import _backend
+from .. import _names as N
 from .._backend import Model, Stop, attn_weight, per_head_inputs, per_query_head, run_from
 from .._progress import bar
 from .._stream import readers
+from ..certificate import Certificate
 from .graph import EdgeLayout
 
 __all__ = ["drop_hooks", "dropped", "combine_drops", "node_qk_deltas", "edge_qk_fix", "check_drop_layers"]
@@ -86,30 +88,38 @@ def combine_drops(estimates: list[torch.Tensor], n_layers: int) -> torch.Tensor:
     return sum(e.abs() for e in estimates) / max(n_layers - 1, 1)
 
 
-def _replica_z(model: Model, tokens: torch.Tensor, layer: int, hooks: list, n_rep: int, box: dict[str, torch.Tensor],
-               from_layer: bool, split: bool) -> torch.Tensor:
-    """Layer ``layer``'s ``z`` (replica, batch, pos, head, d_head) from ``n_rep`` stacked copies of the run,
-    ``hooks`` acting on the stacked tensors, the pass ended at that ``hook_z``."""
+def _replica_z(model: Model, tokens: torch.Tensor, layer: int, make_hooks: Callable[[int, int], list], n_rep: int,
+               box: dict[str, torch.Tensor], cert: Certificate, split: bool) -> torch.Tensor:
+    """Layer ``layer``'s ``z`` (replica, batch, pos, head, d_head) from ``n_rep`` copies of the run, each
+    pass ended at that ``hook_z``: ``make_hooks(m0, m1)`` gives hooks acting on replicas ``m0 .. m1 - 1``
+    stacked along the batch. One pass for all where each batch row is computed on its own (the
+    certificate's ``rows``), else one pass per replica; from the cached stream entering ``layer`` where
+    running from a layer reproduces the model (``start at layer``), else from the tokens."""
     B = tokens.shape[0]
-    got: dict[str, torch.Tensor] = {}
+    from_layer = cert.holds("start at layer")
+    out = []
+    for m0, m1 in [(0, n_rep)] if cert.holds("rows") else [(m, m + 1) for m in range(n_rep)]:
+        got: dict[str, torch.Tensor] = {}
 
-    def grab(t: torch.Tensor, *, hook) -> None:
-        got["z"] = t.detach()
-        raise Stop
+        def grab(t: torch.Tensor, *, hook) -> None:
+            got["z"] = t.detach()
+            raise Stop
 
-    fwd = hooks + [(f"blocks.{layer}.attn.hook_z", grab)]
-    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable, model.hooks(fwd_hooks=runnable), \
-            torch.no_grad():
-        try:
-            if from_layer:
-                spe = box.get("hook_pos_embed")
-                run_from(model, box[f"blocks.{layer}.hook_resid_pre"].repeat(n_rep, 1, 1), start=layer,
-                         spe=None if spe is None else spe.repeat(n_rep, 1, 1))
-            else:
-                model(tokens.repeat(n_rep, 1), return_type=None)
-        except Stop:
-            pass
-    return got["z"].to(torch.float64).reshape(n_rep, B, *got["z"].shape[1:])
+        k = m1 - m0
+        fwd = make_hooks(m0, m1) + [(N.z(layer), grab)]
+        with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable, model.hooks(fwd_hooks=runnable), \
+                torch.no_grad():
+            try:
+                if from_layer:
+                    spe = box.get(N.POS_EMBED)
+                    run_from(model, box[N.resid_pre(layer)].repeat(k, 1, 1), start=layer,
+                             spe=None if spe is None else spe.repeat(k, 1, 1))
+                else:
+                    model(tokens.repeat(k, 1), return_type=None)
+            except Stop:
+                pass
+        out.append(got["z"].to(torch.float64).reshape(k, B, *got["z"].shape[1:]))
+    return torch.cat(out)
 
 
 def stream_points(model: Model, layers: set[int], *, attention: bool = False) -> Callable[[str], bool]:
@@ -123,48 +133,52 @@ def stream_points(model: Model, layers: set[int], *, attention: bool = False) ->
 
 
 def node_qk_deltas(model: Model, tokens: torch.Tensor, ref: dict[str, torch.Tensor], box: dict[str, torch.Tensor],
-                   from_layer: bool, which: str, progress: bool) -> dict[int, torch.Tensor]:
+                   cert: Certificate, which: str, progress: bool) -> dict[int, torch.Tensor]:
     """Per layer, ``z' - z`` (batch, pos, head, d_head) with every head's ``hook_{which}`` (``q`` or
     ``k``) set to the reference run's: each head's output with its own query or key patched (a key of
     a KV head moves the query heads that read it)."""
     out = {}
+    B = tokens.shape[0]
     for l in bar(range(model.cfg.n_layers), desc="QK fix", enabled=progress, unit="layer"):
-        name = f"blocks.{l}.attn.hook_{which}"
-        B = tokens.shape[0]
+        name = N.projection(l, which)
 
-        def patch(t: torch.Tensor, *, hook, name: str = name) -> torch.Tensor:
-            t = t.clone()
-            t[B:] = ref[name].to(t.dtype)  # replica 0: the run; replica 1: patched
-            return t
+        def make(m0: int, m1: int, name: str = name) -> list:
+            def patch(t: torch.Tensor, *, hook) -> torch.Tensor:
+                t = t.clone()
+                for m in range(max(m0, 1), m1):  # replica 0: the run; replica 1: patched
+                    t[(m - m0) * B : (m - m0 + 1) * B] = ref[name].to(t.dtype)
+                return t
+            return [(name, patch)]
 
-        z = _replica_z(model, tokens, l, [(name, patch)], 2, box, from_layer, split=False)
+        z = _replica_z(model, tokens, l, make, 2, box, cert, split=False)
         out[l] = z[1] - z[0]
     return out
 
 
 def edge_qk_fix(model: Model, layout: EdgeLayout, tokens: torch.Tensor, delta: torch.Tensor, grads: list[dict[int, torch.Tensor]],
-                box: dict[str, torch.Tensor], from_layer: bool, per_example: bool, budget: int, tol: float,
+                box: dict[str, torch.Tensor], cert: Certificate, per_example: bool, budget: int,
                 progress: bool) -> list[torch.Tensor]:
     """The QK-fixed estimate of every edge into a query or key input, for each set of ``dm/dz``
     gradients in ``grads`` (one per GradDrop round): per set, (batch or 1, sender, receiver), NaN off
     those columns. ``delta``: the senders' writes (sender, batch, pos, d_model); ``box``: the run's
     stream entering each layer and its ``hook_q``, ``hook_k``, ``hook_v`` and ``hook_pattern``.
 
-    Where a layer's attention is recomputed from its projections to ``tol`` (:func:`_by_hand`), the
-    patched patterns are formed there, for a chunk of senders at once; elsewhere by the model's own
-    attention on stacked copies (:func:`_by_replicas`)."""
+    Where a layer's projections are ``ln1(resid_pre) W + b`` (:func:`rs_interp._backend.projection_layers`,
+    the certificate's ``projections``) and its pattern the causal softmax of their scores (``scores``),
+    the patched patterns are formed by hand (:func:`_by_hand`), for a chunk of senders at once; elsewhere
+    by the model's own attention on copies of the run (:func:`_by_replicas`)."""
     cfg = model.cfg
     B = tokens.shape[0]
     H = cfg.n_heads
     S, R = len(layout.senders), len(layout.receivers)
     out = [torch.full((B if per_example else 1, S, R), float("nan"), dtype=torch.float64) for _ in grads]
     upstream = layout.exists.sum(0).tolist()
-    fast = _backend.projection_layers(model)
+    fast = _backend.projection_layers(model) if cert.holds("scores") else set()
     for l in bar(range(cfg.n_layers), desc="QK fix", enabled=progress, unit="layer"):
         cols = {x: [j for j, r in enumerate(layout.receivers) if r.startswith(f"L{l}") and r.endswith(f".{x}")] for x in "qk"}
         senders = list(range(upstream[cols["q"][0]]))
-        hand = _by_hand(model, l, box, delta, senders, budget, tol) if l in fast else None
-        chunks = hand if hand is not None else _by_replicas(model, tokens, l, box, delta, senders, budget, from_layer)
+        chunks = _by_hand(model, l, box, delta, senders, budget) if l in fast else _by_replicas(model, tokens, l, box, delta, senders,
+                                                                                                 budget, cert)
         for reps, dz in chunks:  # dz: (replica, batch, pos, head, d_head), replica (sender, "q" or "k")
             for g_set, buf in zip(grads, out):
                 per_head = torch.einsum("rbphd,bphd->rbh", dz, g_set[l])  # each replica's change of the metric, per head
@@ -176,9 +190,10 @@ def edge_qk_fix(model: Model, layout: EdgeLayout, tokens: torch.Tensor, delta: t
 
 
 def _by_replicas(model: Model, tokens: torch.Tensor, l: int, box: dict, delta: torch.Tensor, senders: list[int], budget: int,
-                 from_layer: bool) -> Iterator[tuple[list, torch.Tensor]]:
+                 cert: Certificate) -> Iterator[tuple[list, torch.Tensor]]:
     """Layer ``l``'s ``z' - z`` per (sender, q or k): ``w_s`` added to every head's query (or key)
-    input of a stacked copy of the run, the model's own pass ended at ``hook_z``."""
+    input of a copy of the run (:func:`_replica_z`: stacked where rows hold), the model's own pass ended
+    at ``hook_z``."""
     cfg = model.cfg
     B, P = tokens.shape
     # per copy: the per-head query, key and value inputs and their normalised copies (a dozen
@@ -193,24 +208,20 @@ def _by_replicas(model: Model, tokens: torch.Tensor, l: int, box: dict, delta: t
         for m, (i, x) in enumerate(reps, start=1):
             adds[x][m * B : (m + 1) * B] = delta[i]
 
-        def patch(x: str) -> Callable:
-            def fn(t: torch.Tensor, *, hook) -> torch.Tensor:  # a per-head input (batch, pos, head or kv_head, d_model)
-                return t + adds[x][:, :, None, :].to(t.dtype)
-            return fn
+        def make(m0: int, m1: int, adds: dict = adds) -> list:
+            def patch(x: str) -> Callable:
+                def fn(t: torch.Tensor, *, hook) -> torch.Tensor:  # a per-head input (batch, pos, head or kv_head, d_model)
+                    return t + adds[x][m0 * B : m1 * B, :, None, :].to(t.dtype)
+                return fn
+            return [(N.qkv_input(l, x), patch(x)) for x in "qk"]
 
-        z = _replica_z(model, tokens, l, [(f"blocks.{l}.hook_{x}_input", patch(x)) for x in "qk"], n, box, from_layer, split=True)
+        z = _replica_z(model, tokens, l, make, n, box, cert, split=True)
         yield reps, z[1:] - z[0]
 
 
 def _norm(model: Model, l: int, x: torch.Tensor) -> torch.Tensor:
-    """Layer ``l``'s first norm as it computes (:func:`rs_interp._backend.norm_affine`), in float64."""
-    kind, gain, bias, eps = _backend.norm_affine(model, model.blocks[l].ln1) if model.cfg.normalization_type else (None, None, None, 0.0)
-    if kind in ("LN", "LNPre"):
-        x = x - x.mean(-1, keepdim=True)
-    if kind is not None:
-        x = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-    x = x if gain is None else x * gain.detach().to(x.dtype)
-    return x if bias is None else x + bias.detach().to(x.dtype)
+    """Layer ``l``'s first norm as it computes (:func:`rs_interp._backend.norm_of`), in ``x``'s dtype."""
+    return _backend.norm_of(model, model.blocks[l].ln1).to(x.dtype).apply(x)
 
 
 def _pattern(model: Model, l: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -225,29 +236,19 @@ def _pattern(model: Model, l: int, q: torch.Tensor, k: torch.Tensor) -> torch.Te
     return s.masked_fill(torch.ones(P, P, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
 
 
-def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
-def _by_hand(model: Model, l: int, box: dict, delta: torch.Tensor, senders: list[int], budget: int,
-             tol: float) -> list[tuple[list, torch.Tensor]] | None:
+def _by_hand(model: Model, l: int, box: dict, delta: torch.Tensor, senders: list[int], budget: int) -> list[tuple[list, torch.Tensor]]:
     """Layer ``l``'s ``z' - z`` per (sender, q or k) formed from its projections: ``q' = ln1(x + w_s)
-    W_Q + b_Q`` (``k'`` alike), the causal softmax of the rotated scores, ``z' - z = (A' - A) v``. None
-    where the run's own projections and pattern are not reproduced to ``tol`` (a soft-cap, a query
-    norm, ALiBi ...): the caller then runs the model's own attention."""
+    W_Q + b_Q`` (``k'`` alike), the causal softmax of the rotated scores, ``z' - z = (A' - A) v``: on the
+    layers whose projections and patterns the certificate vouches for (``projections``, ``scores``)."""
     cfg = model.cfg
-    attn, a = model.blocks[l].attn, f"blocks.{l}.attn"
+    attn = model.blocks[l].attn
     H = cfg.n_heads
-    x = box[f"blocks.{l}.hook_resid_pre"].to(torch.float64)
-    q, k, v = (box[f"{a}.hook_{n}"].to(torch.float64) for n in "qkv")
+    x = box[N.resid_pre(l)].to(torch.float64)
+    q, k, v = (box[N.projection(l, n)].to(torch.float64) for n in "qkv")
     G = k.shape[2]
     W = {n: attn_weight(attn, f"W_{n.upper()}", H).detach().to(torch.float64)[:: H // (G if n == "k" else H)] for n in "qk"}
-    b = {n: attn_weight(attn, f"b_{n.upper()}", H).detach().to(torch.float64)[:: H // (G if n == "k" else H)] for n in "qk"}
     ln = _norm(model, l, x)
     A = _pattern(model, l, q, k)
-    if max(_gap(torch.einsum("bpm,hmd->bphd", ln, W[n]) + b[n], t) for n, t in (("q", q), ("k", k))) > tol \
-            or _gap(A, box[f"{a}.hook_pattern"].to(torch.float64)) > tol:
-        return None
     v = per_query_head(v, H, -2)
     B, P = x.shape[:2]
     per_sender = 8 * B * P * (6 * H * P + 4 * cfg.d_model + 4 * H * cfg.d_head)

@@ -56,6 +56,7 @@ from .._backend import Model
 from .._progress import bar
 from .._stream import RESID0
 from .._validate import check_int_range
+from ..certificate import require
 from ..metrics import Metric
 from ._substrate import IG_RULES, backward, ig_alphas, scalar_metric, scalar_metric_value
 from .graph import EdgeEffects
@@ -233,6 +234,7 @@ def fix_unreliable(model: Model, tokens: torch.Tensor, metric: Metric, scores, *
     """
     from .path_patching import path_patching
 
+    require(model, "fix_unreliable")
     if not isinstance(scores, EdgeEffects) or getattr(scores, "first_order", None) is None:
         raise ValueError("fix_unreliable flags by the reliability of a Hessian-corrected estimate: "
                          "pass edge_attribution_patching(..., correction='hessian')")

@@ -32,18 +32,16 @@ Options (each its own definition and test): ``qk_fix`` and ``grad_drop`` (AtP*,
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable
 
 import torch
 from jaxtyping import Float, Int
 
-from .. import _backend
-from .._backend import Model, attn_weight, per_head_inputs
+from .._backend import Model
 from .._exact import compute_dtype
 from .._state import preserve_state
-from .._stream import RESID0, Reader, mlp_flags, readers, watched
+from .._stream import RESID0, Reader, mlp_flags, reader_gradients, readers, watched
 from ..certificate import require
 from ..hooks import store_matching
 from ..metrics import Metric
@@ -127,87 +125,6 @@ def _writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Ten
             torch.sub(ref[m].to(dt), run[m].to(dt), out=out[i])
             i += 1
     return out
-
-
-def _through_projection(model: Model, reader: Reader, stream: dict[int, torch.Tensor], dt: torch.dtype) -> Callable:
-    """``hook_{x}``'s gradient (batch, pos, head, d_head) -> the per-head inputs' (head, batch * pos * d_model)
-    in ``dt``: :func:`rs_interp._stream.input_gradient` through ``W_{Q,K,V}``, with the norm's gain and
-    centring folded into the weights and ``1/scale`` into the gradient's rows, so the one
-    (head, row, d_model) tensor is the product's output, corrected in place once.
-
-    With ``g = dy * w`` centred (``M``: ``W^T`` scaled by the gain, its rows centred for LN), ``n`` the
-    normalised input and ``s`` its scale, the input gradient is ``(g - n mean(g n)) / s``; ``mean(g n)``
-    is read from ``n W`` at d_head per head (``mean(n) = 0`` under LN, so the centring does not change it)."""
-    cfg, l, x = model.cfg, reader.layer, reader.kind
-    W = attn_weight(model.blocks[l].attn, f"W_{x.upper()}", cfg.n_heads).detach().to(dt)  # (head, d_model, d_head)
-    if len(reader.labels) != cfg.n_heads:
-        W = W[:: cfg.n_heads // len(reader.labels)]  # one per KV head: query head h reads KV head h // group
-    kind, gain, _, eps = _backend.norm_affine(model, model.blocks[l].ln1) if cfg.normalization_type else (None, None, None, 0.0)
-    M = W.transpose(1, 2)  # (head, d_head, d_model): dy = grad @ M
-    if kind is not None and gain is not None:
-        M = M * gain.detach().to(dt)
-    if kind in ("LN", "LNPre"):
-        M = M - M.mean(-1, keepdim=True)
-    M = M.contiguous()
-    Mt = M.transpose(1, 2)
-
-    def to_input(grad: torch.Tensor, out: torch.Tensor) -> None:
-        g = grad.to(dt).flatten(0, 1).transpose(0, 1)  # (head, row, d_head)
-        out = out.view(g.shape[0], g.shape[1], -1)
-        if kind is None:
-            torch.bmm(g, M, out=out)
-            return
-        x = stream[l].to(dt).flatten(0, 1)  # (row, d_model)
-        if kind in ("LN", "LNPre"):
-            x = x - x.mean(-1, keepdim=True)
-        s = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-        n = x / s
-        g = g / s
-        ts = (g * torch.matmul(n, Mt)).sum(-1, keepdim=True) / x.shape[-1]  # mean(g n) / s per head and row
-        torch.bmm(g, M, out=out).addcmul_(n, ts, value=-1)
-
-    return to_input
-
-
-@contextlib.contextmanager
-def _reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[Reader, Callable], None], dt: torch.dtype, *,
-                      extra: Sequence[tuple[str, Callable]] = ()) -> Iterator[list[tuple[str, Callable]]]:
-    """:func:`rs_interp._stream.reader_gradients` in ``dt`` (the contraction's dtype): ``on_grad(reader,
-    fill)`` as each reader's input gradient is computed, where ``fill(out)`` writes ``G`` into ``out``
-    (column, batch * pos * d_model), one row per label (the caller's buffer, reused: no allocation per reader)."""
-    stream: dict[int, torch.Tensor] = {}
-
-    def keep_stream(t: torch.Tensor, *, hook) -> None:
-        stream[int(hook.name.split(".")[1])] = t.detach()
-
-    def hook_for(reader: Reader) -> Callable:
-        to_input = _through_projection(model, reader, stream, dt) if reader.projected else None
-
-        def fwd(t: torch.Tensor, *, hook) -> torch.Tensor:
-            def contract(grad: torch.Tensor) -> None:
-                grad = grad.detach()  # (the Hessian correction's first backward builds a graph)
-
-                def fill(out: torch.Tensor) -> None:
-                    if to_input is not None:
-                        to_input(grad, out)
-                    elif grad.ndim == 4:  # per-head inputs: (batch, pos, head or kv_head, d_model)
-                        out.view(grad.shape[2], *grad.shape[:2], grad.shape[3]).copy_(grad.permute(2, 0, 1, 3))
-                    else:
-                        out.view(grad.shape).copy_(grad)
-
-                on_grad(reader, fill)
-
-            return watched(t, contract)
-
-        return fwd
-
-    fwd: list[tuple[str, Callable]] = list(extra)
-    for l in sorted({r.layer for r in wanted if r.projected}):
-        fwd.append((f"blocks.{l}.hook_resid_pre", keep_stream))
-    fwd += [(r.hook, hook_for(r)) for r in wanted]
-    split = any(r.kind in "qkv" and not r.projected for r in wanted)
-    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable:
-        yield runnable
 
 
 def _contract(buf: torch.Tensor, W: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
@@ -375,7 +292,7 @@ def edge_attribution_patching(
         for d, layer in enumerate(drops):
             state["drop"] = d
             wanted = readers(model, projected=not hessian)
-            with _reader_gradients(model, wanted, on_grad, dt, extra=drop_hooks(model, layer)) as hooks:
+            with reader_gradients(model, wanted, on_grad, dt, extra=drop_hooks(model, layer)) as hooks:
                 value = run_passes(model, tokens, metric, fwd + hooks, alphas=alphas, hessian=hessian, x_ref=ref[RESID0],
                                    state=state, progress=progress)
             _flush(pending, grads)
@@ -383,8 +300,7 @@ def edge_attribution_patching(
         value = clean_metric(model, tokens, metric, value)
         if qk_fix:
             box = record(model, tokens, stream_points(model, set(range(model.cfg.n_layers)), attention=True))
-            fixed = edge_qk_fix(model, layout, tokens, stack[0], grads_z, box, cert.holds("start at layer"), per_example,
-                                memory_budget, cert["projections"].tolerance, progress)
+            fixed = edge_qk_fix(model, layout, tokens, stack[0], grads_z, box, cert, per_example, memory_budget, progress)
             for buf, fix in zip(first, fixed):
                 buf.copy_(torch.where(fix.isnan(), buf, fix))
     gone = ~layout.exists

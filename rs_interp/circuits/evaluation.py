@@ -293,6 +293,7 @@ def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Met
         >>> mib.cpr == mib.signed.area_under, mib.cmd == mib.absolute.area_from_1
         (True, True)
     """
+    require(model, "mib_scores")
     kw = dict(reference=reference, fractions=fractions, method=method, progress=progress)
     signed = faithfulness_curve(model, tokens, metric, scores, ranking="signed", **kw)
     absolute = faithfulness_curve(model, tokens, metric, scores, ranking="absolute", **kw)

@@ -214,7 +214,7 @@ def attribution_patching(
                              f"patch would change nothing), so {nodes!r} nodes cannot be estimated; try nodes='z'")
         if qk_fix:
             box = record(model, tokens, stream_points(model, set(range(L))))
-            moved = node_qk_deltas(model, tokens, ref, box, cert.holds("start at layer"), nodes, progress)
+            moved = node_qk_deltas(model, tokens, ref, box, cert, nodes, progress)
             group = cfg.n_heads // n
             for buf, grads in zip(first, grads_z):
                 for l in range(L):

@@ -114,7 +114,9 @@ def path_patching(
     layout = edge_layout(model)
     wanted = _wanted(layout, edges)
     B, P = tokens.shape
-    per_pass = stacked_copies(model, B, P, memory_budget)
+    # Several edges per pass, stacked along the batch, where each row is computed on its own (the
+    # certificate's "rows": a hook reading the batch as a whole would see the stack); else one per pass.
+    per_pass = stacked_copies(model, B, P, memory_budget) if cert.holds("rows") else 1
     effect = torch.full(wanted.shape, float("nan"), dtype=torch.float64)
     points = sender_points(model)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():

@@ -24,25 +24,20 @@ from typing import Callable, Iterator
 
 import torch
 
-from .._backend import Model, Stop, with_dtype
+from .._backend import Model, Stop, norm_of, with_dtype
+from ..certificate import require
 from .transcoders import TranscoderSet
 
 __all__: list[str] = []
 
-NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre", None)
-
-
 def check_model(model: Model, transcoders: TranscoderSet, what: str) -> None:
-    """Refuse, naming why, a model whose replacement is not linear once frozen, or transcoders that do not fit it."""
+    """Refuse, naming why, a model whose replacement is not linear once frozen (the configurations of
+    :data:`rs_interp.certificate.REFUSES`, then the identities the graph needs, measured on the model:
+    :data:`rs_interp.certificate.NEEDS`), or transcoders that do not fit it. ``what`` is the helper's
+    public name (``"features.attribution_graph"`` ...)."""
     cfg = model.cfg
-    if cfg.attn_only:
-        raise ValueError(f"{what}: the model is attention-only: there is no MLP for transcoders to replace")
-    if cfg.normalization_type not in NORMALIZATIONS:
-        raise ValueError(f"{what}: no frozen form is known for normalization_type={cfg.normalization_type!r}")
-    if getattr(cfg, "parallel_attn_mlp", False):
-        raise ValueError(f"{what}: parallel attention and MLP blocks are not supported (the MLP reads the block's input)")
-    if float(getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0) > 0:
-        raise ValueError(f"{what}: the logits are soft-capped (tanh), so not linear in the final stream")
+    # The configurations no identity can make exact, then the identities, measured on the model (hooks included).
+    require(model, what, also=("mlp weights",) if transcoders.scan.endswith("-mlp-neurons") else ())
     if len(transcoders) != cfg.n_layers:
         raise ValueError(f"{what}: {len(transcoders)} transcoders for {cfg.n_layers} layers (one per layer)")
     if transcoders[0].d_model != cfg.d_model:
@@ -80,14 +75,11 @@ def input_hook(model: Model, transcoders: TranscoderSet, layer: int) -> str:
 
 def finish_input(model: Model, transcoders: TranscoderSet, layer: int, t: torch.Tensor) -> torch.Tensor:
     """The transcoder input from :func:`input_hook`'s tensor: TransformerLens's ``hook_normalized``
-    precedes the norm's gain and bias, which the MLP's input has."""
+    precedes the norm's gain and bias, which the MLP's input has (the gain as the model applies it:
+    :func:`rs_interp._backend.norm_of`; the certificate's ``mlp reads`` checks it is what the MLP reads)."""
     if transcoders.input_point != "mlp.hook_in" or model.cfg.normalization_type is None:
         return t
-    ln = model.blocks[layer].ln2
-    w, b = getattr(ln, "w", None), getattr(ln, "b", None)
-    if model.cfg.normalization_type in ("LN", "RMS"):
-        t = t * w.to(t.dtype)
-    return t + b.to(t.dtype) if model.cfg.normalization_type == "LN" else t
+    return norm_of(model, model.blocks[layer].ln2).affine(t)
 
 
 def freeze_names(model: Model) -> list[str]:

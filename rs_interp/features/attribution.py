@@ -116,7 +116,7 @@ def attribution_graph(
                                      max_logits=max_logits, logit_probability=logit_probability, centered=centered,
                                      max_feature_nodes=max_feature_nodes, batch_size=batch_size, progress=progress)
     tokens = _tokens(model, tokens)
-    R.check_model(model, transcoders, "attribution_graph")
+    R.check_model(model, transcoders, "features.attribution_graph")
     model = R.working_copy(model)
     P, L, dt = len(tokens), model.cfg.n_layers, model.cfg.dtype
     if not -P <= int(position) < P:

@@ -37,6 +37,7 @@ from typing import Iterator
 import torch
 from jaxtyping import Float
 
+from ..certificate import require
 from . import _config
 
 __all__ = ["Transcoder", "TranscoderSet", "load_transcoders", "mlp_transcoders", "shipped_transcoders",
@@ -324,11 +325,7 @@ def mlp_transcoders(model) -> TranscoderSet:
     (3, 20)
     """
     cfg = model.cfg
-    if cfg.attn_only:
-        raise ValueError("mlp_transcoders: the model is attention-only (no MLP to read)")
-    if cfg.act_fn != "relu" or getattr(cfg, "gated_mlp", False):
-        raise ValueError(f"mlp_transcoders: the MLPs are {'gated ' if getattr(cfg, 'gated_mlp', False) else ''}{cfg.act_fn}, "
-                         "not plain ReLU MLPs: their neurons are no exact transcoder (train one: train_transcoder)")
+    require(model, "features.mlp_transcoders")
     out = []
     for l in range(cfg.n_layers):
         mlp = model.blocks[l].mlp

@@ -34,21 +34,58 @@ _BIAS_FLAGS = ("attention_bias", "mlp_bias", "qkv_bias", "use_bias", "bias", "ad
 
 @dataclass(frozen=True)
 class Reference:
-    """The source's log-probabilities on the probe batch."""
+    """The source's log-probabilities on the probe batches, one per length."""
 
     architecture: str
-    tokens: torch.Tensor
-    log_probs: torch.Tensor
+    tokens: tuple[torch.Tensor, ...]
+    log_probs: tuple[torch.Tensor, ...]
     flags: tuple[str, ...]
+    windows: tuple[tuple[str, int], ...] = ()
 
 
 def architecture(config: dict) -> str:
     return (config.get("architectures") or [config.get("model_type", "an unknown architecture")])[0]
 
 
+def windows(config: dict) -> tuple[tuple[str, int], ...]:
+    """The lengths past which the config says attention or positions change: a sliding window
+    (``sliding_window`` where used, ``window_size``, ``attention_window``) and a rotary scaling's
+    original context (``rope_scaling.original_max_position_embeddings``), each with its name.
+
+    >>> windows({"sliding_window": 16, "use_sliding_window": False, "window_size": 8})
+    (('window_size', 8),)
+    """
+    out = []
+    for key in ("sliding_window", "window_size", "attention_window", "local_window_size"):
+        value = config.get(key)
+        if key == "sliding_window" and config.get("use_sliding_window") is False:
+            continue  # declared but switched off (Qwen2's default)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out.append((key, value))
+    scaling = config.get("rope_scaling") or {}
+    original = scaling.get("original_max_position_embeddings") if isinstance(scaling, dict) else None
+    if isinstance(original, int) and original > 0:
+        out.append(("rope_scaling.original_max_position_embeddings", original))
+    return tuple(out)
+
+
+def probe_lengths(n_ctx: int, declared: tuple[tuple[str, int], ...]) -> list[int]:
+    """The probe's lengths: 8 tokens, and past every window the config declares (``w + 8`` and ``2 w + 3``,
+    so positions on both sides of the window and of its multiples are compared), within the context.
+
+    >>> probe_lengths(64, (("sliding_window", 16),)), probe_lengths(64, (("sliding_window", 64),))
+    ([8, 24, 35], [8])
+    """
+    lengths = {min(8, n_ctx)}
+    for _, w in declared:
+        if w < n_ctx:  # a window at least as long as the context never binds
+            lengths |= {min(w + 8, n_ctx), min(2 * w + 3, n_ctx)}
+    return sorted(lengths)
+
+
 def reference(source: str, dtype: torch.dtype, *, local: bool) -> Reference:
-    """The Hugging Face model's log-probabilities on a probe batch (2 x 8 random token ids), the model
-    freed after.
+    """The Hugging Face model's log-probabilities on probe batches (2 x 8 random token ids, and one
+    sequence past every window the config declares: :func:`probe_lengths`), the model freed after.
 
     Raises:
         ValueError: transformers cannot run this family in ``dtype`` (named, with the dtype to use).
@@ -61,10 +98,12 @@ def reference(source: str, dtype: torch.dtype, *, local: bool) -> Reference:
     hf = AutoModelForCausalLM.from_pretrained(source, local_files_only=local, dtype=dtype).eval()
     vocab = min(int(config.get("vocab_size") or hf.config.vocab_size), hf.get_input_embeddings().num_embeddings)
     n_ctx = int(config.get("max_position_embeddings") or config.get("n_positions") or config.get("seq_length") or 8)
-    tokens = torch.randint(0, vocab, (2, min(8, n_ctx)), generator=torch.Generator().manual_seed(0))
+    declared = windows(config)
+    g = torch.Generator().manual_seed(0)
+    tokens = tuple(torch.randint(0, vocab, (2 if n == min(8, n_ctx) else 1, n), generator=g) for n in probe_lengths(n_ctx, declared))
     try:
         with torch.no_grad():
-            log_probs = hf(tokens).logits.to(torch.float64).log_softmax(-1)
+            log_probs = tuple(hf(t).logits.to(torch.float64).log_softmax(-1) for t in tokens)
     except Exception as err:
         dtype_error = any(w in str(err) for w in ("Float", "Double", "dtype", "Half", "BFloat16"))
         hint = ("load it with dtype=torch.float32" if dtype_error else
@@ -74,7 +113,7 @@ def reference(source: str, dtype: torch.dtype, *, local: bool) -> Reference:
     finally:
         del hf
         gc.collect()
-    return Reference(arch, tokens, log_probs, flags)
+    return Reference(arch, tokens, log_probs, flags, declared)
 
 
 def convert_error(arch: str, err: Exception) -> ValueError:
@@ -93,17 +132,23 @@ def compare(model: Model, ref: Reference, dtype: torch.dtype) -> float:
             bias flags the conversion may leave out are named).
     """
     tol = SOURCE_TOLERANCE.get(dtype, 1e-2)
-    try:
-        with torch.no_grad():
-            ours = model(ref.tokens.to(model.cfg.device), return_type="logits").to(torch.float64).log_softmax(-1)
-    except Exception as err:
-        raise ValueError(f"the converted {ref.architecture} fails on a probe batch ({type(err).__name__}: {str(err)[:160]}); "
-                         f"try {_backend.other_version()}") from err
-    gap = float((ours.cpu() - ref.log_probs).abs().max()) if ours.shape == ref.log_probs.shape else float("inf")
+    gap, where = 0.0, ""
+    for tokens, theirs in zip(ref.tokens, ref.log_probs):
+        try:
+            with torch.no_grad():
+                ours = model(tokens.to(model.cfg.device), return_type="logits").to(torch.float64).log_softmax(-1)
+        except Exception as err:
+            raise ValueError(f"the converted {ref.architecture} fails on a probe batch of {tokens.shape[1]} tokens "
+                             f"({type(err).__name__}: {str(err)[:160]}); try {_backend.other_version()}") from err
+        here = float((ours.cpu() - theirs).abs().max()) if ours.shape == theirs.shape else float("inf")
+        if not here <= gap:
+            gap, where = here, f"{tokens.shape[1]} tokens"
     if not gap <= tol:
         flags = f" (the checkpoint sets {', '.join(ref.flags)}: parameters a conversion may leave out)" if ref.flags else ""
+        past = [f"{name} {w}" for name, w in ref.windows if w < int(where.split()[0])]
+        window = f", past the {' and '.join(past)} the config declares (a window or scaling the conversion may drop)" if past else ""
         raise ValueError(f"TransformerLens {_backend.TL_VERSION}'s conversion of {ref.architecture} does not compute the "
                          f"checkpoint's function: its log-probabilities differ from the Hugging Face model's by {gap:.3g} "
-                         f"(tolerance {tol:g} in {dtype}){flags}; try {_backend.other_version()}")
+                         f"at {where}{window} (tolerance {tol:g} in {dtype}){flags}; try {_backend.other_version()}")
     note_source(model, gap, tol)
     return gap

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 
 from .._backend import Model, bias_parameters
+from .._exact import d_vocab_out
 from .._format import short
 from .._progress import bar
 from .._state import preserve_state
@@ -150,7 +151,7 @@ def evaluate(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, targets: I
     """
     check_int_range("chunk_size", chunk_size, 1)
     tokens = check_tokens(model, tokens)
-    targets = check_targets(targets, tokens, model.cfg.d_vocab)
+    targets = check_targets(targets, tokens, d_vocab_out(model))
     total_loss, total_correct, n = 0.0, 0, 0
     with preserve_state(model), torch.no_grad():
         for start in range(0, tokens.shape[0], chunk_size):

@@ -42,6 +42,7 @@ import torch
 from .. import circuits as _c
 from .. import head_ablation as _h
 from .._backend import Model
+from ..certificate import require
 from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores
 from ..circuits.selection import circuit_at, mib_weights
 from ..metrics import metric_value
@@ -98,6 +99,7 @@ def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.Attr
         ValueError: ``grad_drop=True`` (a sum of magnitudes of whole-batch estimates: not a sum over
             batches) and ``per_example=True`` (a result as large as the dataset), each saying so.
     """
+    require(model, "scale.attribution_patching")
     run_kw, options = _split(options, "attribution_patching")
     _estimate_options(options, "attribution_patching")
     rule = weighted(_c.AttributionPatching, mean=("effect", "effect_per_position", "clean", "first_order"),
@@ -117,6 +119,7 @@ def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c
         >>> eap_ig.ig_steps, eap_ig.layout.n_edges
         (2, 29)
     """
+    require(model, "scale.edge_attribution_patching")
     run_kw, options = _split(options, "edge_attribution_patching")
     _estimate_options(options, "edge_attribution_patching")
     rule = weighted(_c.EdgeAttributionPatching, mean=("effect", "clean", "first_order"),
@@ -131,6 +134,7 @@ def head_ablation_scan(model: Model, data: Dataset, *, method: str = "zero", **o
     Raises:
         ValueError: ``method="mean"`` or ``"position_mean"`` (module docstring).
     """
+    require(model, "scale.head_ablation_scan")
     _rowwise(method, "head_ablation_scan")
     run_kw, options = _split(options, "head_ablation_scan")
     rule = weighted(_h.HeadAblationScan, mean=("effect", "clean", "ablated"), same=("method", "labels"))
@@ -141,6 +145,7 @@ def head_ablation_scan(model: Model, data: Dataset, *, method: str = "zero", **o
 def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatching:
     """:func:`rs_interp.path_patching` (every edge, or ``edges``) over a dataset; arguments as
     :func:`attribution_patching`."""
+    require(model, "scale.path_patching")
     run_kw, options = _split(options, "path_patching")
     rule = weighted(_c.PathPatching, mean=("effect", "clean"), same=("layout",))
     return stream(_metric_analysis("path patching", _c.path_patching, rule, options), model, data, **run_kw)
@@ -149,6 +154,7 @@ def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatchin
 def evaluate_circuit(model: Model, data: Dataset, circuit: Iterable[tuple[str, str]], *, method: str = "resample", **options: Any) -> float:
     """:func:`rs_interp.evaluate_circuit` over a dataset: the metric with every edge outside ``circuit``
     ablated; arguments as :func:`attribution_patching`."""
+    require(model, "scale.evaluate_circuit")
     _rowwise(method, "evaluate_circuit")
     run_kw, options = _split(options, "evaluate_circuit")
     circuit = [tuple(e) for e in circuit]
@@ -230,6 +236,7 @@ def faithfulness_curve(model: Model, data: Dataset, scores: _c.EdgeEffects, **op
         ValueError: ``method="mean"``/``"position_mean"``; the clean run and the empty circuit giving
             the same metric over the dataset (faithfulness undefined).
     """
+    require(model, "scale.faithfulness_curve")
     _rowwise(options.get("method", "resample"), "faithfulness_curve")
     _check_scores(model, scores)
     run_kw, options = _split(options, "faithfulness_curve")
@@ -247,6 +254,7 @@ def mib_scores(model: Model, data: Dataset, scores: _c.EdgeEffects, *, fractions
                method: str = "resample", **options: Any) -> MIBScores:
     """:func:`rs_interp.mib_scores` over a dataset: both curves (signed and absolute ranking) in one
     pass over the batches. Arguments as :func:`attribution_patching`."""
+    require(model, "scale.mib_scores")
     _rowwise(method, "mib_scores")
     _check_scores(model, scores)
     run_kw, options = _split(options, "mib_scores")

@@ -32,6 +32,7 @@ from jaxtyping import Float
 
 from .._backend import Model
 from ..attribution import direct_logit_attribution as _dla
+from ..certificate import require
 from ..lens import logit_lens as _lens
 from ..metrics import top_effects
 from ..tuned_lens import TunedLens
@@ -145,6 +146,7 @@ def direct_logit_attribution(model: Model, data: Dataset, **options: Any) -> DLA
         >>> dla.n_scored, abs(float(dla.mean.sum()) - dla.clean) < 1e-4   # the parts add up to the metric
         (5, True)
     """
+    require(model, "scale.direct_logit_attribution")
     run_kw, options = _split(options, "direct_logit_attribution")
     if options:
         raise ValueError(f"direct_logit_attribution over a dataset takes no options beyond {_STREAM}, got {sorted(options)}")
@@ -178,6 +180,7 @@ def logit_lens(model: Model, data: Dataset, **options: Any) -> LensSummary:
         **options: ``batch_size``, ``resume``, ``save_every``, ``progress`` (:func:`rs_interp.scale.stream`);
             the rest (``sublayers``, ``memory_budget`` ...) pass to :func:`rs_interp.logit_lens`.
     """
+    require(model, "scale.logit_lens")
     run_kw, options = _split(options, "logit_lens")
     if options.get("full"):
         raise ValueError("logit_lens over a dataset summarises; full=True (every distribution) is one call's, on one batch")
@@ -216,6 +219,7 @@ def lens_kl(model: Model, data: Dataset, tuned: TunedLens | None = None, **optio
     Args:
         **options: ``batch_size``, ``resume``, ``save_every``, ``progress``; ``strict`` passes to :func:`rs_interp.lens_kl`.
     """
+    require(model, "scale.lens_kl")
     run_kw, options = _split(options, "lens_kl")
 
     def parts(kl: torch.Tensor, batch: Any) -> tuple[dict, dict]:

@@ -1,0 +1,224 @@
+"""The identities that need runs of their own, and :func:`measure`, which the certificate calls: the
+perturbed run with gradients (``z``, ``heads``, ``input``, ``readers``), the stacked and single-row runs
+(``rows``), and the runs from and to each layer (``start at layer``, ``stop at layer``). The identities
+read off the clean run are :mod:`rs_interp._certify_checks`."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import _backend
+from . import _certify_checks as C
+from . import _names as N
+from ._backend import Model, attn_weight, run_from
+from ._certify_checks import MODEL_ERRORS, Identity, Missing, get, judge, rel
+from ._stream import Reader, reader_gradients, readers, watched
+
+__all__: list[str] = []
+
+
+def _start(model: Model, box: dict) -> tuple[float, str]:
+    worst = C._Worst()
+    spe = box.get(N.POS_EMBED) if model.cfg.positional_embedding_type == "shortformer" else None
+    with torch.no_grad():
+        for l in range(model.cfg.n_layers):
+            worst.see(rel(run_from(model, get(box, N.resid_pre(l)), start=l, spe=spe), box["logits"]), f"from layer {l}")
+    return worst.gap, (f"running from a layer does not reproduce the full run ({worst.where}): TransformerLens's start_at_layer "
+                       "misses a step of this architecture (the scan and path patching then run every pass from the tokens)")
+
+
+def _stop(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
+    L, worst = model.cfg.n_layers, C._Worst()
+    with torch.no_grad():
+        for l in sorted({L // 2, L}):  # the helpers run to the end (the lenses, the scan's readout); one layer inside too
+            want = get(box, N.resid_pre(l) if l < L else N.final_stream(L))
+            worst.see(rel(run_from(model, tokens, stop=l), want), f"stop_at_layer={l}")
+    return worst.gap, (f"running to a layer does not return the stream there ({worst.where}): the lenses and the scan's "
+                       "readout at chosen positions read the stream it returns")
+
+
+def _rows(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
+    """The probe's rows against the same rows stacked after another batch, permuted, and alone: a
+    helper that stacks copies of a batch along the batch axis needs each to give what it gives alone."""
+    other = C.probe(model, seed=3, batch=tokens.shape[0] + 1, pos=tokens.shape[1])
+    logits = box["logits"]
+    worst = C._Worst()
+    with torch.no_grad():
+        stacked = model(torch.cat([other, tokens]), return_type="logits")[other.shape[0]:]
+        worst.see(rel(stacked, logits), "stacked after another batch")
+        perm = torch.arange(tokens.shape[0] - 1, -1, -1)
+        worst.see(rel(model(tokens[perm], return_type="logits"), logits[perm]), "permuted")
+        for b in range(tokens.shape[0]):
+            worst.see(rel(model(tokens[b : b + 1], return_type="logits"), logits[b : b + 1]), f"row {b} alone")
+    return worst.gap, (f"a row's logits depend on the other rows of its batch ({worst.where} differs): a hook that reads or "
+                       "edits the batch as a whole (one prompt by index, a batch mean) is attached; helpers that stack "
+                       "passes along the batch run one pass per ablation or edge instead")
+
+
+def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, Identity]:
+    """The perturbed run: every head's z moved (the heads identity then shows it is on the forward path),
+    and the gradient of a random linear function of the logits at every reader and every resid_pre."""
+    cfg, L = model.cfg, model.cfg.n_layers
+    g = torch.Generator().manual_seed(1)
+    box: dict[str, torch.Tensor] = {}
+    grads: dict[str, torch.Tensor] = {}
+    by_reader: dict[tuple[int, str], torch.Tensor] = {}
+    fired: set[str] = set()
+
+    def perturb(name: str) -> Callable:  # keyed by the name asked (4.x hands a hook its canonical name)
+        def fn(z: torch.Tensor, *, hook) -> torch.Tensor:
+            d = torch.randn(z.shape, generator=g, dtype=torch.float64).to(z.dtype) * (0.5 * float(z.detach().abs().mean()) + 1e-3)
+            out = z + d
+            box[name] = out.detach()
+
+            def save(grad: torch.Tensor) -> None:
+                grads[name] = grad.detach().to(torch.float64)
+            return watched(out, save)
+        return fn
+
+    def keep(name: str) -> Callable:
+        def fn(t: torch.Tensor, *, hook) -> None:
+            box[name] = t.detach()
+        return fn
+
+    def watch(name: str) -> Callable:
+        def fn(t: torch.Tensor, *, hook) -> torch.Tensor:
+            def save(grad: torch.Tensor) -> None:
+                grads[name] = grad.detach().to(torch.float64)
+            return watched(t, save)
+        return fn
+
+    def on_grad(reader: Reader, fill: Callable[[torch.Tensor], None]) -> None:
+        buf = torch.empty(len(reader.labels), tokens.numel() * cfg.d_model, dtype=torch.float64)
+        fill(buf)
+        G = buf.T
+        fired.add(reader.kind)
+        fired.add((reader.layer, reader.kind))
+        key = (reader.layer, "logits" if reader.kind == "logits" else "layer")
+        total = G.sum(1)
+        by_reader[key] = by_reader.get(key, 0) + total
+
+    wanted = readers(model, projected=False)
+    names = set(model.hook_dict)
+    missing = sorted({r.hook for r in wanted if r.hook.split(".")[-1] in ("hook_mlp_in", "hook_resid_post") and r.hook not in names})
+    fwd = [(n, perturb(n)) for n in (N.z(l) for l in range(L))]
+    fwd += [(n, keep(n)) for n in (N.attn_out(l) for l in range(L))]
+    fwd += [(N.resid_pre(l), watch(f"pre{l}")) for l in range(L)]
+    out: dict[str, Identity] = {}
+    def run(with_readers: bool) -> None:
+        box.clear(), grads.clear(), by_reader.clear(), fired.clear()
+        g.manual_seed(1)
+        with torch.enable_grad():
+            leaf = torch.zeros((), dtype=cfg.dtype, requires_grad=True)
+            hooks = [(N.EMBED, lambda t, *, hook: t + leaf)] + fwd
+            absent = sorted({n for n, _ in hooks if n not in names})
+            if absent:
+                raise Missing(absent[0])
+            with reader_gradients(model, wanted if with_readers else [], on_grad, torch.float64, extra=hooks) as runnable, \
+                    model.hooks(fwd_hooks=runnable):
+                logits = model(tokens, return_type="logits")
+                R = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(logits.device)
+                (logits.to(torch.float64) * R).sum().div(R.numel()).backward(inputs=[leaf])
+
+    def failed(err: Exception) -> str:
+        return f"the model has no hook point {err.args[0]}" if isinstance(err, Missing) else f"{type(err).__name__}: {str(err)[:200]}"
+
+    readers_failed = None
+    try:
+        if missing:
+            raise Missing(missing[0])
+        run(True)
+    except (Missing, *MODEL_ERRORS) as err:  # the readers' hooks: measure the rest without them
+        readers_failed = failed(err)
+        try:
+            run(False)
+        except (Missing, *MODEL_ERRORS) as err2:
+            for name in ("z", "heads", "input", "readers"):
+                out[name] = Identity(name, False, float("nan"), tol, f"the run with gradients failed: {failed(err2)}")
+            return out
+
+    def heads() -> tuple[float, str]:
+        worst, where = 0.0, ""
+        for l in range(L):
+            attn = model.blocks[l].attn
+            z = get(box, N.z(l)).to(torch.float64)
+            want = torch.einsum("bphd,hdm->bpm", z, attn.W_O.detach().to(torch.float64)) + attn_weight(attn, "b_O", cfg.n_heads).detach().to(torch.float64)
+            gap = rel(get(box, N.attn_out(l)), want)
+            if gap > worst:
+                worst, where = gap, f"layer {l}"
+        return worst, (f"the heads' z W_O + b_O are not attn_out ({where}): a head's write is not what its z says "
+                       "(a norm after the attention?)")
+
+    def z_on_path() -> tuple[float, str]:
+        # on the path iff its gradient is computed at all (0 is a gradient: a head nothing downstream reads)
+        for l in range(L):
+            if N.z(l) not in grads:
+                return float("inf"), f"{N.z(l)} is not on the forward path: no gradient reaches it"
+        return 0.0, ""
+
+    def input_on_path() -> tuple[float, str]:
+        return (0.0 if "pre0" in grads else float("inf")), f"{N.RESID0} is not on the forward path: no gradient reaches it"
+
+    def complete() -> tuple[float, str]:
+        for kind, hook in (("mlp", "hook_mlp_in"), ("q", "hook_q_input ... hook_v_input")):
+            if (kind == "q" or not cfg.attn_only) and kind not in fired:
+                return float("inf"), (f"this model's {hook} is not on the forward path (no gradient reaches it): edges into "
+                                      f"{'MLPs' if kind == 'mlp' else 'heads'} cannot be patched or estimated")
+        worst, where = 0.0, ""
+        for l in range(L):
+            if f"pre{l}" not in grads:
+                return float("inf"), f"{N.resid_pre(l)} is not on the forward path"
+            if not cfg.attn_only and (l, "mlp") not in fired:
+                return float("inf"), (f"this model's {N.mlp_in(l)} is not on the forward path (no gradient reaches it): "
+                                      "edges into MLPs cannot be patched or estimated")
+            nxt = grads.get(f"pre{l + 1}") if l + 1 < L else by_reader.get((l, "logits"))
+            if nxt is None:
+                return float("inf"), f"the stream after layer {l} is not on the forward path"
+            rhs = by_reader.get((l, "layer"), 0) + nxt.reshape(-1)
+            gap = rel(grads[f"pre{l}"].reshape(-1), rhs)
+            if gap > worst:
+                worst, where = gap, f"layer {l}"
+        return worst, (f"the receivers' gradients miss the stream's at {where}: some reader of the stream is not one of the "
+                       "graph's receivers (a norm after a sublayer, an input the hooks do not see)")
+
+    out["z"] = judge("z", tol, z_on_path)
+    out["heads"] = judge("heads", tol, heads)
+    out["input"] = judge("input", tol, input_on_path)
+    out["readers"] = (judge("readers", tol, complete) if readers_failed is None
+                      else Identity("readers", False, float("nan"), tol, f"the receivers cannot be read: {readers_failed}"))
+    return out
+
+
+def measure(model: Model, tol: float) -> dict[str, Identity]:
+    """Every identity of :data:`rs_interp.certificate.IDENTITIES` but ``source`` on ``model`` (flags already
+    set by the caller).
+
+    Raises:
+        ValueError: the model's forward pass fails on the probe batch (named).
+    """
+    tokens = C.probe(model)
+    box = C.clean_run(model, tokens)
+    cfg = model.cfg
+    mlps = not cfg.attn_only
+    projected = _backend.projection_layers(model)
+    out = {
+        "embedding": judge("embedding", tol, lambda: C.embedding(model, box)),
+        "stream": judge("stream", tol, lambda: C.stream(model, box)),
+        "values": judge("values", tol, lambda: C.values(model, box)),
+        "scores": judge("scores", tol, lambda: C.scores(model, box)),
+        "projections": judge("projections", tol, lambda: C.projections(model, box, projected), applies=bool(projected)),
+        "mlp reads": judge("mlp reads", tol, lambda: C.mlp_reads(model, box), applies=mlps),
+        "mlp writes": judge("mlp writes", tol, lambda: C.mlp_writes(model, box), applies=mlps),
+        "mlp weights": judge("mlp weights", tol, lambda: C.mlp_weights(model, box), applies=mlps),
+        "readout": judge("readout", tol, lambda: C.readout_check(model, box)),
+        "vocabulary": judge("vocabulary", tol, lambda: C.vocabulary(model, box)),
+        "rows": judge("rows", tol, lambda: _rows(model, tokens, box)),
+        "start at layer": judge("start at layer", tol, lambda: _start(model, box)),
+        "stop at layer": judge("stop at layer", tol, lambda: _stop(model, tokens, box)),
+    }
+    out.update(_gradient_run(model, tokens, tol))
+    if cfg.n_layers == 0:  # nothing to read: every identity is vacuous
+        out = {k: Identity(k, None, float("nan"), tol) for k in out}
+    return out

@@ -1,0 +1,110 @@
+"""The hook-point names rs_interp reads, written once (TransformerLens's names, which both versions keep
+in compatibility mode). A helper asks for ``names.z(l)``, never spells ``f"blocks.{l}.attn.hook_z"``.
+
+>>> resid_pre(0), z(1), qkv_input(1, "k"), scale(0, "ln1")
+('blocks.0.hook_resid_pre', 'blocks.1.attn.hook_z', 'blocks.1.hook_k_input', 'blocks.0.ln1.hook_scale')
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EMBED", "POS_EMBED", "UNEMBED_IN", "RESID0", "block", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_in",
+    "mlp_out", "z", "q", "k", "v", "pattern", "scores", "projection", "qkv_input", "normalized", "scale", "mlp_post",
+    "final_stream", "layer_of",
+]
+
+EMBED = "hook_embed"
+POS_EMBED = "hook_pos_embed"
+UNEMBED_IN = "unembed.hook_in"
+#: The stream entering block 0 (what the ``embed`` sender writes).
+RESID0 = "blocks.0.hook_resid_pre"
+
+
+def block(l: int) -> str:
+    return f"blocks.{l}."
+
+
+def resid_pre(l: int) -> str:
+    return f"blocks.{l}.hook_resid_pre"
+
+
+def resid_mid(l: int) -> str:
+    return f"blocks.{l}.hook_resid_mid"
+
+
+def resid_post(l: int) -> str:
+    return f"blocks.{l}.hook_resid_post"
+
+
+def attn_out(l: int) -> str:
+    return f"blocks.{l}.hook_attn_out"
+
+
+def mlp_in(l: int) -> str:
+    return f"blocks.{l}.hook_mlp_in"
+
+
+def mlp_out(l: int) -> str:
+    return f"blocks.{l}.hook_mlp_out"
+
+
+def mlp_post(l: int) -> str:
+    return f"blocks.{l}.mlp.hook_post"
+
+
+def z(l: int) -> str:
+    return f"blocks.{l}.attn.hook_z"
+
+
+def projection(l: int, which: str) -> str:
+    """``blocks.l.attn.hook_{q,k,v}``: a head's query, key or value (batch, pos, head, d_head)."""
+    return f"blocks.{l}.attn.hook_{which}"
+
+
+def q(l: int) -> str:
+    return projection(l, "q")
+
+
+def k(l: int) -> str:
+    return projection(l, "k")
+
+
+def v(l: int) -> str:
+    return projection(l, "v")
+
+
+def pattern(l: int) -> str:
+    return f"blocks.{l}.attn.hook_pattern"
+
+
+def scores(l: int) -> str:
+    return f"blocks.{l}.attn.hook_attn_scores"
+
+
+def qkv_input(l: int, which: str) -> str:
+    """``blocks.l.hook_{q,k,v}_input``: a head's own copy of the stream it reads (batch, pos, head, d_model)."""
+    return f"blocks.{l}.hook_{which}_input"
+
+
+def normalized(l: int, norm: str) -> str:
+    """``blocks.l.{ln1,ln2}.hook_normalized``: ``c(x) / s(x)`` before the gain and bias."""
+    return f"blocks.{l}.{norm}.hook_normalized"
+
+
+def scale(l: int, norm: str) -> str:
+    return f"blocks.{l}.{norm}.hook_scale"
+
+
+def final_stream(n_layers: int) -> str:
+    """The final stream the unembedding reads (through the final norm): the last block's ``hook_resid_post``."""
+    return resid_post(n_layers - 1)
+
+
+def layer_of(name: str) -> int | None:
+    """The layer a ``blocks.L. ...`` name belongs to, else None.
+
+    >>> layer_of("blocks.3.attn.hook_z"), layer_of("hook_embed")
+    (3, None)
+    """
+    parts = name.split(".")
+    return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit() else None

@@ -1,0 +1,158 @@
+"""What the certificate measures and what each helper relies on: data only, read by
+:mod:`rs_interp.certificate` (which measures and refuses), the docs' identity x helper table and the
+test that walks the public API (``tests/test_certificate_api.py``: every public function that takes a
+model is in :data:`NEEDS` or in :data:`EXEMPT` with a reason).
+
+Keys are public names as a user calls them: ``"direct_logit_attribution"`` is ``rs_interp.direct_logit_attribution``,
+``"features.attribution_graph"`` is ``rs_interp.features.attribution_graph``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["IDENTITIES", "NEEDS", "OPTIONAL", "ADAPTS", "EXEMPT", "CONDITIONS", "REFUSES"]
+
+#: What each identity says, in the order of the table.
+IDENTITIES: dict[str, str] = {
+    "embedding": "blocks.0.hook_resid_pre = hook_embed (+ hook_pos_embed for learned positions)",
+    "stream": "each block adds its outputs: resid_pre + attn_out = resid_mid, resid_mid + mlp_out = resid_post "
+              "(parallel: resid_pre + attn_out + mlp_out = resid_post); resid_post = the next resid_pre",
+    "z": "hook_z is on the forward path (the heads' outputs are made from it)",
+    "heads": "the heads' z W_O, summed, plus b_O are attn_out (a head writes z W_O into the stream)",
+    "values": "each head's z is its pattern times ln1(resid_pre) W_V + b_V",
+    "scores": "each head's pattern is the causal softmax of q k^T / scale, q and k ln1(resid_pre) W + b (rotated on "
+              "rotary models): the attention score is the bilinear form of the stream the weights say",
+    "projections": "hook_q, hook_k, hook_v are ln1(resid_pre) W + b per head, where edge methods read them so",
+    "input": "blocks.0.hook_resid_pre is on the forward path",
+    "readers": "the heads' q, k, v inputs, the MLPs' inputs (hook_mlp_in) and the final stream are every reader "
+               "of the stream: their gradients add up to the stream's",
+    "mlp reads": "each MLP reads ln2(resid_mid) (parallel blocks: ln2(resid_pre)), the norm as the model computes it: "
+                 "what a transcoder reads at ln2.hook_normalized (with the gain and bias) or hook_resid_mid is the MLP's input",
+    "mlp writes": "what enters the stream from each MLP (hook_mlp_out) is the MLP module's own output: no hook or norm "
+                  "between the MLP and the stream changes it",
+    "mlp weights": "each MLP's output is its weights' function of its input, W_out act(W_in x + b_in) + b_out "
+                   "(gated: (act(x W_gate) * (x W_in + b_in)) W_out + b_out)",
+    "readout": "the logits are the unembedding of the final norm of the final stream (soft-cap included)",
+    "vocabulary": "the logits have d_vocab_out entries, one per column of W_U",
+    "rows": "each batch row is computed on its own: a batch stacked with another, or permuted, gives every row "
+            "what the row gives alone",
+    "start at layer": "model(resid_pre_l, start_at_layer=l) reproduces the full run",
+    "stop at layer": "model(tokens, stop_at_layer=l) returns blocks.l.hook_resid_pre (the final stream for n_layers)",
+    "source": "the log-probabilities are those of the checkpoint the model was loaded from (load_pretrained)",
+}
+
+_EDGES = ("stream", "z", "heads", "readers")
+_EDGE_ESTIMATES = ("stream", "z", "heads", "input", "readers", "projections")
+_PATTERNS = ("z", "values")
+_GRAPH = ("embedding", "stream", "mlp reads", "mlp writes", "readout", "vocabulary")
+
+#: The identities each helper relies on: it refuses, naming the first that fails.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "direct_logit_attribution": ("embedding", "stream", "z", "heads", "readout", "vocabulary"),
+    "second_order_attribution": ("embedding", "stream", "z", "heads", "values", "readout", "vocabulary"),
+    "path_expansion": ("embedding", "stream", "z", "heads", "values", "readout", "vocabulary"),
+    "path_logit_attribution": ("embedding", "stream", "z", "heads", "values", "readout", "vocabulary"),
+    "logit_lens": ("readout", "stop at layer", "vocabulary"),
+    "lens_kl": ("readout", "vocabulary"),
+    "train_tuned_lens": ("readout", "vocabulary"),
+    "attribution_patching": ("z", "input"),
+    "edge_attribution_patching": _EDGE_ESTIMATES,
+    "fix_unreliable": _EDGE_ESTIMATES,
+    "path_patching": _EDGES,
+    "evaluate_circuit": _EDGES,
+    "faithfulness_curve": _EDGES,
+    "mib_scores": _EDGES,
+    "acdc": _EDGES,
+    "head_ablation_scan": ("z",),
+    "ablate_heads": ("z",),
+    "run_with_key_input": _EDGES,
+    "run_with_query_input": _EDGES,
+    "composition_scores": ("heads", "values"),
+    "virtual_weight": ("heads", "values"),
+    "copying_scores": ("heads", "values"),
+    "attention_patterns": _PATTERNS,
+    "prev_token_scores": _PATTERNS,
+    "find_prev_token_head": _PATTERNS,
+    "induction_scores": _PATTERNS,
+    "first_token_attention": _PATTERNS,
+    "positional_scores": ("scores",),
+    "key_score_sensitivity": ("scores",),
+    "features.attribution_graph": _GRAPH,
+    "features.intervene": _GRAPH,
+    "features.train_transcoder": ("mlp reads", "mlp writes"),
+    "features.transcoder_metrics": ("mlp reads", "mlp writes"),
+    "features.mlp_transcoders": ("mlp reads", "mlp writes", "mlp weights"),
+    "scale.attribution_patching": ("z", "input"),
+    "scale.edge_attribution_patching": _EDGE_ESTIMATES,
+    "scale.path_patching": _EDGES,
+    "scale.evaluate_circuit": _EDGES,
+    "scale.faithfulness_curve": _EDGES,
+    "scale.mib_scores": _EDGES,
+    "scale.head_ablation_scan": ("z",),
+    "scale.direct_logit_attribution": ("embedding", "stream", "z", "heads", "readout", "vocabulary"),
+    "scale.logit_lens": ("readout", "stop at layer", "vocabulary"),
+    "scale.lens_kl": ("readout", "vocabulary"),
+}
+
+#: Identities a helper needs only for some arguments: ``{helper: {identity: "when"}}``.
+OPTIONAL: dict[str, dict[str, str]] = {
+    "composition_scores": {"scores": "kind 'q' or 'k'"},
+    "virtual_weight": {"scores": "kind 'q' or 'k'"},
+    "head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
+    "scale.head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
+    "features.attribution_graph": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
+    "features.intervene": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
+}
+
+#: Identities a helper reads as an option, with what it does where one fails (it still answers, exactly).
+ADAPTS: dict[str, dict[str, str]] = {
+    name: {"rows": "one pass per ablation or edge instead of several stacked along the batch",
+           "start at layer": "every pass from the tokens instead of from the cached stream"}
+    for name in ("head_ablation_scan", "path_patching", "scale.head_ablation_scan", "scale.path_patching", "fix_unreliable")
+} | {
+    name: {"rows": "the QK fix's patched copies one pass each instead of stacked along the batch",
+           "scores": "the QK fix's patterns by the model's own attention instead of from the projections",
+           "start at layer": "the QK fix's passes from the tokens instead of from the cached stream"}
+    for name in ("edge_attribution_patching", "attribution_patching", "scale.edge_attribution_patching",
+                 "scale.attribution_patching")
+}
+
+#: Public functions that take a model and rely on no identity, each with why.
+EXEMPT: dict[str, str] = {
+    "certify": "it measures the identities",
+    "as_dtype": "a copy of the model in another dtype: the copy is certified when a helper uses it",
+    "save_model": "writes the weights and config; nothing is computed",
+    "induction_batch": "reads the vocabulary size and context length only",
+    "evaluate": "the model's own loss and accuracy: its logits as they are, nothing decomposed",
+    "scale.metric_values": "the metric of the model's own logits, batch by batch: nothing decomposed",
+    "scale.stream": "runs the analysis it is given, which certifies the model itself",
+    "hooks.store_matching": "builds hooks that record activations; nothing is computed",
+    "hooks.split_qkv_inputs": "routes the caller's own per-head input hooks; the caller's hooks say what they compute",
+}
+
+#: Configurations no identity can make exact for some helper: what each means (the certificate reads
+#: each off the config, :data:`rs_interp.certificate.CONFIGURATIONS`).
+CONDITIONS: dict[str, str] = {
+    "soft-capped logits": "the logits pass a soft-cap c tanh(l / c): no split of a logit over components is exact through it, "
+                          "and the logits are not linear in the final stream",
+    "MLPs or a norm": "the path expansion is the sum over head chains of an attention-only, norm-free model; "
+                      "rs_interp.direct_logit_attribution splits such a model exactly, each norm's scale frozen",
+    "not rotary": "the score of the query and key biases alone depends on the offset only under rotary positions",
+    "attention-only": "there is no MLP for transcoders to replace",
+    "parallel blocks": "the MLP reads the block's input, not the stream after the attention (no replacement is defined)",
+    "not plain ReLU MLPs": "the neurons of a gated or non-ReLU MLP are not a transcoder (train one: features.train_transcoder)",
+}
+
+#: The configurations of :data:`CONDITIONS` each helper refuses by name, before any measurement.
+REFUSES: dict[str, tuple[str, ...]] = {
+    "direct_logit_attribution": ("soft-capped logits",),
+    "second_order_attribution": ("soft-capped logits",),
+    "scale.direct_logit_attribution": ("soft-capped logits",),
+    "path_expansion": ("MLPs or a norm",),
+    "path_logit_attribution": ("MLPs or a norm",),
+    "positional_scores": ("not rotary",),
+    "features.attribution_graph": ("attention-only", "parallel blocks", "soft-capped logits"),
+    "features.intervene": ("attention-only", "parallel blocks", "soft-capped logits"),
+    "features.train_transcoder": ("attention-only",),
+    "features.transcoder_metrics": ("attention-only",),
+    "features.mlp_transcoders": ("attention-only", "not plain ReLU MLPs"),
+}
