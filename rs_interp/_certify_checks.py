@@ -130,8 +130,12 @@ def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
             try:
                 logits = model(tokens, return_type="logits")
             except MODEL_ERRORS as err:
-                if any(hp._forward_hooks for hp in model.hook_dict.values()):
-                    raise  # hooks are attached: theirs may be the error, and it is the caller's to see
+                attached = sorted(n for n, hp in model.hook_dict.items() if hp._forward_hooks)
+                if attached:  # the caller's hooks may be the error: say so, with theirs underneath
+                    raise ValueError(f"the model's forward pass raises {type(err).__name__} on the certificate's probe "
+                                     f"batch {tuple(tokens.shape)} with hooks attached at {', '.join(attached[:4])}: "
+                                     f"{str(err)[:200]}. A hook that works at one input shape only cannot be checked; "
+                                     "make it follow the shape it is given, or remove it (model.reset_hooks())") from err
                 raise ValueError(f"the model's forward pass raises {type(err).__name__} on a probe batch "
                                  f"({str(err)[:200]}): rs_interp cannot check or use it in dtype {model.cfg.dtype}; "
                                  "try another dtype (e.g. torch.float32) or the other TransformerLens version") from err
@@ -205,6 +209,9 @@ def values(model: Model, box: dict) -> tuple[float, str]:
 
 def scores(model: Model, box: dict) -> tuple[float, str]:
     cfg, worst = model.cfg, _Worst()
+    if _backend.has_qk_norm(model):  # the score is then not bilinear in the stream: nothing to measure
+        return float("inf"), ("the model normalises its queries and keys (use_qk_norm, or a q_norm in the attention): "
+                              "the score is not a bilinear form of the stream, so no reading of it from the weights is the model's")
     for l in range(cfg.n_layers):
         x = _normed(model, getattr(model.blocks[l], "ln1", None), get(box, N.resid_pre(l)))
         q = _projected(model, box, l, "q", cfg.n_heads, x)
@@ -266,7 +273,9 @@ def mlp_weights(model: Model, box: dict) -> tuple[float, str]:
     for l in range(cfg.n_layers):
         mlp = model.blocks[l].mlp
         x = get(box, f"mlp_in {l}").to(torch.float64)
-        w = {n: getattr(mlp, n).detach().to(torch.float64) for n in ("W_in", "b_in", "W_out", "b_out")}
+        # a bridge over a bias-free Hugging Face MLP (Llama's) has no b_in / b_out: zero
+        w = {n: (p.detach().to(torch.float64) if (p := getattr(mlp, n, None)) is not None else 0.0)
+             for n in ("W_in", "b_in", "W_out", "b_out")}
         pre = x @ w["W_in"] + w["b_in"]
         hidden = act(x @ mlp.W_gate.detach().to(torch.float64)) * pre if getattr(cfg, "gated_mlp", False) else act(pre)
         worst.see(rel(get(box, f"mlp_out {l}"), hidden @ w["W_out"] + w["b_out"]), f"layer {l}")

@@ -19,12 +19,24 @@ from ._stream import Reader, reader_gradients, readers, watched
 __all__: list[str] = []
 
 
-def _start(model: Model, box: dict) -> tuple[float, str]:
-    worst = C._Worst()
+def _start(model: Model, box: dict, tol: float) -> tuple[float, str]:
+    """Each block run on its own from the clean stream before it (``start=l, stop=l+1``) gives the
+    clean stream after it, and the last block from its stream gives the logits: by composition, a run
+    from any layer reproduces the full run, for about one forward pass (one readout, not one a layer).
+    Where a step differs, the runs from each layer to the end (the helpers' own call) decide, and name
+    the first that fails."""
+    L, worst = model.cfg.n_layers, C._Worst()
     spe = box.get(N.POS_EMBED) if model.cfg.positional_embedding_type == "shortformer" else None
     with torch.no_grad():
-        for l in range(model.cfg.n_layers):
-            worst.see(rel(run_from(model, get(box, N.resid_pre(l)), start=l, spe=spe), box["logits"]), f"from layer {l}")
+        for l in range(L - 1):
+            step = run_from(model, get(box, N.resid_pre(l)), start=l, stop=l + 1, spe=spe)
+            worst.see(rel(step, get(box, N.resid_pre(l + 1))), f"layer {l}'s step")
+        if L:
+            worst.see(rel(run_from(model, get(box, N.resid_pre(L - 1)), start=L - 1, spe=spe), box["logits"]), f"from layer {L - 1}")
+        if not worst.gap <= tol:  # a step differs (or is nan): measure the runs the helpers make
+            worst = C._Worst()
+            for l in range(L):
+                worst.see(rel(run_from(model, get(box, N.resid_pre(l)), start=l, spe=spe), box["logits"]), f"from layer {l}")
     return worst.gap, (f"running from a layer does not reproduce the full run ({worst.where}): TransformerLens's start_at_layer "
                        "misses a step of this architecture (the scan and path patching then run every pass from the tokens)")
 
@@ -40,21 +52,38 @@ def _stop(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
 
 
 def _rows(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
-    """The probe's rows against the same rows stacked after another batch, permuted, and alone: a
-    helper that stacks copies of a batch along the batch axis needs each to give what it gives alone."""
-    other = C.probe(model, seed=3, batch=tokens.shape[0] + 1, pos=tokens.shape[1])
+    """The probe's rows, permuted and stacked after another row, and its first row alone, against the
+    probe run: a helper that stacks copies of a batch along the batch axis needs each row to give what
+    it gives alone. Two runs: a hook that edits a row by index, or reads the batch as a whole (a mean),
+    or depends on the batch's size, moves a row in one of them."""
+    other = C.probe(model, seed=3, batch=1, pos=tokens.shape[1])
     logits = box["logits"]
+    perm = torch.arange(tokens.shape[0] - 1, -1, -1)
     worst = C._Worst()
     with torch.no_grad():
-        stacked = model(torch.cat([other, tokens]), return_type="logits")[other.shape[0]:]
-        worst.see(rel(stacked, logits), "stacked after another batch")
-        perm = torch.arange(tokens.shape[0] - 1, -1, -1)
-        worst.see(rel(model(tokens[perm], return_type="logits"), logits[perm]), "permuted")
-        for b in range(tokens.shape[0]):
-            worst.see(rel(model(tokens[b : b + 1], return_type="logits"), logits[b : b + 1]), f"row {b} alone")
+        stacked = model(torch.cat([other, tokens[perm]]), return_type="logits")[1:]
+        worst.see(rel(stacked, logits[perm]), "permuted and stacked after another row")
+        worst.see(rel(model(tokens[:1], return_type="logits"), logits[:1]), "row 0 alone")
     return worst.gap, (f"a row's logits depend on the other rows of its batch ({worst.where} differs): a hook that reads or "
                        "edits the batch as a whole (one prompt by index, a batch mean) is attached; helpers that stack "
                        "passes along the batch run one pass per ablation or edge instead")
+
+
+def _scores_read(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
+    """Every layer's scores as :func:`rs_interp._backend.score_hooks` reads them, softmaxed under the causal
+    mask, against the pattern the run applies."""
+    got: dict[str, torch.Tensor] = {}
+    hooks = [h for l in range(model.cfg.n_layers) for h in _backend.score_hooks(model, l, got, f"s {l}")]
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        model(tokens, return_type="logits")
+    worst = C._Worst()
+    for l in range(model.cfg.n_layers):
+        s = get(got, f"s {l}").to(torch.float64)
+        P = s.shape[-1]
+        A = s.masked_fill(torch.ones(P, P, dtype=torch.bool, device=s.device).triu(1), float("-inf")).softmax(-1)
+        worst.see(rel(A, get(box, N.pattern(l))), f"layer {l}")
+    return worst.gap, (f"the scores rs_interp reads do not give the pattern the run applies ({worst.where}): a hook on the "
+                       "pattern, a soft-cap or mask after the hook, or a window: the scores read are not the run's")
 
 
 def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, Identity]:
@@ -208,6 +237,7 @@ def measure(model: Model, tol: float) -> dict[str, Identity]:
         "stream": judge("stream", tol, lambda: C.stream(model, box)),
         "values": judge("values", tol, lambda: C.values(model, box)),
         "scores": judge("scores", tol, lambda: C.scores(model, box)),
+        "scores read": judge("scores read", tol, lambda: _scores_read(model, tokens, box)),
         "projections": judge("projections", tol, lambda: C.projections(model, box, projected), applies=bool(projected)),
         "mlp reads": judge("mlp reads", tol, lambda: C.mlp_reads(model, box), applies=mlps),
         "mlp writes": judge("mlp writes", tol, lambda: C.mlp_writes(model, box), applies=mlps),
@@ -215,7 +245,7 @@ def measure(model: Model, tol: float) -> dict[str, Identity]:
         "readout": judge("readout", tol, lambda: C.readout_check(model, box)),
         "vocabulary": judge("vocabulary", tol, lambda: C.vocabulary(model, box)),
         "rows": judge("rows", tol, lambda: _rows(model, tokens, box)),
-        "start at layer": judge("start at layer", tol, lambda: _start(model, box)),
+        "start at layer": judge("start at layer", tol, lambda: _start(model, box, tol)),
         "stop at layer": judge("stop at layer", tol, lambda: _stop(model, tokens, box)),
     }
     out.update(_gradient_run(model, tokens, tol))

@@ -21,6 +21,8 @@ IDENTITIES: dict[str, str] = {
     "values": "each head's z is its pattern times ln1(resid_pre) W_V + b_V",
     "scores": "each head's pattern is the causal softmax of q k^T / scale, q and k ln1(resid_pre) W + b (rotated on "
               "rotary models): the attention score is the bilinear form of the stream the weights say",
+    "scores read": "what rs_interp reads as a head's pre-softmax scores (hook_attn_scores, or its emulation) gives the "
+                   "pattern by the causal softmax: the scores read are the run's",
     "projections": "hook_q, hook_k, hook_v are ln1(resid_pre) W + b per head, where edge methods read them so",
     "input": "blocks.0.hook_resid_pre is on the forward path",
     "readers": "the heads' q, k, v inputs, the MLPs' inputs (hook_mlp_in) and the final stream are every reader "
@@ -75,7 +77,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "induction_scores": _PATTERNS,
     "first_token_attention": _PATTERNS,
     "positional_scores": ("scores",),
-    "key_score_sensitivity": ("scores",),
+    "key_score_sensitivity": ("scores read",),
     "features.attribution_graph": _GRAPH,
     "features.intervene": _GRAPH,
     "features.train_transcoder": ("mlp reads", "mlp writes"),

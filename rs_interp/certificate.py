@@ -18,7 +18,7 @@ modules booted by TransformerLens 4, which compute some steps in float32 whateve
 identity misses by orders of magnitude more (measured gaps: the docs' tolerances page).
 
 The certificate is cached on the model under a key that covers everything that can change a number
-(:mod:`rs_interp._fingerprint`: weights, dtype, device, every hook of TransformerLens's or PyTorch's on
+(``rs_interp._fingerprint``: weights, dtype, device, every hook of TransformerLens's or PyTorch's on
 any module, the config and hook flags); a model whose key cannot be read is measured at every call.
 
 >>> import rs_interp as ri
@@ -70,6 +70,7 @@ REMEDIES: dict[str, str] = {
     "scores": f"{_HOOKED}; query/key norms, soft-capped or biased scores and sliding windows have no reading of the score "
               "from the weights alone: use an activation-based helper (attribution or path patching, key_score_sensitivity "
               "reads the run)",
+    "scores read": f"{_HOOKED}; a soft-cap, mask or window applied after hook_attn_scores has no reading of the score here",
     "projections": _HOOKED,
     "input": _HOOKED,
     "readers": f"{_HOOKED}; otherwise the bridge reads the stream outside the graph's receivers: try the other "
@@ -89,14 +90,23 @@ def _soft_cap(cfg) -> bool:
     return float(getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0) > 0
 
 
+_NORM_NAMES = {"LN": "LayerNorm", "LNPre": "LayerNorm, weights folded", "RMS": "RMSNorm", "RMSPre": "RMSNorm, weights folded"}
+
 #: How each configuration of :data:`CONDITIONS` is read off a model's config.
-CONFIGURATIONS = {
-    "soft-capped logits": _soft_cap,
-    "MLPs or a norm": lambda cfg: not cfg.attn_only or cfg.normalization_type is not None,
-    "not rotary": lambda cfg: cfg.positional_embedding_type != "rotary",
-    "attention-only": lambda cfg: bool(cfg.attn_only),
-    "parallel blocks": lambda cfg: bool(getattr(cfg, "parallel_attn_mlp", False)),
-    "not plain ReLU MLPs": lambda cfg: not cfg.attn_only and (cfg.act_fn != "relu" or bool(getattr(cfg, "gated_mlp", False))),
+CONFIGURATIONS = {  # each returns what the model has (named in the refusal), or None where it does not apply
+    "soft-capped logits": lambda cfg: f"output_logits_soft_cap {cfg.output_logits_soft_cap:g}" if _soft_cap(cfg) else None,
+    "MLPs or a norm": lambda cfg: (", ".join(x for x in ("MLPs" if not cfg.attn_only else "",
+                                                         f"normalization_type {cfg.normalization_type!r} "
+                                                         f"({_NORM_NAMES.get(cfg.normalization_type, 'a norm')})"
+                                                         if cfg.normalization_type is not None else "") if x)
+                                   if not cfg.attn_only or cfg.normalization_type is not None else None),
+    "not rotary": lambda cfg: (f"positional_embedding_type {cfg.positional_embedding_type!r}"
+                               if cfg.positional_embedding_type != "rotary" else None),
+    "attention-only": lambda cfg: "attn_only" if cfg.attn_only else None,
+    "parallel blocks": lambda cfg: "parallel_attn_mlp" if getattr(cfg, "parallel_attn_mlp", False) else None,
+    "not plain ReLU MLPs": lambda cfg: (("gated " if getattr(cfg, "gated_mlp", False) else "") + f"act_fn {cfg.act_fn!r}"
+                                        if not cfg.attn_only and (cfg.act_fn != "relu" or getattr(cfg, "gated_mlp", False))
+                                        else None),
 }
 
 _CACHE = "_rs_interp_certificate"
@@ -125,6 +135,7 @@ class Certificate:
         dtype: the model's dtype.
         hooks: where hooks were attached when it was measured (they are part of the model certified).
         configuration: the configurations of :data:`CONDITIONS` the model has (some helpers refuse them).
+        details: what the model has, one per configuration (``"act_fn 'gelu'"``), said in refusals.
 
     Example:
         >>> import rs_interp as ri
@@ -138,6 +149,7 @@ class Certificate:
     dtype: torch.dtype
     hooks: tuple[str, ...] = ()
     configuration: tuple[str, ...] = ()
+    details: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> Identity:
         for identity in self.identities:
@@ -164,10 +176,11 @@ class Certificate:
     def refusal(self, helper: str, *, also: tuple[str, ...] = ()) -> str | None:
         """Why ``helper`` refuses this model (the first failing identity, its gap and what to do), or None."""
         needed = _needed(helper, also)
-        config = self.refused_configuration(helper)
-        if config is not None:
-            return f"{helper} refuses this model: {config} ({CONDITIONS[config]}); no identity can make it exact."
         failed = [self[n] for n in needed if self[n].holds is False]
+        config = self.refused_configuration(helper)
+        if not failed and config is not None:  # a measured failure first: its remedy may be the user's to apply
+            has = self.details[self.configuration.index(config)] if len(self.details) == len(self.configuration) else config
+            return f"{helper} refuses this model: {config}, here {has} ({CONDITIONS[config]}); no identity can make it exact."
         if not failed:
             return None
         first = failed[0]
@@ -194,7 +207,7 @@ class Certificate:
         for helper in NEEDS:
             failed = [n for n in NEEDS[helper] if self[n].holds is False]
             config = self.refused_configuration(helper)
-            word = f"no: {config} (configuration)" if config else "no: " + ", ".join(failed) if failed else "yes"
+            word = "no: " + ", ".join(failed) if failed else f"no: {config} (configuration)" if config else "yes"
             opt = [f"{w}: needs {n}" for n, w in OPTIONAL.get(helper, {}).items() if self[n].holds is False]
             adapt = [f"{n} fails: {what}" for n, what in ADAPTS.get(helper, {}).items() if self[n].holds is False]
             lines.append(f"{helper:<34} {word}" + "".join(f"; {x}" for x in opt + adapt))
@@ -219,6 +232,12 @@ def _attached(model: Model) -> tuple[str, ...]:
         if id(module) not in points and any(not _backend.is_own_hook(fn) for d in HOOK_DICTS for fn in getattr(module, d, {}).values()):
             out.append(f"{name or 'the model'} (PyTorch hook)")
     return tuple(out)
+
+
+def _configuration(cfg) -> dict[str, tuple[str, ...]]:
+    found = {c: has(cfg) for c, has in CONFIGURATIONS.items()}
+    return {"configuration": tuple(c for c, v in found.items() if v is not None),
+            "details": tuple(v for v in found.values() if v is not None)}
 
 
 def certify(model: Model, *, refresh: bool = False) -> Certificate:
@@ -248,7 +267,7 @@ def certify(model: Model, *, refresh: bool = False) -> Certificate:
                           else Identity("source", noted[0] <= noted[1], noted[0], noted[1], "the model is not its checkpoint's function"))
     cert = Certificate(identities=tuple(measured[name] for name in IDENTITIES), source=_backend.model_source(model),
                        dtype=model.cfg.dtype, hooks=hooks,
-                       configuration=tuple(c for c, applies in CONFIGURATIONS.items() if applies(model.cfg)))
+                       **_configuration(model.cfg))
     if key is not None:
         model.__dict__[_CACHE] = (key, cert)
     return cert

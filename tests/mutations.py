@@ -105,6 +105,7 @@ MUTATIONS = {
     "heads": lambda m: wrap(m, "blocks.1.attn.hook_z", DOUBLED),
     "values": lambda m: wrap(m, "blocks.1.attn.hook_v", DOUBLED),
     "scores": reweighted_pattern,
+    "scores read": reweighted_pattern,
     "projections": scaled("blocks.1.attn.hook_q", 2.0),
     "input": lambda m: wrap(m, "blocks.0.hook_resid_pre", OFF_PATH),
     "readers": mlp_in_off_path,

@@ -90,7 +90,7 @@ CALLS = {
     "evaluate_circuit": ("mlp", lambda m, t, r, c: ri.evaluate_circuit(m, t, _metric, [("embed", "logits")], reference=r)),
     "faithfulness_curve": ("mlp", lambda m, t, r, c: ri.faithfulness_curve(m, t, _metric, c["eap"], reference=r)),
     "mib_scores": ("mlp", lambda m, t, r, c: ri.mib_scores(m, t, _metric, c["eap"], reference=r)),
-    "acdc": ("mlp", lambda m, t, r, c: ri.acdc(m, t, _metric, reference=r)),
+    "acdc": ("mlp", lambda m, t, r, c: ri.acdc(m, t, _metric, reference=r, threshold=0.1, progress=False)),
     "head_ablation_scan": ("mlp", lambda m, t, r, c: ri.head_ablation_scan(m, t, _metric, progress=False)),
     "ablate_heads": ("mlp", lambda m, t, r, c: ri.ablate_heads(m, t, [(0, 0)])),
     "run_with_key_input": ("mlp", lambda m, t, r, c: ri.run_with_key_input(m, t, layer=1)),

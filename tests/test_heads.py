@@ -15,12 +15,15 @@ def test_prev_token_head(toy2, test_set):
 def test_prev_token_scores_on_a_known_pattern():
     """A head that attends only to i-1 scores 1; built by overriding the pattern with a hook."""
     model = ri.make_attn_only(1, seed=0)
-    n = 10
-    shifted = torch.zeros(n, n)
-    shifted[0, 0] = 1.0
-    shifted[torch.arange(1, n), torch.arange(n - 1)] = 1.0
-    tokens = torch.randint(0, 256, (3, n))
-    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", lambda t, hook: shifted.expand_as(t).clone())]):
+    def shifted(t, hook):  # follows the shape it is given: the certificate's probe runs it too
+        n = t.shape[-1]
+        out = torch.zeros(n, n)
+        out[0, 0] = 1.0
+        out[torch.arange(1, n), torch.arange(n - 1)] = 1.0
+        return out.expand_as(t).clone()
+
+    tokens = torch.randint(0, 256, (3, 10))
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", shifted)]):
         prev = ri.prev_token_scores(model, tokens)
     assert torch.allclose(prev, torch.ones(1, 2))
 

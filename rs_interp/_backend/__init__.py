@@ -115,8 +115,8 @@ def norm_of(model: Model, module: torch.nn.Module | None) -> Norm:
         ValueError: the config says the model normalises, but ``module`` is None.
 
     >>> from rs_interp import make_attn_only
-    >>> model = make_attn_only(1)
-    >>> norm_of(model, model.blocks[0].ln1).kind, norm_of(make_attn_only(1, normalization_type=None), None).kind
+    >>> model = make_attn_only(1, normalization_type="LN")
+    >>> norm_of(model, model.blocks[0].ln1).kind, norm_of(make_attn_only(1), None).kind
     ('LN', None)
     """
     if model.cfg.normalization_type is None:

@@ -1,11 +1,10 @@
 """What TransformerLens 4.x needs: ``TransformerBridge`` in compatibility mode.
 
-rs_interp's own 4.x models are TransformerLens-native bridges (``boot_native``, no weight
-processing), which know standard and rotary positions only; GPT-2 checkpoints boot the Hugging Face
-model (``boot_transformers``). Attention is recognised per layer by type: a layer whose bridge has
-TransformerLens's split-input fork (``JointQKVAttentionBridge``, ``PositionEmbeddingsAttentionBridge``:
-the classes ``set_use_split_qkv_input`` accepts) uses it; a layer over ``NativeAttention`` gets the
-emulations of :mod:`.emulation`. Every function has a twin in :mod:`.tl3`.
+rs_interp's own 4.x models are TransformerLens-native bridges (``boot_native``, no weight processing:
+standard and rotary positions only); GPT-2 checkpoints boot the Hugging Face model. Attention is recognised
+per layer by type: a layer whose bridge has TransformerLens's split-input fork (the classes
+``set_use_split_qkv_input`` accepts) uses it; a layer over ``NativeAttention`` gets the emulations of
+:mod:`.emulation`. Every function has a twin in :mod:`.tl3`.
 """
 
 from __future__ import annotations
@@ -149,8 +148,7 @@ def make_config(**fields: Any) -> ModelConfig:
 
 
 def build_model(cfg: ModelConfig) -> Model:
-    """A native ``TransformerBridge`` in compatibility mode with no weight processing, initialised
-    as HookedTransformer would be from the same global RNG state (see :func:`_tl3_init`)."""
+    """A native ``TransformerBridge`` in compatibility mode, no weight processing, initialised as 3.x would be."""
     cfg = make_config(**{k: getattr(cfg, k) for k in PORTABLE_FIELDS if hasattr(cfg, k)} | {"device": "cpu"})
     with torch.random.fork_rng(devices=[]):  # the native init's draws must not shift the caller's RNG
         model = Model.boot_native(cfg, dtype=cfg.dtype)
@@ -162,16 +160,14 @@ def build_model(cfg: ModelConfig) -> Model:
 
 
 def reinitialise(model: Model) -> None:
-    """Draw ``model``'s weights again from the global RNG, as :func:`build_model` does (the same
-    state gives the same weights as a fresh build)."""
+    """Draw ``model``'s weights again from the global RNG, as :func:`build_model` does."""
     _tl3_init(model)
 
 
 def _tl3_init(model: Model) -> None:
-    """Initialise ``model`` exactly as HookedTransformer's GPT-2 scheme would from the same global
-    RNG state: ``N(0, initializer_range)`` for every ``W_*`` in its parameter order, gains one,
-    biases zero. A seed then gives the same model under both versions. (Gated MLPs, whose native
-    layout differs, keep the native initialisation.)"""
+    """Initialise ``model`` as HookedTransformer's GPT-2 scheme would from the same RNG state (``N(0,
+    initializer_range)`` for every ``W_*`` in its order, gains one, biases zero): a seed gives the same
+    model under both versions. (Gated MLPs, whose native layout differs, keep the native initialisation.)"""
     cfg, state = model.cfg, portable_state(model)
     order = _tl3_order(cfg)
     if cfg.gated_mlp or set(order) != set(state) or cfg.init_mode != "gpt2":
@@ -413,10 +409,9 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def is_own_hook(fn: Callable) -> bool:
-    """Whether a PyTorch hook is the bridge's own wiring (``BlockBridge`` wires capture hooks on its norms
-    the first time ``hook_mlp_in`` or the split inputs are asked for), not a user's: the certificate's key
-    leaves it out. Remove when: a TransformerLens 4 release wires them at construction."""
-    return getattr(fn, "__module__", "").startswith("transformer_lens.model_bridge")
+    """Whether a PyTorch hook is the bridge's or transformers' own capture wiring (added on first use; they
+    record, never change), not a user's: left out of the certificate's key. Remove when: both wire at construction."""
+    return getattr(fn, "__module__", "").startswith(("transformer_lens.model_bridge", "transformers.utils.output_capturing"))
 
 
 def other_version() -> str:
