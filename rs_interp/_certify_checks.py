@@ -126,16 +126,16 @@ def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
                 if point is not None:  # a PyTorch hook on the point, ahead of every other: the value entering it
                     handles.append(point.register_forward_hook(
                         lambda mod, args, out, l=l: box.__setitem__(f"mlp_write {l}", out.detach()), prepend=True))
+        attached = sorted(n for n, hp in model.hook_dict.items() if hp._forward_hooks)  # the caller's, before ours
         with torch.no_grad(), model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
             try:
                 logits = model(tokens, return_type="logits")
             except MODEL_ERRORS as err:
-                attached = sorted(n for n, hp in model.hook_dict.items() if hp._forward_hooks)
-                if attached:  # the caller's hooks may be the error: say so, with theirs underneath
-                    raise ValueError(f"the model's forward pass raises {type(err).__name__} on the certificate's probe "
-                                     f"batch {tuple(tokens.shape)} with hooks attached at {', '.join(attached[:4])}: "
-                                     f"{str(err)[:200]}. A hook that works at one input shape only cannot be checked; "
-                                     "make it follow the shape it is given, or remove it (model.reset_hooks())") from err
+                if attached:  # the caller's hooks may be the error: theirs propagates, with where it happened
+                    err.add_note(f"rs_interp: raised on the certificate's probe batch {tuple(tokens.shape)} with hooks attached "
+                                 f"at {', '.join(attached[:4])}; a hook that works at one input shape only cannot be "
+                                 "checked: make it follow the shape it is given, or remove it (model.reset_hooks())")
+                    raise
                 raise ValueError(f"the model's forward pass raises {type(err).__name__} on a probe batch "
                                  f"({str(err)[:200]}): rs_interp cannot check or use it in dtype {model.cfg.dtype}; "
                                  "try another dtype (e.g. torch.float32) or the other TransformerLens version") from err

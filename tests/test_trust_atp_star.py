@@ -308,11 +308,14 @@ def test_patterns_by_hand_and_by_the_models_attention_agree(variant, monkeypatch
 
 
 @tl3_only("its qk-norm models")
-def test_a_query_norm_is_not_reproduced_by_hand():
+def test_a_query_norm_is_not_reproduced_by_hand(monkeypatch):
+    """A query/key norm makes the score other than the bilinear form of the projections: the certificate's
+    `scores` fails, naming it, and the QK fix runs the model's own attention on every layer."""
     from rs_interp.circuits import atp_star
-    from rs_interp.circuits._substrate import record
 
     model, toks, ref = _setup(("RMS", "rotary", False, "qk_norm"))
-    box = record(model, toks, atp_star.stream_points(model, {0}, attention=True))
-    delta = torch.zeros(1, *toks.shape, model.cfg.d_model, dtype=torch.float64)
-    assert atp_star._by_hand(model, 0, box, delta, [0], 2**30, 1e-10) is None
+    assert "use_qk_norm" in ri.certify(model)["scores"].why
+    taken = []
+    monkeypatch.setattr(atp_star, "_by_hand", lambda *a: taken.append(1))
+    ri.edge_attribution_patching(model, toks, metric, reference=ref, qk_fix=True, per_example=True)
+    assert taken == []
