@@ -20,11 +20,11 @@ register_hooks_of_the_source_tree()  # hooks/ is rs_interp.hooks also when rs_in
 #: itself loads neither torch nor TransformerLens (rs_interp._lazy).
 _WHERE: dict[str, str] = {
     "Model": "._backend",
-    "Ablation": "._validate",
+    "Ablation": ".exact.validate",
     "run_with_key_input": ".ablation",
     "run_with_query_input": ".ablation",
-    "Certificate": ".certificate",
-    "certify": ".certificate",
+    "Certificate": ".exact.certificate",
+    "certify": ".exact.certificate",
     "AttributionPatching": ".circuits.node_attribution",
     "attribution_patching": ".circuits.node_attribution",
     "EdgeAttributionPatching": ".circuits.edge_attribution",
@@ -118,10 +118,8 @@ _WHERE: dict[str, str] = {
 if TYPE_CHECKING:  # the names, for type checkers and the documentation (which reads these imports)
     from . import features, hooks, scale, tasks
     from ._backend import Model
-    from ._validate import Ablation
     from .ablation import run_with_key_input, run_with_query_input
     from .attribution import DirectLogitAttribution, direct_logit_attribution
-    from .certificate import Certificate, certify
     from .circuits.acdc import ACDC, acdc
     from .circuits.correction import Fixed, fix_unreliable
     from .circuits.edge_attribution import EdgeAttributionPatching, edge_attribution_patching
@@ -133,6 +131,8 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     from .circuits.uncertainty import Bootstrap, Stability, bootstrap, stability
     from .composition import CompositionScores, composition_scores, virtual_weight
     from .copying import copying_scores
+    from .exact.certificate import Certificate, certify
+    from .exact.validate import Ablation
     from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
     from .heads import (
         FirstTokenAttention,

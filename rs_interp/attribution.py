@@ -11,10 +11,10 @@ from jaxtyping import Float, Int
 
 from . import _names as N
 from ._backend import Model, attn_weight, model_source
-from ._exact import compute_dtype, d_vocab_out, final_norm, metric_of, unembed_direction
 from ._state import preserve_state
-from ._validate import check_target_pair, check_tokens
-from .certificate import confirm, require
+from .exact.certificate import confirm, require
+from .exact.readout import compute_dtype, d_vocab_out, final_norm, metric_of, unembed_direction
+from .exact.validate import check_target_pair, check_tokens
 from .hooks import store_matching
 from .labels import bias_label, head_labels, mlp_label
 from .metrics import top_effects

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float
 
 from ._backend import Model, attn_weight
-from .certificate import require
+from .exact.certificate import require
 
 __all__ = ["copying_scores", "ov_eigenvalues"]
 

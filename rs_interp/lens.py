@@ -27,10 +27,10 @@ from jaxtyping import Int
 
 from . import _names as N
 from ._backend import Model, logit_softcap, run_from
-from ._exact import compute_dtype, d_vocab_out, final_norm_of, unembed_bias
 from ._state import preserve_state
-from ._validate import check_int_range, check_targets, check_tokens
-from .certificate import require
+from .exact.certificate import require
+from .exact.readout import compute_dtype, d_vocab_out, final_norm_of, unembed_bias
+from .exact.validate import check_int_range, check_targets, check_tokens
 from .hooks import store
 from .labels import lens_label
 

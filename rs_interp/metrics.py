@@ -76,7 +76,7 @@ def top_effects(labels: Sequence[str], effect: torch.Tensor, k: int) -> list[tup
     """The ``k`` entries of ``effect`` (any shape, flattened row-major like ``labels``) largest in
     magnitude, with their labels, largest first; NaN entries are never picked."""
     from ._format import Top
-    from ._validate import check_int_range
+    from .exact.validate import check_int_range
 
     check_int_range("k", k, 1)
     flat = effect.flatten()

@@ -31,10 +31,10 @@ from jaxtyping import Int
 
 from . import _names as N
 from ._backend import Model, attn_weight
-from ._exact import compute_dtype, d_vocab_out, unembed_bias
 from ._state import preserve_state
-from ._validate import check_target_pair, check_tokens
-from .certificate import confirm, require
+from .exact.certificate import confirm, require
+from .exact.readout import compute_dtype, d_vocab_out, unembed_bias
+from .exact.validate import check_target_pair, check_tokens
 from .hooks import store_matching
 from .labels import head_label
 from .metrics import top_effects

@@ -38,11 +38,11 @@ from jaxtyping import Float, Int
 
 from . import _names as N
 from ._backend import Model, attn_weight, model_source, norm_of
-from ._exact import compute_dtype, d_vocab_out, final_norm, unembed_direction
 from ._state import preserve_state
-from ._stream import record
-from ._validate import check_int_range, check_positions, check_target_pair, check_tokens
-from .certificate import confirm, require
+from .exact.certificate import confirm, require
+from .exact.readout import compute_dtype, d_vocab_out, final_norm, unembed_direction
+from .exact.stream import record
+from .exact.validate import check_int_range, check_positions, check_target_pair, check_tokens
 from .labels import bias_label, head_labels, mlp_label
 from .metrics import top_effects
 

@@ -30,11 +30,11 @@ from jaxtyping import Float, Int
 from safetensors.torch import load_file, save_file
 
 from ._backend import Model
-from ._exact import compute_dtype, readout
 from ._progress import bar
 from ._state import preserve_state
-from ._validate import check_int_range, check_tokens
-from .certificate import require
+from .exact.certificate import require
+from .exact.readout import compute_dtype, readout
+from .exact.validate import check_int_range, check_tokens
 from .hooks import store
 from .lens import reading_points
 

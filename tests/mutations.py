@@ -76,7 +76,7 @@ def edits_one_prompt(model):
 
 
 def narrower_vocabulary(model):
-    from rs_interp._exact import d_vocab_out
+    from rs_interp.exact.readout import d_vocab_out
 
     model.cfg.d_vocab_out = d_vocab_out(model) - 1
 

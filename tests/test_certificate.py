@@ -15,7 +15,7 @@ from mutations import MUTATIONS, start_skips_a_step
 
 import rs_interp as ri
 from rs_interp import _backend, features
-from rs_interp.certificate import IDENTITIES
+from rs_interp.exact.certificate import IDENTITIES
 
 METRIC = lambda lg: lg[:, -1, 0].mean()  # noqa: E731
 

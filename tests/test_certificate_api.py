@@ -14,7 +14,7 @@ from mutations import MUTATIONS
 
 import rs_interp as ri
 from rs_interp import features, scale
-from rs_interp.certificate import ADAPTS, CONDITIONS, EXEMPT, IDENTITIES, NEEDS, OPTIONAL, REFUSES
+from rs_interp.exact.certificate import ADAPTS, CONDITIONS, EXEMPT, IDENTITIES, NEEDS, OPTIONAL, REFUSES
 
 
 def _public_functions() -> dict[str, object]:

@@ -19,7 +19,7 @@ from hf_families import save_checkpoint
 
 import rs_interp as ri
 from rs_interp import _backend
-from rs_interp.certificate import NEEDS, TOLERANCES
+from rs_interp.exact.certificate import NEEDS, TOLERANCES
 
 #: The families beyond the first five (tests/test_pretrained.py), and Mixtral in float32 too
 #: (transformers runs its experts in float32 and half precision only).
@@ -69,7 +69,7 @@ def loaded(request, tmp_path_factory, table):
 
 
 def _tol(model) -> float:
-    """Absolute tolerance of a result of size about 1: ten times the identities' (:data:`rs_interp.certificate.TOLERANCES`)."""
+    """Absolute tolerance of a result of size about 1: ten times the identities' (:data:`rs_interp.exact.certificate.TOLERANCES`)."""
     return 10 * TOLERANCES[(model.cfg.dtype, _backend.model_source(model))]
 
 
@@ -219,7 +219,7 @@ def second_order(model, toks, ref):
         assert float((got - want).abs().max()) <= _tol(model) * max(1.0, float(want.abs().max())), d
 
 
-#: Each core helper: its brute-force check, and its name in rs_interp.certificate.NEEDS.
+#: Each core helper: its brute-force check, and its name in rs_interp.exact.certificate.NEEDS.
 HELPERS = {"direct_logit_attribution": dla, "attribution_patching": node, "edge_attribution_patching": edges,
            "head_ablation_scan": scan, "logit_lens": lens, "path_patching": path, "evaluate_circuit": circuit,
            "second_order_attribution": second_order}

@@ -124,7 +124,7 @@ def test_the_versions_define_the_same_functions():
 
 def test_no_private_name_across_packages():
     """A module imports another package's private names only from a private module of a package it is
-    inside (``rs_interp._validate`` serves every module; ``rs_interp.circuits._substrate`` only
+    inside (``rs_interp.exact.validate`` serves every module; ``rs_interp.circuits._substrate`` only
     ``rs_interp.circuits``)."""
     offenders = []
     for module, path in SOURCES.items():

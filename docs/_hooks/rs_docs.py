@@ -17,7 +17,7 @@
 - **Generated, never copied**: the reproduction page's bands table (``{{ bands_table }}``, from
   ``rs_interp.reproduce.expected``), the reference's index of every public name (``{{ api_index }}``),
   the certificate's identities and the tolerances by dtype and source (``{{ certificate_table }}``,
-  ``{{ tolerance_table }}``, from ``rs_interp.certificate`` and the loader).
+  ``{{ tolerance_table }}``, from ``rs_interp.exact.certificate`` and the loader).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def _macros(markdown: str) -> str:
             rows.append(f"| `{key}` | {html.escape(e.theory).replace('|', '&#124;')} | {band} |")
         markdown = markdown.replace("{{ bands_table }}", "\n".join(rows))
     if "{{ certificate_table }}" in markdown:
-        from rs_interp.certificate import IDENTITIES, NEEDS, REMEDIES
+        from rs_interp.exact.certificate import IDENTITIES, NEEDS, REMEDIES
 
         rows = ["| identity | what holds | helpers that need it | where it fails |", "|---|---|---|---|"]
         for name, statement in IDENTITIES.items():
@@ -167,7 +167,7 @@ def _macros(markdown: str) -> str:
             rows.append(f"| `{name}` | {html.escape(statement)} | {users} | {html.escape(REMEDIES.get(name, ''))} |")
         markdown = markdown.replace("{{ certificate_table }}", "\n".join(rows))
     if "{{ helper_table }}" in markdown:
-        from rs_interp.certificate import ADAPTS, EXEMPT, IDENTITIES, NEEDS, OPTIONAL, REFUSES
+        from rs_interp.exact.certificate import ADAPTS, EXEMPT, IDENTITIES, NEEDS, OPTIONAL, REFUSES
 
         names = list(IDENTITIES)
         short = {n: n.replace(" at layer", "").replace("mlp ", "mlp&nbsp;") for n in names}
@@ -179,7 +179,7 @@ def _macros(markdown: str) -> str:
         rows += ["", "| exempt | why |", "|---|---|"] + [f"| `{h}` | {html.escape(why)} |" for h, why in EXEMPT.items()]
         markdown = markdown.replace("{{ helper_table }}", "\n".join(rows))
     if "{{ tolerance_table }}" in markdown:
-        from rs_interp.certificate import TOLERANCES
+        from rs_interp.exact.certificate import TOLERANCES
         from rs_interp.models._source import SOURCE_TOLERANCE
 
         rows = ["| dtype | identities, native modules | identities, Hugging Face modules (4.x) | a loaded model against its checkpoint |",

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .._norm import IDENTITY, Norm
+from ..exact.norm import IDENTITY, Norm
 from . import config as _config
 from .common import (  # noqa: F401
     _HT_BUFFERS,
@@ -108,7 +108,7 @@ def has_qk_norm(model: Model) -> bool:
 
 
 def norm_of(model: Model, module: torch.nn.Module | None) -> Norm:
-    """One of the model's norms as it computes (:class:`rs_interp._norm.Norm`: its kind, the gain it
+    """One of the model's norms as it computes (:class:`rs_interp.exact.norm.Norm`: its kind, the gain it
     applies, its bias and epsilon, read by :func:`norm_affine`); the identity where the model has none.
 
     Raises:

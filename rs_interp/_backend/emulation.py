@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .._norm import Norm
+from ..exact.norm import Norm
 from .common import HookName, Stop, per_query_head, qkv_input_target
 
 __all__ = ["qkv_input_hooks", "score_hooks", "final_stream"]

@@ -21,7 +21,7 @@ import transformer_lens.model_bridge.sources.native  # noqa: F401  (attaches boo
 from transformer_lens import TransformerBridge as Model
 from transformer_lens import TransformerBridgeConfig as ModelConfig
 
-from .._norm import Norm
+from ..exact.norm import Norm
 from . import emulation
 from ._tl4_native import (
     _compatible,

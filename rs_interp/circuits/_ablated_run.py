@@ -13,7 +13,7 @@ import torch
 from .. import _backend
 from .. import _names as N
 from .._backend import Model, attn_weight, per_head_inputs
-from .._stream import RESID0, readers
+from ..exact.stream import RESID0, readers
 from ..metrics import Metric, metric_value
 from ._substrate import n_senders, record, sender_points
 from .graph import EdgeLayout

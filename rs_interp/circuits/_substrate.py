@@ -7,7 +7,7 @@
 - the gradient passes: :func:`gradient_passes` (one or ``m`` for EAP-IG), :func:`scalar_metric`,
   :func:`outside_inference_mode`.
 
-The receivers (every reader of the stream, and its gradient) are :mod:`rs_interp._stream`'s, which
+The receivers (every reader of the stream, and its gradient) are :mod:`rs_interp.exact.stream`'s, which
 the certificate (:func:`rs_interp.certify`) reads too.
 """
 
@@ -21,8 +21,8 @@ import torch
 from .. import _backend
 from .._backend import Model
 from .._progress import bar
-from .._stream import RESID0, record  # noqa: F401  (record: the circuit methods read it here)
-from .._validate import check_int_range, check_tokens
+from ..exact.stream import RESID0, record  # noqa: F401  (record: the circuit methods read it here)
+from ..exact.validate import check_int_range, check_tokens
 from ..metrics import Metric
 
 __all__: list[str] = []

@@ -46,8 +46,8 @@ from .. import _backend
 from .. import _names as N
 from .._backend import Model, Stop, attn_weight, per_head_inputs, per_query_head, run_from
 from .._progress import bar
-from .._stream import readers
-from ..certificate import Certificate
+from ..exact.certificate import Certificate
+from ..exact.stream import readers
 from .graph import EdgeLayout
 
 __all__ = ["drop_hooks", "dropped", "combine_drops", "node_qk_deltas", "edge_qk_fix", "check_drop_layers"]
@@ -67,7 +67,7 @@ def _severed(t: torch.Tensor, *, hook) -> torch.Tensor:
 def drop_hooks(model: Model, layer: int | None, *, projected: bool = True) -> list[tuple[str, Callable]]:
     """Hooks that set the gradient from layer ``layer``'s readers (its heads' query, key and value
     inputs and its MLP's input) into the stream to 0; none for ``None``. To be placed ahead of any
-    other hook at those points (:func:`rs_interp._stream.reader_gradients`' ``extra``)."""
+    other hook at those points (:func:`rs_interp.exact.stream.reader_gradients`' ``extra``)."""
     if layer is None:
         return []
     return [(r.hook, _severed) for r in readers(model, projected=projected) if r.layer == layer and r.kind != "logits"]

@@ -54,9 +54,9 @@ from jaxtyping import Bool
 from .. import _backend
 from .._backend import Model
 from .._progress import bar
-from .._stream import RESID0
-from .._validate import check_int_range
-from ..certificate import require
+from ..exact.certificate import require
+from ..exact.stream import RESID0
+from ..exact.validate import check_int_range
 from ..metrics import Metric
 from ._substrate import IG_RULES, backward, ig_alphas, scalar_metric, scalar_metric_value
 from .graph import EdgeEffects

@@ -39,10 +39,10 @@ import torch
 from jaxtyping import Float, Int
 
 from .._backend import Model
-from .._exact import compute_dtype
 from .._state import preserve_state
-from .._stream import RESID0, Reader, mlp_flags, reader_gradients, readers, watched
-from ..certificate import require
+from ..exact.certificate import require
+from ..exact.readout import compute_dtype
+from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, watched
 from ..hooks import store_matching
 from ..metrics import Metric
 from ._substrate import IGRule, check_pair, n_senders, outside_inference_mode, record, sender_points, writes

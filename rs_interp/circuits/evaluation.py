@@ -40,9 +40,9 @@ from jaxtyping import Int
 from .._backend import Model
 from .._progress import bar
 from .._state import preserve_state
-from .._stream import mlp_flags
-from .._validate import Ablation, check_ablation
-from ..certificate import require
+from ..exact.certificate import require
+from ..exact.stream import mlp_flags
+from ..exact.validate import Ablation, check_ablation
 from ..metrics import Metric, metric_value
 from ._ablated_run import ablated_writes, run_circuit
 from .graph import EdgeEffects, EdgeLayout, edge_layout

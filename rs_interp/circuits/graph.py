@@ -184,7 +184,7 @@ class EdgeEffects:
         """The ``k`` edges with the largest ``|effect|``, each ``((sender, receiver), effect)``, best
         first (NaN never picked)."""
         from .._format import Top
-        from .._validate import check_int_range
+        from ..exact.validate import check_int_range
 
         check_int_range("k", k, 1)
         edges, values = self.layout.edges(), self.effect[self.layout.exists]

@@ -50,7 +50,7 @@ from jaxtyping import Int
 
 from .._backend import Model, per_head_inputs
 from .._state import preserve_state
-from .._stream import mlp_flags, receiver_hook
+from ..exact.stream import mlp_flags, receiver_hook
 from ..hooks import store_matching
 from ..labels import edge_string
 from ..metrics import Metric

@@ -37,8 +37,8 @@ from jaxtyping import Float, Int
 
 from .._backend import Model, kv_groups
 from .._state import preserve_state
-from .._stream import RESID0, mlp_flags, watched
-from ..certificate import require
+from ..exact.certificate import require
+from ..exact.stream import RESID0, mlp_flags, watched
 from ..labels import head_label, kv_label
 from ..metrics import Metric, top_effects
 from ._substrate import IGRule, check_pair, outside_inference_mode, record

@@ -30,9 +30,9 @@ from .._backend import Model, per_head_inputs, run_from
 from .._budget import stacked_copies
 from .._progress import bar
 from .._state import preserve_state
-from .._stream import mlp_flags, receiver_hook
-from .._validate import check_int_range
-from ..certificate import require
+from ..exact.certificate import require
+from ..exact.stream import mlp_flags, receiver_hook
+from ..exact.validate import check_int_range
 from ..hooks import store_matching
 from ..metrics import Metric, metric_value
 from ._substrate import check_pair, record, sender_points, writes

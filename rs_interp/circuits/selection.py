@@ -64,7 +64,7 @@ def top_edges(scores: EdgeEffects, n: int, *, ranking: Ranking = "absolute", pru
         >>> set(top_edges(eap, 3, pruned=True)) <= set(top_edges(eap, 3))
         True
     """
-    from .._validate import check_int_range
+    from ..exact.validate import check_int_range
 
     if not isinstance(pruned, bool):
         raise ValueError(f"pruned must be True or False, got {pruned!r}")

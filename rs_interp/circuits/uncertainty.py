@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 from jaxtyping import Float, Int
 
-from .._validate import check_int_range
+from ..exact.validate import check_int_range
 from .graph import EdgeEffects, EdgeLayout
 from .selection import RANKINGS, Ranking
 

@@ -25,15 +25,15 @@ from typing import Callable, Iterator
 import torch
 
 from .._backend import Model, Stop, norm_of, with_dtype
-from ..certificate import require
+from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
 __all__: list[str] = []
 
 def check_model(model: Model, transcoders: TranscoderSet, what: str) -> None:
     """Refuse, naming why, a model whose replacement is not linear once frozen (the configurations of
-    :data:`rs_interp.certificate.REFUSES`, then the identities the graph needs, measured on the model:
-    :data:`rs_interp.certificate.NEEDS`), or transcoders that do not fit it. ``what`` is the helper's
+    :data:`rs_interp.exact.certificate.REFUSES`, then the identities the graph needs, measured on the model:
+    :data:`rs_interp.exact.certificate.NEEDS`), or transcoders that do not fit it. ``what`` is the helper's
     public name (``"features.attribution_graph"`` ...)."""
     cfg = model.cfg
     # The configurations no identity can make exact, then the identities, measured on the model (hooks included).

@@ -37,7 +37,7 @@ from typing import Iterator
 import torch
 from jaxtyping import Float
 
-from ..certificate import require
+from ..exact.certificate import require
 from . import _config
 
 __all__ = ["Transcoder", "TranscoderSet", "load_transcoders", "mlp_transcoders", "shipped_transcoders",

@@ -19,7 +19,7 @@ import torch
 
 from .. import _backend
 from .._backend import Model
-from ..certificate import note_source
+from ..exact.certificate import note_source
 
 __all__: list[str] = []
 

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from .. import _backend
 from .._backend import Model, ModelConfig
-from .._validate import check_int_range
+from ..exact.validate import check_int_range
 
 __all__ = [
     "attn_only_config",

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from .._backend import Model, ModelConfig, make_config
-from .._validate import check_int_range, check_tokens
+from ..exact.validate import check_int_range, check_tokens
 from .checkpoints import build_model
 from .data import induction_batch
 

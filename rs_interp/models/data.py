@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from jaxtyping import Bool, Int
 
-from .._validate import check_int_range
+from ..exact.validate import check_int_range
 
 __all__ = ["InductionBatch", "induction_batch", "next_token_targets"]
 

@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 
 from .._backend import Model, bias_parameters
-from .._exact import d_vocab_out
 from .._format import short
 from .._progress import bar
 from .._state import preserve_state
-from .._validate import check_int_range, check_targets, check_tokens
+from ..exact.readout import d_vocab_out
+from ..exact.validate import check_int_range, check_targets, check_tokens
 from .checkpoints import make_attn_only
 from .data import induction_batch
 

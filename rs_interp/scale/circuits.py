@@ -42,9 +42,9 @@ import torch
 from .. import circuits as _c
 from .. import head_ablation as _h
 from .._backend import Model
-from ..certificate import require
 from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores
 from ..circuits.selection import circuit_at, mib_weights
+from ..exact.certificate import require
 from ..metrics import metric_value
 from .engine import Analysis, no_overrides, quiet, stream, weight_of
 from .pairs import Dataset

@@ -28,7 +28,7 @@ import torch
 
 from .._backend import Model
 from .._progress import bar
-from .._validate import check_int_range
+from ..exact.validate import check_int_range
 from .distributed import reduce, world
 from .pairs import Batch, Dataset, batch_digest, batches, n_batches, new_digest
 from .resume import fingerprint, load, rank_path, save

@@ -32,7 +32,7 @@ from jaxtyping import Float
 
 from .._backend import Model
 from ..attribution import direct_logit_attribution as _dla
-from ..certificate import require
+from ..exact.certificate import require
 from ..lens import logit_lens as _lens
 from ..metrics import top_effects
 from ..tuned_lens import TunedLens

@@ -13,7 +13,7 @@ A head's input is read one of two ways:
   TransformerLens 4's native attention);
 - *projected*: the per-head projection ``blocks.L.attn.hook_{q,k,v}`` (batch, pos, head, d_head),
   whose gradient is taken back through ``W_{Q,K,V}`` and the frozen first norm by hand
-  (:meth:`rs_interp._norm.Norm.input_gradient`), with no per-head copy of the stream in the forward pass. Only on layers
+  (:meth:`rs_interp.exact.norm.Norm.input_gradient`), with no per-head copy of the stream in the forward pass. Only on layers
   whose projection is ``ln1(resid_pre) W + b`` (:func:`rs_interp._backend.projection_layers`; the
   certificate checks it as ``projections``).
 """
@@ -26,11 +26,11 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from . import _backend
-from . import _names as N
-from ._backend import Model, Stop, attn_weight, kv_groups, per_head_inputs
-from .hooks import store_matching
-from .labels import LOGITS, mlp_label, parse, receiver_label
+from .. import _backend
+from .. import _names as N
+from .._backend import Model, Stop, attn_weight, kv_groups, per_head_inputs
+from ..hooks import store_matching
+from ..labels import LOGITS, mlp_label, parse, receiver_label
 
 __all__: list[str] = []
 
@@ -101,7 +101,7 @@ def watched(t: torch.Tensor, contract: Callable[[torch.Tensor], None]) -> torch.
 def _through_projection(model: Model, reader: Reader, stream: dict[int, torch.Tensor], dt: torch.dtype) -> Callable:
     """``hook_{x}``'s gradient (batch, pos, head, d_head) -> the per-head inputs' (head, batch * pos *
     d_model) in ``dt``, written into the caller's buffer: the norm's input gradient behind the projection
-    (:meth:`rs_interp._norm.Norm.through_projection`), the stream's statistics those of the run."""
+    (:meth:`rs_interp.exact.norm.Norm.through_projection`), the stream's statistics those of the run."""
     cfg, l, x = model.cfg, reader.layer, reader.kind
     W = attn_weight(model.blocks[l].attn, f"W_{x.upper()}", cfg.n_heads).detach().to(dt)  # (head, d_model, d_head)
     if len(reader.labels) != cfg.n_heads:

@@ -1,5 +1,5 @@
 """What the certificate measures and what each helper relies on: data only, read by
-:mod:`rs_interp.certificate` (which measures and refuses), the docs' identity x helper table and the
+:mod:`rs_interp.exact.certificate` (which measures and refuses), the docs' identity x helper table and the
 test that walks the public API (``tests/test_certificate_api.py``: every public function that takes a
 model is in :data:`NEEDS` or in :data:`EXEMPT` with a reason).
 
@@ -132,7 +132,7 @@ EXEMPT: dict[str, str] = {
 }
 
 #: Configurations no identity can make exact for some helper: what each means (the certificate reads
-#: each off the config, :data:`rs_interp.certificate.CONFIGURATIONS`).
+#: each off the config, :data:`rs_interp.exact.certificate.CONFIGURATIONS`).
 CONDITIONS: dict[str, str] = {
     "soft-capped logits": "the logits pass a soft-cap c tanh(l / c): no split of a logit over components is exact through it, "
                           "and the logits are not linear in the final stream",

@@ -1,7 +1,7 @@
 """The identities read off one clean run of the probe batch (:func:`clean_run`), each a relative gap of
 the model's own activations against what rs_interp computes from them by hand (the norms by
-:mod:`rs_interp._norm`, in float64). The runs of their own (gradients, rows, from and to a layer) are
-:mod:`rs_interp._certify_runs`."""
+:mod:`rs_interp.exact.norm`, in float64). The runs of their own (gradients, rows, from and to a layer) are
+:mod:`rs_interp.exact._runs`."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Callable
 
 import torch
 
-from . import _backend
-from . import _names as N
-from ._backend import Model, attn_weight, logit_softcap, norm_of
-from ._exact import d_vocab_out, readout
-from .hooks import store_matching
+from .. import _backend
+from .. import _names as N
+from .._backend import Model, attn_weight, logit_softcap, norm_of
+from ..hooks import store_matching
+from .readout import d_vocab_out, readout
 
 __all__: list[str] = []
 
@@ -30,7 +30,7 @@ class Identity:
     """One identity measured on one model.
 
     Attributes:
-        name: its key in :data:`rs_interp.certificate.IDENTITIES`.
+        name: its key in :data:`rs_interp.exact.certificate.IDENTITIES`.
         holds: True or False; None where it does not apply (e.g. MLP inputs of an attention-only model).
         gap: the largest relative gap measured (NaN where nothing could be measured).
         tolerance: the tolerance for the model's dtype and source.

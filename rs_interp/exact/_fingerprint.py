@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 from torch.nn.modules import module as _torch_module
 
-from . import _backend
-from ._backend import Model
+from .. import _backend
+from .._backend import Model
 
 __all__ = ["fingerprint", "Unfingerprintable"]
 

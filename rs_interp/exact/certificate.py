@@ -18,7 +18,7 @@ modules booted by TransformerLens 4, which compute some steps in float32 whateve
 identity misses by orders of magnitude more (measured gaps: the docs' tolerances page).
 
 The certificate is cached on the model under a key that covers everything that can change a number
-(``rs_interp._fingerprint``: weights, dtype, device, every hook of TransformerLens's or PyTorch's on
+(``rs_interp.exact._fingerprint``: weights, dtype, device, every hook of TransformerLens's or PyTorch's on
 any module, the config and hook flags); a model whose key cannot be read is measured at every call.
 
 >>> import rs_interp as ri
@@ -33,15 +33,15 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _backend
-from ._backend import Model
-from ._certify_checks import Identity
-from ._certify_runs import measure
+from .. import _backend
+from .._backend import Model
+from .._state import preserve_state
+from ._checks import Identity
 from ._fingerprint import HOOK_DICTS, Unfingerprintable, fingerprint
-from ._needs import ADAPTS, CONDITIONS, EXEMPT, IDENTITIES, NEEDS, OPTIONAL, REFUSES
-from ._state import preserve_state
-from ._stream import mlp_flags
-from ._validate import check_weights
+from ._runs import measure
+from .needs import ADAPTS, CONDITIONS, EXEMPT, IDENTITIES, NEEDS, OPTIONAL, REFUSES
+from .stream import mlp_flags
+from .validate import check_weights
 
 __all__ = ["Certificate", "Identity", "certify", "require", "confirm", "note_source", "NEEDS", "OPTIONAL", "ADAPTS", "EXEMPT",
            "REFUSES", "CONDITIONS", "CONFIGURATIONS", "IDENTITIES", "TOLERANCES", "REMEDIES"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ._backend import Model, logit_softcap, norm_of
-from ._norm import Norm
+from .._backend import Model, logit_softcap, norm_of
+from .norm import Norm
 
 __all__: list[str] = []
 
@@ -32,7 +32,7 @@ def unembed_bias(model: Model, dt: torch.dtype) -> torch.Tensor | None:
 
 
 def readout(model: Model, final: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
-    """``softcap(N_final(final) W_U + b_U)`` in ``dt``, the final norm (:mod:`rs_interp._norm`) with its
+    """``softcap(N_final(final) W_U + b_U)`` in ``dt``, the final norm (:mod:`rs_interp.exact.norm`) with its
     scale computed from each row itself: the model's own readout where the certificate's ``readout``
     holds, and the lenses' reading of any stream.
 

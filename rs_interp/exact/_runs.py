@@ -1,7 +1,7 @@
 """The identities that need runs of their own, and :func:`measure`, which the certificate calls: the
 perturbed run with gradients (``z``, ``heads``, ``input``, ``readers``), the stacked and single-row runs
 (``rows``), and the runs from and to each layer (``start at layer``, ``stop at layer``). The identities
-read off the clean run are :mod:`rs_interp._certify_checks`."""
+read off the clean run are :mod:`rs_interp.exact._checks`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Callable
 
 import torch
 
-from . import _backend
-from . import _certify_checks as C
-from . import _names as N
-from ._backend import Model, attn_weight, run_from
-from ._certify_checks import MODEL_ERRORS, Identity, Missing, get, judge, rel
-from ._stream import Reader, reader_gradients, readers, watched
+from .. import _backend
+from .. import _names as N
+from .._backend import Model, attn_weight, run_from
+from . import _checks as C
+from ._checks import MODEL_ERRORS, Identity, Missing, get, judge, rel
+from .stream import Reader, reader_gradients, readers, watched
 
 __all__: list[str] = []
 
@@ -221,7 +221,7 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
 
 
 def measure(model: Model, tol: float) -> dict[str, Identity]:
-    """Every identity of :data:`rs_interp.certificate.IDENTITIES` but ``source`` on ``model`` (flags already
+    """Every identity of :data:`rs_interp.exact.certificate.IDENTITIES` but ``source`` on ``model`` (flags already
     set by the caller).
 
     Raises:

@@ -8,7 +8,7 @@ from typing import Iterable, Literal
 import torch
 from jaxtyping import Int
 
-from ._backend import Model
+from .._backend import Model
 
 __all__: list[str] = []
 
