@@ -121,6 +121,8 @@ EXEMPT: dict[str, str] = {
     "certify": "it measures the identities",
     "as_dtype": "a copy of the model in another dtype: the copy is certified when a helper uses it",
     "save_model": "writes the weights and config; nothing is computed",
+    "ungroup_gqa": "a copy of the model with each KV head's weights repeated per query head (the same function, tested): "
+                   "the copy is certified when a helper uses it",
     "induction_batch": "reads the vocabulary size and context length only",
     "evaluate": "the model's own loss and accuracy: its logits as they are, nothing decomposed",
     "scale.metric_values": "the metric of the model's own logits, batch by batch: nothing decomposed",

@@ -88,21 +88,25 @@ def _on_a_path(layout, kept):
     return [(s, r) for s, r in kept if s in reach and s in back and component(r) in back]
 
 
+@pytest.mark.parametrize("higher_is_better", [False, True])
 @pytest.mark.parametrize("ranking", ["absolute", "signed"])
-def test_faithfulness_curve_is_mibs(ranking):
+def test_faithfulness_curve_is_mibs(ranking, higher_is_better):
     """MIB's evaluation, written apart: at each fraction f the top int(f * N) edges by |score| or by
-    score, pruned to those on a path from the embedding to the logits, evaluated; faithfulness against
-    the clean and the reference run; the areas by the trapezoid rule (CPR: signed, CMD: absolute)."""
+    score (MIB's: the loss's score, -effect for a higher-is-better metric), pruned to those on a path
+    from the embedding to the logits, evaluated; faithfulness against the clean and the reference run;
+    the areas by the trapezoid rule (CPR: signed, CMD: absolute)."""
     model, toks, ref = _setup()
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
-    curve = ri.faithfulness_curve(model, toks, metric, eap, reference=ref, ranking=ranking)
+    curve = ri.faithfulness_curve(model, toks, metric, eap, reference=ref, ranking=ranking, higher_is_better=higher_is_better)
+    loss_sign = -1 if higher_is_better else 1
     layout = eap.layout
     total = layout.n_edges
     assert curve.fractions == ri.circuits.MIB_FRACTIONS
     assert curve.n_requested == tuple(int(f * total) for f in curve.fractions)
     flat = sorted(((float(eap.effect[i, j]), i * 1000 + j, (s, r)) for i, s in enumerate(layout.senders)
                    for j, r in enumerate(layout.receivers) if layout.exists[i, j]),
-                  key=lambda x: (-(abs(x[0]) if ranking == "absolute" else x[0]), x[1]))
+                  key=lambda x: (-(abs(x[0]) if ranking == "absolute" else loss_sign * x[0]), x[1]))
+    assert curve.mib_counts == tuple(float(n) for n in curve.n_edges)
     for n, kept_n, v in zip(curve.n_requested, curve.n_edges, curve.values):
         top = _on_a_path(layout, [e for _, _, e in flat[:n]])
         assert kept_n == len(top)

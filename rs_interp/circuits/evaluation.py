@@ -169,6 +169,13 @@ class FaithfulnessCurve:
                              "faithfulness_curve(..., ranking='absolute'); this curve's area_from_1 is ranked by signed score")
         return self.area_from_1
 
+    @property
+    def mib_counts(self) -> tuple[float, ...]:
+        """The sizes MIB's ``evaluate_area_under_curve`` returns (its ``weighted_edge_counts``): each
+        pruned circuit's edges in MIB's graph (a key/value edge of a KV head counted once per query
+        head reading it), as floats; ``n_edges`` is the same count as ints."""
+        return tuple(float(n) for n in self.n_edges)
+
 
 def _area(x: Sequence[float], y: Sequence[float]) -> float:
     return float(sum((x[i + 1] - x[i]) * (y[i] + y[i + 1]) / 2 for i in range(len(x) - 1)))
@@ -197,6 +204,7 @@ def faithfulness_curve(
     ranking: Ranking = "absolute",
     method: Ablation = "resample",
     pruned: bool = True,
+    higher_is_better: bool = False,
     progress: bool = True,
 ) -> FaithfulnessCurve:
     """The faithfulness of the circuits MIB evaluates from ``scores`` at each fraction (MIB's ten by
@@ -210,6 +218,10 @@ def faithfulness_curve(
         ranking: ``"absolute"`` (by ``|score|``) or ``"signed"`` (by score, largest first).
         pruned: prune dangling edges as MIB does (``False``: every chosen edge stays, rs_interp's
             earlier rule; a circuit may then hold edges that reach nothing).
+        higher_is_better: the metric's direction, for ``ranking="signed"``: MIB ranks the scores of
+            the loss, largest first (:func:`rs_interp.tasks.mib_importances`), so with a logit or
+            probability difference (``True``) the smallest effects come first, with a loss
+            (``False``, the default) the largest. The absolute ranking is the same either way.
         progress: a progress bar over the circuits.
 
     Raises:
@@ -232,7 +244,7 @@ def faithfulness_curve(
     if not isinstance(scores, EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
         raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
     fr = _check_fractions(fractions)
-    circuits = [circuit_at(scores, f, ranking=ranking, pruned=pruned) for f in fr]
+    circuits = [circuit_at(scores, f, ranking=ranking, pruned=pruned, higher_is_better=higher_is_better) for f in fr]
     require(model, "faithfulness_curve")
     weights = mib_weights(layout)
     total = float(weights.sum())
@@ -278,9 +290,12 @@ class MIBScores:
 
 def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Metric, scores: EdgeEffects, *,
                reference: Int[torch.Tensor, "batch pos"] | None = None, fractions: Sequence[float] = MIB_FRACTIONS,
-               method: Ablation = "resample", progress: bool = True) -> MIBScores:
+               method: Ablation = "resample", higher_is_better: bool = False, progress: bool = True) -> MIBScores:
     """CPR and CMD as MIB's circuit track computes them: two :func:`faithfulness_curve` s, the edges
     ranked by signed score (CPR, the area under it) and by absolute score (CMD, the area between it and 1).
+    MIB's signed ranking is of the loss's scores: pass ``higher_is_better=True`` for a logit or
+    probability difference (MIB's metrics), so the CPR is the one MIB's evaluation gives on the
+    file :func:`rs_interp.tasks.write_mib` writes (:func:`faithfulness_curve`).
 
     Example:
         >>> import rs_interp
@@ -294,7 +309,7 @@ def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Met
         (True, True)
     """
     require(model, "mib_scores")
-    kw = dict(reference=reference, fractions=fractions, method=method, progress=progress)
+    kw = dict(reference=reference, fractions=fractions, method=method, progress=progress, higher_is_better=higher_is_better)
     signed = faithfulness_curve(model, tokens, metric, scores, ranking="signed", **kw)
     absolute = faithfulness_curve(model, tokens, metric, scores, ranking="absolute", **kw)
     return MIBScores(cpr=signed.area_under, cmd=absolute.area_from_1, signed=signed, absolute=absolute)

@@ -150,16 +150,27 @@ def mib_weights(layout: EdgeLayout) -> torch.Tensor:
     return layout.exists.to(torch.float64) * w[None, :]
 
 
-def circuit_at(scores: EdgeEffects, fraction: float, *, ranking: Ranking = "absolute", pruned: bool = True) -> torch.Tensor:
+def circuit_at(scores: EdgeEffects, fraction: float, *, ranking: Ranking = "absolute", pruned: bool = True,
+               higher_is_better: bool = False) -> torch.Tensor:
     """The circuit MIB evaluates at ``fraction`` of the edges: the best edges of ``scores`` (in rank
     order, while their MIB count stays within ``int(fraction * N)``, ``N`` the graph's MIB count),
     dangling edges pruned (``pruned=True``, as MIB does). A (sender, receiver) mask.
 
+    MIB ranks the scores of the *loss* (:func:`rs_interp.tasks.mib_importances`): by signed score,
+    the edges whose patching raises the loss most come first. ``higher_is_better=True`` (a logit or
+    probability difference) ranks ``-effect`` so, the smallest effect first; ``False`` (the
+    default: the metric is a loss) ranks ``effect``, the largest first. ``|effect|`` ranks the same
+    either way.
+
     Raises:
-        ValueError: ``fraction`` not a number in [0, 1].
+        ValueError: ``fraction`` not a number in [0, 1]; ``higher_is_better`` not a bool.
     """
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
         raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
+    if not isinstance(higher_is_better, bool):
+        raise ValueError(f"higher_is_better must be True or False, got {higher_is_better!r}")
+    if higher_is_better and ranking == "signed":
+        scores = EdgeEffects(scores.layout, -scores.effect, -scores.clean)
     layout = scores.layout
     weights = mib_weights(layout)[layout.exists]
     budget = int(fraction * float(weights.sum()))

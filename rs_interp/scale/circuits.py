@@ -197,12 +197,13 @@ def _curve_on(model: Any, batch: Any, scores: Any, options: dict) -> Faithfulnes
         return _c.faithfulness_curve(model, batch.tokens, batch.metric, scores, reference=batch.reference, **options,
                                      **quiet(_c.faithfulness_curve))
     except ValueError as err:
-        if "faithfulness is undefined" not in str(err) or set(options) - {"fractions", "ranking", "method", "pruned"}:
+        if "faithfulness is undefined" not in str(err) or set(options) - {"fractions", "ranking", "method", "pruned", "higher_is_better"}:
             raise
     fr = tuple(float(f) for f in options.get("fractions", MIB_FRACTIONS))
     ranking, method = options.get("ranking", "absolute"), options.get("method", "resample")
     layout, weights = scores.layout, mib_weights(scores.layout)
-    keeps = [circuit_at(scores, f, ranking=ranking, pruned=options.get("pruned", True)) for f in fr]
+    keeps = [circuit_at(scores, f, ranking=ranking, pruned=options.get("pruned", True),
+                        higher_is_better=options.get("higher_is_better", False)) for f in fr]
     kw = dict(reference=batch.reference, method=method)
     with warnings.catch_warnings():  # a dangling circuit: faithfulness_curve evaluates it without a warning
         warnings.simplefilter("ignore")
