@@ -121,6 +121,11 @@ class FaithfulnessCurve:
             signed ranking.
         area_from_1: the area between 1 and the curve, ``|1 - faithfulness|``: MIB's CMD for the
             absolute ranking.
+        mib_counts: the sizes MIB's ``evaluate_area_under_curve`` reports (its ``weighted_edge_counts``)
+            for these circuits: the top edges after one pass of pruning, as the EAP-IG commit MIB pins
+            counts them before its evaluation prunes to the end
+            (:func:`rs_interp.circuits.selection.prune`), in MIB's edges, as floats. ``n_edges`` is
+            the size of the circuit evaluated; the two differ where that one pass leaves dangling edges.
 
     Example:
         >>> import rs_interp
@@ -144,6 +149,7 @@ class FaithfulnessCurve:
     empty: float
     area_under: float
     area_from_1: float
+    mib_counts: tuple[float, ...] | None = None
 
     @property
     def cpr(self) -> float:
@@ -169,12 +175,6 @@ class FaithfulnessCurve:
                              "faithfulness_curve(..., ranking='absolute'); this curve's area_from_1 is ranked by signed score")
         return self.area_from_1
 
-    @property
-    def mib_counts(self) -> tuple[float, ...]:
-        """The sizes MIB's ``evaluate_area_under_curve`` returns (its ``weighted_edge_counts``): each
-        pruned circuit's edges in MIB's graph (a key/value edge of a KV head counted once per query
-        head reading it), as floats; ``n_edges`` is the same count as ints."""
-        return tuple(float(n) for n in self.n_edges)
 
 
 def _area(x: Sequence[float], y: Sequence[float]) -> float:
@@ -244,7 +244,8 @@ def faithfulness_curve(
     if not isinstance(scores, EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
         raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
     fr = _check_fractions(fractions)
-    circuits = [circuit_at(scores, f, ranking=ranking, pruned=pruned, higher_is_better=higher_is_better) for f in fr]
+    chosen = [circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=higher_is_better) for f in fr]
+    circuits = [prune(layout, keep) if pruned else keep for keep in chosen]
     require(model, "faithfulness_curve")
     weights = mib_weights(layout)
     total = float(weights.sum())
@@ -260,7 +261,13 @@ def faithfulness_curve(
     return FaithfulnessCurve(fractions=tuple(fr), ranking=ranking, n_requested=tuple(int(f * total) for f in fr),
                              n_edges=tuple(int(float((weights * keep).sum())) for keep in circuits), values=tuple(values),
                              faithfulness=tuple(faith), clean=clean, empty=empty, area_under=_area(fr, faith),
-                             area_from_1=_area(fr, [abs(1 - f) for f in faith]))
+                             area_from_1=_area(fr, [abs(1 - f) for f in faith]), mib_counts=_mib_counts(layout, chosen))
+
+
+def _mib_counts(layout: EdgeLayout, chosen: list[torch.Tensor]) -> tuple[float, ...]:
+    """What MIB's harness reports as each circuit's size: its edges after one pass of pruning (:func:`prune`)."""
+    weights = mib_weights(layout)
+    return tuple(float((weights * prune(layout, keep, passes=1)).sum()) for keep in chosen)
 
 
 @dataclass(frozen=True)

@@ -104,11 +104,17 @@ def _component(label: str) -> str:
     return label.split(".")[0] if c.input is not None else label
 
 
-def prune(layout: EdgeLayout, keep: torch.Tensor) -> torch.Tensor:
+def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) -> torch.Tensor:
     """``keep`` without dangling edges (MIB's ``Graph.prune``): repeatedly, a component is in the circuit
     iff it has a kept incoming edge (``embed`` always has) and a kept outgoing edge (``logits`` always
     has), and an edge is kept iff its sender and its receiver's component are in. A query head's
-    incoming edges are its own and those into the key/value heads it reads."""
+    incoming edges are its own and those into the key/value heads it reads.
+
+    ``passes=1``: one such pass, what the ``Graph.prune`` of the EAP-IG commit MIB pins (7af394a) leaves
+    after ``apply_topn`` (its loop stops when the components computed from the edges are those
+    ``apply_topn`` set, before the edges this pass removed are looked at again): the circuit MIB
+    counts (:attr:`rs_interp.FaithfulnessCurve.mib_counts`). Its ``evaluate_graph`` prunes again, to
+    the end, so the circuit it evaluates is ``passes=None``'s."""
     keep = keep.clone() & layout.exists
     comp = [_component(r) for r in layout.receivers]
     n_kv = sum(1 for r in layout.receivers if ".k" in r and "KV" in r and r.startswith("L0"))
@@ -139,6 +145,10 @@ def prune(layout: EdgeLayout, keep: torch.Tensor) -> torch.Tensor:
         if torch.equal(new, keep):
             return keep
         keep = new
+        if passes is not None:
+            passes -= 1
+            if passes <= 0:
+                return keep
 
 
 def mib_weights(layout: EdgeLayout) -> torch.Tensor:
