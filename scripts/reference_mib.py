@@ -33,12 +33,11 @@ def main(request_path: str) -> None:
     request = json.loads(open(request_path).read())
     import eap.evaluate
     import eap.utils
+    import MIB_circuit_track.evaluation as mib_eval
     from eap.attribute import attribute
     from eap.graph import Graph
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    import MIB_circuit_track.evaluation as mib_eval
     from MIB_circuit_track.metrics import logit_diff
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     def tokenize_plus(model, inputs, max_length=None):  # token ids in, as EAP-IG's returns them for unpadded prompts
         tokens = torch.as_tensor(inputs)
