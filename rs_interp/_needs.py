@@ -101,6 +101,8 @@ OPTIONAL: dict[str, dict[str, str]] = {
     "scale.head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "features.attribution_graph": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
     "features.intervene": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
+    "evaluate_circuit": {"embedding": "embedding='token' or 'split'"},
+    "faithfulness_curve": {"embedding": "scores on embedding='token' or 'split'"},
 }
 
 #: Identities a helper reads as an option, with what it does where one fails (it still answers, exactly).

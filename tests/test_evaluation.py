@@ -71,7 +71,7 @@ def _on_a_path(layout, kept):
     library's pruning: forward and backward reachability over the components)."""
     def component(r):
         return r.split(".")[0] if "." in r else r
-    reach, changed = {"embed"}, True
+    reach, changed = {"embed", "tok_embed", "pos_embed"}, True
     while changed:  # forward: a sender is reached when a kept edge from a reached sender enters it
         changed = False
         for s, r in kept:
@@ -339,3 +339,72 @@ def test_circuits_of_every_size_by_hand(variant, method):
         kept = [(s, r) for i, s in enumerate(layout.senders) for j, r in enumerate(layout.receivers) if keep[i, j]]
         assert value == pytest.approx(_brute_force_circuit(model, toks, ref, kept, method), rel=1e-12, abs=1e-12), f
     assert curve.empty == pytest.approx(_brute_force_circuit(model, toks, ref, [], method), rel=1e-12, abs=1e-12)
+
+
+# --- the input node as EAP-IG defines it (issue 53 item 3) -------------------------------------------
+
+def _standard_model():
+    model = make_variant("LN", "standard", False, seed=4, n_layers=2, n_heads=2)
+    g = torch.Generator().manual_seed(4)
+    toks, ref = (torch.randint(0, model.cfg.d_vocab, (3, 6), generator=g) for _ in range(2))
+    return model, toks, ref
+
+
+def test_edge_layout_embeddings():
+    model, _, _ = _standard_model()
+    layouts = {e: ri.edge_layout(model, embedding=e) for e in ("sum", "split", "token")}
+    assert layouts["sum"].senders[0] == "embed" and layouts["token"].senders[0] == "tok_embed"
+    assert layouts["split"].senders[:2] == ("tok_embed", "pos_embed")
+    n_receivers = len(layouts["sum"].receivers)  # an input sender feeds every receiver
+    assert layouts["token"].n_edges == layouts["sum"].n_edges
+    assert layouts["split"].n_edges == layouts["sum"].n_edges + n_receivers
+    for e, layout in layouts.items():
+        assert ri.circuits.graph.embedding_of(layout) == e
+    with pytest.raises(ValueError, match="embedding must be"):
+        ri.edge_layout(model, embedding="tokens")
+    with pytest.raises(ValueError, match="no position embedding"):
+        ri.edge_layout(make_variant("RMSPre", "rotary", True, seed=0, n_layers=1, n_heads=2), embedding="split")
+
+
+def _hooked(model, toks, name, value):
+    """The metric with the hook point ``name`` replaced by ``value(t)`` (a plain TransformerLens hook: apart from
+    the library's circuit runs)."""
+    with torch.no_grad(), model.hooks(fwd_hooks=[(name, lambda t, hook: value(t))]):
+        return float(metric(model(toks)))
+
+
+@pytest.mark.parametrize("method", ["zero", "mean", "position_mean"])
+@pytest.mark.parametrize("embedding, sender, hook", [("token", "tok_embed", "hook_embed"), ("split", "tok_embed", "hook_embed"),
+                                                      ("split", "pos_embed", "hook_pos_embed"), ("sum", "embed", "blocks.0.hook_resid_pre")])
+def test_cutting_an_input_sender_is_ablating_its_hook(embedding, sender, hook, method):
+    """Every outgoing edge of an input sender cut = that sender's hook ablated in the model's own run (a zero,
+    the reference's mean over the batch and positions, or per position)."""
+    model, toks, ref = _standard_model()
+    layout = ri.edge_layout(model, embedding=embedding)
+    kept = [e for e in layout.edges() if e[0] != sender]
+    with warnings.catch_warnings():  # the summed or token input cut: no path from an input (it warns so), still a run
+        warnings.simplefilter("ignore")
+        got = ri.evaluate_circuit(model, toks, metric, kept, reference=ref, method=method, embedding=embedding)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ref, names_filter=hook)
+    a = cache[hook]
+    if method == "zero":
+        want = _hooked(model, toks, hook, torch.zeros_like)
+    elif method == "mean":
+        want = _hooked(model, toks, hook, lambda t: a.mean((0, 1), keepdim=True).expand_as(t).clone())
+    else:
+        want = _hooked(model, toks, hook, lambda t: a.mean(0, keepdim=True).expand_as(t).clone())
+    assert got == pytest.approx(want, abs=1e-9)
+
+
+def test_faithfulness_curve_on_the_token_input():
+    model, toks, ref = _standard_model()
+    layout = ri.edge_layout(model, embedding="token")
+    effect = torch.randn(layout.exists.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    scores = ri.EdgeEffects(layout, torch.where(layout.exists, effect, torch.nan), float("nan"))
+    curve = ri.faithfulness_curve(model, toks, metric, scores, reference=ref, method="zero", progress=False, fractions=(0.2, 1.0))
+    edges = [layout.edges()[i] for i in scores.ranked()[: curve.n_requested[0]]]
+    kept = _on_a_path(layout, edges)
+    assert curve.values[0] == pytest.approx(ri.evaluate_circuit(model, toks, metric, kept, reference=ref, method="zero",
+                                                                embedding="token"), abs=1e-12)
+    assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-9)

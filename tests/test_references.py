@@ -39,7 +39,7 @@ N, B, P = 8, 4, 6  # examples, MIB's batch size, positions
 
 
 def _model(which: str):
-    kw = dict(n_heads=4, d_head=8, d_model=32, seed=7)
+    kw = dict(n_heads=4, d_head=8, d_model=32, seed=7, positional_embedding_type="standard")
     kw |= dict(attn_only=False, d_mlp=64, act_fn="gelu")  # EAP-IG's Graph always has MLP nodes: no attention-only model
     if which == "gqa":
         kw |= dict(n_key_value_heads=2)
@@ -142,6 +142,8 @@ def test_evaluate_graph_ablations_are_ours_with_the_token_embedding_input(tmp_pa
     print(f"{method}: ours (token input) {ours!r}, EAP-IG's evaluate_graph {out['c']['mean']!r}, ours (summed input) {summed!r}")
     assert len(layout.senders) == len(ri.edge_layout(model).senders)
     assert ours == pytest.approx(out["c"]["mean"], abs=1e-6)
+    if method == "zero":  # the summed input zeroes the positions too: another number (the 0.532 vs 0.703)
+        assert abs(summed - ours) > 1e-6
 
 
 if __name__ == "__main__":

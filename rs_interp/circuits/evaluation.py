@@ -45,7 +45,7 @@ from .._validate import Ablation, check_ablation
 from ..certificate import require
 from ..metrics import Metric, metric_value
 from ._ablated_run import ablated_writes, run_circuit
-from .graph import EdgeEffects, EdgeLayout, edge_layout
+from .graph import EdgeEffects, EdgeLayout, Embedding, edge_layout, embedding_of
 from .selection import Ranking, circuit_at, mask, mib_weights, prune
 
 __all__ = ["MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores"]
@@ -66,6 +66,7 @@ def evaluate_circuit(
     *,
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     method: Ablation = "resample",
+    embedding: Embedding = "sum",
 ) -> float:
     """``metric`` of the run with every edge outside ``circuit`` ablated (module docstring).
 
@@ -74,6 +75,10 @@ def evaluate_circuit(
         reference: tokens of the reference run: the shape of ``tokens`` for ``"resample"``, as long
             as ``tokens`` for ``"position_mean"``, any shape for ``"mean"``; unused by ``"zero"``.
         method: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring).
+        embedding: the graph's input senders (:func:`rs_interp.edge_layout`): ``"sum"`` (``embed``),
+            ``"token"`` (``tok_embed``, EAP-IG's input node: the position embedding is never
+            ablated, so zero and mean ablations are EAP-IG's ``evaluate_graph``'s) or ``"split"``
+            (``tok_embed`` and ``pos_embed``).
 
     Warns:
         UserWarning: the circuit has no path from the embedding to the logits (its dangling edges,
@@ -94,14 +99,15 @@ def evaluate_circuit(
         True
     """
     tokens, reference = check_ablation(model, tokens, method, reference, "evaluate_circuit")
-    layout = edge_layout(model)
+    layout = edge_layout(model, embedding)
     keep = mask(layout, circuit)
-    require(model, "evaluate_circuit")
+    require(model, "evaluate_circuit", also=("embedding",) if embedding != "sum" else ())
     if keep.any() and not _reaches_logits(layout, keep):
         warnings.warn("this circuit has no path from the embedding to the logits: every path through it is cut, so it "
                       "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=2)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, method), "circuit run")
+        return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, method, embedding),
+                           "circuit run")
 
 
 @dataclass(frozen=True)
@@ -212,7 +218,8 @@ def faithfulness_curve(
     (module docstring). CPR: ``ranking="signed"``, ``.cpr``; CMD: ``ranking="absolute"``, ``.cmd``.
 
     Args:
-        scores: edge scores of this model's graph (any :class:`rs_interp.EdgeEffects`).
+        scores: edge scores of this model's graph (any :class:`rs_interp.EdgeEffects`), on any of its
+            input senders (:func:`rs_interp.edge_layout`'s ``embedding``: the curve ablates those).
         reference, method: as in :func:`evaluate_circuit`.
         fractions: increasing, in (0, 1].
         ranking: ``"absolute"`` (by ``|score|``) or ``"signed"`` (by score, largest first).
@@ -240,17 +247,20 @@ def faithfulness_curve(
         ((14, 29), 1.0)
     """
     tokens, reference = check_ablation(model, tokens, method, reference, "faithfulness_curve")
-    layout = edge_layout(model)
-    if not isinstance(scores, EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
+    if not isinstance(scores, EdgeEffects):
+        raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
+    embedding = embedding_of(scores.layout)
+    layout = edge_layout(model, embedding)
+    if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
         raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
     fr = _check_fractions(fractions)
     chosen = [circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=higher_is_better) for f in fr]
     circuits = [prune(layout, keep) if pruned else keep for keep in chosen]
-    require(model, "faithfulness_curve")
+    require(model, "faithfulness_curve", also=("embedding",) if embedding != "sum" else ())
     weights = mib_weights(layout)
     total = float(weights.sum())
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        ablated = ablated_writes(model, tokens, reference, method)
+        ablated = ablated_writes(model, tokens, reference, method, embedding)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         empty = run_circuit(model, tokens, metric, layout, torch.zeros_like(layout.exists), ablated, "empty circuit")
         if clean == empty:

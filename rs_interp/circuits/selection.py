@@ -135,7 +135,7 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
         fed = {comp[j] for j in range(len(comp)) if bool(keep[:, j].any())}
         alive = []
         for i, s in enumerate(layout.senders):
-            incoming = s == "embed" or any(r in fed for r in reads(s))
+            incoming = s in ("embed", "tok_embed", "pos_embed") or any(r in fed for r in reads(s))
             alive.append(incoming and bool(keep[i].any()))
         # a KV head is in iff a query head reading it is
         live = {s for s, a in zip(layout.senders, alive) if a}
