@@ -225,8 +225,12 @@ def _edges(layout: Any, keep: torch.Tensor) -> list[tuple[str, str]]:
 
 
 def _check_scores(model: Any, scores: Any) -> None:
-    layout = _c.edge_layout(model)
-    if not isinstance(scores, _c.EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
+    from ..circuits.graph import embedding_of
+
+    if not isinstance(scores, _c.EdgeEffects):
+        raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
+    layout = _c.edge_layout(model, embedding_of(scores.layout))
+    if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
         raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
 
 
