@@ -408,3 +408,23 @@ def test_faithfulness_curve_on_the_token_input():
     assert curve.values[0] == pytest.approx(ri.evaluate_circuit(model, toks, metric, kept, reference=ref, method="zero",
                                                                 embedding="token"), abs=1e-12)
     assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("embedding", ["token", "split"])
+def test_effects_on_the_token_input_are_the_summed_inputs(embedding):
+    """Against a reference at the same positions, cutting (tok_embed, r) is cutting (embed, r) and cutting (pos_embed, r)
+    changes nothing: EdgeEffects.on_inputs, checked edge by edge with evaluate_circuit on both graphs."""
+    model, toks, ref = _standard_model()
+    pp = ri.path_patching(model, toks, metric, reference=ref)
+    moved = pp.on_inputs(embedding)
+    want = ri.edge_layout(model, embedding=embedding)
+    assert (moved.layout.senders, moved.layout.receivers) == (want.senders, want.receivers)
+    assert torch.equal(moved.layout.exists, want.exists)
+    every, summed = moved.layout.edges(), pp.layout.edges()
+    clean = ri.evaluate_circuit(model, toks, metric, summed, reference=ref)
+    for r in ("L0H1.v", "L1H0.q", "MLP0", "logits"):
+        for s in ri.circuits.graph.EMBEDDINGS[embedding]:
+            got = ri.evaluate_circuit(model, toks, metric, [e for e in every if e != (s, r)], reference=ref, embedding=embedding)
+            assert got - clean == pytest.approx(moved.edge(s, r), abs=1e-9)
+    with pytest.raises(ValueError, match="summed input"):
+        moved.on_inputs("sum")

@@ -13,7 +13,8 @@ What they show, in float64 on both sides:
 - on a grouped-query attention model, MIB's curve is the one of :func:`rs_interp.ungroup_gqa`'s copy
   (partial KV groups at a budget included), and MIB's own scores are that copy's EAP;
 - EAP-IG's ``evaluate_graph`` with zero and position-mean ablation equals :func:`rs_interp.evaluate_circuit`
-  on the graph whose input node is the token embedding alone (``edge_layout(model, embedding="token")``).
+  on the graph whose input node is the token embedding alone (``edge_layout(model, embedding="token")``),
+  and MIB's curves under those ablations equal ours on that graph (``scores.on_inputs("token")``).
 """
 
 from __future__ import annotations
@@ -123,6 +124,26 @@ def test_mib_evaluation_of_our_file_is_our_curve(tmp_path, which):
             read_mib(out["eap"], model)
         ours = ri.tasks.mib_importances(eap, batch_size=B)
         assert torch.allclose(theirs.scores.effect.nan_to_num(0), ours.effect.nan_to_num(0), rtol=2 ** -23, atol=1e-15)
+
+
+@pytest.mark.parametrize("method", ["zero", "position_mean"])
+def test_mib_curves_under_ablation_are_ours_on_the_token_input(tmp_path, method):
+    """MIB's evaluate_area_under_curve with zero or mean-positional ablation on write_mib's file: our curve of the same
+    scores on EAP-IG's graph (EdgeEffects.on_inputs("token"), the token embedding alone as input), point by point."""
+    model = _model("mlp")
+    data = _data(model, seed=3)
+    clean, corrupted, labels = data
+    eap = ri.edge_attribution_patching(model, clean, _metric(labels), reference=corrupted, progress=False)
+    path = write_mib(tmp_path / "importances.json", model, scores=eap, batch_size=B)
+    curve = ri.faithfulness_curve(model, clean, _metric(labels), eap.on_inputs("token"), reference=corrupted, method=method,
+                                  ranking="absolute", progress=False)
+    intervention = {"zero": "zero", "position_mean": "mean-positional"}[method]
+    out = _reference(tmp_path, model, data, [{"kind": "curve", "key": "c", "graph": str(path), "absolute": True,
+                                              "intervention": intervention}])
+    gap = max(abs(a - b) for a, b in zip(curve.faithfulness, out["c"]["faithfulness"]))
+    print(f"{method}: faithfulness max |ours - MIB's| {gap:.3g}, CMD {curve.cmd!r} vs {out['c']['area_from_1']!r}")
+    assert curve.faithfulness == pytest.approx(out["c"]["faithfulness"], abs=1e-6)
+    assert list(curve.mib_counts) == out["c"]["weighted_edge_counts"]
 
 
 @pytest.mark.parametrize("method", ["zero", "position_mean"])

@@ -214,6 +214,32 @@ class EdgeEffects:
         order = key.nan_to_num(float("-inf")).argsort(descending=True, stable=True)
         return [int(i) for i in order if not bool(values[i].isnan())]
 
+    def on_inputs(self, embedding: Embedding) -> "EdgeEffects":
+        """These effects on the graph with other input senders (:func:`edge_layout`'s ``embedding``),
+        for effects against a reference run at the same positions (what every rs_interp method
+        measures): the position embedding is then the same in both runs, so an edge from
+        ``tok_embed`` has the effect of the same edge from ``embed``, and an edge from ``pos_embed`` 0.
+
+        Raises:
+            ValueError: effects not on the summed input (``embed``), or an unknown ``embedding``.
+
+        Example:
+            >>> from rs_interp import make_attn_only
+            >>> layout = edge_layout(make_attn_only(1, n_heads=1, positional_embedding_type="standard"))
+            >>> e = EdgeEffects(layout, torch.where(layout.exists, 1.0, torch.nan), 0.0).on_inputs("split")
+            >>> e.layout.senders, e.edge("tok_embed", "logits"), e.edge("pos_embed", "logits")
+            (('tok_embed', 'pos_embed', 'L0H0'), 1.0, 0.0)
+        """
+        if embedding not in EMBEDDINGS:
+            raise ValueError(f"embedding must be one of {tuple(EMBEDDINGS)}, got {embedding!r}")
+        if self.layout.senders[0] != "embed":
+            raise ValueError(f"on_inputs maps effects on the summed input (embed), these are on {embedding_of(self.layout)!r}")
+        inputs = EMBEDDINGS[embedding]
+        senders = inputs + self.layout.senders[1:]
+        rows = [self.effect[:1]] + [torch.where(self.layout.exists[:1], 0.0, torch.nan).to(self.effect.dtype)] * (len(inputs) - 1)
+        exists = torch.cat([self.layout.exists[:1]] * len(inputs) + [self.layout.exists[1:]])
+        return EdgeEffects(EdgeLayout(tuple(senders), self.layout.receivers, exists), torch.cat(rows + [self.effect[1:]]), self.clean)
+
     def top(self, k: int = 5) -> list[tuple[tuple[str, str], float]]:
         """The ``k`` edges with the largest ``|effect|``, each ``((sender, receiver), effect)``, best
         first (NaN never picked)."""
