@@ -182,7 +182,6 @@ class FaithfulnessCurve:
         return self.area_from_1
 
 
-
 def _area(x: Sequence[float], y: Sequence[float]) -> float:
     return float(sum((x[i + 1] - x[i]) * (y[i] + y[i + 1]) / 2 for i in range(len(x) - 1)))
 
