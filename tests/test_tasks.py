@@ -451,3 +451,19 @@ def test_same_seed_same_bytes_in_another_process(tok, other_process):
     out, err = other_process.communicate(timeout=300)
     assert other_process.returncode == 0, err[-2000:]
     assert json.loads(out.strip().splitlines()[-1]) == mine
+
+
+def test_mib_files_from_eap_igs_graph(tmp_path):
+    """Scores and circuits on edge_layout(model, embedding="token") write the same file (tok_embed is MIB's input);
+    the split graph's pos_embed has no MIB name."""
+    cfg = ri.make_attn_only(2, n_heads=2, positional_embedding_type="standard").cfg
+    scores = _random_scores(cfg, seed=3)
+    token = scores.on_inputs("token")
+    a = write_mib(tmp_path / "a.json", cfg, scores=scores).read_text()
+    assert write_mib(tmp_path / "b.json", cfg, scores=token).read_text() == a
+    circuit = ri.top_edges(scores, 6)
+    c = write_mib(tmp_path / "c.json", cfg, circuit=circuit).read_text()
+    moved = [("tok_embed" if s == "embed" else s, r) for s, r in circuit]
+    assert write_mib(tmp_path / "d.json", cfg, circuit=moved).read_text() == c
+    with pytest.raises(ValueError, match="not 'split'"):
+        write_mib(tmp_path / "e.json", cfg, scores=scores.on_inputs("split"))

@@ -183,6 +183,8 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
     ``-effect / B`` for a metric where higher is better, so MIB's evaluation ranks the edges as
     rs_interp does; module docstring), or the effects as they are (``convention="as given"``). The
     file records which (``"rs_interp": {"convention", "higher_is_better", "batch_size"}``).
+    Scores and circuits on EAP-IG's graph (``edge_layout(model, embedding="token")``) are written
+    too: its ``tok_embed`` is MIB's ``input``.
     With ``circuit``: its edges ``in_graph``, the others not; each edge's score is taken from
     ``scores`` if given, else 1 inside and 0 outside (EAP-IG's loader reads a score for every edge,
     and a top-n of these gives the circuit back). A node is ``in_graph`` where an edge of the
@@ -193,7 +195,7 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
             edge that is not an edge of this model; a suffix other than .json or .pt; an unknown
             convention.
     """
-    from ..circuits.graph import edge_layout
+    from ..circuits.graph import EdgeEffects, EdgeLayout, edge_layout
 
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     layout = edge_layout(cfg)
@@ -207,8 +209,13 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
     record: dict = {"convention": "memberships"}
     edges = _edges(layout)
     if scores is not None:
+        if scores.layout.senders[:1] == ("tok_embed",) and scores.layout.senders[1:2] != ("pos_embed",):
+            # EAP-IG's graph (edge_layout(model, embedding="token")): its input node is MIB's `input`
+            scores = EdgeEffects(EdgeLayout(("embed",) + scores.layout.senders[1:], scores.layout.receivers, scores.layout.exists),
+                                 scores.effect, scores.clean)
         if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
-            raise ValueError("scores belong to another model's edge layout")
+            raise ValueError("scores belong to another model's edge layout (MIB's input node is the token embedding: "
+                             "scores on edge_layout(model, embedding='sum') or 'token', not 'split')")
         if convention == "mib":
             scores = mib_importances(scores, higher_is_better=higher_is_better, batch_size=batch_size)
             record = {"convention": "mib", "higher_is_better": higher_is_better, "batch_size": batch_size}
@@ -218,7 +225,7 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
         bad = [f"{s} -> {r}" for (s, r), v in zip(edges, values) if math.isnan(v)]
         if bad:
             raise ValueError(f"{len(bad)} edges have no score (NaN), e.g. {bad[:3]}: MIB needs a score for every edge")
-    keep = set(edges) if circuit is None else {tuple(e) for e in circuit}
+    keep = set(edges) if circuit is None else {("embed" if e[0] == "tok_embed" else e[0], e[1]) for e in map(tuple, circuit)}
     for e in keep - set(edges):
         layout.index(e)  # raises naming an unknown label or a non-edge
     if scores is None:
