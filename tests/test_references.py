@@ -118,6 +118,13 @@ def test_mib_evaluation_of_our_file_is_our_curve(tmp_path, which):
     print(f"{which}: CPR {mib.cpr!r} vs {out['signed']['area_under']!r}, CMD {mib.cmd!r} vs {out['absolute']['area_from_1']!r}")
     assert mib.cpr == pytest.approx(out["signed"]["area_under"], abs=1e-6)
     assert mib.cmd == pytest.approx(out["absolute"]["area_from_1"], abs=1e-6)
+    if which == "gqa":  # the budget keeps part of a KV group somewhere (copies of one k/v input, some in, some out)
+        from rs_interp.circuits.selection import circuit_at
+
+        keep, L = circuit_at(eap, 0.5, ranking="absolute"), eap.layout
+        pairs = [(L.receivers.index(f"L{l}H{2 * g}.{x}"), L.receivers.index(f"L{l}H{2 * g + 1}.{x}"))
+                 for l in range(2) for g in range(2) for x in "kv"]
+        assert any(bool(keep[i, a]) != bool(keep[i, b]) for i in range(len(L.senders)) for a, b in pairs)
     if which == "gqa":  # MIB's own scores of the GQA model are the copies' EAP, and its file reads onto the copy
         theirs = read_mib(out["eap"], ours_model)
         with pytest.raises(ValueError, match="ungroup_gqa"):
