@@ -40,6 +40,7 @@ _WHERE: dict[str, str] = {
     "faithfulness_curve": ".circuits.evaluation",
     "mib_scores": ".circuits.evaluation",
     "top_edges": ".circuits.selection",
+    "ungroup_gqa": ".circuits.ungrouped",
     "ACDC": ".circuits.acdc",
     "acdc": ".circuits.acdc",
     "Bootstrap": ".circuits.uncertainty",
@@ -129,6 +130,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     from .circuits.path_patching import PathPatching, path_patching
     from .circuits.selection import top_edges
     from .circuits.uncertainty import Bootstrap, Stability, bootstrap, stability
+    from .circuits.ungrouped import ungroup_gqa
     from .composition import CompositionScores, composition_scores, virtual_weight
     from .copying import copying_scores
     from .exact.certificate import Certificate, certify
@@ -225,6 +227,7 @@ __all__ = [
     "mib_scores",
     "MIBScores",
     "top_edges",
+    "ungroup_gqa",
     "fix_unreliable",
     "Fixed",
     "bootstrap",

@@ -8,7 +8,9 @@ top edges at MIB's ten sizes; the circuit at the chosen size, evaluated; then th
 
 - ``scores.safetensors`` (``effect``: (sender, receiver) float64, NaN off the graph; ``exists``)
   and ``scores.json`` (the labels of its rows and columns, the run's settings, the top edges);
-- ``importances_mib.json``: the scores as a MIB circuit-track importance file;
+- ``importances_mib.json``: the scores as a MIB circuit-track importance file, in MIB's convention
+  (the scores of the task's loss, ``-effect / B`` with ``B`` the pairs per batch:
+  :func:`rs_interp.tasks.mib_importances`), so MIB's evaluation ranks them as rs_interp does;
 - ``curve.json``: the faithfulness curve (fractions, edges kept, values, faithfulness, its areas);
 - ``circuit.json``: the circuit's edges with their scores, its metric and faithfulness;
 - ``diagram.json``: the circuit diagram (:func:`rs_interp.circuit_figure.circuit_figure`), plotly JSON;
@@ -218,7 +220,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
                                            "receivers": list(layout.receivers), "top_edges": [[list(e), v] for e, v in top],
                                            "tensors": "scores.safetensors: effect (sender, receiver) float64, NaN off "
                                                       "the graph; exists (sender, receiver) bool"})
-        write_mib(files["mib"], model, scores=scores)
+        write_mib(files["mib"], model, scores=scores, higher_is_better=True, batch_size=batch_size)  # tasks: logit/prob differences
         _write_json(files["curve"], {**settings, **asdict(curve)})
         _write_json(files["circuit"], {**settings, "size": n, "fraction": n / layout.n_edges, "value": value,
                                        "faithfulness": faith, "full": full, "empty": empty,

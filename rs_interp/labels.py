@@ -164,7 +164,7 @@ def parse(label: str) -> Component:
     >>> parse("L0H1.q")
     Component(kind='head', layer=0, index=1, input='q')
     """
-    if label == EMBED:
+    if label in (EMBED, "tok_embed", "pos_embed"):  # the summed input, or its two parts (rs_interp.edge_layout's embedding=)
         return Component("embed", None, None, None)
     if label == LOGITS:
         return Component("logits", None, None, None)

@@ -8,7 +8,8 @@
 #       `tl3` (they balance the two passes: code-2l's loss curve over its first 300 steps, ...),
 #       and the tests marked `docs`: the documentation site's build (scripts/build_docs.sh, --strict)
 #       and its browser test.
-#   Neither: tests marked `full` (code-2l's phase change, 2,500 steps, ~12 minutes, and its full
+#   Neither: tests marked `reference` (rs_interp's files through MIB's and EAP-IG's own code, in a venv of
+#       their own: bash scripts/test_references.sh), and tests marked `full` (code-2l's phase change, 2,500 steps, ~12 minutes, and its full
 #       4,000-step retraining, ~18 minutes): `pytest -m full`.
 #       3.x-only paths (shortformer and alibi variants) are fast tests: they run here.
 # The two passes run side by side, one thread each (2 cores), the 3.x pass's output goes to a log
@@ -69,7 +70,7 @@ if [ "$versions" = "3 4" ]; then
   echo "== set-up, 3.x: $(( $(date +%s) - start )) s" >&2
   lint 3 || { kill "$setup4"; exit 1; }
   export RS_INTERP_DOCS_SETUP="$logs/docs3"
-  OMP_NUM_THREADS=1 pass 3 "(not slow or tl3 or docs) and not full" "$@" > "$logs/tl3.log" 2>&1 &
+  OMP_NUM_THREADS=1 pass 3 "(not slow or tl3 or docs) and not full and not reference" "$@" > "$logs/tl3.log" 2>&1 &
   pid3=$!
   (sleep 30; rc=0; RS_INTERP_TL=3 RS_INTERP_DOCS_ONLY=1 bash scripts/setup_env.sh > "$RS_INTERP_DOCS_SETUP.log" 2>&1 || rc=$?
    echo $rc > "$RS_INTERP_DOCS_SETUP.rc") &
@@ -77,7 +78,7 @@ if [ "$versions" = "3 4" ]; then
   cat "$logs/setup4.log" >&2
   echo "== set-up, 4.x: $(( $(date +%s) - start )) s" >&2
   # The 4.x pass's cross-version comparisons wait for the 3.x records (written at the 3.x pass's start).
-  OMP_NUM_THREADS=1 RS_INTERP_CROSS_WAIT=900 pass 4 "(slow or not slow) and not full and not docs" "$@" || rc=$?
+  OMP_NUM_THREADS=1 RS_INTERP_CROSS_WAIT=900 pass 4 "(slow or not slow) and not full and not docs and not reference" "$@" || rc=$?
   wait $pid3 || rc=$?
   echo "== the 3.x pass's output:"
   cat "$logs/tl3.log"
@@ -85,7 +86,7 @@ else
   RS_INTERP_TL=$versions bash scripts/setup_env.sh
   echo "== set-up: $(( $(date +%s) - start )) s" >&2
   lint "$versions"
-  pass "$versions" "(slow or not slow) and not full" "$@" || rc=$?
+  pass "$versions" "(slow or not slow) and not full and not reference" "$@" || rc=$?
 fi
 # One closing line for every pass, from the JUnit records.
 python3 - "$logs" "$(( $(date +%s) - start ))" <<'PY'

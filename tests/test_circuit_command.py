@@ -126,7 +126,9 @@ def test_files_hold_what_a_direct_computation_gives(code_run):
     assert circuit["faithfulness"] == pytest.approx((value - empty) / (full - empty), abs=1e-6)
     assert curve["faithfulness"][-1] == pytest.approx(1.0, abs=1e-6)  # every edge kept: the clean run
     mib = read_mib(out / "importances_mib.json", model)
-    assert torch.equal(mib.scores.effect.nan_to_num(0), tensors["effect"].nan_to_num(0))
+    B = mib.convention["batch_size"]  # MIB's convention: the loss's scores, -effect / B (the pairs per batch)
+    assert mib.convention == {"convention": "mib", "higher_is_better": True, "batch_size": len(task)}
+    assert torch.equal(mib.scores.effect.nan_to_num(0), (-tensors["effect"] / B).nan_to_num(0))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["faithfulness"] == circuit["faithfulness"] and summary["size"] == n
     fig = json.loads((out / "diagram.json").read_text())

@@ -71,7 +71,7 @@ def _on_a_path(layout, kept):
     library's pruning: forward and backward reachability over the components)."""
     def component(r):
         return r.split(".")[0] if "." in r else r
-    reach, changed = {"embed"}, True
+    reach, changed = {"embed", "tok_embed", "pos_embed"}, True
     while changed:  # forward: a sender is reached when a kept edge from a reached sender enters it
         changed = False
         for s, r in kept:
@@ -88,21 +88,37 @@ def _on_a_path(layout, kept):
     return [(s, r) for s, r in kept if s in reach and s in back and component(r) in back]
 
 
+def _one_pass(kept):
+    """What the Graph.prune of the EAP-IG commit MIB pins leaves after apply_topn (written apart, from its source):
+    nodes_in_graph = nodes with an outgoing and an incoming kept edge (the input always has one), then the edges
+    whose parent and child are in (the logits always are), once."""
+    def component(r):
+        return r.split(".")[0] if "." in r else r
+    outgoing = {s for s, _ in kept}
+    incoming = {component(r) for _, r in kept} | {"embed"}
+    nodes = outgoing & incoming
+    return [(s, r) for s, r in kept if s in nodes and (r == "logits" or component(r) in nodes)]
+
+
+@pytest.mark.parametrize("higher_is_better", [False, True])
 @pytest.mark.parametrize("ranking", ["absolute", "signed"])
-def test_faithfulness_curve_is_mibs(ranking):
+def test_faithfulness_curve_is_mibs(ranking, higher_is_better):
     """MIB's evaluation, written apart: at each fraction f the top int(f * N) edges by |score| or by
-    score, pruned to those on a path from the embedding to the logits, evaluated; faithfulness against
-    the clean and the reference run; the areas by the trapezoid rule (CPR: signed, CMD: absolute)."""
+    score (MIB's: the loss's score, -effect for a higher-is-better metric), pruned to those on a path
+    from the embedding to the logits, evaluated; faithfulness against the clean and the reference run;
+    the areas by the trapezoid rule (CPR: signed, CMD: absolute)."""
     model, toks, ref = _setup()
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
-    curve = ri.faithfulness_curve(model, toks, metric, eap, reference=ref, ranking=ranking)
+    curve = ri.faithfulness_curve(model, toks, metric, eap, reference=ref, ranking=ranking, higher_is_better=higher_is_better)
+    loss_sign = -1 if higher_is_better else 1
     layout = eap.layout
     total = layout.n_edges
     assert curve.fractions == ri.circuits.MIB_FRACTIONS
     assert curve.n_requested == tuple(int(f * total) for f in curve.fractions)
     flat = sorted(((float(eap.effect[i, j]), i * 1000 + j, (s, r)) for i, s in enumerate(layout.senders)
                    for j, r in enumerate(layout.receivers) if layout.exists[i, j]),
-                  key=lambda x: (-(abs(x[0]) if ranking == "absolute" else x[0]), x[1]))
+                  key=lambda x: (-(abs(x[0]) if ranking == "absolute" else loss_sign * x[0]), x[1]))
+    assert curve.mib_counts == tuple(float(len(_one_pass([e for _, _, e in flat[:n]]))) for n in curve.n_requested)
     for n, kept_n, v in zip(curve.n_requested, curve.n_edges, curve.values):
         top = _on_a_path(layout, [e for _, _, e in flat[:n]])
         assert kept_n == len(top)
@@ -323,3 +339,92 @@ def test_circuits_of_every_size_by_hand(variant, method):
         kept = [(s, r) for i, s in enumerate(layout.senders) for j, r in enumerate(layout.receivers) if keep[i, j]]
         assert value == pytest.approx(_brute_force_circuit(model, toks, ref, kept, method), rel=1e-12, abs=1e-12), f
     assert curve.empty == pytest.approx(_brute_force_circuit(model, toks, ref, [], method), rel=1e-12, abs=1e-12)
+
+
+# --- the input node as EAP-IG defines it (issue 53 item 3) -------------------------------------------
+
+def _standard_model():
+    model = make_variant("LN", "standard", False, seed=4, n_layers=2, n_heads=2)
+    g = torch.Generator().manual_seed(4)
+    toks, ref = (torch.randint(0, model.cfg.d_vocab, (3, 6), generator=g) for _ in range(2))
+    return model, toks, ref
+
+
+def test_edge_layout_embeddings():
+    model, _, _ = _standard_model()
+    layouts = {e: ri.edge_layout(model, embedding=e) for e in ("sum", "split", "token")}
+    assert layouts["sum"].senders[0] == "embed" and layouts["token"].senders[0] == "tok_embed"
+    assert layouts["split"].senders[:2] == ("tok_embed", "pos_embed")
+    n_receivers = len(layouts["sum"].receivers)  # an input sender feeds every receiver
+    assert layouts["token"].n_edges == layouts["sum"].n_edges
+    assert layouts["split"].n_edges == layouts["sum"].n_edges + n_receivers
+    for e, layout in layouts.items():
+        assert ri.circuits.graph.embedding_of(layout) == e
+    with pytest.raises(ValueError, match="embedding must be"):
+        ri.edge_layout(model, embedding="tokens")
+    with pytest.raises(ValueError, match="no position embedding"):
+        ri.edge_layout(make_variant("RMSPre", "rotary", True, seed=0, n_layers=1, n_heads=2), embedding="split")
+
+
+def _hooked(model, toks, name, value):
+    """The metric with the hook point ``name`` replaced by ``value(t)`` (a plain TransformerLens hook: apart from
+    the library's circuit runs)."""
+    with torch.no_grad(), model.hooks(fwd_hooks=[(name, lambda t, hook: value(t))]):
+        return float(metric(model(toks)))
+
+
+@pytest.mark.parametrize("method", ["zero", "mean", "position_mean"])
+@pytest.mark.parametrize("embedding, sender, hook", [("token", "tok_embed", "hook_embed"), ("split", "tok_embed", "hook_embed"),
+                                                      ("split", "pos_embed", "hook_pos_embed"), ("sum", "embed", "blocks.0.hook_resid_pre")])
+def test_cutting_an_input_sender_is_ablating_its_hook(embedding, sender, hook, method):
+    """Every outgoing edge of an input sender cut = that sender's hook ablated in the model's own run (a zero,
+    the reference's mean over the batch and positions, or per position)."""
+    model, toks, ref = _standard_model()
+    layout = ri.edge_layout(model, embedding=embedding)
+    kept = [e for e in layout.edges() if e[0] != sender]
+    with warnings.catch_warnings():  # the summed or token input cut: no path from an input (it warns so), still a run
+        warnings.simplefilter("ignore")
+        got = ri.evaluate_circuit(model, toks, metric, kept, reference=ref, method=method, embedding=embedding)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ref, names_filter=hook)
+    a = cache[hook]
+    if method == "zero":
+        want = _hooked(model, toks, hook, torch.zeros_like)
+    elif method == "mean":
+        want = _hooked(model, toks, hook, lambda t: a.mean((0, 1), keepdim=True).expand_as(t).clone())
+    else:
+        want = _hooked(model, toks, hook, lambda t: a.mean(0, keepdim=True).expand_as(t).clone())
+    assert got == pytest.approx(want, abs=1e-9)
+
+
+def test_faithfulness_curve_on_the_token_input():
+    model, toks, ref = _standard_model()
+    layout = ri.edge_layout(model, embedding="token")
+    effect = torch.randn(layout.exists.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    scores = ri.EdgeEffects(layout, torch.where(layout.exists, effect, torch.nan), float("nan"))
+    curve = ri.faithfulness_curve(model, toks, metric, scores, reference=ref, method="zero", progress=False, fractions=(0.2, 1.0))
+    edges = [layout.edges()[i] for i in scores.ranked()[: curve.n_requested[0]]]
+    kept = _on_a_path(layout, edges)
+    assert curve.values[0] == pytest.approx(ri.evaluate_circuit(model, toks, metric, kept, reference=ref, method="zero",
+                                                                embedding="token"), abs=1e-12)
+    assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("embedding", ["token", "split"])
+def test_effects_on_the_token_input_are_the_summed_inputs(embedding):
+    """Against a reference at the same positions, cutting (tok_embed, r) is cutting (embed, r) and cutting (pos_embed, r)
+    changes nothing: EdgeEffects.on_inputs, checked edge by edge with evaluate_circuit on both graphs."""
+    model, toks, ref = _standard_model()
+    pp = ri.path_patching(model, toks, metric, reference=ref)
+    moved = pp.on_inputs(embedding)
+    want = ri.edge_layout(model, embedding=embedding)
+    assert (moved.layout.senders, moved.layout.receivers) == (want.senders, want.receivers)
+    assert torch.equal(moved.layout.exists, want.exists)
+    every, summed = moved.layout.edges(), pp.layout.edges()
+    clean = ri.evaluate_circuit(model, toks, metric, summed, reference=ref)
+    for r in ("L0H1.v", "L1H0.q", "MLP0", "logits"):
+        for s in ri.circuits.graph.EMBEDDINGS[embedding]:
+            got = ri.evaluate_circuit(model, toks, metric, [e for e in every if e != (s, r)], reference=ref, embedding=embedding)
+            assert got - clean == pytest.approx(moved.edge(s, r), abs=1e-9)
+    with pytest.raises(ValueError, match="summed input"):
+        moved.on_inputs("sum")

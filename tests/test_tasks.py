@@ -24,6 +24,7 @@ from rs_interp.tasks import (
     induction_task,
     ioi_task,
     mib_edge_names,
+    mib_importances,
     read_eap_csv,
     read_mib,
     sva_task,
@@ -309,14 +310,80 @@ def _random_scores(cfg, seed=0):
 def test_mib_files_round_trip(tmp_path, which, suffix):
     cfg = _models()[which]
     scores = _random_scores(cfg)
-    back = read_mib(write_mib(tmp_path / f"importances{suffix}", cfg, scores=scores), cfg)
+    back = read_mib(write_mib(tmp_path / f"as_given{suffix}", cfg, scores=scores, convention="as given"), cfg)
     assert isinstance(back, MIBGraph) and torch.equal(back.scores.effect.isnan(), scores.effect.isnan())
     assert torch.equal(back.scores.effect.nan_to_num(0), scores.effect.nan_to_num(0))
+    assert back.convention == {"convention": "as given"} and back.effects() is back.scores
+    back = read_mib(write_mib(tmp_path / f"importances{suffix}", cfg, scores=scores, batch_size=4), cfg)
+    assert torch.equal(back.effects().effect.nan_to_num(0), scores.effect.nan_to_num(0))  # -(-e / 4) * 4: exact
     assert back.circuit == frozenset(ri.edge_layout(cfg).edges())
     circuit = ri.top_edges(scores, 7)
     again = read_mib(write_mib(tmp_path / f"circuit{suffix}", cfg, circuit=circuit), cfg)
     assert again.circuit == set(circuit)
     assert set(ri.top_edges(again.scores, 7)) == set(circuit)  # scores 1 inside, 0 outside: the top-7 is the circuit
+
+
+@pytest.mark.parametrize("higher_is_better", [True, False])
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_mib_convention_is_the_loss_score(tmp_path, higher_is_better, batch_size):
+    """MIB's harness scores the loss (mean=True, loss=True): the file's score of each edge is -effect / B for a
+    higher-is-better metric and effect / B for a loss, per MIB name (read raw from the JSON here)."""
+    cfg = _models()["gqa"]
+    scores = _random_scores(cfg, seed=batch_size)
+    data = json.loads(write_mib(tmp_path / "i.json", cfg, scores=scores, higher_is_better=higher_is_better,
+                                batch_size=batch_size).read_text())
+    assert data["rs_interp"] == {"convention": "mib", "higher_is_better": higher_is_better, "batch_size": batch_size}
+    for e in ri.edge_layout(cfg).edges():
+        want = (-1 if higher_is_better else 1) * scores.edge(*e) / batch_size
+        assert all(data["edges"][n]["score"] == want for n in mib_edge_names(e, cfg))
+    back = read_mib(tmp_path / "i.json", cfg)
+    assert torch.allclose(back.effects().effect.nan_to_num(0), scores.effect.nan_to_num(0), rtol=1e-15, atol=0)
+    # a file written elsewhere (no record): MIB's metrics are higher-is-better, B defaults to 1
+    del data["rs_interp"]
+    (tmp_path / "theirs.json").write_text(json.dumps(data))
+    theirs = read_mib(tmp_path / "theirs.json", cfg)
+    assert theirs.convention == {}
+    assert torch.equal(theirs.effects().effect.nan_to_num(0), (-theirs.scores.effect).nan_to_num(0))
+    assert torch.equal(theirs.effects(higher_is_better=False, batch_size=2).effect.nan_to_num(0), (2 * theirs.scores.effect).nan_to_num(0))
+
+
+def test_mib_importances_refusals():
+    cfg = _models()["induction-2l"]
+    with pytest.raises(ValueError, match="EdgeEffects"):
+        mib_importances(torch.zeros(3))
+    with pytest.raises(ValueError, match="higher_is_better"):
+        mib_importances(_random_scores(cfg), higher_is_better=1)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".pt"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_mib_weighted_edge_count(tmp_path, suffix, masked):
+    """EAP-IG's Graph.weighted_edge_count: in-graph edges, each weighted by its parent's kept neurons / d_model where
+    the file has neuron masks (a parent without a mask counts 0, as EAP-IG's zero-initialised masks do)."""
+    cfg = _models()["gqa"]
+    circuit = ri.top_edges(_random_scores(cfg, seed=5), 9)
+    path = write_mib(tmp_path / f"c{suffix}", cfg, circuit=circuit)
+    names = {n for e in circuit for n in mib_edge_names(e, cfg)}
+    masks = {}
+    if masked:
+        gen = torch.Generator().manual_seed(1)
+        masks = {node: torch.rand(cfg.d_model, generator=gen) < 0.4 for node in ("input", "a0.h0", "a0.h1", "a0.h2")}
+        if suffix == ".json":
+            data = json.loads(path.read_text())
+            for node, m in masks.items():
+                data["nodes"][node]["neurons"] = m.tolist()
+            path.write_text(json.dumps(data))
+        else:
+            data = torch.load(path, weights_only=True)
+            data["neurons_in_graph"] = torch.stack([masks.get(n, torch.zeros(cfg.d_model, dtype=torch.bool)) for n in data["src_nodes"]])
+            torch.save(data, path)
+    g = read_mib(path, cfg)
+    assert g.in_graph == names
+    brute = 0.0
+    for name in names:
+        parent = name.split("->")[0]
+        brute += (int(masks[parent].sum()) / cfg.d_model if parent in masks else 0.0) if masked else 1.0
+    assert g.weighted_edge_count() == pytest.approx(brute, rel=1e-12)
 
 
 def test_mib_json_nodes_follow_the_circuit(tmp_path):
@@ -365,8 +432,12 @@ def test_mib_refusals(tmp_path):
     g = json.loads(write_mib(tmp_path / "g.json", gqa, scores=_random_scores(gqa)).read_text())
     g["edges"]["input->a0.h1<k>"]["score"] += 1.0  # query heads 0 and 1 share KV head 0: their copies must agree
     (tmp_path / "g.json").write_text(json.dumps(g))
-    with pytest.raises(ValueError, match="one key and one value input per KV head"):
+    with pytest.raises(ValueError, match="one key and one value input per KV head.*ungroup_gqa"):
         read_mib(tmp_path / "g.json", gqa)
+    with pytest.raises(ValueError, match="convention must be"):
+        write_mib(tmp_path / "x.json", cfg, scores=scores, convention="loss")
+    with pytest.raises(ValueError, match="batch_size"):
+        write_mib(tmp_path / "x.json", cfg, scores=scores, batch_size=0)
     del data["edges"]["input->m0"], data["edges"]["input->a0.h0<q>"]
     (tmp_path / "short.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="lacks 1 edges"):
@@ -380,3 +451,19 @@ def test_same_seed_same_bytes_in_another_process(tok, other_process):
     out, err = other_process.communicate(timeout=300)
     assert other_process.returncode == 0, err[-2000:]
     assert json.loads(out.strip().splitlines()[-1]) == mine
+
+
+def test_mib_files_from_eap_igs_graph(tmp_path):
+    """Scores and circuits on edge_layout(model, embedding="token") write the same file (tok_embed is MIB's input);
+    the split graph's pos_embed has no MIB name."""
+    cfg = ri.make_attn_only(2, n_heads=2, positional_embedding_type="standard").cfg
+    scores = _random_scores(cfg, seed=3)
+    token = scores.on_inputs("token")
+    a = write_mib(tmp_path / "a.json", cfg, scores=scores).read_text()
+    assert write_mib(tmp_path / "b.json", cfg, scores=token).read_text() == a
+    circuit = ri.top_edges(scores, 6)
+    c = write_mib(tmp_path / "c.json", cfg, circuit=circuit).read_text()
+    moved = [("tok_embed" if s == "embed" else s, r) for s, r in circuit]
+    assert write_mib(tmp_path / "d.json", cfg, circuit=moved).read_text() == c
+    with pytest.raises(ValueError, match="not 'split'"):
+        write_mib(tmp_path / "e.json", cfg, scores=scores.on_inputs("split"))

@@ -13,6 +13,7 @@ one list.
 - :mod:`.uncertainty`: per-pair shares, standard errors, reliability, the bootstrap, stability;
 - :mod:`.path_patching`: the exact effect of each edge; :mod:`.acdc`: ACDC, exact edge by edge;
 - :mod:`.evaluation`: circuits, faithfulness and its curve;
+- :mod:`.ungrouped`: grouped-query attention with one key/value edge per query head, MIB's graph of it;
 - :mod:`.methods`: the registry of methods;
 - :mod:`.ground_truth`, :mod:`.tracr`: models whose circuits are known, and how each method scores on them.
 """

@@ -13,18 +13,20 @@ import torch
 from .. import _backend
 from .. import _names as N
 from .._backend import Model, attn_weight, per_head_inputs
-from ..exact.stream import RESID0, readers
+from ..exact.stream import readers
 from ..metrics import Metric, metric_value
-from ._substrate import n_senders, record, sender_points
+from ._substrate import INPUT_POINTS, record, sender_points
 from .graph import EdgeLayout
 
 
-def ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor | None, method: str) -> dict[str, torch.Tensor]:
+def ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor | None, method: str,
+                   embedding: str = "sum") -> dict[str, torch.Tensor]:
     """Per sender point, what an ablated sender writes, with the run's batch size."""
     B, P = tokens.shape
+    points = sender_points(model, embedding)
     if method == "zero":
-        return {k: torch.zeros_like(v) for k, v in record(model, tokens, sender_points(model)).items()}
-    ref = record(model, reference, sender_points(model))
+        return {k: torch.zeros_like(v) for k, v in record(model, tokens, points).items()}
+    ref = record(model, reference, points)
     if method == "position_mean":
         return {k: v.mean(0, keepdim=True).expand(B, *v.shape[1:]) for k, v in ref.items()}
     if method == "mean":
@@ -57,15 +59,17 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
     cut = (layout.exists & ~keep).to(torch.float64)  # (sender, receiver): edges to ablate
     column = {r: j for j, r in enumerate(layout.receivers)}
     B, P = tokens.shape
-    device = ablated[RESID0].device
+    inputs = [INPUT_POINTS[s] for s in layout.senders if s in INPUT_POINTS]  # the input senders' hooks, in order
+    device = ablated[inputs[0]].device
     cut = cut.to(device)
     # Per sender, in layout order: ablated - this run's write (batch, pos, d_model), written into one
     # buffer as the senders fire (the first `filled[0]` rows are exactly the upstream ones)
-    D = torch.empty(n_senders(model), B, P, cfg.d_model, dtype=torch.float64, device=device)
+    n_all = len(layout.senders)
+    D = torch.empty(n_all, B, P, cfg.d_model, dtype=torch.float64, device=device)
     # Which senders' differences are not exactly 0: an edge whose sender changes nothing is no cut at
     # all (the split path adds an exact 0; the projected path must not recompute a head for it, or a
     # head's value would move by rounding when such an edge is cut, and ACDC at threshold 0 would keep it)
-    moves = torch.zeros(n_senders(model), dtype=torch.float64, device=device)
+    moves = torch.zeros(n_all, dtype=torch.float64, device=device)
     filled = [0]
     stream: dict[int, torch.Tensor] = {}
 
@@ -144,7 +148,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
         else:
             split = split or r.kind in "qkv"
             by_layer.setdefault(r.layer, []).append((r.hook, receiver(r.labels)))
-    fwd = [(RESID0, sender(RESID0, None))]
+    fwd = [(name, sender(name, None)) for name in inputs]  # hook_embed fires before hook_pos_embed
     for l in range(cfg.n_layers):
         layer = by_layer[l]
         fwd += [h for h in layer if h[0].endswith("hook_resid_pre")]

@@ -19,6 +19,7 @@ from typing import Callable, Literal
 import torch
 
 from .. import _backend
+from .. import _names as N
 from .._backend import Model
 from .._progress import bar
 from ..exact.stream import RESID0, record  # noqa: F401  (record: the circuit methods read it here)
@@ -53,11 +54,19 @@ def scalar_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     return value.reshape(())
 
 
-def sender_points(model: Model) -> Callable[[str], bool]:
-    """The hook points whose activations make the senders' writes: the stream entering block 0,
-    every ``hook_z`` (a head writes ``z W_O``) and every ``hook_mlp_out``."""
+#: The hook point of each input sender (:func:`rs_interp.edge_layout`'s ``embedding``).
+INPUT_POINTS = {"embed": RESID0, "tok_embed": N.EMBED, "pos_embed": N.POS_EMBED}
+
+
+def sender_points(model: Model, embedding: str = "sum") -> Callable[[str], bool]:
+    """The hook points whose activations make the senders' writes: the input senders' (the stream
+    entering block 0, or ``hook_embed`` and ``hook_pos_embed``: :data:`INPUT_POINTS`), every
+    ``hook_z`` (a head writes ``z W_O``) and every ``hook_mlp_out``."""
+    from .graph import EMBEDDINGS
+
     mlps = not model.cfg.attn_only
-    return lambda n: n == RESID0 or n.endswith("attn.hook_z") or (mlps and n.endswith("hook_mlp_out"))
+    inputs = {INPUT_POINTS[s] for s in EMBEDDINGS[embedding]}
+    return lambda n: n in inputs or n.endswith("attn.hook_z") or (mlps and n.endswith("hook_mlp_out"))
 
 
 def n_senders(model: Model) -> int:

@@ -45,7 +45,7 @@ from ..exact.stream import mlp_flags
 from ..exact.validate import Ablation, check_ablation
 from ..metrics import Metric, metric_value
 from ._ablated_run import ablated_writes, run_circuit
-from .graph import EdgeEffects, EdgeLayout, edge_layout
+from .graph import EdgeEffects, EdgeLayout, Embedding, edge_layout, embedding_of
 from .selection import Ranking, circuit_at, mask, mib_weights, prune
 
 __all__ = ["MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores"]
@@ -66,6 +66,7 @@ def evaluate_circuit(
     *,
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     method: Ablation = "resample",
+    embedding: Embedding = "sum",
 ) -> float:
     """``metric`` of the run with every edge outside ``circuit`` ablated (module docstring).
 
@@ -74,6 +75,10 @@ def evaluate_circuit(
         reference: tokens of the reference run: the shape of ``tokens`` for ``"resample"``, as long
             as ``tokens`` for ``"position_mean"``, any shape for ``"mean"``; unused by ``"zero"``.
         method: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring).
+        embedding: the graph's input senders (:func:`rs_interp.edge_layout`): ``"sum"`` (``embed``),
+            ``"token"`` (``tok_embed``, EAP-IG's input node: the position embedding is never
+            ablated, so zero and mean ablations are EAP-IG's ``evaluate_graph``'s) or ``"split"``
+            (``tok_embed`` and ``pos_embed``).
 
     Warns:
         UserWarning: the circuit has no path from the embedding to the logits (its dangling edges,
@@ -94,14 +99,15 @@ def evaluate_circuit(
         True
     """
     tokens, reference = check_ablation(model, tokens, method, reference, "evaluate_circuit")
-    layout = edge_layout(model)
+    layout = edge_layout(model, embedding)
     keep = mask(layout, circuit)
-    require(model, "evaluate_circuit")
+    require(model, "evaluate_circuit", also=("embedding",) if embedding != "sum" else ())
     if keep.any() and not _reaches_logits(layout, keep):
         warnings.warn("this circuit has no path from the embedding to the logits: every path through it is cut, so it "
                       "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=2)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, method), "circuit run")
+        return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, method, embedding),
+                           "circuit run")
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,11 @@ class FaithfulnessCurve:
             signed ranking.
         area_from_1: the area between 1 and the curve, ``|1 - faithfulness|``: MIB's CMD for the
             absolute ranking.
+        mib_counts: the sizes MIB's ``evaluate_area_under_curve`` reports (its ``weighted_edge_counts``)
+            for these circuits: the top edges after one pass of pruning, as the EAP-IG commit MIB pins
+            counts them before its evaluation prunes to the end
+            (:func:`rs_interp.circuits.selection.prune`), in MIB's edges, as floats. ``n_edges`` is
+            the size of the circuit evaluated; the two differ where that one pass leaves dangling edges.
 
     Example:
         >>> import rs_interp
@@ -144,6 +155,7 @@ class FaithfulnessCurve:
     empty: float
     area_under: float
     area_from_1: float
+    mib_counts: tuple[float, ...] | None = None
 
     @property
     def cpr(self) -> float:
@@ -197,6 +209,7 @@ def faithfulness_curve(
     ranking: Ranking = "absolute",
     method: Ablation = "resample",
     pruned: bool = True,
+    higher_is_better: bool = False,
     progress: bool = True,
 ) -> FaithfulnessCurve:
     """The faithfulness of the circuits MIB evaluates from ``scores`` at each fraction (MIB's ten by
@@ -204,12 +217,17 @@ def faithfulness_curve(
     (module docstring). CPR: ``ranking="signed"``, ``.cpr``; CMD: ``ranking="absolute"``, ``.cmd``.
 
     Args:
-        scores: edge scores of this model's graph (any :class:`rs_interp.EdgeEffects`).
+        scores: edge scores of this model's graph (any :class:`rs_interp.EdgeEffects`), on any of its
+            input senders (:func:`rs_interp.edge_layout`'s ``embedding``: the curve ablates those).
         reference, method: as in :func:`evaluate_circuit`.
         fractions: increasing, in (0, 1].
         ranking: ``"absolute"`` (by ``|score|``) or ``"signed"`` (by score, largest first).
         pruned: prune dangling edges as MIB does (``False``: every chosen edge stays, rs_interp's
             earlier rule; a circuit may then hold edges that reach nothing).
+        higher_is_better: the metric's direction, for ``ranking="signed"``: MIB ranks the scores of
+            the loss, largest first (:func:`rs_interp.tasks.mib_importances`), so with a logit or
+            probability difference (``True``) the smallest effects come first, with a loss
+            (``False``, the default) the largest. The absolute ranking is the same either way.
         progress: a progress bar over the circuits.
 
     Raises:
@@ -228,16 +246,20 @@ def faithfulness_curve(
         ((14, 29), 1.0)
     """
     tokens, reference = check_ablation(model, tokens, method, reference, "faithfulness_curve")
-    layout = edge_layout(model)
-    if not isinstance(scores, EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
+    if not isinstance(scores, EdgeEffects):
+        raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
+    embedding = embedding_of(scores.layout)
+    layout = edge_layout(model, embedding)
+    if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
         raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
     fr = _check_fractions(fractions)
-    circuits = [circuit_at(scores, f, ranking=ranking, pruned=pruned) for f in fr]
-    require(model, "faithfulness_curve")
+    chosen = [circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=higher_is_better) for f in fr]
+    circuits = [prune(layout, keep) if pruned else keep for keep in chosen]
+    require(model, "faithfulness_curve", also=("embedding",) if embedding != "sum" else ())
     weights = mib_weights(layout)
     total = float(weights.sum())
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        ablated = ablated_writes(model, tokens, reference, method)
+        ablated = ablated_writes(model, tokens, reference, method, embedding)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         empty = run_circuit(model, tokens, metric, layout, torch.zeros_like(layout.exists), ablated, "empty circuit")
         if clean == empty:
@@ -248,7 +270,13 @@ def faithfulness_curve(
     return FaithfulnessCurve(fractions=tuple(fr), ranking=ranking, n_requested=tuple(int(f * total) for f in fr),
                              n_edges=tuple(int(float((weights * keep).sum())) for keep in circuits), values=tuple(values),
                              faithfulness=tuple(faith), clean=clean, empty=empty, area_under=_area(fr, faith),
-                             area_from_1=_area(fr, [abs(1 - f) for f in faith]))
+                             area_from_1=_area(fr, [abs(1 - f) for f in faith]), mib_counts=_mib_counts(layout, chosen))
+
+
+def _mib_counts(layout: EdgeLayout, chosen: list[torch.Tensor]) -> tuple[float, ...]:
+    """What MIB's harness reports as each circuit's size: its edges after one pass of pruning (:func:`prune`)."""
+    weights = mib_weights(layout)
+    return tuple(float((weights * prune(layout, keep, passes=1)).sum()) for keep in chosen)
 
 
 @dataclass(frozen=True)
@@ -278,9 +306,12 @@ class MIBScores:
 
 def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Metric, scores: EdgeEffects, *,
                reference: Int[torch.Tensor, "batch pos"] | None = None, fractions: Sequence[float] = MIB_FRACTIONS,
-               method: Ablation = "resample", progress: bool = True) -> MIBScores:
+               method: Ablation = "resample", higher_is_better: bool = False, progress: bool = True) -> MIBScores:
     """CPR and CMD as MIB's circuit track computes them: two :func:`faithfulness_curve` s, the edges
     ranked by signed score (CPR, the area under it) and by absolute score (CMD, the area between it and 1).
+    MIB's signed ranking is of the loss's scores: pass ``higher_is_better=True`` for a logit or
+    probability difference (MIB's metrics), so the CPR is the one MIB's evaluation gives on the
+    file :func:`rs_interp.tasks.write_mib` writes (:func:`faithfulness_curve`).
 
     Example:
         >>> import rs_interp
@@ -294,7 +325,7 @@ def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Met
         (True, True)
     """
     require(model, "mib_scores")
-    kw = dict(reference=reference, fractions=fractions, method=method, progress=progress)
+    kw = dict(reference=reference, fractions=fractions, method=method, progress=progress, higher_is_better=higher_is_better)
     signed = faithfulness_curve(model, tokens, metric, scores, ranking="signed", **kw)
     absolute = faithfulness_curve(model, tokens, metric, scores, ranking="absolute", **kw)
     return MIBScores(cpr=signed.area_under, cmd=absolute.area_from_1, signed=signed, absolute=absolute)

@@ -3,6 +3,12 @@ input that reads it (a receiver). One layout for every edge method, for circuits
 
 Senders, in depth order: ``embed`` (what enters ``blocks.0.hook_resid_pre``: the token embedding and,
 for standard positions, the position embedding), every head ``L{l}H{h}`` and every MLP ``MLP{l}``.
+The input node as EAP-IG (and so MIB) defines it is the token embedding alone, ``hook_embed``: with
+``edge_layout(model, embedding="token")`` the first sender is ``tok_embed`` and the position
+embedding is no sender (never ablated: what EAP-IG's ``evaluate_graph`` does); with
+``embedding="split"`` both are senders, ``tok_embed`` and ``pos_embed`` (standard positions only);
+``"sum"`` (the default) is their sum, ``embed``. Resampling gives the same numbers either way (the
+positions of a pair are the same); zero and mean ablations do not.
 Receivers: every head's query, key and value input ``L{l}H{h}.q`` / ``.k`` / ``.v`` (under
 grouped-query attention the key and value inputs are per KV head, ``L{l}KV{g}.k`` / ``.v``), every
 MLP's input ``MLP{l}`` and the final stream ``logits``.
@@ -24,14 +30,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Bool, Float
 
 from .._backend import kv_groups
 
-__all__ = ["EdgeLayout", "EdgeEffects", "edge_layout", "depth"]
+__all__ = ["EdgeLayout", "EdgeEffects", "edge_layout", "depth", "Embedding", "EMBEDDINGS", "embedding_of"]
+
+Embedding = Literal["sum", "split", "token"]
+#: The input senders of each choice of :func:`edge_layout`'s ``embedding``.
+EMBEDDINGS: dict[str, tuple[str, ...]] = {"sum": ("embed",), "split": ("tok_embed", "pos_embed"), "token": ("tok_embed",)}
 
 _HEAD = re.compile(r"^L(\d+)(?:H|KV)(\d+)(?:\.[qkv])?$")
 _MLP = re.compile(r"^MLP(\d+)$")
@@ -44,7 +54,7 @@ def depth(label: str, *, parallel: bool = False) -> float:
     >>> depth("embed"), depth("L1H0"), depth("L1KV0.k"), depth("MLP1"), depth("MLP1", parallel=True), depth("logits")
     (0, 3, 3, 4, 3, inf)
     """
-    if label == "embed":
+    if label in ("embed", "tok_embed", "pos_embed"):
         return 0
     if label == "logits":
         return float("inf")
@@ -99,10 +109,18 @@ class EdgeLayout:
         return i, j
 
 
-def edge_layout(model_or_cfg: Any) -> EdgeLayout:
+def edge_layout(model_or_cfg: Any, embedding: Embedding = "sum") -> EdgeLayout:
     """The :class:`EdgeLayout` of a model (or its config): MLP senders and receivers only for models
     with MLPs, key/value receivers per KV head under grouped-query attention, and no head -> MLP edge
     within a parallel block.
+
+    ``embedding`` chooses the input senders (module docstring): ``"sum"`` (``embed``, the stream
+    entering block 0), ``"token"`` (``tok_embed``, EAP-IG's input node: the position embedding is no
+    sender) or ``"split"`` (``tok_embed`` and ``pos_embed``).
+
+    Raises:
+        ValueError: not a model or config; an unknown ``embedding``; ``"split"`` for a model without
+            a position embedding added to the stream (rotary, shortformer, alibi positions).
 
     Example:
         >>> from rs_interp import load_toy_model
@@ -114,10 +132,15 @@ def edge_layout(model_or_cfg: Any) -> EdgeLayout:
     if not all(hasattr(cfg, k) for k in ("n_layers", "n_heads", "attn_only")):
         raise ValueError(f"edge_layout takes a model or its config (with n_layers, n_heads, attn_only), got "
                          f"{type(model_or_cfg).__name__} {model_or_cfg!r:.60}")
+    if embedding not in EMBEDDINGS:
+        raise ValueError(f"embedding must be one of {tuple(EMBEDDINGS)}, got {embedding!r}")
+    if embedding == "split" and getattr(cfg, "positional_embedding_type", "standard") != "standard":
+        raise ValueError(f"embedding='split': this model's positions are {cfg.positional_embedding_type!r}, no position "
+                         "embedding is added to the stream (hook_pos_embed), so the input has one part: use 'token' or 'sum'")
     L, H, G = cfg.n_layers, cfg.n_heads, kv_groups(cfg)
     mlps = not cfg.attn_only
     parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
-    senders, receivers = ["embed"], []
+    senders, receivers = list(EMBEDDINGS[embedding]), []
     for l in range(L):
         senders += [f"L{l}H{h}" for h in range(H)] + ([f"MLP{l}"] if mlps else [])
         if G == H:
@@ -129,6 +152,17 @@ def edge_layout(model_or_cfg: Any) -> EdgeLayout:
     ds = torch.tensor([depth(s, parallel=parallel) for s in senders])
     dr = torch.tensor([depth(r, parallel=parallel) for r in receivers])
     return EdgeLayout(tuple(senders), tuple(receivers), ds[:, None] < dr[None, :])
+
+
+def embedding_of(layout: EdgeLayout) -> Embedding:
+    """Which ``embedding`` made ``layout`` (:func:`edge_layout`).
+
+    >>> from rs_interp import make_attn_only
+    >>> embedding_of(edge_layout(make_attn_only(1), embedding="token"))
+    'token'
+    """
+    inputs = tuple(s for s in layout.senders if depth(s) == 0)
+    return next(k for k, v in EMBEDDINGS.items() if v == inputs)
 
 
 @dataclass(frozen=True)
@@ -179,6 +213,32 @@ class EdgeEffects:
         key = values.abs() if ranking == "absolute" else values
         order = key.nan_to_num(float("-inf")).argsort(descending=True, stable=True)
         return [int(i) for i in order if not bool(values[i].isnan())]
+
+    def on_inputs(self, embedding: Embedding) -> "EdgeEffects":
+        """These effects on the graph with other input senders (:func:`edge_layout`'s ``embedding``),
+        for effects against a reference run at the same positions (what every rs_interp method
+        measures): the position embedding is then the same in both runs, so an edge from
+        ``tok_embed`` has the effect of the same edge from ``embed``, and an edge from ``pos_embed`` 0.
+
+        Raises:
+            ValueError: effects not on the summed input (``embed``), or an unknown ``embedding``.
+
+        Example:
+            >>> from rs_interp import make_attn_only
+            >>> layout = edge_layout(make_attn_only(1, n_heads=1, positional_embedding_type="standard"))
+            >>> e = EdgeEffects(layout, torch.where(layout.exists, 1.0, torch.nan), 0.0).on_inputs("split")
+            >>> e.layout.senders, e.edge("tok_embed", "logits"), e.edge("pos_embed", "logits")
+            (('tok_embed', 'pos_embed', 'L0H0'), 1.0, 0.0)
+        """
+        if embedding not in EMBEDDINGS:
+            raise ValueError(f"embedding must be one of {tuple(EMBEDDINGS)}, got {embedding!r}")
+        if self.layout.senders[0] != "embed":
+            raise ValueError(f"on_inputs maps effects on the summed input (embed), these are on {embedding_of(self.layout)!r}")
+        inputs = EMBEDDINGS[embedding]
+        senders = inputs + self.layout.senders[1:]
+        rows = [self.effect[:1]] + [torch.where(self.layout.exists[:1], 0.0, torch.nan).to(self.effect.dtype)] * (len(inputs) - 1)
+        exists = torch.cat([self.layout.exists[:1]] * len(inputs) + [self.layout.exists[1:]])
+        return EdgeEffects(EdgeLayout(tuple(senders), self.layout.receivers, exists), torch.cat(rows + [self.effect[1:]]), self.clean)
 
     def top(self, k: int = 5) -> list[tuple[tuple[str, str], float]]:
         """The ``k`` edges with the largest ``|effect|``, each ``((sender, receiver), effect)``, best

@@ -104,11 +104,17 @@ def _component(label: str) -> str:
     return label.split(".")[0] if c.input is not None else label
 
 
-def prune(layout: EdgeLayout, keep: torch.Tensor) -> torch.Tensor:
+def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) -> torch.Tensor:
     """``keep`` without dangling edges (MIB's ``Graph.prune``): repeatedly, a component is in the circuit
     iff it has a kept incoming edge (``embed`` always has) and a kept outgoing edge (``logits`` always
     has), and an edge is kept iff its sender and its receiver's component are in. A query head's
-    incoming edges are its own and those into the key/value heads it reads."""
+    incoming edges are its own and those into the key/value heads it reads.
+
+    ``passes=1``: one such pass, what the ``Graph.prune`` of the EAP-IG commit MIB pins (7af394a) leaves
+    after ``apply_topn`` (its loop stops when the components computed from the edges are those
+    ``apply_topn`` set, before the edges this pass removed are looked at again): the circuit MIB
+    counts (:attr:`rs_interp.FaithfulnessCurve.mib_counts`). Its ``evaluate_graph`` prunes again, to
+    the end, so the circuit it evaluates is ``passes=None``'s."""
     keep = keep.clone() & layout.exists
     comp = [_component(r) for r in layout.receivers]
     n_kv = sum(1 for r in layout.receivers if ".k" in r and "KV" in r and r.startswith("L0"))
@@ -129,7 +135,7 @@ def prune(layout: EdgeLayout, keep: torch.Tensor) -> torch.Tensor:
         fed = {comp[j] for j in range(len(comp)) if bool(keep[:, j].any())}
         alive = []
         for i, s in enumerate(layout.senders):
-            incoming = s == "embed" or any(r in fed for r in reads(s))
+            incoming = s in ("embed", "tok_embed", "pos_embed") or any(r in fed for r in reads(s))
             alive.append(incoming and bool(keep[i].any()))
         # a KV head is in iff a query head reading it is
         live = {s for s, a in zip(layout.senders, alive) if a}
@@ -139,6 +145,10 @@ def prune(layout: EdgeLayout, keep: torch.Tensor) -> torch.Tensor:
         if torch.equal(new, keep):
             return keep
         keep = new
+        if passes is not None:
+            passes -= 1
+            if passes <= 0:
+                return keep
 
 
 def mib_weights(layout: EdgeLayout) -> torch.Tensor:
@@ -150,16 +160,27 @@ def mib_weights(layout: EdgeLayout) -> torch.Tensor:
     return layout.exists.to(torch.float64) * w[None, :]
 
 
-def circuit_at(scores: EdgeEffects, fraction: float, *, ranking: Ranking = "absolute", pruned: bool = True) -> torch.Tensor:
+def circuit_at(scores: EdgeEffects, fraction: float, *, ranking: Ranking = "absolute", pruned: bool = True,
+               higher_is_better: bool = False) -> torch.Tensor:
     """The circuit MIB evaluates at ``fraction`` of the edges: the best edges of ``scores`` (in rank
     order, while their MIB count stays within ``int(fraction * N)``, ``N`` the graph's MIB count),
     dangling edges pruned (``pruned=True``, as MIB does). A (sender, receiver) mask.
 
+    MIB ranks the scores of the *loss* (:func:`rs_interp.tasks.mib_importances`): by signed score,
+    the edges whose patching raises the loss most come first. ``higher_is_better=True`` (a logit or
+    probability difference) ranks ``-effect`` so, the smallest effect first; ``False`` (the
+    default: the metric is a loss) ranks ``effect``, the largest first. ``|effect|`` ranks the same
+    either way.
+
     Raises:
-        ValueError: ``fraction`` not a number in [0, 1].
+        ValueError: ``fraction`` not a number in [0, 1]; ``higher_is_better`` not a bool.
     """
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
         raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
+    if not isinstance(higher_is_better, bool):
+        raise ValueError(f"higher_is_better must be True or False, got {higher_is_better!r}")
+    if higher_is_better and ranking == "signed":
+        scores = EdgeEffects(scores.layout, -scores.effect, -scores.clean)
     layout = scores.layout
     weights = mib_weights(layout)[layout.exists]
     budget = int(fraction * float(weights.sum()))

@@ -103,6 +103,8 @@ OPTIONAL: dict[str, dict[str, str]] = {
     "scale.head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "features.attribution_graph": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
     "features.intervene": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
+    "evaluate_circuit": {"embedding": "embedding='token' or 'split'"},
+    "faithfulness_curve": {"embedding": "scores on embedding='token' or 'split'"},
 }
 
 #: Identities a helper reads as an option, with what it does where one fails (it still answers, exactly).
@@ -123,6 +125,8 @@ EXEMPT: dict[str, str] = {
     "certify": "it measures the identities",
     "as_dtype": "a copy of the model in another dtype: the copy is certified when a helper uses it",
     "save_model": "writes the weights and config; nothing is computed",
+    "ungroup_gqa": "a copy of the model with each KV head's weights repeated per query head (the same function, tested): "
+                   "the copy is certified when a helper uses it",
     "induction_batch": "reads the vocabulary size and context length only",
     "evaluate": "the model's own loss and accuracy: its logits as they are, nothing decomposed",
     "scale.metric_values": "the metric of the model's own logits, batch by batch: nothing decomposed",

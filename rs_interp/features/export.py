@@ -7,20 +7,30 @@ pruned graph). Each node carries circuit-tracer's fields (``node_id``, ``feature
 ``ctx_idx``, ``feature_type``, ``token_prob``, ``is_target_logit``, ``run_idx``, ``reverse_ctx_idx``,
 ``jsNodeId``, ``clerp``, ``influence``, ``activation``) with its conventions: a feature of layer ``l``,
 index ``i`` at position ``p`` is ``"l_i_p"`` with ``feature`` the Cantor pairing of ``(l, i)``; token
-nodes sit in layer ``"E"``, logits in layer ``n_layers + 1``. One departure: circuit-tracer names an
-error node ``"0_l_p"``, the name of feature ``l`` of layer 0 at ``p``; here it is ``"err_l_p"`` so
-every node id is unique (the frontend keys its nodes by id and never parses it).
+nodes sit in layer ``"E"``, logits in layer ``n_layers + 1``; the error node of layer ``l`` at ``p``
+is ``"l_-1_p"`` (feature -1, never a feature's index, so every id is unique) with ``jsNodeId``
+``"l_-1-p"``, and the metadata's ``prompt`` is the prompt's text as given while ``prompt_tokens``
+show newlines, tabs and returns as visible marks, as circuit-tracer's ``create_graph_files`` writes
+them (``convention="circuit-tracer"``, the default). ``convention="rs_interp"`` writes this module's
+earlier files: error nodes ``"err_l_p"`` (jsNodeId ``"l_p-0"``) and the marked tokens joined as the prompt.
+
+Not here (they change the graph, not its file): circuit-tracer zeroes position 0's features and
+error vectors (``zero_positions``) and prepends BOS unless the first id is one; the graph written
+is the one :func:`rs_interp.features.attribution_graph` computed, on the ids it was given.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from .graph import AttributionGraph
 
-__all__ = ["graph_json", "save_graph_json"]
+__all__ = ["graph_json", "save_graph_json", "ExportConvention"]
+
+#: Whose node ids and prompt text :func:`graph_json` writes (module docstring).
+ExportConvention = Literal["circuit-tracer", "rs_interp"]
 
 
 def _text(token: str) -> str:
@@ -35,10 +45,15 @@ def _node(node_id: str, feature: int, layer: str, pos: int, kind: str, js: str, 
 
 
 def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_threshold: float = 0.8,
-               edge_threshold: float = 0.98, decode: Callable[[int], str] | None = None) -> dict:
+               edge_threshold: float = 0.98, decode: Callable[[int], str] | None = None,
+               convention: ExportConvention = "circuit-tracer") -> dict:
     """The pruned graph (:meth:`~rs_interp.features.AttributionGraph.prune` at the two thresholds) as
     circuit-tracer's graph JSON (module docstring). ``decode`` (token id -> text) names the prompt's
-    tokens and the logits; without it they show as ids.
+    tokens and the logits; without it they show as ids. ``convention``: circuit-tracer's error-node
+    ids and prompt text (the default), or rs_interp's earlier ones (module docstring).
+
+    Raises:
+        ValueError: an unknown ``convention``.
 
     >>> import torch
     >>> from rs_interp import load_toy_model
@@ -48,6 +63,8 @@ def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_t
     >>> sorted(data), data["metadata"]["prompt_tokens"]
     (['links', 'metadata', 'nodes', 'qParams'], ['4', '3', '0', '2'])
     """
+    if convention not in ("circuit-tracer", "rs_interp"):
+        raise ValueError(f"convention must be 'circuit-tracer' or 'rs_interp', got {convention!r}")
     show = decode if decode is not None else (lambda t: str(t))
     pruned = graph.prune(node_threshold, edge_threshold)
     kinds, L, P = graph.kinds(), graph.n_layers, graph.n_pos
@@ -61,7 +78,8 @@ def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_t
                              influence=influence[n], activation=float(graph.activations[n]))
         elif kind == "error":
             l, p = divmod(n - graph.n_features, P)
-            nodes[n] = _node(f"err_{l}_{p}", -1, str(l), p, "mlp reconstruction error", f"{l}_{p}-0", influence=influence[n])
+            ids = (f"{l}_-1_{p}", f"{l}_-1-{p}") if convention == "circuit-tracer" else (f"err_{l}_{p}", f"{l}_{p}-0")
+            nodes[n] = _node(ids[0], -1, str(l), p, "mlp reconstruction error", ids[1], influence=influence[n])
         elif kind == "token":
             p = n - graph.n_features - L * P
             t = int(graph.tokens[p])
@@ -78,14 +96,16 @@ def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_t
     linked = {x for link in links for x in (link["source"], link["target"])}
     kept = [d for d in nodes.values() if d["node_id"] in linked or d["feature_type"] in ("embedding", "logit")]
     tokens = [_text(show(int(t))) for t in graph.tokens]
-    metadata = {"slug": slug, "scan": graph.scan, "transcoder_list": [], "prompt_tokens": tokens, "prompt": "".join(tokens),
+    prompt = "".join(show(int(t)) for t in graph.tokens) if convention == "circuit-tracer" else "".join(tokens)
+    metadata = {"slug": slug, "scan": graph.scan, "transcoder_list": [], "prompt_tokens": tokens, "prompt": prompt,
                 "node_threshold": node_threshold, "schema_version": 1}
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
     return {"metadata": metadata, "qParams": qparams, "nodes": kept, "links": links}
 
 
 def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = "rs-interp-graph", node_threshold: float = 0.8,
-                    edge_threshold: float = 0.98, decode: Callable[[int], str] | None = None) -> Path:
+                    edge_threshold: float = 0.98, decode: Callable[[int], str] | None = None,
+                    convention: ExportConvention = "circuit-tracer") -> Path:
     """Write ``folder/{slug}.json`` (:func:`graph_json`) and list it in ``folder/graph-metadata.json``,
     the index circuit-tracer's local server reads (``circuit_tracer.frontend.local_server.serve(data_dir=folder)``).
 
@@ -99,7 +119,8 @@ def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = 
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    data = graph_json(graph, slug=slug, node_threshold=node_threshold, edge_threshold=edge_threshold, decode=decode)
+    data = graph_json(graph, slug=slug, node_threshold=node_threshold, edge_threshold=edge_threshold, decode=decode,
+                      convention=convention)
     path = folder / f"{slug}.json"
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False))
     index = folder / "graph-metadata.json"

@@ -42,8 +42,8 @@ import torch
 from .. import circuits as _c
 from .. import head_ablation as _h
 from .._backend import Model
-from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores
-from ..circuits.selection import circuit_at, mib_weights
+from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, _mib_counts
+from ..circuits.selection import circuit_at, mib_weights, prune
 from ..exact.certificate import require
 from ..metrics import metric_value
 from .engine import Analysis, no_overrides, quiet, stream, weight_of
@@ -185,7 +185,7 @@ def _finish(v: dict) -> dict:
             "area_from_1": _area(v["fractions"], [abs(1 - f) for f in faith])}
 
 
-_CURVE = weighted(FaithfulnessCurve, mean=("values", "clean", "empty"), same=("fractions", "ranking", "n_requested", "n_edges"),
+_CURVE = weighted(FaithfulnessCurve, mean=("values", "clean", "empty"), same=("fractions", "ranking", "n_requested", "n_edges", "mib_counts"),
                   derived=("faithfulness", "area_under", "area_from_1"), finish=_finish)
 
 
@@ -197,12 +197,14 @@ def _curve_on(model: Any, batch: Any, scores: Any, options: dict) -> Faithfulnes
         return _c.faithfulness_curve(model, batch.tokens, batch.metric, scores, reference=batch.reference, **options,
                                      **quiet(_c.faithfulness_curve))
     except ValueError as err:
-        if "faithfulness is undefined" not in str(err) or set(options) - {"fractions", "ranking", "method", "pruned"}:
+        if "faithfulness is undefined" not in str(err) or set(options) - {"fractions", "ranking", "method", "pruned", "higher_is_better"}:
             raise
     fr = tuple(float(f) for f in options.get("fractions", MIB_FRACTIONS))
     ranking, method = options.get("ranking", "absolute"), options.get("method", "resample")
     layout, weights = scores.layout, mib_weights(scores.layout)
-    keeps = [circuit_at(scores, f, ranking=ranking, pruned=options.get("pruned", True)) for f in fr]
+    chosen = [circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=options.get("higher_is_better", False))
+              for f in fr]
+    keeps = [prune(layout, k) if options.get("pruned", True) else k for k in chosen]
     kw = dict(reference=batch.reference, method=method)
     with warnings.catch_warnings():  # a dangling circuit: faithfulness_curve evaluates it without a warning
         warnings.simplefilter("ignore")
@@ -214,7 +216,8 @@ def _curve_on(model: Any, batch: Any, scores: Any, options: dict) -> Faithfulnes
     nan = float("nan")
     return FaithfulnessCurve(fractions=fr, ranking=ranking, n_requested=tuple(int(f * total) for f in fr),
                              n_edges=tuple(int(float((weights * k).sum())) for k in keeps), values=tuple(values),
-                             faithfulness=(nan,) * len(fr), clean=clean, empty=empty, area_under=nan, area_from_1=nan)
+                             faithfulness=(nan,) * len(fr), clean=clean, empty=empty, area_under=nan, area_from_1=nan,
+                             mib_counts=_mib_counts(layout, chosen))
 
 
 def _edges(layout: Any, keep: torch.Tensor) -> list[tuple[str, str]]:
@@ -222,8 +225,12 @@ def _edges(layout: Any, keep: torch.Tensor) -> list[tuple[str, str]]:
 
 
 def _check_scores(model: Any, scores: Any) -> None:
-    layout = _c.edge_layout(model)
-    if not isinstance(scores, _c.EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
+    from ..circuits.graph import embedding_of
+
+    if not isinstance(scores, _c.EdgeEffects):
+        raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
+    layout = _c.edge_layout(model, embedding_of(scores.layout))
+    if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
         raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
 
 

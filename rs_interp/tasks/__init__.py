@@ -34,6 +34,7 @@ _WHERE: dict[str, str] = {
     "MIBGraph": ".mib",
     "from_mib_edge": ".mib",
     "mib_edge_names": ".mib",
+    "mib_importances": ".mib",
     "read_mib": ".mib",
     "write_mib": ".mib",
     "write_mib_circuits": ".mib",
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from .greater_than import greater_than_task
     from .induction import induction_task
     from .ioi import ioi_task
-    from .mib import MIBGraph, from_mib_edge, mib_edge_names, read_mib, write_mib, write_mib_circuits
+    from .mib import MIBGraph, from_mib_edge, mib_edge_names, mib_importances, read_mib, write_mib, write_mib_circuits
     from .sva import sva_task
     from .task import MetricKind, Task
 
@@ -58,7 +59,7 @@ __all__ = [
     "Task", "MetricKind", "TASK_NAMES", "build_task",
     "ioi_task", "greater_than_task", "sva_task", "induction_task",
     "write_eap_csv", "read_eap_csv", "MIBGraph", "write_mib", "read_mib", "write_mib_circuits",
-    "mib_edge_names", "from_mib_edge",
+    "mib_edge_names", "from_mib_edge", "mib_importances",
 ]
 
 #: The task names :func:`build_task` (and ``rs-interp circuit --task``) accept.

@@ -6,7 +6,21 @@ after an attention child. rs_interp's labels map one to one (``embed`` <-> ``inp
 <-> ``a{l}.h{h}``, ``MLP{l}`` <-> ``m{l}``, receiver ``L{l}H{h}.q`` <-> child ``a{l}.h{h}<q>``), except
 under grouped-query attention: MIB's graph gives every query head its own key and value input, so
 an rs_interp edge into ``L{l}KV{g}.k`` is written as one MIB edge per query head of group ``g``, each
-with the same score and membership, and read back only where those copies agree.
+with the same score and membership, and read back only where those copies agree. MIB's own files
+of a GQA model score each copy on its own: read them onto :func:`rs_interp.ungroup_gqa`'s copy of
+the model, whose graph has those copies as edges.
+
+**Whose scores.** MIB's harness attributes the *loss* of its metric (``mean=True, loss=True``: the
+negated logit or probability difference, a mean over the examples, its gradient summed over the
+batch and divided by the number of examples once more), so the score it writes for an edge is
+``-effect / B``, ``effect`` the change of the (higher-is-better) metric when the edge is patched,
+as rs_interp's methods report it, and ``B`` the batch size of MIB's data loader. :func:`write_mib`
+writes that by default (``convention="mib"``, :func:`mib_importances`) and records the metric's
+direction and ``B`` in the file (a top-level ``"rs_interp"`` entry, which EAP-IG's loaders ignore);
+so MIB's ``evaluation.py``, ranking the largest scores first for its CPR, ranks the edges as
+:func:`rs_interp.mib_scores` does with ``higher_is_better=True``. ``convention="as given"`` writes
+the effects as they are (rs_interp's files before this convention). :meth:`MIBGraph.effects` turns
+a file's scores back into effects of the metric.
 
 A submission (MIB's README) is one folder per task and model, ``{task}_{model}`` (e.g.
 ``ioi_gpt2``), holding either one importance file (:func:`write_mib`, every edge scored) or
@@ -16,131 +30,34 @@ circuits at the nine sizes 0.1% ... 50% of the edges (:func:`write_mib_circuits`
 >>> model = ri.load_toy_model("induction-2l")
 >>> layout = ri.edge_layout(model)
 >>> scores = ri.EdgeEffects(layout, torch.where(layout.exists, torch.arange(5 * 13.).view(5, 13), torch.nan), float("nan"))
->>> path = write_mib(tempfile.mkdtemp() + "/importances.json", model, scores=scores)
+>>> path = write_mib(tempfile.mkdtemp() + "/importances.json", model, scores=scores, batch_size=4)
 >>> back = read_mib(path, model)
->>> bool(torch.equal(back.scores.effect.nan_to_num(-1), scores.effect.nan_to_num(-1))), len(back.circuit)
+>>> bool(torch.equal(back.effects().effect.nan_to_num(-1), scores.effect.nan_to_num(-1))), len(back.circuit)
 (True, 29)
+>>> back.scores.edge("embed", "L0H0.q"), back.convention
+(-0.0, {'convention': 'mib', 'higher_is_better': True, 'batch_size': 4})
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import torch
 
-from .._backend import kv_groups
+from .mib_names import _EDGE, _cfg_dict, _check_edge, _eap_index, _edges, _nodes, from_mib_edge, mib_edge_names  # noqa: F401
 
-__all__ = ["MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge", "MIB_SUBMISSION_FRACTIONS"]
+__all__ = ["MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge", "mib_importances",
+           "MIB_SUBMISSION_FRACTIONS", "Convention"]
+
+#: How :func:`write_mib` writes scores: MIB's (the loss's, ``-effect / B``) or as given.
+Convention = Literal["mib", "as given"]
 
 #: The circuit sizes of a MIB submission of several circuits: at most these fractions of the edges.
 MIB_SUBMISSION_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
-
-
-_SENDER = re.compile(r"^(?:input|a(\d+)\.h(\d+)|m(\d+))$")
-_EDGE = re.compile(r"^(input|a\d+\.h\d+|m\d+)->(a\d+\.h\d+|m\d+|logits)(?:<([qkv])>)?$")
-
-
-def _mib_node(label: str) -> str:
-    """rs_interp's sender or receiver node (no .q/.k/.v) -> MIB's node name."""
-    if label in ("embed", "logits"):
-        return "input" if label == "embed" else "logits"
-    if label.startswith("MLP"):
-        return f"m{label[3:]}"
-    layer, head = label[1:].split("H")
-    return f"a{layer}.h{head}"
-
-
-def mib_edge_names(edge: tuple[str, str], model_or_cfg: Any) -> list[str]:
-    """MIB's names of an rs_interp edge: one, or one per query head of the group for a key or value
-    input under grouped-query attention (module docstring).
-
-    Example:
-        >>> from rs_interp import make_attn_only
-        >>> mib_edge_names(("embed", "L0H1.q"), make_attn_only(1)), mib_edge_names(("L0H0", "logits"), make_attn_only(1))
-        (['input->a0.h1<q>'], ['a0.h0->logits'])
-        >>> mib_edge_names(("embed", "L0KV0.k"), make_attn_only(1, n_heads=2, n_key_value_heads=1))
-        ['input->a0.h0<k>', 'input->a0.h1<k>']
-    """
-    cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
-    sender, receiver = edge
-    parent = _mib_node(sender)
-    if receiver in ("logits",) or receiver.startswith("MLP"):
-        return [f"{parent}->{_mib_node(receiver)}"]
-    head, x = receiver.split(".")
-    layer, index = head[1:].replace("KV", "H").split("H")
-    if "KV" in head:
-        per = cfg.n_heads // kv_groups(cfg)
-        return [f"{parent}->a{layer}.h{h}<{x}>" for h in range(int(index) * per, (int(index) + 1) * per)]
-    return [f"{parent}->a{layer}.h{index}<{x}>"]
-
-
-def from_mib_edge(name: str, model_or_cfg: Any) -> tuple[str, str]:
-    """The rs_interp edge of a MIB edge name (under grouped-query attention, the KV head's edge).
-
-    Raises:
-        ValueError: a name that is not a MIB edge, or not an edge of this model.
-
-    Example:
-        >>> import rs_interp as ri
-        >>> from_mib_edge("a0.h1->a1.h0<k>", ri.load_toy_model("induction-2l"))
-        ('L0H1', 'L1H0.k')
-    """
-    cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
-    m = _EDGE.match(name)
-    if m is None:
-        raise ValueError(f"{name!r} is not a MIB edge name (parent->child, '<q>'/'<k>'/'<v>' after an attention child)")
-    parent, child, x = m.groups()
-    if child.startswith("a") and x is None:
-        raise ValueError(f"{name!r}: an edge into an attention head needs <q>, <k> or <v>")
-    if not child.startswith("a") and x is not None:
-        raise ValueError(f"{name!r}: only an attention child takes <{x}>")
-
-    def label(node: str) -> str:
-        if node in ("input", "logits"):
-            return "embed" if node == "input" else "logits"
-        if node.startswith("m"):
-            return f"MLP{node[1:]}"
-        layer, head = node[1:].split(".h")
-        return f"L{layer}H{head}"
-
-    sender, receiver = label(parent), label(child)
-    if x is not None:
-        layer, head = receiver[1:].split("H")
-        if x != "q" and kv_groups(cfg) != cfg.n_heads:
-            receiver = f"L{layer}KV{int(head) // (cfg.n_heads // kv_groups(cfg))}"
-        receiver = f"{receiver}.{x}"
-    _check_edge(sender, receiver, cfg)
-    return sender, receiver
-
-
-def _check_edge(sender: str, receiver: str, cfg: Any) -> None:
-    """What :meth:`rs_interp.EdgeLayout.index` checks, from the config alone (no layout built per edge).
-
-    Raises:
-        ValueError: a label this model does not have, or a sender that is not upstream of the receiver.
-    """
-    L, H, G = cfg.n_layers, cfg.n_heads, kv_groups(cfg)
-    parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
-
-    def depth(label: str, role: str) -> float:
-        if label == ("embed" if role == "sender" else "logits"):
-            return 0 if role == "sender" else math.inf
-        m = re.fullmatch(r"L(\d+)(H|KV)(\d+)" + (r"\.([qkv])" if role == "receiver" else ""), label)
-        if m and int(m.group(1)) < L and ((m.group(2) == "H" and int(m.group(3)) < H and (role == "sender" or m.group(4) == "q" or G == H))
-                                           or (m.group(2) == "KV" and role == "receiver" and G != H and int(m.group(3)) < G and m.group(4) != "q")):
-            return 2 * int(m.group(1)) + 1
-        m = re.fullmatch(r"MLP(\d+)", label)
-        if m and not cfg.attn_only and int(m.group(1)) < L:
-            return 2 * int(m.group(1)) + (1 if parallel else 2)
-        raise ValueError(f"{label!r} is not a {role} of this model")
-
-    if not depth(sender, "sender") < depth(receiver, "receiver"):
-        raise ValueError(f"({sender!r}, {receiver!r}) is not an edge: {sender} is not upstream of {receiver}")
 
 
 @dataclass(frozen=True)
@@ -152,56 +69,122 @@ class MIBGraph:
             clean metric); the score 0 or 1 of a file that held memberships only is its ``score``.
         circuit: the edges the file marks ``in_graph``.
         cfg: the file's ``cfg`` (``n_layers``, ``n_heads``, ``parallel_attn_mlp``, ``d_model``).
+        convention: what the file records of its scores (:func:`write_mib`): ``{"convention": "mib",
+            "higher_is_better": ..., "batch_size": ...}``, ``{"convention": "as given"}`` or
+            ``{"convention": "memberships"}`` (a circuit without scores); empty for a file written
+            elsewhere (MIB's own, scored as MIB scores).
+        in_graph: MIB's names of the edges the file marks ``in_graph`` (per query head's copy under
+            grouped-query attention).
+        neurons: per node, which of its ``d_model`` neurons the file keeps (MIB's neuron-level
+            circuits), or None where the file has no neuron masks.
     """
 
     scores: Any
     circuit: frozenset[tuple[str, str]]
     cfg: dict
+    convention: dict = field(default_factory=dict)
+    in_graph: frozenset[str] = frozenset()
+    neurons: dict | None = None
+
+    def effects(self, *, higher_is_better: bool | None = None, batch_size: int | None = None) -> Any:
+        """The file's scores as rs_interp's effects: the change of the metric when an edge is patched.
+
+        A file in MIB's convention holds ``s = -effect / B`` (higher-is-better metric) or
+        ``effect / B`` (a metric where lower is better), so ``effect = -s B`` or ``s B``. The
+        direction and ``B`` come from the file's record; for a file without one (MIB's own),
+        ``higher_is_better`` defaults to True (MIB's metrics, logit and probability differences) and
+        ``batch_size`` to 1 (the ranking, CPR and CMD do not depend on it). A file written
+        ``"as given"`` (or a circuit's memberships, 1 inside and 0 outside) is returned as it is.
+
+        Raises:
+            ValueError: ``batch_size`` not a positive int.
+
+        Example:
+            >>> import tempfile, rs_interp as ri
+            >>> cfg = ri.make_attn_only(1, n_heads=1).cfg
+            >>> layout = ri.edge_layout(cfg)
+            >>> e = ri.EdgeEffects(layout, torch.where(layout.exists, 2.0, torch.nan), float("nan"))
+            >>> g = read_mib(write_mib(tempfile.mkdtemp() + "/i.json", cfg, scores=e, batch_size=2), cfg)
+            >>> g.scores.edge("embed", "logits"), g.effects().edge("embed", "logits")
+            (-1.0, 2.0)
+        """
+        from ..circuits.graph import EdgeEffects
+        from ..exact.validate import check_int_range
+
+        if self.convention.get("convention") in ("as given", "memberships"):
+            return self.scores
+        hib = self.convention.get("higher_is_better", True) if higher_is_better is None else bool(higher_is_better)
+        B = check_int_range("batch_size", self.convention.get("batch_size", 1) if batch_size is None else batch_size, 1)
+        sign = -1.0 if hib else 1.0
+        return EdgeEffects(self.scores.layout, sign * B * self.scores.effect, float("nan"))
+
+    def weighted_edge_count(self) -> float:
+        """MIB's size of the circuit (EAP-IG's ``Graph.weighted_edge_count``): the edges ``in_graph``,
+        each weighted by the fraction of its parent's neurons kept where the file has neuron masks,
+
+            sum over in-graph edges (p -> c) of |neurons kept of p| / d_model,
+
+        and the count of in-graph edges otherwise (MIB's edges: per query head's copy).
+
+        Example:
+            >>> import tempfile, rs_interp as ri
+            >>> cfg = ri.load_toy_model("induction-2l").cfg
+            >>> g = read_mib(write_mib(tempfile.mkdtemp() + "/c.json", cfg, circuit=[("embed", "L0H1.v")]), cfg)
+            >>> g.weighted_edge_count()
+            1.0
+        """
+        if self.neurons is None:
+            return float(len(self.in_graph))
+        d_model = int(self.cfg["d_model"])
+        kept = {node: int(torch.as_tensor(mask).sum()) for node, mask in self.neurons.items()}
+        return float(sum(kept.get(name.split("->")[0], 0) for name in self.in_graph)) / d_model  # EAP-IG: no mask, no neuron
 
 
-def _edges(layout: Any) -> list[tuple[str, str]]:
-    """``layout.edges()`` (row-major) from one ``nonzero``: a tenth of the time on GPT-2's 70k pairs."""
-    return [(layout.senders[i], layout.receivers[j]) for i, j in layout.exists.nonzero().tolist()]
+def mib_importances(scores: Any, *, higher_is_better: bool = True, batch_size: int = 1) -> Any:
+    """Edge scores in MIB's convention: the scores MIB's harness gives the *loss* of the metric,
 
+        score = -effect / B   (a metric where higher is better: a logit or probability difference)
+        score =  effect / B   (a metric where lower is better: a loss)
 
-def _cfg_dict(cfg: Any) -> dict:
-    return {"n_layers": int(cfg.n_layers), "n_heads": int(cfg.n_heads),
-            "parallel_attn_mlp": bool(getattr(cfg, "parallel_attn_mlp", False)), "d_model": int(cfg.d_model)}
+    ``effect`` the change of the metric (a mean over the examples) when the edge is patched from the
+    reference, as rs_interp's methods report it; ``B`` the batch size of MIB's data loader (its
+    attribution divides the gradient of the batch mean by the number of examples once more). MIB's
+    CPR ranks the largest of these first, i.e. the edges whose patching hurts the metric most.
 
+    Raises:
+        ValueError: ``scores`` not an :class:`rs_interp.EdgeEffects`, ``batch_size`` not a positive int.
 
-def _nodes(cfg: Any) -> list[str]:
-    names = ["input"]
-    for l in range(cfg.n_layers):
-        names += [f"a{l}.h{h}" for h in range(cfg.n_heads)] + ([] if cfg.attn_only else [f"m{l}"])
-    return names + ["logits"]
+    Example:
+        >>> import rs_interp as ri
+        >>> layout = ri.edge_layout(ri.make_attn_only(1, n_heads=1))
+        >>> e = ri.EdgeEffects(layout, torch.where(layout.exists, 3.0, torch.nan), 1.0)
+        >>> mib_importances(e, batch_size=2).edge("embed", "logits"), mib_importances(e, higher_is_better=False).edge("embed", "logits")
+        (-1.5, 3.0)
+    """
+    from ..circuits.graph import EdgeEffects
+    from ..exact.validate import check_int_range
 
-
-def _eap_index(name: str, cfg: Any) -> tuple[int, int]:
-    """(forward, backward) index of a MIB edge in EAP-IG's ``Graph`` matrices (``to_pt``)."""
-    parent, child, x = _EDGE.match(name).groups()
-    H = cfg.n_heads
-    m = _SENDER.match(parent)
-    if parent == "input":
-        fwd = 0
-    elif m.group(3) is not None:
-        fwd = 1 + int(m.group(3)) * (H + 1) + H
-    else:
-        fwd = 1 + int(m.group(1)) * (H + 1) + int(m.group(2))
-    if child == "logits":
-        bwd = cfg.n_layers * (3 * H + 1)
-    elif child.startswith("m"):
-        bwd = int(child[1:]) * (3 * H + 1) + 3 * H
-    else:
-        layer, head = child[1:].split(".h")
-        bwd = int(layer) * (3 * H + 1) + "qkv".index(x) * H + int(head)
-    return fwd, bwd
+    if not isinstance(scores, EdgeEffects):
+        raise ValueError(f"scores must be edge scores (an EdgeEffects), got {type(scores).__name__}")
+    if not isinstance(higher_is_better, bool):
+        raise ValueError(f"higher_is_better must be True or False, got {higher_is_better!r}")
+    B = check_int_range("batch_size", batch_size, 1)
+    sign = -1.0 if higher_is_better else 1.0
+    return EdgeEffects(scores.layout, sign * scores.effect / B, sign * scores.clean)
 
 
 def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
-              circuit: Iterable[tuple[str, str]] | None = None) -> Path:
+              circuit: Iterable[tuple[str, str]] | None = None, convention: Convention = "mib",
+              higher_is_better: bool = True, batch_size: int = 1) -> Path:
     """Write a MIB graph file: ``.json`` (EAP-IG's ``to_json``) or ``.pt`` (``to_pt``), by suffix.
 
-    With ``scores`` alone: an importance file (every edge scored, the whole graph ``in_graph``).
+    With ``scores`` alone: an importance file (every edge scored, the whole graph ``in_graph``),
+    in MIB's convention by default (``convention="mib"``: :func:`mib_importances` of ``scores``,
+    ``-effect / B`` for a metric where higher is better, so MIB's evaluation ranks the edges as
+    rs_interp does; module docstring), or the effects as they are (``convention="as given"``). The
+    file records which (``"rs_interp": {"convention", "higher_is_better", "batch_size"}``).
+    Scores and circuits on EAP-IG's graph (``edge_layout(model, embedding="token")``) are written
+    too: its ``tok_embed`` is MIB's ``input``.
     With ``circuit``: its edges ``in_graph``, the others not; each edge's score is taken from
     ``scores`` if given, else 1 inside and 0 outside (EAP-IG's loader reads a score for every edge,
     and a top-n of these gives the circuit back). A node is ``in_graph`` where an edge of the
@@ -209,9 +192,10 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
 
     Raises:
         ValueError: neither given; ``scores`` of another layout or with NaN on an edge; a circuit
-            edge that is not an edge of this model; a suffix other than .json or .pt.
+            edge that is not an edge of this model; a suffix other than .json or .pt; an unknown
+            convention.
     """
-    from ..circuits.graph import edge_layout
+    from ..circuits.graph import EdgeEffects, EdgeLayout, edge_layout
 
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     layout = edge_layout(cfg)
@@ -220,15 +204,28 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
         raise ValueError(f"{path}: a MIB graph file is .json or .pt")
     if scores is None and circuit is None:
         raise ValueError("give scores (an importance file), a circuit, or both")
+    if convention not in ("mib", "as given"):
+        raise ValueError(f"convention must be 'mib' or 'as given', got {convention!r}")
+    record: dict = {"convention": "memberships"}
     edges = _edges(layout)
     if scores is not None:
+        if scores.layout.senders[:1] == ("tok_embed",) and scores.layout.senders[1:2] != ("pos_embed",):
+            # EAP-IG's graph (edge_layout(model, embedding="token")): its input node is MIB's `input`
+            scores = EdgeEffects(EdgeLayout(("embed",) + scores.layout.senders[1:], scores.layout.receivers, scores.layout.exists),
+                                 scores.effect, scores.clean)
         if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
-            raise ValueError("scores belong to another model's edge layout")
+            raise ValueError("scores belong to another model's edge layout (MIB's input node is the token embedding: "
+                             "scores on edge_layout(model, embedding='sum') or 'token', not 'split')")
+        if convention == "mib":
+            scores = mib_importances(scores, higher_is_better=higher_is_better, batch_size=batch_size)
+            record = {"convention": "mib", "higher_is_better": higher_is_better, "batch_size": batch_size}
+        else:
+            record = {"convention": "as given"}
         values = scores.effect[layout.exists].tolist()  # row-major, as edges() lists them
         bad = [f"{s} -> {r}" for (s, r), v in zip(edges, values) if math.isnan(v)]
         if bad:
             raise ValueError(f"{len(bad)} edges have no score (NaN), e.g. {bad[:3]}: MIB needs a score for every edge")
-    keep = set(edges) if circuit is None else {tuple(e) for e in circuit}
+    keep = set(edges) if circuit is None else {("embed" if e[0] == "tok_embed" else e[0], e[1]) for e in map(tuple, circuit)}
     for e in keep - set(edges):
         layout.index(e)  # raises naming an unknown label or a non-edge
     if scores is None:
@@ -244,7 +241,7 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
                 touched |= {parent, child.split("<")[0]}
     nodes = {n: {"in_graph": n in touched} for n in _nodes(cfg)}
     if path.suffix == ".json":
-        path.write_text(json.dumps({"cfg": _cfg_dict(cfg), "nodes": nodes, "edges": edge_dict}))
+        path.write_text(json.dumps({"cfg": _cfg_dict(cfg), "nodes": nodes, "edges": edge_dict, "rs_interp": record}))
         return path
     H, L = cfg.n_heads, cfg.n_layers
     n_fwd, n_bwd = 1 + L * (H + 1), L * (3 * H + 1) + 1  # EAP-IG's shapes: MLP slots even for attention-only models
@@ -255,7 +252,7 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
     src = ["input"] + [n for l in range(L) for n in [f"a{l}.h{h}" for h in range(H)] + [f"m{l}"]]
     dst = [n for l in range(L) for n in [f"a{l}.h{h}<{x}>" for x in "qkv" for h in range(H)] + [f"m{l}"]] + ["logits"]
     torch.save({"cfg": _cfg_dict(cfg), "src_nodes": src, "dst_nodes": dst, "edges_scores": score_m, "edges_in_graph": in_m,
-                "nodes_in_graph": torch.tensor([nodes.get(n, {"in_graph": False})["in_graph"] for n in src])}, path)
+                "nodes_in_graph": torch.tensor([nodes.get(n, {"in_graph": False})["in_graph"] for n in src]), "rs_interp": record}, path)
     return path
 
 
@@ -279,10 +276,14 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
         file_cfg = data["cfg"]
         entries = {name: (float(d["score"]) if d.get("score") is not None else float("nan"), bool(d["in_graph"]))
                    for name, d in data["edges"].items()}
+        neurons = {n: torch.tensor(d["neurons"], dtype=torch.bool) for n, d in data.get("nodes", {}).items() if "neurons" in d} or None
     elif path.suffix == ".pt":
         data = torch.load(path, weights_only=True)
         file_cfg = data["cfg"]
         entries = None
+        neurons = None
+        if data.get("neurons_in_graph") is not None:
+            neurons = dict(zip(data["src_nodes"], data["neurons_in_graph"].bool()))
     else:
         raise ValueError(f"{path}: a MIB graph file is .json or .pt")
     mine = _cfg_dict(cfg)
@@ -313,19 +314,24 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
         if edge in member and (member[edge] != inside or effect[i, j].item() != score):
             raise ValueError(f"{path}: {name} has (score {score}, in_graph {inside}) but another query head's copy of the "
                              f"same key/value edge {edge} has ({effect[i, j].item()}, {member[edge]}); rs_interp's graph has "
-                             "one key and one value input per KV head")
+                             "one key and one value input per KV head: read it onto rs_interp.ungroup_gqa(model), whose "
+                             "graph has one per query head, as MIB's")
         effect[i, j], member[edge] = score, inside
     absent = [e for e in cell if e not in member]
     if absent:
         raise ValueError(f"{path} lacks {len(absent)} edges of this model, e.g. {absent[:3]}")
-    return MIBGraph(EdgeEffects(layout, effect, float("nan")), frozenset(e for e, v in member.items() if v), dict(file_cfg))
+    record = data.get("rs_interp") or {}
+    return MIBGraph(EdgeEffects(layout, effect, float("nan")), frozenset(e for e, v in member.items() if v), dict(file_cfg),
+                    dict(record), frozenset(n for n, (_, inside) in entries.items() if inside), neurons)
 
 
 def write_mib_circuits(folder: str | Path, model_or_cfg: Any, scores: Any, *,
-                       fractions: Sequence[float] = MIB_SUBMISSION_FRACTIONS, suffix: str = ".json") -> list[Path]:
+                       fractions: Sequence[float] = MIB_SUBMISSION_FRACTIONS, suffix: str = ".json",
+                       convention: Convention = "mib", higher_is_better: bool = True, batch_size: int = 1) -> list[Path]:
     """One MIB circuit file per fraction ``f``: the top edges of ``scores`` by ``|score|`` (as
     :func:`rs_interp.top_edges` orders them) while MIB's edge count stays at most ``int(f * N)``
-    (``N`` MIB's edges: per query head under grouped-query attention), as ``circuit_{f}{suffix}``.
+    (``N`` MIB's edges: per query head under grouped-query attention), as ``circuit_{f}{suffix}``;
+    the scores written as :func:`write_mib` writes them (``convention``, ``higher_is_better``, ``batch_size``).
 
     Raises:
         ValueError: fractions outside (0, 1], and :func:`write_mib`'s errors.
@@ -363,5 +369,6 @@ def write_mib_circuits(folder: str | Path, model_or_cfg: Any, scores: Any, *,
                 break
             keep.append(e)
             used += c
-        out.append(write_mib(folder / f"circuit_{f:g}{suffix}", cfg, scores=scores, circuit=keep))
+        out.append(write_mib(folder / f"circuit_{f:g}{suffix}", cfg, scores=scores, circuit=keep, convention=convention,
+                             higher_is_better=higher_is_better, batch_size=batch_size))
     return out
