@@ -178,7 +178,7 @@ def logit_lens(
         ('embed', 3)
     """
     tokens = check_tokens(model, tokens)
-    require(model, "logit_lens")
+    cert = require(model, "logit_lens")
     cap = logit_softcap(model)
     V = d_vocab_out(model)
     check_int_range("top_k", top_k, 1, V)
@@ -186,6 +186,8 @@ def logit_lens(
     if batch_chunk is None:
         batch_chunk = _batch_chunk(model, tokens.shape[1], len(reading_points(model, sublayers)), memory_budget)
     check_int_range("batch_chunk", batch_chunk, 1)
+    if not cert.holds("rows"):  # a row's logits depend on its batch: read the batch in one pass, as the model runs it
+        batch_chunk = tokens.shape[0]
     check_int_range("row_chunk", row_chunk, 1)
     check_int_range("vocab_tile", vocab_tile, 1)
     if targets is not None:

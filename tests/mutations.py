@@ -114,6 +114,7 @@ MUTATIONS = {
     "mlp weights": scaled("blocks.1.mlp.hook_post", 0.5),
     "readout": softcap_after_unembedding,
     "vocabulary": narrower_vocabulary,
+    "gradients": lambda m: m.add_hook("blocks.1.hook_resid_mid", lambda g, hook: (2 * g,), dir="bwd"),
     "rows": edits_one_prompt,
     "start at layer": start_skips_a_step,
     "stop at layer": stop_returns_another_stream,

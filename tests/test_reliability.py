@@ -58,6 +58,7 @@ HELPERS = {
     "edge_attribution_patching": lambda m: ri.edge_attribution_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
                                                                         reference=ri.induction_batch(4, seed=1).tokens),
     "edge_layout": lambda m: ri.edge_layout(m),
+    "ungroup_gqa": lambda m: ri.ungroup_gqa(m),
     "path_patching": lambda m: ri.path_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
                                                 reference=ri.induction_batch(4, seed=1).tokens, edges=[("embed", "logits")]),
     "evaluate_circuit": lambda m: ri.evaluate_circuit(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
@@ -142,6 +143,10 @@ def _model_for(name):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             return build_model(gpt2_config("small", n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, d_vocab=500, n_ctx=64))
+    if name == "ungroup_gqa":  # needs grouped-query attention
+        from builders import make_variant
+
+        return make_variant("LN", "rotary", True, "gqa", dtype=torch.float32, n_heads=4)
     return ri.load_toy_model("induction-2l")
 
 
@@ -172,7 +177,7 @@ class _Injected(RuntimeError):
 
 
 @pytest.mark.parametrize("name", sorted(set(HELPERS) - {"composition_scores", "copying_scores", "virtual_weight", "count_parameters", "positional_scores",
-                                                        "as_dtype", "save_model", "edge_layout"}))
+                                                        "as_dtype", "save_model", "edge_layout", "ungroup_gqa"}))
 def test_helper_cleans_up_after_a_failing_hook(name):
     """A user hook that raises mid-forward: the error propagates and nothing of the helper's stays."""
     model = _model_for(name)
@@ -400,7 +405,7 @@ def test_random_token_values_either_run_or_raise_valueerror(shared_toy, data, wi
         assert valid
 
 
-@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"save_model", "count_parameters", "finance_readers", "as_dtype"}))
+@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"save_model", "count_parameters", "finance_readers", "as_dtype", "ungroup_gqa"}))
 def test_helpers_accept_float64_models(name):
     model = ri.as_dtype(_model_for(name), torch.float64)
     out = HELPERS[name](model)
@@ -439,7 +444,7 @@ _HALF_TOLERANCE = {torch.float16: 0.05, torch.bfloat16: 0.3}  # |half - float32|
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"save_model", "count_parameters", "finance_readers", "as_dtype"}))
+@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"save_model", "count_parameters", "finance_readers", "as_dtype", "ungroup_gqa"}))
 def test_helpers_run_on_half_precision_models(name, dtype):
     """Every helper runs on float16/bfloat16 models and agrees with the float32 run within the
     documented tolerance (decompositions compute in float32 inside)."""

@@ -261,15 +261,18 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     unembedding applied here, to the same ``W_U``: 3.9's ``Unembed`` copies ``W_U.T`` (the whole
     (d_vocab, d_model) matrix) into a contiguous tensor on every call, the largest copy of a gradient
     pass (~0.2 s of 1.5 s on GPT-2 small at 64 tokens). Hooks on ``unembed.hook_in`` and
-    ``unembed.hook_out`` still run; models with a logit softcap take the model's own path.
+    ``unembed.hook_out`` still run; models with a logit softcap, or PyTorch hooks on the unembedding or the
+    model, take the model's own path.
 
     Remove when: TransformerLens 3.x is no longer supported.
     """
     from .common import Stop
 
     unembed = getattr(model, "unembed", None)
+    hooked = any(getattr(m, d) for m in (model, unembed) if m is not None
+                 for d in ("_forward_hooks", "_forward_pre_hooks")) or "forward" in model.__dict__
     if (type(unembed).__name__ != "Unembed" or "unembed.hook_in" not in model.hook_dict
-            or getattr(model.cfg, "output_logits_soft_cap", -1.0) > 0):
+            or getattr(model.cfg, "output_logits_soft_cap", -1.0) > 0 or hooked):  # hooked: the model's own path
         return model(tokens, return_type="logits")
     box: dict[str, torch.Tensor] = {}
 

@@ -110,6 +110,7 @@ def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     if model.cfg.attn_only:  # hook_mlp_in exists but may not be switched on
         wanted = tuple(w for w in wanted if w != "hook_mlp_in")
     handles = []
+    attached = sorted(n for n, hp in model.hook_dict.items() if hp._forward_hooks or hp._forward_pre_hooks)  # the caller's
     try:
         if not model.cfg.attn_only:
             for l, block in enumerate(model.blocks):
@@ -126,7 +127,6 @@ def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
                 if point is not None:  # a PyTorch hook on the point, ahead of every other: the value entering it
                     handles.append(point.register_forward_hook(
                         lambda mod, args, out, l=l: box.__setitem__(f"mlp_write {l}", out.detach()), prepend=True))
-        attached = sorted(n for n, hp in model.hook_dict.items() if hp._forward_hooks)  # the caller's, before ours
         with torch.no_grad(), model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
             try:
                 logits = model(tokens, return_type="logits")

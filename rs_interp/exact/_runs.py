@@ -51,19 +51,28 @@ def _stop(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
                        "readout at chosen positions read the stream it returns")
 
 
-def _rows(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
-    """The probe's rows, permuted and stacked after another row, and its first row alone, against the
-    probe run: a helper that stacks copies of a batch along the batch axis needs each row to give what
-    it gives alone. Two runs: a hook that edits a row by index, or reads the batch as a whole (a mean),
-    or depends on the batch's size, moves a row in one of them."""
+#: (rows, positions) of the rows probe: more rows than two, so that a hook on one row index (or on the rows past
+#: one) moves under the permutation, and more positions than the identities' probe.
+_ROWS_PROBE = (4, 12)
+
+
+def _rows(model: Model) -> tuple[float, str]:
+    """A batch of its own, against the same rows permuted and stacked after another row, its first row
+    alone and its first two rows: a helper that stacks copies of a batch along the batch axis needs each
+    row to give what it gives alone. A hook that edits a row by index, reads the batch as a whole (a mean)
+    or depends on the batch's size moves a row in one of them. (A hook that acts only past these sizes
+    cannot be seen by any probe: the docs say so.)"""
+    R, P = _ROWS_PROBE
+    tokens = C.probe(model, seed=5, batch=R, pos=P)
     other = C.probe(model, seed=3, batch=1, pos=tokens.shape[1])
-    logits = box["logits"]
-    perm = torch.arange(tokens.shape[0] - 1, -1, -1)
+    perm = torch.tensor([2, 0, 3, 1][:R] if R == 4 else list(range(R - 1, -1, -1)))
     worst = C._Worst()
     with torch.no_grad():
+        logits = model(tokens, return_type="logits")
         stacked = model(torch.cat([other, tokens[perm]]), return_type="logits")[1:]
         worst.see(rel(stacked, logits[perm]), "permuted and stacked after another row")
         worst.see(rel(model(tokens[:1], return_type="logits"), logits[:1]), "row 0 alone")
+        worst.see(rel(model(tokens[:2], return_type="logits"), logits[:2]), "rows 0 and 1 alone")
     return worst.gap, (f"a row's logits depend on the other rows of its batch ({worst.where} differs): a hook that reads or "
                        "edits the batch as a whole (one prompt by index, a batch mean) is attached; helpers that stack "
                        "passes along the batch run one pass per ablation or edge instead")
@@ -84,6 +93,69 @@ def _scores_read(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, 
         worst.see(rel(A, get(box, N.pattern(l))), f"layer {l}")
     return worst.gap, (f"the scores rs_interp reads do not give the pattern the run applies ({worst.where}): a hook on the "
                        "pattern, a soft-cap or mask after the hook, or a window: the scores read are not the run's")
+
+
+def _backward_hooks(model: Model) -> list[tuple[dict, dict]]:
+    """Every backward hook that could change a gradient: (the dict it lives in, a copy) for each module's
+    backward and backward-pre hooks (the bridge's own wiring left out) and PyTorch's global ones."""
+    import torch.nn.modules.module as M
+
+    found = []
+    for module in model.modules():
+        for d in ("_backward_pre_hooks", "_backward_hooks"):
+            hooks = getattr(module, d, None)
+            if hooks and any(not _backend.is_own_hook(fn) for fn in hooks.values()):
+                found.append((hooks, dict(hooks)))
+    for d in ("_global_backward_pre_hooks", "_global_backward_hooks"):
+        hooks = getattr(M, d, None)
+        if hooks:
+            found.append((hooks, dict(hooks)))
+    return found
+
+
+def _gradients(model: Model, tokens: torch.Tensor) -> tuple[float, str]:
+    """The gradient of a fixed projection of the logits at every block's input and the final stream, with
+    the backward hooks attached and with them set aside: equal where no hook changes a gradient (a hook
+    that only records passes). Without backward hooks there is nothing to measure."""
+    attached = _backward_hooks(model)
+    if not attached:
+        return 0.0, ""
+    L = model.cfg.n_layers
+    points = [N.resid_pre(l) for l in range(L)] + [N.final_stream(L)]
+    g = torch.Generator().manual_seed(7)
+
+    def grads() -> dict[str, torch.Tensor]:
+        got: dict[str, torch.Tensor] = {}
+
+        def keep(name: str) -> Callable:
+            def fn(t: torch.Tensor, hook) -> torch.Tensor:  # keyed by our name: 4.x calls a hook by its alias
+                if not t.requires_grad:  # frozen weights: make the stream a leaf of the graph
+                    t = t.detach().requires_grad_(True)
+                t.register_hook(lambda grad: got.__setitem__(name, grad.detach().clone()))
+                return t
+            return fn
+
+        with torch.enable_grad(), model.hooks(fwd_hooks=[(p, keep(p)) for p in points]):
+            logits = model(tokens, return_type="logits")
+            w = torch.randn(logits.shape, generator=g, dtype=torch.float64).to(logits.device, logits.dtype)
+            (logits * w).sum().backward()
+        model.zero_grad(set_to_none=True)
+        return got
+
+    with_hooks = grads()
+    g.manual_seed(7)
+    try:
+        for hooks, _ in attached:
+            hooks.clear()
+        without = grads()
+    finally:
+        for hooks, saved in attached:
+            hooks.update(saved)
+    worst = C._Worst()
+    for name in points:
+        worst.see(rel(get(with_hooks, name), get(without, name)), name)
+    return worst.gap, (f"a backward hook changes the gradients ({worst.where}): the gradient helpers would differentiate "
+                       "something other than the model's function")
 
 
 def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, Identity]:
@@ -244,7 +316,8 @@ def measure(model: Model, tol: float) -> dict[str, Identity]:
         "mlp weights": judge("mlp weights", tol, lambda: C.mlp_weights(model, box), applies=mlps),
         "readout": judge("readout", tol, lambda: C.readout_check(model, box)),
         "vocabulary": judge("vocabulary", tol, lambda: C.vocabulary(model, box)),
-        "rows": judge("rows", tol, lambda: _rows(model, tokens, box)),
+        "rows": judge("rows", tol, lambda: _rows(model)),
+        "gradients": judge("gradients", tol, lambda: _gradients(model, tokens)),
         "start at layer": judge("start at layer", tol, lambda: _start(model, box, tol)),
         "stop at layer": judge("stop at layer", tol, lambda: _stop(model, tokens, box)),
     }

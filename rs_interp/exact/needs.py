@@ -35,6 +35,7 @@ IDENTITIES: dict[str, str] = {
                    "(gated: (act(x W_gate) * (x W_in + b_in)) W_out + b_out)",
     "readout": "the logits are the unembedding of the final norm of the final stream (soft-cap included)",
     "vocabulary": "the logits have d_vocab_out entries, one per column of W_U",
+    "gradients": "the backward pass is the derivative of the forward: no backward hook changes a gradient",
     "rows": "each batch row is computed on its own: a batch stacked with another, or permuted, gives every row "
             "what the row gives alone",
     "start at layer": "model(resid_pre_l, start_at_layer=l) reproduces the full run",
@@ -43,7 +44,8 @@ IDENTITIES: dict[str, str] = {
 }
 
 _EDGES = ("stream", "z", "heads", "readers")
-_EDGE_ESTIMATES = ("stream", "z", "heads", "input", "readers", "projections")
+_EVALUATED = (*_EDGES, "projections")  # a cut head's q/k/v is built by hand where hook_{q,k,v} are the projections
+_EDGE_ESTIMATES = ("stream", "z", "heads", "input", "readers", "projections", "gradients")
 _PATTERNS = ("z", "values")
 _GRAPH = ("embedding", "stream", "mlp reads", "mlp writes", "readout", "vocabulary")
 
@@ -56,14 +58,14 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "logit_lens": ("readout", "stop at layer", "vocabulary"),
     "lens_kl": ("readout", "vocabulary"),
     "train_tuned_lens": ("readout", "vocabulary"),
-    "attribution_patching": ("z", "input"),
+    "attribution_patching": ("z", "input", "gradients"),
     "edge_attribution_patching": _EDGE_ESTIMATES,
     "fix_unreliable": _EDGE_ESTIMATES,
     "path_patching": _EDGES,
-    "evaluate_circuit": _EDGES,
-    "faithfulness_curve": _EDGES,
-    "mib_scores": _EDGES,
-    "acdc": _EDGES,
+    "evaluate_circuit": _EVALUATED,
+    "faithfulness_curve": _EVALUATED,
+    "mib_scores": _EVALUATED,
+    "acdc": _EVALUATED,
     "head_ablation_scan": ("z",),
     "ablate_heads": ("z",),
     "run_with_key_input": _EDGES,
@@ -78,17 +80,17 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "first_token_attention": _PATTERNS,
     "positional_scores": ("scores",),
     "key_score_sensitivity": ("scores read",),
-    "features.attribution_graph": _GRAPH,
+    "features.attribution_graph": (*_GRAPH, "gradients"),
     "features.intervene": _GRAPH,
     "features.train_transcoder": ("mlp reads", "mlp writes"),
     "features.transcoder_metrics": ("mlp reads", "mlp writes"),
     "features.mlp_transcoders": ("mlp reads", "mlp writes", "mlp weights"),
-    "scale.attribution_patching": ("z", "input"),
+    "scale.attribution_patching": ("z", "input", "gradients"),
     "scale.edge_attribution_patching": _EDGE_ESTIMATES,
     "scale.path_patching": _EDGES,
-    "scale.evaluate_circuit": _EDGES,
-    "scale.faithfulness_curve": _EDGES,
-    "scale.mib_scores": _EDGES,
+    "scale.evaluate_circuit": _EVALUATED,
+    "scale.faithfulness_curve": _EVALUATED,
+    "scale.mib_scores": _EVALUATED,
     "scale.head_ablation_scan": ("z",),
     "scale.direct_logit_attribution": ("embedding", "stream", "z", "heads", "readout", "vocabulary"),
     "scale.logit_lens": ("readout", "stop at layer", "vocabulary"),
@@ -112,6 +114,8 @@ ADAPTS: dict[str, dict[str, str]] = {
     name: {"rows": "one pass per ablation or edge instead of several stacked along the batch",
            "start at layer": "every pass from the tokens instead of from the cached stream"}
     for name in ("head_ablation_scan", "path_patching", "scale.head_ablation_scan", "scale.path_patching", "fix_unreliable")
+} | {
+    "logit_lens": {"rows": "the batch read in one pass (memory_budget and batch_chunk then not applied)"},
 } | {
     name: {"rows": "the QK fix's patched copies one pass each instead of stacked along the batch",
            "scores": "the QK fix's patterns by the model's own attention instead of from the projections",
