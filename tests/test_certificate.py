@@ -64,7 +64,16 @@ def _batch_mean_at_one_position(t, hook):
 
 #: Hooks on a head's output (batch, pos, head, d_head) that depend on the row: the identities the scan and path
 #: patching need hold (``values`` fails: z is no longer the pattern times the values), ``rows`` fails.
-ROW_HOOKS = {"one prompt edited": _edits_one_prompt, "a batch mean at one position": _batch_mean_at_one_position}
+def _edits_row_one_of_a_batch(t, hook):
+    if t.shape[0] < 2:  # acts only on batches: the second prompt (the corrupted one of a pair)
+        return t
+    t = t.clone()
+    t[1, -1] += torch.linspace(-1.0, 1.0, t.shape[-1], dtype=t.dtype)
+    return t
+
+
+ROW_HOOKS = {"one prompt edited": _edits_one_prompt, "a batch mean at one position": _batch_mean_at_one_position,
+             "row 1 of a batch edited": _edits_row_one_of_a_batch}
 
 
 @pytest.mark.parametrize("hook", list(ROW_HOOKS))
@@ -125,6 +134,50 @@ def test_path_patching_is_exact_under_a_hook_that_depends_on_the_row(hook):
             want = float(METRIC(model(tokens))) - clean
         _backend.set_flag(model, "use_hook_mlp_in", False)
         assert pp.edge(sender, receiver) == pytest.approx(want, abs=1e-10), (sender, receiver)
+
+
+def test_the_logit_lens_reads_the_batch_in_one_pass_under_a_hook_that_depends_on_the_row():
+    """The lens splits the batch to bound memory; where ``rows`` fails it reads it in one pass, as the model
+    runs it: its final reading is the model's own log-probabilities on every row."""
+    model = _model()
+    model.add_hook("blocks.1.attn.hook_z", _edits_one_prompt)
+    assert "rows" in ri.certify(model).failed()
+    tokens = _tokens()
+    with torch.no_grad():
+        want = model(tokens).log_softmax(-1)
+    lens = ri.logit_lens(model, tokens, batch_chunk=1, full=True)
+    assert float((lens.log_probs[-1] - want).abs().max()) <= 1e-10
+
+
+@pytest.mark.parametrize("where", ["backward hook", "forward hook on the unembedding"])
+def test_the_gradient_helpers_follow_the_model_or_refuse(where):
+    """A backward hook that changes a gradient fails ``gradients`` (edge attribution refuses, naming it); a
+    PyTorch forward hook on the unembedding is part of the function the gradients are taken of (3.x's
+    shortcut past the unembedding steps aside): attribution patching equals the finite difference."""
+    model = _model()
+    tokens, reference = _tokens(0), _tokens(1)
+    if where == "backward hook":
+        model.add_hook("blocks.1.hook_resid_mid", lambda g, hook: (2 * g,), dir="bwd")
+        with pytest.raises(ValueError, match="identity '(readers|gradients)' fails.*gradients"):  # 3.x: readers sees it too
+            ri.edge_attribution_patching(model, tokens, METRIC, reference=reference)
+        return
+    handle = model.unembed.register_forward_hook(lambda mod, args, out: out / 2)
+    try:
+        atp = ri.attribution_patching(model, tokens, METRIC, reference=reference, nodes="z")
+        # the derivative along the straight line from the clean z to the reference z, by central differences
+        with torch.no_grad():
+            _, ref_cache = model.run_with_cache(reference)
+            _, cache = model.run_with_cache(tokens)
+        eps, total = 1e-5, 0.0
+        names = [f"blocks.{l}.attn.hook_z" for l in range(model.cfg.n_layers)]
+        step = {n: ref_cache[n] - cache[n] for n in names}
+        with torch.no_grad():
+            up = float(METRIC(model.run_with_hooks(tokens, fwd_hooks=[(n, lambda t, hook: t + eps * step[hook.name]) for n in names])))
+            down = float(METRIC(model.run_with_hooks(tokens, fwd_hooks=[(n, lambda t, hook: t - eps * step[hook.name]) for n in names])))
+        total = (up - down) / (2 * eps)
+    finally:
+        handle.remove()
+    assert float(atp.effect.sum()) == pytest.approx(total, rel=1e-6, abs=1e-9)
 
 
 # --- a stale certificate ----------------------------------------------------------------------------

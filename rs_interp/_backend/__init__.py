@@ -54,6 +54,9 @@ Model = _impl.Model
 True
 """
 ModelConfig = _impl.ModelConfig
+#: Where a gated MLP adds ``b_in``: 3.x's GatedMLP after the product, ``act(x W_gate) * (x W_in) + b_in``; 4.x's
+#: modules (native: no bias; Hugging Face's: the up projection's) inside, ``act(x W_gate) * (x W_in + b_in)``.
+GATED_B_IN_AFTER_PRODUCT = TL_MAJOR == 3
 portable_state = _impl.portable_state
 load_portable_state = _impl.load_portable_state
 per_head_inputs = _impl.per_head_inputs

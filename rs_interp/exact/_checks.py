@@ -235,7 +235,8 @@ def projections(model: Model, box: dict, layers: set[int]) -> tuple[float, str]:
         for which in "qkv":
             got = get(box, N.projection(l, which))
             worst.see(rel(got, _projected(model, box, l, which, got.shape[2], x)), f"layer {l}'s hook_{which}")
-    return worst.gap, f"a projection is not ln1(resid_pre) W + b ({worst.where}): its input gradient cannot be taken back by hand"
+    return worst.gap, (f"a projection is not ln1(resid_pre) W + b ({worst.where}): a head's q/k/v built or differentiated by hand "
+                         "(edge estimates, circuit evaluation) would miss what changes it")
 
 
 def mlp_reads(model: Model, box: dict) -> tuple[float, str]:
@@ -276,8 +277,12 @@ def mlp_weights(model: Model, box: dict) -> tuple[float, str]:
         # a bridge over a bias-free Hugging Face MLP (Llama's) has no b_in / b_out: zero
         w = {n: (p.detach().to(torch.float64) if (p := getattr(mlp, n, None)) is not None else 0.0)
              for n in ("W_in", "b_in", "W_out", "b_out")}
-        pre = x @ w["W_in"] + w["b_in"]
-        hidden = act(x @ mlp.W_gate.detach().to(torch.float64)) * pre if getattr(cfg, "gated_mlp", False) else act(pre)
+        if getattr(cfg, "gated_mlp", False):
+            gate = act(x @ mlp.W_gate.detach().to(torch.float64))
+            hidden = (gate * (x @ w["W_in"]) + w["b_in"] if _backend.GATED_B_IN_AFTER_PRODUCT
+                      else gate * (x @ w["W_in"] + w["b_in"]))
+        else:
+            hidden = act(x @ w["W_in"] + w["b_in"])
         worst.see(rel(get(box, f"mlp_out {l}"), hidden @ w["W_out"] + w["b_out"]), f"layer {l}")
     return worst.gap, (f"an MLP's output is not its weights' function of its input ({worst.where}): a hook inside it, or a "
                        "form rs_interp does not know; its neurons are not an exact transcoder")

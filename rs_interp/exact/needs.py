@@ -32,7 +32,7 @@ IDENTITIES: dict[str, str] = {
     "mlp writes": "what enters the stream from each MLP (hook_mlp_out) is the MLP module's own output: no hook or norm "
                   "between the MLP and the stream changes it",
     "mlp weights": "each MLP's output is its weights' function of its input, W_out act(W_in x + b_in) + b_out "
-                   "(gated: (act(x W_gate) * (x W_in + b_in)) W_out + b_out)",
+                   "(gated: (act(x W_gate) * (x W_in) + b_in) W_out + b_out on 3.x, b_in inside the product on 4.x)",
     "readout": "the logits are the unembedding of the final norm of the final stream (soft-cap included)",
     "vocabulary": "the logits have d_vocab_out entries, one per column of W_U",
     "gradients": "the backward pass is the derivative of the forward: no backward hook changes a gradient",
