@@ -33,7 +33,7 @@ def _writable_dir(path: str | Path) -> Path:
 
 def _reproduce(args: argparse.Namespace) -> int:
     from .reproduce import run_seeds
-    from .reproduce.report import describe_environment, format_table, write_report, write_results
+    from .reproduce.report import describe_environment, format_cost, format_table, write_report, write_results
 
     out = _writable_dir(args.out)
     print(f"rs-interp reproduce on {describe_environment()}\n", flush=True)
@@ -42,9 +42,25 @@ def _reproduce(args: argparse.Namespace) -> int:
         from .models.registry import TrainingCache
 
         cache = TrainingCache(_writable_dir(args.cache))
-    sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log, cache=cache)
+    printed: set[str] = set()
+
+    def finished(done) -> None:
+        # each finished section: its table printed once, results.json and report.html rewritten with
+        # everything so far (a stopped run keeps what it did)
+        if args.seeds == 1:
+            for s in done:
+                if s.key not in printed:
+                    printed.add(s.key)
+                    print(format_table(s) + "\n", flush=True)
+        write_results(done, out / "results.json")
+        write_report(done, out / "report.html")
+
+    sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log, cache=cache,
+                         on_section=finished)
     for s in sections:
-        print(format_table(s) + "\n", flush=True)
+        if s.key not in printed:
+            print(format_table(s) + "\n", flush=True)
+    print(format_cost(sections) + "\n", flush=True)
     write_results(sections, out / "results.json")
     write_report(sections, out / "report.html")
     n_out = sum(r.ok is False for s in sections for r in s.rows)

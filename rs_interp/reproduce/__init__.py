@@ -9,6 +9,10 @@ report. The library (``rs_interp``) never imports this package; this package rea
 - :mod:`.gpt2_check`, :mod:`.gradients`: the GPT-2 analysis and conversion check, the gradient table.
 - :mod:`.report`: the text table, ``results.json`` and ``report.html``.
 
+Each registry entry's cost is measured as it runs (:func:`run_sections`: CPU seconds of the process, all
+threads, and wall seconds; the first entry to use a model pays for loading it) and kept in
+:attr:`Section.cost`; ``results.json`` and the report give it per entry.
+
 >>> list(SECTIONS)[:3]
 ['induction', 'circuits', 'ablation']
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import time
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from .._lazy import attach
@@ -57,41 +62,59 @@ def builder(name: str) -> Callable[[Context], Section | list[Section]]:
     return getattr(importlib.import_module(f"{__name__}.sections.{module}"), function)
 
 
-def run_sections(ctx: Context, only: Iterable[str] | None = None) -> list[Section]:
-    """Compute the sections (all, or those named in ``only``), in report order, logging each step."""
+def run_sections(ctx: Context, only: Iterable[str] | None = None, *,
+                 on_section: Callable[[list[Section]], None] | None = None) -> list[Section]:
+    """Compute the sections (all, or those named in ``only``), in report order, logging "section k of N"
+    as each starts and its cost as it ends.
+
+    Each section's :attr:`~rs_interp.reproduce.context.Section.cost` is the registry entry's
+    ``{"cpu_seconds", "wall_seconds"}`` (``time.process_time``: every thread of the process; ``time.perf_counter``).
+    ``on_section(done)`` is called after each entry with every section finished so far (the command
+    line writes ``results.json`` and ``report.html`` there, so a stopped run keeps what it did).
+    """
     wanted = set(only) if only else set(SECTIONS)
     unknown = wanted - set(SECTIONS)
     if unknown:
         raise ValueError(f"unknown sections {sorted(unknown)}; choose from {list(SECTIONS)}")
+    names = [name for name in SECTIONS if name in wanted]
     out: list[Section] = []
-    for name in SECTIONS:
-        if name in wanted:
-            ctx.log(f"computing {name}")
-            result = builder(name)(ctx)
-            out.extend(dataclasses.replace(s, part=name) for s in (result if isinstance(result, list) else [result]))
+    for k, name in enumerate(names, 1):
+        ctx.log(f"section {k} of {len(names)}: {name}")
+        cpu, wall = time.process_time(), time.perf_counter()
+        result = builder(name)(ctx)
+        cost = {"cpu_seconds": time.process_time() - cpu, "wall_seconds": time.perf_counter() - wall}
+        ctx.log(f"section {k} of {len(names)}: {name} done, {cost['wall_seconds']:.1f} s wall, {cost['cpu_seconds']:.1f} CPU s")
+        out.extend(dataclasses.replace(s, part=name, cost=cost) for s in (result if isinstance(result, list) else [result]))
+        if on_section is not None:
+            on_section(list(out))
     return out
 
 
 def run_seeds(seed: int = 0, n: int = 1, only: Iterable[str] | None = None, *, retrain: bool = False, progress: bool = True,
-              log: Callable[[str], None] = lambda _msg: None, cache: TrainingCache | None = None) -> list[Section]:
+              log: Callable[[str], None] = lambda _msg: None, cache: TrainingCache | None = None,
+              on_section: Callable[[list[Section]], None] | None = None) -> list[Section]:
     """Every table over the seeds ``seed, seed + 1, ..., seed + n - 1``.
 
     ``n = 1`` is the fast path on the shipped models (``retrain=True``: retrained from ``seed``). ``n > 1`` retrains every seeded piece for each
     seed (the toy models, the finance corpus and models, the collapse cloud, the gradient draws; through ``cache``
     where given) and returns the first seed's tables with every row holding
     its per-seed values (:attr:`Row.per_seed`); a numeric row's value is then the mean over seeds.
+    ``on_section(done)``: as in :func:`run_sections` with one seed; with several, after each seed with the
+    seeds done so far merged (a section's cost is then summed over them).
     """
     from .context import Context
 
     if n < 1:
         raise ValueError(f"n (the number of seeds) must be >= 1, got {n}")
     if n == 1:
-        return run_sections(Context(retrain=retrain, seed=seed, progress=progress, log=log, cache=cache), only)
+        return run_sections(Context(retrain=retrain, seed=seed, progress=progress, log=log, cache=cache), only, on_section=on_section)
     runs = []
     for i, s in enumerate(range(seed, seed + n)):
         log(f"seed {s} ({i + 1} of {n})")
         runs.append(run_sections(Context(retrain=True, seed=s, progress=progress, log=lambda m, s=s: log(f"[seed {s}] {m}"), cache=cache),
                                  only))
+        if on_section is not None and i + 1 < n:
+            on_section([_merge(sections, seed) for sections in zip(*runs)])
     return [_merge(sections, seed) for sections in zip(*runs)]
 
 
@@ -113,4 +136,5 @@ def _merge(per_seed: tuple[Section, ...], seed: int) -> Section:
         mean = _mean([float(v) for _, v, _, _ in values]) if numeric else row.value
         judged = [ok for _, _, ok, _ in values if ok is not None]
         rows.append(dataclasses.replace(row, value=mean, per_seed=values, ok=all(judged) if judged else None))
-    return dataclasses.replace(first, rows=tuple(rows))
+    cost = {k: math.fsum(s.cost.get(k, 0.0) for s in per_seed) for k in first.cost}
+    return dataclasses.replace(first, rows=tuple(rows), cost=cost)
