@@ -43,6 +43,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
         cache = TrainingCache(_writable_dir(args.cache))
     printed: set[str] = set()
+    start = time.perf_counter()
 
     def finished(done) -> None:
         # each finished section: its table printed once, results.json and report.html rewritten with
@@ -52,17 +53,18 @@ def _reproduce(args: argparse.Namespace) -> int:
                 if s.key not in printed:
                     printed.add(s.key)
                     print(format_table(s) + "\n", flush=True)
-        write_results(done, out / "results.json")
+        write_results(done, out / "results.json", elapsed=time.perf_counter() - start)
         write_report(done, out / "report.html")
 
     sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log, cache=cache,
-                         on_section=finished)
+                         on_section=finished, jobs=args.jobs)
+    elapsed = time.perf_counter() - start
     for s in sections:
         if s.key not in printed:
             print(format_table(s) + "\n", flush=True)
-    print(format_cost(sections) + "\n", flush=True)
-    write_results(sections, out / "results.json")
-    write_report(sections, out / "report.html")
+    print(format_cost(sections, elapsed=elapsed) + "\n", flush=True)
+    write_results(sections, out / "results.json", elapsed=elapsed)
+    write_report(sections, out / "report.html", elapsed=elapsed)
     n_out = sum(r.ok is False for s in sections for r in s.rows)
     print(f"wrote {out / 'results.json'} and {out / 'report.html'}; {n_out} row(s) outside their band")
     return 0
@@ -139,6 +141,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _default_jobs() -> int:
+    import os
+
+    return max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad arguments: one line on stderr, no usage dump, exit code 2."""
 
@@ -163,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--only", nargs="+", metavar="SECTION", choices=list(SECTIONS), help="compute only these sections: " + ", ".join(SECTIONS))
     r.add_argument("--cache", metavar="DIR", help="keep every model trained in the run under DIR and read it back in later runs "
                                                    "instead of training again (keyed by recipe, seed, kernel path and versions)")
+    r.add_argument("--jobs", type=_positive, default=_default_jobs(), metavar="N",
+                   help="worker processes for the sections, one thread each, the longest section first (default: %(default)s, "
+                        "the machine's cores up to 2; with --retrain or --seeds > 1: 1)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)
     g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",
