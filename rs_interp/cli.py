@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from . import circuit_command
+from ._args import count as _positive
+from ._args import seed as _seed
+from ._args import writable_dir as _writable_dir
 from .models.registry import SHIPPED_MODELS
 from .reproduce import SECTIONS
 
@@ -17,18 +18,6 @@ __all__ = ["main"]
 
 def _log(msg: str) -> None:
     print(f"[rs-interp {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _writable_dir(path: str | Path) -> Path:
-    """Create ``path`` if needed and prove it writable, before any long work (one clear line if not)."""
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out):
-            pass
-    except OSError as err:
-        raise OSError(f"--out {str(path)!r} is not a writable directory: {err.strerror or err}") from None
-    return out
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -120,25 +109,6 @@ def _gpt2(args: argparse.Namespace) -> int:
         (out / "gpt2.json").write_text(json.dumps(payload, indent=2))
         print(f"wrote {out / 'gpt2.json'}")
     return 0
-
-
-def _seed(text: str) -> int:
-    """A non-negative integer seed, checked at parse time rather than after minutes of work."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: a non-negative integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"invalid seed {value}: a non-negative integer")
-    return value
-
-
-
-def _positive(text: str) -> int:
-    value = _seed(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid count {value}: at least 1")
-    return value
 
 
 def _default_jobs() -> int:

@@ -199,7 +199,8 @@ def _eap_index(name: str, cfg: Any) -> tuple[int, int]:
 
 def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
               circuit: Iterable[tuple[str, str]] | None = None) -> Path:
-    """Write a MIB graph file: ``.json`` (EAP-IG's ``to_json``) or ``.pt`` (``to_pt``), by suffix.
+    """Write a MIB graph file: ``.json`` (EAP-IG's ``to_json``) or ``.pt`` (``to_pt``), by suffix; its
+    folder is made if needed.
 
     With ``scores`` alone: an importance file (every edge scored, the whole graph ``in_graph``).
     With ``circuit``: its edges ``in_graph``, the others not; each edge's score is taken from
@@ -243,6 +244,7 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
                 parent, child = name.split("->")
                 touched |= {parent, child.split("<")[0]}
     nodes = {n: {"in_graph": n in touched} for n in _nodes(cfg)}
+    path.parent.mkdir(parents=True, exist_ok=True)  # the folder made, as every writer here does
     if path.suffix == ".json":
         path.write_text(json.dumps({"cfg": _cfg_dict(cfg), "nodes": nodes, "edges": edge_dict}))
         return path
