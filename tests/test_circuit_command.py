@@ -15,11 +15,11 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_evaluation import _on_a_path
 
 import rs_interp as ri
 from rs_interp.circuit_command import add_arguments, load_model, main, run_circuit
 from rs_interp.tasks import build_task, read_mib
-from test_evaluation import _on_a_path
 
 FILES = {"scores.safetensors", "scores.json", "importances_mib.json", "curve.json", "circuit.json", "diagram.json",
          "report.html", "summary.json"}
