@@ -39,14 +39,12 @@ from typing import Any, Literal, Mapping
 from ._args import count, seed, writable_dir
 from .labels import edge_string
 
-__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "default_batch_size", "main", "load_model", "METHODS"]
+__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "main", "load_model", "METHODS"]
 
 #: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching.
 METHODS = ("eap", "eap-ig", "exact")
 #: The most edges the diagram draws (the top ones of a larger circuit; the page says so).
 _DRAWN = 400
-#: Bytes one batch's transients may take by default (:func:`default_batch_size`).
-BATCH_MEMORY = 2**28
 Method = Literal["eap", "eap-ig", "exact"]
 
 
@@ -107,25 +105,6 @@ def _circuit_size(size: int | float, total: int) -> int:
     return max(1, int(size * total))
 
 
-def default_batch_size(model: Any, task: Any, world: int = 1, memory: int = BATCH_MEMORY) -> int:
-    """Pairs per batch by default: an even share of the task per rank, cut so that one batch's largest
-    transients stay within ``memory`` bytes, roughly: per pair and position, the senders' float64
-    differences a circuit run holds, three times (the reference's writes, the run's, their buffer), and
-    the logits and their gradient. The results are the whole task's whatever the batch (streamed sums).
-
-    >>> import rs_interp as ri
-    >>> from rs_interp.tasks import induction_task
-    >>> default_batch_size(ri.load_toy_model("induction-2l"), induction_task(32, seed=0))
-    32
-    """
-    from .circuits._substrate import n_senders
-
-    cfg = model.cfg
-    share = -(-len(task) // world)
-    per_pair = task.clean.shape[1] * (3 * n_senders(model) * cfg.d_model * 8 + 2 * cfg.d_vocab * 4)
-    return max(1, min(share, memory // per_pair))
-
-
 def _check(model: Any, task: Any) -> None:
     cfg = model.cfg
     top = int(max(task.clean.max(), task.corrupted.max(), task.answers.max(), task.wrong.max()))
@@ -155,8 +134,8 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         ig_steps: EAP-IG's interpolation steps.
         model_name: how the page and the files describe the model (default: its ``cfg.model_name``).
         progress: progress bars (on stderr) over the steps and within the long ones (rank 0's).
-        batch_size: pairs per batch (default: :func:`default_batch_size`, an even share of the task per rank
-            within :data:`BATCH_MEMORY` bytes of transients).
+        batch_size: pairs per batch (default: the whole task on one process, an even share of it per rank
+            under ``torchrun``).
 
     Raises:
         ValueError: an unknown method, a size outside the graph, a task the model cannot read (ids
@@ -184,7 +163,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
     me, world = scale.world()
     lead = me == 0  # the rank that writes the files and draws the bars
     if batch_size is None:
-        batch_size = default_batch_size(model, task, world)
+        batch_size = -(-len(task) // world)  # one batch per rank
     out = Path(out)
     if lead:
         out.mkdir(parents=True, exist_ok=True)
@@ -363,9 +342,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=seed, default=0, help="the task's seed (default: %(default)s)")
     parser.add_argument("--ig-steps", type=count, default=5, metavar="M", help="EAP-IG's steps (default: %(default)s)")
     parser.add_argument("--batch-size", type=count, default=None, metavar="B",
-                        help="prompt pairs per batch: memory holds one batch, the results are the whole task's (default: "
-                             "the whole task, or under torchrun an even share per rank, cut to about 256 MB of transients "
-                             "per batch: 4 pairs on GPT-2 small's IOI prompts)")
+                        help="prompt pairs per batch: memory holds one batch, the results are the whole task's; each batch "
+                             "repeats the per-batch work (choosing the curve's circuits, each circuit's pass), so fewer, larger "
+                             "batches are faster (default: the whole task; under torchrun an even share per rank)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (default: bars on stderr)")
     return parser
 
