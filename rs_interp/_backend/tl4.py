@@ -35,7 +35,7 @@ from ._tl4_native import (
     has_split_inputs,
     is_native_attention,
 )
-from .common import _HT_BUFFERS, KV_WEIGHTS, PORTABLE_FIELDS, TL_VERSION, logit_softcap, norm_kind, qkv_input_target, set_flag
+from .common import _HT_BUFFERS, KV_WEIGHTS, PORTABLE_FIELDS, TL_VERSION, norm_kind, qkv_input_target, set_flag
 
 __all__ = ["Model", "ModelConfig"]
 
@@ -85,24 +85,8 @@ def score_hooks(model: Model, layer: int, box: dict[str, torch.Tensor], key: str
 
 
 def run_from_layer(model: Model, x: torch.Tensor, start: int) -> torch.Tensor:
-    """The logits from ``x``, the stream entering block ``start``: that block and the later ones, then
-    the final norm and the unembedding, each run as the bridge's own module (its hooks fire as in a full
-    pass). 4.3's ``start_at_layer`` runs every block before ``start`` too, on input it then discards, so
-    a pass from a late layer cost a whole pass. Used where the blocks need nothing but the stream
-    (learned absolute positions, no logit soft-cap, a final norm and unembedding as modules); elsewhere
-    (rotary embeddings computed once per pass, ALiBi, a soft-cap) the bridge's own ``start_at_layer``.
-    Certified either way by ``start at layer`` (the helpers run from the tokens where it fails).
-
-    Remove when: TransformerLens >= 4.4 (or whichever release first does) skips the blocks before
-    ``start_at_layer``.
-    """
-    if (logit_softcap(model) is not None or model.cfg.positional_embedding_type != "standard"
-            or not (hasattr(model, "ln_final") and hasattr(model, "unembed"))):
-        return model(x, start_at_layer=start, return_type="logits")
-    for block in model.blocks[start:]:
-        out = block(x)
-        x = out[0] if isinstance(out, tuple) else out
-    return model.unembed(model.ln_final(x))
+    """The logits from the stream entering block ``start``: :func:`.emulation.run_from_layer`."""
+    return emulation.run_from_layer(model, x, start)
 
 
 def run_to(model: Model, x: torch.Tensor, stop: int, **kwargs: Any) -> torch.Tensor:
