@@ -62,19 +62,20 @@ def builder(name: str) -> Callable[[Context], Section | list[Section]]:
     return getattr(importlib.import_module(f"{__name__}.sections.{module}"), function)
 
 
-#: Each entry's CPU seconds on one thread, as measured (2026-12-05, TransformerLens 4.3, a shared 2-core
-#: machine): only the order in which :func:`run_sections` hands entries to its worker processes (the
-#: longest first, so the last to finish is a short one). An entry missing here counts as 1 s.
+#: Each entry's CPU seconds in a worker (one thread), as measured (2026-12-05, TransformerLens 4.3, a
+#: shared 2-core machine; docs/project/benchmarks.md): only the order in which :func:`run_sections` hands
+#: entries to its worker processes (the longest first, so the last to finish is a short one). An entry
+#: missing here counts as 1 s.
 MEASURED_CPU_SECONDS: dict[str, float] = {
-    "induction": 0.7, "circuits": 2.6, "ablation": 2.7, "attribution_patching": 0.4, "faithfulness": 40.0,
-    "ground_truth": 7.8, "paths": 5.4, "gpt2": 8.8, "geometry": 3.6, "finance": 13.2, "code": 26.0, "features": 3.1,
+    "induction": 0.2, "circuits": 1.2, "ablation": 2.4, "attribution_patching": 0.5, "faithfulness": 46.8,
+    "ground_truth": 10.0, "paths": 3.3, "gpt2": 9.0, "geometry": 4.4, "finance": 16.3, "code": 29.3, "features": 2.9,
 }
 
 
 def run_sections(ctx: Context, only: Iterable[str] | None = None, *,
                  on_section: Callable[[list[Section]], None] | None = None, jobs: int = 1) -> list[Section]:
     """Compute the sections (all, or those named in ``only``) and return them in report order, logging
-    "section k of N" as each starts and its cost as it ends.
+    "section k of N" as each starts (in one process) and "section k of N done" with its cost as each ends.
 
     Each section's :attr:`~rs_interp.reproduce.context.Section.cost` is the registry entry's
     ``{"cpu_seconds", "wall_seconds"}`` (``time.process_time`` of the process that ran it, every thread;
