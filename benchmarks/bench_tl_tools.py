@@ -363,7 +363,8 @@ def main() -> None:
         print(f"TransformerLens {TL_VERSION} on the native bridge (ri.load_gpt2('random')): {k}: {v}")
     if TL_MAJOR >= 4 and "direct" in args.rows:
         print("On a bridge over Hugging Face modules 4.3's start_at_layer still runs the blocks before it (their output "
-              "discarded), so each of our direct path passes costs a whole forward there")
+              "discarded); our passes run the receiver's layer and the later ones alone (rs_interp._backend.tl4.run_from_layer), "
+              "the edges into one layer stacked in one pass")
     if "edge entries" in notes:
         print(f"TransformerLens's edge scores: {notes['edge entries']} (edge, position) entries = our {notes['edges x positions']} edges x positions")
     if "faithfulness ours" in notes:

@@ -21,8 +21,8 @@ top edges at MIB's ten sizes; the circuit at the chosen size, evaluated; then th
 >>> from rs_interp.tasks import induction_task
 >>> model = ri.load_toy_model("induction-2l")
 >>> run = run_circuit(model, induction_task(8, seed=0), method="eap", out=tempfile.mkdtemp(), size=8, progress=False)
->>> run.size, sorted(run.files)[:3]
-(8, ['circuit', 'curve', 'diagram'])
+>>> run.requested, run.size, run.reaches_logits, sorted(run.files)[:3]   # 8 asked for, 7 on a path to the logits
+(8, 7, True, ['circuit', 'curve', 'diagram'])
 """
 
 from __future__ import annotations
@@ -38,12 +38,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
+from ._circuit_args import METHODS, add_arguments, check_arguments, load_model
 from .labels import edge_string
 
-__all__ = ["CircuitRun", "run_circuit", "add_arguments", "main", "load_model", "METHODS"]
+__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "main", "load_model", "METHODS"]
 
-#: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching.
-METHODS = ("eap", "eap-ig", "exact")
 #: The most edges the diagram draws (the top ones of a larger circuit; the page says so).
 _DRAWN = 400
 Method = Literal["eap", "eap-ig", "exact"]
@@ -59,13 +58,17 @@ class CircuitRun:
         n_prompts: rows of the task.
         clean, corrupted: the task's metric on the clean and on the corrupted prompts.
         n_edges: edges in the model's graph.
-        size: edges in the chosen circuit; ``fraction`` = ``size / n_edges``.
+        size: edges in the chosen circuit: the ``requested`` top edges by ``|score|``, pruned to those on a
+            path from the embedding to the logits (MIB's pruning); ``fraction`` = ``size / n_edges``.
         value, faithfulness: the circuit's metric, and ``(value - empty) / (full - empty)``.
         area_under, area_from_1: the faithfulness curve's areas over the fractions of edges kept
             (trapezoid rule): under the curve, and between it and 1 (the edges ranked by ``|score|``).
         top_edges: the ten edges of largest ``|score|``, ``(("L9H9", "logits"), score)``.
         files: name -> path of every file written.
         seconds: step -> wall-clock seconds.
+        requested: the top edges asked for (``--size``), before pruning.
+        reaches_logits: whether any of them lies on a path to the logits (False: the circuit is empty,
+            its faithfulness 0; a larger size is needed).
     """
 
     model: str
@@ -84,6 +87,8 @@ class CircuitRun:
     top_edges: tuple[tuple[tuple[str, str], float], ...]
     files: Mapping[str, str]
     seconds: Mapping[str, float]
+    requested: int = 0
+    reaches_logits: bool = True
 
 
 def _circuit_size(size: int | float, total: int) -> int:
@@ -146,6 +151,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
     from . import scale
     from ._progress import bar
     from .circuit_figure import circuit_figure
+    from .circuits.selection import mask, prune
     from .plots import faithfulness_figure
     from .tasks.mib import write_mib
 
@@ -189,7 +195,10 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
 
         t0 = step("the circuit")
         rank = {e: k for k, e in enumerate(layout.edges())}
-        circuit = sorted(ri.top_edges(scores, n), key=rank.__getitem__)
+        # the top n edges, pruned to those on a path from the embedding to the logits (as MIB and the
+        # faithfulness curve do): an edge into a component that reaches nothing carries nothing out
+        kept = prune(layout, mask(layout, ri.top_edges(scores, n)))
+        circuit = [e for e in layout.edges() if kept[layout.index(e)]]
         value = scale.evaluate_circuit(model, task, circuit, **kw)
         # the full circuit is the clean run, the empty one the corrupted run (resample ablation)
         runs = scale.metric_values(model, task, **kw)
@@ -207,9 +216,9 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         best = sorted(ri.top_edges(scores, min(10, layout.n_edges)), key=lambda e: (-abs(scores.edge(*e)), rank[e]))
         top = tuple(((s, r), scores.edge(s, r)) for s, r in best)
         run = CircuitRun(model=name, task=task.name, method=method, n_prompts=len(task), clean=full, corrupted=empty,
-                         n_edges=layout.n_edges, size=n, fraction=n / layout.n_edges, value=value, faithfulness=faith,
-                         **_areas(curve), top_edges=top, files=MappingProxyType(files),
-                         seconds=MappingProxyType(seconds))
+                         n_edges=layout.n_edges, size=len(circuit), fraction=len(circuit) / layout.n_edges, value=value,
+                         faithfulness=faith, **_areas(curve), top_edges=top, files=MappingProxyType(files),
+                         seconds=MappingProxyType(seconds), requested=n, reaches_logits=bool(circuit))
         if not lead:  # every rank holds the numbers; rank 0 writes them
             return run
         save_file({"effect": scores.effect.to(torch.float64).contiguous(), "exists": layout.exists.contiguous()},
@@ -222,13 +231,15 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
                                                       "the graph; exists (sender, receiver) bool"})
         write_mib(files["mib"], model, scores=scores, higher_is_better=True, batch_size=batch_size)  # tasks: logit/prob differences
         _write_json(files["curve"], {**settings, **asdict(curve)})
-        _write_json(files["circuit"], {**settings, "size": n, "fraction": n / layout.n_edges, "value": value,
+        _write_json(files["circuit"], {**settings, "size": len(circuit), "requested": n, "reaches_logits": bool(circuit),
+                                       "fraction": len(circuit) / layout.n_edges, "value": value,
                                        "faithfulness": faith, "full": full, "empty": empty,
                                        "edges": [[s, r, scores.edge(s, r)] for s, r in circuit]})
-        drawn = min(n, _DRAWN)
-        diagram = circuit_figure(circuit if drawn == n else ri.top_edges(scores, drawn), layout, scores=scores, max_edges=_DRAWN,
-                                 title=f"{task.name} circuit on {name} ({method}): {n} edges"
-                                       + (f", the top {drawn} drawn" if drawn < n else "") + f"; faithfulness {faith:.3f}")
+        drawn = min(len(circuit), _DRAWN)
+        shown = circuit if drawn == len(circuit) else sorted(circuit, key=lambda e: (-abs(scores.edge(*e)), rank[e]))[:drawn]
+        diagram = circuit_figure(shown, layout, scores=scores, max_edges=_DRAWN,
+                                 title=f"{task.name} circuit on {name} ({method}): {len(circuit)} edges"
+                                       + (f", the top {drawn} drawn" if drawn < len(circuit) else "") + f"; faithfulness {faith:.3f}")
         Path(files["diagram"]).write_text(diagram.to_json(), encoding="utf-8")
         curve_fig = faithfulness_figure({method: curve}, title=f"Faithfulness of the top edges ({task.name}, {name})")
         _write_page(Path(files["report"]), run, task, diagram, curve_fig)
@@ -275,7 +286,11 @@ def _write_page(path: Path, run: CircuitRun, task: Any, diagram: Any, curve_fig:
     rows = [("model", run.model), ("task", f"{run.task} ({run.n_prompts} prompt pairs, metric {task.kind})"),
             ("method", run.method), ("metric on the clean prompts", f"{run.clean:.6g}"),
             ("metric on the corrupted prompts", f"{run.corrupted:.6g}"), ("edges in the graph", f"{run.n_edges:,}"),
-            ("circuit", f"{run.size:,} edges ({100 * run.fraction:.3g}%)"), ("circuit's metric", f"{run.value:.6g}"),
+            ("circuit", f"{run.size:,} edges ({100 * run.fraction:.3g}%): the top {run.requested:,} by |score|, pruned to "
+                        "those on a path from the embedding to the logits"
+                        + ("" if run.reaches_logits else "; none of them reaches the logits, so the circuit is empty "
+                                                         "(faithfulness 0): ask for a larger --size")),
+            ("circuit's metric", f"{run.value:.6g}"),
             ("circuit's faithfulness", f"{run.faithfulness:.4f}"),
             ("curve's area: under it / between it and 1", f"{run.area_under:.4f} / {run.area_from_1:.4f}")]
     table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
@@ -302,91 +317,6 @@ def _write_page(path: Path, run: CircuitRun, task: Any, diagram: Any, curve_fig:
     path.write_text(page, encoding="utf-8")
 
 
-# --- the command line -------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Declare ``rs-interp circuit``'s arguments on ``parser`` (a subparser); returns it."""
-    from .tasks import TASK_NAMES
-
-    parser.add_argument("--model", required=True, metavar="MODEL",
-                        help="gpt2 (pretrained: $RS_INTERP_GPT2_PATH or the Hugging Face cache), gpt2-random, a shipped "
-                             "model's name (e.g. code-2l), or a Hugging Face checkpoint directory")
-    parser.add_argument("--task", required=True, choices=TASK_NAMES)
-    parser.add_argument("--method", default="eap", choices=METHODS,
-                        help="edge scores: eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
-                             "patched pass per edge, for small models; GPT-2 small has 32,491 edges) (default: %(default)s)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    parser.add_argument("--size", type=_size, default=0.01, metavar="N|F",
-                        help="the circuit's size: an edge count, or a fraction of the edges in (0, 1] (default: %(default)s)")
-    parser.add_argument("--n", type=int, default=32, metavar="N", help="prompt pairs (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="the task's seed (default: %(default)s)")
-    parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG's steps (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=None, metavar="B",
-                        help="prompt pairs per batch: memory holds one batch, the results are the whole task's (default: "
-                             "the whole task; under torchrun an even share per rank)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    return parser
-
-
-def _size(text: str) -> int | float:
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: an edge count or a fraction in (0, 1]") from None
-
-
-def load_model(spec: str) -> tuple[Any, Any, str]:
-    """(model, tokenizer or None, description) for ``--model`` (see :func:`add_arguments`).
-
-    Raises:
-        rs_interp.WeightsUnavailable: pretrained GPT-2 is not here (the message says how to provide it).
-        ValueError: ``spec`` is none of the accepted forms.
-    """
-    import rs_interp as ri
-
-    from .tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
-
-    if spec == "gpt2":
-        path = os.environ.get("RS_INTERP_GPT2_PATH")
-        if path:
-            model, what = ri.load_gpt2(path), f"GPT-2 small, pretrained weights from {path}"
-        elif _gpt2_cached():
-            model, what = ri.load_gpt2("hub"), "GPT-2 small, pretrained weights from the Hugging Face cache"
-        else:
-            raise ri.GPT2WeightsUnavailable(
-                "no pretrained GPT-2 weights here: RS_INTERP_GPT2_PATH is unset and the Hugging Face cache has no 'gpt2'. "
-                "Save them once on a machine with access (GPT2LMHeadModel.from_pretrained('gpt2').save_pretrained(DIR)), "
-                "then set RS_INTERP_GPT2_PATH=DIR or pass --model DIR; or run on random weights with --model gpt2-random.")
-    elif spec == "gpt2-random":
-        model, what = ri.load_gpt2("random"), "GPT-2 small, random weights (every number here is from random weights)"
-    elif spec in ri.SHIPPED_MODELS:
-        model, what = ri.load_toy_model(spec), f"{spec} (shipped toy model)"
-    elif Path(spec).is_dir():
-        model, what = ri.load_pretrained(spec), f"checkpoint {spec}"
-    else:
-        raise ValueError(f"--model {spec!r} is not gpt2, gpt2-random, a shipped model ({', '.join(ri.SHIPPED_MODELS)}) "
-                         "or a checkpoint directory")
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None and spec in ri.SHIPPED_MODELS:
-        tokenizer = ri.SHIPPED_MODELS[spec].tokenizer()
-    if tokenizer is None and model.cfg.d_vocab == GPT2_VOCAB_SIZE:
-        tokenizer = gpt2_tokenizer()  # GPT-2's vocabulary: its tokenizer, whatever the weights
-    return model, tokenizer, what
-
-
-def _gpt2_cached() -> bool:
-    """Whether the Hugging Face cache holds GPT-2's config and weights (no network call)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    have = lambda f: isinstance(try_to_load_from_cache("gpt2", f), str)  # noqa: E731
-    return have("config.json") and (have("model.safetensors") or have("pytorch_model.bin"))
-
-
 def main(args: argparse.Namespace) -> int:
     """Run ``rs-interp circuit`` with parsed ``args``; prints the summary and returns 0. Under ``torchrun``
     every rank runs it on its share of the pairs and rank 0 writes and prints
@@ -395,6 +325,7 @@ def main(args: argparse.Namespace) -> int:
     Raises:
         rs_interp.WeightsUnavailable, ValueError, OSError: with a message for one line (the CLI prints it).
     """
+    check_arguments(args)  # before torch: a bad argument costs a second, not a model load
     from .scale import rank_device, world
     from .tasks import build_task
 
@@ -409,7 +340,10 @@ def main(args: argparse.Namespace) -> int:
     if me != 0:  # rank 0 reports; every rank computed the same numbers
         return 0
     print(f"{run.task} on {run.model}, {run.method}: metric {run.clean:.4g} clean, {run.corrupted:.4g} corrupted")
-    print(f"curve: area under {run.area_under:.4f}, from 1 {run.area_from_1:.4f}; circuit of {run.size} edges ({100 * run.fraction:.3g}%): "
-          f"faithfulness {run.faithfulness:.4f}")
+    print(f"curve: area under {run.area_under:.4f}, from 1 {run.area_from_1:.4f}; circuit of {run.size} edges ({100 * run.fraction:.3g}%; "
+          f"the top {run.requested} pruned to what reaches the logits): faithfulness {run.faithfulness:.4f}")
+    if not run.reaches_logits:
+        print(f"none of the top {run.requested} edges lies on a path from the embedding to the logits: the circuit is empty; "
+              "ask for a larger --size")
     print(f"wrote {len(run.files)} files to {args.out}: {', '.join(Path(p).name for p in run.files.values())}")
     return 0

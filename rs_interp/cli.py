@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from . import circuit_command
+from ._args import count as _positive
+from ._args import seed as _seed
+from ._args import writable_dir as _writable_dir
 from .models.registry import SHIPPED_MODELS
 from .reproduce import SECTIONS
 
@@ -19,21 +20,9 @@ def _log(msg: str) -> None:
     print(f"[rs-interp {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _writable_dir(path: str | Path) -> Path:
-    """Create ``path`` if needed and prove it writable, before any long work (one clear line if not)."""
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out):
-            pass
-    except OSError as err:
-        raise OSError(f"--out {str(path)!r} is not a writable directory: {err.strerror or err}") from None
-    return out
-
-
 def _reproduce(args: argparse.Namespace) -> int:
     from .reproduce import run_seeds
-    from .reproduce.report import describe_environment, format_table, write_report, write_results
+    from .reproduce.report import describe_environment, format_cost, format_table, write_report, write_results
 
     out = _writable_dir(args.out)
     print(f"rs-interp reproduce on {describe_environment()}\n", flush=True)
@@ -42,11 +31,29 @@ def _reproduce(args: argparse.Namespace) -> int:
         from .models.registry import TrainingCache
 
         cache = TrainingCache(_writable_dir(args.cache))
-    sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log, cache=cache)
+    printed: set[str] = set()
+    start = time.perf_counter()
+
+    def finished(done) -> None:
+        # each finished section: its table printed once, results.json and report.html rewritten with
+        # everything so far (a stopped run keeps what it did)
+        if args.seeds == 1:
+            for s in done:
+                if s.key not in printed:
+                    printed.add(s.key)
+                    print(format_table(s) + "\n", flush=True)
+        write_results(done, out / "results.json", elapsed=time.perf_counter() - start)
+        write_report(done, out / "report.html")
+
+    sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log, cache=cache,
+                         on_section=finished, jobs=args.jobs)
+    elapsed = time.perf_counter() - start
     for s in sections:
-        print(format_table(s) + "\n", flush=True)
-    write_results(sections, out / "results.json")
-    write_report(sections, out / "report.html")
+        if s.key not in printed:
+            print(format_table(s) + "\n", flush=True)
+    print(format_cost(sections, elapsed=elapsed) + "\n", flush=True)
+    write_results(sections, out / "results.json", elapsed=elapsed)
+    write_report(sections, out / "report.html", elapsed=elapsed)
     n_out = sum(r.ok is False for s in sections for r in s.rows)
     print(f"wrote {out / 'results.json'} and {out / 'report.html'}; {n_out} row(s) outside their band")
     return 0
@@ -104,23 +111,10 @@ def _gpt2(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seed(text: str) -> int:
-    """A non-negative integer seed, checked at parse time rather than after minutes of work."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: a non-negative integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"invalid seed {value}: a non-negative integer")
-    return value
+def _default_jobs() -> int:
+    import os
 
-
-
-def _positive(text: str) -> int:
-    value = _seed(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid count {value}: at least 1")
-    return value
+    return max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--only", nargs="+", metavar="SECTION", choices=list(SECTIONS), help="compute only these sections: " + ", ".join(SECTIONS))
     r.add_argument("--cache", metavar="DIR", help="keep every model trained in the run under DIR and read it back in later runs "
                                                    "instead of training again (keyed by recipe, seed, kernel path and versions)")
+    r.add_argument("--jobs", type=_positive, default=_default_jobs(), metavar="N",
+                   help="worker processes for the sections, one thread each, the longest section first (default: %(default)s, "
+                        "the machine's cores up to 2; with --retrain or --seeds > 1: 1)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)
     g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",

@@ -8,11 +8,14 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_evaluation import _on_a_path
 
 import rs_interp as ri
 from rs_interp.circuit_command import add_arguments, load_model, main, run_circuit
@@ -115,8 +118,9 @@ def test_files_hold_what_a_direct_computation_gives(code_run):
     n = int(0.2 * layout.n_edges)
     flat = [(abs(float(tensors["effect"][i, j])), i * 1000 + j, (layout.senders[i], layout.receivers[j]))
             for i, j in layout.exists.nonzero().tolist()]
-    top = {e for _, _, e in sorted(flat, key=lambda t: (-t[0], t[1]))[:n]}
-    assert circuit["size"] == n and {(s, r) for s, r, _ in circuit["edges"]} == top
+    top = set(_on_a_path(layout, [e for _, _, e in sorted(flat, key=lambda t: (-t[0], t[1]))[:n]]))  # pruned: MIB's rule
+    assert circuit["requested"] == n and circuit["size"] == len(top) and {(s, r) for s, r, _ in circuit["edges"]} == top
+    assert circuit["reaches_logits"] == bool(top)
     value = ri.evaluate_circuit(model, tokens=task.clean, metric=task.metric(), circuit=top, reference=task.corrupted)
     assert circuit["value"] == pytest.approx(value, abs=1e-9)
     curve = json.loads((out / "curve.json").read_text())
@@ -130,7 +134,7 @@ def test_files_hold_what_a_direct_computation_gives(code_run):
     assert mib.convention == {"convention": "mib", "higher_is_better": True, "batch_size": len(task)}
     assert torch.equal(mib.scores.effect.nan_to_num(0), (-tensors["effect"] / B).nan_to_num(0))
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["faithfulness"] == circuit["faithfulness"] and summary["size"] == n
+    assert summary["faithfulness"] == circuit["faithfulness"] and summary["size"] == len(top) and summary["requested"] == n
     fig = json.loads((out / "diagram.json").read_text())
     drawn = next(t for t in fig["data"] if t.get("name") == "edges")["text"]
     assert {tuple(t.split(":")[0].split(" -> ")) for t in drawn} == top
@@ -146,7 +150,11 @@ def test_each_method_scores_as_its_helper(tmp_path, method):
             ri.edge_attribution_patching(model, ig_steps=3 if method == "eap-ig" else None, **kw))
     got = load_file(str(tmp_path / "scores.safetensors"))["effect"]
     assert torch.allclose(got.nan_to_num(0), want.effect.double().nan_to_num(0), atol=1e-9, rtol=1e-6)
-    assert run.method == method and run.size == 5 and len(json.loads((tmp_path / "circuit.json").read_text())["edges"]) == 5
+    layout = ri.edge_layout(model)
+    top5 = [e for e in layout.edges() if e in set(ri.top_edges(want, 5))]
+    pruned = _on_a_path(layout, top5)
+    assert run.method == method and run.requested == 5 and run.size == len(pruned)
+    assert [tuple(e[:2]) for e in json.loads((tmp_path / "circuit.json").read_text())["edges"]] == pruned
 
 
 def test_missing_weights_say_how_to_provide_them(monkeypatch, tmp_path):
@@ -177,3 +185,82 @@ def test_refusals(tmp_path):
     with pytest.raises(ValueError, match=r"of \d+ names are not single tokens"):  # code-2l's tokenizer cannot say IOI's names
         _run(["--model", "code-2l", "--task", "ioi", "--out", str(tmp_path)])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_circuit_that_cannot_reach_the_logits_is_said_so(tmp_path):
+    """code-2l's default size is one edge: pruned to what reaches the logits, and where nothing does,
+    the circuit is empty (faithfulness 0) and the page and the files say so."""
+    model = ri.load_toy_model("code-2l")
+    task = build_task("induction", n=4, seed=0, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
+    run = run_circuit(model, task, method="eap", out=tmp_path, progress=False)
+    eap = ri.edge_attribution_patching(model, task.clean, task.metric(), reference=task.corrupted)
+    layout = ri.edge_layout(model)
+    want = _on_a_path(layout, ri.top_edges(eap, run.requested))
+    assert run.requested == max(1, int(0.01 * layout.n_edges)) and run.size == len(want) and run.reaches_logits == bool(want)
+    page = (tmp_path / "report.html").read_text()
+    if not want:
+        assert run.faithfulness == pytest.approx(0.0, abs=1e-12) and "none of them reaches the logits" in page
+    assert json.loads((tmp_path / "circuit.json").read_text())["reaches_logits"] == bool(want)
+
+
+_REFUSE = """
+import json, sys, time
+start = time.perf_counter()
+from rs_interp.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as stop:
+    code = stop.code
+print(json.dumps({"code": code, "seconds": time.perf_counter() - start, "torch": "torch" in sys.modules,
+                  "transformer_lens": "transformer_lens" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("bad", [["--model", "gpt3"], ["--size", "2.5"], ["--size", "0"], ["--n", "0"], ["--ig-steps", "-1"],
+                                 ["--seed", "x"], ["--out", "UNWRITABLE"]], ids=lambda b: " ".join(b))
+def test_a_bad_argument_is_refused_before_torch_loads(tmp_path, bad):
+    """Issue 50: a bad argument costs a second, not a model load: in a fresh interpreter, refused with a
+    non-zero code and one line, with neither torch nor TransformerLens imported. (The bound is loose
+    on purpose: the refusal takes ~0.1 s; torch alone takes seconds to import.)"""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    argv = {"--model": "code-2l", "--task": "induction", "--out": str(tmp_path / "out")}
+    argv[bad[0]] = str(blocker / "sub") if bad[1] == "UNWRITABLE" else bad[1]
+    args = ["circuit", *(x for kv in argv.items() for x in kv)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", _REFUSE, *args], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(ri.__file__))))
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] in (1, 2), done.stderr
+    assert not result["torch"] and not result["transformer_lens"]
+    assert result["seconds"] < 1.0, result
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_lists_every_default(capsys):
+    from rs_interp.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["circuit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: eap)", "(default: 0.01)", "(default: 32)", "(default: 0)", "(default: 5)", "(default: the whole task"):
+        assert default in text, default
+    for required in ("--model", "--task", "--out"):
+        assert f"{required}" in text
+    assert text.count("required:") == 3
+
+
+def test_writers_make_their_folder(tmp_path):
+    """write_mib, write_mib_circuits and write_eap_csv into a folder that does not exist yet."""
+    from rs_interp.tasks import greater_than_task, write_eap_csv, write_mib, write_mib_circuits
+    from rs_interp.tokenizers import gpt2_tokenizer
+
+    model = ri.load_toy_model("induction-2l")
+    a, b = ri.induction_batch(2, seed=0).tokens, ri.induction_batch(2, seed=1).tokens
+    eap = ri.edge_attribution_patching(model, a, lambda x: x[:, -1, 0].mean(), reference=b, progress=False)
+    for suffix in (".json", ".pt"):
+        path = write_mib(tmp_path / f"new{suffix}" / "deeper" / f"scores{suffix}", model, scores=eap)
+        assert read_mib(path, model).scores is not None
+    assert len(write_mib_circuits(tmp_path / "circuits" / "here", model, eap, fractions=(0.5,))) == 1
+    assert write_eap_csv(greater_than_task(gpt2_tokenizer(), 2, seed=0), tmp_path / "csv" / "gt.csv").exists()

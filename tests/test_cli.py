@@ -22,6 +22,43 @@ def test_reproduce_writes_results(tmp_path, capsys):
     assert (tmp_path / "report.html").is_file()
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_reproduce_logs_costs_and_writes_each_section_as_it_finishes(tmp_path, capsys, jobs):
+    """Issue 50: the log says "section k of N", every section's CPU and wall seconds are in
+    results.json and the report, and in one process or in workers the numbers are the same."""
+    assert main(["reproduce", "--out", str(tmp_path), "--only", "induction", "attribution_patching", "--quiet", "--jobs", jobs]) == 0
+    captured = capsys.readouterr()
+    assert "section 1 of 2 done" in captured.err and "section 2 of 2 done" in captured.err
+    assert "Cost per section" in captured.out
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert set(data["cost"]) == {"induction", "attribution_patching", "total"}
+    assert all(c["cpu_seconds"] >= 0 and c["wall_seconds"] > 0 for c in data["cost"].values())
+    assert data["cost"]["total"]["elapsed_seconds"] > 0
+    assert 'id="cost"' in (tmp_path / "report.html").read_text()
+    assert all(r["ok"] is not False for rows in data["bands"].values() for r in rows)
+
+
+def test_a_stopped_reproduction_keeps_the_sections_it_finished(tmp_path, monkeypatch):
+    """Each finished section is written at once: a run stopped in its second section has the first in
+    results.json and report.html."""
+    import rs_interp.reproduce as rp
+
+    real = rp.builder
+
+    def stopping(name):
+        if name == "attribution_patching":
+            def stop(ctx):
+                raise KeyboardInterrupt
+            return stop
+        return real(name)
+
+    monkeypatch.setattr(rp, "builder", stopping)
+    assert main(["reproduce", "--out", str(tmp_path), "--only", "induction", "attribution_patching", "--quiet", "--jobs", "1"]) == 130
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert "induction" in data and "attribution_patching" not in data and set(data["cost"]) == {"induction", "total"}
+    assert 'id="induction"' in (tmp_path / "report.html").read_text()
+
+
 def test_help_and_bad_arguments(capsys):
     """In process (argparse exits with its code; a fresh interpreter costs ~5 s of imports per call):
     the installed entry point itself runs `rs-interp --help` in tests/test_packaging.py."""

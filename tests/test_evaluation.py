@@ -137,6 +137,21 @@ def test_faithfulness_curve_is_mibs(ranking, higher_is_better):
         getattr(curve, wrong)
 
 
+def test_mib_scores_of_several_results_are_each_ones_own():
+    """Several methods' curves computed together (each distinct circuit run once) give, to the bit,
+    what one call per method gives; an empty mapping is refused."""
+    model, toks, ref = _setup()
+    eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
+    ig = ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=3)
+    pp = ri.path_patching(model, toks, metric, reference=ref, progress=False)
+    together = ri.mib_scores(model, toks, metric, {"eap": eap, "ig": ig, "pp": pp}, reference=ref, progress=False)
+    for name, scores in (("eap", eap), ("ig", ig), ("pp", pp)):
+        alone = ri.mib_scores(model, toks, metric, scores, reference=ref, progress=False)
+        assert together[name] == alone, name
+    with pytest.raises(ValueError, match="empty mapping"):
+        ri.mib_scores(model, toks, metric, {}, reference=ref)
+
+
 def test_top_edges_and_bad_input():
     model, toks, ref = _setup()
     pp = ri.path_patching(model, toks, metric, reference=ref)

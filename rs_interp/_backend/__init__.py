@@ -203,6 +203,8 @@ def run_from(model: Model, x: torch.Tensor, *, start: int | None = None, stop: i
     """``model(x, start_at_layer=start, stop_at_layer=stop)``: the logits, or the stream before
     block ``stop`` (after the last block for ``stop = n_layers``). ``spe`` is the shortformer
     positional embedding (3.x only)."""
+    if start is not None and stop is None and spe is None:
+        return _impl.run_from_layer(model, x, start)  # 4.x: the blocks from ``start`` alone
     kwargs: dict[str, Any] = {} if start is None else {"start_at_layer": start}
     if spe is not None:
         kwargs["shortformer_pos_embed"] = spe

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ..exact.norm import Norm
-from .common import HookName, Stop, per_query_head, qkv_input_target
+from .common import HookName, Stop, logit_softcap, per_query_head, qkv_input_target
 
 __all__ = ["qkv_input_hooks", "score_hooks", "final_stream"]
 
@@ -174,3 +174,24 @@ def final_stream(model: Any, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     except Stop:
         pass
     return box["x"]
+
+
+def run_from_layer(model: Any, x: torch.Tensor, start: int) -> torch.Tensor:
+    """The logits from ``x``, the stream entering block ``start``: that block and the later ones, then
+    the final norm and the unembedding, each run as the bridge's own module (its hooks fire as in a full
+    pass). 4.3's ``start_at_layer`` runs every block before ``start`` too, on input it then discards, so
+    a pass from a late layer cost a whole pass. Used where the blocks need nothing but the stream
+    (learned absolute positions, no logit soft-cap, a final norm and unembedding as modules); elsewhere
+    (rotary embeddings computed once per pass, ALiBi, a soft-cap) the bridge's own ``start_at_layer``.
+    Certified either way by ``start at layer`` (the helpers run from the tokens where it fails).
+
+    Remove when: TransformerLens >= 4.4 (or whichever release first does) skips the blocks before
+    ``start_at_layer``.
+    """
+    if (logit_softcap(model) is not None or model.cfg.positional_embedding_type != "standard"
+            or not (hasattr(model, "ln_final") and hasattr(model, "unembed"))):
+        return model(x, start_at_layer=start, return_type="logits")
+    for block in model.blocks[start:]:
+        out = block(x)
+        x = out[0] if isinstance(out, tuple) else out
+    return model.unembed(model.ln_final(x))

@@ -73,6 +73,11 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
         set_flag(model, "use_split_qkv_input", saved)
 
 
+def run_from_layer(model: Model, x: torch.Tensor, start: int) -> torch.Tensor:
+    """``model(x, start_at_layer=start)``: the logits from the stream entering block ``start`` (3.x runs only the blocks from there)."""
+    return model(x, start_at_layer=start, return_type="logits")
+
+
 def run_to(model: Model, x: torch.Tensor, stop: int, **kwargs: Any) -> torch.Tensor:
     """``model(x, stop_at_layer=stop)``: the stream before block ``stop`` (after the last for ``n_layers``)."""
     return model(x, stop_at_layer=stop, **kwargs)

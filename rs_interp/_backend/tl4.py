@@ -83,6 +83,11 @@ def score_hooks(model: Model, layer: int, box: dict[str, torch.Tensor], key: str
     return emulation.score_hooks(model, layer, box, key, rotate, attn_scale(model, layer))
 
 
+def run_from_layer(model: Model, x: torch.Tensor, start: int) -> torch.Tensor:
+    """The logits from the stream entering block ``start``: :func:`.emulation.run_from_layer`."""
+    return emulation.run_from_layer(model, x, start)
+
+
 def run_to(model: Model, x: torch.Tensor, stop: int, **kwargs: Any) -> torch.Tensor:
     """The stream before block ``stop``; after the last block through :func:`.emulation.final_stream`."""
     if stop < model.cfg.n_layers:
@@ -91,11 +96,7 @@ def run_to(model: Model, x: torch.Tensor, stop: int, **kwargs: Any) -> torch.Ten
 
 
 def apply_rotary(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
-    """The native rotary of layer ``layer`` on ``x`` (batch, pos, head, d_head).
-
-    Raises:
-        ValueError: the layer's attention is a Hugging Face module, which applies its rotary inside.
-    """
+    """The native rotary of layer ``layer`` on ``x`` (batch, pos, head, d_head); a ValueError on a Hugging Face module."""
     if not is_native_attention(model, layer):
         raise ValueError(f"layer {layer}'s attention ({type(model.blocks[layer].attn).__name__}) applies its rotary "
                          f"inside the Hugging Face module, which TransformerLens {TL_VERSION} does not expose: rotary "
@@ -416,5 +417,4 @@ def is_own_hook(fn: Callable) -> bool:
 
 def other_version() -> str:
     """What to try when this version cannot load a family: the other version, and how."""
-    return ("TransformerLens 3.x (pip install 'transformer-lens>=3.9,<4'; rs_interp's RS_INTERP_TL=3), which converts "
-            "the weights into its own modules")
+    return "TransformerLens 3.x (pip install 'transformer-lens>=3.9,<4'; RS_INTERP_TL=3), which converts the weights into its own modules"

@@ -7,8 +7,10 @@ the layout of :func:`rs_interp.edge_layout` (the estimate :func:`rs_interp.edge_
 gives to first order).
 
 The stream entering the receiver's layer is the run's own (nothing upstream of the receiver
-changes), so each patched pass starts there from one cached clean pass; the edges into one receiver
-are stacked along the batch, as many per pass as fit ``memory_budget``.
+changes), so each patched pass starts there from one cached clean pass (where the certificate's
+``start at layer`` holds; else from the tokens); the edges into one receiver layer, whatever their
+receivers there, are stacked along the batch (where its ``rows`` holds; else one per pass), as many
+per pass as fit ``memory_budget``: each copy patches its own edge's receiver alone.
 
 >>> from rs_interp import load_toy_model, induction_batch, next_token_loss
 >>> model = load_toy_model("induction-2l")
@@ -128,29 +130,36 @@ def path_patching(
             clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         delta = writes(model, ref, run)  # (sender, batch, pos, d_model), float64
         spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
-        jobs = []
-        for j, receiver in enumerate(layout.receivers):
-            rows = wanted[:, j].nonzero().flatten().tolist()
-            jobs += [(j, rows[i : i + per_pass]) for i in range(0, len(rows), per_pass)]
-        for j, rows in bar(jobs, desc="path patching", enabled=progress, unit="pass"):
-            layer, name, index = receiver_hook(layout.receivers[j], cfg.n_layers)
-            k = len(rows)
-            add = delta[rows].reshape(k * B, P, cfg.d_model)  # replica i patches sender rows[i]
+        # The edges into one receiver layer share a pass: replica i carries edge (rows[i], cols[i]), its
+        # sender's write added to its receiver's input alone; each pass starts at that layer.
+        by_layer: dict[int, list[tuple[int, int]]] = {}
+        for row, j in wanted.nonzero().tolist():
+            by_layer.setdefault(receiver_hook(layout.receivers[j], cfg.n_layers)[0], []).append((row, j))
+        jobs = [(layer, edges[i : i + per_pass]) for layer, edges in sorted(by_layer.items()) for i in range(0, len(edges), per_pass)]
+        for layer, pairs in bar(jobs, desc="path patching", enabled=progress, unit="pass"):
+            k = len(pairs)
+            targets: dict[str, list[tuple[int, int | None, int]]] = {}  # hook -> (replica, head index, sender row)
+            for i, (row, j) in enumerate(pairs):
+                _, name, index = receiver_hook(layout.receivers[j], cfg.n_layers)
+                targets.setdefault(name, []).append((i, index, row))
 
-            def patch(t: torch.Tensor, *, hook, add: torch.Tensor = add, index: int | None = index) -> torch.Tensor:
-                t = t.clone()
-                if index is None:
-                    t += add.to(t.dtype)
-                else:  # a per-head input (batch, pos, head or kv_head, d_model)
-                    t[:, :, index] += add.to(t.dtype)
-                return t
+            def patch_of(entries: list[tuple[int, int | None, int]]):
+                def patch(t: torch.Tensor, *, hook) -> torch.Tensor:
+                    t = t.clone()
+                    for i, index, row in entries:
+                        if index is None:
+                            t[i * B : (i + 1) * B] += delta[row].to(t.dtype)
+                        else:  # a per-head input (batch, pos, head or kv_head, d_model)
+                            t[i * B : (i + 1) * B, :, index] += delta[row].to(t.dtype)
+                    return t
+                return patch
 
-            with per_head_inputs(model, [(name, patch)]) as runnable, model.hooks(fwd_hooks=runnable):
+            with per_head_inputs(model, [(name, patch_of(e)) for name, e in targets.items()]) as runnable, model.hooks(fwd_hooks=runnable):
                 if from_layer:
                     x = box[f"blocks.{layer}.hook_resid_pre"].repeat(k, 1, 1)
                     logits = run_from(model, x, start=layer, spe=None if spe is None else spe.repeat(k, 1, 1))
                 else:
                     logits = model(tokens.repeat(k, 1), return_type="logits")
-            for i, row in enumerate(rows):
+            for i, (row, j) in enumerate(pairs):
                 effect[row, j] = metric_value(metric(logits[i * B : (i + 1) * B]), f"edge {layout.senders[row]} -> {layout.receivers[j]}") - clean
     return PathPatching(layout=layout, effect=effect, clean=clean)

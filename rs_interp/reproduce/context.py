@@ -52,6 +52,9 @@ class Section:
     figures: tuple[go.Figure, ...] = ()
     notes: str = ""
     part: str = ""  # the registry entry that built it (rs_interp.reproduce.SECTIONS)
+    #: the registry entry's cost, ``{"cpu_seconds", "wall_seconds"}`` (set by :func:`rs_interp.reproduce.run_sections`;
+    #: an entry that builds several tables gives each the same, the entry's)
+    cost: dict[str, float] = field(default_factory=dict)
 
 
 def banded(key: str, label: str, value: float, *, lo: float | None = None, hi: float | None = None,

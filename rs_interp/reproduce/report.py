@@ -15,7 +15,7 @@ from . import _mean
 from .context import Row, Section
 from .expected import UNBANDED
 
-__all__ = ["format_table", "write_results", "write_report"]
+__all__ = ["format_table", "format_cost", "section_costs", "write_results", "write_report"]
 
 
 #: The widest each column of the text table gets (measure, ours, theory, band, within band): longer
@@ -113,13 +113,62 @@ def describe_environment() -> str:
             f"Python {env['python']}")
 
 
-def write_results(sections: list[Section], path: Path) -> dict[str, Any]:
-    """Write ``results.json``: one key per section, every row with its band check (``"bands"``), and
-    which registry entry built which sections (``"parts"``)."""
+def section_costs(sections: list[Section], elapsed: float | None = None) -> dict[str, dict[str, float]]:
+    """Per registry entry, in report order, its ``{"cpu_seconds", "wall_seconds"}`` (an entry that
+    builds several tables counted once), and ``"total"`` their sums, with ``elapsed_seconds`` (the
+    whole run's wall time, where given: below the sum when the sections ran in parallel).
+
+    >>> from rs_interp.reproduce.context import Section
+    >>> a = Section("a", "A", (), {}, part="x", cost={"cpu_seconds": 1.0, "wall_seconds": 2.0})
+    >>> b = Section("b", "B", (), {}, part="x", cost={"cpu_seconds": 1.0, "wall_seconds": 2.0})
+    >>> section_costs([a, b])["total"]
+    {'cpu_seconds': 1.0, 'wall_seconds': 2.0}
+    """
+    out: dict[str, dict[str, float]] = {}
+    for s in sections:
+        if s.cost and s.part not in out:
+            out[s.part] = dict(s.cost)
+    if out:
+        out["total"] = {k: math.fsum(c[k] for c in out.values()) for k in ("cpu_seconds", "wall_seconds")}
+        if elapsed is not None:
+            out["total"]["elapsed_seconds"] = elapsed
+    return out
+
+
+def format_cost(sections: list[Section], elapsed: float | None = None) -> str:
+    """The cost table: per registry entry, its CPU seconds and wall seconds, then the total (and the
+    run's elapsed wall seconds, where given).
+
+    >>> from rs_interp.reproduce.context import Section
+    >>> print(format_cost([Section("a", "A", (), {}, part="x", cost={"cpu_seconds": 1.25, "wall_seconds": 2.5})]))
+    == Cost per section (CPU seconds: every thread of the process; wall seconds)
+    section  CPU s  wall s
+    -------  -----  ------
+    x        1.2    2.5
+    total    1.2    2.5
+    """
+    costs = section_costs(sections, elapsed)
+    rows = [("section", "CPU s", "wall s")] + [(k, f"{c['cpu_seconds']:.1f}", f"{c['wall_seconds']:.1f}") for k, c in costs.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["== Cost per section (CPU seconds: every thread of the process; wall seconds)"]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if elapsed is not None:
+        lines.append(f"the run: {elapsed:.1f} s wall, start to end (sections run in parallel overlap)")
+    return "\n".join(lines)
+
+
+def write_results(sections: list[Section], path: Path, *, elapsed: float | None = None) -> dict[str, Any]:
+    """Write ``results.json``: one key per section, every row with its band check (``"bands"``),
+    which registry entry built which sections (``"parts"``) and what each entry cost (``"cost"``,
+    :func:`section_costs`)."""
     data: dict[str, Any] = {s.key: s.results for s in sections}
     data["parts"] = {}
     for s in sections:
         data["parts"].setdefault(s.part, []).append(s.key)
+    data["cost"] = section_costs(sections, elapsed)
     data["bands"] = {s.key: [_band_json(r) for r in s.rows] for s in sections}
     data["environment"] = environment()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,7 +206,8 @@ def _section_html(section: Section, fig_ids: list[str]) -> str:
             f"{note}{figs}</section>")
 
 
-def write_report(sections: list[Section], path: Path, *, title: str = "rs_interp: the residual stream, reproduced") -> Path:
+def write_report(sections: list[Section], path: Path, *, title: str = "rs_interp: the residual stream, reproduced",
+                 elapsed: float | None = None) -> Path:
     """One self-contained HTML page: plotly's JavaScript embedded once, no network request.
 
     Figures are drawn from inline JSON with ``Plotly.newPlot``; the page references nothing
@@ -174,6 +224,14 @@ def write_report(sections: list[Section], path: Path, *, title: str = "rs_interp
             scripts.append(f"Plotly.newPlot({json.dumps(fid)}, ...(function(s){{return [s.data, s.layout, "
                            f"{{responsive:true, displaylogo:false}}]}})({payload}));")
         body.append(_section_html(section, ids))
+    costs = section_costs(sections, elapsed)
+    if costs:
+        cells = "".join(f"<tr><td>{html.escape(k)}</td><td>{c['cpu_seconds']:.1f}</td><td>{c['wall_seconds']:.1f}</td></tr>"
+                        for k, c in costs.items())
+        body.append('<section id="cost"><h2>Cost per section</h2><table><tr><th>section</th><th>CPU seconds</th>'
+                    f'<th>wall seconds</th></tr>{cells}</table><p class="note">CPU seconds of the process (every thread) '
+                    "and wall seconds of each registry entry; the first entry to use a model pays for loading it"
+                    + (f"; the whole run {elapsed:.1f} s wall" if elapsed is not None else "") + ".</p></section>")
     n_ok = sum(r.ok is True for s in sections for r in s.rows)
     n_out = sum(r.ok is False for s in sections for r in s.rows)
     seeds = max((len(r.per_seed) for s in sections for r in s.rows), default=0)

@@ -20,6 +20,7 @@ True
 
 from __future__ import annotations
 
+import contextvars
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
@@ -33,6 +34,9 @@ from .distributed import reduce, world
 from .pairs import Batch, Dataset, batch_digest, batches, n_batches, new_digest
 from .resume import fingerprint, load, rank_path, save
 from .sums import Sums
+
+#: Set by :func:`stream` while it runs a single batch with progress on: the helper draws the bar (:func:`quiet`).
+_INNER_BARS: contextvars.ContextVar[bool] = contextvars.ContextVar("rs_interp_inner_bars", default=False)
 
 __all__ = ["Analysis", "stream"]  # and, for the analyses: weight_of, no_overrides, quiet
 
@@ -87,9 +91,13 @@ def stream(analysis: Analysis, model: Model, data: Dataset, *, batch_size: int |
         sums, done, digest = load(path, fp, rank)
     mine = None if total is None else total // size + (rank < total % size)
     desc = analysis.name + (f" (rank 0 of {size})" if size > 1 else "")
-    progress_bar = bar(desc=desc, enabled=progress and rank == 0, total=mine, unit="batch")
+    # One batch to run: a bar over batches would sit at 0/1 for the whole run, so the helper draws its
+    # own over its passes (or circuits) instead, with an estimate that moves.
+    inner = progress and rank == 0 and mine == 1 and done == 0
+    progress_bar = bar(desc=desc, enabled=progress and rank == 0 and not inner, total=mine, unit="batch")
     progress_bar.update(min(done, mine or done))
     h, i, saved = new_digest(), 0, done
+    token = _INNER_BARS.set(inner)
     try:
         for batch in batches(data, batch_size, rank=rank, world=size, kind=kind):
             if i < done:  # read before the interruption: check it is the same batch, skip it
@@ -107,6 +115,7 @@ def stream(analysis: Analysis, model: Model, data: Dataset, *, batch_size: int |
                 save(path, sums, done=i, digest=h.hexdigest(), fingerprint=fp, rank=rank)
                 saved = i
     finally:
+        _INNER_BARS.reset(token)
         progress_bar.close()
     if i < done:
         raise ValueError(f"{path} has read {done} batches of rank {rank}, but this dataset gives it only {i}")
@@ -120,10 +129,12 @@ def stream(analysis: Analysis, model: Model, data: Dataset, *, batch_size: int |
 
 
 def quiet(helper: Callable) -> dict[str, Any]:
-    """``{"progress": False}`` for a helper that draws its own bar (the streamed call draws one over the batches)."""
+    """``{"progress": False}`` for a helper that draws its own bar (the streamed call draws one over the
+    batches); ``{"progress": True}`` where the streamed call has one batch to run and leaves the bar to
+    the helper (its passes: :func:`stream`); ``{}`` for a helper without one."""
     import inspect
 
-    return {"progress": False} if "progress" in inspect.signature(helper).parameters else {}
+    return {"progress": _INNER_BARS.get()} if "progress" in inspect.signature(helper).parameters else {}
 
 
 def weight_of(batch: Batch, what: str) -> float:

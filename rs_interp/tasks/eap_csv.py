@@ -25,7 +25,7 @@ _COLUMNS = {"ioi": ("correct_idx", "incorrect_idx"), "greater-than": ("label",),
 
 
 def write_eap_csv(task: Task, path: str | Path) -> Path:
-    """Write ``task`` as EAP-IG's CSV (module docstring); returns the path.
+    """Write ``task`` as EAP-IG's CSV (module docstring), its folder made if needed; returns the path.
 
     Raises:
         ValueError: a task with no texts (induction), or one whose label columns EAP-IG does not define.
@@ -51,6 +51,7 @@ def write_eap_csv(task: Task, path: str | Path) -> Path:
             raise ValueError(f"this {task.name} task has no label to write")
         labels = [[int(v)] for v in task.label]
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="", encoding="utf-8") as f:
         out = csv.writer(f, lineterminator="\n")
         out.writerow(["clean", "corrupted", *_COLUMNS[task.name]])

@@ -176,7 +176,8 @@ def mib_importances(scores: Any, *, higher_is_better: bool = True, batch_size: i
 def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
               circuit: Iterable[tuple[str, str]] | None = None, convention: Convention = "mib",
               higher_is_better: bool = True, batch_size: int = 1) -> Path:
-    """Write a MIB graph file: ``.json`` (EAP-IG's ``to_json``) or ``.pt`` (``to_pt``), by suffix.
+    """Write a MIB graph file: ``.json`` (EAP-IG's ``to_json``) or ``.pt`` (``to_pt``), by suffix; its
+    folder is made if needed.
 
     With ``scores`` alone: an importance file (every edge scored, the whole graph ``in_graph``),
     in MIB's convention by default (``convention="mib"``: :func:`mib_importances` of ``scores``,
@@ -240,6 +241,7 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
                 parent, child = name.split("->")
                 touched |= {parent, child.split("<")[0]}
     nodes = {n: {"in_graph": n in touched} for n in _nodes(cfg)}
+    path.parent.mkdir(parents=True, exist_ok=True)  # the folder made, as every writer here does
     if path.suffix == ".json":
         path.write_text(json.dumps({"cfg": _cfg_dict(cfg), "nodes": nodes, "edges": edge_dict, "rs_interp": record}))
         return path

@@ -76,7 +76,8 @@ def faithfulness_section(ctx: Context) -> Section:
         runs = {method: _run(ctx, m, model, tokens, reference, metric) for method, m in edge_methods.items()}
         scores = {method: r[0] for method, r in runs.items()}
         forward = _flops(lambda: model(tokens, return_type="logits"))
-        mib = {method: mib_scores(model, tokens, metric, s, reference=reference) for method, s in scores.items()}
+        # every method's two curves together: each distinct circuit run once (rs_interp.mib_scores)
+        mib = mib_scores(model, tokens, metric, scores, reference=reference, progress=ctx.progress)
         curves = {method: m.absolute for method, m in mib.items()}
         layout = scores[exact_name].layout
         exact = scores[exact_name].effect[layout.exists]

@@ -1,0 +1,150 @@
+"""``rs-interp circuit``'s arguments (private; :mod:`rs_interp.circuit_command` exports them): declared,
+checked before torch or a model loads, and the model they name loaded.
+
+>>> _size("0.5"), _size("12")
+(0.5, 12)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from ._args import count, seed, writable_dir
+
+__all__ = ["METHODS", "add_arguments", "check_arguments", "load_model"]
+
+#: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching.
+METHODS = ("eap", "eap-ig", "exact")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Declare ``rs-interp circuit``'s arguments on ``parser`` (a subparser); returns it. Each is checked
+    at parse time where it can be (a count, a seed, a size); :func:`check_arguments` checks the rest
+    before anything heavy loads."""
+    from .models.registry import SHIPPED_MODELS as SHIPPED
+    from .tasks import TASK_NAMES
+
+    parser.add_argument("--model", required=True, metavar="MODEL",
+                        help="required: gpt2 (pretrained: $RS_INTERP_GPT2_PATH or the Hugging Face cache), gpt2-random, a shipped "
+                             "model's name (" + ", ".join(SHIPPED) + "), or a Hugging Face checkpoint directory")
+    parser.add_argument("--task", required=True, choices=TASK_NAMES, help="required: the task (" + ", ".join(TASK_NAMES) + ")")
+    parser.add_argument("--method", default="eap", choices=METHODS,
+                        help="edge scores: eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
+                             "patched pass per edge, for small models; GPT-2 small has 32,491 edges) (default: %(default)s)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="required: the output directory (made if needed)")
+    parser.add_argument("--size", type=_size, default=0.01, metavar="N|F",
+                        help="the circuit's size: an edge count, or a fraction of the edges in (0, 1], then pruned to the "
+                             "edges on a path from the embedding to the logits (default: %(default)s)")
+    parser.add_argument("--n", type=count, default=32, metavar="N", help="prompt pairs (default: %(default)s)")
+    parser.add_argument("--seed", type=seed, default=0, help="the task's seed (default: %(default)s)")
+    parser.add_argument("--ig-steps", type=count, default=5, metavar="M", help="EAP-IG's steps (default: %(default)s)")
+    parser.add_argument("--batch-size", type=count, default=None, metavar="B",
+                        help="prompt pairs per batch: memory holds one batch, the results are the whole task's; each batch "
+                             "repeats the per-batch work (choosing the curve's circuits, each circuit's pass), so fewer, larger "
+                             "batches are faster (default: the whole task; under torchrun an even share per rank)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars (default: bars on stderr)")
+    return parser
+
+
+def _size(text: str) -> int | float:
+    """An edge count (an integer >= 1) or a fraction of the edges in (0, 1], checked at parse time."""
+    try:
+        value: int | float = int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid size {text!r}: an edge count or a fraction in (0, 1]") from None
+        if not 0 < value <= 1:
+            raise argparse.ArgumentTypeError(f"invalid size {text!r}: a fraction lies in (0, 1] (an edge count is an integer)")
+        return value
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: an edge count is at least 1")
+    return value
+
+
+def check_arguments(args: argparse.Namespace) -> Path:
+    """What parsing cannot check, before torch or a model loads: ``--model`` names a model this command
+    can load (for ``gpt2``, its weights are here), then ``--out`` is (made) a writable directory.
+    Returns the output directory.
+
+    Raises:
+        ValueError: an unknown ``--model``.
+        rs_interp.GPT2WeightsUnavailable: ``--model gpt2`` without its weights.
+        OSError: ``--out`` cannot be made or written.
+    """
+    _check_spec(args.model)
+    if args.model == "gpt2":
+        _gpt2_source()  # raises, saying how to provide the weights
+    return writable_dir(args.out)
+
+
+def _check_spec(spec: str) -> None:
+    """Refuse a ``--model`` that is none of the accepted forms (light: the registry's names, a folder test)."""
+    from .models.registry import SHIPPED_MODELS
+
+    if spec not in ("gpt2", "gpt2-random") and spec not in SHIPPED_MODELS and not Path(spec).is_dir():
+        raise ValueError(f"--model {spec!r} is not gpt2, gpt2-random, a shipped model ({', '.join(SHIPPED_MODELS)}) "
+                         "or a checkpoint directory")
+
+
+def load_model(spec: str) -> tuple[Any, Any, str]:
+    """(model, tokenizer or None, description) for ``--model`` (see :func:`add_arguments`).
+
+    Raises:
+        rs_interp.WeightsUnavailable: pretrained GPT-2 is not here (the message says how to provide it).
+        ValueError: ``spec`` is none of the accepted forms.
+    """
+    import rs_interp as ri
+
+    from .tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
+
+    if spec == "gpt2":
+        source = _gpt2_source()
+        model = ri.load_gpt2(source)
+        what = ("GPT-2 small, pretrained weights from the Hugging Face cache" if source == "hub"
+                else f"GPT-2 small, pretrained weights from {source}")
+    elif spec == "gpt2-random":
+        model, what = ri.load_gpt2("random"), "GPT-2 small, random weights (every number here is from random weights)"
+    elif spec in ri.SHIPPED_MODELS:
+        model, what = ri.load_toy_model(spec), f"{spec} (shipped toy model)"
+    elif Path(spec).is_dir():
+        model, what = ri.load_pretrained(spec), f"checkpoint {spec}"
+    else:
+        _check_spec(spec)  # raises: none of the accepted forms
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None and spec in ri.SHIPPED_MODELS:
+        tokenizer = ri.SHIPPED_MODELS[spec].tokenizer()
+    if tokenizer is None and model.cfg.d_vocab == GPT2_VOCAB_SIZE:
+        tokenizer = gpt2_tokenizer()  # GPT-2's vocabulary: its tokenizer, whatever the weights
+    return model, tokenizer, what
+
+
+def _gpt2_source() -> str:
+    """Where ``--model gpt2``'s weights are: ``$RS_INTERP_GPT2_PATH``, or ``"hub"`` (the Hugging Face cache).
+
+    Raises:
+        rs_interp.GPT2WeightsUnavailable: neither holds them (the message says how to provide them).
+    """
+    path = os.environ.get("RS_INTERP_GPT2_PATH")
+    if path:
+        return path
+    if _gpt2_cached():
+        return "hub"
+    from .models.pretrained import GPT2WeightsUnavailable
+
+    raise GPT2WeightsUnavailable(
+        "no pretrained GPT-2 weights here: RS_INTERP_GPT2_PATH is unset and the Hugging Face cache has no 'gpt2'. "
+        "Save them once on a machine with access (GPT2LMHeadModel.from_pretrained('gpt2').save_pretrained(DIR)), "
+        "then set RS_INTERP_GPT2_PATH=DIR or pass --model DIR; or run on random weights with --model gpt2-random.")
+
+
+def _gpt2_cached() -> bool:
+    """Whether the Hugging Face cache holds GPT-2's config and weights (no network call)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    have = lambda f: isinstance(try_to_load_from_cache("gpt2", f), str)  # noqa: E731
+    return have("config.json") and (have("model.safetensors") or have("pytorch_model.bin"))
