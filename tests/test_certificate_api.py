@@ -158,5 +158,6 @@ def test_each_helper_refuses_naming_a_broken_identity_it_needs(helper, clean):
     MUTATIONS[identity](model)
     assert identity in ri.certify(model).failed()
     t, r = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(0)), torch.randint(0, 50, (2, 6))
-    with pytest.raises(ValueError, match=rf"{helper} refuses this model: the identity '{identity}' fails"):
+    # named first, or after the first failure its mutation also causes (3.x: a backward hook fails readers too)
+    with pytest.raises(ValueError, match=rf"{helper} refuses this model: the identity '({identity}|[a-z ]+)' fails.*\b{identity}\b"):
         call(model, t, r, clean)
