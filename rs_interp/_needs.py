@@ -78,6 +78,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "key_score_sensitivity": ("scores",),
     "features.attribution_graph": _GRAPH,
     "features.intervene": _GRAPH,
+    "features.qk_attributions": _GRAPH + ("z", "heads", "values", "scores"),
+    "features.top_attention": _GRAPH + ("z", "heads", "values"),
     "features.train_transcoder": ("mlp reads", "mlp writes"),
     "features.transcoder_metrics": ("mlp reads", "mlp writes"),
     "features.mlp_transcoders": ("mlp reads", "mlp writes", "mlp weights"),
@@ -101,6 +103,8 @@ OPTIONAL: dict[str, dict[str, str]] = {
     "scale.head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "features.attribution_graph": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
     "features.intervene": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
+    "features.qk_attributions": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
+    "features.top_attention": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
 }
 
 #: Identities a helper reads as an option, with what it does where one fails (it still answers, exactly).
@@ -152,6 +156,8 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "positional_scores": ("not rotary",),
     "features.attribution_graph": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.intervene": ("attention-only", "parallel blocks", "soft-capped logits"),
+    "features.qk_attributions": ("attention-only", "parallel blocks", "soft-capped logits"),
+    "features.top_attention": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.train_transcoder": ("attention-only",),
     "features.transcoder_metrics": ("attention-only",),
     "features.mlp_transcoders": ("attention-only", "not plain ReLU MLPs"),

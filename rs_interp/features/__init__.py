@@ -11,6 +11,7 @@
 from .attribution import attribution_graph
 from .graph import AttributionGraph, GraphScores, PrunedGraph
 from .interventions import Intervention, intervene
+from .qk import QKAttribution, qk_attributions, top_attention
 from .training import TrainedTranscoders, TranscoderMetrics, train_transcoder, transcoder_metrics
 from .transcoders import SHIPPED_TRANSCODERS, Transcoder, TranscoderSet, load_transcoders, mlp_transcoders, shipped_metrics, shipped_transcoders
 
@@ -28,6 +29,9 @@ __all__ = [
     "GraphScores",
     "intervene",
     "Intervention",
+    "qk_attributions",
+    "top_attention",
+    "QKAttribution",
     "train_transcoder",
     "TrainedTranscoders",
     "transcoder_metrics",

@@ -129,30 +129,15 @@ def attribution_graph(
         clean = R.clean_run(model, tcs, tokens[None])
         probs = clean.logits[position].double().softmax(-1)
         logit_tokens = _logit_targets(probs, targets, max_logits, logit_probability)
-        # the nodes: active features (layer, pos, index), their writes and reads
-        feats, writes, reads, acts_list = [], [], [], []
-        errors = torch.zeros(L, P, model.cfg.d_model, dtype=dt)
-        with torch.no_grad():
-            for l, tc in enumerate(tcs):
-                x = clean.inputs[l]
-                acts = tc.encode(x)
-                pos, idx = acts.nonzero(as_tuple=True)
-                feats.append(torch.stack([torch.full_like(pos, l), pos, idx], 1))
-                acts_list.append(acts[pos, idx])
-                writes.append(acts[pos, idx, None] * tc.W_dec[idx])
-                reads.append(tc.W_enc[idx])
-                recon = tc.decode(acts, x)
-                errors[l] = clean.outputs[l] - recon
-        features = torch.cat(feats)
-        activations = torch.cat(acts_list)
+        features, activations, writes, reads, errors = active_nodes(tcs, clean)
         W_U = model.W_U.detach().to(dt)
         logit_reads = (W_U[:, logit_tokens] - (W_U.mean(1, keepdim=True) if centered else 0.0)).T  # (logit, d_model)
         n_active = len(features)
         with torch.enable_grad():
             run = R.grad_forward(model, tcs, tokens[None])
-            rows = _Rows(run, features, torch.cat(writes), errors, clean.embed, P, L)
+            rows = Rows(run, features, writes, errors, clean.embed, P, L)
             logit_rows = rows.compute([(L, position, v) for v in logit_reads], batch_size)
-            feature_rows, selected = _feature_rows(rows, features, torch.cat(reads), logit_rows, probs[logit_tokens],
+            feature_rows, selected = _feature_rows(rows, features, reads, logit_rows, probs[logit_tokens],
                                                    max_feature_nodes, batch_size, progress)
         del run, rows
         values, bias = _values_and_bias(model, tcs, clean, tokens, features[selected], logit_tokens, position, centered)
@@ -160,7 +145,26 @@ def attribution_graph(
                      tokens, errors, L, position, n_active, tcs.scan, centered, model)
 
 
-class _Rows:
+def active_nodes(tcs: TranscoderSet, clean: R.Clean):
+    """The feature nodes of a clean run: every active feature (layer, pos, index), its activation, its
+    write ``a W_dec[i]`` and read ``W_enc[i]``; and the error vectors (layer, pos, d_model)."""
+    feats, writes, reads, acts_list = [], [], [], []
+    L, (P, d) = len(tcs), clean.embed.shape
+    errors = torch.zeros(L, P, d, dtype=clean.embed.dtype)
+    with torch.no_grad():
+        for l, tc in enumerate(tcs):
+            x = clean.inputs[l]
+            acts = tc.encode(x)
+            pos, idx = acts.nonzero(as_tuple=True)
+            feats.append(torch.stack([torch.full_like(pos, l), pos, idx], 1))
+            acts_list.append(acts[pos, idx])
+            writes.append(acts[pos, idx, None] * tc.W_dec[idx])
+            reads.append(tc.W_enc[idx])
+            errors[l] = clean.outputs[l] - tc.decode(acts, x)
+    return torch.cat(feats), torch.cat(acts_list), torch.cat(writes), torch.cat(reads), errors
+
+
+class Rows:
     """Direct-effect rows from batched backward passes through one :func:`~._replacement.grad_forward` run."""
 
     def __init__(self, run: R.GradRun, features, writes, errors, embed, P: int, L: int) -> None:
@@ -192,7 +196,14 @@ class _Rows:
                 injected[layer] = torch.zeros(B, *points[layer].shape, dtype=points[layer].dtype)
             injected[layer][b, 0, pos] = vector.to(points[layer].dtype)
         layers = sorted(injected)
-        grads = torch.autograd.grad([points[l] for l in layers], run.outputs + [run.embed], [injected[l] for l in layers],
+        return self.backward([points[l] for l in layers], [injected[l] for l in layers])
+
+    def backward(self, tensors: list[torch.Tensor], grad_outputs: list[torch.Tensor]) -> torch.Tensor:
+        """The rows (batch, source) of the targets ``sum (grad_outputs * tensors)``, one per batch row of
+        ``grad_outputs`` (each shaped (batch, *tensor.shape)): each source's write dotted with the
+        target's gradient at its write point."""
+        B, run = grad_outputs[0].shape[0], self.run
+        grads = torch.autograd.grad(tensors, run.outputs + [run.embed], grad_outputs,
                                     retain_graph=True, allow_unused=True, is_grads_batched=True)
         row = torch.zeros(B, self.n_features + (self.L + 1) * self.P, dtype=self.embed.dtype)
         err0 = self.n_features
@@ -209,7 +220,7 @@ class _Rows:
         return row
 
 
-def _feature_rows(rows: _Rows, features, reads, logit_rows, logit_p, max_nodes, batch_size, progress):
+def _feature_rows(rows: Rows, features, reads, logit_rows, logit_p, max_nodes, batch_size, progress):
     """The rows of the selected features and which they are: every active feature, or (``max_nodes``)
     circuit-tracer's choice, the most influential on the rows computed so far, a round at a time."""
     from tqdm.auto import tqdm

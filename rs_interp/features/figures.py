@@ -5,7 +5,9 @@ Nodes sit at their prompt position (x) and their layer (y): tokens at the bottom
 features and error node at height ``l + 1`` (features spread a little around it, the error node
 just below), logits at the top; a node's size grows with its influence. Edges are lines from source
 to target, blue where the direct effect is positive and red where it is negative, wider for larger
-effects. Hovering a node shows its label, activation and influence. The figure draws what it is
+effects. Hovering a node shows its label, activation and influence. QK attributions attached with
+:meth:`~rs_interp.features.AttributionGraph.with_qk` are dashed arcs from key to query at the head's
+layer, hovering their midpoint shows the score and its largest query x key entries. The figure draws what it is
 given and computes nothing but the layout.
 """
 
@@ -85,6 +87,20 @@ def graph_figure(graph: AttributionGraph | PrunedGraph, *, decode: Callable[[int
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, legendgroup=name, showlegend=bool(xs) and not shown,
                                      hoverinfo="skip", line=dict(color=color, width=width)))
             shown = shown or bool(xs)
+    if g.qk:  # the attached QK attributions: dashed arcs from each key to its query, at the head's layer
+        xs, ys, hx, hy, text = [], [], [], [], []
+        for a in g.qk:
+            y = a.layer + 0.45
+            xs += [a.key, (a.key + a.query) / 2, a.query, None]
+            ys += [y, y + 0.25, y, None]
+            parts = "<br>".join(f"{qs} x {ks}: {v:.3g}" for (qs, ks), v in a.top(3))
+            hx.append((a.key + a.query) / 2)
+            hy.append(y + 0.25)
+            text.append(f"L{a.layer}H{a.head} {a.query} <- {a.key}: score {a.score:.3g}, pattern {a.pattern:.3g}<br>{parts}")
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="attention (QK)", hoverinfo="skip",
+                                 line=dict(color="rgba(148,103,189,0.8)", width=1.5, dash="dash")))
+        fig.add_trace(go.Scatter(x=hx, y=hy, mode="markers", name="QK", text=text, hoverinfo="text", showlegend=False,
+                                 marker=dict(symbol="diamond", size=8, color="rgba(148,103,189,0.9)")))
     for kind, color in _COLORS.items():
         ns = [n for n in kept if kinds[n] == kind]
         text = []

@@ -20,6 +20,7 @@ come from error nodes. Both are 1 when no error node carries anything.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +91,7 @@ class AttributionGraph:
             features in the prompt; scan: the transcoders' identifier; centered: whether logit
             values are centered (logit minus the mean logit) or raw.
         errors: (layer, pos, d_model) each error node's vector (MLP output minus reconstruction).
+        qk: the QK attributions attached with :meth:`with_qk` (:class:`rs_interp.features.qk.QKAttribution`), if any.
 
     ``adjacency.sum(1) + unselected + bias == values`` on every feature and logit row (checked when
     the graph is built).
@@ -119,6 +121,20 @@ class AttributionGraph:
     n_active: int
     scan: str = "rs_interp"
     centered: bool = True
+    qk: tuple = ()
+
+    def with_qk(self, qk) -> "AttributionGraph":
+        """This graph with the QK attributions ``qk`` (from :func:`rs_interp.features.qk_attributions` on
+        it) attached: the JSON export writes them in a ``qk`` field and the figure draws their edges.
+
+        Raises:
+            ValueError: an attribution made on another graph (other tokens or node count).
+        """
+        qk = tuple(qk)
+        for a in qk:
+            if a.n_graph_nodes != self.n_nodes - self.n_logits or not torch.equal(a.tokens, self.tokens):
+                raise ValueError(f"with_qk: the attribution of L{a.layer}H{a.head} was made on another graph")
+        return dataclasses.replace(self, qk=qk)
 
     @property
     def n_pos(self) -> int:
