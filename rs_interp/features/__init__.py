@@ -10,6 +10,7 @@
 
 from .attribution import attribution_graph
 from .graph import AttributionGraph, GraphScores, PrunedGraph
+from .estimate import GraphEstimate, estimate_graph
 from .interventions import Intervention, intervene
 from .qk import QKAttribution, qk_attributions, top_attention
 from .training import TrainedTranscoders, TranscoderMetrics, train_transcoder, transcoder_metrics
@@ -30,6 +31,8 @@ __all__ = [
     "intervene",
     "Intervention",
     "qk_attributions",
+    "estimate_graph",
+    "GraphEstimate",
     "top_attention",
     "QKAttribution",
     "train_transcoder",

@@ -237,11 +237,11 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
         clean = R.clean_run(model, tcs, tokens[None])
         seen = _grab(model, tokens, names + [N.pattern(l) for l in layers], layers)
         with_pos, without_pos = _constants(model, tcs, clean, tokens, names)
-        features, _, writes, _, errors = active_nodes(tcs, clean)
+        features, activations, errors = active_nodes(tcs, clean)
         columns = _GraphColumns(graph, features, what)
         with torch.enable_grad():
             run = R.grad_forward(model, tcs, tokens[None], capture=tuple(names))
-            rows = Rows(run, features, writes, errors, clean.embed, P, L)
+            rows = Rows(run, features, activations, tcs, errors, clean.embed, P, L)
 
             def parts(name: str, pos: int, head: int, vector: torch.Tensor | None = None) -> torch.Tensor:
                 """(source, d) each source's part of ``name``'s (pos, head) vector (``vector``: of its dot with it)."""
