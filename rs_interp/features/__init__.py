@@ -9,8 +9,8 @@
 """
 
 from .attribution import attribution_graph
-from .graph import AttributionGraph, GraphScores, PrunedGraph
 from .estimate import GraphEstimate, estimate_graph
+from .graph import AttributionGraph, GraphScores, PrunedGraph
 from .interventions import Intervention, intervene
 from .qk import QKAttribution, qk_attributions, top_attention
 from .training import TrainedTranscoders, TranscoderMetrics, train_transcoder, transcoder_metrics
