@@ -82,6 +82,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "features.top_attention": _GRAPH + ("z", "heads", "values"),
     "features.train_transcoder": ("mlp reads", "mlp writes"),
     "features.transcoder_metrics": ("mlp reads", "mlp writes"),
+    "features.train_clt": ("mlp reads", "mlp writes"),
     "features.mlp_transcoders": ("mlp reads", "mlp writes", "mlp weights"),
     "scale.attribution_patching": ("z", "input"),
     "scale.edge_attribution_patching": _EDGE_ESTIMATES,
@@ -161,5 +162,6 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "features.top_attention": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.train_transcoder": ("attention-only",),
     "features.transcoder_metrics": ("attention-only",),
+    "features.train_clt": ("attention-only",),
     "features.mlp_transcoders": ("attention-only", "not plain ReLU MLPs"),
 }

@@ -109,6 +109,7 @@ CALLS = {
     "features.intervene": ("mlp", lambda m, t, r, c: features.intervene(m, c["tcs"], c["graph"], [0], scale=0.0)),
     "features.qk_attributions": ("mlp", lambda m, t, r, c: features.qk_attributions(m, c["tcs"], c["graph"], [(1, 0, 3, 1)])),
     "features.top_attention": ("mlp", lambda m, t, r, c: features.top_attention(m, c["tcs"], c["graph"])),
+    "features.train_clt": ("mlp", lambda m, t, r, c: features.train_clt(m, t, d_transcoder=4, k=2, steps=1)),
     "features.train_transcoder": ("mlp", lambda m, t, r, c: features.train_transcoder(m, t, d_transcoder=4, steps=1)),
     "features.transcoder_metrics": ("mlp", lambda m, t, r, c: features.transcoder_metrics(m, c["tcs"], t)),
     "features.mlp_transcoders": ("mlp", lambda m, t, r, c: features.mlp_transcoders(m)),

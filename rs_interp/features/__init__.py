@@ -9,6 +9,7 @@
 """
 
 from .attribution import attribution_graph
+from .clt import CrossLayerTranscoder, TrainedCLT, load_clt, train_clt
 from .estimate import GraphEstimate, estimate_graph
 from .graph import AttributionGraph, GraphScores, PrunedGraph
 from .interventions import Intervention, intervene
@@ -32,6 +33,10 @@ __all__ = [
     "Intervention",
     "qk_attributions",
     "estimate_graph",
+    "CrossLayerTranscoder",
+    "load_clt",
+    "train_clt",
+    "TrainedCLT",
     "GraphEstimate",
     "top_attention",
     "QKAttribution",

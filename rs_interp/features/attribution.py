@@ -164,16 +164,17 @@ def active_nodes(tcs: TranscoderSet, clean: R.Clean):
     (numbered layer by layer, then by position); and the error vectors (layer, pos, d_model)."""
     feats, acts_list = [], []
     L, (P, d) = len(tcs), clean.embed.shape
-    errors = torch.zeros(L, P, d, dtype=clean.embed.dtype)
+    recon = torch.zeros(L, P, d, dtype=clean.embed.dtype)  # each MLP output's reconstruction, from every layer writing to it
     with torch.no_grad():
         for l, tc in enumerate(tcs):
-            x = clean.inputs[l]
-            acts = tc.encode(x)
+            acts = tc.encode(clean.inputs[l])
             pos, idx = acts.nonzero(as_tuple=True)
             feats.append(torch.stack([torch.full_like(pos, l), pos, idx], 1))
             acts_list.append(acts[pos, idx])
-            errors[l] = clean.outputs[l] - tc.decode(acts, x)
+            for out, W in tcs.writes_from(l):
+                recon[out] += acts @ W
             del acts
+        errors = torch.stack([clean.outputs[l] - (recon[l] + tc.b_dec + tc.skip(clean.inputs[l])) for l, tc in enumerate(tcs)])
     return torch.cat(feats), torch.cat(acts_list), errors
 
 
@@ -184,6 +185,10 @@ class Rows:
         self.run, self.P, self.L = run, P, L
         self.errors, self.embed = errors, embed
         self.activations, self.tcs, self.index = activations, tcs, features[:, 2]
+        self.into: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(L)]  # per output layer: (source layer, decoder)
+        for src in range(L):
+            for out, W in tcs.writes_from(src):
+                self.into[out].append((src, W))
         # per layer: the feature nodes' columns, grouped by position for one small matmul per position
         self.groups = []
         for l in range(L):
@@ -226,9 +231,9 @@ class Rows:
             if g is None:
                 continue
             g = g[:, 0].to(row.dtype)  # (B, pos, d_model)
-            W_dec = self.tcs[l].W_dec
-            for p, cols in self.groups[l]:  # the writes a W_dec[i] of one position, made here (never all at once)
-                row[:, cols] = g[:, p] @ (self.activations[cols, None] * W_dec[self.index[cols]]).T
+            for src, W_dec in self.into[l]:  # every layer whose features write into this MLP output
+                for p, cols in self.groups[src]:  # the writes a W_dec[i] of one position, made here (never all at once)
+                    row[:, cols] += g[:, p] @ (self.activations[cols, None] * W_dec[self.index[cols]]).T
             row[:, err0 + l * self.P : err0 + (l + 1) * self.P] = (g * self.errors[l]).sum(-1)
         if grads[-1] is not None:
             row[:, err0 + self.L * self.P :] = (grads[-1][:, 0].to(row.dtype) * self.embed).sum(-1)

@@ -15,10 +15,11 @@ largest of the two phases' sums (:attr:`GraphEstimate.parts` names every term):
   ``(S + T + n_logit)^2 b`` (``dense=True``), and the pruning's float copies of the block (four).
 
 Time: the FLOPs of the backward passes (one per batch of ``B`` targets, each through the layers below
-its target, half the model on average for feature rows, all of it for logits: per token and layer
-``2 (4 d^2 + 2 d m) + 2 P d``), the rows' dot products ``2 B d (A / 2 + T)`` a batch, the transcoders'
-encode and decode ``4 P L d W`` and the influence rounds, over a large-matmul rate (FLOP/s) measured
-in the same process (:func:`matmul_rate`). It is a lower bound the run approaches; the benchmark
+its target, half the model on average for feature rows, all of it for logits; the patterns are frozen
+and the MLPs cut, so per token and layer only ``W_O``, the pattern and ``W_V``: ``4 d^2 + 2 P d``), the
+rows' dot products ``2 B d (A / 2 + T)`` a batch, the transcoders' encode and decode ``4 P L d W``, four
+forward passes and the influence rounds, over a large-matmul rate (FLOP/s) measured in the same
+process (:func:`matmul_rate`). It is a lower bound the run approaches; the benchmark
 (``benchmarks/bench_features.py``) prints both.
 """
 
@@ -133,11 +134,14 @@ def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature
     pruning = {"pruning: float copies of the block": 4 * (S + n_logits) * (S + T) * b if prune else 0,
                "pruning: dense adjacency": assembly["assembly: dense adjacency"]}
     peak = max(sum(rows.values()), sum(assembly.values()), sum(pruning.values()))
-    per_token_layer = 2 * (4 * d * d + 2 * d * m) + 2 * P * d
+    # the backward of the frozen model: patterns detached (no gradient to q, k) and MLPs cut, so a target's
+    # gradient crosses each layer below it through W_O, the pattern and W_V only: 2 (2 d^2) + 2 P d a token
+    backward_layer = 2 * 2 * d * d + 2 * P * d
+    forward_layer = 2 * (4 * d * d + 2 * d * m) + 2 * 2 * P * d
     feature_batches, logit_batches = math.ceil(S / B), math.ceil(n_logits / B)
-    backward = (feature_batches * B * (L / 2) + logit_batches * B * L) * P * per_token_layer
+    backward = (feature_batches * B * (L / 2) + logit_batches * B * L) * P * backward_layer
     dots = (feature_batches + logit_batches) * 2 * B * d * (A / 2 + T)
-    encode = 4 * P * L * d * W + 3 * P * L * per_token_layer
+    encode = 4 * P * L * d * W + 4 * P * L * forward_layer  # the transcoders, and four forward passes
     # eight influence estimates, each walking (at most L steps) over the rows computed so far (half of them on average)
     rounds = 0 if max_feature_nodes is None or S >= A else 8 * L * (S / 2) * (mean_cut + T) * 4
     flops = backward + dots + encode + rounds
