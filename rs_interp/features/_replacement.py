@@ -233,6 +233,8 @@ def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor,
     hooks = [(n, detach) for n in freeze_names(model)] + [("hook_embed", embed), ("unembed.hook_in", final)]
     for l in range(L):
         hooks += [(input_hook(model, transcoders, l), read(l)), (f"blocks.{l}.hook_mlp_out", cut(l))]
+    # the MLP's own output is cut: nothing inside it needs a gradient, so none of its activations is kept for one
+    hooks += [(n, detach) for n in model.hook_dict if n.endswith(("mlp.hook_pre", "mlp.hook_pre_linear"))]
     hooks += [(n, keep) for n in capture]
     with model.hooks(fwd_hooks=hooks):
         try:

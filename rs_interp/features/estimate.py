@@ -6,12 +6,14 @@ features (``a`` a token and layer: TopK's ``k``, else given), ``S`` feature rows
 ``b`` bytes a number (the model's dtype), the peak above the loaded model and transcoders is the
 largest of the two phases' sums (:attr:`GraphEstimate.parts` names every term):
 
-- rows: the clean run's patterns, frozen, and the backward's saved copy, ``2 L H P^2 b``; the
+- rows: a fixed ~0.1 GB (autograd's and the allocator's bookkeeping); the clean logits ``P V b``; the
+  clean run's patterns, frozen, and the backward's saved copy, ``2 L H P^2 b``; the
   streams the run keeps, ``(3 L + 1) P d b``; the active features' indices and activations, ``A (32 + b)``;
   the feature rows, each over the features of the layers before its own, ``S (A (L - 1) / (2 L) + T) b``
   (:class:`~rs_interp.features._rows.FeatureRows`); one batch's gradients, ``(L + 1) B P d b`` twice
   (the backward's own and the returned), and its rows ``B (A + T) b`` twice (computed, kept);
-- assembly: the feature rows, the kept block ``(S + n_logit) (S + T) b`` twice, the dense
+- assembly: the same fixed part, the logits of the clean and the frozen run ``2 P V b``, the feature
+  rows, the kept block ``(S + n_logit) (S + T) b`` twice, the dense
   ``(S + T + n_logit)^2 b`` (``dense=True``), and the pruning's float copies of the block (four).
 
 Time: the FLOPs of the backward passes (one per batch of ``B`` targets, each through the layers below
@@ -34,6 +36,10 @@ import torch
 from .transcoders import TranscoderSet
 
 __all__ = ["GraphEstimate", "estimate_graph", "matmul_rate"]
+
+#: What a graph's run holds whatever its size (autograd's and the allocator's bookkeeping, the
+#: certificate's probe): measured on GPT-2 small's shape, 64 tokens.
+_OVERHEAD = 100 * 2**20
 
 
 @dataclass(frozen=True)
@@ -116,8 +122,11 @@ def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature
     S = A if max_feature_nodes is None else min(max_feature_nodes, A)
     T, B = (L + 1) * P, batch_size
     mean_cut = A * (L - 1) / (2 * L)
+    V = cfg.d_vocab_out if getattr(cfg, "d_vocab_out", -1) and cfg.d_vocab_out > 0 else cfg.d_vocab
     rows = {
+        "rows: bookkeeping (autograd, allocator)": _OVERHEAD,
         "rows: patterns (frozen and saved)": 2 * L * H * P * P * b,
+        "rows: the clean logits": P * V * b,
         "rows: streams": (3 * L + 1) * P * d * b,
         "rows: active features": A * (32 + b),
         "rows: feature rows": S * (mean_cut + T) * b,
@@ -126,6 +135,8 @@ def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature
     }
     n_nodes = S + T + n_logits
     assembly = {
+        "assembly: bookkeeping (autograd, allocator)": _OVERHEAD,
+        "assembly: logits (clean, frozen run)": 2 * P * V * b,
         "assembly: feature rows": rows["rows: feature rows"],
         "assembly: patterns": rows["rows: patterns (frozen and saved)"],
         "assembly: kept block": 2 * (S + n_logits) * (S + T) * b,
