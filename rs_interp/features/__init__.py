@@ -14,7 +14,7 @@ from .estimate import GraphEstimate, estimate_graph
 from .graph import AttributionGraph, GraphScores, PrunedGraph
 from .interventions import Intervention, intervene
 from .qk import QKAttribution, qk_attributions, top_attention
-from .supernodes import SupernodeGraph, same_feature_groups, supernodes
+from .supernodes import SupernodeGraph, same_feature_groups
 from .training import TrainedTranscoders, TranscoderMetrics, train_transcoder, transcoder_metrics
 from .transcoders import SHIPPED_TRANSCODERS, Transcoder, TranscoderSet, load_transcoders, mlp_transcoders, shipped_metrics, shipped_transcoders
 
@@ -38,7 +38,6 @@ __all__ = [
     "load_clt",
     "train_clt",
     "TrainedCLT",
-    "supernodes",
     "SupernodeGraph",
     "same_feature_groups",
     "GraphEstimate",
