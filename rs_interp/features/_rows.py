@@ -133,6 +133,7 @@ class FeatureRows:
     def __init__(self, n_active: int, layer_start: list[int], n_tail: int, dtype: torch.dtype) -> None:
         self.n_active, self.layer_start, self.n_tail, self.dtype = n_active, layer_start, n_tail, dtype
         self.blocks: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (cut, features part, tail part)
+        self.scales: list[torch.Tensor] = []  # per block, 1 / each row's sum of absolute values (made once)
         self.n_rows = 0
 
     def add(self, rows: torch.Tensor, layers: list[int]) -> None:
@@ -140,18 +141,20 @@ class FeatureRows:
         cut = self.layer_start[max(layers)]
         if bool(rows[:, cut : self.n_active].any()):
             raise ValueError("a feature row reads a feature of its own layer or a later one: the model is not causal by layer")
-        self.blocks.append((cut, rows[:, :cut].clone(), rows[:, self.n_active :].clone()))
+        feats, tail = rows[:, :cut].clone(), rows[:, self.n_active :].clone()
+        self.blocks.append((cut, feats, tail))
+        self.scales.append(1.0 / (feats.abs().sum(1) + tail.abs().sum(1)).clamp(min=torch.finfo(self.dtype).tiny))
         self.n_rows += len(rows)
 
     def spread(self, weights: torch.Tensor) -> torch.Tensor:
         """``weights @ normalized(rows)`` over every source (n_active + n_tail)."""
         acc = torch.zeros(self.n_active + self.n_tail, dtype=self.dtype)
         i = 0
-        for cut, feats, tail in self.blocks:
-            a, b = feats.abs(), tail.abs()
-            w = weights[i : i + len(feats)] / (a.sum(1) + b.sum(1)).clamp(min=torch.finfo(self.dtype).tiny)
-            acc[:cut] += w @ a
-            acc[self.n_active :] += w @ b
+        for (cut, feats, tail), scale in zip(self.blocks, self.scales):
+            w = weights[i : i + len(feats)] * scale
+            for j in range(0, len(feats), 16):  # a few rows at a time: no copy of a block's absolute values
+                acc[:cut] += w[j : j + 16] @ feats[j : j + 16].abs()
+            acc[self.n_active :] += w @ tail.abs()
             i += len(feats)
         return acc
 
