@@ -7,8 +7,8 @@ estimate and against the bound, the FLOPs counted over the large-matmul rate mea
 
 Usage: python benchmarks/bench_long_graphs.py [--pos 64 1024] [--width 24576] [--k 64] [--max-nodes 1024] [--batch 16]
 
-The 1,024-token graph takes about ten CPU minutes and 6-7 GB: run it alone on a shared machine.
-circuit-tracer's published figures for long prompts are in docs/project/benchmarks.md.
+The 1,024-token graph takes about 16 CPU minutes and 6.7 GB in all: run it alone on a shared machine.
+The results, and circuit-tracer's published figures for long prompts, are in docs/project/benchmarks.md.
 """
 
 from __future__ import annotations

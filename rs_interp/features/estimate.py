@@ -9,9 +9,9 @@ largest of the two phases' sums (:attr:`GraphEstimate.parts` names every term):
 - rows: a fixed ~0.1 GB (autograd's and the allocator's bookkeeping); the clean logits ``P V b``; the
   clean run's patterns, frozen, and the backward's saved copy, ``2 L H P^2 b``; the
   streams the run keeps, ``(3 L + 1) P d b``; the active features' indices and activations, ``A (32 + b)``;
-  the feature rows, each over the features of the layers before its own, counted as ``S (A (L - 1) / L + T) b``
-  (the features chosen by their influence on the logits sit mostly in the last layers: on GPT-2 small's
-  shape a row measured 0.7 to 0.85 of the active features)
+  the feature rows, each over the features of the layers before its own, counted as ``S (0.7 A + T) b``
+  (the features chosen by their influence on the logits sit mostly in the later layers; 0.7 is fitted
+  to the peaks measured at 64, 256 and 1,024 tokens on GPT-2 small's shape, ``benchmarks/bench_long_graphs.py``)
   (:class:`~rs_interp.features._rows.FeatureRows`); one batch's gradients, ``(L + 1) B P d b`` twice
   (the backward's own and the returned), and its rows ``B (A + T) b`` twice (computed, kept);
 - assembly: the same fixed part, the logits of the clean and the frozen run ``2 P V b``, the feature
@@ -38,6 +38,10 @@ import torch
 from .transcoders import TranscoderSet
 
 __all__ = ["GraphEstimate", "estimate_graph", "matmul_rate"]
+
+#: The share of the active features a chosen feature's row spans (the features of the layers before its
+#: own), fitted to GPT-2 small's shape at 64, 256 and 1,024 tokens (docs/project/benchmarks.md).
+_ROW_SHARE = 0.7
 
 #: What a graph's run holds whatever its size (autograd's and the allocator's bookkeeping, the
 #: certificate's probe): measured on GPT-2 small's shape, 64 tokens.
@@ -124,7 +128,7 @@ def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature
     A = int(round(active_per_token * P * L))
     S = A if max_feature_nodes is None else min(max_feature_nodes, A)
     T, B = (L + 1) * P, batch_size
-    mean_cut = A * (L - 1) / L  # the chosen features sit mostly in the last layers (measured: 0.7-0.85 of A)
+    mean_cut = _ROW_SHARE * A
     V = cfg.d_vocab_out if getattr(cfg, "d_vocab_out", -1) and cfg.d_vocab_out > 0 else cfg.d_vocab
     rows = {
         "rows: bookkeeping (autograd, allocator)": _OVERHEAD,
