@@ -151,6 +151,7 @@ def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature
     }
     pruning = {"pruning: float copies of the block": 4 * (S + n_logits) * (S + T) * b if prune else 0,
                "pruning: dense adjacency": assembly["assembly: dense adjacency"]}
+    rows, assembly, pruning = ({k: int(v) for k, v in part.items()} for part in (rows, assembly, pruning))
     peak = max(sum(rows.values()), sum(assembly.values()), sum(pruning.values()))
     # the backward of the frozen model: patterns detached (no gradient to q, k) and MLPs cut, so a target's
     # gradient crosses each layer below it through W_O, the pattern and W_V only: 2 (2 d^2) + 2 P d a token
