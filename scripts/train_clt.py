@@ -11,6 +11,7 @@ sequences; held-out windows of the same mixture for the metrics). One thread, a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{seconds} s: held-out FVU per output layer {[round(v, 4) for v in t.fvu]}")
     if args.dry:
         return 0
-    t.clt.save(args.out)
+    dataclasses.replace(t.clt, scan="rs_interp/code-2l-clt").save(args.out)
     record = {"model": "code-2l", "fvu": list(t.fvu), "curve": list(t.curve), "seconds": seconds,
               "settings": {k: getattr(args, k) for k in DEFAULTS} | {"width": width},
               "measured_on": f"{args.n_eval} held-out windows of {width} tokens: half held-out code, half repeated random sequences",

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from test_features import random_transcoders, relu_model
 from test_features_graph import Frozen, _rows
 
-from rs_interp.features import CrossLayerTranscoder, attribution_graph, intervene, load_clt, train_clt
+from rs_interp.features import CrossLayerTranscoder, attribution_graph, intervene, load_clt, shipped_clt, train_clt
 
 TOL = 1e-9
 CASES = [("LN", "standard", "relu", None), ("RMS", "rotary", "jumprelu", None), ("LNPre", "standard", "relu", 25)]
@@ -112,3 +112,23 @@ def test_training_lowers_the_error():
     t = train_clt(model, tokens, d_transcoder=32, k=6, steps=150, batch_size=256, lr=3e-3,
                   eval_tokens=held)
     assert t.curve[-1] < 0.6 * t.curve[0] and all(f < 0.8 for f in t.fvu), (t.curve[0], t.curve[-1], t.fvu)
+
+
+def test_the_shipped_clt_reconstructs_as_recorded_and_graphs_with_it():
+    """code-2l's shipped CLT: its held-out FVU as recorded when trained (recomputed here on fresh windows of the
+    same mixture would differ; the record is checked for shape and range), every write reaching the later layer,
+    and a graph with it whose rows sum (checked as it is built) and whose errors are the MLP outputs minus it."""
+    import json
+    from pathlib import Path
+
+    from rs_interp import load_toy_model
+
+    clt = shipped_clt("code-2l")
+    record = json.loads((Path(__file__).resolve().parents[1] / "rs_interp/toy_models/transcoders/code-2l-clt/metrics.json").read_text())
+    assert len(record["fvu"]) == 2 and all(0 < f < 0.3 for f in record["fvu"]) and record["curve"][-1] < record["curve"][0]
+    assert float(clt.decoders[0][:, 1].abs().sum()) > 0
+    model = load_toy_model("code-2l")
+    g = attribution_graph(model, clt, torch.arange(300, 316), max_logits=2, max_feature_nodes=64)
+    assert g.n_active == 2 * 16 * 16
+    with pytest.raises(ValueError, match="no cross-layer"):
+        shipped_clt("gpt2")

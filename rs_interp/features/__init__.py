@@ -9,7 +9,7 @@
 """
 
 from .attribution import attribution_graph
-from .clt import CrossLayerTranscoder, TrainedCLT, load_clt, train_clt
+from .clt import SHIPPED_CLTS, CrossLayerTranscoder, TrainedCLT, load_clt, shipped_clt, train_clt
 from .estimate import GraphEstimate, estimate_graph
 from .graph import AttributionGraph, GraphScores, PrunedGraph
 from .interventions import Intervention, intervene
@@ -38,6 +38,8 @@ __all__ = [
     "load_clt",
     "train_clt",
     "TrainedCLT",
+    "shipped_clt",
+    "SHIPPED_CLTS",
     "SupernodeGraph",
     "same_feature_groups",
     "GraphEstimate",

@@ -36,7 +36,11 @@ from .._backend import Model
 from . import _config
 from .transcoders import Transcoder, TranscoderSet
 
-__all__ = ["CrossLayerTranscoder", "load_clt", "train_clt", "TrainedCLT"]
+__all__ = ["CrossLayerTranscoder", "load_clt", "train_clt", "TrainedCLT", "shipped_clt", "SHIPPED_CLTS"]
+
+#: The shipped cross-layer transcoders, by model name, under ``rs_interp/toy_models/transcoders/{name}-clt/``.
+SHIPPED_CLTS = ("code-2l",)
+_SHIPPED_ROOT = Path(__file__).resolve().parents[1] / "toy_models" / "transcoders"
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,19 @@ def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> Cross
         threshold=[t.reshape(-1) for t in thresholds] if activation == "jumprelu" else None,
         W_skip=[e.get(f"W_skip_{i}") for i, e in enumerate(enc)], input_point=cfg.get("feature_input_hook", "hook_resid_mid"),
         output_point=cfg.get("feature_output_hook", "hook_mlp_out"), scan=str(cfg.get("scan", folder.name)), dtype=dtype)
+
+
+def shipped_clt(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) -> CrossLayerTranscoder:
+    """The cross-layer transcoder shipped for the model ``name`` (trained by ``scripts/train_clt.py``: 1,024
+    TopK-16 features a layer; its held-out FVU and curve in ``metrics.json`` beside it).
+
+    >>> clt = shipped_clt("code-2l")
+    >>> len(clt), clt[0].d_transcoder, [m for m, _ in clt.writes_from(0)]
+    (2, 1024, [0, 1])
+    """
+    if name not in SHIPPED_CLTS:
+        raise ValueError(f"no cross-layer transcoder is shipped for {name!r}; shipped: {SHIPPED_CLTS}")
+    return load_clt(_SHIPPED_ROOT / f"{name}-clt", dtype=dtype)
 
 
 @dataclass(frozen=True)
