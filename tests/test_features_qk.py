@@ -20,12 +20,13 @@ from test_features import random_transcoders
 from test_features_graph import Frozen
 
 from rs_interp import _backend
-from rs_interp.features import attribution_graph, qk_attributions, shipped_transcoders, top_attention
+from rs_interp.features import CrossLayerTranscoder, attribution_graph, qk_attributions, shipped_transcoders, top_attention
 from rs_interp.features.export import graph_json
 from rs_interp.features.figures import graph_figure
 
 TOL = 1e-9
-CASES = [("LN", "standard", None, None), ("RMS", "rotary", None, 12), ("RMS", "rotary", "gqa", None), ("LNPre", "standard", "gqa", 10)]
+CASES = [("LN", "standard", None, None), ("RMS", "rotary", None, 12), ("RMS", "rotary", "gqa", None), ("LNPre", "standard", "gqa", 10),
+         ("LN", "rotary", "clt", None)]
 
 
 class Sides(Frozen):
@@ -47,7 +48,8 @@ class Sides(Frozen):
         kind = g.kinds()[n] if isinstance(n, int) else n
         if kind == "feature":
             l, p, f = g.features[n].tolist()
-            out_delta[l, p] = -g.activations[n] * self.tcs[l].W_dec[f]
+            for m, W in self.tcs.writes_from(l):  # its own MLP output (a cross-layer transcoder: every later one too)
+                out_delta[m, p] = -g.activations[n] * W[f]
         elif kind == "error":
             l, p = divmod(n - g.n_features, P)
             out_delta[l, p] = -g.errors[l, p]
@@ -70,8 +72,10 @@ class Sides(Frozen):
 
 @pytest.mark.parametrize("norm, pos, feature, max_nodes", CASES, ids=[f"{n}-{p}-{f or 'mha'}-{m or 'all'}" for n, p, f, m in CASES])
 def test_entries_are_the_score_change_of_their_pair(norm, pos, feature, max_nodes):
-    model = make_variant(norm, pos, False, feature, seed=1, n_layers=3)
+    model = make_variant(norm, pos, False, None if feature == "clt" else feature, seed=1, n_layers=3)
     tcs = random_transcoders(3, 16, 24, activation="jumprelu" if max_nodes else "relu", skip=bool(max_nodes), seed=2)
+    if feature == "clt":  # a cross-layer transcoder: each feature also writes to every later MLP output
+        tcs = CrossLayerTranscoder.random(3, 16, 20, seed=2, dtype=torch.float64)
     tokens = torch.randint(0, 50, (9,), generator=torch.Generator().manual_seed(3))
     g = attribution_graph(model, tcs, tokens, targets=[0, 7], max_feature_nodes=max_nodes)
     edges = [(2, 1, 8, 3), (1, 0, 6, 6), (2, 0, 7, 0)]
@@ -180,6 +184,8 @@ def code_qk():
 
 def test_the_graph_json_and_figure_carry_the_qk(code_qk):
     model, tcs, g, qk = code_qk
+    # the shipped transcoders' parameters require gradients: no graph entry carries an autograd graph of them
+    assert not any(t.requires_grad for t in (g.adjacency, g.values, g.bias, g.unselected, qk[0].query_parts, qk[0].loadings))
     assert len(qk) == 3 and all(abs(float(a.table.sum()) - a.score) < 1e-4 * (1 + abs(a.score)) for a in qk)
     assert [(a.layer, a.head, a.query, a.key) for a in qk] == [e for e, _ in top_attention(model, tcs, g, 3)]
     gq = g.with_qk(qk)

@@ -224,6 +224,10 @@ class Rows:
         B, run = grad_outputs[0].shape[0], self.run
         grads = torch.autograd.grad(tensors, run.outputs + [run.embed], grad_outputs,
                                     retain_graph=True, allow_unused=True, is_grads_batched=True)
+        with torch.no_grad():  # the writes are made here from the transcoders' parameters: no graph for them
+            return self._rows(grads, B)
+
+    def _rows(self, grads, B: int) -> torch.Tensor:
         row = torch.zeros(B, self.n_features + (self.L + 1) * self.P, dtype=self.embed.dtype)
         err0 = self.n_features
         for l in range(self.L):
@@ -248,7 +252,7 @@ def _feature_rows(rows: Rows, features, tcs, logit_rows, logit_p, max_nodes, bat
 
     n = len(features)
     n_select = n if max_nodes is None else min(max_nodes, n)
-    targets = lambda idx: [(int(features[i, 0]), int(features[i, 1]), tcs[int(features[i, 0])].W_enc[int(features[i, 2])])  # noqa: E731
+    targets = lambda idx: [(int(features[i, 0]), int(features[i, 1]), tcs[int(features[i, 0])].W_enc[int(features[i, 2])].detach())  # noqa: E731
                            for i in idx]
     out = _rows.FeatureRows(n, rows.layer_start, logit_rows.shape[1] - n, logit_rows.dtype)
     order: list[int] = []
