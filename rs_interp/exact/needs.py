@@ -82,8 +82,11 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "key_score_sensitivity": ("scores read",),
     "features.attribution_graph": (*_GRAPH, "gradients"),
     "features.intervene": _GRAPH,
+    "features.qk_attributions": _GRAPH + ("z", "heads", "values", "scores", "gradients"),
+    "features.top_attention": _GRAPH + ("z", "heads", "values"),
     "features.train_transcoder": ("mlp reads", "mlp writes"),
     "features.transcoder_metrics": ("mlp reads", "mlp writes"),
+    "features.train_clt": ("mlp reads", "mlp writes"),
     "features.mlp_transcoders": ("mlp reads", "mlp writes", "mlp weights"),
     "scale.attribution_patching": ("z", "input", "gradients"),
     "scale.edge_attribution_patching": _EDGE_ESTIMATES,
@@ -107,6 +110,8 @@ OPTIONAL: dict[str, dict[str, str]] = {
     "features.intervene": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
     "evaluate_circuit": {"embedding": "embedding='token' or 'split'"},
     "faithfulness_curve": {"embedding": "scores on embedding='token' or 'split'"},
+    "features.qk_attributions": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
+    "features.top_attention": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
 }
 
 #: Identities a helper reads as an option, with what it does where one fails (it still answers, exactly).
@@ -135,6 +140,7 @@ EXEMPT: dict[str, str] = {
     "evaluate": "the model's own loss and accuracy: its logits as they are, nothing decomposed",
     "scale.metric_values": "the metric of the model's own logits, batch by batch: nothing decomposed",
     "scale.stream": "runs the analysis it is given, which certifies the model itself",
+    "features.estimate_graph": "reads the config's shapes only; nothing is run",
     "hooks.store_matching": "builds hooks that record activations; nothing is computed",
     "hooks.split_qkv_inputs": "routes the caller's own per-head input hooks; the caller's hooks say what they compute",
 }
@@ -162,7 +168,10 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "positional_scores": ("not rotary",),
     "features.attribution_graph": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.intervene": ("attention-only", "parallel blocks", "soft-capped logits"),
+    "features.qk_attributions": ("attention-only", "parallel blocks", "soft-capped logits"),
+    "features.top_attention": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.train_transcoder": ("attention-only",),
     "features.transcoder_metrics": ("attention-only",),
+    "features.train_clt": ("attention-only",),
     "features.mlp_transcoders": ("attention-only", "not plain ReLU MLPs"),
 }

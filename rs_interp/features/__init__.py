@@ -9,8 +9,12 @@
 """
 
 from .attribution import attribution_graph
+from .clt import SHIPPED_CLTS, CrossLayerTranscoder, TrainedCLT, load_clt, shipped_clt, train_clt
+from .estimate import GraphEstimate, estimate_graph
 from .graph import AttributionGraph, GraphScores, PrunedGraph
 from .interventions import Intervention, intervene
+from .qk import QKAttribution, qk_attributions, top_attention
+from .supernodes import SupernodeGraph, same_feature_groups
 from .training import TrainedTranscoders, TranscoderMetrics, train_transcoder, transcoder_metrics
 from .transcoders import SHIPPED_TRANSCODERS, Transcoder, TranscoderSet, load_transcoders, mlp_transcoders, shipped_metrics, shipped_transcoders
 
@@ -28,6 +32,19 @@ __all__ = [
     "GraphScores",
     "intervene",
     "Intervention",
+    "qk_attributions",
+    "estimate_graph",
+    "CrossLayerTranscoder",
+    "load_clt",
+    "train_clt",
+    "TrainedCLT",
+    "shipped_clt",
+    "SHIPPED_CLTS",
+    "SupernodeGraph",
+    "same_feature_groups",
+    "GraphEstimate",
+    "top_attention",
+    "QKAttribution",
     "train_transcoder",
     "TrainedTranscoders",
     "transcoder_metrics",

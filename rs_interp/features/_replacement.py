@@ -187,11 +187,13 @@ class GradRun:
     outputs: list[torch.Tensor]  # MLP outputs, per layer: where features and errors write
     embed: torch.Tensor          # token embeddings: where token nodes write
     final: torch.Tensor          # the final normalized stream (unembed input): where logits read
+    captured: dict[str, torch.Tensor]  # the tensors at the hook points asked for (``capture``), by name
 
 
-def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor) -> GradRun:
+def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor, capture: tuple[str, ...] = ()) -> GradRun:
     """The forward pass whose backward is the frozen replacement model's transpose (module docstring).
-    ``tokens`` (batch, pos): one row per target of a backward batch (the rows are the same prompt).
+    ``tokens`` (batch, pos): one row per target of a backward batch (the rows are the same prompt);
+    ``capture``: hook points (before the unembedding) whose tensors to keep, e.g. a layer's ``attn.hook_q``.
     Call inside :func:`quiet_model` with gradients enabled."""
     box: dict[str, torch.Tensor] = {}
     L = model.cfg.n_layers
@@ -224,12 +226,20 @@ def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor)
         box["final"] = t
         raise Stop  # the logits are not needed: the unembedding of a batch is the costliest matmul
 
+    def keep(t: torch.Tensor, hook) -> torch.Tensor:
+        box[hook.name] = t * 1  # returned: the run goes on from this very tensor (4.x's hook_z is a copy otherwise)
+        return box[hook.name]
+
     hooks = [(n, detach) for n in freeze_names(model)] + [("hook_embed", embed), ("unembed.hook_in", final)]
     for l in range(L):
         hooks += [(input_hook(model, transcoders, l), read(l)), (f"blocks.{l}.hook_mlp_out", cut(l))]
+    # the MLP's own output is cut: nothing inside it needs a gradient, so none of its activations is kept for one
+    hooks += [(n, detach) for n in model.hook_dict if n.endswith(("mlp.hook_pre", "mlp.hook_pre_linear"))]
+    hooks += [(n, keep) for n in capture]
     with model.hooks(fwd_hooks=hooks):
         try:
             model(tokens, return_type="logits")
         except Stop:
             pass
-    return GradRun([box[f"in{l}"] for l in range(L)], [box[f"out{l}"] for l in range(L)], box["embed"], box["final"])
+    return GradRun([box[f"in{l}"] for l in range(L)], [box[f"out{l}"] for l in range(L)], box["embed"], box["final"],
+                   {n: box[n] for n in capture})

@@ -30,6 +30,7 @@ from jaxtyping import Int
 
 from .._backend import Model
 from . import _replacement as R
+from . import _rows
 from .graph import AttributionGraph
 from .transcoders import TranscoderSet
 
@@ -77,6 +78,7 @@ def attribution_graph(
     max_feature_nodes: int | None = None,
     batch_size: int = 64,
     progress: bool = False,
+    dense: bool = True,
 ) -> AttributionGraph:
     """The attribution graph of one prompt: feature, error, token and logit nodes and the exact direct
     effects between them in the local replacement model (module docstring for the formula).
@@ -94,7 +96,11 @@ def attribution_graph(
             their influence on the rows computed so far; the rest's direct effects are summed in
             ``unselected`` (so every row still sums to its value). Default: every active feature.
         batch_size: targets per backward pass.
-        progress: a progress bar over the feature rows.
+        progress: a progress bar over the feature rows, and the estimate of time and peak memory
+            (:func:`rs_interp.features.estimate_graph`) written above it before the run.
+        dense: the adjacency as a (node, node) tensor; ``False``: only its rows that can be nonzero
+            (:class:`~rs_interp.features._rows.RowMatrix`, read the same way), for long prompts. The
+            entries, influence, pruning and scores are the same either way.
 
     Raises:
         ValueError: bad tokens, targets or position; a model whose replacement is not linear once
@@ -114,7 +120,8 @@ def attribution_graph(
         with torch.inference_mode(False):
             return attribution_graph(model, transcoders, torch.as_tensor(tokens).clone(), targets=targets, position=position,
                                      max_logits=max_logits, logit_probability=logit_probability, centered=centered,
-                                     max_feature_nodes=max_feature_nodes, batch_size=batch_size, progress=progress)
+                                     max_feature_nodes=max_feature_nodes, batch_size=batch_size, progress=progress,
+                                     dense=dense)
     tokens = _tokens(model, tokens)
     R.check_model(model, transcoders, "features.attribution_graph")
     model = R.working_copy(model)
@@ -125,54 +132,70 @@ def attribution_graph(
     if batch_size < 1 or (max_feature_nodes is not None and max_feature_nodes < 0):
         raise ValueError("batch_size must be >= 1 and max_feature_nodes >= 0")
     tcs = R.working_set(transcoders, dt)
+    if progress and tcs[0].k is not None:  # the cost, before the run (TopK: the active features are known from the shapes)
+        from tqdm.auto import tqdm
+
+        from .estimate import estimate_graph
+
+        tqdm.write(str(estimate_graph(model, tcs, P, max_feature_nodes=max_feature_nodes, n_logits=max_logits,
+                                      batch_size=batch_size, dense=dense)))
     with R.quiet_model(model):
         clean = R.clean_run(model, tcs, tokens[None])
         probs = clean.logits[position].double().softmax(-1)
         logit_tokens = _logit_targets(probs, targets, max_logits, logit_probability)
-        # the nodes: active features (layer, pos, index), their writes and reads
-        feats, writes, reads, acts_list = [], [], [], []
-        errors = torch.zeros(L, P, model.cfg.d_model, dtype=dt)
-        with torch.no_grad():
-            for l, tc in enumerate(tcs):
-                x = clean.inputs[l]
-                acts = tc.encode(x)
-                pos, idx = acts.nonzero(as_tuple=True)
-                feats.append(torch.stack([torch.full_like(pos, l), pos, idx], 1))
-                acts_list.append(acts[pos, idx])
-                writes.append(acts[pos, idx, None] * tc.W_dec[idx])
-                reads.append(tc.W_enc[idx])
-                recon = tc.decode(acts, x)
-                errors[l] = clean.outputs[l] - recon
-        features = torch.cat(feats)
-        activations = torch.cat(acts_list)
+        features, activations, errors = active_nodes(tcs, clean)
         W_U = model.W_U.detach().to(dt)
         logit_reads = (W_U[:, logit_tokens] - (W_U.mean(1, keepdim=True) if centered else 0.0)).T  # (logit, d_model)
         n_active = len(features)
         with torch.enable_grad():
             run = R.grad_forward(model, tcs, tokens[None])
-            rows = _Rows(run, features, torch.cat(writes), errors, clean.embed, P, L)
+            rows = Rows(run, features, activations, tcs, errors, clean.embed, P, L)
             logit_rows = rows.compute([(L, position, v) for v in logit_reads], batch_size)
-            feature_rows, selected = _feature_rows(rows, features, torch.cat(reads), logit_rows, probs[logit_tokens],
+            feature_rows, selected = _feature_rows(rows, features, tcs, logit_rows, probs[logit_tokens],
                                                    max_feature_nodes, batch_size, progress)
         del run, rows
         values, bias = _values_and_bias(model, tcs, clean, tokens, features[selected], logit_tokens, position, centered)
     return _assemble(features, activations, selected, feature_rows, logit_rows, logit_tokens, probs, values, bias,
-                     tokens, errors, L, position, n_active, tcs.scan, centered, model)
+                     tokens, errors, L, position, n_active, tcs.scan, centered, model, dense)
 
 
-class _Rows:
+def active_nodes(tcs: TranscoderSet, clean: R.Clean):
+    """The feature nodes of a clean run: every active feature (layer, pos, index) and its activation
+    (numbered layer by layer, then by position); and the error vectors (layer, pos, d_model)."""
+    feats, acts_list = [], []
+    L, (P, d) = len(tcs), clean.embed.shape
+    recon = torch.zeros(L, P, d, dtype=clean.embed.dtype)  # each MLP output's reconstruction, from every layer writing to it
+    with torch.no_grad():
+        for l, tc in enumerate(tcs):
+            acts = tc.encode(clean.inputs[l])
+            pos, idx = acts.nonzero(as_tuple=True)
+            feats.append(torch.stack([torch.full_like(pos, l), pos, idx], 1))
+            acts_list.append(acts[pos, idx])
+            for out, W in tcs.writes_from(l):
+                recon[out] += acts @ W
+            del acts
+        errors = torch.stack([clean.outputs[l] - (recon[l] + tc.b_dec + tc.skip(clean.inputs[l])) for l, tc in enumerate(tcs)])
+    return torch.cat(feats), torch.cat(acts_list), errors
+
+
+class Rows:
     """Direct-effect rows from batched backward passes through one :func:`~._replacement.grad_forward` run."""
 
-    def __init__(self, run: R.GradRun, features, writes, errors, embed, P: int, L: int) -> None:
+    def __init__(self, run: R.GradRun, features, activations, tcs: TranscoderSet, errors, embed, P: int, L: int) -> None:
         self.run, self.P, self.L = run, P, L
         self.errors, self.embed = errors, embed
+        self.activations, self.tcs, self.index = activations, tcs, features[:, 2]
+        self.into: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(L)]  # per output layer: (source layer, decoder)
+        for src in range(L):
+            for out, W in tcs.writes_from(src):
+                self.into[out].append((src, W))
         # per layer: the feature nodes' columns, grouped by position for one small matmul per position
         self.groups = []
         for l in range(L):
             cols = (features[:, 0] == l).nonzero()[:, 0]
             self.groups.append([(p, cols[features[cols, 1] == p]) for p in features[cols, 1].unique().tolist()])
-        self.writes = writes
         self.n_features = len(features)
+        self.layer_start = [int((features[:, 0] < l).sum()) for l in range(L + 1)]  # features are numbered layer by layer
 
     def compute(self, targets: list[tuple[int, int, torch.Tensor]], batch_size: int) -> torch.Tensor:
         """Rows (target, source) for targets ``(layer, pos, read vector)`` (layer ``L``: the final stream),
@@ -192,8 +215,19 @@ class _Rows:
                 injected[layer] = torch.zeros(B, *points[layer].shape, dtype=points[layer].dtype)
             injected[layer][b, 0, pos] = vector.to(points[layer].dtype)
         layers = sorted(injected)
-        grads = torch.autograd.grad([points[l] for l in layers], run.outputs + [run.embed], [injected[l] for l in layers],
+        return self.backward([points[l] for l in layers], [injected[l] for l in layers])
+
+    def backward(self, tensors: list[torch.Tensor], grad_outputs: list[torch.Tensor]) -> torch.Tensor:
+        """The rows (batch, source) of the targets ``sum (grad_outputs * tensors)``, one per batch row of
+        ``grad_outputs`` (each shaped (batch, *tensor.shape)): each source's write dotted with the
+        target's gradient at its write point."""
+        B, run = grad_outputs[0].shape[0], self.run
+        grads = torch.autograd.grad(tensors, run.outputs + [run.embed], grad_outputs,
                                     retain_graph=True, allow_unused=True, is_grads_batched=True)
+        with torch.no_grad():  # the writes are made here from the transcoders' parameters: no graph for them
+            return self._rows(grads, B)
+
+    def _rows(self, grads, B: int) -> torch.Tensor:
         row = torch.zeros(B, self.n_features + (self.L + 1) * self.P, dtype=self.embed.dtype)
         err0 = self.n_features
         for l in range(self.L):
@@ -201,23 +235,26 @@ class _Rows:
             if g is None:
                 continue
             g = g[:, 0].to(row.dtype)  # (B, pos, d_model)
-            for p, cols in self.groups[l]:
-                row[:, cols] = g[:, p] @ self.writes[cols].T
+            for src, W_dec in self.into[l]:  # every layer whose features write into this MLP output
+                for p, cols in self.groups[src]:  # the writes a W_dec[i] of one position, made here (never all at once)
+                    row[:, cols] += g[:, p] @ (self.activations[cols, None] * W_dec[self.index[cols]]).T
             row[:, err0 + l * self.P : err0 + (l + 1) * self.P] = (g * self.errors[l]).sum(-1)
         if grads[-1] is not None:
             row[:, err0 + self.L * self.P :] = (grads[-1][:, 0].to(row.dtype) * self.embed).sum(-1)
         return row
 
 
-def _feature_rows(rows: _Rows, features, reads, logit_rows, logit_p, max_nodes, batch_size, progress):
-    """The rows of the selected features and which they are: every active feature, or (``max_nodes``)
-    circuit-tracer's choice, the most influential on the rows computed so far, a round at a time."""
+def _feature_rows(rows: Rows, features, tcs, logit_rows, logit_p, max_nodes, batch_size, progress):
+    """The rows of the selected features (a :class:`~._rows.FeatureRows`, in the order computed) and which
+    they are: every active feature, or (``max_nodes``) circuit-tracer's choice, the most influential on the
+    rows computed so far, a round at a time."""
     from tqdm.auto import tqdm
 
-    n, width = len(features), logit_rows.shape[1]
+    n = len(features)
     n_select = n if max_nodes is None else min(max_nodes, n)
-    targets = lambda idx: [(int(features[i, 0]), int(features[i, 1]), reads[i]) for i in idx]  # noqa: E731
-    out = torch.zeros(n_select, width, dtype=logit_rows.dtype)  # filled in the order chosen
+    targets = lambda idx: [(int(features[i, 0]), int(features[i, 1]), tcs[int(features[i, 0])].W_enc[int(features[i, 2])].detach())  # noqa: E731
+                           for i in idx]
+    out = _rows.FeatureRows(n, rows.layer_start, logit_rows.shape[1] - n, logit_rows.dtype)
     order: list[int] = []
     visited = torch.zeros(n, dtype=torch.bool)
     # a round: the features chosen from one influence estimate (at most ~8 rounds: each estimate reads every row so far)
@@ -227,37 +264,31 @@ def _feature_rows(rows: _Rows, features, reads, logit_rows, logit_p, max_nodes, 
             if n_select == n:
                 pending = list(range(n))
             else:
-                infl = _partial_influence(logit_rows, logit_p, out[: len(order)], order)
+                infl = _partial_influence(logit_rows, logit_p, out, order)
                 rank = infl[:n].argsort(descending=True)
                 pending = rank[~visited[rank]][: min(per_round, n_select - len(order))].tolist()
                 # a backward pass costs as much as its deepest target: batch a round's features layer by layer
                 pending.sort(key=lambda i: (int(features[i, 0]), int(features[i, 1])))
             for start in range(0, len(pending), batch_size):
                 idx = pending[start : start + batch_size]
-                out[len(order) : len(order) + len(idx)] = rows.compute(targets(idx), batch_size)
+                out.add(rows.compute(targets(idx), batch_size), [int(features[i, 0]) for i in idx])
                 order += idx
                 bar.update(len(idx))
             visited[pending] = True
     return out, torch.tensor(order, dtype=torch.long)
 
 
-def _partial_influence(logit_rows, logit_p, feature_rows, order) -> torch.Tensor:
+def _partial_influence(logit_rows, logit_p, feature_rows: _rows.FeatureRows, order) -> torch.Tensor:
     """Each node's influence on the logits through the rows known so far (the logits', then the
-    computed features'), each row's absolute values scaled to sum 1; read a block of rows at a time."""
-    def spread(weights: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-        acc = torch.zeros(block.shape[1], dtype=block.dtype)
-        for i in range(0, len(block), 1024):
-            part = block[i : i + 1024].abs()
-            acc += (weights[i : i + 1024] / part.sum(1).clamp(min=torch.finfo(part.dtype).tiny)) @ part
-        return acc
-
+    computed features'), each row's absolute values scaled to sum 1."""
+    a = logit_rows.abs()
+    step = (logit_p.to(a.dtype) / a.sum(1).clamp(min=torch.finfo(a.dtype).tiny)) @ a
     node = torch.tensor(order, dtype=torch.long)
-    step = spread(logit_p.to(logit_rows.dtype), logit_rows)
     total = step.clone()
     for _ in range(len(order) + 1):  # the graph is acyclic: the walk ends
         if len(order) == 0:
             break
-        step = spread(step[node], feature_rows)
+        step = feature_rows.spread(step[node])
         if not bool(step.any()):
             break
         total += step
@@ -281,30 +312,35 @@ def _values_and_bias(model, tcs, clean, tokens, feats, logit_tokens, position, c
 
 
 def _assemble(features, activations, selected, feature_rows, logit_rows, logit_tokens, probs, values, bias, tokens, errors,
-              L, position, n_active, scan, centered, model) -> AttributionGraph:
+              L, position, n_active, scan, centered, model, dense) -> AttributionGraph:
     n_sel, P, n_logit = len(selected), len(tokens), len(logit_tokens)
     n_nodes = n_sel + (L + 1) * P + n_logit
-    keep = torch.cat([selected, torch.arange(n_active, n_active + (L + 1) * P)])  # the columns kept
-    adjacency = torch.zeros(n_nodes, n_nodes, dtype=feature_rows.dtype)
-    dropped = torch.ones(n_active, dtype=feature_rows.dtype)
+    dropped = torch.ones(n_active, dtype=logit_rows.dtype)
     dropped[selected] = 0.0
-    unselected_rows = torch.cat([feature_rows[:, :n_active] @ dropped, logit_rows[:, :n_active] @ dropped])
-    adjacency[:n_sel, : n_nodes - n_logit] = feature_rows[:, keep]
-    adjacency[n_nodes - n_logit :, : n_nodes - n_logit] = logit_rows[:, keep]
+    kept, unselected_features = feature_rows.columns(selected, dropped)  # (selected rows, selected + errors + tokens)
+    keep = torch.cat([selected, torch.arange(n_active, n_active + (L + 1) * P)])  # the logit rows' columns kept
+    unselected_rows = torch.cat([unselected_features, logit_rows[:, :n_active] @ dropped])
+    block = torch.cat([kept, logit_rows[:, keep]])  # every row that can be nonzero: the features', then the logits'
+    del kept
     target_rows = torch.cat([torch.arange(n_sel), torch.arange(n_nodes - n_logit, n_nodes)])
-    full = lambda v: torch.zeros(n_nodes, dtype=adjacency.dtype).index_put_((target_rows,), v.to(adjacency.dtype))  # noqa: E731
+    if dense:
+        adjacency = torch.zeros(n_nodes, n_nodes, dtype=block.dtype)
+        adjacency[target_rows, : n_nodes - n_logit] = block
+    else:
+        adjacency = _rows.RowMatrix(block, target_rows, n_nodes)
+    full = lambda v: torch.zeros(n_nodes, dtype=block.dtype).index_put_((target_rows,), v.to(block.dtype))  # noqa: E731
     graph = AttributionGraph(
         tokens=tokens, features=features[selected], activations=activations[selected], logit_tokens=logit_tokens,
-        logit_probabilities=probs[logit_tokens].to(adjacency.dtype), adjacency=adjacency, values=full(values),
+        logit_probabilities=probs[logit_tokens].to(block.dtype), adjacency=adjacency, values=full(values),
         bias=full(bias), unselected=full(unselected_rows), errors=errors, n_layers=L, position=position, n_active=n_active,
         scan=scan, centered=centered)
-    _check_rows(graph, target_rows, model)
+    _check_rows(graph, model)
     return graph
 
 
-def _check_rows(graph: AttributionGraph, rows: torch.Tensor, model: Model) -> None:
+def _check_rows(graph: AttributionGraph, model: Model) -> None:
     """Every feature and logit row plus its bias and unselected part is the target's value, to rounding."""
-    A = graph.adjacency[rows]
+    rows, A = graph.target_nodes(), graph.rows()
     total = A.sum(1) + graph.unselected[rows] + graph.bias[rows]
     size = A.abs().sum(1) + graph.values[rows].abs() + graph.bias[rows].abs() + graph.unselected[rows].abs() + 1.0
     gap = (total - graph.values[rows]).abs()

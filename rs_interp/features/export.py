@@ -100,7 +100,12 @@ def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_t
     metadata = {"slug": slug, "scan": graph.scan, "transcoder_list": [], "prompt_tokens": tokens, "prompt": prompt,
                 "node_threshold": node_threshold, "schema_version": 1}
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
-    return {"metadata": metadata, "qParams": qparams, "nodes": kept, "links": links}
+    data = {"metadata": metadata, "qParams": qparams, "nodes": kept, "links": links}
+    if graph.qk:  # an extra field (the frontend reads the four above): the attached QK attributions
+        from .qk import qk_json
+
+        data["qk"] = qk_json(graph, lambda n: nodes[n]["node_id"] if n in nodes else None)
+    return data
 
 
 def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = "rs-interp-graph", node_threshold: float = 0.8,

@@ -20,37 +20,17 @@ come from error nodes. Both are 1 when no error node carries anything.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Bool, Float, Int
 
 from .._format import Top
+from . import _rows
+from ._rows import RowMatrix
 
 __all__ = ["AttributionGraph", "PrunedGraph", "GraphScores"]
-
-
-def _normalized(adjacency: torch.Tensor) -> torch.Tensor:
-    a = adjacency.abs()
-    return a / a.sum(1, keepdim=True).clamp(min=torch.finfo(a.dtype).tiny)
-
-
-def _influence(normalized: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``weights (Â + Â² + ...)``; the series of an acyclic graph ends within ``n_nodes`` terms."""
-    step, total = weights @ normalized, torch.zeros_like(weights)
-    for _ in range(len(weights) + 1):
-        if not bool(step.any()):
-            return total
-        total, step = total + step, step @ normalized
-    raise ValueError("the graph has a cycle: its influence does not converge")
-
-
-def _threshold(scores: torch.Tensor, fraction: float) -> torch.Tensor:
-    """The smallest score among the fewest top scores whose sum reaches ``fraction`` of the total."""
-    ranked = scores.flatten().sort(descending=True).values
-    cumulative = ranked.cumsum(0) / ranked.sum().clamp(min=torch.finfo(ranked.dtype).tiny)
-    index = min(int(torch.searchsorted(cumulative, torch.tensor(fraction, dtype=cumulative.dtype))), len(ranked) - 1)
-    return ranked[index]
 
 
 @dataclass(frozen=True)
@@ -79,7 +59,10 @@ class AttributionGraph:
         features: (feature, 3) each feature node's (layer, position, index in its transcoder).
         activations: (feature,) its activation.
         logit_tokens: (logit,) the token of each logit node; logit_probabilities: (logit,) its probability.
-        adjacency: (node, node) direct effects, [target, source] (module docstring for the order).
+        adjacency: (node, node) direct effects, [target, source] (module docstring for the order): a
+            tensor, or (``attribution_graph(..., dense=False)``) a :class:`~rs_interp.features._rows.RowMatrix`
+            holding only the rows that can be nonzero, read the same way (``adjacency[t, s]``, ``adjacency[rows]``,
+            ``adjacency.dense()``).
         values: (node,) each target's value in the run: a feature's pre-activation, a logit's
             demeaned value (``logit - mean(logits)``); 0 for error and token nodes.
         bias: (node,) each target's constant part: its value with every node switched off (the
@@ -90,6 +73,7 @@ class AttributionGraph:
             features in the prompt; scan: the transcoders' identifier; centered: whether logit
             values are centered (logit minus the mean logit) or raw.
         errors: (layer, pos, d_model) each error node's vector (MLP output minus reconstruction).
+        qk: the QK attributions attached with :meth:`with_qk` (:class:`rs_interp.features.qk.QKAttribution`), if any.
 
     ``adjacency.sum(1) + unselected + bias == values`` on every feature and logit row (checked when
     the graph is built).
@@ -109,7 +93,7 @@ class AttributionGraph:
     activations: Float[torch.Tensor, " feature"]
     logit_tokens: Int[torch.Tensor, " logit"]
     logit_probabilities: Float[torch.Tensor, " logit"]
-    adjacency: Float[torch.Tensor, "node node"]
+    adjacency: Float[torch.Tensor, "node node"] | RowMatrix
     values: Float[torch.Tensor, " node"]
     bias: Float[torch.Tensor, " node"]
     unselected: Float[torch.Tensor, " node"]
@@ -119,6 +103,20 @@ class AttributionGraph:
     n_active: int
     scan: str = "rs_interp"
     centered: bool = True
+    qk: tuple = ()
+
+    def with_qk(self, qk) -> "AttributionGraph":
+        """This graph with the QK attributions ``qk`` (from :func:`rs_interp.features.qk_attributions` on
+        it) attached: the JSON export writes them in a ``qk`` field and the figure draws their edges.
+
+        Raises:
+            ValueError: an attribution made on another graph (other tokens or node count).
+        """
+        qk = tuple(qk)
+        for a in qk:
+            if a.n_graph_nodes != self.n_nodes - self.n_logits or not torch.equal(a.tokens, self.tokens):
+                raise ValueError(f"with_qk: the attribution of L{a.layer}H{a.head} was made on another graph")
+        return dataclasses.replace(self, qk=qk)
 
     @property
     def n_pos(self) -> int:
@@ -176,9 +174,21 @@ class AttributionGraph:
         w[self.n_nodes - self.n_logits:] = self.logit_probabilities.to(w.dtype)
         return w
 
+    def target_nodes(self) -> torch.Tensor:
+        """The nodes that have inputs (features, then logits): the rows of the adjacency that can be nonzero."""
+        return torch.cat([torch.arange(self.n_features), torch.arange(self.n_nodes - self.n_logits, self.n_nodes)])
+
+    def rows(self) -> torch.Tensor:
+        """(target, source) the adjacency's rows :meth:`target_nodes` over its non-logit columns."""
+        return _rows.block(self.adjacency, self.target_nodes(), self.n_nodes - self.n_logits)
+
+    def dense_adjacency(self) -> torch.Tensor:
+        """The (node, node) adjacency as a tensor, however stored."""
+        return self.adjacency.dense() if isinstance(self.adjacency, RowMatrix) else self.adjacency
+
     def influence(self) -> Float[torch.Tensor, " node"]:
         """Each node's influence on the logits (module docstring)."""
-        return _influence(_normalized(self.adjacency), self.logit_weights())
+        return _rows.influence(_rows.normalized(self.rows()), self.target_nodes(), self.logit_weights())
 
     def scores(self) -> GraphScores:
         """The replacement and completeness scores (module docstring).
@@ -191,19 +201,22 @@ class AttributionGraph:
         >>> s = g.scores(); round(s.replacement, 6), round(s.completeness, 6)
         (1.0, 1.0)
         """
-        A = _normalized(self.adjacency)
+        A, targets = _rows.normalized(self.rows()), self.target_nodes()
         w = self.logit_weights()
-        infl = _influence(A, w)
+        infl = _rows.influence(A, targets, w)
         err = slice(self.n_features, self.n_features + self.n_layers * self.n_pos)
         tok = slice(err.stop, err.stop + self.n_pos)
         i_tok, i_err = infl[tok].sum(), infl[err].sum()
         replacement = float(i_tok / (i_tok + i_err)) if float(i_tok + i_err) > 0 else 1.0
         weight = infl + w
-        completeness = float(((1 - A[:, err].sum(1)) * weight).sum() / weight.sum())
+        not_error = torch.ones_like(w)
+        not_error[targets] = 1 - A[:, err].sum(1)
+        completeness = float((not_error * weight).sum() / weight.sum())
         return GraphScores(replacement, completeness)
 
     def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> "PrunedGraph":
-        """Keep the nodes and edges that carry most of the influence (module docstring).
+        """Keep the nodes and edges that carry most of the influence (module docstring). Computed on the
+        adjacency's rows that can be nonzero (:meth:`rows`), never on an (node, node) matrix of floats.
 
         Raises:
             ValueError: a threshold outside [0, 1].
@@ -211,35 +224,48 @@ class AttributionGraph:
         for name, t in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
             if not 0.0 <= float(t) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {t}")
-        w = self.logit_weights()
-        infl = _influence(_normalized(self.adjacency), w)
-        nodes = infl >= _threshold(infl, node_threshold)
+        w, targets, rows = self.logit_weights(), self.target_nodes(), self.rows()
+        n_src = rows.shape[1]
+        infl = _rows.influence(_rows.normalized(rows), targets, w)
+        nodes = infl >= _rows.threshold(infl, node_threshold)
         always = self.n_nodes - self.n_logits - self.n_pos  # tokens and logits stay
         nodes[always:] = True
-        kept = self.adjacency * nodes[:, None] * nodes[None, :]
-        A = _normalized(kept)
-        edge_scores = A * (_influence(A, w) + w)[:, None]
-        edges = (edge_scores >= _threshold(edge_scores, edge_threshold)) & (edge_scores > 0)
+        kept = rows * nodes[targets][:, None] * nodes[None, :n_src]
+        A = _rows.normalized(kept)
+        del kept
+        edge_scores = A * (_rows.influence(A, targets, w) + w)[targets][:, None]
+        edges = (edge_scores >= _rows.threshold(edge_scores, edge_threshold)) & (edge_scores > 0)
+        del A, edge_scores
+        n_feat = self.n_features
         while True:  # features need an edge in and one out, error nodes one out; each removal can strand others
             before = nodes.clone()
-            edges &= nodes[:, None] & nodes[None, :]
+            edges &= nodes[targets][:, None] & nodes[None, :n_src]
             nodes[:always] &= edges[:, :always].any(0)
-            nodes[: self.n_features] &= edges[: self.n_features].any(1)
+            nodes[:n_feat] &= edges[:n_feat].any(1)  # the first n_features target rows are the features
             if bool((nodes == before).all()):
                 break
         ranked, order = infl.sort(descending=True)
         cumulative = torch.empty_like(infl)
         cumulative[order] = ranked.cumsum(0) / ranked.sum().clamp(min=torch.finfo(ranked.dtype).tiny)
-        return PrunedGraph(self, nodes, edges, cumulative, node_threshold, edge_threshold)
+        if isinstance(self.adjacency, RowMatrix):
+            edge_matrix = RowMatrix(edges, targets, self.n_nodes)
+        else:
+            edge_matrix = torch.zeros(self.n_nodes, self.n_nodes, dtype=torch.bool)
+            edge_matrix[targets, :n_src] = edges
+        return PrunedGraph(self, nodes, edge_matrix, cumulative, node_threshold, edge_threshold)
 
     def top(self, k: int = 5, decode=None) -> list[tuple[tuple[str, str], float]]:
         """The ``k`` edges with the largest ``|direct effect|``, each ``((source, target), effect)``
         (an edge is a pair of labels, as in :class:`rs_interp.EdgeEffects`)."""
-        labels = self.labels(decode)
-        flat = self.adjacency.flatten()
-        idx = flat.abs().topk(min(k, int((flat != 0).sum()))).indices
-        n = self.n_nodes
-        return Top(((labels[int(i) % n], labels[int(i) // n]), float(flat[i])) for i in idx)
+        return _top(self, self.rows(), k, decode)
+
+
+def _top(graph: AttributionGraph, rows: torch.Tensor, k: int, decode) -> list[tuple[tuple[str, str], float]]:
+    labels, targets = graph.labels(decode), graph.target_nodes()
+    flat = rows.flatten()
+    idx = flat.abs().topk(min(k, int((flat != 0).sum()))).indices
+    n = rows.shape[1]
+    return Top(((labels[int(i) % n], labels[int(targets[int(i) // n])]), float(flat[i])) for i in idx)
 
 
 @dataclass(frozen=True)
@@ -263,7 +289,7 @@ class PrunedGraph:
 
     graph: AttributionGraph
     nodes: Bool[torch.Tensor, " node"]
-    edges: Bool[torch.Tensor, "node node"]
+    edges: Bool[torch.Tensor, "node node"] | RowMatrix
     cumulative: Float[torch.Tensor, " node"]
     node_threshold: float
     edge_threshold: float
@@ -285,9 +311,5 @@ class PrunedGraph:
 
     def top(self, k: int = 5, decode=None) -> list[tuple[tuple[str, str], float]]:
         """The ``k`` kept edges with the largest ``|direct effect|``, each ``((source, target), effect)``."""
-        kept = self.graph.adjacency * self.edges
-        labels = self.graph.labels(decode)
-        flat = kept.flatten()
-        idx = flat.abs().topk(min(k, self.n_edges)).indices
-        n = self.graph.n_nodes
-        return Top(((labels[int(i) % n], labels[int(i) // n]), float(flat[i])) for i in idx)
+        g = self.graph
+        return _top(g, g.rows() * _rows.block(self.edges, g.target_nodes(), g.n_nodes - g.n_logits), k, decode)

@@ -128,7 +128,8 @@ def intervene(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
                 embed[p] = embed[p] * factor
         if frozen:
             for l, p, f, factor in feature_sets:
-                writes[l, p] += (factor - 1.0) * float(graph.activations[graph.feature_node(l, p, f)]) * tcs[l].W_dec[f]
+                for out, W in tcs.writes_from(l):  # its own MLP's output (and, cross-layer, every later one)
+                    writes[out, p] += (factor - 1.0) * float(graph.activations[graph.feature_node(l, p, f)]) * W[f]
             inputs, logits = R.frozen_forward(model, tcs, clean, tokens, embed=embed,
                                               outputs=lambda l, x: clean.outputs[l] + tcs[l].skip(x) - tcs[l].skip(clean.inputs[l]) + writes[l])
         else:
@@ -162,12 +163,18 @@ def _live_run(model, tcs, tokens, embed, writes, feature_sets, graph):
     def read(l: int):
         return lambda t, hook: box.__setitem__(l, R.finish_input(model, tcs, l, t)[0])
 
+    changed: dict[tuple[int, int, int], torch.Tensor] = {}  # each changed feature's new minus current activation
+
     def out(l: int):
         def hook(t: torch.Tensor, hook) -> torch.Tensor:
             extra = writes[l].clone()
             for p, f, new in by_layer.get(l, []):
-                current = tcs[l].encode(box[l][p])[f]
-                extra[p] += (new - current) * tcs[l].W_dec[f]
+                changed[(l, p, f)] = new - tcs[l].encode(box[l][p])[f]
+            for src in by_layer:
+                for target, W in tcs.writes_from(src):
+                    if target == l:  # the changes of layer src's features reach this MLP output
+                        for p, f, _ in by_layer[src]:
+                            extra[p] += changed[(src, p, f)] * W[f]
             return t + extra[None].to(t.dtype)
         return hook
 

@@ -212,6 +212,11 @@ class TranscoderSet:
     def dtype(self) -> torch.dtype:
         return self.transcoders[0].W_enc.dtype
 
+    def writes_from(self, layer: int) -> list[tuple[int, torch.Tensor]]:
+        """Where the features of ``layer`` write: ``(output layer, decoder (d_transcoder, d_model))`` each.
+        A per-layer set: its own MLP's output only (a cross-layer transcoder: every later one too)."""
+        return [(layer, self.transcoders[layer].W_dec)]
+
     def to(self, dtype: torch.dtype) -> "TranscoderSet":
         """A copy in ``dtype`` (e.g. float64 for the exact checks)."""
         tcs = tuple(Transcoder.from_state(tc.state(), activation=tc.activation, k=tc.k, dtype=dtype) for tc in self)
@@ -263,7 +268,7 @@ def load_transcoders(folder: str | Path, *, dtype: torch.dtype = torch.float32) 
         raise ValueError(f"{folder} has no config.yaml (circuit-tracer's transcoder-set config)")
     cfg = _config.loads((folder / "config.yaml").read_text())
     if cfg.get("model_kind", "transcoder_set") != "transcoder_set":
-        raise ValueError(f"model_kind {cfg.get('model_kind')!r}: only per-layer transcoder sets are read (no cross-layer transcoders)")
+        raise ValueError(f"model_kind {cfg.get('model_kind')!r}: load_transcoders reads per-layer sets (cross-layer transcoders: rs_interp.features.load_clt)")
     paths = [str(p) for p in cfg["transcoders"]] if "transcoders" in cfg else None
     if paths is None:
         n = len(list(folder.glob("layer_*.safetensors")))

@@ -1,0 +1,283 @@
+"""Cross-layer transcoders (CLTs): a feature reads the MLP input of one layer and writes to the MLP
+output of that layer *and every later one* (Ameisen et al. 2025; circuit-tracer's published graphs).
+
+With ``x_l`` the transcoder input of layer ``l`` (as for per-layer transcoders, :mod:`.transcoders`):
+
+    a_l = act(x_l W_enc[l]^T + b_enc[l])                                 (d_transcoder,)
+    y_hat_m = sum_{l <= m} a_l W_dec[l][:, m - l] + b_dec[m] (+ x_m W_skip[m]^T)
+
+``W_dec[l]`` is (d_transcoder, n_layers - l, d_model): feature ``i`` of layer ``l`` writes
+``a W_dec[l][i, m - l]`` into MLP output ``m``. An attribution graph with a CLT has the same nodes as
+with per-layer transcoders; a feature's column holds its direct effect through every output it
+writes to, and an error node of layer ``m`` is MLP output ``m`` minus ``y_hat_m``. Everything else
+(the freezes, the rows, the checks) is the per-layer graph's: :class:`CrossLayerTranscoder` is a
+:class:`~rs_interp.features.TranscoderSet` whose layer ``l`` holds the encoder, ``b_dec[l]``, the skip
+and the decoder into its own layer, and whose :meth:`~CrossLayerTranscoder.writes_from` adds the rest.
+
+Files (circuit-tracer's CLT layout): a folder with ``W_enc_{i}.safetensors`` (``W_enc_{i}``
+(d_transcoder, d_model), ``b_enc_{i}``, ``b_dec_{i}``, ``threshold_{i}`` for JumpReLU), ``W_dec_{i}.safetensors``
+(``W_dec_{i}``, (d_transcoder, n_layers - i, d_model)), optionally ``W_skip_{i}`` in the encoder file, and
+``config.yaml`` with ``model_kind: cross_layer_transcoder``, ``feature_input_hook``, ``feature_output_hook``.
+
+>>> clt = CrossLayerTranscoder.random(3, 8, 16, seed=0)
+>>> [out for out, _ in clt.writes_from(1)], tuple(clt.decoders[0].shape)
+([1, 2], (16, 3, 8))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .._backend import Model
+from . import _config
+from .transcoders import Transcoder, TranscoderSet
+
+__all__ = ["CrossLayerTranscoder", "load_clt", "train_clt", "TrainedCLT", "shipped_clt", "SHIPPED_CLTS"]
+
+#: The shipped cross-layer transcoders, by model name, under ``rs_interp/toy_models/transcoders/{name}-clt/``.
+SHIPPED_CLTS = ("code-2l",)
+_SHIPPED_ROOT = Path(__file__).resolve().parents[1] / "toy_models" / "transcoders"
+
+
+@dataclass(frozen=True)
+class CrossLayerTranscoder(TranscoderSet):
+    """A cross-layer transcoder (module docstring): per layer a :class:`~rs_interp.features.Transcoder`
+    (encoder, ``b_dec``, skip; its ``W_dec`` the decoder into its own layer) and ``decoders[l]``
+    (d_transcoder, n_layers - l, d_model) into its own layer and every later one.
+
+    Raises:
+        ValueError: decoders of the wrong shapes, or a layer's ``W_dec`` that is not ``decoders[l][:, 0]``.
+
+    >>> clt = CrossLayerTranscoder.random(2, 4, 8)
+    >>> len(clt), clt.n_outputs(0), clt.n_outputs(1), clt.config()["model_kind"]
+    (2, 2, 1, 'cross_layer_transcoder')
+    """
+
+    decoders: tuple[torch.Tensor, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        L = len(self.transcoders)
+        if len(self.decoders) != L:
+            raise ValueError(f"a cross-layer transcoder of {L} layers needs {L} decoders, got {len(self.decoders)}")
+        for l, (tc, W) in enumerate(zip(self.transcoders, self.decoders)):
+            if tuple(W.shape) != (tc.d_transcoder, L - l, tc.d_model):
+                raise ValueError(f"decoder {l}: shape {tuple(W.shape)}, expected {(tc.d_transcoder, L - l, tc.d_model)}")
+            if not torch.equal(tc.W_dec.detach(), W[:, 0].to(tc.W_dec.dtype)):
+                raise ValueError(f"layer {l}'s W_dec is not its decoder into its own layer (decoders[{l}][:, 0])")
+
+    def n_outputs(self, layer: int) -> int:
+        return len(self) - layer
+
+    def writes_from(self, layer: int) -> list[tuple[int, torch.Tensor]]:
+        """Every MLP output the features of ``layer`` write to: ``(layer + j, decoders[layer][:, j])``."""
+        return [(layer + j, self.decoders[layer][:, j]) for j in range(len(self) - layer)]
+
+    def to(self, dtype: torch.dtype) -> "CrossLayerTranscoder":
+        tcs = TranscoderSet.to(self, dtype).transcoders
+        return CrossLayerTranscoder(tcs, self.input_point, self.output_point, self.scan, tuple(W.detach().to(dtype) for W in self.decoders))
+
+    def reconstruct(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Every layer's ``y_hat`` from every layer's input ``x_l`` (each (..., d_model))."""
+        acts = [tc.encode(x) for tc, x in zip(self, inputs)]
+        out = [tc.b_dec + tc.skip(x) for tc, x in zip(self, inputs)]
+        for l in range(len(self)):
+            for m, W in self.writes_from(l):
+                out[m] = out[m] + acts[l] @ W
+        return out
+
+    def config(self) -> dict:
+        cfg = TranscoderSet.config(self)
+        return cfg | {"model_kind": "cross_layer_transcoder"}
+
+    def save(self, folder: str | Path) -> Path:
+        """Write circuit-tracer's CLT files (module docstring) into ``folder``."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = self.config()
+        for i, tc in enumerate(self):
+            enc = {f"W_enc_{i}": tc.W_enc, f"b_enc_{i}": tc.b_enc, f"b_dec_{i}": tc.b_dec}
+            if tc.threshold is not None:
+                enc[f"threshold_{i}"] = tc.threshold
+            if tc.W_skip is not None:
+                enc[f"W_skip_{i}"] = tc.W_skip
+            for name, tensors in ((f"W_enc_{i}", enc), (f"W_dec_{i}", {f"W_dec_{i}": self.decoders[i]})):
+                path = folder / f"{name}.safetensors"
+                save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
+                path.chmod(0o644)
+        (folder / "config.yaml").write_text(_config.dumps(config))
+        return folder
+
+    @classmethod
+    def from_tensors(cls, W_enc, b_enc, decoders, b_dec, *, activation: str = "relu", k: int | None = None,
+                     threshold=None, W_skip=None, input_point: str = "mlp.hook_in", output_point: str = "mlp.hook_out",
+                     scan: str = "rs_interp-clt", dtype: torch.dtype = torch.float32) -> "CrossLayerTranscoder":
+        """A CLT from per-layer lists: ``W_enc[l]`` (d_transcoder, d_model), ``b_enc[l]``, ``decoders[l]``
+        (d_transcoder, n_layers - l, d_model), ``b_dec[l]`` (d_model), ``threshold[l]`` (JumpReLU), ``W_skip[l]``."""
+        tcs = []
+        for l in range(len(W_enc)):
+            state = {"W_enc": W_enc[l], "b_enc": b_enc[l], "W_dec": decoders[l][:, 0], "b_dec": b_dec[l]}
+            if threshold is not None:
+                state["activation_function.threshold"] = threshold[l]
+            if W_skip is not None and W_skip[l] is not None:
+                state["W_skip"] = W_skip[l]
+            tcs.append(Transcoder.from_state({n: t.detach() for n, t in state.items()}, activation=activation, k=k, dtype=dtype))
+        return cls(tuple(tcs), input_point, output_point, scan, tuple(d.detach().to(dtype) for d in decoders))
+
+    @classmethod
+    def random(cls, n_layers: int, d_model: int, d_transcoder: int, *, seed: int = 0, activation: str = "relu",
+               k: int | None = None, dtype: torch.dtype = torch.float32, scale: float = 0.3) -> "CrossLayerTranscoder":
+        """A CLT with every tensor drawn from N(0, scale) (encoder biases shifted down by ``scale``)."""
+        g = torch.Generator().manual_seed(seed)
+        r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64) * scale  # noqa: E731
+        L, d, W = n_layers, d_model, d_transcoder
+        return cls.from_tensors([r(W, d) for _ in range(L)], [r(W) - scale for _ in range(L)], [r(W, L - l, d) for l in range(L)],
+                                [r(d) for _ in range(L)], activation=activation, k=k,
+                                threshold=[r(W).abs() for _ in range(L)] if activation == "jumprelu" else None, dtype=dtype)
+
+
+def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> CrossLayerTranscoder:
+    """Read circuit-tracer's cross-layer transcoder files from ``folder`` (module docstring).
+
+    Raises:
+        ValueError: a file or tensor missing, or a config of another kind.
+
+    >>> import tempfile
+    >>> folder = CrossLayerTranscoder.random(2, 4, 8, activation="jumprelu").save(tempfile.mkdtemp())
+    >>> clt = load_clt(folder); clt[0].activation, tuple(clt.decoders[1].shape)
+    ('jumprelu', (8, 1, 4))
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    cfg = _config.loads((folder / "config.yaml").read_text()) if (folder / "config.yaml").is_file() else {}
+    kind = cfg.get("model_kind", "cross_layer_transcoder")
+    if kind != "cross_layer_transcoder":
+        raise ValueError(f"{folder}: model_kind {kind!r}, not a cross-layer transcoder (load_transcoders reads per-layer sets)")
+    n = len(list(folder.glob("W_enc_*.safetensors")))
+    if n == 0:
+        raise ValueError(f"{folder} holds no W_enc_{{i}}.safetensors (circuit-tracer's CLT layout)")
+    missing = [f for i in range(n) for f in (f"W_enc_{i}.safetensors", f"W_dec_{i}.safetensors") if not (folder / f).is_file()]
+    if missing:
+        raise ValueError(f"CLT files missing: {missing}")
+    enc = [load_file(str(folder / f"W_enc_{i}.safetensors")) for i in range(n)]
+    dec = [load_file(str(folder / f"W_dec_{i}.safetensors"))[f"W_dec_{i}"] for i in range(n)]
+    for i, e in enumerate(enc):
+        lacking = {f"W_enc_{i}", f"b_enc_{i}", f"b_dec_{i}"} - set(e)
+        if lacking:
+            raise ValueError(f"W_enc_{i}.safetensors lacks {sorted(lacking)}")
+    thresholds = [e.get(f"threshold_{i}") for i, e in enumerate(enc)]
+    activation = cfg.get("activation", "jumprelu" if all(t is not None for t in thresholds) else "relu")
+    activation = {"jump_relu": "jumprelu"}.get(activation, activation)
+    return CrossLayerTranscoder.from_tensors(
+        [e[f"W_enc_{i}"] for i, e in enumerate(enc)], [e[f"b_enc_{i}"] for i, e in enumerate(enc)], dec,
+        [e[f"b_dec_{i}"] for i, e in enumerate(enc)], activation=activation, k=cfg.get("k"),
+        threshold=[t.reshape(-1) for t in thresholds] if activation == "jumprelu" else None,
+        W_skip=[e.get(f"W_skip_{i}") for i, e in enumerate(enc)], input_point=cfg.get("feature_input_hook", "hook_resid_mid"),
+        output_point=cfg.get("feature_output_hook", "hook_mlp_out"), scan=str(cfg.get("scan", folder.name)), dtype=dtype)
+
+
+def shipped_clt(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) -> CrossLayerTranscoder:
+    """The cross-layer transcoder shipped for the model ``name`` (trained by ``scripts/train_clt.py``: 1,024
+    TopK-16 features a layer; its held-out FVU and curve in ``metrics.json`` beside it).
+
+    >>> clt = shipped_clt("code-2l")
+    >>> len(clt), clt[0].d_transcoder, [m for m, _ in clt.writes_from(0)]
+    (2, 1024, [0, 1])
+    """
+    if name not in SHIPPED_CLTS:
+        raise ValueError(f"no cross-layer transcoder is shipped for {name!r}; shipped: {SHIPPED_CLTS}")
+    return load_clt(_SHIPPED_ROOT / f"{name}-clt", dtype=dtype)
+
+
+@dataclass(frozen=True)
+class TrainedCLT:
+    """A trained CLT, its per-layer FVU on held-out tokens and its training curve (mean FVU every ``steps // 100`` steps).
+
+    >>> TrainedCLT(CrossLayerTranscoder.random(1, 4, 8), (0.5,), (1.0, 0.5)).fvu
+    (0.5,)
+    """
+
+    clt: CrossLayerTranscoder
+    fvu: tuple[float, ...]
+    curve: tuple[float, ...]
+
+
+def train_clt(model: Model, tokens: torch.Tensor, *, d_transcoder: int = 512, activation: str = "topk", k: int = 16,
+              l1: float = 1e-3, steps: int = 2000, batch_size: int = 1024, lr: float = 1e-3, seed: int = 0,
+              input_point: str = "mlp.hook_in", eval_tokens: torch.Tensor | None = None) -> TrainedCLT:
+    """Fit a cross-layer transcoder to ``model``'s MLPs on ``tokens`` (batch, pos): Adam on
+
+        sum_m ||y_m - y_hat_m||^2 / var(y_m)  +  l1 * sum_{l, i} a_{l,i} ||W_dec[l][i]||   (ReLU; TopK: the first term only)
+
+    every layer's MLP input and output collected over every token (:mod:`.training`'s pairs).
+
+    Raises:
+        ValueError: what :func:`~rs_interp.features.train_transcoder` refuses (an attention-only model ...).
+
+    >>> from rs_interp import load_toy_model
+    >>> t = train_clt(load_toy_model("code-2l"), torch.randint(0, 2048, (4, 32)), d_transcoder=32, k=4, steps=5, batch_size=64)
+    >>> len(t.clt), len(t.fvu)
+    (2, 2)
+    """
+    from ..exact.certificate import require
+    from .training import _pairs
+
+    require(model, "features.train_clt")
+    cfg = model.cfg
+    L, d = cfg.n_layers, cfg.d_model
+    like = TranscoderSet(tuple(Transcoder(d, 1) for _ in range(L)), input_point)
+    with torch.no_grad():
+        xs, ys = _pairs(model, like, torch.as_tensor(tokens))
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.float32
+    W_enc = [torch.nn.Parameter(torch.randn(d_transcoder, d, generator=g) / math.sqrt(d)) for _ in range(L)]
+    b_enc = [torch.nn.Parameter(torch.zeros(d_transcoder)) for _ in range(L)]
+    W_dec = [torch.nn.Parameter(torch.randn(d_transcoder, L - l, d, generator=g) / math.sqrt(d_transcoder * (L - l))) for l in range(L)]
+    b_dec = [torch.nn.Parameter(ys[m].mean(0).to(dt).clone()) for m in range(L)]
+    params = W_enc + b_enc + W_dec + b_dec
+    opt = torch.optim.Adam(params, lr=lr)
+    var = [y.var(0).sum().clamp(min=1e-12) for y in ys]
+    n = len(xs[0])
+
+    def act(pre):
+        if activation == "relu":
+            return torch.relu(pre)
+        kept = pre.topk(k, dim=-1).indices
+        return torch.zeros_like(pre).scatter(-1, kept, pre.gather(-1, kept))
+
+    def forward(batch_x):
+        acts = [act(x @ W_enc[l].T + b_enc[l]) for l, x in enumerate(batch_x)]
+        out = [b_dec[m].expand(len(batch_x[0]), -1) for m in range(L)]
+        for l in range(L):
+            for j in range(L - l):
+                out[l + j] = out[l + j] + acts[l] @ W_dec[l][:, j]
+        return acts, out
+
+    curve = []
+    with torch.enable_grad():
+        for step in range(steps):
+            idx = torch.randint(0, n, (min(batch_size, n),), generator=g)
+            acts, out = forward([x[idx].to(dt) for x in xs])
+            fvu = [((ys[m][idx].to(dt) - out[m]) ** 2).sum(-1).mean() / var[m] for m in range(L)]
+            loss = sum(fvu)
+            if activation == "relu":
+                loss = loss + l1 * sum((acts[l] * W_dec[l].norm(dim=(1, 2))).sum(-1).mean() for l in range(L))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % max(1, steps // 100) == 0:
+                curve.append(float(sum(f.detach() for f in fvu)) / L)
+    clt = CrossLayerTranscoder.from_tensors(W_enc, b_enc, W_dec, b_dec, activation=activation, k=k if activation == "topk" else None,
+                                           input_point=input_point, scan=f"{getattr(cfg, 'model_name', 'model')}-clt")
+    ex, ey = (xs, ys) if eval_tokens is None else _pairs(model, like, torch.as_tensor(eval_tokens))
+    with torch.no_grad():
+        recon = clt.reconstruct([x.to(dt) for x in ex])
+        fvu = tuple(float(((ey[m].to(dt) - recon[m]) ** 2).sum(-1).mean() / ey[m].to(dt).var(0).sum().clamp(min=1e-12)) for m in range(L))
+    return TrainedCLT(clt, fvu, tuple(curve))

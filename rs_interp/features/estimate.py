@@ -1,0 +1,168 @@
+"""How long an attribution graph will take and how much memory it will hold, from the shapes alone, before the run.
+
+With ``P`` positions, ``L`` layers, width ``d``, ``H`` heads, MLP width ``m``, ``A = a P L`` active
+features (``a`` a token and layer: TopK's ``k``, else given), ``S`` feature rows computed (the
+``max_feature_nodes`` cap, else ``A``), ``T = (L + 1) P`` error and token columns, ``B`` the batch and
+``b`` bytes a number (the model's dtype), the peak above the loaded model and transcoders is the
+largest of the two phases' sums (:attr:`GraphEstimate.parts` names every term):
+
+- rows: a fixed ~0.1 GB (autograd's and the allocator's bookkeeping); the clean logits ``P V b``; the
+  clean run's patterns, frozen, and the backward's saved copy, ``2 L H P^2 b``; the
+  streams the run keeps, ``(3 L + 1) P d b``; the active features' indices and activations, ``A (32 + b)``;
+  the feature rows, each over the features of the layers before its own, counted as ``S (0.7 A + T) b``
+  (the features chosen by their influence on the logits sit mostly in the later layers; 0.7 is fitted
+  to the peaks measured at 64, 256 and 1,024 tokens on GPT-2 small's shape, ``benchmarks/bench_long_graphs.py``)
+  (:class:`~rs_interp.features._rows.FeatureRows`); one batch's gradients, ``(L + 1) B P d b`` twice
+  (the backward's own and the returned), and its rows ``B (A + T) b`` twice (computed, kept);
+- assembly: the same fixed part, the logits of the clean and the frozen run ``2 P V b``, the feature
+  rows, the kept block ``(S + n_logit) (S + T) b`` twice, the dense
+  ``(S + T + n_logit)^2 b`` (``dense=True``), and the pruning's float copies of the block (four).
+
+Time: the FLOPs of the backward passes (one per batch of ``B`` targets, each through the layers below
+its target, half the model on average for feature rows, all of it for logits; the patterns are frozen
+and the MLPs cut, so per token and layer only ``W_O``, the pattern and ``W_V``: ``4 d^2 + 2 P d``), the
+rows' dot products ``2 B d (A / 2 + T)`` a batch, the transcoders' encode and decode ``4 P L d W``, four
+forward passes and the influence rounds, over a large-matmul rate (FLOP/s) measured in the same
+process (:func:`matmul_rate`). It is a lower bound the run approaches; the benchmark
+(``benchmarks/bench_features.py``) prints both.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .transcoders import TranscoderSet
+
+__all__ = ["GraphEstimate", "estimate_graph", "matmul_rate"]
+
+#: The share of the active features a chosen feature's row spans (the features of the layers before its
+#: own), fitted to GPT-2 small's shape at 64, 256 and 1,024 tokens (docs/project/benchmarks.md).
+_ROW_SHARE = 0.7
+
+#: What a graph's run holds whatever its size (autograd's and the allocator's bookkeeping, the
+#: certificate's probe): measured on GPT-2 small's shape, 64 tokens.
+_OVERHEAD = 100 * 2**20
+
+
+@dataclass(frozen=True)
+class GraphEstimate:
+    """An attribution graph's cost before the run (module docstring).
+
+    Attributes:
+        peak_bytes: the peak memory above the loaded model and transcoders.
+        flops: the floating-point operations counted; seconds: ``flops / rate``.
+        rate: the FLOP/s used.
+        n_active, n_rows: active features and feature rows computed.
+        parts: each term of the peak, bytes, by name (``phase: what``).
+
+    >>> e = GraphEstimate(2**30, 1e12, 10.0, 1e11, 100, 50, {"rows: patterns": 2**30})
+    >>> str(e)
+    'attribution graph estimate: 1.00 GB peak above the model and transcoders, 10 s at 100 GFLOP/s (100 active features, 50 rows)'
+    """
+
+    peak_bytes: int
+    flops: float
+    seconds: float
+    rate: float
+    n_active: int
+    n_rows: int
+    parts: dict
+
+    def __str__(self) -> str:
+        return (f"attribution graph estimate: {self.peak_bytes / 2**30:.2f} GB peak above the model and transcoders, "
+                f"{self.seconds:.0f} s at {self.rate / 1e9:.0f} GFLOP/s ({self.n_active} active features, {self.n_rows} rows)")
+
+
+def matmul_rate(n: int = 1024, repeats: int = 3, dtype: torch.dtype = torch.float32) -> float:
+    """The FLOP/s of an ``n x n`` by ``n x n`` matmul in this process, the best of ``repeats``, in the
+    process's CPU time (on a shared machine, what its threads get, not the wall clock).
+
+    >>> matmul_rate(64, 1) > 0
+    True
+    """
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    best = math.inf
+    for _ in range(repeats):
+        t = time.process_time()
+        a @ b
+        best = min(best, time.process_time() - t)
+    return 2 * n**3 / max(best, 1e-9)
+
+
+def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature_nodes: int | None = None,
+                   active_per_token: float | None = None, n_logits: int = 10, batch_size: int = 64, dense: bool = True,
+                   prune: bool = True, rate: float | None = None) -> GraphEstimate:
+    """The time and peak memory of ``attribution_graph(model, transcoders, tokens of n_pos, ...)``, from the
+    shapes (module docstring for the formula). ``model`` is read for its config only (a config works too).
+
+    Args:
+        active_per_token: active features a token and layer; default TopK's ``k`` (needed for ReLU and JumpReLU sets).
+        n_logits: logit nodes (``max_logits``).
+        prune: count the pruning of the finished graph (``graph.prune()``, ``graph.scores()``).
+        rate: FLOP/s; default :func:`matmul_rate` measured now.
+
+    Raises:
+        ValueError: no ``active_per_token`` for transcoders without a TopK ``k``; a shape below 1.
+
+    >>> from rs_interp import load_toy_model
+    >>> from rs_interp.features import shipped_transcoders
+    >>> e = estimate_graph(load_toy_model("code-2l"), shipped_transcoders("code-2l"), 64, rate=1e10)
+    >>> e.n_active == 2 * 64 * shipped_transcoders("code-2l")[0].k, e.peak_bytes > 0
+    (True, True)
+    """
+    cfg = getattr(model, "cfg", model)
+    if active_per_token is None:
+        if transcoders[0].k is None:
+            raise ValueError("estimate_graph: the transcoders are not TopK, so how many features a token activates is not "
+                             "known from the shapes: pass active_per_token (e.g. measured on a few prompts)")
+        active_per_token = transcoders[0].k
+    if n_pos < 1 or batch_size < 1 or n_logits < 1:
+        raise ValueError("estimate_graph: n_pos, batch_size and n_logits must be >= 1")
+    P, L, d, H = int(n_pos), cfg.n_layers, cfg.d_model, cfg.n_heads
+    m, W = cfg.d_mlp or 4 * d, transcoders[0].d_transcoder
+    b = torch.finfo(cfg.dtype if cfg.dtype not in (torch.float16, torch.bfloat16) else torch.float32).bits // 8
+    A = int(round(active_per_token * P * L))
+    S = A if max_feature_nodes is None else min(max_feature_nodes, A)
+    T, B = (L + 1) * P, batch_size
+    mean_cut = _ROW_SHARE * A
+    V = cfg.d_vocab_out if getattr(cfg, "d_vocab_out", -1) and cfg.d_vocab_out > 0 else cfg.d_vocab
+    rows = {
+        "rows: bookkeeping (autograd, allocator)": _OVERHEAD,
+        "rows: patterns (frozen and saved)": 2 * L * H * P * P * b,
+        "rows: the clean logits": P * V * b,
+        "rows: streams": (3 * L + 1) * P * d * b,
+        "rows: active features": A * (32 + b),
+        "rows: feature rows": S * (mean_cut + T) * b,
+        "rows: a batch's gradients": 2 * (L + 1) * B * P * d * b,
+        "rows: a batch's rows": 2 * B * (A + T) * b,
+    }
+    n_nodes = S + T + n_logits
+    assembly = {
+        "assembly: bookkeeping (autograd, allocator)": _OVERHEAD,
+        "assembly: logits (clean, frozen run)": 2 * P * V * b,
+        "assembly: feature rows": rows["rows: feature rows"],
+        "assembly: patterns": rows["rows: patterns (frozen and saved)"],
+        "assembly: kept block": 2 * (S + n_logits) * (S + T) * b,
+        "assembly: dense adjacency": n_nodes * n_nodes * b if dense else 0,
+    }
+    pruning = {"pruning: float copies of the block": 4 * (S + n_logits) * (S + T) * b if prune else 0,
+               "pruning: dense adjacency": assembly["assembly: dense adjacency"]}
+    rows, assembly, pruning = ({k: int(v) for k, v in part.items()} for part in (rows, assembly, pruning))
+    peak = max(sum(rows.values()), sum(assembly.values()), sum(pruning.values()))
+    # the backward of the frozen model: patterns detached (no gradient to q, k) and MLPs cut, so a target's
+    # gradient crosses each layer below it through W_O, the pattern and W_V only: 2 (2 d^2) + 2 P d a token
+    backward_layer = 2 * 2 * d * d + 2 * P * d
+    forward_layer = 2 * (4 * d * d + 2 * d * m) + 2 * 2 * P * d
+    feature_batches, logit_batches = math.ceil(S / B), math.ceil(n_logits / B)
+    backward = (feature_batches * B * (L / 2) + logit_batches * B * L) * P * backward_layer
+    dots = (feature_batches + logit_batches) * 2 * B * d * (A / 2 + T)
+    encode = 4 * P * L * d * W + 4 * P * L * forward_layer  # the transcoders, and four forward passes
+    # eight influence estimates, each walking (at most L steps) over the rows computed so far (half of them on average)
+    rounds = 0 if max_feature_nodes is None or S >= A else 8 * L * (S / 2) * (mean_cut + T) * 4
+    flops = backward + dots + encode + rounds
+    rate = matmul_rate() if rate is None else float(rate)
+    return GraphEstimate(int(peak), float(flops), float(flops / rate), rate, A, S, rows | assembly | pruning)
