@@ -15,26 +15,24 @@ from pathlib import Path
 __all__ = ["seed", "count", "writable_dir"]
 
 
-def seed(text: str) -> int:
-    """A non-negative integer (a seed), checked at parse time rather than after minutes of work."""
+def _integer(text: str, what: str, least: int, wording: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: a non-negative integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"invalid seed {value}: a non-negative integer")
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: {wording}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"invalid {what} {value}: {wording if least == 0 else f'at least {least}'}")
     return value
+
+
+def seed(text: str) -> int:
+    """A non-negative integer (a seed), checked at parse time rather than after minutes of work."""
+    return _integer(text, "seed", 0, "a non-negative integer")
 
 
 def count(text: str) -> int:
     """A positive integer (a count: prompts, steps, a batch size, processes)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: a positive integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid count {value}: at least 1")
-    return value
+    return _integer(text, "count", 1, "a positive integer")
 
 
 def writable_dir(path: str | Path, flag: str = "--out") -> Path:
