@@ -199,7 +199,8 @@ def test_a_circuit_that_cannot_reach_the_logits_is_said_so(tmp_path):
     assert run.requested == max(1, int(0.01 * layout.n_edges)) and run.size == len(want) and run.reaches_logits == bool(want)
     page = (tmp_path / "report.html").read_text()
     if not want:
-        assert run.faithfulness == pytest.approx(0.0, abs=1e-12) and "none of them reaches the logits" in page
+        # the empty circuit against the curve's empty run: two float32 passes of the same circuit (3e-8 apart on 3.x)
+        assert run.faithfulness == pytest.approx(0.0, abs=1e-6) and "none of them reaches the logits" in page
     assert json.loads((tmp_path / "circuit.json").read_text())["reaches_logits"] == bool(want)
 
 

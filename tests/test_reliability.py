@@ -426,7 +426,10 @@ def test_tables_are_identical_across_processes(tmp_path):
     for run in runs:
         out, err = run.communicate()
         assert run.returncode == 0, err.decode()[-2000:]
-    assert (tmp_path / "a" / "results.json").read_bytes() == (tmp_path / "b" / "results.json").read_bytes()
+    a, b = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("a", "b"))
+    assert set(a["cost"]) == set(b["cost"])  # the sections' CPU and wall seconds: the machine's, not a table
+    a.pop("cost"), b.pop("cost")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # every table, to the last digit
 
 
 def test_tables_are_identical_within_a_process():

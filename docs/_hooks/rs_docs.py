@@ -170,10 +170,12 @@ def _macros(markdown: str) -> str:
         from rs_interp.exact.certificate import ADAPTS, EXEMPT, IDENTITIES, NEEDS, OPTIONAL, REFUSES
 
         names = list(IDENTITIES)
-        short = {n: n.replace(" at layer", "").replace("mlp ", "mlp&nbsp;") for n in names}
-        rows = ["| helper | " + " | ".join(short[n] for n in names) + " | refuses |", "|---|" + "---|" * (len(names) + 1)]
+        # numbered columns (the names in the legend and on hover): twenty names side by side overflow the column
+        legend = "Columns: " + "; ".join(f"{i} `{n}`" for i, n in enumerate(names, 1)) + "."
+        rows = [legend, "", "| helper | " + " | ".join(f'<span title="{n}">{i}</span>' for i, n in enumerate(names, 1))
+                + " | refuses |", "|---|" + "---|" * (len(names) + 1)]
         for helper, needs in NEEDS.items():
-            cells = ["✔" if n in needs else "opt." if n in OPTIONAL.get(helper, {}) else "adapts" if n in ADAPTS.get(helper, {})
+            cells = ["✔" if n in needs else "o" if n in OPTIONAL.get(helper, {}) else "a" if n in ADAPTS.get(helper, {})
                      else "" for n in names]
             rows.append(f"| `{helper}` | " + " | ".join(cells) + f" | {', '.join(REFUSES.get(helper, ())) or '—'} |")
         rows += ["", "| exempt | why |", "|---|---|"] + [f"| `{h}` | {html.escape(why)} |" for h, why in EXEMPT.items()]
