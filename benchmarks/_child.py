@@ -31,6 +31,23 @@ metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 42].mean()  # reads the
 
 #: Resets the peak (ru_maxrss, by writing "5" to /proc/self/clear_refs) after the setup, so the peak
 #: measured is the tool's, not the model load's (a checkpoint's copies); ``base`` is the RSS then.
+#: GPT-2 small (random weights) with random TopK transcoders: ``model``, ``tcs`` (one per layer, ``width``
+#: features, ``k`` active, no gradients) and ``tokens`` of ``pos`` ids, from the generator ``g``.
+GPT2_RANDOM_TRANSCODERS = r"""
+model = ri.load_gpt2("random")
+d = model.cfg.d_model
+layers = []
+for _ in range(model.cfg.n_layers):
+    tc = Transcoder(d, width, activation="topk", k=k)
+    with torch.no_grad():
+        tc.W_enc.normal_(0, d ** -0.5, generator=g)
+        tc.W_dec.normal_(0, width ** -0.5, generator=g)
+        tc.b_dec.normal_(0, 0.02, generator=g)
+    layers.append(tc.requires_grad_(False))
+tcs = TranscoderSet(tuple(layers), scan="random")
+tokens = torch.randint(0, model.cfg.d_vocab, (pos,), generator=g)
+"""
+
 START = r"""
 try:
     with open("/proc/self/clear_refs", "w") as f:

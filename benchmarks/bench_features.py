@@ -14,10 +14,11 @@ circuit-tracer publishes no figure for GPT-2 small; what it does publish is in d
 from __future__ import annotations
 
 import argparse
+import textwrap
 
-from _child import run_child
+from _child import GPT2_RANDOM_TRANSCODERS, run_child
 
-_SETUP = r"""
+_SETUP = (r"""
 from rs_interp.features import Transcoder, TranscoderSet, attribution_graph, shipped_transcoders
 torch.set_num_threads(1)
 which, pos, width, k, max_nodes, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
@@ -27,20 +28,10 @@ if which == "code-2l":
     model, tcs = ri.load_toy_model("code-2l"), shipped_transcoders("code-2l")
     tokens = ri.induction_batch(1, seed=5, d_vocab=model.cfg.d_vocab, seq_len=pos).tokens[0]
 else:
-    model = ri.load_gpt2("random")
-    d = model.cfg.d_model
-    layers = []
-    for _ in range(model.cfg.n_layers):
-        tc = Transcoder(d, width, activation="topk", k=k)
-        with torch.no_grad():
-            tc.W_enc.normal_(0, d ** -0.5, generator=g)
-            tc.W_dec.normal_(0, width ** -0.5, generator=g)
-            tc.b_dec.normal_(0, 0.02, generator=g)
-        layers.append(tc.requires_grad_(False))
-    tcs = TranscoderSet(tuple(layers), scan="random")
-    tokens = torch.randint(0, model.cfg.d_vocab, (pos,), generator=g)
-tc_bytes = sum(p.numel() * p.element_size() for tc in tcs for p in tc.parameters())
 """
+          + textwrap.indent(GPT2_RANDOM_TRANSCODERS, "    ") + r"""
+tc_bytes = sum(p.numel() * p.element_size() for tc in tcs for p in tc.parameters())
+""")
 
 _BODY = r"""
 cpu = time.process_time()

@@ -15,30 +15,20 @@ from __future__ import annotations
 
 import argparse
 
-from _child import run_child
+from _child import GPT2_RANDOM_TRANSCODERS, run_child
 
-_SETUP = r"""
+_SETUP = (r"""
 from rs_interp.features import Transcoder, TranscoderSet, attribution_graph, estimate_graph
 from rs_interp.features.estimate import matmul_rate
 torch.set_num_threads(1)
 pos, width, k, max_nodes, batch = (int(a) for a in sys.argv[1:6])
 g = torch.Generator().manual_seed(0)
-model = ri.load_gpt2("random")
-d = model.cfg.d_model
-layers = []
-for _ in range(model.cfg.n_layers):
-    tc = Transcoder(d, width, activation="topk", k=k)
-    with torch.no_grad():
-        tc.W_enc.normal_(0, d ** -0.5, generator=g)
-        tc.W_dec.normal_(0, width ** -0.5, generator=g)
-        tc.b_dec.normal_(0, 0.02, generator=g)
-    layers.append(tc.requires_grad_(False))
-tcs = TranscoderSet(tuple(layers), scan="random")
-tokens = torch.randint(0, model.cfg.d_vocab, (pos,), generator=g)
+"""
+          + GPT2_RANDOM_TRANSCODERS + r"""
 tc_bytes = sum(p.numel() * p.element_size() for tc in tcs for p in tc.parameters())
 rate = max(matmul_rate(2048), matmul_rate(2048))
 est = estimate_graph(model, tcs, pos, max_feature_nodes=max_nodes, batch_size=batch, dense=False, rate=rate)
-"""
+""")
 
 _BODY = r"""
 cpu = time.process_time()

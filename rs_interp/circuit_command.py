@@ -41,7 +41,7 @@ from typing import Any, Literal, Mapping
 from ._circuit_args import METHODS, add_arguments, check_arguments, load_model
 from .labels import edge_string
 
-__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "main", "load_model", "METHODS"]
+__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_model", "METHODS"]
 
 #: The most edges the diagram draws (the top ones of a larger circuit; the page says so).
 _DRAWN = 400
@@ -317,9 +317,9 @@ def _write_page(path: Path, run: CircuitRun, task: Any, diagram: Any, curve_fig:
     path.write_text(page, encoding="utf-8")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run ``rs-interp circuit`` with parsed ``args``; prints the summary and returns 0. Under ``torchrun``
-    every rank runs it on its share of the pairs and rank 0 writes and prints
+def run_command(args: argparse.Namespace) -> list[str]:
+    """Run ``rs-interp circuit`` with parsed ``args``; the summary's lines (the command line prints them). Under ``torchrun``
+    every rank runs it on its share of the pairs and rank 0 writes and reports (the other ranks return no lines)
     (``torchrun --nproc_per_node=N -m rs_interp.cli circuit ...``).
 
     Raises:
@@ -338,12 +338,11 @@ def main(args: argparse.Namespace) -> int:
     run = run_circuit(model, task, method=args.method, out=args.out, size=args.size, ig_steps=args.ig_steps,
                       model_name=what, progress=not args.quiet, batch_size=getattr(args, "batch_size", None))
     if me != 0:  # rank 0 reports; every rank computed the same numbers
-        return 0
-    print(f"{run.task} on {run.model}, {run.method}: metric {run.clean:.4g} clean, {run.corrupted:.4g} corrupted")
-    print(f"curve: area under {run.area_under:.4f}, from 1 {run.area_from_1:.4f}; circuit of {run.size} edges ({100 * run.fraction:.3g}%; "
-          f"the top {run.requested} pruned to what reaches the logits): faithfulness {run.faithfulness:.4f}")
+        return []
+    lines = [f"{run.task} on {run.model}, {run.method}: metric {run.clean:.4g} clean, {run.corrupted:.4g} corrupted",
+             f"curve: area under {run.area_under:.4f}, from 1 {run.area_from_1:.4f}; circuit of {run.size} edges "
+             f"({100 * run.fraction:.3g}%; the top {run.requested} pruned to what reaches the logits): faithfulness {run.faithfulness:.4f}"]
     if not run.reaches_logits:
-        print(f"none of the top {run.requested} edges lies on a path from the embedding to the logits: the circuit is empty; "
-              "ask for a larger --size")
-    print(f"wrote {len(run.files)} files to {args.out}: {', '.join(Path(p).name for p in run.files.values())}")
-    return 0
+        lines.append(f"none of the top {run.requested} edges lies on a path from the embedding to the logits: the circuit is "
+                     "empty; ask for a larger --size")
+    return lines + [f"wrote {len(run.files)} files to {args.out}: {', '.join(Path(p).name for p in run.files.values())}"]

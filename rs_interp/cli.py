@@ -168,8 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "MIB's ten sizes and the circuit at --size; write DIR/scores.safetensors, scores.json, "
                                    "importances_mib.json, curve.json, circuit.json, diagram.json, report.html, summary.json.")
     circuit_command.add_arguments(c)
-    c.set_defaults(func=circuit_command.main)
+    c.set_defaults(func=_circuit)
     return p
+
+
+def _circuit(args: argparse.Namespace) -> int:
+    for line in circuit_command.run_command(args):
+        print(line)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

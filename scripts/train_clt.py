@@ -24,11 +24,9 @@ for path in (ROOT, ROOT / "scripts"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from train_transcoders import windows  # noqa: E402  (the shipped per-layer set's data)
+from train_transcoders import code_2l_data  # noqa: E402  (the shipped per-layer set's data)
 
-import rs_interp as ri  # noqa: E402
 from rs_interp.features import train_clt  # noqa: E402
-from rs_interp.models.code_model import code_corpus, encode_corpus  # noqa: E402
 
 DEFAULTS = dict(d_transcoder=1024, activation="topk", k=16, l1=3e-4, steps=2000, batch_size=1024, lr=2e-3, seed=0,
                 n_windows=2000, n_eval=256)
@@ -43,14 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     start = time.time()
-    model = ri.load_toy_model("code-2l")
-    tokenizer = ri.SHIPPED_MODELS["code-2l"].tokenizer()
-    corpus = code_corpus()
-    train_stream, held_stream = encode_corpus(tokenizer, corpus.train), encode_corpus(tokenizer, corpus.heldout)
-    width, vocab = model.cfg.n_ctx, model.cfg.d_vocab
-    g = torch.Generator().manual_seed(args.seed + 7)
-    train = windows(train_stream, args.n_windows, width, vocab, g)
-    held = windows(held_stream, args.n_eval, width, vocab, g)
+    model, train, held, corpus = code_2l_data(args.n_windows, args.n_eval, args.seed)
+    width = model.cfg.n_ctx
     t = train_clt(model, train, d_transcoder=args.d_transcoder, activation=args.activation, k=args.k, l1=args.l1, steps=args.steps,
                   batch_size=args.batch_size, lr=args.lr, seed=args.seed, eval_tokens=held)
     seconds = round(time.time() - start, 1)

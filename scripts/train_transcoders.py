@@ -40,6 +40,18 @@ DEFAULTS = dict(d_transcoder=2048, activation="topk", k=32, skip=True, l1=3e-4, 
                 n_windows=3000, n_eval=256)
 
 
+def code_2l_data(n_windows: int, n_eval: int, seed: int) -> tuple:
+    """code-2l, ``n_windows`` training rows and ``n_eval`` held-out rows of :func:`windows` (its corpus's
+    train and held-out parts, from the seed ``seed + 7``) and the corpus."""
+    model = ri.load_toy_model("code-2l")
+    tokenizer = ri.SHIPPED_MODELS["code-2l"].tokenizer()
+    corpus = code_corpus()
+    train_stream, held_stream = encode_corpus(tokenizer, corpus.train), encode_corpus(tokenizer, corpus.heldout)
+    width, vocab = model.cfg.n_ctx, model.cfg.d_vocab
+    g = torch.Generator().manual_seed(seed + 7)
+    return model, windows(train_stream, n_windows, width, vocab, g), windows(held_stream, n_eval, width, vocab, g), corpus
+
+
 def windows(stream: torch.Tensor, n: int, width: int, d_vocab: int, generator: torch.Generator) -> torch.Tensor:
     """``n`` rows: half random windows of ``stream``, half repeated random sequences."""
     k = n // 2
@@ -61,14 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     start = time.time()
-    model = ri.load_toy_model("code-2l")
-    tokenizer = ri.SHIPPED_MODELS["code-2l"].tokenizer()
-    corpus = code_corpus()
-    train_stream, held_stream = encode_corpus(tokenizer, corpus.train), encode_corpus(tokenizer, corpus.heldout)
-    width, vocab = model.cfg.n_ctx, model.cfg.d_vocab
-    g = torch.Generator().manual_seed(args.seed + 7)
-    train = windows(train_stream, args.n_windows, width, vocab, g)
-    held = windows(held_stream, args.n_eval, width, vocab, g)
+    model, train, held, corpus = code_2l_data(args.n_windows, args.n_eval, args.seed)
+    width = model.cfg.n_ctx
     trained = train_transcoder(model, train, d_transcoder=args.d_transcoder, activation=args.activation,
                                k=args.k if args.activation == "topk" else None, l1=args.l1, skip=args.skip, steps=args.steps,
                                batch_size=args.batch_size, lr=args.lr, seed=args.seed, eval_tokens=held, progress=True)

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from test_evaluation import _on_a_path
 
 import rs_interp as ri
-from rs_interp.circuit_command import add_arguments, load_model, main, run_circuit
+from rs_interp.circuit_command import add_arguments, load_model, run_circuit, run_command
 from rs_interp.tasks import build_task, read_mib
 
 FILES = {"scores.safetensors", "scores.json", "importances_mib.json", "curve.json", "circuit.json", "diagram.json",
@@ -28,7 +28,7 @@ FILES = {"scores.safetensors", "scores.json", "importances_mib.json", "curve.jso
 def _run(argv):
     parser = add_arguments(argparse.ArgumentParser(prog="rs-interp circuit"))
     start = time.perf_counter()
-    assert main(parser.parse_args(argv)) == 0
+    assert run_command(parser.parse_args(argv))  # the summary's lines
     return time.perf_counter() - start
 
 
