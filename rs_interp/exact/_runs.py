@@ -55,7 +55,7 @@ def _rows(model: Model) -> tuple[float, str]:
     R, P = _ROWS_PROBE
     tokens = C.probe(model, seed=5, batch=R, pos=P)
     other = C.probe(model, seed=3, batch=1, pos=tokens.shape[1])
-    perm = torch.tensor([2, 0, 3, 1][:R] if R == 4 else list(range(R - 1, -1, -1)))
+    perm = torch.arange(R).roll(1)  # every row moves
     worst = C._Worst()
     with torch.no_grad():
         logits = model(tokens, return_type="logits")

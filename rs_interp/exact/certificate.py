@@ -182,7 +182,7 @@ class Certificate:
         failed = [self[n] for n in needed if self[n].holds is False]
         config = self.refused_configuration(helper)
         if not failed and config is not None:  # a measured failure first: its remedy may be the user's to apply
-            has = self.details[self.configuration.index(config)] if len(self.details) == len(self.configuration) else config
+            has = self.details[self.configuration.index(config)]
             return f"{helper} refuses this model: {config}, here {has} ({CONDITIONS[config]}); no identity can make it exact."
         if not failed:
             return None
