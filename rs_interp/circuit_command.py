@@ -1,6 +1,6 @@
 """From "which edges carry this behaviour on my model?" to a verified circuit, in one call:
 :func:`run_circuit` (and ``rs-interp circuit``, whose arguments :func:`add_arguments` declares and
-:func:`main` runs).
+:func:`run_command` runs).
 
 The steps, each with a progress bar: score every edge of the model's graph on the task (EAP, EAP-IG
 or exact path patching, the corrupted prompts as the reference run); the faithfulness curve of the
