@@ -174,24 +174,53 @@ def lens(model, toks, ref):
 
 
 def _module_patch(module, delta):
-    """A PyTorch forward pre-hook adding ``delta`` to ``module``'s input: a patch apart from TransformerLens's hooks."""
-    return module.register_forward_pre_hook(lambda mod, args: (args[0] + delta.to(args[0].dtype), *args[1:]))
+    """A PyTorch forward pre-hook adding ``delta`` to ``module``'s input: a patch apart from TransformerLens's hooks.
+    (OPT's decoder layer hands its MLP-side norm the positions flattened, (batch * pos, d_model).)"""
+    return module.register_forward_pre_hook(lambda mod, args: (args[0] + delta.to(args[0].dtype).reshape(args[0].shape), *args[1:]))
+
+
+def _shared_norm_patch(block, delta):
+    """PyTorch hooks giving a parallel block's MLP, whose input is its one norm's output (no norm of its
+    own), the norm of the stream plus ``delta``: the stream recorded at the norm's input, the norm the
+    bridge's own module called again. The attention still reads the clean stream's norm."""
+    seen = {}
+
+    def record(mod, args):
+        seen.setdefault("x", args[0])
+
+    def patch(mod, args):
+        return (block.ln1(seen["x"] + delta.to(seen["x"].dtype)), *args[1:])
+
+    handles = [block.ln1.register_forward_pre_hook(record), block.mlp.register_forward_pre_hook(patch)]
+
+    class Handles:
+        def remove(self):
+            for h in handles:
+                h.remove()
+
+    return Handles()
 
 
 def path(model, toks, ref):
     """Two edges from L0H1, patched by hand: into the logits (the final norm's input gets the write's change)
-    and into MLP1 (its norm's input), where the model has a norm of the MLP's own."""
+    and into MLP1: its norm's input where the model has a norm of the MLP's own; in a parallel block with
+    one norm for both sublayers, the MLP's input is that norm of the stream plus the change
+    (:func:`_shared_norm_patch`)."""
     blocks = model.blocks[1]
     own_norm = "ln2" in blocks._modules and blocks.ln2 is not blocks._modules.get("ln1") and model.cfg.normalization_type
-    wanted = [("L0H1", "logits")] + ([("L0H1", "MLP1")] if own_norm and not model.cfg.attn_only else [])
+    shared = ("ln2" not in blocks._modules and "ln1" in blocks._modules and bool(model.cfg.normalization_type)
+              and bool(getattr(model.cfg, "parallel_attn_mlp", False)))
+    wanted = [("L0H1", "logits")] + ([("L0H1", "MLP1")] if (own_norm or shared) and not model.cfg.attn_only else [])
     pp = ri.path_patching(model, toks, metric, reference=ref, edges=wanted)
     z = "blocks.0.attn.hook_z"
     delta = ((_record(model, ref, [z])[z] - _record(model, toks, [z])[z])[:, :, 1] @ model.blocks[0].attn.W_O[1]).detach()
     with torch.no_grad():
         clean = float(metric(model(toks)))
     for edge in wanted:
-        target = model.ln_final if edge[1] == "logits" else blocks.ln2
-        handle = _module_patch(target, delta)
+        if edge[1] == "logits" or own_norm:
+            handle = _module_patch(model.ln_final if edge[1] == "logits" else blocks.ln2, delta)
+        else:
+            handle = _shared_norm_patch(blocks, delta)
         try:
             with torch.no_grad():
                 want = float(metric(model(toks))) - clean

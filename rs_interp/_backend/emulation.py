@@ -122,7 +122,8 @@ def _projection(model: Any, layer: int, which: str, fns: list[Callable], stream:
             result = user(x, hook=HookName(name))
             x = x if result is None else result
         normed = normalise(norm, block.ln1, x)  # float32 at least: the projection is computed in its dtype
-        y = torch.einsum("bphm,hmd->bphd", normed, W.to(normed.dtype)) + b.to(normed.dtype)
+        y = torch.einsum("bphm,hmd->bphd", normed, W.to(normed.dtype))
+        y = y if b is None else y + b.to(normed.dtype)  # a Hugging Face projection without a bias (GPT-J's) says None
         return y.to(projected.dtype)
 
     return fn

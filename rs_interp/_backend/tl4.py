@@ -22,7 +22,7 @@ from transformer_lens import TransformerBridge as Model
 from transformer_lens import TransformerBridgeConfig as ModelConfig
 
 from ..exact.norm import Norm
-from . import emulation
+from . import _tl4_readers, emulation
 from ._tl4_native import (
     _compatible,
     _norm_state,
@@ -54,13 +54,13 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
     fwd = list(fwd)
     names = [n for n, _ in fwd if isinstance(n, str)] + [n for n in model.hook_dict if any(callable(f) and f(n) for f, _ in fwd)]
     layers = {t[0] for t in map(qkv_input_target, names) if t is not None}
-    native = {l for l in layers if is_native_attention(model, l)}
+    native = {l for l in layers if _tl4_readers.emulates_inputs(model, l)}  # emulated (:mod:`._tl4_readers`)
     for l in sorted(layers - native):
         if not has_split_inputs(model, l):
             raise ValueError(f"blocks.{l}.hook_q_input ... hook_v_input: layer {l}'s attention "
                              f"({type(model.blocks[l].attn).__name__}) has no per-head inputs in TransformerLens "
-                             f"{TL_VERSION}, and rs_interp emulates them on native attention only (TransformerLens "
-                             "3.x converts this architecture with them)")
+                             f"{TL_VERSION}, and rs_interp emulates them only on native attention and on separate q, k, v "
+                             "projections without grouped keys (TransformerLens 3.x converts this architecture with them)")
     saved = bool(model.cfg.use_split_qkv_input)
     if layers - native:
         set_flag(model, "use_split_qkv_input", True)
@@ -337,7 +337,7 @@ def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_
         model = Model.boot_transformers(str(source), device="cpu", dtype=dtype)
     _compatible(model, fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed)
     _norms_in_model_dtype(model)
-    return _folded(model, fold_ln)
+    return _tl4_readers.wire(_folded(model, fold_ln), norm_affine)  # readers outside the receivers routed through them
 
 
 def gpt2_from_hf_dir(path: str, cfg: ModelConfig, *, fold_ln: bool, center_writing_weights: bool,
@@ -410,9 +410,9 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def is_own_hook(fn: Callable) -> bool:
-    """Whether a PyTorch hook is the bridge's or transformers' own capture wiring (added on first use; they
-    record, never change), not a user's: left out of the certificate's key. Remove when: both wire at construction."""
-    return getattr(fn, "__module__", "").startswith(("transformer_lens.model_bridge", "transformers.utils.output_capturing"))
+    """Whether a PyTorch hook is the bridge's, transformers' or :mod:`._tl4_readers`'s own wiring (the first two added on
+    first use), not a user's: left out of the certificate's key. Remove when: both wire at construction."""
+    return getattr(fn, "__module__", "").startswith(_tl4_readers.OWN_HOOK_MODULES)
 
 
 def other_version() -> str:

@@ -1,0 +1,118 @@
+"""TransformerLens 4.x bridges whose readers of the stream are not the edge graph's receivers, routed
+through them: what :mod:`.tl4` wires on a Hugging Face-booted bridge. Each workaround says when it can go.
+
+The edge graph's receivers are each head's q, k and v inputs, each MLP's input (``hook_mlp_in``, the
+stream before the MLP's norm) and the final stream (:mod:`rs_interp.exact.stream`). Their gradients add
+up to the stream's only if nothing else reads the stream (the certificate's ``readers``). On 4.3 three
+kinds of bridge read it elsewhere:
+
+- *a shared input norm* (parallel blocks with one norm, GPT-J, Phi, Cohere, Falcon): the MLP reads
+  ``ln1(resid_pre)``, the very tensor the attention reads, and the block has no ``ln2`` for
+  TransformerLens to fire ``hook_mlp_in`` at, so it never fires. Routed (:class:`SharedNormMLP`): with
+  ``use_hook_mlp_in`` on, the MLP's input is ``ln1(hook_mlp_in(resid_pre))``, the norm applied by
+  :class:`rs_interp.exact.norm.Norm` (the one the certificate checks the model's against), so a value
+  added to ``hook_mlp_in`` reaches the MLP alone and the MLP's gradient is read there;
+- *a block that skips TransformerLens's capture wiring* (BLOOM: ``BloomBlockBridge.forward`` never calls
+  it), so ``hook_mlp_in`` never fires and the attention's split-input fork sees the normalised stream
+  (its ``hook_q_input`` is ``ln1``'s output, not the stream). Routed: ``hook_mlp_in`` fired at ``ln2``'s
+  input as TransformerLens fires it on every other block (:class:`MLPInAtNorm`), and the per-head inputs
+  emulated (:func:`emulates_inputs`);
+- *attention with no split-input fork* (GPT-J, GPT-Neo, OPT: a plain ``AttentionBridge`` over the
+  Hugging Face module's own q, k, v projections): per-head inputs emulated as on native attention
+  (:func:`rs_interp._backend.emulation.qkv_input_hooks`), the projection replaced at ``hook_{q,k,v}``
+  before anything after it (rotary, the score) runs.
+
+The hooks are objects of this module (their state is deep-copied with the model: ``as_dtype``'s copies
+route through their own modules) and act only while ``use_hook_mlp_in`` is on, which rs_interp's
+helpers switch on for the call; off, the model runs as booted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from transformer_lens.model_bridge.generalized_components.bloom_block import BloomBlockBridge
+from transformer_lens.model_bridge.generalized_components.linear import LinearBridge
+
+from ..exact.norm import Norm
+from ._tl4_native import has_split_inputs, is_native_attention
+
+__all__: list[str] = []
+
+#: Blocks whose forward skips TransformerLens's capture wiring (``_maybe_wire_capture_hooks``): no
+#: ``hook_mlp_in``, and the split-input fork sees ``ln1``'s output. Remove when: TransformerLens >= 4.4
+#: (or whichever release first does) wires them in ``BloomBlockBridge.forward``.
+_UNWIRED_BLOCKS = (BloomBlockBridge,)
+
+#: The modules whose PyTorch hooks are a bridge's own wiring, not a user's (:func:`rs_interp._backend.is_own_hook`).
+OWN_HOOK_MODULES = ("transformer_lens.model_bridge", "transformers.utils.output_capturing", __name__)
+
+
+def emulates_inputs(model: Any, layer: int) -> bool:
+    """Whether rs_interp emulates layer ``layer``'s per-head q/k/v inputs: on native attention (as before), and
+    on a Hugging Face attention with separate q, k and v projections (``LinearBridge``s, whose outputs are
+    ``hook_q``, ``hook_k``, ``hook_v``), one key and value per query head, and no split-input fork that reads
+    the stream (none at all: GPT-J, GPT-Neo, OPT; or one its block leaves without the stream: BLOOM)."""
+    if is_native_attention(model, layer):
+        return True
+    block, cfg = model.blocks[layer], model.cfg
+    if not all(isinstance(block.attn._modules.get(x), LinearBridge) for x in "qkv"):
+        return False
+    if (getattr(cfg, "n_key_value_heads", None) or cfg.n_heads) != cfg.n_heads:
+        return False  # grouped: the emulation projects one input per query head
+    return not has_split_inputs(model, layer) or isinstance(block, _UNWIRED_BLOCKS)
+
+
+class MLPInAtNorm:
+    """A forward pre-hook on a block's ``ln2``: its input through the block's ``hook_mlp_in`` while
+    ``use_hook_mlp_in`` is on (what TransformerLens's own wiring does on the blocks it wires)."""
+
+    def __init__(self, block: torch.nn.Module, cfg: Any) -> None:
+        self.block, self.cfg = block, cfg
+
+    def __call__(self, module: torch.nn.Module, args: tuple) -> tuple | None:
+        if not self.cfg.use_hook_mlp_in or not args or not isinstance(args[0], torch.Tensor):
+            return None
+        return (self.block.hook_mlp_in(args[0]),) + args[1:]
+
+
+class SharedNormMLP:
+    """The MLP of a parallel block with one input norm, read through ``hook_mlp_in`` (module docstring):
+    ``ln1``'s input recorded by a pre-hook on ``ln1`` (:meth:`record`), and the MLP's input replaced by a
+    pre-hook on the MLP (:meth:`route`) with ``ln1(hook_mlp_in(resid_pre))`` while ``use_hook_mlp_in`` is on,
+    the norm read from ``ln1`` as it is then (``norm_affine``: :func:`rs_interp._backend.norm_affine`) and
+    computed in float32 at least, as the per-head inputs' (:func:`.emulation.normalise`)."""
+
+    def __init__(self, model: Any, block: torch.nn.Module, norm_affine: Callable[[Any, torch.nn.Module], tuple]) -> None:
+        self.model, self.block, self.norm_affine = model, block, norm_affine
+        self.stream: torch.Tensor | None = None
+
+    def record(self, module: torch.nn.Module, args: tuple) -> None:
+        if self.model.cfg.use_hook_mlp_in and args and isinstance(args[0], torch.Tensor):
+            self.stream = args[0]
+
+    def route(self, module: torch.nn.Module, args: tuple) -> tuple | None:
+        if not self.model.cfg.use_hook_mlp_in or self.stream is None:
+            return None
+        x, self.stream = self.block.hook_mlp_in(self.stream), None
+        high = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        norm = Norm(*self.norm_affine(self.model, self.block.ln1)).to(high.dtype)
+        return (norm.apply(high).to(args[0].dtype),) + args[1:]
+
+
+def wire(model: Any, norm_affine: Callable[[Any, torch.nn.Module], tuple]) -> Any:
+    """Route ``model``'s extra readers through the receivers (module docstring), in place; returns ``model``.
+    ``norm_affine(model, module)`` reads a norm as the model computes it (:func:`rs_interp._backend.norm_affine`).
+    Called once, after booting."""
+    for block in model.blocks:
+        subs = block._modules
+        if "mlp" not in subs or getattr(block, "mlp_reads_resid_directly", False):
+            continue
+        if "ln2" in subs and isinstance(block, _UNWIRED_BLOCKS):
+            subs["ln2"].register_forward_pre_hook(MLPInAtNorm(block, model.cfg))
+        elif "ln2" not in subs and "ln1" in subs and bool(getattr(model.cfg, "parallel_attn_mlp", False)):
+            shared = SharedNormMLP(model, block, norm_affine)
+            subs["ln1"].register_forward_pre_hook(shared.record)
+            subs["mlp"].register_forward_pre_hook(shared.route)
+    return model
