@@ -3,10 +3,11 @@
 TransformerLens's ``blocks.L.hook_q_input`` (``hook_k_input``, ``hook_v_input``) holds the
 residual stream that head ``h``'s queries (keys, values) are computed from, ``(batch, pos,
 head_index, d_model)``, before ``ln1``: editing head ``h``'s slice changes that head's input
-alone. HookedTransformer and TransformerLens 4's bridges over Hugging Face attention fire it once
-``use_split_qkv_input`` is on; TransformerLens 4.3's native models (``boot_native``, what
-rs_interp builds on 4.x) list the names but never fire them. :func:`split_qkv_inputs` gives the
-same hooks the same effect on every model.
+alone. HookedTransformer and TransformerLens 4's bridges over Hugging Face attention with its
+split-input fork fire it once ``use_split_qkv_input`` is on; TransformerLens 4.3's native models
+(``boot_native``, what rs_interp builds on 4.x) and its bridges over Hugging Face attention without
+that fork (GPT-J, GPT-Neo, OPT; BLOOM's block leaves it without the stream) list the names but never
+fire them. :func:`split_qkv_inputs` gives the same hooks the same effect on every model.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def split_qkv_inputs(model: Any, fwd_hooks: Sequence[tuple[str | Callable[[str],
 
     Use it where you would use ``model.hooks(fwd_hooks=...)``. On TransformerLens 3.x (and 4.x
     bridges whose attention has the split inputs) the flag ``use_split_qkv_input`` is switched on
-    through the model's setter and restored afterwards. On 4.x native attention the per-head
-    inputs are emulated: formed from the stream entering ``ln1``, passed to your hooks,
+    through the model's setter and restored afterwards. On 4.x native attention (and the Hugging Face
+    attention above) the per-head inputs are emulated: formed from the stream entering ``ln1``, passed to your hooks,
     normalised and projected per head in place of the model's own projection, giving
     HookedTransformer's numbers; your hooks on ``attn.hook_{q,k,v}`` and on ``ln1``'s
     ``hook_scale``/``hook_normalized`` act as on 3.x. Other hooks pass through unchanged;
@@ -41,9 +42,9 @@ def split_qkv_inputs(model: Any, fwd_hooks: Sequence[tuple[str | Callable[[str],
         ``model``, hooked.
 
     Raises:
-        NotImplementedError: a hooked layer's attention has no per-head inputs and is not
-            native (4.x bridges over Hugging Face attention without TransformerLens's fork), or
-            uses grouped-query attention on a native 4.x model.
+        ValueError: a hooked layer's attention has no per-head inputs and none are emulated (a 4.x
+            bridge over Hugging Face attention with a joint or grouped projection and no fork).
+        NotImplementedError: grouped-query attention on a native 4.x model.
 
     >>> import torch
     >>> from rs_interp import make_attn_only

@@ -11,8 +11,8 @@ import torch
 
 from rs_interp import _backend
 
-#: TransformerLens 4's models are native bridges: standard and rotary positions only, and no
-#: unembedding bias. Tests of what only 3.x can build are marked with this.
+#: TransformerLens 4's models are native bridges: standard and rotary positions only. Tests of what
+#: only 3.x can build are marked with this.
 TL4 = _backend.TL_MAJOR >= 4
 needs_tl3 = pytest.mark.skipif(TL4, reason=f"TransformerLens {_backend.TL_VERSION}'s native models have no shortformer or alibi positions (3.x only)")
 
@@ -79,8 +79,9 @@ def ln1_by_hand(model, layer, x):
 
 def perturb(model, seed, *, bias_scale=0.2):
     """Every bias nonzero (N(0, bias_scale)) and every gain in [0.5, 1.5], through the portable
-    state dict so the same names serve both TransformerLens versions. ``b_U`` stays zero on 4.x,
-    where the native models have none, and so do a gated MLP's biases (4.x's native gated MLPs have none)."""
+    state dict so the same names serve both TransformerLens versions. ``b_U`` stays zero on 4.x (the 4.x
+    suite's numbers were measured without it; a native model with one is tested in test_architectures.py), and
+    so do a gated MLP's biases (4.x's native gated MLPs have none)."""
     state = _backend.portable_state(model)
     gated = bool(getattr(model.cfg, "gated_mlp", False))
     g = torch.Generator().manual_seed(seed)

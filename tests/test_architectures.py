@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import perturb, tl3_only
+from builders import TL4, perturb, tl3_only
 
 import rs_interp as ri
 from rs_interp import _backend
@@ -230,3 +230,45 @@ def test_qk_norm_weight_readings_of_the_score_are_refused():
         with pytest.raises(ValueError, match="use_qk_norm"):
             call()
     assert ri.composition_scores(model, "v").scores.isfinite().any()
+
+
+# --- an unembedding bias: built natively on 4.x (a buffer of the native head), a parameter on 3.x ----------------------
+
+def test_a_nonzero_unembedding_bias_is_built_and_decomposed():
+    """A model with a nonzero ``b_U`` (loaded from the portable state dict, as a checkpoint is) computes
+    ``ln_final(x) W_U + b_U`` (by hand from the cached normalised final stream and the portable weights, 1e-12), every identity of the
+    certificate holds, DLA's parts (``"b_U"``'s part ``b_U[t] - mean(b_U)``) sum to the centered logit, and the
+    checkpoint round trip and ``as_dtype`` keep it. On 4.x it is the bias buffer TransformerLens's
+    ``UnembeddingBridge`` gives the native head (not a parameter: rs_interp never trains ``b_U``)."""
+    model = _build(seed=3)
+    state = _backend.portable_state(model)
+    b_U = torch.randn(state["unembed.b_U"].shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    _backend.load_portable_state(model, {**state, "unembed.b_U": b_U})
+    toks = torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(toks)
+    assert torch.equal(model.b_U.detach(), b_U)
+    final = cache["ln_final.hook_normalized"] * state["ln_final.w"] + state["ln_final.b"]
+    assert (final @ state["unembed.W_U"] + b_U - logits).abs().max() <= 1e-12
+    assert ri.certify(model).failed() == ()
+    targets = ri.next_token_targets(toks)
+    dla = ri.direct_logit_attribution(model, toks, targets=targets)
+    want = (logits - logits.mean(-1, keepdim=True)).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+    ok = targets >= 0
+    assert (dla.contributions.sum(0) - want)[ok].abs().max() <= 1e-10
+    part = dla.contributions[dla.labels.index("b_U")]
+    assert (part - (b_U - b_U.mean())[targets.clamp(min=0)])[ok].abs().max() <= 1e-12
+    with torch.no_grad():
+        assert (ri.as_dtype(model, torch.float64)(toks) - logits).abs().max() <= 1e-12
+    assert any(p is model.b_U for p in model.parameters()) == (not TL4)  # 4.x: a buffer
+
+
+def test_an_unembedding_bias_survives_the_checkpoint_round_trip(tmp_path):
+    model = _build(seed=5)
+    state = _backend.portable_state(model)
+    _backend.load_portable_state(model, {**state, "unembed.b_U": torch.linspace(-1, 1, state["unembed.b_U"].numel(),
+                                                                                dtype=torch.float64)})
+    toks = torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(6))
+    loaded = ri.load_model(ri.save_model(model, tmp_path / "m"))
+    with torch.no_grad():
+        assert torch.equal(loaded(toks), model(toks))

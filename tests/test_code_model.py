@@ -91,7 +91,7 @@ def test_shipped_model_is_gpt2_shaped_with_its_tokenizer(code2l):
     assert tok.get_vocab_size() == cfg.d_vocab == CODE_VOCAB
     meta = SHIPPED_MODELS["code-2l"].metadata()
     assert meta["training"]["seed"] == SHIPPED_MODELS["code-2l"].seed and meta["heldout_loss"] < meta["unigram_loss"] - 1.0
-    # GPT-2 has no unembedding bias: kept at zero, so TransformerLens 4's native models (which have none) load it too
+    # GPT-2 has no unembedding bias: kept at zero (on 4.x it is a buffer of the native head, not a parameter: nothing listed)
     assert all(float(p.abs().max()) == 0 for p in bias_parameters(code2l, ("b_U",)))
 
 

@@ -8,7 +8,7 @@ from builders import POSITIONS, TL4, make_variant, skipping_targets
 import rs_interp as ri
 from rs_interp.reproduce.expected import EXPECTED
 
-# TransformerLens 4's native models have no unembedding bias: its path is there on 3.x only.
+# builders.perturb draws b_U on 3.x only (the 4.x suite's numbers were measured without it): its path is there on 3.x only.
 HAS_B_U = not TL4
 
 

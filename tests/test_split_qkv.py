@@ -32,7 +32,7 @@ def _same_weights(model, seed):
         if leaf == "w":
             state[name] = torch.rand(shape, generator=g, dtype=torch.float64) + 0.5
         elif leaf == "b_U":
-            state[name] = torch.zeros(shape, dtype=torch.float64)  # 4.x's native models have none
+            state[name] = torch.zeros(shape, dtype=torch.float64)  # zero, as builders.perturb leaves it on 4.x
         else:
             state[name] = (0.2 if leaf.startswith("b") else 0.3) * torch.randn(shape, generator=g, dtype=torch.float64)
     _backend.load_portable_state(model, state)

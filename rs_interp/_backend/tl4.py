@@ -239,19 +239,19 @@ def portable_state(model: Model) -> dict[str, torch.Tensor]:
     if not folded:  # a folded GPT-2 keeps unit gains and zero biases that LNPre has no place for
         out.update(_norm_state(model.ln_final, "ln_final"))
     out["unembed.W_U"] = model.W_U
-    out["unembed.b_U"] = model.b_U
-    if bool(model.b_U.ne(0).any()):  # refused here, not when the checkpoint is read back
-        raise ValueError(f"the unembedding bias is nonzero (max |b_U| {model.b_U.abs().max().item():.3g}; folding the "
-                         f"final LayerNorm's bias puts it there): TransformerLens {TL_VERSION}'s native models, which "
-                         "rs_interp's checkpoints build, have none; save it from TransformerLens 3.x, or load it with fold_ln=False")
+    out["unembed.b_U"] = model.b_U  # the native head's bias buffer (:func:`load_portable_state`)
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 
 def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
     """Load a portable state dict (buffers optional) into the bridge, in place.
 
+    The unembedding bias goes to the bias *buffer* 4.3's ``UnembeddingBridge`` registers on the native head (a
+    bias-free ``nn.Linear``, whose forward adds it): the logits are ``x W_U + b_U``, as on 3.x, and ``b_U`` is
+    not a parameter (rs_interp's training keeps it frozen: :func:`rs_interp.models.training.trainable_parameters`).
+
     Raises:
-        ValueError: a nonzero unembedding bias (native bridges have none).
+        ValueError: a nonzero gated-MLP bias (4.3's native gated MLPs have none).
     """
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
 
@@ -263,9 +263,6 @@ def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
                              "load this checkpoint under TransformerLens 3.x")
         del state[name]
     b_U = state.pop("unembed.b_U", None)
-    if b_U is not None and bool(b_U.ne(0).any()):
-        raise ValueError(f"the unembedding bias is nonzero (max |b_U| {b_U.abs().max().item():.3g}); "
-                         f"TransformerLens {TL_VERSION}'s native models have none")
     perm = _rotary_perm(model.cfg)
     if perm is not None:
         # (a grouped-query model's keys are named _W_K, _b_K: permuted the same way)
@@ -273,8 +270,8 @@ def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
     converted = convert_tl_checkpoint(state, model.cfg)
     own = model.state_dict()
     converted = {k: v.to(own[k].dtype) for k, v in converted.items()}
-    if "unembed.bias" in own and "unembed.bias" not in converted:
-        converted["unembed.bias"] = torch.zeros_like(own["unembed.bias"])
+    if "unembed.bias" not in converted:
+        converted["unembed.bias"] = torch.zeros_like(own["unembed.bias"]) if b_U is None else b_U.to(own["unembed.bias"].dtype)
     model.load_state_dict(converted, strict=True)
 
 

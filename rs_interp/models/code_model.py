@@ -185,7 +185,7 @@ def train_code_model(*, steps: int, batch_size: int, lr: float, warmup: int, see
         raise ValueError(f"periodic_fraction must be in [0, 1], got {periodic_fraction}")
     batches = lambda _: (_batch(train_ids, batch_size, cfg.n_ctx, gen, periodic_fraction, cfg.d_vocab), mask)  # noqa: E731
     start = time.perf_counter()
-    # GPT-2 has no unembedding bias (TransformerLens 3.x carries a zero one, 4.x's native models none): it stays at zero.
+    # GPT-2 has no unembedding bias (TransformerLens 3.x carries a parameter, 4.x's native models a buffer): it stays at zero.
     losses = train_on_batches(model, batches, steps=steps, lr=lr, warmup=warmup, progress=progress, desc="training code-2l",
                               params=trainable_parameters(model, frozen=("b_U",)))
     meta = {"training": dict(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
