@@ -209,6 +209,17 @@ def test_edge_methods_match_a_brute_force(family, tokens, check):
     {"path": path, "circuit": circuit}[check](model, *tokens)
 
 
+def test_a_copy_reads_through_its_own_modules(family, tokens):
+    """``as_dtype`` after a pass with gradients, and of a copy whose original is gone: the copy's ``readers``
+    identity holds as the model's does (on 4.x TransformerLens's capture hooks are wired anew on a copy and the
+    last pass's tensors shared detached: ``rs_interp/_backend/_tl4_readers.deep_copy``; before, the copy's
+    split-input fork saw no stream, or raised ReferenceError once the original was gone)."""
+    _, _, model = family
+    model(tokens[0])  # with gradients: the bridge's modules keep tensors of the graph
+    copy = ri.as_dtype(ri.as_dtype(model, torch.float64), torch.float64)
+    assert ri.certify(model)["readers"].holds and ri.certify(copy)["readers"].holds
+
+
 def test_copies_and_round_trips_keep_the_logits(family, tokens, tmp_path):
     """``as_dtype`` gives the same function; rs_interp's checkpoint round trip gives the same logits
     (on 4.x a booted Hugging Face model other than GPT-2 is refused by name: its source is its checkpoint; a folded

@@ -29,6 +29,7 @@ helpers switch on for the call; off, the model runs as booted.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
@@ -88,6 +89,10 @@ class SharedNormMLP:
         self.model, self.block, self.norm_affine = model, block, norm_affine
         self.stream: torch.Tensor | None = None
 
+    def __getstate__(self) -> dict:
+        """Copied (``as_dtype``'s deep copy) without the stream of a pass in flight (a tensor of the graph)."""
+        return {**self.__dict__, "stream": None}
+
     def record(self, module: torch.nn.Module, args: tuple) -> None:
         if self.model.cfg.use_hook_mlp_in and args and isinstance(args[0], torch.Tensor):
             self.stream = args[0]
@@ -116,3 +121,25 @@ def wire(model: Any, norm_affine: Callable[[Any, torch.nn.Module], tuple]) -> An
             subs["ln1"].register_forward_pre_hook(shared.record)
             subs["mlp"].register_forward_pre_hook(shared.route)
     return model
+
+
+def deep_copy(model: Any) -> Any:
+    """A deep copy of a booted bridge that computes and routes through its own modules. Two 4.3 wirings are
+    mended (Remove when: TransformerLens >= 4.4, or whichever release first does, deep-copies a bridge whole):
+
+    - tensors of the last pass that modules keep (a pattern, a captured stream: not leaves of the graph after
+      a pass with gradients, which ``copy.deepcopy`` refuses) are shared, detached, not copied;
+    - TransformerLens's capture hooks (closures over the original's attention, wired at the first pass) are
+      removed from the copy through its own handles and wired anew at its first pass: a copy kept them
+      pointing at the original, so its split-input fork saw no stream (or raised once the original was gone).
+    """
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for value in module.__dict__.values():
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                memo[id(value)] = value.detach()
+    out = copy.deepcopy(model, memo)
+    for block in out.blocks:
+        if hasattr(block, "_teardown_capture_hooks"):
+            block._teardown_capture_hooks()
+    return out

@@ -191,8 +191,9 @@ def is_hf_booted(model: Model) -> bool:
 
 
 def converted_copy(model: Model, dtype: torch.dtype) -> Model:
-    """A deep copy of a Hugging Face-booted bridge in ``dtype`` (TransformerLens cannot rebuild it from its config)."""
-    copy = __import__("copy").deepcopy(model)
+    """A deep copy of a Hugging Face-booted bridge in ``dtype`` (TransformerLens cannot rebuild it from its config;
+    its capture wiring made anew: :func:`._tl4_readers.deep_copy`)."""
+    copy = _tl4_readers.deep_copy(model)
     with contextlib.redirect_stdout(None):  # 4.3's ``to`` prints the dtype change
         copy.to(dtype)
     copy.cfg.dtype = dtype
