@@ -63,9 +63,9 @@ def _bos(model, tokens: torch.Tensor, prepend_bos, gemma_it: bool) -> tuple[torc
                              f"{list(GEMMA3_IT_PREFIX)} (circuit-tracer's ensure_tokenized), got {tokens[:4].tolist()}")
         return tokens, None
     tok = getattr(model, "tokenizer", None)
-    special = set(getattr(tok, "all_special_ids", None) or [])
+    special = list(getattr(tok, "all_special_ids", None) or [])
     if prepend_bos is True:
-        candidates = [getattr(tok, a, None) for a in ("bos_token_id", "pad_token_id", "eos_token_id")] + sorted(special)
+        candidates = [getattr(tok, a, None) for a in ("bos_token_id", "pad_token_id", "eos_token_id")] + special
         bos = next((int(c) for c in candidates if c is not None), None)
         if bos is None:
             raise ValueError("prepend_bos=True takes the BOS from the model's tokenizer, and "
@@ -74,7 +74,7 @@ def _bos(model, tokens: torch.Tensor, prepend_bos, gemma_it: bool) -> tuple[torc
         bos = int(prepend_bos)
     if not 0 <= bos < model.cfg.d_vocab:
         raise ValueError(f"prepend_bos: the BOS id {bos} is not in the vocabulary [0, {model.cfg.d_vocab})")
-    if int(tokens[0]) in special | {bos}:  # already a special token first: nothing prepended
+    if int(tokens[0]) in {*special, bos}:  # already a special token first: nothing prepended
         return tokens, None
     return torch.cat([torch.tensor([bos], dtype=tokens.dtype), tokens]), bos
 
