@@ -41,8 +41,8 @@ D_VOCAB = 50
 #: takes the pad token then), words, some with whitespace (circuit-tracer writes its tokens' text as decoded)
 VOCAB = ["w0", "<bos>", "<eos>", "<pad>"] + [f"w{i}" + ("\n" if i % 7 == 0 else "\t" if i % 11 == 0 else "") for i in range(4, D_VOCAB)]
 SPECIAL = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
-#: (name, max_feature_nodes, batch_size, update_interval): every feature; a cap chosen in rounds of 2 x 4; a cap in one round
-RUNS = [("full", None, 8, 4), ("cap-rounds", 24, 4, 2), ("cap", 24, 512, 4)]
+#: (name, max_feature_nodes, batch_size, update_interval): every feature; a cap chosen in rounds of 2; a cap in one round
+RUNS = [("full", None, 8, 4), ("cap-rounds", 24, 2, 1), ("cap", 24, 512, 4)]
 NUMBERS = ("influence", "activation", "token_prob")  # compared to rounding, every other field exactly
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4}  # of the largest |entry|: float32 storage there, float32 model both
 
