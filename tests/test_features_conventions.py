@@ -109,7 +109,7 @@ def test_prepend_bos_is_circuit_tracers_rule(setup, tok, first):
     if first is not None:
         tokens[0] = first
     tcs = random_transcoders(2, 16, 24, seed=2)
-    model.tokenizer = SimpleNamespace(**tok)
+    model.tokenizer = SimpleNamespace(**tok, padding_side="right")
     try:
         expected = _ensure_tokenized(tokens, model.tokenizer)
         g = attribution_graph(model, tcs, tokens, targets=[5], position=3, prepend_bos=True)
@@ -185,7 +185,7 @@ def test_feature_rounds_and_order_are_circuit_tracers(setup, cap, round_size):
 def test_the_convention_sets_circuit_tracers_defaults(setup):
     model, tokens = setup
     tcs = random_transcoders(2, 16, 24, seed=3)
-    model.tokenizer = SimpleNamespace(**TOKENIZERS[0])
+    model.tokenizer = SimpleNamespace(**TOKENIZERS[0], padding_side="right")
     try:
         ct = attribution_graph(model, tcs, tokens, targets=[3], max_feature_nodes=10, convention="circuit-tracer")
         by_hand = attribution_graph(model, tcs, tokens, targets=[3], max_feature_nodes=10, zero_positions=slice(0, 1),

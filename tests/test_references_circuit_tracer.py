@@ -56,7 +56,7 @@ def _setup(tmp: Path, dtype, activation):
     torch.save({"cfg": cfg, "state": _backend.portable_state(model)}, tmp / "model.pt")
     tokens = torch.randint(4, D_VOCAB, (11,), generator=torch.Generator().manual_seed(5))
     # circuit-tracer's tokenizer as rs_interp reads it: BOS, pad, EOS and the special ids
-    model.tokenizer = SimpleNamespace(bos_token_id=1, pad_token_id=3, eos_token_id=2, all_special_ids=[1, 2, 3])
+    model.tokenizer = SimpleNamespace(bos_token_id=1, pad_token_id=3, eos_token_id=2, all_special_ids=[1, 2, 3], padding_side="right")
     return model, tcs, tokens
 
 

@@ -127,7 +127,9 @@ def attribution_graph(
         ValueError: bad tokens, targets or position; a model whose replacement is not linear once
             frozen (attention-only, soft-capped logits, parallel blocks, an unknown norm); transcoders
             that do not fit the model; or a row that does not sum to its target's value (a hook the
-            caller attached changed the run); an option :func:`._conventions.resolve` refuses.
+            caller attached changed the run); an unknown convention or feature order, zero positions outside
+            the prompt, a BOS that cannot be found or is out of the vocabulary, a Gemma-3 ``-it`` prompt without
+            its ``<bos><start_of_turn>user\\n`` prefix.
 
     >>> import torch
     >>> from rs_interp import load_toy_model
@@ -136,6 +138,10 @@ def attribution_graph(
     >>> g = attribution_graph(model, shipped_transcoders("code-2l"), torch.arange(100, 108), targets=[108])
     >>> g.n_pos, g.n_logits, g.adjacency.shape[0] == g.n_features + 2 * 8 + 8 + 1
     (8, 1, True)
+    >>> ct = attribution_graph(model, shipped_transcoders("code-2l"), torch.arange(100, 108), targets=[108],
+    ...                        convention="circuit-tracer", prepend_bos=0)  # code-2l has no tokenizer: its BOS id given
+    >>> ct.tokens[:2].tolist(), ct.zero_positions, int((ct.features[:, 1] == 0).sum())
+    ([0, 100], (0,), 0)
     """
     if torch.is_inference_mode_enabled():  # a notebook's usual wrapper: the backward passes need autograd
         with torch.inference_mode(False):
