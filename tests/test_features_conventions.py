@@ -20,7 +20,7 @@ import torch
 from test_features import random_transcoders, relu_model
 from test_features_graph import Frozen
 
-from rs_interp.features import attribution_graph, qk_attributions
+from rs_interp.features import attribution_graph, intervene, qk_attributions
 from rs_interp.features.export import graph_json
 
 TOL = 1e-9
@@ -81,6 +81,12 @@ def test_zero_positions_keep_every_entry_exact(setup, zero, activation, skip):
     bias = bf.targets(g, *bf.run(embed_delta=-bf.embed, out_delta=off))
     assert torch.allclose(g.bias[rows], bias, atol=TOL, rtol=0)
     assert torch.allclose(g.adjacency[rows].sum(1) + g.bias[rows] + g.unselected[rows], base, atol=TOL, rtol=0)
+    # an intervention on a zeroed error node has nothing to scale: refused; on the others, the graph's prediction holds
+    if Z:
+        with pytest.raises(ValueError, match="zeroed position"):
+            intervene(model, tcs, g, [g.error_node(1, Z[0])], scale=2.0)
+    iv = intervene(model, tcs, g, [g.token_node(0), g.error_node(1, 7)], scale=0.5)
+    assert iv.gap < TOL
     # the QK attributions follow the graph's zeroed positions: each table sums to its score (checked inside too)
     (a,) = qk_attributions(model, tcs, g, [(1, 0, 7, 2)])
     assert abs(float(a.table.sum()) - a.score) < TOL
