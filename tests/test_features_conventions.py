@@ -242,3 +242,32 @@ def test_the_export_writes_circuit_tracers_ids(setup):
     assert moved and all(f"0_{n['layer']}_{n['ctx_idx']}" in features for n in moved)
     assert all((n["node_id"], n["jsNodeId"]) == (f"0_{n['layer']}_{n['ctx_idx']}", f"{n['layer']}_{n['ctx_idx']}-0")
                for n in errors if n not in moved)
+
+
+@pytest.mark.parametrize("kind", ["per-layer", "cross-layer"])
+def test_zeroing_moves_those_nodes_columns_into_the_bias(kind):
+    """The frozen model does not change with ``zero_positions``: each remaining node keeps the full graph's
+    column, and the bias gains exactly the columns of the nodes no longer there (features and error nodes at
+    the zeroed positions), for a per-layer set and a cross-layer one (whose features write to later layers)."""
+    from rs_interp.features import CrossLayerTranscoder
+
+    model = relu_model("LN", seed=1, n_layers=3)
+    tcs = (random_transcoders(3, 16, 20, seed=2) if kind == "per-layer"
+           else CrossLayerTranscoder.random(3, 16, 20, seed=2, activation="relu", dtype=torch.float64))
+    tokens = torch.randint(4, 50, (P,), generator=torch.Generator().manual_seed(3))
+    full = attribution_graph(model, tcs, tokens, targets=[0, 7])
+    Z = (0, 3)
+    g = attribution_graph(model, tcs, tokens, targets=[0, 7], zero_positions=Z)
+    kept = torch.tensor([full.feature_node(*f) for f in g.features.tolist()])
+    gone = torch.tensor([n for n in range(full.n_features) if int(full.features[n, 1]) in Z]
+                        + [full.error_node(l, p) for l in range(3) for p in Z])
+    assert len(kept) + len(gone) - 3 * len(Z) == full.n_features
+    cols = torch.cat([kept, torch.arange(full.n_features, full.n_nodes)])
+    A, F = g.dense_adjacency(), full.dense_adjacency()
+    rows_g, rows_f = _rows(g), torch.cat([kept, torch.arange(full.n_nodes - full.n_logits, full.n_nodes)])
+    zeroed_errors = [g.error_node(l, p) for l in range(3) for p in Z]
+    expected = F[rows_f][:, cols].clone()
+    expected[:, torch.tensor(zeroed_errors) - g.n_features + len(kept)] = 0.0
+    assert torch.allclose(A[rows_g], expected, atol=TOL, rtol=0)
+    assert torch.allclose(g.bias[rows_g], full.bias[rows_f] + F[rows_f][:, gone].sum(1), atol=TOL, rtol=0)
+    assert torch.allclose(g.values[rows_g], full.values[rows_f], atol=TOL, rtol=0)
