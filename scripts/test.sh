@@ -9,7 +9,7 @@
 #       and the tests marked `docs`: the documentation site's build (scripts/build_docs.sh, --strict)
 #       and its browser test.
 #   Neither: tests marked `reference` (rs_interp's files through MIB's and EAP-IG's own code, in a venv of
-#       their own: bash scripts/test_references.sh), and tests marked `full` (code-2l's phase change, 2,500 steps, ~12 minutes, and its full
+#       their own: bash scripts/test_references.sh; circuit-tracer's: bash scripts/test_circuit_tracer.sh), and tests marked `full` (code-2l's phase change, 2,500 steps, ~12 minutes, and its full
 #       4,000-step retraining, ~18 minutes): `pytest -m full`.
 #       3.x-only paths (shortformer and alibi variants) are fast tests: they run here.
 # The two passes run side by side, one thread each (2 cores), the 3.x pass's output goes to a log

@@ -2,7 +2,7 @@
 # The optional reference job (issue 53): rs_interp's MIB files and circuits through the reference code
 # itself, MIB's circuit-track harness and EAP-IG, in a venv of their own (their pins, TransformerLens
 # 2.x, cannot share rs_interp's venvs). CI does not run it (scripts/test.sh leaves out the tests
-# marked `reference`).
+# marked `reference`). circuit-tracer has a sibling job of its own: scripts/test_circuit_tracer.sh.
 #
 #   RS_REF_SRC=/path/to/sources bash scripts/test_references.sh [pytest options]
 #

@@ -101,8 +101,9 @@ def test_files_round_trip_in_circuit_tracers_format(tmp_path, activation, skip):
     assert (cfg["feature_input_hook"], cfg["feature_output_hook"]) == ("mlp.hook_in", "mlp.hook_out")
     keys = set(load_file(str(tmp_path / "layer_1.safetensors")))
     expected = {"W_enc", "W_dec", "b_enc", "b_dec"} | ({"W_skip"} if skip else set())
-    expected |= {"activation_function.threshold"} if activation == "jumprelu" else {"k"} if activation == "topk" else set()
-    assert keys == expected
+    expected |= {"activation_function.threshold"} if activation == "jumprelu" else set()
+    assert keys == expected  # TopK's k in config.yaml only: circuit-tracer's load_transcoder refuses a "k" tensor
+    assert cfg.get("k") == (4 if activation == "topk" else None)
     back = load_transcoders(tmp_path)
     x = torch.randn(4, 6)
     for a, b in zip(tcs, back):

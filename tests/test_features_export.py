@@ -28,20 +28,25 @@ def test_error_ids_and_prompt_text(graph, convention, tmp_path):
     data = json.loads(save_graph_json(graph, tmp_path, slug="g", decode=_decode, convention=convention).read_text())
     errors = [n for n in data["nodes"] if n["feature_type"] == "mlp reconstruction error"]
     assert errors, "the pruned graph keeps some error nodes"
+    features = {n["node_id"] for n in data["nodes"] if n["feature_type"] == "cross layer transcoder"}
     for n in errors:
         l, p = int(n["layer"]), n["ctx_idx"]
-        if convention == "circuit-tracer":  # its Node.error_node: feature -1 in the id, so no feature's id
-            assert (n["node_id"], n["jsNodeId"], n["feature"]) == (f"{l}_-1_{p}", f"{l}_-1-{p}", -1)
+        if convention == "circuit-tracer":  # its Node.error_node: 0_l_p, unless a layer-0 feature written has that id
+            ids = (f"{l}_-1_{p}", f"{l}_-1-{p}") if f"0_{l}_{p}" in features else (f"0_{l}_{p}", f"{l}_{p}-0")
+            assert (n["node_id"], n["jsNodeId"], n["feature"]) == (*ids, -1)
         else:
             assert (n["node_id"], n["jsNodeId"]) == (f"err_{l}_{p}", f"{l}_{p}-0")
     ids = [n["node_id"] for n in data["nodes"]]
     assert len(ids) == len(set(ids))
     features = [n for n in data["nodes"] if n["feature_type"] == "cross layer transcoder"]
     assert all(re.fullmatch(r"\d+_\d+_\d+", n["node_id"]) for n in features)
-    text = "".join(_decode(int(t)) for t in graph.tokens)
-    marked = [_decode(int(t)).replace("\n", "⏎").replace("\t", "→").replace("\r", "↵") for t in graph.tokens]
-    assert data["metadata"]["prompt_tokens"] == marked
-    assert data["metadata"]["prompt"] == (text if convention == "circuit-tracer" else "".join(marked))
+    raw = [_decode(int(t)) for t in graph.tokens]
+    marked = [t.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵") for t in raw]
+    # circuit-tracer writes the tokens as decoded (its frontend marks the whitespace); rs_interp's files mark it
+    assert data["metadata"]["prompt_tokens"] == (raw if convention == "circuit-tracer" else marked)
+    assert data["metadata"]["prompt"] == "".join(raw if convention == "circuit-tracer" else marked)
+    given = graph_json(graph, decode=_decode, convention=convention, prompt="the text as the tokenizer decodes it")
+    assert given["metadata"]["prompt"] == "the text as the tokenizer decodes it"
 
 
 def test_refusal(graph):

@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Int
 
 from .._backend import Model
+from . import _conventions as C
 from . import _replacement as R
 from . import _rows
 from .graph import AttributionGraph
@@ -79,6 +80,11 @@ def attribution_graph(
     batch_size: int = 64,
     progress: bool = False,
     dense: bool = True,
+    convention: C.GraphConvention = "rs_interp",
+    zero_positions: slice | int | Sequence[int] | None = None,
+    prepend_bos: bool | int | None = None,
+    feature_order: C.FeatureOrder | None = None,
+    round_size: int | None = None,
 ) -> AttributionGraph:
     """The attribution graph of one prompt: feature, error, token and logit nodes and the exact direct
     effects between them in the local replacement model (module docstring for the formula).
@@ -101,12 +107,29 @@ def attribution_graph(
         dense: the adjacency as a (node, node) tensor; ``False``: only its rows that can be nonzero
             (:class:`~rs_interp.features._rows.RowMatrix`, read the same way), for long prompts. The
             entries, influence, pruning and scores are the same either way.
+        convention: whose defaults the four options below take when left at ``None``: ``"rs_interp"``
+            (every position kept, the ids as given, features in the order chosen, rs_interp's rounds) or
+            ``"circuit-tracer"`` (position 0 zeroed, four positions for a Gemma-3 ``-it`` model; BOS prepended;
+            features in their active order; rounds of 2,048): the graph circuit-tracer's ``attribute`` computes.
+        zero_positions: positions of the attributed prompt (BOS included) whose features and error vectors are
+            no nodes (circuit-tracer's ``zero_positions``, a slice there): what their MLP outputs hold is a
+            constant of the replacement model, part of each row's ``bias``; their token nodes stay.
+        prepend_bos: ``True``: prepend the model tokenizer's BOS (the first of its BOS, pad, EOS, special ids)
+            unless the first id is a special one (circuit-tracer's ``ensure_tokenized``); an id: prepend that
+            one unless the prompt starts with it; ``False``: the ids as given. ``position`` counts in the ids
+            as given; the graph's tokens and positions include the BOS.
+        feature_order: the feature nodes under ``max_feature_nodes``: ``"selection"`` in the order chosen,
+            ``"index"`` in their active order (layer, position, index: circuit-tracer's ``torch.where(visited)``).
+        round_size: features chosen from one influence estimate (circuit-tracer's ``update_interval *
+            batch_size``); default rs_interp's: ``max(4 * batch_size, max_feature_nodes / 8)``.
 
     Raises:
         ValueError: bad tokens, targets or position; a model whose replacement is not linear once
             frozen (attention-only, soft-capped logits, parallel blocks, an unknown norm); transcoders
             that do not fit the model; or a row that does not sum to its target's value (a hook the
-            caller attached changed the run).
+            caller attached changed the run); an unknown convention or feature order, zero positions outside
+            the prompt, a BOS that cannot be found or is out of the vocabulary, a Gemma-3 ``-it`` prompt without
+            its ``<bos><start_of_turn>user\\n`` prefix.
 
     >>> import torch
     >>> from rs_interp import load_toy_model
@@ -115,20 +138,27 @@ def attribution_graph(
     >>> g = attribution_graph(model, shipped_transcoders("code-2l"), torch.arange(100, 108), targets=[108])
     >>> g.n_pos, g.n_logits, g.adjacency.shape[0] == g.n_features + 2 * 8 + 8 + 1
     (8, 1, True)
+    >>> ct = attribution_graph(model, shipped_transcoders("code-2l"), torch.arange(100, 108), targets=[108],
+    ...                        convention="circuit-tracer", prepend_bos=0)  # code-2l has no tokenizer: its BOS id given
+    >>> ct.tokens[:2].tolist(), ct.zero_positions, int((ct.features[:, 1] == 0).sum())
+    ([0, 100], (0,), 0)
     """
     if torch.is_inference_mode_enabled():  # a notebook's usual wrapper: the backward passes need autograd
         with torch.inference_mode(False):
             return attribution_graph(model, transcoders, torch.as_tensor(tokens).clone(), targets=targets, position=position,
                                      max_logits=max_logits, logit_probability=logit_probability, centered=centered,
                                      max_feature_nodes=max_feature_nodes, batch_size=batch_size, progress=progress,
-                                     dense=dense)
-    tokens = _tokens(model, tokens)
+                                     dense=dense, convention=convention, zero_positions=zero_positions,
+                                     prepend_bos=prepend_bos, feature_order=feature_order, round_size=round_size)
+    given = _tokens(model, tokens)
+    opt = C.resolve(model, given, convention, zero_positions, prepend_bos, feature_order, round_size)
+    tokens = _tokens(model, opt.tokens)
     R.check_model(model, transcoders, "features.attribution_graph")
     model = R.working_copy(model)
     P, L, dt = len(tokens), model.cfg.n_layers, model.cfg.dtype
-    if not -P <= int(position) < P:
-        raise ValueError(f"position must be in [{-P}, {P - 1}], got {position}")
-    position = int(position) % P
+    if not -len(given) <= int(position) < len(given):
+        raise ValueError(f"position must be in [{-len(given)}, {len(given) - 1}], got {position}")
+    position = int(position) % len(given) + P - len(given)
     if batch_size < 1 or (max_feature_nodes is not None and max_feature_nodes < 0):
         raise ValueError("batch_size must be >= 1 and max_feature_nodes >= 0")
     tcs = R.working_set(transcoders, dt)
@@ -143,7 +173,7 @@ def attribution_graph(
         clean = R.clean_run(model, tcs, tokens[None])
         probs = clean.logits[position].double().softmax(-1)
         logit_tokens = _logit_targets(probs, targets, max_logits, logit_probability)
-        features, activations, errors = active_nodes(tcs, clean)
+        features, activations, errors = active_nodes(tcs, clean, opt.zero)
         W_U = model.W_U.detach().to(dt)
         logit_reads = (W_U[:, logit_tokens] - (W_U.mean(1, keepdim=True) if centered else 0.0)).T  # (logit, d_model)
         n_active = len(features)
@@ -152,22 +182,28 @@ def attribution_graph(
             rows = Rows(run, features, activations, tcs, errors, clean.embed, P, L)
             logit_rows = rows.compute([(L, position, v) for v in logit_reads], batch_size)
             feature_rows, selected = _feature_rows(rows, features, tcs, logit_rows, probs[logit_tokens],
-                                                   max_feature_nodes, batch_size, progress)
+                                                   max_feature_nodes, batch_size, progress, opt.round_size)
         del run, rows
-        values, bias = _values_and_bias(model, tcs, clean, tokens, features[selected], logit_tokens, position, centered)
+        computed = selected  # the rows' order; the nodes': as computed, or (circuit-tracer's) the active order
+        if opt.feature_order == "index":
+            selected = selected.sort().values
+        values, bias = _values_and_bias(model, tcs, clean, tokens, features[selected], logit_tokens, position, centered,
+                                        opt.zero)
     return _assemble(features, activations, selected, feature_rows, logit_rows, logit_tokens, probs, values, bias,
-                     tokens, errors, L, position, n_active, tcs.scan, centered, model, dense)
+                     tokens, errors, L, position, n_active, tcs.scan, centered, model, dense, opt.zero, computed)
 
 
-def active_nodes(tcs: TranscoderSet, clean: R.Clean):
+def active_nodes(tcs: TranscoderSet, clean: R.Clean, zero: Sequence[int] = ()):
     """The feature nodes of a clean run: every active feature (layer, pos, index) and its activation
-    (numbered layer by layer, then by position); and the error vectors (layer, pos, d_model)."""
+    (numbered layer by layer, then by position); and the error vectors (layer, pos, d_model). At the
+    positions ``zero`` (circuit-tracer's ``zero_positions``) no feature is a node and the error vectors are 0."""
     feats, acts_list = [], []
     L, (P, d) = len(tcs), clean.embed.shape
     recon = torch.zeros(L, P, d, dtype=clean.embed.dtype)  # each MLP output's reconstruction, from every layer writing to it
     with torch.no_grad():
         for l, tc in enumerate(tcs):
             acts = tc.encode(clean.inputs[l])
+            acts[list(zero)] = 0.0
             pos, idx = acts.nonzero(as_tuple=True)
             feats.append(torch.stack([torch.full_like(pos, l), pos, idx], 1))
             acts_list.append(acts[pos, idx])
@@ -175,6 +211,7 @@ def active_nodes(tcs: TranscoderSet, clean: R.Clean):
                 recon[out] += acts @ W
             del acts
         errors = torch.stack([clean.outputs[l] - (recon[l] + tc.b_dec + tc.skip(clean.inputs[l])) for l, tc in enumerate(tcs)])
+        errors[:, list(zero)] = 0.0
     return torch.cat(feats), torch.cat(acts_list), errors
 
 
@@ -244,7 +281,7 @@ class Rows:
         return row
 
 
-def _feature_rows(rows: Rows, features, tcs, logit_rows, logit_p, max_nodes, batch_size, progress):
+def _feature_rows(rows: Rows, features, tcs, logit_rows, logit_p, max_nodes, batch_size, progress, round_size=None):
     """The rows of the selected features (a :class:`~._rows.FeatureRows`, in the order computed) and which
     they are: every active feature, or (``max_nodes``) circuit-tracer's choice, the most influential on the
     rows computed so far, a round at a time."""
@@ -258,7 +295,7 @@ def _feature_rows(rows: Rows, features, tcs, logit_rows, logit_p, max_nodes, bat
     order: list[int] = []
     visited = torch.zeros(n, dtype=torch.bool)
     # a round: the features chosen from one influence estimate (at most ~8 rounds: each estimate reads every row so far)
-    per_round = n_select if n_select == n else max(4 * batch_size, -(-n_select // 8))
+    per_round = n_select if n_select == n else round_size or max(4 * batch_size, -(-n_select // 8))
     with tqdm(total=n_select, desc="feature rows", disable=not progress, leave=False) as bar:
         while len(order) < n_select:
             if n_select == n:
@@ -295,12 +332,13 @@ def _partial_influence(logit_rows, logit_p, feature_rows: _rows.FeatureRows, ord
     return total
 
 
-def _values_and_bias(model, tcs, clean, tokens, feats, logit_tokens, position, centered):
+def _values_and_bias(model, tcs, clean, tokens, feats, logit_tokens, position, centered, zero_positions=()):
     """Each target's value in the run and its constant part, from the frozen model with every node off
-    (no token embedding; each MLP writes only its transcoder's ``b_dec`` and skip)."""
+    (no token embedding; each MLP writes only its transcoder's ``b_dec`` and skip, and at ``zero_positions``
+    what no node there carries: :func:`._conventions.frozen_outputs`)."""
     zero = torch.zeros_like(clean.embed)
     inputs, logits = R.frozen_forward(model, tcs, clean, tokens[None], embed=zero,
-                                      outputs=lambda l, x: tcs[l].b_dec + tcs[l].skip(x))
+                                      outputs=C.frozen_outputs(tcs, clean, zero_positions))
 
     def read(ins, lg):
         pre = [(ins[int(l)][int(p)] @ tcs[int(l)].W_enc[int(f)] + tcs[int(l)].b_enc[int(f)]) for l, p, f in feats.tolist()]
@@ -312,12 +350,16 @@ def _values_and_bias(model, tcs, clean, tokens, feats, logit_tokens, position, c
 
 
 def _assemble(features, activations, selected, feature_rows, logit_rows, logit_tokens, probs, values, bias, tokens, errors,
-              L, position, n_active, scan, centered, model, dense) -> AttributionGraph:
+              L, position, n_active, scan, centered, model, dense, zero=(), computed=None) -> AttributionGraph:
     n_sel, P, n_logit = len(selected), len(tokens), len(logit_tokens)
     n_nodes = n_sel + (L + 1) * P + n_logit
     dropped = torch.ones(n_active, dtype=logit_rows.dtype)
     dropped[selected] = 0.0
-    kept, unselected_features = feature_rows.columns(selected, dropped)  # (selected rows, selected + errors + tokens)
+    kept, unselected_features = feature_rows.columns(selected, dropped)  # (rows as computed, selected + errors + tokens)
+    if computed is not None and not torch.equal(computed, selected):  # the rows in the nodes' order
+        where = torch.empty(n_active, dtype=torch.long)
+        where[computed] = torch.arange(len(computed))
+        kept, unselected_features = kept[where[selected]], unselected_features[where[selected]]
     keep = torch.cat([selected, torch.arange(n_active, n_active + (L + 1) * P)])  # the logit rows' columns kept
     unselected_rows = torch.cat([unselected_features, logit_rows[:, :n_active] @ dropped])
     block = torch.cat([kept, logit_rows[:, keep]])  # every row that can be nonzero: the features', then the logits'
@@ -333,7 +375,7 @@ def _assemble(features, activations, selected, feature_rows, logit_rows, logit_t
         tokens=tokens, features=features[selected], activations=activations[selected], logit_tokens=logit_tokens,
         logit_probabilities=probs[logit_tokens].to(block.dtype), adjacency=adjacency, values=full(values),
         bias=full(bias), unselected=full(unselected_rows), errors=errors, n_layers=L, position=position, n_active=n_active,
-        scan=scan, centered=centered)
+        scan=scan, centered=centered, zero_positions=tuple(zero))
     _check_rows(graph, model)
     return graph
 

@@ -7,16 +7,21 @@ pruned graph). Each node carries circuit-tracer's fields (``node_id``, ``feature
 ``ctx_idx``, ``feature_type``, ``token_prob``, ``is_target_logit``, ``run_idx``, ``reverse_ctx_idx``,
 ``jsNodeId``, ``clerp``, ``influence``, ``activation``) with its conventions: a feature of layer ``l``,
 index ``i`` at position ``p`` is ``"l_i_p"`` with ``feature`` the Cantor pairing of ``(l, i)``; token
-nodes sit in layer ``"E"``, logits in layer ``n_layers + 1``; the error node of layer ``l`` at ``p``
-is ``"l_-1_p"`` (feature -1, never a feature's index, so every id is unique) with ``jsNodeId``
-``"l_-1-p"``, and the metadata's ``prompt`` is the prompt's text as given while ``prompt_tokens``
-show newlines, tabs and returns as visible marks, as circuit-tracer's ``create_graph_files`` writes
-them (``convention="circuit-tracer"``, the default). ``convention="rs_interp"`` writes this module's
-earlier files: error nodes ``"err_l_p"`` (jsNodeId ``"l_p-0"``) and the marked tokens joined as the prompt.
+nodes sit in layer ``"E"``, logits in layer ``n_layers + 1``.
 
-Not here (they change the graph, not its file): circuit-tracer zeroes position 0's features and
-error vectors (``zero_positions``) and prepends BOS unless the first id is one; the graph written
-is the one :func:`rs_interp.features.attribution_graph` computed, on the ids it was given.
+``convention="circuit-tracer"`` (the default) writes what circuit-tracer's ``create_graph_files`` writes
+(its ``Node.error_node``, 0.4.1): the error node of layer ``l`` at ``p`` is ``"0_l_p"`` with ``jsNodeId``
+``"l_p-0"`` and ``feature`` -1; ``prompt_tokens`` and the logits' ``clerp`` hold the tokens' text as
+decoded (its frontend shows newlines, tabs and returns as marks itself) and ``prompt`` the whole prompt's
+text (``prompt=``: the tokenizer's decoding of the ids, as circuit-tracer writes it; default the tokens'
+texts joined). One exception: an error node's ``"0_l_p"`` is also feature ``l`` of layer 0 at ``p``, and
+where both are written circuit-tracer's file holds two nodes under one id (its frontend joins links by id,
+so some links go to the wrong node): there the error node is ``"l_-1_p"`` (jsNodeId ``"l_-1-p"``), no
+feature's id. ``convention="rs_interp"`` writes rs_interp's earlier files: error nodes ``"err_l_p"``
+(jsNodeId ``"l_p-0"``), the tokens with newlines, tabs and returns as visible marks, joined as the prompt.
+
+The graph written is the one :func:`rs_interp.features.attribution_graph` computed: circuit-tracer's
+``zero_positions``, BOS and node order are options there (``convention="circuit-tracer"``).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ ExportConvention = Literal["circuit-tracer", "rs_interp"]
 
 
 def _text(token: str) -> str:
-    """A prompt token as circuit-tracer shows it (newlines, tabs, returns made visible)."""
+    """A prompt token as circuit-tracer's frontend shows it (newlines, tabs, returns made visible)."""
     return token.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
 
 
@@ -46,11 +51,12 @@ def _node(node_id: str, feature: int, layer: str, pos: int, kind: str, js: str, 
 
 def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_threshold: float = 0.8,
                edge_threshold: float = 0.98, decode: Callable[[int], str] | None = None,
-               convention: ExportConvention = "circuit-tracer") -> dict:
+               convention: ExportConvention = "circuit-tracer", prompt: str | None = None) -> dict:
     """The pruned graph (:meth:`~rs_interp.features.AttributionGraph.prune` at the two thresholds) as
     circuit-tracer's graph JSON (module docstring). ``decode`` (token id -> text) names the prompt's
     tokens and the logits; without it they show as ids. ``convention``: circuit-tracer's error-node
-    ids and prompt text (the default), or rs_interp's earlier ones (module docstring).
+    ids and prompt text (the default), or rs_interp's (module docstring). ``prompt``: the metadata's
+    prompt text (circuit-tracer's: the tokenizer's decoding of the whole prompt); default the tokens' texts joined.
 
     Raises:
         ValueError: an unknown ``convention``.
@@ -65,7 +71,9 @@ def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_t
     """
     if convention not in ("circuit-tracer", "rs_interp"):
         raise ValueError(f"convention must be 'circuit-tracer' or 'rs_interp', got {convention!r}")
+    ct = convention == "circuit-tracer"
     show = decode if decode is not None else (lambda t: str(t))
+    text = (lambda t: show(t)) if ct else (lambda t: _text(show(t)))
     pruned = graph.prune(node_threshold, edge_threshold)
     kinds, L, P = graph.kinds(), graph.n_layers, graph.n_pos
     influence = pruned.cumulative.tolist()
@@ -78,7 +86,7 @@ def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_t
                              influence=influence[n], activation=float(graph.activations[n]))
         elif kind == "error":
             l, p = divmod(n - graph.n_features, P)
-            ids = (f"{l}_-1_{p}", f"{l}_-1-{p}") if convention == "circuit-tracer" else (f"err_{l}_{p}", f"{l}_{p}-0")
+            ids = (f"0_{l}_{p}", f"{l}_{p}-0") if ct else (f"err_{l}_{p}", f"{l}_{p}-0")
             nodes[n] = _node(ids[0], -1, str(l), p, "mlp reconstruction error", ids[1], influence=influence[n])
         elif kind == "token":
             p = n - graph.n_features - L * P
@@ -88,15 +96,17 @@ def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_t
             i = n - (graph.n_nodes - graph.n_logits)
             t, prob = int(graph.logit_tokens[i]), float(graph.logit_probabilities[i])
             nodes[n] = _node(f"{L + 1}_{t}_{graph.position}", t, str(L + 1), graph.position, "logit", f"L_{t}-{graph.position}",
-                             token_prob=prob, is_target_logit=i == 0, clerp=f'Output "{_text(show(t))}" (p={prob:.3f})')
+                             token_prob=prob, is_target_logit=i == 0, clerp=f'Output "{text(t)}" (p={prob:.3f})')
+    if ct:
+        _unique_error_ids(nodes)
     targets, sources = pruned.edges.nonzero(as_tuple=True)
     weights = graph.adjacency[targets, sources].tolist()
     links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}
              for t, s, w in zip(targets.tolist(), sources.tolist(), weights) if s in nodes and t in nodes]
     linked = {x for link in links for x in (link["source"], link["target"])}
     kept = [d for d in nodes.values() if d["node_id"] in linked or d["feature_type"] in ("embedding", "logit")]
-    tokens = [_text(show(int(t))) for t in graph.tokens]
-    prompt = "".join(show(int(t)) for t in graph.tokens) if convention == "circuit-tracer" else "".join(tokens)
+    tokens = [text(int(t)) for t in graph.tokens]
+    prompt = prompt if prompt is not None else "".join(tokens)
     metadata = {"slug": slug, "scan": graph.scan, "transcoder_list": [], "prompt_tokens": tokens, "prompt": prompt,
                 "node_threshold": node_threshold, "schema_version": 1}
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
@@ -108,9 +118,19 @@ def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_t
     return data
 
 
+def _unique_error_ids(nodes: dict[int, dict]) -> None:
+    """circuit-tracer's error id ``0_l_p`` is also layer-0 feature ``l``'s at ``p``: where both are written, the error
+    node becomes ``l_-1_p`` (jsNodeId ``l_-1-p``), no feature's id (its frontend joins links by id only)."""
+    features = {d["node_id"] for d in nodes.values() if d["feature_type"] != "mlp reconstruction error"}
+    for d in nodes.values():
+        if d["feature_type"] == "mlp reconstruction error" and d["node_id"] in features:
+            l, p = d["layer"], d["ctx_idx"]
+            d["node_id"], d["jsNodeId"] = f"{l}_-1_{p}", f"{l}_-1-{p}"
+
+
 def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = "rs-interp-graph", node_threshold: float = 0.8,
                     edge_threshold: float = 0.98, decode: Callable[[int], str] | None = None,
-                    convention: ExportConvention = "circuit-tracer") -> Path:
+                    convention: ExportConvention = "circuit-tracer", prompt: str | None = None) -> Path:
     """Write ``folder/{slug}.json`` (:func:`graph_json`) and list it in ``folder/graph-metadata.json``,
     the index circuit-tracer's local server reads (``circuit_tracer.frontend.local_server.serve(data_dir=folder)``).
 
@@ -125,7 +145,7 @@ def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     data = graph_json(graph, slug=slug, node_threshold=node_threshold, edge_threshold=edge_threshold, decode=decode,
-                      convention=convention)
+                      convention=convention, prompt=prompt)
     path = folder / f"{slug}.json"
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False))
     index = folder / "graph-metadata.json"

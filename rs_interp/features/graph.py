@@ -74,6 +74,9 @@ class AttributionGraph:
             values are centered (logit minus the mean logit) or raw.
         errors: (layer, pos, d_model) each error node's vector (MLP output minus reconstruction).
         qk: the QK attributions attached with :meth:`with_qk` (:class:`rs_interp.features.qk.QKAttribution`), if any.
+        zero_positions: the positions whose features and error vectors are no nodes (circuit-tracer's
+            ``zero_positions``): no feature node there, the error vectors there 0, what their MLP outputs
+            hold part of ``bias``.
 
     ``adjacency.sum(1) + unselected + bias == values`` on every feature and logit row (checked when
     the graph is built).
@@ -104,6 +107,7 @@ class AttributionGraph:
     scan: str = "rs_interp"
     centered: bool = True
     qk: tuple = ()
+    zero_positions: tuple[int, ...] = ()
 
     def with_qk(self, qk) -> "AttributionGraph":
         """This graph with the QK attributions ``qk`` (from :func:`rs_interp.features.qk_attributions` on

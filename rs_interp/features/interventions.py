@@ -75,6 +75,9 @@ def _factors(graph: AttributionGraph, nodes: Sequence[int], scale, value) -> lis
         n = int(n)
         if not 0 <= n < graph.n_nodes or kinds[n] == "logit":
             raise ValueError(f"node {n} is not a feature, error or token node of this graph (0..{graph.n_nodes - graph.n_logits - 1})")
+        if kinds[n] == "error" and (n - graph.n_features) % graph.n_pos in graph.zero_positions:
+            raise ValueError(f"node {n} is an error node at a zeroed position (zero_positions={graph.zero_positions}): "
+                             "no node carries what that MLP output holds (it is part of the bias), so it has nothing to scale")
         if value is not None:
             if kinds[n] != "feature":
                 raise ValueError(f"value sets a feature's activation; node {n} is a {kinds[n]} node (use scale)")
@@ -91,7 +94,8 @@ def intervene(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
     targets' changes with the graph's prediction (module docstring).
 
     Raises:
-        ValueError: a node that is not a feature, error or token node; both or neither of scale and value.
+        ValueError: a node that is not a feature, error or token node, or an error node at one of the graph's
+            ``zero_positions``; both or neither of scale and value.
 
     >>> import torch
     >>> from rs_interp import load_toy_model

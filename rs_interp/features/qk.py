@@ -48,6 +48,7 @@ from .. import _names as N
 from .._backend import Model
 from .._format import Top
 from ..exact.certificate import confirm
+from . import _conventions as C
 from . import _replacement as R
 from .attribution import Rows, active_nodes
 from .graph import AttributionGraph
@@ -141,9 +142,10 @@ def _grab(model: Model, tokens: torch.Tensor, names: list[str], layers: Sequence
     return box | {f"scores{l}": box[f"scores{l}"][0] for l in layers}
 
 
-def _constants(model: Model, tcs: TranscoderSet, clean: R.Clean, tokens: torch.Tensor, names: list[str]):
+def _constants(model: Model, tcs: TranscoderSet, clean: R.Clean, tokens: torch.Tensor, names: list[str],
+               zero_positions: Sequence[int] = ()):
     """The tensors at ``names`` in the frozen model with every node off, with the positional embeddings
-    (first) and without them (second): what no node writes."""
+    (first) and without them (second): what no node writes (the graph's zeroed positions' MLP outputs included)."""
     out = []
     zero = torch.zeros_like(clean.embed)
     for drop_positions in (False, True):
@@ -152,7 +154,7 @@ def _constants(model: Model, tcs: TranscoderSet, clean: R.Clean, tokens: torch.T
         if drop_positions and N.POS_EMBED in model.hook_dict:
             hooks.append((N.POS_EMBED, lambda t, hook: torch.zeros_like(t)))
         with model.hooks(fwd_hooks=hooks):
-            R.frozen_forward(model, tcs, clean, tokens[None], embed=zero, outputs=lambda l, x: tcs[l].b_dec + tcs[l].skip(x))
+            R.frozen_forward(model, tcs, clean, tokens[None], embed=zero, outputs=C.frozen_outputs(tcs, clean, zero_positions))
         out.append(box)
     return out
 
@@ -236,8 +238,8 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
     with R.quiet_model(model):
         clean = R.clean_run(model, tcs, tokens[None])
         seen = _grab(model, tokens, names + [N.pattern(l) for l in layers], layers)
-        with_pos, without_pos = _constants(model, tcs, clean, tokens, names)
-        features, activations, errors = active_nodes(tcs, clean)
+        with_pos, without_pos = _constants(model, tcs, clean, tokens, names, graph.zero_positions)
+        features, activations, errors = active_nodes(tcs, clean, graph.zero_positions)
         columns = _GraphColumns(graph, features, what)
         with torch.enable_grad():
             run = R.grad_forward(model, tcs, tokens[None], capture=tuple(names))

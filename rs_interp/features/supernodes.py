@@ -203,7 +203,7 @@ def _ids_of(graph: AttributionGraph, ids: set[str]) -> Callable[[int], str | Non
             cands = [f"{l}_{i}_{p}"]
         elif kind == "error":
             l, p = divmod(n - graph.n_features, P)
-            cands = [f"err_{l}_{p}", f"0_{l}_{p}"]
+            cands = [f"err_{l}_{p}", f"{l}_-1_{p}", f"0_{l}_{p}"]  # l_-1_p first: where written, 0_l_p is a feature's
         elif kind == "token":
             p = n - graph.n_features - L * P
             cands = [f"E_{int(graph.tokens[p])}_{p}"]

@@ -234,7 +234,8 @@ class TranscoderSet:
         return cfg
 
     def save(self, folder: str | Path) -> Path:
-        """Write ``layer_{i}.safetensors`` and ``config.yaml`` into ``folder`` (made if needed)."""
+        """Write ``layer_{i}.safetensors`` and ``config.yaml`` into ``folder`` (made if needed), as circuit-tracer's
+        ``load_transcoders`` reads them: a TopK set's ``k`` in the config only (its loader refuses a ``k`` tensor)."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
@@ -242,7 +243,8 @@ class TranscoderSet:
         config = self.config()  # refuses a mixed set before anything is written
         for i, tc in enumerate(self):
             path = folder / f"layer_{i}.safetensors"
-            save_file({k: v.cpu() for k, v in tc.state().items()}, str(path))
+            # k lives in config.yaml: circuit-tracer's load_transcoder refuses a "k" tensor in a layer file
+            save_file({k: v.cpu() for k, v in tc.state().items() if k != "k"}, str(path))
             path.chmod(0o644)  # safetensors writes owner-only files; these are data to ship and share
         (folder / "config.yaml").write_text(_config.dumps(config))
         return folder
