@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 from jaxtyping import Float, Int
 
+from .. import _backend
 from .._backend import Model
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -106,8 +107,8 @@ def check_options(ig_steps: int | None, qk_fix: bool, grad_drop: bool, correctio
 def _writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], dt: torch.dtype) -> torch.Tensor:
     """(sender, batch, pos, d_model) in ``dt``: :func:`rs_interp.circuits._substrate.writes` (each
     sender's ``write_ref - write``, in the graph's order) in the dtype the contraction runs in."""
-    if dt == torch.float64:
-        return writes(model, ref, run)
+    if dt == torch.float64 or _backend.has_post_norms(model):  # post-norm heads: through the norm's Jacobian
+        return writes(model, ref, run).to(dt)
     cfg = model.cfg
     shape = ref[RESID0].shape
     out = torch.empty(n_senders(model), *shape, dtype=dt, device=ref[RESID0].device)

@@ -67,7 +67,7 @@ REMEDIES: dict[str, str] = {
     "embedding": "a model that scales or normalises its embedding before block 0 has no exact split here",
     "stream": f"{_HOOKED}; a model with a norm after each sublayer has no exact split of the stream here",
     "z": f"{_HOOKED}; on a Hugging Face-booted bridge, try the other TransformerLens version",
-    "heads": f"{_HOOKED}; a norm after the attention (post-norm blocks) makes a head's write other than z W_O",
+    "heads": f"{_HOOKED}; a norm after the attention other than the block's ln1_post makes a head's write other than z W_O",
     "values": _HOOKED,
     "scores": f"{_HOOKED}; query/key norms, soft-capped or biased scores and sliding windows have no reading of the score "
               "from the weights alone: use an activation-based helper (attribution or path patching, key_score_sensitivity "

@@ -17,7 +17,8 @@ IDENTITIES: dict[str, str] = {
     "stream": "each block adds its outputs: resid_pre + attn_out = resid_mid, resid_mid + mlp_out = resid_post "
               "(parallel: resid_pre + attn_out + mlp_out = resid_post); resid_post = the next resid_pre",
     "z": "hook_z is on the forward path (the heads' outputs are made from it)",
-    "heads": "the heads' z W_O, summed, plus b_O are attn_out (a head writes z W_O into the stream)",
+    "heads": "the heads' z W_O, summed, plus b_O are attn_out (a head writes z W_O into the stream; on post-norm blocks "
+             "through the norm after the attention, its scale frozen: gain * (z W_O) / s)",
     "values": "each head's z is its pattern times ln1(resid_pre) W_V + b_V",
     "scores": "each head's pattern is the causal softmax of q k^T / scale, q and k ln1(resid_pre) W + b (rotated on "
               "rotary models): the attention score is the bilinear form of the stream the weights say",
