@@ -237,8 +237,14 @@ def _attached(model: Model) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _configuration(cfg) -> dict[str, tuple[str, ...]]:
-    found = {c: has(cfg) for c, has in CONFIGURATIONS.items()}
+#: Configurations read off the model's modules (4.x's config does not say a block is post-norm).
+MODULE_CONFIGURATIONS = {
+    "post-norm blocks": lambda model: "a norm after each sublayer (ln1_post, ln2_post)" if _backend.has_post_norms(model) else None,
+}
+
+
+def _configuration(model: Model) -> dict[str, tuple[str, ...]]:
+    found = {c: has(model.cfg) for c, has in CONFIGURATIONS.items()} | {c: has(model) for c, has in MODULE_CONFIGURATIONS.items()}
     return {"configuration": tuple(c for c, v in found.items() if v is not None),
             "details": tuple(v for v in found.values() if v is not None)}
 
@@ -270,7 +276,7 @@ def certify(model: Model, *, refresh: bool = False) -> Certificate:
                           else Identity("source", noted[0] <= noted[1], noted[0], noted[1], "the model is not its checkpoint's function"))
     cert = Certificate(identities=tuple(measured[name] for name in IDENTITIES), source=_backend.model_source(model),
                        dtype=model.cfg.dtype, hooks=hooks,
-                       **_configuration(model.cfg))
+                       **_configuration(model))
     if key is not None:
         model.__dict__[_CACHE] = (key, cert)
     return cert

@@ -156,6 +156,8 @@ CONDITIONS: dict[str, str] = {
     "not rotary": "the score of the query and key biases alone depends on the offset only under rotary positions",
     "attention-only": "there is no MLP for transcoders to replace",
     "parallel blocks": "the MLP reads the block's input, not the stream after the attention (no replacement is defined)",
+    "post-norm blocks": "a head's write is z W_O times gain / s, s the scale of its whole attention's output at each token "
+                        "(the norm after the sublayer): no product of weights alone is what one head passes on",
     "not plain ReLU MLPs": "the neurons of a gated or non-ReLU MLP are not a transcoder (train one: features.train_transcoder)",
 }
 
@@ -167,6 +169,9 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "path_expansion": ("MLPs or a norm",),
     "path_logit_attribution": ("MLPs or a norm",),
     "positional_scores": ("not rotary",),
+    "composition_scores": ("post-norm blocks",),
+    "virtual_weight": ("post-norm blocks",),
+    "copying_scores": ("post-norm blocks",),
     "features.attribution_graph": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.intervene": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.qk_attributions": ("attention-only", "parallel blocks", "soft-capped logits"),
