@@ -1,0 +1,281 @@
+"""Issue 52: post-norm blocks (a norm ``P`` on each sublayer's output before it enters the stream: Gemma-2,
+Gemma-3, OLMo-2 on TransformerLens 4; ``use_normalization_before_and_after`` on 3.x's native models), each
+definition against a brute force written here, in float64 (docs/project/tolerances.md, "Post-norm blocks"):
+
+- frozen (DLA, second order, the certificate's ``heads``): a head writes ``P_lin(z_h W_O^h) = gain * c(z_h W_O^h) / s``,
+  ``s`` the scale of the attention's whole output ``r`` on the run;
+- linearised (edge attribution patching, EAP-IG, the QK fix): a change ``d_h`` of the head's output writes
+  ``J_P(r) (d_h W_O^h)``, and a head's edges sum to its node attribution;
+- patched (path patching, circuits): ``P(r + d_h W_O^h) - P(r)``, only that head's output moved.
+
+The norms are written out here from the checkpoint (Gemma's gain ``1 + w``, OLMo-2's ``w``, the Hugging Face
+module's epsilon) or the native config; the stream is read with plain hooks; derivatives by autograd.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from builders import make_variant
+from hf_families import save_checkpoint
+
+import rs_interp as ri
+from rs_interp import _backend
+from rs_interp.exact.certificate import TOLERANCES
+
+#: TransformerLens 4: tiny perturbed checkpoints; 3.x: native models with a norm before and after each sublayer.
+#: (3.9 builds only RMSNorm after the sublayers: its LayerNorm branch tests the kind's name "LayerNorm", never "LN".)
+CASES = (["gemma3", "olmo2", "gemma2"] if _backend.TL_MAJOR >= 4 else ["native RMS"])
+
+
+@pytest.fixture(scope="module", params=CASES)
+def model(request, tmp_path_factory):
+    if request.param.startswith("native"):
+        norm = request.param.split()[1]
+        return make_variant(norm, "rotary", False, use_normalization_before_and_after=True, d_vocab=300, n_ctx=16, n_heads=4)
+    folder = tmp_path_factory.mktemp(request.param)
+    save_checkpoint(request.param, folder)
+    return ri.load_pretrained(folder, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    g = torch.Generator().manual_seed(3)
+    return torch.randint(0, 299, (3, 9), generator=g), torch.randint(0, 299, (3, 9), generator=g)
+
+
+def metric(logits):
+    return (logits[:, -1, 1] - logits[:, -1, 2]).mean()
+
+
+def _tol(model) -> float:
+    return 10 * TOLERANCES[(model.cfg.dtype, _backend.model_source(model))]
+
+
+def _close(got, want, model, what):
+    got, want = torch.as_tensor(got, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64)
+    scale = max(1.0, float(want.abs().max()))
+    assert float((got - want).abs().max()) <= _tol(model) * scale, f"{what}: {got} vs {want}"
+
+
+def _parts(model, module):
+    """``(gain, centres, bias, eps)`` of a norm written out: on a Hugging Face module RMSNorm with Gemma's gain
+    ``1 + w`` (its stored offset) or OLMo-2's ``w`` and the module's epsilon; on a native one the config's kind,
+    ``w``, ``b`` and ``eps``."""
+    hf = getattr(module, "original_component", None)
+    if hf is not None:
+        w = hf.weight.detach().to(torch.float64)
+        return (1 + w if type(hf).__name__.startswith("Gemma") else w), False, None, float(
+            getattr(hf, "eps", getattr(hf, "variance_epsilon", None)))
+    b = getattr(module, "b", None)
+    return module.w.detach(), model.cfg.normalization_type == "LN", None if b is None else b.detach(), model.cfg.eps
+
+
+def _centre(x, centres):
+    return x - x.mean(-1, keepdim=True) if centres else x
+
+
+def written_norm(model, module):
+    """The norm ``gain * c(x) / sqrt(mean(c(x)^2) + eps) + bias`` (:func:`_parts`)."""
+    gain, centres, bias, eps = _parts(model, module)
+
+    def norm(x):
+        c = _centre(x, centres)
+        y = gain * c / (c.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+        return y if bias is None else y + bias
+    return norm
+
+
+def _linear(model, module, x, v):
+    """``v`` through the norm with its scale frozen at ``x``'s, its bias left out: ``gain * c(v) / s(x)``."""
+    gain, centres, _, eps = _parts(model, module)
+    s = (_centre(x, centres).pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    return gain * _centre(v, centres) / s
+
+
+def _bias(model, module):
+    bias = _parts(model, module)[2]
+    return 0.0 if bias is None else bias
+
+
+def _record(model, toks, names):
+    box = {}
+    with torch.no_grad():
+        model.run_with_hooks(toks, fwd_hooks=[(n, lambda t, hook, n=n: box.__setitem__(n, t.detach().clone())) for n in names])
+    return box
+
+
+def _weights(model, l):
+    attn = model.blocks[l].attn
+    W_O = attn.W_O.detach().to(torch.float64)
+    b_O = getattr(attn, "b_O", None)
+    b_O = torch.zeros(W_O.shape[-1], dtype=torch.float64) if b_O is None else b_O.detach().to(torch.float64)
+    return W_O, b_O
+
+
+def _ln1(model, l):
+    return model.blocks[l]._modules.get("ln1")
+
+
+def _run(model, toks):
+    L = model.cfg.n_layers
+    names = [f"blocks.{l}.attn.hook_z" for l in range(L)] + [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
+    names += [f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    return _record(model, toks, names)
+
+
+def test_the_heads_identity_holds_and_is_the_frozen_sum(model, tokens):
+    """The certificate's ``heads`` holds on a post-norm model, and what it says is the model's: the heads' frozen
+    writes (the norm written out here) plus the bias part are ``hook_attn_out``."""
+    assert ri.certify(model).holds("heads", "stream", "z")
+    toks = tokens[0]
+    box = _record(model, toks, ["blocks.0.attn.hook_z", "blocks.0.hook_attn_out"])
+    W_O, b_O = _weights(model, 0)
+    z = box["blocks.0.attn.hook_z"].to(torch.float64)
+    r = torch.einsum("bphd,hdm->bpm", z, W_O) + b_O
+    post = model.blocks[0].ln1_post
+    parts = [_linear(model, post, r, z[:, :, h] @ W_O[h]) for h in range(z.shape[2])] + [_linear(model, post, r, b_O.expand_as(r)) + _bias(model, post)]
+    _close(sum(parts), box["blocks.0.hook_attn_out"], model, "frozen heads + bias = attn_out")
+
+
+def test_dla_of_each_head_is_its_frozen_write_read_out(model, tokens):
+    """Each head's DLA is ``P_lin(z_h W_O^h)`` through the frozen final norm onto the target's centred logit."""
+    if _backend.logit_softcap(model) is not None:
+        with pytest.raises(ValueError, match="soft-cap"):
+            ri.direct_logit_attribution(model, tokens[0], targets=ri.next_token_targets(tokens[0]))
+        return
+    toks = tokens[0]
+    targets = ri.next_token_targets(toks)
+    dla = ri.direct_logit_attribution(model, toks, targets=targets)
+    box = _run(model, toks)
+    L = model.cfg.n_layers
+    final = box[f"blocks.{L - 1}.hook_resid_post"].to(torch.float64)
+    W_U = model.W_U.detach().to(torch.float64)
+    direction = (W_U.T[targets.clamp(min=0)] - W_U.mean(1))  # (batch, pos, d_model)
+    for l, h in [(0, 1), (1, 2)]:
+        W_O, b_O = _weights(model, l)
+        z = box[f"blocks.{l}.attn.hook_z"].to(torch.float64)
+        r = torch.einsum("bphd,hdm->bpm", z, W_O) + b_O
+        write = _linear(model, model.blocks[l].ln1_post, r, z[:, :, h] @ W_O[h])
+        want = (_linear(model, model.ln_final, final, write) * direction).sum(-1)
+        got = dla.contributions[dla.labels.index(f"L{l}H{h}")]
+        _close(got[targets >= 0], want[targets >= 0], model, f"L{l}H{h}")
+
+
+def test_second_order_of_one_path_is_the_frozen_chain(model, tokens):
+    """Source L0H1 through head L1H0 at the last position: ``sum_k A[q, k] ln1_lin(write_s[k]) W_V W_O``, through
+    layer 1's frozen post-norm and the frozen final norm, onto the target's centred logit."""
+    if _backend.logit_softcap(model) is not None:
+        return  # refused for the soft-cap (test above)
+    toks = tokens[0]
+    targets = torch.randint(0, 299, toks.shape, generator=torch.Generator().manual_seed(5))
+    so = ri.second_order_attribution(model, toks, targets=targets, positions=[-1])
+    box = _run(model, toks)
+    W_O0, b_O0 = _weights(model, 0)
+    z0 = box["blocks.0.attn.hook_z"].to(torch.float64)
+    r0 = torch.einsum("bphd,hdm->bpm", z0, W_O0) + b_O0
+    src = _linear(model, model.blocks[0].ln1_post, r0, z0[:, :, 1] @ W_O0[1])  # (batch, key, d_model)
+    ln1 = _ln1(model, 1)
+    x1 = box["blocks.1.hook_resid_pre"].to(torch.float64)
+    read = src if ln1 is None else _linear(model, ln1, x1, src)
+    W_V = model.blocks[1].attn.W_V.detach().to(torch.float64)
+    W_V = W_V[0 // (model.cfg.n_heads // W_V.shape[0])]
+    W_O1, b_O1 = _weights(model, 1)
+    A = box["blocks.1.attn.hook_pattern"].to(torch.float64)[:, 0, -1]  # (batch, key)
+    out = torch.einsum("bk,bkm->bm", A, read @ W_V) @ W_O1[0]  # (batch, d_model) at the last query
+    z1 = box["blocks.1.attn.hook_z"].to(torch.float64)
+    r1 = (torch.einsum("bphd,hdm->bpm", z1, W_O1) + b_O1)[:, -1]
+    out = _linear(model, model.blocks[1].ln1_post, r1, out)
+    L = model.cfg.n_layers
+    final = box[f"blocks.{L - 1}.hook_resid_post"].to(torch.float64)[:, -1]
+    W_U = model.W_U.detach().to(torch.float64)
+    direction = W_U.T[targets[:, -1]] - W_U.mean(1)
+    want = (_linear(model, model.ln_final, final, out) * direction).sum(-1)
+    got = so.contributions[so.sources.index("L0H1"), so.destinations.index("L1H0"), :, 0]
+    _close(got, want, model, "L0H1 -> L1H0")
+
+
+def _module_patch(module, delta):
+    return module.register_forward_pre_hook(lambda mod, args: (args[0] + delta.to(args[0].dtype), *args[1:]))
+
+
+def _mlp_reader(model, l):
+    """The module whose input is layer ``l``'s MLP's read of the stream: its norm, or the MLP itself (OLMo-2)."""
+    block = model.blocks[l]
+    return block._modules.get("ln2") or block.mlp
+
+
+def _head_change(model, toks, ref, l, h):
+    """(r, d W_O^h): layer ``l``'s raw attention output on ``toks`` and head ``h``'s change to the reference's."""
+    zs = f"blocks.{l}.attn.hook_z"
+    z, zr = _record(model, toks, [zs])[zs].to(torch.float64), _record(model, ref, [zs])[zs].to(torch.float64)
+    W_O, b_O = _weights(model, l)
+    return torch.einsum("bphd,hdm->bpm", z, W_O) + b_O, (zr - z)[:, :, h] @ W_O[h]
+
+
+def test_an_edge_estimate_is_the_jacobian_write_against_the_receiver_gradient(model, tokens):
+    """EAP(L0H1 -> r) = ``J_P(r0) (d W_O)`` (autograd through the norm written out) dotted with d metric / d input_r
+    (autograd through a module hook on the receiver's input), for r the logits and MLP1."""
+    toks, ref = tokens
+    eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)
+    r, dW = _head_change(model, toks, ref, 0, 1)
+    _, w = torch.func.jvp(written_norm(model, model.blocks[0].ln1_post), (r,), (dW,))
+    for receiver, module in (("logits", model.ln_final), ("MLP1", _mlp_reader(model, 1))):
+        e = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        handle = module.register_forward_pre_hook(lambda mod, args: (args[0] + e * w.to(args[0].dtype), *args[1:]))
+        try:
+            (grad,) = torch.autograd.grad(metric(model(toks)), e)
+        finally:
+            handle.remove()
+        _close(eap.edge("L0H1", receiver), grad, model, f"L0H1 -> {receiver}")
+
+
+@pytest.mark.parametrize("ig_steps", [None, 3])
+def test_a_heads_edges_sum_to_its_node_attribution(model, tokens, ig_steps):
+    """With and without integrated gradients (each pass's post-norm Jacobian), a head's outgoing edges sum to its
+    node attribution, which differentiates through the real norm."""
+    toks, ref = tokens
+    eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=ig_steps)
+    node = ri.attribution_patching(model, toks, metric, reference=ref, ig_steps=ig_steps)
+    totals = dict(zip(eap.layout.senders, eap.sender_totals().tolist()))
+    for l in range(model.cfg.n_layers):
+        for h in range(model.cfg.n_heads):
+            _close(totals[f"L{l}H{h}"], float(node.effect[l, h]), model, f"L{l}H{h}")
+
+
+def test_the_hessian_correction_on_post_norm_edges_is_refused_by_name(model, tokens):
+    with pytest.raises(ValueError, match="post-norm"):
+        ri.edge_attribution_patching(model, *tokens[:1], metric, reference=tokens[1], correction="hessian")
+
+
+def test_path_patching_and_circuits_patch_each_head_through_the_real_norm(model, tokens):
+    """Path patching L0H1 -> logits adds ``P(r + d W_O) - P(r)`` to the final norm's input; cutting the edges of
+    L0H1 and L0H2 into the logits from a full circuit adds each head's own change (not the change of both at once)."""
+    toks, ref = tokens
+    post = written_norm(model, model.blocks[0].ln1_post)
+    with torch.no_grad():
+        clean = float(metric(model(toks)))
+    changes = {}
+    for h in (1, 2):
+        r, dW = _head_change(model, toks, ref, 0, h)
+        changes[h] = post(r + dW) - post(r)
+    pp = ri.path_patching(model, toks, metric, reference=ref, edges=[("L0H1", "logits")])
+    for patch, what in ((changes[1], "path patching"), (changes[1] + changes[2], "circuit")):
+        handle = _module_patch(model.ln_final, patch)
+        try:
+            with torch.no_grad():
+                want = float(metric(model(toks)))
+        finally:
+            handle.remove()
+        if what == "path patching":
+            _close(pp.edge("L0H1", "logits"), want - clean, model, what)
+        else:
+            layout = ri.edge_layout(model)
+            keep = [e for e in layout.edges() if e not in (("L0H1", "logits"), ("L0H2", "logits"))]
+            _close(ri.evaluate_circuit(model, toks, metric, keep, reference=ref), want, model, what)
+
+
+def test_weight_based_scores_are_refused_on_post_norm_blocks(model):
+    for fn in (lambda: ri.composition_scores(model, kind="v"), lambda: ri.copying_scores(model)):
+        with pytest.raises(ValueError, match="post-norm blocks"):
+            fn()
