@@ -252,16 +252,17 @@ def test_a_hooked_mlp_path_is_refused_by_the_feature_graph(case):
 
 
 @tl3_only("a norm after each sublayer in a native model (use_normalization_before_and_after)")
-def test_a_post_norm_model_is_refused_by_the_feature_graph_and_answered_by_the_key_input_runner():
-    """Issue 52: the heads' writes through the frozen post-norm are the attention's output (``heads`` holds,
-    tests/test_postnorm.py), so the key-input runner answers; what enters the stream from an MLP is not its
-    own output (``mlp writes``), which a native 3.x model exposes no hook before its post-norm to read."""
+def test_a_post_norm_model_is_certified_and_its_neurons_are_refused_as_transcoders():
+    """Issue 52: the heads' writes through the frozen post-norm are the attention's output (``heads``) and the MLP's
+    through its post-norm what enters the stream (``mlp writes``): every identity holds, the key-input runner and the
+    feature graph answer (tests/test_postnorm.py checks their numbers); the MLP's neurons are no transcoder of the
+    norm of their sum, so ``mlp_transcoders`` refuses the configuration by name."""
     model = make_variant("RMS", "standard", False, act_fn="relu", use_normalization_before_and_after=True)
-    cert = ri.certify(model)
-    assert "mlp writes" in cert.failed() and cert.holds("heads")
-    with pytest.raises(ValueError, match="the identity 'mlp writes' fails"):
-        features.attribution_graph(model, _transcoders_of(model), _tokens(0)[0])
+    assert not ri.certify(model).failed()
+    features.attribution_graph(model, _transcoders_of(model), _tokens(0)[0])
     ri.run_with_key_input(model, _tokens(0), layer=1)
+    with pytest.raises(ValueError, match="post-norm blocks"):
+        features.mlp_transcoders(model)
 
 
 HEADS_ROLLED = lambda out, x: out.roll(1, dims=2)  # noqa: E731  (each head's output handed to the next head's W_O)

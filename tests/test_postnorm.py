@@ -279,3 +279,67 @@ def test_weight_based_scores_are_refused_on_post_norm_blocks(model):
     for fn in (lambda: ri.composition_scores(model, kind="v"), lambda: ri.copying_scores(model)):
         with pytest.raises(ValueError, match="post-norm blocks"):
             fn()
+
+
+class _Frozen:
+    """The frozen replacement model by brute force (tests/test_features_graph.py's, the MLP's input written out here):
+    every pattern and norm scale of the clean run put back (the post-norms' too), the MLP's input the norm before it
+    written out with the clean scale (none on OLMo-2), every MLP output the clean one plus the skip's change plus
+    the change made."""
+
+    def __init__(self, model, tcs, tokens):
+        from test_features_graph import Frozen
+
+        outer = self
+
+        class Hand(Frozen):
+            def mlp_in(self, l, resid):
+                return outer.mlp_in(l, resid)
+
+        self.model, self.cache_mid = model, _record(model, tokens[None], [f"blocks.{l}.hook_resid_mid" for l in range(model.cfg.n_layers)])
+        self.hand = Hand(model, tcs, tokens)
+
+    def mlp_in(self, l, resid):
+        module = self.model.blocks[l]._modules.get("ln2")
+        if module is None:
+            return resid
+        return _linear(self.model, module, self.cache_mid[f"blocks.{l}.hook_resid_mid"], resid) + _bias(self.model, module)
+
+
+def test_the_feature_graph_is_the_frozen_replacement(model):
+    """Every row of the graph (features' pre-activations, logits) is the frozen replacement model's, and a node's
+    column is the change its write makes there: the post-norms' scales frozen with the rest."""
+    from test_features import random_transcoders
+    from test_features_graph import _rows
+
+    from rs_interp.features import attribution_graph, mlp_transcoders
+
+    if _backend.logit_softcap(model) is not None:
+        with pytest.raises(ValueError, match="soft-capped logits"):
+            attribution_graph(model, random_transcoders(model.cfg.n_layers, model.cfg.d_model, 8), torch.arange(5))
+        return
+    with pytest.raises(ValueError, match="post-norm blocks|not plain ReLU MLPs"):  # gated MLPs refused first
+        mlp_transcoders(model)
+    d, L, P = model.cfg.d_model, model.cfg.n_layers, 9
+    tcs = random_transcoders(L, d, 24, seed=2)
+    tokens = torch.randint(0, 299, (P,), generator=torch.Generator().manual_seed(3))
+    g = attribution_graph(model, tcs, tokens, targets=[0, 7, 21], position=-2)
+    bf = _Frozen(model, tcs, tokens).hand
+    base = bf.targets(g, *bf.run())
+    rows = _rows(g)
+    _close(g.values[rows], base, model, "rows")
+    kinds = g.kinds()
+    feats = [n for n in range(g.n_features)][:4]
+    for n in feats + [g.error_node(1, 3), g.token_node(4)]:
+        out_delta = torch.zeros(L, P, d, dtype=torch.float64)
+        embed_delta = torch.zeros(P, d, dtype=torch.float64)
+        if kinds[n] == "feature":
+            l, p, f = g.features[n].tolist()
+            out_delta[l, p] = g.activations[n] * tcs[l].W_dec[f]
+        elif kinds[n] == "error":
+            l, p = divmod(n - g.n_features, P)
+            out_delta[l, p] = bf.out[l][p] - tcs[l](bf.x[l][p])
+        else:
+            embed_delta[n - g.token_node(0)] = bf.embed[n - g.token_node(0)]
+        moved = bf.targets(g, *bf.run(embed_delta=embed_delta, out_delta=out_delta))
+        _close(g.adjacency[rows, n], moved - base, model, f"node {g.labels()[n]}")

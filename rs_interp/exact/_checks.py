@@ -256,7 +256,9 @@ def mlp_writes(model: Model, box: dict) -> tuple[float, str]:
     for l in range(model.cfg.n_layers):
         written = get(box, N.mlp_out(l))
         worst.see(rel(written, get(box, f"mlp_write {l}")), f"layer {l}: a hook on hook_mlp_out")
-        worst.see(rel(written, get(box, f"mlp_out {l}")), f"layer {l}: between the MLP module and hook_mlp_out")
+        post = _backend.post_norms(model, l)[1]  # post-norm blocks: the norm after the MLP, as the model computes it
+        own = post.to(torch.float64).apply(get(box, f"mlp_out {l}").to(torch.float64))
+        worst.see(rel(written, own), f"layer {l}: between the MLP module and hook_mlp_out")
     return worst.gap, (f"what enters the stream is not the MLP's own output ({worst.where} changes it; or a norm after the "
                        "MLP): a feature's write through a transcoder would miss that change")
 

@@ -78,7 +78,7 @@ REMEDIES: dict[str, str] = {
     "readers": f"{_HOOKED}; otherwise the bridge reads the stream outside the graph's receivers: try the other "
                "TransformerLens version",
     "mlp reads": _HOOKED,
-    "mlp writes": f"{_HOOKED}; a norm after the MLP is not yet frozen by the feature graph",
+    "mlp writes": f"{_HOOKED}; a norm after the MLP other than the block's ln2_post is not one the feature graph reads",
     "mlp weights": f"{_HOOKED}; train a transcoder instead (features.train_transcoder)",
     "readout": f"{_HOOKED}; a step after the unembedding rs_interp does not read has no exact split",
     "vocabulary": "make cfg.d_vocab_out the number of columns of W_U (model.cfg.d_vocab_out = model.W_U.shape[-1])",

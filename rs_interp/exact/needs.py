@@ -30,8 +30,8 @@ IDENTITIES: dict[str, str] = {
                "of the stream: their gradients add up to the stream's",
     "mlp reads": "each MLP reads ln2(resid_mid) (parallel blocks: ln2(resid_pre)), the norm as the model computes it: "
                  "what a transcoder reads at ln2.hook_normalized (with the gain and bias) or hook_resid_mid is the MLP's input",
-    "mlp writes": "what enters the stream from each MLP (hook_mlp_out) is the MLP module's own output: no hook or norm "
-                  "between the MLP and the stream changes it",
+    "mlp writes": "what enters the stream from each MLP (hook_mlp_out) is the MLP module's own output (post-norm blocks: "
+                  "the norm after the MLP of it): no hook or other norm between the MLP and the stream changes it",
     "mlp weights": "each MLP's output is its weights' function of its input, W_out act(W_in x + b_in) + b_out "
                    "(gated: (act(x W_gate) * (x W_in) + b_in) W_out + b_out on 3.x, b_in inside the product on 4.x)",
     "readout": "the logits are the unembedding of the final norm of the final stream (soft-cap included)",
@@ -157,7 +157,8 @@ CONDITIONS: dict[str, str] = {
     "attention-only": "there is no MLP for transcoders to replace",
     "parallel blocks": "the MLP reads the block's input, not the stream after the attention (no replacement is defined)",
     "post-norm blocks": "a head's write is z W_O times gain / s, s the scale of its whole attention's output at each token "
-                        "(the norm after the sublayer): no product of weights alone is what one head passes on",
+                        "(the norm after the sublayer): no product of weights alone is what one head passes on; and what "
+                        "an MLP writes is the norm of its neurons' sum, which its neurons alone are not a transcoder of",
     "not plain ReLU MLPs": "the neurons of a gated or non-ReLU MLP are not a transcoder (train one: features.train_transcoder)",
 }
 
@@ -179,5 +180,5 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "features.train_transcoder": ("attention-only",),
     "features.transcoder_metrics": ("attention-only",),
     "features.train_clt": ("attention-only",),
-    "features.mlp_transcoders": ("attention-only", "not plain ReLU MLPs"),
+    "features.mlp_transcoders": ("attention-only", "not plain ReLU MLPs", "post-norm blocks"),
 }
