@@ -343,3 +343,33 @@ def test_the_feature_graph_is_the_frozen_replacement(model):
             embed_delta[n - g.token_node(0)] = bf.embed[n - g.token_node(0)]
         moved = bf.targets(g, *bf.run(embed_delta=embed_delta, out_delta=out_delta))
         _close(g.adjacency[rows, n], moved - base, model, f"node {g.labels()[n]}")
+
+
+@pytest.mark.skipif(_backend.TL_MAJOR < 4, reason="the query input is moved at the Hugging Face module's q_proj (4.x)")
+def test_the_qk_fix_moves_the_query_by_the_jacobian_write(model, tokens):
+    """The QK-fixed edge L0H1 -> L1H0.q is ``dm/dz . (z' - z)`` for head L1H0, ``z'`` its output with its query read
+    from ``x + J_P(r0) (d W_O)`` (the Jacobian write, the norm before the query written out and applied to the moved
+    stream at q_proj's input): the pattern recomputed by the model's own attention."""
+    toks, ref = tokens
+    fixed = ri.edge_attribution_patching(model, toks, metric, reference=ref, qk_fix=True)
+    r, dW = _head_change(model, toks, ref, 0, 1)
+    _, w = torch.func.jvp(written_norm(model, model.blocks[0].ln1_post), (r,), (dW,))
+    x = _record(model, toks, ["blocks.1.hook_resid_pre"])["blocks.1.hook_resid_pre"].to(torch.float64)
+    ln1 = _ln1(model, 1)
+    moved = (x + w) if ln1 is None else written_norm(model, ln1)(x + w)
+    q_proj = model.blocks[1].attn.original_component.q_proj
+    handle = q_proj.register_forward_pre_hook(lambda mod, args: (moved.to(args[0].dtype), *args[1:]))
+    try:
+        z_moved = _record(model, toks, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"][:, :, 0].to(torch.float64)
+    finally:
+        handle.remove()
+    z = _record(model, toks, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"][:, :, 0].to(torch.float64)
+    e = torch.zeros_like(z, requires_grad=True)
+
+    def add(t, hook):
+        t = t.clone()
+        t[:, :, 0] = t[:, :, 0] + e.to(t.dtype)
+        return t
+
+    (dz,) = torch.autograd.grad(metric(model.run_with_hooks(toks, fwd_hooks=[("blocks.1.attn.hook_z", add)])), e)
+    _close(fixed.edge("L0H1", "L1H0.q"), float((dz * (z_moved - z)).sum()), model, "QK-fixed L0H1 -> L1H0.q")
