@@ -181,14 +181,18 @@ def _module_patch(module, delta):
 def post_attention_norm(model, layer):
     """Layer ``layer``'s norm after the attention written out from the checkpoint (post-norm blocks: Gemma-2/3,
     OLMo-2): RMSNorm ``x / sqrt(mean(x^2) + eps)`` times the gain, Gemma's ``1 + w`` (its stored offset) and
-    OLMo-2's ``w``, ``w`` and ``eps`` read off the Hugging Face module; None where the block has none."""
+    OLMo-2's ``w``, ``w`` and ``eps`` read off the Hugging Face module (3.x: its own module's ``w``, the config's
+    ``eps``); None where the block has none."""
     post = model.blocks[layer]._modules.get("ln1_post")
     if post is None:
         return None
-    hf = getattr(post, "original_component", post)
-    w = hf.weight.detach().to(torch.float64)
-    gain = 1 + w if type(hf).__name__.startswith("Gemma") else w
-    eps = float(getattr(hf, "eps", getattr(hf, "variance_epsilon", None)))
+    hf = getattr(post, "original_component", None)
+    if hf is None:  # 3.x's own RMSNorm (its conversion adds Gemma's offset to w)
+        gain, eps = post.w.detach().to(torch.float64), model.cfg.eps
+    else:
+        w = hf.weight.detach().to(torch.float64)
+        gain = 1 + w if type(hf).__name__.startswith("Gemma") else w
+        eps = float(getattr(hf, "eps", getattr(hf, "variance_epsilon", None)))
     return lambda x: gain * x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
 
 
@@ -196,16 +200,18 @@ def path(model, toks, ref):
     """Two edges from L0H1, patched by hand: into the logits (the final norm's input gets the write's change)
     and into MLP1 (its norm's input), where the model has a norm of the MLP's own. On a post-norm block the
     write's change is that of what the attention adds to the stream when only L0H1's output is the
-    reference's: ``P(r + d W_O) - P(r)``, ``r`` the attention's output before its norm ``P`` (its hook_in)."""
+    reference's: ``P(r + d W_O) - P(r)``, ``r = z W_O + b_O`` the attention's output before its norm ``P``."""
     blocks = model.blocks[1]
     own_norm = "ln2" in blocks._modules and blocks.ln2 is not blocks._modules.get("ln1") and model.cfg.normalization_type
     wanted = [("L0H1", "logits")] + ([("L0H1", "MLP1")] if own_norm and not model.cfg.attn_only else [])
     pp = ri.path_patching(model, toks, metric, reference=ref, edges=wanted)
     z = "blocks.0.attn.hook_z"
-    delta = ((_record(model, ref, [z])[z] - _record(model, toks, [z])[z])[:, :, 1] @ model.blocks[0].attn.W_O[1]).detach()
+    z_run, attn = _record(model, toks, [z])[z], model.blocks[0].attn
+    delta = ((_record(model, ref, [z])[z] - z_run)[:, :, 1] @ attn.W_O[1]).detach()
     post = post_attention_norm(model, 0)
     if post is not None:
-        raw = _record(model, toks, ["blocks.0.ln1_post.hook_in"])["blocks.0.ln1_post.hook_in"].to(torch.float64)
+        b_O = 0.0 if getattr(attn, "b_O", None) is None else attn.b_O.detach()
+        raw = (torch.einsum("bphd,hdm->bpm", z_run, attn.W_O.detach()) + b_O).to(torch.float64)
         delta = post(raw + delta) - post(raw)
     with torch.no_grad():
         clean = float(metric(model(toks)))

@@ -25,7 +25,7 @@ from rs_interp.exact.certificate import TOLERANCES
 
 #: TransformerLens 4: tiny perturbed checkpoints; 3.x: native models with a norm before and after each sublayer.
 #: (3.9 builds only RMSNorm after the sublayers: its LayerNorm branch tests the kind's name "LayerNorm", never "LN".)
-CASES = (["gemma3", "olmo2", "gemma2"] if _backend.TL_MAJOR >= 4 else ["native RMS"])
+CASES = (["gemma3", "olmo2", "gemma2"] if _backend.TL_MAJOR >= 4 else ["native RMS", "gemma2"])
 
 
 @pytest.fixture(scope="module", params=CASES)
@@ -60,15 +60,17 @@ def _close(got, want, model, what):
 
 def _parts(model, module):
     """``(gain, centres, bias, eps)`` of a norm written out: on a Hugging Face module RMSNorm with Gemma's gain
-    ``1 + w`` (its stored offset) or OLMo-2's ``w`` and the module's epsilon; on a native one the config's kind,
-    ``w``, ``b`` and ``eps``."""
+    ``1 + w`` (its stored offset) or OLMo-2's ``w`` and the module's epsilon; on a native one its class's kind,
+    ``w`` (none for the Pre kinds, whose gain is folded into the next weights), ``b`` and the config's ``eps``."""
     hf = getattr(module, "original_component", None)
     if hf is not None:
         w = hf.weight.detach().to(torch.float64)
         return (1 + w if type(hf).__name__.startswith("Gemma") else w), False, None, float(
             getattr(hf, "eps", getattr(hf, "variance_epsilon", None)))
-    b = getattr(module, "b", None)
-    return module.w.detach(), model.cfg.normalization_type == "LN", None if b is None else b.detach(), model.cfg.eps
+    kind = {"LayerNorm": "LN", "LayerNormPre": "LNPre", "RMSNorm": "RMS", "RMSNormPre": "RMSPre"}[type(module).__name__]
+    w, b = getattr(module, "w", None), getattr(module, "b", None)
+    gain = torch.ones(model.cfg.d_model, dtype=torch.float64) if w is None else w.detach()  # the Pre kinds: no gain
+    return gain, kind.startswith("LN"), None if b is None else b.detach(), model.cfg.eps
 
 
 def _centre(x, centres):

@@ -1,0 +1,56 @@
+"""TransformerLens 3.x configs read from a checkpoint's ``config.json`` for the families 3.9 converts only
+from their hub names (private to :mod:`rs_interp._backend.tl3`).
+
+3.9 writes Gemma-2's config per official model (``google/gemma-2-2b`` ...), never from a checkpoint's own
+config, so a local Gemma-2 checkpoint is refused (``NotImplementedError``) though 3.9 builds the model:
+a norm before and after each sublayer (``use_normalization_before_and_after``), local and global layers,
+soft-capped scores and logits, and converts its weights (``convert_gemma_weights``). :func:`checkpoint_config`
+writes that config from the checkpoint's fields, as 3.9 writes it for the hub's Gemma-2 models; the load
+then measures the model against the checkpoint (``source``), so a field read wrong is refused, not used.
+
+Remove when: TransformerLens 3.x reads a local Gemma-2 checkpoint's ``config.json`` (3.9 does not).
+Gemma-3 (query/key norms, per-layer rotary bases) and OLMo-2 (3.9 places its norms after the sublayers
+at ``ln1``/``ln2``) are not written here: a local checkpoint of either stays refused by name at load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _rope_theta(hf: Any, default: float) -> float:
+    params = getattr(hf, "rope_parameters", None) or {}
+    if "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(getattr(hf, "rope_theta", None) or default)
+
+
+def _gemma2(hf: Any) -> dict[str, Any]:
+    n = hf.num_hidden_layers
+    types = getattr(hf, "layer_types", None) or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    cap = lambda c: -1.0 if c is None else float(c)  # noqa: E731  (3.9's "no soft-cap")
+    return {
+        "d_model": hf.hidden_size, "d_head": hf.head_dim, "n_heads": hf.num_attention_heads, "d_mlp": hf.intermediate_size,
+        "n_layers": n, "n_ctx": hf.max_position_embeddings, "eps": hf.rms_norm_eps, "d_vocab": hf.vocab_size,
+        "act_fn": hf.hidden_activation, "initializer_range": hf.initializer_range, "normalization_type": "RMS",
+        "rotary_base": _rope_theta(hf, 10000.0), "positional_embedding_type": "rotary", "use_attn_scale": True,
+        "attn_scale": float(hf.query_pre_attn_scalar) ** 0.5, "n_key_value_heads": hf.num_key_value_heads,
+        "window_size": hf.sliding_window, "use_local_attn": True,
+        "attn_types": ["local" if t == "sliding_attention" else "global" for t in types],
+        "attn_scores_soft_cap": cap(hf.attn_logit_softcapping), "output_logits_soft_cap": cap(hf.final_logit_softcapping),
+        "gated_mlp": True, "final_rms": True, "use_normalization_before_and_after": True,
+    }
+
+
+#: architecture -> the config 3.9 writes for it, from the checkpoint's fields.
+CONFIGS = {"Gemma2ForCausalLM": _gemma2}
+
+
+def checkpoint_config(hf: Any, name: str) -> dict[str, Any] | None:
+    """The 3.x config dict (``convert_hf_model_config``'s form) of the checkpoint whose transformers config is
+    ``hf``, for the architectures of :data:`CONFIGS`; None for every other (3.9's own conversion reads it)."""
+    arch = (getattr(hf, "architectures", None) or [None])[0]
+    build = CONFIGS.get(arch)
+    if build is None:
+        return None
+    return build(hf) | {"original_architecture": arch, "tokenizer_name": name, "quantization_method": None}
