@@ -375,3 +375,33 @@ def test_the_qk_fix_moves_the_query_by_the_jacobian_write(model, tokens):
 
     (dz,) = torch.autograd.grad(metric(model.run_with_hooks(toks, fwd_hooks=[("blocks.1.attn.hook_z", add)])), e)
     _close(fixed.edge("L0H1", "L1H0.q"), float((dz * (z_moved - z)).sum()), model, "QK-fixed L0H1 -> L1H0.q")
+
+
+@pytest.mark.skipif(_backend.TL_MAJOR >= 4, reason="4.3's post-norm families normalise or soft-cap their scores (qk_attributions "
+                    "refuses them for 'scores'); 3.x's native post-norm model reads its scores from the weights")
+def test_head_loadings_are_shares_of_the_frozen_post_norm_write():
+    """A QK attribution's head loading of a node is ``P_lin(o_s) . P_lin(o) / |P_lin(o)|^2``: ``o_s`` the change of the
+    edge's ``pattern v_k W_O`` when the node's write is taken out of the frozen replacement model (brute force:
+    tests/test_features_qk.py's), ``P_lin`` the norm after the attention with its scale frozen (an RMSNorm: its gain,
+    the scale cancels)."""
+    from test_features import random_transcoders
+    from test_features_qk import Sides
+
+    from rs_interp.features import attribution_graph, qk_attributions
+
+    model = make_variant("RMS", "rotary", False, use_normalization_before_and_after=True, seed=1, n_layers=3)
+    tcs = random_transcoders(3, 16, 24, seed=2)
+    tokens = torch.randint(0, 50, (9,), generator=torch.Generator().manual_seed(3))
+    g = attribution_graph(model, tcs, tokens, targets=[0, 7])
+    bf = Sides(model, tcs, tokens)
+    (a,) = qk_attributions(model, tcs, g, [(2, 1, 8, 3)])
+    gain = model.blocks[2].ln1_post.w.detach()
+    W_O = model.blocks[2].attn.W_O[1].detach()
+    clean = bf.qk(2)["v"][3, 1]
+    w = gain * (a.pattern * clean @ W_O)
+    order = a.loadings[: g.n_nodes - g.n_logits].abs().argsort(descending=True)[:4].tolist()
+    for s in order:
+        v_s = bf.qk(2, out_delta=bf.removed(g, s)[0], embed_delta=bf.removed(g, s)[1])["v"][3, 1]
+        w_s = gain * (a.pattern * (clean - v_s) @ W_O)
+        assert abs(float(w_s @ w / (w @ w)) - float(a.loadings[s])) < 1e-9, a.labels[s]
+    assert abs(float(a.loadings.sum()) - 1.0) < 1e-9
