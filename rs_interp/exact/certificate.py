@@ -65,7 +65,8 @@ _HOOKED = "remove the hooks that change what they see (model.reset_hooks(), or t
 #: What to do where an identity fails, said in every refusal.
 REMEDIES: dict[str, str] = {
     "embedding": "a model that scales or normalises its embedding before block 0 has no exact split here",
-    "stream": f"{_HOOKED}; a model with a norm after each sublayer has no exact split of the stream here",
+    "stream": f"{_HOOKED}; a norm after a sublayer that hook_attn_out or hook_mlp_out does not include has no exact split "
+              "of the stream here",
     "z": f"{_HOOKED}; on a Hugging Face-booted bridge, try the other TransformerLens version",
     "heads": f"{_HOOKED}; a norm after the attention other than the block's ln1_post makes a head's write other than z W_O",
     "values": _HOOKED,
