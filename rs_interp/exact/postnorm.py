@@ -19,9 +19,9 @@ write is what enters the stream (``hook_mlp_out``, after its post-norm) under ev
 
 >>> from rs_interp import make_attn_only
 >>> model = make_attn_only(1, normalization_type="LN")
->>> z = torch.randn(1, 3, model.cfg.n_heads, model.cfg.d_head)
->>> heads, bias = frozen_heads(model, 0, z, torch.float32)
->>> bool(torch.allclose(heads.sum(0) + bias, raw_output(model, 0, z, torch.float32)))
+>>> z = torch.randn(1, 3, model.cfg.n_heads, model.cfg.d_head, generator=torch.Generator().manual_seed(0))
+>>> heads, bias = frozen_heads(model, 0, z, torch.float64)  # no post-norm here: z W_O per head, and b_O
+>>> bool(torch.allclose(heads.sum(0) + bias, raw_output(model, 0, z, torch.float64)))
 True
 """
 
