@@ -6,6 +6,11 @@ force written here computes (plain hooks on the raw forward, autograd, PyTorch m
 the tolerance of the model's dtype and source, or a ValueError naming the identity that fails on the
 model, and it refuses only then (:func:`rs_interp.certify`). Never a raw error, never a wrong number.
 
+Post-norm blocks (Gemma-2/3, OLMo-2, issue 52): path patching's brute force patches a head through the
+norm after the attention, written out here (:func:`post_attention_norm`); the other brute forces read what
+the model does (node derivatives by autograd, the logits) and hold unchanged (tests/test_postnorm.py checks
+each post-norm definition on its own).
+
 The table of outcomes (family x helper) is written to ``$RS_INTERP_FAMILY_TABLE`` when set.
 """
 
