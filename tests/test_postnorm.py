@@ -25,7 +25,7 @@ from rs_interp.exact.certificate import TOLERANCES
 
 #: TransformerLens 4: tiny perturbed checkpoints; 3.x: native models with a norm before and after each sublayer.
 #: (3.9 builds only RMSNorm after the sublayers: its LayerNorm branch tests the kind's name "LayerNorm", never "LN".)
-CASES = (["gemma3", "olmo2", "gemma2"] if _backend.TL_MAJOR >= 4 else ["native RMS", "gemma2"])
+CASES = (["gemma3", "olmo2", "gemma2"] if _backend.TL_MAJOR >= 4 else ["native RMS", "gemma2", "gemma3"])
 
 
 @pytest.fixture(scope="module", params=CASES)

@@ -1,16 +1,18 @@
 """TransformerLens 3.x configs read from a checkpoint's ``config.json`` for the families 3.9 converts only
 from their hub names (private to :mod:`rs_interp._backend.tl3`).
 
-3.9 writes Gemma-2's config per official model (``google/gemma-2-2b`` ...), never from a checkpoint's own
+3.9 writes Gemma-2's and Gemma-3's configs per official model (``google/gemma-2-2b`` ...), never from a checkpoint's own
 config, so a local Gemma-2 checkpoint is refused (``NotImplementedError``) though 3.9 builds the model:
 a norm before and after each sublayer (``use_normalization_before_and_after``), local and global layers,
 soft-capped scores and logits, and converts its weights (``convert_gemma_weights``). :func:`checkpoint_config`
 writes that config from the checkpoint's fields, as 3.9 writes it for the hub's Gemma-2 models; the load
 then measures the model against the checkpoint (``source``), so a field read wrong is refused, not used.
 
-Remove when: TransformerLens 3.x reads a local Gemma-2 checkpoint's ``config.json`` (3.9 does not).
-Gemma-3 (query/key norms, per-layer rotary bases) and OLMo-2 (3.9 places its norms after the sublayers
-at ``ln1``/``ln2``) are not written here: a local checkpoint of either stays refused by name at load.
+Gemma-3 (text) likewise, with its query/key norms and a rotary base per layer kind.
+
+Remove when: TransformerLens 3.x reads a local Gemma-2/3 checkpoint's ``config.json`` (3.9 does not).
+OLMo-2 is not written here (3.9 places its norms after the sublayers under the pre-norms' names ``ln1``/``ln2``,
+which rs_interp reads as norms before them): a local checkpoint stays refused by name at load.
 """
 
 from __future__ import annotations
@@ -42,8 +44,23 @@ def _gemma2(hf: Any) -> dict[str, Any]:
     }
 
 
+def _gemma3(hf: Any) -> dict[str, Any]:
+    """Gemma-3 (text): Gemma-2's form with query/key norms, a rotary base per layer kind and no soft-caps;
+    refused (KeyError, named at load) where the global layers scale their rotary (3.9 reads one linear factor)."""
+    params = getattr(hf, "rope_parameters", None) or {}
+    full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    scaling = {k: v for k, v in full.items() if k not in ("rope_theta", "rope_type")}
+    if full.get("rope_type", "default") not in ("default", "linear") or set(scaling) - {"factor"}:
+        raise KeyError(f"a rotary scaling 3.9 does not read ({full})")
+    out = _gemma2(hf) | {"use_qk_norm": True, "rotary_base": float(full.get("rope_theta", 1e6)),
+                         "rotary_base_local": float(local.get("rope_theta", 1e4))}
+    if full.get("rope_type") == "linear":
+        out["rotary_scaling_factor"] = float(scaling["factor"])
+    return out
+
+
 #: architecture -> the config 3.9 writes for it, from the checkpoint's fields.
-CONFIGS = {"Gemma2ForCausalLM": _gemma2}
+CONFIGS = {"Gemma2ForCausalLM": _gemma2, "Gemma3ForCausalLM": _gemma3}
 
 
 def checkpoint_config(hf: Any, name: str) -> dict[str, Any] | None:
