@@ -188,7 +188,8 @@ def post_attention_norm(model, layer):
     OLMo-2): RMSNorm ``x / sqrt(mean(x^2) + eps)`` times the gain, Gemma's ``1 + w`` (its stored offset) and
     OLMo-2's ``w``, ``w`` and ``eps`` read off the Hugging Face module (3.x: its own module's ``w``, the config's
     ``eps``); None where the block has none."""
-    post = model.blocks[layer]._modules.get("ln1_post")
+    olmo2_3x = getattr(model.cfg, "original_architecture", None) == "Olmo2ForCausalLM" and _backend.TL_MAJOR == 3
+    post = model.blocks[layer]._modules.get("ln1" if olmo2_3x else "ln1_post")  # 3.9's OLMo-2: after the sublayers at ln1
     if post is None:
         return None
     hf = getattr(post, "original_component", None)
@@ -207,7 +208,8 @@ def path(model, toks, ref):
     write's change is that of what the attention adds to the stream when only L0H1's output is the
     reference's: ``P(r + d W_O) - P(r)``, ``r = z W_O + b_O`` the attention's output before its norm ``P``."""
     blocks = model.blocks[1]
-    own_norm = "ln2" in blocks._modules and blocks.ln2 is not blocks._modules.get("ln1") and model.cfg.normalization_type
+    own_norm = ("ln2" in blocks._modules and blocks.ln2 is not blocks._modules.get("ln1") and model.cfg.normalization_type
+                and getattr(model.cfg, "original_architecture", None) != "Olmo2ForCausalLM")  # (3.9's OLMo-2: ln2 is after the MLP)
     wanted = [("L0H1", "logits")] + ([("L0H1", "MLP1")] if own_norm and not model.cfg.attn_only else [])
     pp = ri.path_patching(model, toks, metric, reference=ref, edges=wanted)
     z = "blocks.0.attn.hook_z"

@@ -216,6 +216,17 @@ def run_from(model: Model, x: torch.Tensor, *, start: int | None = None, stop: i
 #: The modules a post-norm block applies to its sublayers' outputs before they enter the stream (Gemma-2/3's
 #: ``post_attention_layernorm``/``post_feedforward_layernorm``, OLMo-2's), as both versions name them.
 POST_NORMS = ("ln1_post", "ln2_post")
+#: 3.x's architectures whose blocks normalise only their sublayers' outputs, at ``ln1``/``ln2`` (its ``POST_NORM_ARCHITECTURES``).
+_POST_NORM_ONLY_3X = frozenset({"Olmo2ForCausalLM", "Olmo3ForCausalLM"})
+
+
+def _post_norm_names(model: Model) -> tuple[str, str]:
+    """Where a block keeps its norms after the sublayers: ``ln1_post``/``ln2_post`` (Gemma-2/3 on both versions,
+    OLMo-2 on 4.x); 3.x's OLMo-2 conversion (its ``POST_NORM_ARCHITECTURES``) puts them at ``ln1``/``ln2``,
+    with no norm before the sublayers."""
+    if TL_MAJOR == 3 and getattr(model.cfg, "original_architecture", None) in _POST_NORM_ONLY_3X:
+        return ("ln1", "ln2")
+    return POST_NORMS
 
 
 def post_norms(model: Model, layer: int) -> tuple[Norm, Norm]:
@@ -228,12 +239,12 @@ def post_norms(model: Model, layer: int) -> tuple[Norm, Norm]:
     """
     block = model.blocks[layer]
     return tuple(Norm(*norm_affine(model, m)) if isinstance(m := getattr(block, n, None), torch.nn.Module) else IDENTITY
-                 for n in POST_NORMS)
+                 for n in _post_norm_names(model))
 
 
 def has_post_norms(model: Model) -> bool:
     """Whether any block normalises a sublayer's output before it enters the stream (:func:`post_norms`)."""
-    return any(isinstance(getattr(block, n, None), torch.nn.Module) for block in model.blocks for n in POST_NORMS)
+    return any(isinstance(getattr(block, n, None), torch.nn.Module) for block in model.blocks for n in _post_norm_names(model))
 
 
 def pre_norm(model: Model, layer: int, name: str) -> Norm:
@@ -245,6 +256,7 @@ def pre_norm(model: Model, layer: int, name: str) -> Norm:
     """
     block = model.blocks[layer]
     module = getattr(block, name, None)
-    if module is None and any(isinstance(getattr(block, n, None), torch.nn.Module) for n in POST_NORMS):
+    posts = _post_norm_names(model)
+    if name in posts or (module is None and any(isinstance(getattr(block, n, None), torch.nn.Module) for n in posts)):
         return IDENTITY
     return norm_of(model, module)

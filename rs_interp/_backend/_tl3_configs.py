@@ -8,11 +8,11 @@ soft-capped scores and logits, and converts its weights (``convert_gemma_weights
 writes that config from the checkpoint's fields, as 3.9 writes it for the hub's Gemma-2 models; the load
 then measures the model against the checkpoint (``source``), so a field read wrong is refused, not used.
 
-Gemma-3 (text) likewise, with its query/key norms and a rotary base per layer kind.
+Gemma-3 (text) likewise, with its query/key norms and a rotary base per layer kind, and OLMo-2 (3.9 places its
+norms after the sublayers under the pre-norms' names ``ln1``/``ln2``: :func:`rs_interp._backend.post_norms` reads
+them there).
 
-Remove when: TransformerLens 3.x reads a local Gemma-2/3 checkpoint's ``config.json`` (3.9 does not).
-OLMo-2 is not written here (3.9 places its norms after the sublayers under the pre-norms' names ``ln1``/``ln2``,
-which rs_interp reads as norms before them): a local checkpoint stays refused by name at load.
+Remove when: TransformerLens 3.x reads a local Gemma-2/3 or OLMo-2 checkpoint's ``config.json`` (3.9 does not).
 """
 
 from __future__ import annotations
@@ -59,8 +59,22 @@ def _gemma3(hf: Any) -> dict[str, Any]:
     return out
 
 
+def _olmo2(hf: Any) -> dict[str, Any]:
+    """OLMo-2: norms after the sublayers only (3.9's ``POST_NORM_ARCHITECTURES``: at ``ln1``/``ln2``), query/key norms."""
+    kv = hf.num_key_value_heads
+    return {  # (3.9 builds grouped-query attention wherever n_key_value_heads is set: only where it groups)
+        "d_model": hf.hidden_size, "d_head": hf.hidden_size // hf.num_attention_heads, "n_heads": hf.num_attention_heads,
+        "n_key_value_heads": kv if kv not in (None, hf.num_attention_heads) else None, "d_mlp": hf.intermediate_size,
+        "n_layers": hf.num_hidden_layers,
+        "n_ctx": hf.max_position_embeddings, "eps": hf.rms_norm_eps, "d_vocab": hf.vocab_size, "act_fn": hf.hidden_act,
+        "initializer_range": hf.initializer_range, "normalization_type": "RMS", "positional_embedding_type": "rotary",
+        "rotary_base": _rope_theta(hf, 500000.0), "gated_mlp": True, "attn_types": ["global"] * hf.num_hidden_layers,
+        "tie_word_embeddings": bool(getattr(hf, "tie_word_embeddings", False)),
+    }
+
+
 #: architecture -> the config 3.9 writes for it, from the checkpoint's fields.
-CONFIGS = {"Gemma2ForCausalLM": _gemma2, "Gemma3ForCausalLM": _gemma3}
+CONFIGS = {"Gemma2ForCausalLM": _gemma2, "Gemma3ForCausalLM": _gemma3, "Olmo2ForCausalLM": _olmo2}
 
 
 def checkpoint_config(hf: Any, name: str) -> dict[str, Any] | None:

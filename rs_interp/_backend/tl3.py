@@ -176,6 +176,8 @@ def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_
             state = loading.get_pretrained_state_dict(str(link), cfg, hf_model=hf_model, dtype=dtype)
             if (cfg.output_logits_soft_cap or -1) > 0:  # a shift of the logits before a soft-cap is not one after it
                 processing["center_unembed"] = False  # (4.x drops it too, with a warning)
+            if cfg.original_architecture in _post_norm_architectures():  # norms after the sublayers, at ln1/ln2 (OLMo-2):
+                processing.update(fold_ln=False, center_writing_weights=False)  # nothing to fold into the next weights
             model = Model(cfg, move_to_device=False)
             tables = {n: b.clone() for n, b in model.named_buffers() if "rotary" in n}
             model.load_and_process_state_dict(state, **processing)
@@ -196,6 +198,15 @@ def _linked_checkpoint(source, folder):
     for f in source.resolve().iterdir():
         os.symlink(f, folder / f.name)
     return folder
+
+
+def _post_norm_architectures() -> frozenset[str]:
+    """3.x's architectures whose blocks normalise only their sublayers' outputs (``POST_NORM_ARCHITECTURES``)."""
+    try:
+        from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+    except ImportError:  # a 3.x without them converts none of these families
+        return frozenset()
+    return frozenset(POST_NORM_ARCHITECTURES)
 
 
 @contextlib.contextmanager

@@ -114,7 +114,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
         b = attn_weight(attn, f"b_{r.kind.upper()}", cfg.n_heads).detach()  # (head, d_head)
         if len(cols) != cfg.n_heads:  # one per KV head: query head h reads KV head h // group
             W, b = W[:: cfg.n_heads // len(cols)], b[:: cfg.n_heads // len(cols)]
-        norm = _backend.norm_of(model, model.blocks[r.layer].ln1)
+        norm = _backend.pre_norm(model, r.layer, "ln1")
 
         def fn(t: torch.Tensor, *, hook) -> torch.Tensor | None:
             n = filled[0]
