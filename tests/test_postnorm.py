@@ -363,24 +363,40 @@ def test_the_feature_graph_is_the_frozen_replacement(model):
         _close(g.adjacency[rows, n], moved - base, model, f"node {g.labels()[n]}")
 
 
-@pytest.mark.skipif(_backend.TL_MAJOR < 4, reason="the query input is moved at the Hugging Face module's q_proj (4.x)")
 def test_the_qk_fix_moves_the_query_by_the_jacobian_write(model, tokens):
-    """The QK-fixed edge L0H1 -> L1H0.q is ``dm/dz . (z' - z)`` for head L1H0, ``z'`` its output with its query read
-    from ``x + J_P(r0) (d W_O)`` (the Jacobian write, the norm before the query written out and applied to the moved
-    stream at q_proj's input): the pattern recomputed by the model's own attention."""
+    """The QK-fixed edge L0H1 -> L1H0.q is ``dm/dz . (z' - z)`` for head L1H0, ``z'`` its output with the layer's
+    query input read from ``x + J_P(r0) (d W_O)`` (the Jacobian write): on 4.x the norm before the query written out
+    and applied to the moved stream at the Hugging Face module's q_proj; on 3.x the write added to every head's
+    ``hook_q_input`` (TransformerLens's own per-head inputs); the pattern recomputed by the model's own attention.
+    (The QK fix moves the layer's queries and reads the receiving head: the same as moving that head's alone,
+    except under OLMo-2's query norm, which spans the heads.)"""
     toks, ref = tokens
     fixed = ri.edge_attribution_patching(model, toks, metric, reference=ref, qk_fix=True)
     r, dW = _head_change(model, toks, ref, 0, 1)
     _, w = torch.func.jvp(written_norm(model, _post(model, 0)), (r,), (dW,))
-    x = _record(model, toks, ["blocks.1.hook_resid_pre"])["blocks.1.hook_resid_pre"].to(torch.float64)
-    ln1 = _ln1(model, 1)
-    moved = (x + w) if ln1 is None else written_norm(model, ln1)(x + w)
-    q_proj = model.blocks[1].attn.original_component.q_proj
-    handle = q_proj.register_forward_pre_hook(lambda mod, args: (moved.to(args[0].dtype), *args[1:]))
-    try:
-        z_moved = _record(model, toks, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"][:, :, 0].to(torch.float64)
-    finally:
-        handle.remove()
+    if _backend.TL_MAJOR >= 4:
+        x = _record(model, toks, ["blocks.1.hook_resid_pre"])["blocks.1.hook_resid_pre"].to(torch.float64)
+        ln1 = _ln1(model, 1)
+        moved = (x + w) if ln1 is None else written_norm(model, ln1)(x + w)
+        q_proj = model.blocks[1].attn.original_component.q_proj
+        handle = q_proj.register_forward_pre_hook(lambda mod, args: (moved.to(args[0].dtype), *args[1:]))
+        try:
+            z_moved = _record(model, toks, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"][:, :, 0].to(torch.float64)
+        finally:
+            handle.remove()
+    else:
+        def add(t, hook):
+            return t + w[:, :, None].to(t.dtype)  # every head's query input, as q_proj's on 4.x
+
+        model.set_use_split_qkv_input(True)
+        try:
+            with torch.no_grad():
+                box = {}
+                model.run_with_hooks(toks, fwd_hooks=[("blocks.1.hook_q_input", add),
+                                                      ("blocks.1.attn.hook_z", lambda t, hook: box.__setitem__("z", t.clone()))])
+            z_moved = box["z"][:, :, 0].to(torch.float64)
+        finally:
+            model.set_use_split_qkv_input(False)
     z = _record(model, toks, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"][:, :, 0].to(torch.float64)
     e = torch.zeros_like(z, requires_grad=True)
 
