@@ -216,15 +216,13 @@ def run_from(model: Model, x: torch.Tensor, *, start: int | None = None, stop: i
 #: The modules a post-norm block applies to its sublayers' outputs before they enter the stream (Gemma-2/3's
 #: ``post_attention_layernorm``/``post_feedforward_layernorm``, OLMo-2's), as both versions name them.
 POST_NORMS = ("ln1_post", "ln2_post")
-#: 3.x's architectures whose blocks normalise only their sublayers' outputs, at ``ln1``/``ln2`` (its ``POST_NORM_ARCHITECTURES``).
-_POST_NORM_ONLY_3X = frozenset({"Olmo2ForCausalLM", "Olmo3ForCausalLM"})
 
 
 def _post_norm_names(model: Model) -> tuple[str, str]:
     """Where a block keeps its norms after the sublayers: ``ln1_post``/``ln2_post`` (Gemma-2/3 on both versions,
     OLMo-2 on 4.x); 3.x's OLMo-2 conversion (its ``POST_NORM_ARCHITECTURES``) puts them at ``ln1``/``ln2``,
     with no norm before the sublayers."""
-    if TL_MAJOR == 3 and getattr(model.cfg, "original_architecture", None) in _POST_NORM_ONLY_3X:
+    if TL_MAJOR == 3 and getattr(model.cfg, "original_architecture", None) in _impl._post_norm_architectures():
         return ("ln1", "ln2")
     return POST_NORMS
 
@@ -249,7 +247,8 @@ def has_post_norms(model: Model) -> bool:
 
 def pre_norm(model: Model, layer: int, name: str) -> Norm:
     """The norm block ``layer`` applies before a sublayer (``name``: ``"ln1"`` or ``"ln2"``): the identity on a
-    post-norm block that has none (OLMo-2 normalises only the sublayers' outputs: each reads the stream as is).
+    post-norm block that has none (OLMo-2 normalises only the sublayers' outputs: each reads the stream as is;
+    3.x keeps those at ``ln1``/``ln2``: :func:`_post_norm_names`).
 
     Raises:
         ValueError: the config says the model normalises, the block has no such norm and no post-norm either.

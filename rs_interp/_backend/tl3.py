@@ -212,7 +212,7 @@ def _post_norm_architectures() -> frozenset[str]:
 @contextlib.contextmanager
 def _checkpoint_configs(folder) -> Iterator[None]:
     """For the duration, 3.9's ``convert_hf_model_config`` answers for the families it converts only by hub
-    name (Gemma-2) from the checkpoint's own config (:mod:`._tl3_configs`); itself for every other."""
+    name (Gemma-2/3, OLMo-2) from the checkpoint's own config (:mod:`._tl3_configs`); itself for every other."""
     from transformer_lens import loading_from_pretrained as loading
     from transformers import AutoConfig
 
