@@ -22,10 +22,12 @@ from typing import Literal, Sequence
 import torch
 from jaxtyping import Float, Int
 
+from . import _backend
 from . import _names as N
 from ._backend import Model, attn_weight, kv_groups, per_head_inputs
 from ._state import preserve_state
 from .exact.certificate import require
+from .exact.postnorm import frozen_heads
 from .exact.validate import check_heads, check_layer, check_tokens
 from .hooks import replace_heads_with, store
 
@@ -48,7 +50,9 @@ def run_with_input(
     ``b_O`` with ``keep_biases=True``). Identity: on an attention-only model, keeping every head
     of the layers below ``layer`` **and** their biases (or a model whose ``b_O`` are zero, as the
     toy models') reproduces the clean run exactly; without the biases it does not where a ``b_O``
-    is nonzero. (With MLPs below ``layer`` their writes are never kept.)
+    is nonzero. (With MLPs below ``layer`` their writes are never kept.) On post-norm blocks (Gemma-2/3,
+    OLMo-2) a kept head's write, and a bias, pass the norm after its attention with that norm's scale
+    frozen at the run's (:func:`rs_interp.exact.postnorm.frozen_heads`).
 
     ``keep`` and ``heads`` are lists of ``(layer, head)`` pairs, as everywhere in rs_interp (a bare
     pair is one head; a head named twice is refused): ``keep`` the writers, before ``layer``;
@@ -84,10 +88,18 @@ def run_with_input(
 
     box: dict[str, torch.Tensor] = {}
     fwd = [(N.RESID0, store(box, "x0"))]
-    fwd += [(N.z(l), store(box, f"z{l}")) for l in sorted({l for l, _ in kept})]
+    post = _backend.has_post_norms(model)
+    fwd += [(N.z(l), store(box, f"z{l}")) for l in sorted({l for l, _ in kept} | (set(range(layer)) if post and keep_biases else set()))]
 
     def new_input(_: torch.Tensor) -> torch.Tensor:
         x = box["x0"]
+        if _backend.has_post_norms(model):  # each write through the norm after its attention, scale frozen
+            frozen = {l: frozen_heads(model, l, box[f"z{l}"], x.dtype) for l in {l for l, _ in kept}}
+            for lk, hk in kept:
+                x = x + frozen[lk][0][hk]
+            for lb in range(layer) if keep_biases else ():
+                x = x + frozen_heads(model, lb, box[f"z{lb}"], x.dtype)[1]
+            return x
         for lk, hk in kept:
             x = x + box[f"z{lk}"][:, :, hk, :] @ model.blocks[lk].attn.W_O[hk]
         if keep_biases:

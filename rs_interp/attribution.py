@@ -13,6 +13,7 @@ from . import _names as N
 from ._backend import Model, attn_weight, model_source
 from ._state import preserve_state
 from .exact.certificate import confirm, require
+from .exact.postnorm import attn_frozen, attn_post
 from .exact.readout import compute_dtype, d_vocab_out, final_norm, metric_of, unembed_direction
 from .exact.validate import check_target_pair, check_tokens
 from .hooks import store_matching
@@ -77,7 +78,9 @@ def direct_logit_attribution(
     models never add one to the stream), every head's write ``z W_O``, every layer's attention
     output bias and every MLP's output. Each is pushed through the final norm *with each token's
     scale frozen from the forward pass* (LN, LNPre, RMS, RMSPre or none; centering and the gain
-    are linear, the division by the scale is not), then through ``W_U``. **This is exact only with
+    are linear, the division by the scale is not), then through ``W_U``. On post-norm blocks (Gemma-2/3,
+    OLMo-2) a head's write is ``z W_O`` through the norm after the attention, its scale frozen too
+    (:mod:`rs_interp.exact.postnorm`), and the ``b_O`` term is the bias part through it. **This is exact only with
     the scale frozen**: it attributes the logits of the run you made, not of a run without the
     component. The LN bias and ``b_U`` are their own terms. The sum is checked against the run's
     own metric; float16/bfloat16 models are decomposed in float32.
@@ -123,11 +126,16 @@ def direct_logit_attribution(
         for l in range(cfg.n_layers):
             attn = model.blocks[l].attn
             z = box[N.z(l)].to(dt)
-            g_heads = einsum(g, attn.W_O.to(dt), "batch pos d_model, head_index d_head d_model -> batch pos head_index d_head")
+            # A post-norm block's heads write through its norm after the attention, its scale frozen: g read
+            # back through that too (rs_interp.exact.postnorm); its bias joins b_O's term
+            post = attn_post(model, l, dt)
+            g_l = g if post.kind is None else post.readout(g, attn_frozen(model, l, z, dt)[1])
+            g_heads = einsum(g_l, attn.W_O.to(dt), "batch pos d_model, head_index d_head d_model -> batch pos head_index d_head")
             labels += list(head_labels(cfg.n_layers, cfg.n_heads)[l * cfg.n_heads : (l + 1) * cfg.n_heads])
             out.append((z * g_heads).sum(-1).permute(2, 0, 1))  # (head, batch, pos)
             labels.append(bias_label(l))
-            out.append(dot(attn_weight(attn, "b_O", model.cfg.n_heads)))
+            out.append((attn_weight(attn, "b_O", model.cfg.n_heads).to(dt) * g_l).sum(-1)
+                       + (0.0 if post.bias is None else dot(post.bias)))
             if not cfg.attn_only:
                 labels.append(mlp_label(l))
                 out.append(dot(box[N.mlp_out(l)]))

@@ -11,7 +11,9 @@ components that write the final stream. The next order splits each head's part o
 the metric splits exactly over the sources upstream of layer ``l``: the embeddings, every earlier
 head, every earlier layer's attention bias and MLP, plus two constant terms of the head's own,
 ``"ln1.b"`` (``b_ln1 W_V W_O``) and ``"b_V"`` (``b_V W_O``). The contributions of a head's sources
-sum to its first-order attribution (checked at run time; tested to 1e-9 in float64). On
+sum to its first-order attribution (checked at run time; tested to 1e-9 in float64). On post-norm
+blocks (Gemma-2/3, OLMo-2) every write passes the norm after its sublayer with that norm's scale frozen
+too (:mod:`rs_interp.exact.postnorm`): a head's sources are then terms of ``P_lin(write_h)``. On
 attention-only models without LayerNorm the head -> head terms are Theorem 3's two-head paths.
 
 How it is computed without a (source x destination x batch x pos x d_model) tensor: the metric's
@@ -37,9 +39,10 @@ from einops import einsum
 from jaxtyping import Float, Int
 
 from . import _names as N
-from ._backend import Model, attn_weight, model_source, norm_of
+from ._backend import Model, attn_weight, model_source, pre_norm
 from ._state import preserve_state
 from .exact.certificate import confirm, require
+from .exact.postnorm import attn_frozen, attn_post, frozen_heads
 from .exact.readout import compute_dtype, d_vocab_out, final_norm, unembed_direction
 from .exact.stream import record
 from .exact.validate import check_int_range, check_positions, check_target_pair, check_tokens
@@ -149,7 +152,7 @@ def second_order_attribution(
             layer_of += [l] * (n_heads + 1)
             if not cfg.attn_only:
                 labels.append(mlp_label(l)), layer_of.append(l)
-        ln1 = [norm_of(model, getattr(model.blocks[l], "ln1", None)).to(dt) for l in range(L)]
+        ln1 = [pre_norm(model, l, "ln1").to(dt) for l in range(L)]
         has_ln1_bias = any(n.bias is not None for n in ln1)
         own = (["ln1.b"] if has_ln1_bias else []) + ["b_V"]
         n_src, B, Q = len(labels), tokens.shape[0], len(pos)
@@ -163,8 +166,13 @@ def second_order_attribution(
         for l in range(L):
             attn = model.blocks[l].attn
             z = box[N.z(l)].to(dt)
-            terms[:, i : i + n_heads] = torch.matmul(z.transpose(1, 2), attn.W_O.to(dt))  # z W_O, per head
-            terms[:, i + n_heads] = attn_weight(attn, "b_O", model.cfg.n_heads).to(dt)
+            if attn_post(model, l, dt).kind is None:
+                terms[:, i : i + n_heads] = torch.matmul(z.transpose(1, 2), attn.W_O.to(dt))  # z W_O, per head
+                terms[:, i + n_heads] = attn_weight(attn, "b_O", model.cfg.n_heads).to(dt)
+            else:  # post-norm blocks: through the norm after the attention, its scale frozen (rs_interp.exact.postnorm)
+                per_head, bias = frozen_heads(model, l, z, dt)
+                terms[:, i : i + n_heads] = per_head.transpose(0, 1)
+                terms[:, i + n_heads] = bias
             i += n_heads + 1
             if not cfg.attn_only:
                 terms[:, i], i = box[N.mlp_out(l)], i + 1
@@ -175,7 +183,9 @@ def second_order_attribution(
             attn = model.blocks[l].attn
             W_V, W_O = attn_weight(attn, "W_V", n_heads).to(dt), attn.W_O.to(dt)
             A = box[N.pattern(l)].to(dt)[:, :, q]  # (batch, head, Q, key)
-            u = einsum(g, W_O, W_V, "batch query d_model, head_index d_head d_model, head_index d_model_in d_head"
+            post = attn_post(model, l, dt)  # a post-norm block's heads write through it, its scale frozen
+            g_l = g if post.kind is None else post.readout(g, attn_frozen(model, l, box[N.z(l)], dt)[1][:, q])
+            u = einsum(g_l, W_O, W_V, "batch query d_model, head_index d_head d_model, head_index d_model_in d_head"
                        " -> batch head_index query d_model_in")  # W_V W_O g, per head
             # The head's own norm, scale frozen: its gain and centering move onto u (its transpose with
             # scale 1), 1/scale onto each key: (S / s) . u = (S . u) / s.
@@ -196,9 +206,9 @@ def second_order_attribution(
             b_V = attn_weight(attn, "b_V", n_heads).to(dt)  # (head, d_head)
             consts = [(ln1[l].bias if ln1[l].bias is not None else torch.zeros(cfg.d_model, dtype=dt)) @ W_V] if has_ln1_bias else []
             for j, c in enumerate(consts + [b_V]):
-                out[n_src + j, l] = torch.einsum("hd,hdm,bqm->hbq", c, W_O, g)
+                out[n_src + j, l] = torch.einsum("hd,hdm,bqm->hbq", c, W_O, g_l)
             z = box[N.z(l)].to(dt)[:, q]  # (batch, Q, head, d_head)
-            first[l] = torch.einsum("bqhd,hdm,bqm->hbq", z, W_O, g)
+            first[l] = torch.einsum("bqhd,hdm,bqm->hbq", z, W_O, g_l)
         out, first = out.flatten(1, 2), first.flatten(0, 1)
         skipped = skip[:, q]  # (batch, Q): skipped positions have no part, and are excluded from the check
         out, first = out.masked_fill(skipped, 0.0), first.masked_fill(skipped, 0.0)

@@ -6,6 +6,11 @@ force written here computes (plain hooks on the raw forward, autograd, PyTorch m
 the tolerance of the model's dtype and source, or a ValueError naming the identity that fails on the
 model, and it refuses only then (:func:`rs_interp.certify`). Never a raw error, never a wrong number.
 
+Post-norm blocks (Gemma-2/3, OLMo-2, issue 52): path patching's brute force patches a head through the
+norm after the attention, written out here (:func:`post_attention_norm`); the other brute forces read what
+the model does (node derivatives by autograd, the logits) and hold unchanged (tests/test_postnorm.py checks
+each post-norm definition on its own).
+
 The table of outcomes (family x helper) is written to ``$RS_INTERP_FAMILY_TABLE`` when set.
 """
 
@@ -201,19 +206,47 @@ def _shared_norm_patch(block, delta):
     return Handles()
 
 
+def post_attention_norm(model, layer):
+    """Layer ``layer``'s norm after the attention written out from the checkpoint (post-norm blocks: Gemma-2/3,
+    OLMo-2): RMSNorm ``x / sqrt(mean(x^2) + eps)`` times the gain, Gemma's ``1 + w`` (its stored offset) and
+    OLMo-2's ``w``, ``w`` and ``eps`` read off the Hugging Face module (3.x: its own module's ``w``, the config's
+    ``eps``); None where the block has none."""
+    olmo2_3x = getattr(model.cfg, "original_architecture", None) == "Olmo2ForCausalLM" and _backend.TL_MAJOR == 3
+    post = model.blocks[layer]._modules.get("ln1" if olmo2_3x else "ln1_post")  # 3.9's OLMo-2: after the sublayers at ln1
+    if post is None:
+        return None
+    hf = getattr(post, "original_component", None)
+    if hf is None:  # 3.x's own RMSNorm (its conversion adds Gemma's offset to w)
+        gain, eps = post.w.detach().to(torch.float64), model.cfg.eps
+    else:
+        w = hf.weight.detach().to(torch.float64)
+        gain = 1 + w if type(hf).__name__.startswith("Gemma") else w
+        eps = float(getattr(hf, "eps", getattr(hf, "variance_epsilon", None)))
+    return lambda x: gain * x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
 def path(model, toks, ref):
     """Two edges from L0H1, patched by hand: into the logits (the final norm's input gets the write's change)
     and into MLP1: its norm's input where the model has a norm of the MLP's own; in a parallel block with
     one norm for both sublayers, the MLP's input is that norm of the stream plus the change
-    (:func:`_shared_norm_patch`)."""
+    (:func:`_shared_norm_patch`). On a post-norm block the write's change is that of what the attention
+    adds to the stream when only L0H1's output is the reference's: ``P(r + d W_O) - P(r)``,
+    ``r = z W_O + b_O`` the attention's output before its norm ``P``."""
     blocks = model.blocks[1]
-    own_norm = "ln2" in blocks._modules and blocks.ln2 is not blocks._modules.get("ln1") and model.cfg.normalization_type
+    own_norm = ("ln2" in blocks._modules and blocks.ln2 is not blocks._modules.get("ln1") and model.cfg.normalization_type
+                and getattr(model.cfg, "original_architecture", None) != "Olmo2ForCausalLM")  # (3.9's OLMo-2: ln2 is after the MLP)
     shared = ("ln2" not in blocks._modules and "ln1" in blocks._modules and bool(model.cfg.normalization_type)
               and bool(getattr(model.cfg, "parallel_attn_mlp", False)))
     wanted = [("L0H1", "logits")] + ([("L0H1", "MLP1")] if (own_norm or shared) and not model.cfg.attn_only else [])
     pp = ri.path_patching(model, toks, metric, reference=ref, edges=wanted)
     z = "blocks.0.attn.hook_z"
-    delta = ((_record(model, ref, [z])[z] - _record(model, toks, [z])[z])[:, :, 1] @ model.blocks[0].attn.W_O[1]).detach()
+    z_run, attn = _record(model, toks, [z])[z], model.blocks[0].attn
+    delta = ((_record(model, ref, [z])[z] - z_run)[:, :, 1] @ attn.W_O[1]).detach()
+    post = post_attention_norm(model, 0)
+    if post is not None:
+        b_O = 0.0 if getattr(attn, "b_O", None) is None else attn.b_O.detach()
+        raw = (torch.einsum("bphd,hdm->bpm", z_run, attn.W_O.detach()) + b_O).to(torch.float64)
+        delta = post(raw + delta) - post(raw)
     with torch.no_grad():
         clean = float(metric(model(toks)))
     for edge in wanted:

@@ -211,3 +211,51 @@ def run_from(model: Model, x: torch.Tensor, *, start: int | None = None, stop: i
     if stop is None:
         return model(x, return_type="logits", **kwargs)
     return _impl.run_to(model, x, stop, **kwargs)
+
+
+#: The modules a post-norm block applies to its sublayers' outputs before they enter the stream (Gemma-2/3's
+#: ``post_attention_layernorm``/``post_feedforward_layernorm``, OLMo-2's), as both versions name them.
+POST_NORMS = ("ln1_post", "ln2_post")
+
+
+def _post_norm_names(model: Model) -> tuple[str, str]:
+    """Where a block keeps its norms after the sublayers: ``ln1_post``/``ln2_post`` (Gemma-2/3 on both versions,
+    OLMo-2 on 4.x); 3.x's OLMo-2 conversion (its ``POST_NORM_ARCHITECTURES``) puts them at ``ln1``/``ln2``,
+    with no norm before the sublayers."""
+    if TL_MAJOR == 3 and getattr(model.cfg, "original_architecture", None) in _impl._post_norm_architectures():
+        return ("ln1", "ln2")
+    return POST_NORMS
+
+
+def post_norms(model: Model, layer: int) -> tuple[Norm, Norm]:
+    """The norms block ``layer`` applies to its attention's and its MLP's output before adding them to the
+    stream (:class:`rs_interp.exact.norm.Norm`, as the model computes them), :data:`IDENTITY` where it has none.
+
+    >>> from rs_interp import make_attn_only
+    >>> post_norms(make_attn_only(1, normalization_type="LN"), 0) == (IDENTITY, IDENTITY)
+    True
+    """
+    block = model.blocks[layer]
+    return tuple(Norm(*norm_affine(model, m)) if isinstance(m := getattr(block, n, None), torch.nn.Module) else IDENTITY
+                 for n in _post_norm_names(model))
+
+
+def has_post_norms(model: Model) -> bool:
+    """Whether any block normalises a sublayer's output before it enters the stream (:func:`post_norms`)."""
+    return any(isinstance(getattr(block, n, None), torch.nn.Module) for block in model.blocks for n in _post_norm_names(model))
+
+
+def pre_norm(model: Model, layer: int, name: str) -> Norm:
+    """The norm block ``layer`` applies before a sublayer (``name``: ``"ln1"`` or ``"ln2"``): the identity on a
+    post-norm block that has none (OLMo-2 normalises only the sublayers' outputs: each reads the stream as is;
+    3.x keeps those at ``ln1``/``ln2``: :func:`_post_norm_names`).
+
+    Raises:
+        ValueError: the config says the model normalises, the block has no such norm and no post-norm either.
+    """
+    block = model.blocks[layer]
+    module = getattr(block, name, None)
+    posts = _post_norm_names(model)
+    if name in posts or (module is None and any(isinstance(getattr(block, n, None), torch.nn.Module) for n in posts)):
+        return IDENTITY
+    return norm_of(model, module)

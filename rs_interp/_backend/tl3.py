@@ -171,9 +171,13 @@ def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_
         with tempfile.TemporaryDirectory(prefix="rs_interp_hf_") as tmp:
             link = _linked_checkpoint(Path(source), Path(tmp) / "checkpoint")
             hf_model = AutoModelForCausalLM.from_pretrained(str(link), local_files_only=True, torch_dtype=dtype)
-            with _rope_fields_readable(link):
+            with _rope_fields_readable(link), _checkpoint_configs(link):
                 cfg = loading.get_pretrained_model_config(str(link), fold_ln=fold_ln, device="cpu", dtype=dtype)
             state = loading.get_pretrained_state_dict(str(link), cfg, hf_model=hf_model, dtype=dtype)
+            if (cfg.output_logits_soft_cap or -1) > 0:  # a shift of the logits before a soft-cap is not one after it
+                processing["center_unembed"] = False  # (4.x drops it too, with a warning)
+            if cfg.original_architecture in _post_norm_architectures():  # norms after the sublayers, at ln1/ln2 (OLMo-2):
+                processing.update(fold_ln=False, center_writing_weights=False)  # nothing to fold into the next weights
             model = Model(cfg, move_to_device=False)
             tables = {n: b.clone() for n, b in model.named_buffers() if "rotary" in n}
             model.load_and_process_state_dict(state, **processing)
@@ -194,6 +198,36 @@ def _linked_checkpoint(source, folder):
     for f in source.resolve().iterdir():
         os.symlink(f, folder / f.name)
     return folder
+
+
+def _post_norm_architectures() -> frozenset[str]:
+    """3.x's architectures whose blocks normalise only their sublayers' outputs (``POST_NORM_ARCHITECTURES``)."""
+    try:
+        from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+    except ImportError:  # a 3.x without them converts none of these families
+        return frozenset()
+    return frozenset(POST_NORM_ARCHITECTURES)
+
+
+@contextlib.contextmanager
+def _checkpoint_configs(folder) -> Iterator[None]:
+    """For the duration, 3.9's ``convert_hf_model_config`` answers for the families it converts only by hub
+    name (Gemma-2/3, OLMo-2) from the checkpoint's own config (:mod:`._tl3_configs`); itself for every other."""
+    from transformer_lens import loading_from_pretrained as loading
+    from transformers import AutoConfig
+
+    from ._tl3_configs import checkpoint_config
+
+    cfg = checkpoint_config(AutoConfig.from_pretrained(str(folder), local_files_only=True), str(folder))
+    if cfg is None:
+        yield
+        return
+    original = loading.convert_hf_model_config
+    loading.convert_hf_model_config = lambda name, **kwargs: dict(cfg)
+    try:
+        yield
+    finally:
+        loading.convert_hf_model_config = original
 
 
 @contextlib.contextmanager
@@ -256,6 +290,8 @@ def norm_affine(model: Model, norm: torch.nn.Module) -> tuple[str | None, torch.
     kind = model.cfg.normalization_type
     if kind is None:
         return None, None, None, 0.0
+    # the module's own kind where it says (a norm after a sublayer keeps its gain when the others are folded)
+    kind = {"LayerNorm": "LN", "LayerNormPre": "LNPre", "RMSNorm": "RMS", "RMSNormPre": "RMSPre"}.get(type(norm).__name__, kind)
     gain = getattr(norm, "w", None) if kind in ("LN", "RMS") else None
     bias = getattr(norm, "b", None) if kind == "LN" else None
     return norm_kind(kind in ("LN", "LNPre"), gain, bias), gain, bias, float(getattr(norm, "eps", model.cfg.eps))

@@ -1,7 +1,9 @@
 """Running a circuit (private, shared by :mod:`rs_interp.circuits.evaluation` and
 :mod:`rs_interp.circuits.acdc`): one forward pass in which every edge outside the circuit is
 ablated, each receiver's input moved by ``sum_s cut[s, r] (ablated_s - write_s)`` over its upstream
-senders ``s``, exactly (the real norm of the moved input, never a frozen one)."""
+senders ``s``, exactly (the real norm of the moved input, never a frozen one). On post-norm blocks a head's
+``ablated_s - write_s`` is the change in what its attention adds to the stream when only that head's output
+is replaced (:func:`rs_interp.exact.postnorm.patched_heads`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 from .. import _backend
 from .. import _names as N
 from .._backend import Model, attn_weight, per_head_inputs
+from ..exact.postnorm import patched_heads
 from ..exact.stream import readers
 from ..metrics import Metric, metric_value
 from ._substrate import INPUT_POINTS, record, sender_points
@@ -77,10 +80,10 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
         def fn(t: torch.Tensor, *, hook) -> None:
             d = (ablated[name] - t).to(torch.float64)
             i = filled[0]
-            if name.endswith("hook_z"):
-                W_O = model.blocks[layer].attn.W_O.detach().to(torch.float64)
-                D[i : i + W_O.shape[0]] = torch.einsum("bphd,hdm->hbpm", d, W_O)
-                filled[0] += W_O.shape[0]
+            if name.endswith("hook_z"):  # a post-norm block's head: the exact change through the norm after it
+                H = model.blocks[layer].attn.W_O.shape[0]
+                D[i : i + H] = patched_heads(model, layer, t, d, torch.float64)
+                filled[0] += H
             else:
                 D[i] = d
                 filled[0] += 1
@@ -111,7 +114,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
         b = attn_weight(attn, f"b_{r.kind.upper()}", cfg.n_heads).detach()  # (head, d_head)
         if len(cols) != cfg.n_heads:  # one per KV head: query head h reads KV head h // group
             W, b = W[:: cfg.n_heads // len(cols)], b[:: cfg.n_heads // len(cols)]
-        norm = _backend.norm_of(model, model.blocks[r.layer].ln1)
+        norm = _backend.pre_norm(model, r.layer, "ln1")
 
         def fn(t: torch.Tensor, *, hook) -> torch.Tensor | None:
             n = filled[0]

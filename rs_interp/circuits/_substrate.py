@@ -22,6 +22,7 @@ from .. import _backend
 from .. import _names as N
 from .._backend import Model
 from .._progress import bar
+from ..exact.postnorm import attn_post, linearised_heads, patched_heads
 from ..exact.stream import RESID0, record  # noqa: F401  (record: the circuit methods read it here)
 from ..exact.validate import check_int_range, check_tokens
 from ..metrics import Metric
@@ -74,9 +75,14 @@ def n_senders(model: Model) -> int:
     return 1 + cfg.n_layers * (cfg.n_heads + (not cfg.attn_only))
 
 
-def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor]) -> torch.Tensor:
+def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], *, patched: bool = False,
+           at: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """(sender, batch, pos, d_model) float64: each sender's ``write_ref - write``, in the graph's
-    order, written into one buffer (the heads' writes by one batched product per layer)."""
+    order, written into one buffer (the heads' writes by one batched product per layer). On a post-norm
+    block a head's change passes the norm after the attention (:mod:`rs_interp.exact.postnorm`): to first
+    order, its Jacobian at the run (the gradient methods), or ``patched``, the exact change of what the
+    attention adds to the stream when only that head is patched (path patching). ``at``: the heads' outputs
+    of the pass whose Jacobian is taken (an integrated-gradients point; default the run's)."""
     cfg = model.cfg
     shape = ref[RESID0].shape
     out = torch.empty(n_senders(model), *shape, dtype=torch.float64)
@@ -87,7 +93,11 @@ def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tens
         delta = (ref[z] - run[z]).to(torch.float64)  # (batch, pos, head, d_head)
         W_O = model.blocks[l].attn.W_O.detach().to(torch.float64)  # (head, d_head, d_model)
         H = W_O.shape[0]
-        torch.bmm(delta.flatten(0, 1).transpose(0, 1), W_O, out=out[i : i + H].view(H, -1, shape[-1]))
+        if attn_post(model, l, torch.float64).kind is not None:
+            out[i : i + H] = (patched_heads(model, l, run[z], delta, torch.float64) if patched
+                              else linearised_heads(model, l, (run if at is None else at)[z], delta, torch.float64))
+        else:
+            torch.bmm(delta.flatten(0, 1).transpose(0, 1), W_O, out=out[i : i + H].view(H, -1, shape[-1]))
         i += H
         if not cfg.attn_only:
             m = f"blocks.{l}.hook_mlp_out"

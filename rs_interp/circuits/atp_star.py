@@ -221,7 +221,7 @@ def _by_replicas(model: Model, tokens: torch.Tensor, l: int, box: dict, delta: t
 
 def _norm(model: Model, l: int, x: torch.Tensor) -> torch.Tensor:
     """Layer ``l``'s first norm as it computes (:func:`rs_interp._backend.norm_of`), in ``x``'s dtype."""
-    return _backend.norm_of(model, model.blocks[l].ln1).to(x.dtype).apply(x)
+    return _backend.pre_norm(model, l, "ln1").to(x.dtype).apply(x)
 
 
 def _pattern(model: Model, l: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

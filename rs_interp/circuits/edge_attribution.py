@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 from jaxtyping import Float, Int
 
+from .. import _backend
 from .._backend import Model
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -103,11 +104,13 @@ def check_options(ig_steps: int | None, qk_fix: bool, grad_drop: bool, correctio
                          "bootstrap the plain or QK-fixed estimate instead")
 
 
-def _writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], dt: torch.dtype) -> torch.Tensor:
+def _writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], dt: torch.dtype,
+            at: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """(sender, batch, pos, d_model) in ``dt``: :func:`rs_interp.circuits._substrate.writes` (each
-    sender's ``write_ref - write``, in the graph's order) in the dtype the contraction runs in."""
-    if dt == torch.float64:
-        return writes(model, ref, run)
+    sender's ``write_ref - write``, in the graph's order) in the dtype the contraction runs in; on
+    post-norm blocks through the norm's Jacobian at the pass whose heads output ``at`` (default the run)."""
+    if dt == torch.float64 or _backend.has_post_norms(model):
+        return writes(model, ref, run, at=at).to(dt)
     cfg = model.cfg
     shape = ref[RESID0].shape
     out = torch.empty(n_senders(model), *shape, dtype=dt, device=ref[RESID0].device)
@@ -236,6 +239,11 @@ def edge_attribution_patching(
     drops = [None] + (check_drop_layers(model) if grad_drop else [])
     cert = require(model, "edge_attribution_patching")
     hessian = correction == "hessian"
+    if hessian and _backend.has_post_norms(model):
+        raise ValueError("correction='hessian' is not defined on post-norm blocks here: a head's edge writes through the "
+                         "norm after its attention, whose curvature along the head's own change (P''(r)[d W_O, d W_O], shared "
+                         "by every receiver) the edge's second-order term would have to split over receivers; use the plain "
+                         "or integrated-gradients estimate, or path patching (exact)")
     layout = edge_layout(model)
     B = tokens.shape[0]
     shape = (B if per_example else 1, len(layout.senders), len(layout.receivers))
@@ -258,6 +266,10 @@ def edge_attribution_patching(
         # pos * d_model terms, and those results are added in float64 (_contract).
         dt = torch.float64 if qk_fix else compute_dtype(model)
         pending: list = []  # one layer's readers' gradients, contracted together (_flush)
+        post_norm = _backend.has_post_norms(model)
+        here: dict[str, torch.Tensor] = {}  # post-norm blocks, away from the run: this pass's heads' outputs
+        built: list = [None]  # the pass the writes were built for
+        now_pass = lambda: (state["drop"], state["point"])  # noqa: E731
         key: list = [None]
         rows = max(sum(len(r.labels) for r in readers(model) if r.layer == l) for l in range(model.cfg.n_layers))
         grads: list[torch.Tensor] = []  # (rows, batch * pos * d_model): the pending gradients, reused
@@ -266,12 +278,16 @@ def edge_attribution_patching(
             # The senders upstream of a receiver are a contiguous prefix of the writes: one matrix
             # product over (batch, pos, d_model) against the gradients of a layer's readers, with no copy of them.
             if not stack:  # built once, when the first gradient arrives (the forward is over)
-                stack.append(_writes(model, ref, run, dt))
+                stack.append(_writes(model, ref, run, dt, at=here or None))
                 grads.append(torch.empty(rows, stack[0][0].numel(), dtype=dt, device=stack[0].device))
+                built[0] = now_pass()
             now = (reader.layer, state["drop"], state["point"], state["phase"])
             if now != key[0]:
                 _flush(pending, grads)
                 key[0] = now
+                if here and built[0] != now_pass():  # post-norm heads: the Jacobian at this pass's point
+                    stack[0] = _writes(model, ref, run, dt, at=here)
+                    built[0] = now_pass()
             at = sum(len(p[4]) for p in pending)
             G = grads[0][at : at + len(reader.labels)]
             fill(G)
@@ -289,6 +305,8 @@ def edge_attribution_patching(
             return watched(z, keep)
 
         fwd = (store_matching(run, model, points) if plain_run else []) + ([(lambda n: n.endswith("attn.hook_z"), on_z)] if qk_fix else [])
+        if post_norm and not plain_run:  # each pass's heads' outputs: where its post-norms' Jacobians are taken
+            fwd += store_matching(here, model, lambda n: n.endswith("attn.hook_z"))
         for d, layer in enumerate(drops):
             state["drop"] = d
             wanted = readers(model, projected=not hessian)

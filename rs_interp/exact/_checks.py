@@ -12,7 +12,7 @@ import torch
 
 from .. import _backend
 from .. import _names as N
-from .._backend import Model, attn_weight, logit_softcap, norm_of
+from .._backend import Model, attn_weight, logit_softcap
 from ..hooks import store_matching
 from .readout import d_vocab_out, readout
 
@@ -95,8 +95,9 @@ class _Worst:
             self.gap, self.where = gap, where
 
 
-def _normed(model: Model, module: torch.nn.Module | None, x: torch.Tensor) -> torch.Tensor:
-    return norm_of(model, module).to(torch.float64).apply(x.to(torch.float64))
+def _normed(model: Model, l: int, name: str, x: torch.Tensor) -> torch.Tensor:
+    """Layer ``l``'s norm ``name`` (``"ln1"``, ``"ln2"``) of ``x`` in float64 (:func:`rs_interp._backend.pre_norm`)."""
+    return _backend.pre_norm(model, l, name).to(torch.float64).apply(x.to(torch.float64))
 
 
 def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -198,7 +199,7 @@ def _projected(model: Model, box: dict, l: int, which: str, heads: int, x: torch
 def values(model: Model, box: dict) -> tuple[float, str]:
     cfg, worst = model.cfg, _Worst()
     for l in range(cfg.n_layers):
-        x = _normed(model, getattr(model.blocks[l], "ln1", None), get(box, N.resid_pre(l)))
+        x = _normed(model, l, "ln1", get(box, N.resid_pre(l)))
         v = get(box, N.v(l))
         v_hand = _projected(model, box, l, "v", v.shape[2], x)
         z_hand = torch.einsum("bhqk,bkhd->bqhd", get(box, N.pattern(l)).to(torch.float64), _per_query_head(v.to(torch.float64), cfg.n_heads))
@@ -213,7 +214,7 @@ def scores(model: Model, box: dict) -> tuple[float, str]:
         return float("inf"), ("the model normalises its queries and keys (use_qk_norm, or a q_norm in the attention): "
                               "the score is not a bilinear form of the stream, so no reading of it from the weights is the model's")
     for l in range(cfg.n_layers):
-        x = _normed(model, getattr(model.blocks[l], "ln1", None), get(box, N.resid_pre(l)))
+        x = _normed(model, l, "ln1", get(box, N.resid_pre(l)))
         q = _projected(model, box, l, "q", cfg.n_heads, x)
         k = _projected(model, box, l, "k", get(box, N.k(l)).shape[2], x)
         if cfg.positional_embedding_type == "rotary":
@@ -231,7 +232,7 @@ def scores(model: Model, box: dict) -> tuple[float, str]:
 def projections(model: Model, box: dict, layers: set[int]) -> tuple[float, str]:
     worst = _Worst()
     for l in sorted(layers):
-        x = _normed(model, getattr(model.blocks[l], "ln1", None), get(box, N.resid_pre(l)))
+        x = _normed(model, l, "ln1", get(box, N.resid_pre(l)))
         for which in "qkv":
             got = get(box, N.projection(l, which))
             worst.see(rel(got, _projected(model, box, l, which, got.shape[2], x)), f"layer {l}'s hook_{which}")
@@ -244,7 +245,7 @@ def mlp_reads(model: Model, box: dict) -> tuple[float, str]:
     parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
     for l in range(cfg.n_layers):
         x = get(box, N.resid_pre(l) if parallel else N.resid_mid(l))
-        worst.see(rel(get(box, f"mlp_in {l}"), _normed(model, getattr(model.blocks[l], "ln2", None), x)), f"layer {l}")
+        worst.see(rel(get(box, f"mlp_in {l}"), _normed(model, l, "ln2", x)), f"layer {l}")
     return worst.gap, (f"an MLP does not read ln2 of the stream before it ({worst.where}): what a transcoder reads at "
                        "ln2.hook_normalized or hook_resid_mid is not the MLP's input (a hook on the way, or a norm the "
                        "model places elsewhere)")
@@ -255,7 +256,9 @@ def mlp_writes(model: Model, box: dict) -> tuple[float, str]:
     for l in range(model.cfg.n_layers):
         written = get(box, N.mlp_out(l))
         worst.see(rel(written, get(box, f"mlp_write {l}")), f"layer {l}: a hook on hook_mlp_out")
-        worst.see(rel(written, get(box, f"mlp_out {l}")), f"layer {l}: between the MLP module and hook_mlp_out")
+        post = _backend.post_norms(model, l)[1]  # post-norm blocks: the norm after the MLP, as the model computes it
+        own = post.to(torch.float64).apply(get(box, f"mlp_out {l}").to(torch.float64))
+        worst.see(rel(written, own), f"layer {l}: between the MLP module and hook_mlp_out")
     return worst.gap, (f"what enters the stream is not the MLP's own output ({worst.where} changes it; or a norm after the "
                        "MLP): a feature's write through a transcoder would miss that change")
 

@@ -11,9 +11,10 @@ import torch
 
 from .. import _backend
 from .. import _names as N
-from .._backend import Model, attn_weight, run_from
+from .._backend import Model, run_from
 from . import _checks as C
 from ._checks import MODEL_ERRORS, Identity, Missing, get, judge, rel
+from .postnorm import frozen_heads
 from .stream import Reader, reader_gradients, readers, watched
 
 __all__: list[str] = []
@@ -233,14 +234,13 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
     def heads() -> tuple[float, str]:
         worst, where = 0.0, ""
         for l in range(L):
-            attn = model.blocks[l].attn
-            z = get(box, N.z(l)).to(torch.float64)
-            want = torch.einsum("bphd,hdm->bpm", z, attn.W_O.detach().to(torch.float64)) + attn_weight(attn, "b_O", cfg.n_heads).detach().to(torch.float64)
-            gap = rel(get(box, N.attn_out(l)), want)
+            per_head, bias = frozen_heads(model, l, get(box, N.z(l)), torch.float64)  # z W_O (post-norm: scale frozen)
+            gap = rel(get(box, N.attn_out(l)), per_head.sum(0) + bias)
             if gap > worst:
                 worst, where = gap, f"layer {l}"
-        return worst, (f"the heads' z W_O + b_O are not attn_out ({where}): a head's write is not what its z says "
-                       "(a norm after the attention?)")
+        post = " through the post-attention norm, its scale frozen," if _backend.has_post_norms(model) else ""
+        return worst, (f"the heads' z W_O + b_O{post} are not attn_out ({where}): a head's write is not what its z says "
+                       "(a norm after the attention that rs_interp does not read?)")
 
     def z_on_path() -> tuple[float, str]:
         # on the path iff its gradient is computed at all (0 is a gradient: a head nothing downstream reads)

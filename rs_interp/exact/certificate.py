@@ -65,9 +65,10 @@ _HOOKED = "remove the hooks that change what they see (model.reset_hooks(), or t
 #: What to do where an identity fails, said in every refusal.
 REMEDIES: dict[str, str] = {
     "embedding": "a model that scales or normalises its embedding before block 0 has no exact split here",
-    "stream": f"{_HOOKED}; a model with a norm after each sublayer has no exact split of the stream here",
+    "stream": f"{_HOOKED}; a norm after a sublayer that hook_attn_out or hook_mlp_out does not include has no exact split "
+              "of the stream here",
     "z": f"{_HOOKED}; on a Hugging Face-booted bridge, try the other TransformerLens version",
-    "heads": f"{_HOOKED}; a norm after the attention (post-norm blocks) makes a head's write other than z W_O",
+    "heads": f"{_HOOKED}; a norm after the attention other than the block's ln1_post makes a head's write other than z W_O",
     "values": _HOOKED,
     "scores": f"{_HOOKED}; query/key norms, soft-capped or biased scores and sliding windows have no reading of the score "
               "from the weights alone: use an activation-based helper (attribution or path patching, key_score_sensitivity "
@@ -78,7 +79,7 @@ REMEDIES: dict[str, str] = {
     "readers": f"{_HOOKED}; otherwise the bridge reads the stream outside the graph's receivers: try the other "
                "TransformerLens version",
     "mlp reads": _HOOKED,
-    "mlp writes": f"{_HOOKED}; a norm after the MLP is not yet frozen by the feature graph",
+    "mlp writes": f"{_HOOKED}; a norm after the MLP other than the block's ln2_post is not one the feature graph reads",
     "mlp weights": f"{_HOOKED}; train a transcoder instead (features.train_transcoder)",
     "readout": f"{_HOOKED}; a step after the unembedding rs_interp does not read has no exact split",
     "vocabulary": "make cfg.d_vocab_out the number of columns of W_U (model.cfg.d_vocab_out = model.W_U.shape[-1])",
@@ -237,8 +238,14 @@ def _attached(model: Model) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _configuration(cfg) -> dict[str, tuple[str, ...]]:
-    found = {c: has(cfg) for c, has in CONFIGURATIONS.items()}
+#: Configurations read off the model's modules (4.x's config does not say a block is post-norm).
+MODULE_CONFIGURATIONS = {
+    "post-norm blocks": lambda model: "a norm after each sublayer (ln1_post, ln2_post)" if _backend.has_post_norms(model) else None,
+}
+
+
+def _configuration(model: Model) -> dict[str, tuple[str, ...]]:
+    found = {c: has(model.cfg) for c, has in CONFIGURATIONS.items()} | {c: has(model) for c, has in MODULE_CONFIGURATIONS.items()}
     return {"configuration": tuple(c for c, v in found.items() if v is not None),
             "details": tuple(v for v in found.values() if v is not None)}
 
@@ -270,7 +277,7 @@ def certify(model: Model, *, refresh: bool = False) -> Certificate:
                           else Identity("source", noted[0] <= noted[1], noted[0], noted[1], "the model is not its checkpoint's function"))
     cert = Certificate(identities=tuple(measured[name] for name in IDENTITIES), source=_backend.model_source(model),
                        dtype=model.cfg.dtype, hooks=hooks,
-                       **_configuration(model.cfg))
+                       **_configuration(model))
     if key is not None:
         model.__dict__[_CACHE] = (key, cert)
     return cert

@@ -17,7 +17,8 @@ IDENTITIES: dict[str, str] = {
     "stream": "each block adds its outputs: resid_pre + attn_out = resid_mid, resid_mid + mlp_out = resid_post "
               "(parallel: resid_pre + attn_out + mlp_out = resid_post); resid_post = the next resid_pre",
     "z": "hook_z is on the forward path (the heads' outputs are made from it)",
-    "heads": "the heads' z W_O, summed, plus b_O are attn_out (a head writes z W_O into the stream)",
+    "heads": "the heads' z W_O, summed, plus b_O are attn_out (a head writes z W_O into the stream; on post-norm blocks "
+             "through the norm after the attention, its scale frozen: gain * (z W_O) / s)",
     "values": "each head's z is its pattern times ln1(resid_pre) W_V + b_V",
     "scores": "each head's pattern is the causal softmax of q k^T / scale, q and k ln1(resid_pre) W + b (rotated on "
               "rotary models): the attention score is the bilinear form of the stream the weights say",
@@ -29,8 +30,8 @@ IDENTITIES: dict[str, str] = {
                "of the stream: their gradients add up to the stream's",
     "mlp reads": "each MLP reads ln2(resid_mid) (parallel blocks: ln2(resid_pre)), the norm as the model computes it: "
                  "what a transcoder reads at ln2.hook_normalized (with the gain and bias) or hook_resid_mid is the MLP's input",
-    "mlp writes": "what enters the stream from each MLP (hook_mlp_out) is the MLP module's own output: no hook or norm "
-                  "between the MLP and the stream changes it",
+    "mlp writes": "what enters the stream from each MLP (hook_mlp_out) is the MLP module's own output (post-norm blocks: "
+                  "the norm after the MLP of it): no hook or other norm between the MLP and the stream changes it",
     "mlp weights": "each MLP's output is its weights' function of its input, W_out act(W_in x + b_in) + b_out "
                    "(gated: (act(x W_gate) * (x W_in) + b_in) W_out + b_out on 3.x, b_in inside the product on 4.x)",
     "readout": "the logits are the unembedding of the final norm of the final stream (soft-cap included)",
@@ -155,6 +156,9 @@ CONDITIONS: dict[str, str] = {
     "not rotary": "the score of the query and key biases alone depends on the offset only under rotary positions",
     "attention-only": "there is no MLP for transcoders to replace",
     "parallel blocks": "the MLP reads the block's input, not the stream after the attention (no replacement is defined)",
+    "post-norm blocks": "a head's write is z W_O times gain / s, s the scale of its whole attention's output at each token "
+                        "(the norm after the sublayer): no product of weights alone is what one head passes on; and what "
+                        "an MLP writes is the norm of its neurons' sum, which its neurons alone are not a transcoder of",
     "not plain ReLU MLPs": "the neurons of a gated or non-ReLU MLP are not a transcoder (train one: features.train_transcoder)",
 }
 
@@ -166,6 +170,9 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "path_expansion": ("MLPs or a norm",),
     "path_logit_attribution": ("MLPs or a norm",),
     "positional_scores": ("not rotary",),
+    "composition_scores": ("post-norm blocks",),
+    "virtual_weight": ("post-norm blocks",),
+    "copying_scores": ("post-norm blocks",),
     "features.attribution_graph": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.intervene": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.qk_attributions": ("attention-only", "parallel blocks", "soft-capped logits"),
@@ -173,5 +180,5 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "features.train_transcoder": ("attention-only",),
     "features.transcoder_metrics": ("attention-only",),
     "features.train_clt": ("attention-only",),
-    "features.mlp_transcoders": ("attention-only", "not plain ReLU MLPs"),
+    "features.mlp_transcoders": ("attention-only", "not plain ReLU MLPs", "post-norm blocks"),
 }

@@ -118,6 +118,25 @@ class Norm:
             dx = dx - g.mean(-1, keepdim=True)
         return dx / s
 
+    def jvp(self, v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The norm's real (unfrozen) Jacobian at ``x`` applied to a change ``v`` (both (..., d_model)):
+        ``gain * (c(v) - n mean(n c(v))) / s`` with ``n = c(x) / s``, the first-order change of ``N(x + v)``.
+
+        >>> x, v = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+        >>> norm = Norm("RMS", torch.rand(8, dtype=torch.float64), None, 1e-6)
+        >>> _, auto = torch.func.jvp(norm.apply, (x,), (v,))
+        >>> bool(torch.allclose(norm.jvp(v, x), auto))
+        True
+        """
+        if self.kind is None:
+            return v
+        c = self.centre(x)
+        s = (c.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        n = c / s
+        cv = self.centre(v)
+        dy = (cv - n * (n * cv).mean(-1, keepdim=True)) / s
+        return dy if self.gain is None else dy * self.gain.to(dy.dtype)
+
     def through_projection(self, W: torch.Tensor) -> Callable[..., torch.Tensor]:
         """:meth:`input_gradient` behind a per-head projection ``y_h = N(x) W_h`` (``W``: (head, d_model,
         d_head)), fused: the returned ``f(grad, x, out=None)`` maps the gradient at ``y`` (head, row,

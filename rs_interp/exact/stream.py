@@ -106,7 +106,7 @@ def _through_projection(model: Model, reader: Reader, stream: dict[int, torch.Te
     W = attn_weight(model.blocks[l].attn, f"W_{x.upper()}", cfg.n_heads).detach().to(dt)  # (head, d_model, d_head)
     if len(reader.labels) != cfg.n_heads:
         W = W[:: cfg.n_heads // len(reader.labels)]  # one per KV head: query head h reads KV head h // group
-    through = _backend.norm_of(model, model.blocks[l].ln1).to(dt).through_projection(W)
+    through = _backend.pre_norm(model, l, "ln1").to(dt).through_projection(W)
 
     def to_input(grad: torch.Tensor, out: torch.Tensor) -> None:
         g = grad.to(dt).flatten(0, 1).transpose(0, 1)  # (head, row, d_head)

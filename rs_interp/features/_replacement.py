@@ -14,6 +14,11 @@ outputs to every transcoder input and to the final stream is then *linear*. Two 
 
 Both read hooks every TransformerLens version has (``attn.hook_pattern``, ``ln*.hook_scale``,
 ``ln2.hook_normalized`` or ``hook_resid_mid``, ``hook_mlp_out``, ``hook_embed``, ``unembed.hook_in``).
+
+On post-norm blocks (Gemma-2/3, OLMo-2) the scales frozen include those of the norms after the attention
+and the MLP (``ln1_post.hook_scale``, ``ln2_post.hook_scale``), so a head's write is its frozen-scale write
+(:mod:`rs_interp.exact.postnorm`), and a transcoder replaces the MLP with its norm after it: it writes at
+``hook_mlp_out``, what enters the stream (circuit-tracer's Gemma-2 transcoders write there too).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .._backend import Model, Stop, norm_of, with_dtype
+from .._backend import Model, Stop, pre_norm, with_dtype
 from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
@@ -68,7 +73,7 @@ def working_set(transcoders: TranscoderSet, dtype: torch.dtype) -> TranscoderSet
 def input_hook(model: Model, transcoders: TranscoderSet, layer: int) -> str:
     """The hook point the transcoder input of ``layer`` is read from (see :func:`finish_input`)."""
     point = transcoders.input_point
-    if point == "hook_resid_mid" or (point == "mlp.hook_in" and model.cfg.normalization_type is None):
+    if point == "hook_resid_mid" or (point == "mlp.hook_in" and pre_norm(model, layer, "ln2").kind is None):
         return f"blocks.{layer}.hook_resid_mid"
     return f"blocks.{layer}.ln2.hook_normalized"
 
@@ -77,9 +82,10 @@ def finish_input(model: Model, transcoders: TranscoderSet, layer: int, t: torch.
     """The transcoder input from :func:`input_hook`'s tensor: TransformerLens's ``hook_normalized``
     precedes the norm's gain and bias, which the MLP's input has (the gain as the model applies it:
     :func:`rs_interp._backend.norm_of`; the certificate's ``mlp reads`` checks it is what the MLP reads)."""
-    if transcoders.input_point != "mlp.hook_in" or model.cfg.normalization_type is None:
+    norm = pre_norm(model, layer, "ln2")  # the identity on a post-norm block with none before its MLP (OLMo-2)
+    if transcoders.input_point != "mlp.hook_in" or norm.kind is None:
         return t
-    return norm_of(model, model.blocks[layer].ln2).affine(t)
+    return norm.affine(t)
 
 
 def freeze_names(model: Model) -> list[str]:

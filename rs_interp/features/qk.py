@@ -25,7 +25,9 @@ backward passes batched in one (``is_grads_batched``), as the graph's rows do.
 The **head loadings** of an attention edge ``(layer, head, query, key)``: its write into the stream at
 ``query``, ``o = pattern[query, key] v_key W_O[head]``, is also affine in the sources (the values are
 read through the frozen ``ln1``), ``o = sum_s o_s``; node ``s``'s loading is ``o_s . o / |o|^2``, its
-share of the write along it (the loadings sum to 1).
+share of the write along it (the loadings sum to 1). On post-norm blocks the write is ``P_lin(o)``, ``o``
+through the norm after the attention with its scale frozen (:mod:`rs_interp.exact.postnorm`), and the
+loadings are ``P_lin(o_s) . P_lin(o) / |P_lin(o)|^2``.
 
 :func:`top_attention` picks a graph's attention edges: those whose write moves the graph's logit
 nodes (weighted by their probabilities, as the graph's influence is) most in the frozen model,
@@ -48,6 +50,7 @@ from .. import _names as N
 from .._backend import Model
 from .._format import Top
 from ..exact.certificate import confirm
+from ..exact.postnorm import attn_frozen, attn_post
 from . import _conventions as C
 from . import _replacement as R
 from .attribution import Rows, active_nodes
@@ -230,7 +233,7 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
     if not edges:
         return ()
     layers = sorted({e[0] for e in edges})
-    names = [N.projection(l, w) for l in layers for w in "qkv"]
+    names = [N.projection(l, w) for l in layers for w in "qkv"] + [N.z(l) for l in layers]
     tokens = graph.tokens
     n_nodes = graph.n_nodes - graph.n_logits
     labels = graph.labels()[:n_nodes] + EXTRA_SOURCES
@@ -277,7 +280,13 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
                 pattern = seen[N.pattern(layer)][head, q, k]
                 W_O = _backend.attn_weight(model.blocks[layer].attn, "W_O", cfg.n_heads)[head].detach()
                 o = pattern * seen[vn][k, kv] @ W_O
-                along = pattern * (W_O @ (o / (o @ o).clamp(min=torch.finfo(o.dtype).tiny)))
+                post = attn_post(model, layer, o.dtype)
+                if post.kind is None:
+                    along = pattern * (W_O @ (o / (o @ o).clamp(min=torch.finfo(o.dtype).tiny)))
+                else:  # a post-norm block: the write is o through the norm after the attention, its scale frozen
+                    s = attn_frozen(model, layer, seen[N.z(layer)][None], o.dtype)[1][0, q]
+                    w = post.linear(o, s)
+                    along = pattern * (W_O @ post.readout(w / (w @ w).clamp(min=torch.finfo(w.dtype).tiny), s))
                 loadings = parts(vn, k, kv, along)[:, 0]
                 out.append(QKAttribution(layer, head, q, k, float(score), float(pattern), Q.detach(), K.detach(),
                                          loadings.detach(), labels, tokens, n_nodes))
