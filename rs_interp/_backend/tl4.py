@@ -30,7 +30,7 @@ from ._tl4_native import (
     _refuse_unbuilt,
     _rotary_perm,
     _rotary_tables_in_model_dtype,
-    _tl3_order,
+    _tl3_init,
     has_split_inputs,
     is_native_attention,
 )
@@ -165,24 +165,6 @@ def reinitialise(model: Model) -> None:
     _tl3_init(model)
 
 
-def _tl3_init(model: Model) -> None:
-    """Initialise ``model`` as HookedTransformer's GPT-2 scheme would from the same RNG state (``N(0,
-    initializer_range)`` for every ``W_*`` in its order, gains one, biases zero): a seed gives the same
-    model under both versions. (Gated MLPs, whose native layout differs, keep the native initialisation.)"""
-    cfg, state = model.cfg, portable_state(model)
-    order = _tl3_order(cfg)
-    if cfg.gated_mlp or set(order) != set(state) or cfg.init_mode != "gpt2":
-        return
-    for name in order:
-        leaf = name.rsplit(".", 1)[-1]
-        t = state[name]
-        if leaf.startswith("W_"):
-            state[name] = torch.empty(t.shape, dtype=t.dtype).normal_(0.0, cfg.initializer_range)
-        else:
-            state[name] = torch.ones_like(t) if leaf == "w" else torch.zeros_like(t)
-    load_portable_state(model, state)
-
-
 # --- the one checkpoint format ------------------------------------------------------------------
 
 def is_hf_booted(model: Model) -> bool:
@@ -206,6 +188,11 @@ def portable_state(model: Model) -> dict[str, torch.Tensor]:
         ValueError: a Hugging Face-booted bridge other than GPT-2 (its rotary layout, parallel
             blocks and missing biases have no portable form here).
     """
+    return {k: v.detach().clone().contiguous() for k, v in _portable_views(model).items()}
+
+
+def _portable_views(model: Model) -> dict[str, torch.Tensor]:
+    """:func:`portable_state` before its copy: views of the parameters (a permuted copy under rotary)."""
     cfg, out = model.cfg, {}
     if is_hf_booted(model) and getattr(cfg, "architecture", None) != "GPT2LMHeadModel":
         raise ValueError(f"this model is a Hugging Face {getattr(cfg, 'architecture', 'model')} booted by TransformerLens "
@@ -244,11 +231,12 @@ def portable_state(model: Model) -> dict[str, torch.Tensor]:
         raise ValueError(f"the unembedding bias is nonzero (max |b_U| {model.b_U.abs().max().item():.3g}; folding the "
                          f"final LayerNorm's bias puts it there): TransformerLens {TL_VERSION}'s native models, which "
                          "rs_interp's checkpoints build, have none; save it from TransformerLens 3.x, or load it with fold_ln=False")
-    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+    return out
 
 
-def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
-    """Load a portable state dict (buffers optional) into the bridge, in place.
+def load_portable_state(model: Model, state: dict[str, torch.Tensor], strict: bool = True) -> set[str]:
+    """Load a portable state dict (buffers optional) into the bridge, in place; the bridge's keys loaded
+    (``strict=False``: some of the parameters, the others kept; a key not the bridge's still refused).
 
     Raises:
         ValueError: a nonzero unembedding bias (native bridges have none).
@@ -275,7 +263,10 @@ def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
     converted = {k: v.to(own[k].dtype) for k, v in converted.items()}
     if "unembed.bias" in own and "unembed.bias" not in converted:
         converted["unembed.bias"] = torch.zeros_like(own["unembed.bias"])
-    model.load_state_dict(converted, strict=True)
+    unexpected = model.load_state_dict(converted, strict=strict).unexpected_keys
+    if unexpected:
+        raise ValueError(f"not this model's parameters: {unexpected}")
+    return set(converted)
 
 
 # --- parameters and modules called directly ----------------------------------------------------
