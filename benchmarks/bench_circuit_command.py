@@ -12,14 +12,15 @@ peak resident memory read from the kernel when it exits (``os.wait4``: what ``/u
   of two, the first call also warming up the model's certificate): a plain forward pass to the logits
   (``forward``), a forward pass to the last sender and no further (``record``: the reference's writes,
   :func:`rs_interp.circuits._substrate.record`), edge attribution patching's forward and backward pass
-  (``gradient``: the helper's time less its ``record``), and a circuit's ablated pass (``circuit``: the mean
-  of the empty circuit and the circuit at MIB's 0.01 of the edges).
+  (``gradient``: the helper's time less its ``record``), and each circuit's ablated pass: every distinct
+  circuit of the command's curve, chosen from the command's own scores as the curve chooses them
+  (``circuit``, their mean), and the circuit at ``--size``.
 
 The command needs: its scores (eap: a record and a gradient pass; eap-ig with ``m`` steps: two records,
 ``m`` gradient passes, and a forward pass when ``1`` is not among its points), the faithfulness curve (a
-record, the clean forward pass, the empty circuit and one pass per distinct circuit of the others, read
-from ``curve.json``), the circuit at ``--size`` (nothing more when the curve ran it, as at the default
-0.01; else a record and a pass), and the clean and corrupted metrics (two forward passes). **bound** =
+record, the clean forward pass, the empty circuit and one pass per distinct circuit of the others), the
+circuit at ``--size`` (nothing more when the curve ran it, as at the default 0.01 on GPT-2 small; else a
+record and a pass), and the clean and corrupted metrics (two forward passes). **bound** =
 those counts times their passes' seconds; **ratio** = (the command's CPU s - the baseline's) / bound: the
 rest is choosing the circuits, checking the model and writing the files.
 
@@ -62,34 +63,42 @@ print(json.dumps({"rss_end": rss}))
 _PASSES = _LOAD + """
 import math
 import torch
+from safetensors.torch import load_file
 import rs_interp as ri
 from rs_interp._state import preserve_state
 from rs_interp.circuits._ablated_run import ablated_writes, run_circuit
-from rs_interp.circuits.selection import circuit_at, prune
+from rs_interp.circuits.evaluation import MIB_FRACTIONS
+from rs_interp.circuits.graph import EdgeEffects
+from rs_interp.circuits.selection import circuit_at, mask, prune
 from rs_interp.exact.stream import mlp_flags
 from rs_interp.scale.pairs import batches
 
+out, size = sys.argv[3], int(sys.argv[4])
 b = next(iter(batches(task, len(task))))
 layout = ri.edge_layout(model)
+scores = EdgeEffects(layout, load_file(out + "/scores.safetensors")["effect"], 0.0)  # the command's own
 
 def best(fn, reps=2):
-    out = math.inf
+    best = math.inf
     for _ in range(reps):
         t = time.process_time()
         fn()
-        out = min(out, time.process_time() - t)
-    return out
+        best = min(best, time.process_time() - t)
+    return best
 
-eap_fn = lambda: ri.edge_attribution_patching(model, b.tokens, b.metric, reference=b.reference, progress=False)
-eap = best(eap_fn)
-scores = eap_fn()
+eap = best(lambda: ri.edge_attribution_patching(model, b.tokens, b.metric, reference=b.reference, progress=False))
+keeps = {}  # the curve's distinct circuits, as it chooses them, the empty one first
+for keep in [torch.zeros_like(layout.exists)] + [prune(layout, circuit_at(scores, f, pruned=False)) for f in MIB_FRACTIONS]:
+    keeps.setdefault(bytes(keep.flatten().tolist()), keep)
+chosen = prune(layout, mask(layout, ri.top_edges(scores, size)))
 with preserve_state(model, **mlp_flags(model)), torch.no_grad():
     forward = best(lambda: model(b.tokens, return_type="logits"))
     record = best(lambda: ablated_writes(model, b.tokens, b.reference, "resample"))
     ablated = ablated_writes(model, b.tokens, b.reference, "resample")
-    keeps = [torch.zeros_like(layout.exists), prune(layout, circuit_at(scores, 0.01, pruned=False))]
-    circuit = sum(best(lambda k=k: run_circuit(model, b.tokens, b.metric, layout, k, ablated, "circuit")) for k in keeps) / 2
-print(json.dumps({"forward": forward, "record": record, "gradient": eap - record, "circuit": circuit}))
+    run = lambda k: best(lambda: run_circuit(model, b.tokens, b.metric, layout, k, ablated, "circuit"), reps=1)
+    circuits = [run(k) for k in keeps.values()]
+    at_size = run(chosen)
+print(json.dumps({"forward": forward, "record": record, "gradient": eap - record, "circuits": circuits, "at_size": at_size}))
 """
 
 
@@ -109,7 +118,8 @@ def _child(args: list[str], out_file: Path) -> dict:
 
 
 def _counts(method: str, out: Path) -> dict[str, int]:
-    """The passes the command ran, by kind (module docstring)."""
+    """The passes the command ran, by kind (module docstring): ``circuit`` the curve's (the empty
+    circuit and each distinct other), ``at_size`` 1 when the circuit at ``--size`` is not one of them."""
     import inspect
 
     import rs_interp as ri
@@ -117,7 +127,6 @@ def _counts(method: str, out: Path) -> dict[str, int]:
 
     curve = json.loads((out / "curve.json").read_text())
     circuit = json.loads((out / "circuit.json").read_text())
-    distinct = len({n for n in curve["n_edges"] if n > 0})  # the empty circuit is run once, the others once each
     on_curve = any(r == circuit["requested"] and n == circuit["size"] for r, n in zip(curve["n_requested"], curve["n_edges"]))
     if method == "eap":
         scores = {"record": 1, "gradient": 1, "forward": 0}
@@ -126,7 +135,7 @@ def _counts(method: str, out: Path) -> dict[str, int]:
         alphas = quadrature(IG_STEPS, rule, None)[0]
         scores = {"record": 2, "gradient": len(alphas), "forward": 0 if 1.0 in alphas else 1}
     return {"record": scores["record"] + 1 + (0 if on_curve else 1), "gradient": scores["gradient"],
-            "forward": scores["forward"] + 1 + 2, "circuit": 1 + distinct + (0 if on_curve else 1)}
+            "forward": scores["forward"] + 1 + 2, "circuit": 1, "at_size": 0 if on_curve else 1}
 
 
 def main() -> int:
@@ -143,18 +152,23 @@ def main() -> int:
         task = TASKS[spec]
         base = _child(["-c", _BASELINE, spec, task], top / f"{spec}.baseline.txt")
         base["rss_end"] = json.loads(base["last"])["rss_end"]
-        cost = json.loads(_child(["-c", _PASSES, spec, task], top / f"{spec}.passes.txt")["last"])
-        print(f"{spec}: baseline {base['cpu']:.1f} CPU s, peak {base['peak'] / 1e9:.2f} GB, holding {base['rss_end'] / 1e9:.2f} GB; "
-              "one pass (CPU s): " + ", ".join(f"{k} {v:.2f}" for k, v in cost.items()), flush=True)
+        print(f"{spec}: baseline {base['cpu']:.1f} CPU s, peak {base['peak'] / 1e9:.2f} GB, "
+              f"holding {base['rss_end'] / 1e9:.2f} GB", flush=True)
         for method in args.methods:
             out = top / f"{spec}-{method}"
             run = _child(["-m", "rs_interp.cli", "circuit", "--model", spec, "--task", task, "--method", method,
                           "--out", str(out), "--quiet"], top / f"{spec}-{method}.txt")
+            requested = json.loads((out / "circuit.json").read_text())["requested"]
+            cost = json.loads(_child(["-c", _PASSES, spec, task, str(out), str(requested)], top / f"{spec}-{method}.passes.txt")["last"])
             counts = _counts(method, out)
-            bound = sum(counts[k] * cost[k] for k in counts)
+            counts["circuit"] = len(cost["circuits"])
+            per = {**{k: cost[k] for k in ("forward", "record", "gradient", "at_size")}, "circuit": sum(cost["circuits"]) / len(cost["circuits"])}
+            bound = sum(counts[k] * per[k] for k in counts)
             rows.append((spec, task, method, run, base, counts, bound))
             print(f"  {method}: {run['cpu']:.1f} CPU s, {run['wall']:.0f} s wall, peak {run['peak'] / 1e9:.2f} GB "
-                  f"({(run['peak'] - base['rss_end']) / 1e9:.2f} GB above the baseline's); passes "
+                  f"({(run['peak'] - base['rss_end']) / 1e9:.2f} GB above the baseline's); one pass (CPU s): "
+                  + ", ".join(f"{k} {per[k]:.2f}" for k in ("forward", "record", "gradient"))
+                  + ", the curve's circuits " + " ".join(f"{c:.1f}" for c in cost["circuits"]) + "; passes "
                   + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
                   + f": bound {bound:.1f} CPU s, ratio {(run['cpu'] - base['cpu']) / bound:.2f}", flush=True)
     print(f"\nload average after: {os.getloadavg()[0]:.2f}\n")
