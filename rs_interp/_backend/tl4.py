@@ -156,13 +156,13 @@ def build_model(cfg: ModelConfig) -> Model:
     _compatible(model, no_processing=True)
     _rotary_tables_in_model_dtype(model)
     _norms_in_model_dtype(model)
-    _tl3_init(model)
+    _tl3_init(model, _portable_views, _load_portable)
     return model
 
 
 def reinitialise(model: Model) -> None:
     """Draw ``model``'s weights again from the global RNG, as :func:`build_model` does."""
-    _tl3_init(model)
+    _tl3_init(model, _portable_views, _load_portable)
 
 
 # --- the one checkpoint format ------------------------------------------------------------------
@@ -234,13 +234,17 @@ def _portable_views(model: Model) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_portable_state(model: Model, state: dict[str, torch.Tensor], strict: bool = True) -> set[str]:
-    """Load a portable state dict (buffers optional) into the bridge, in place; the bridge's keys loaded
-    (``strict=False``: some of the parameters, the others kept; a key not the bridge's still refused).
+def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
+    """Load a portable state dict (buffers optional) into the bridge, in place.
 
     Raises:
         ValueError: a nonzero unembedding bias (native bridges have none).
     """
+    _load_portable(model, state, strict=True)
+
+
+def _load_portable(model: Model, state: dict[str, torch.Tensor], strict: bool) -> set[str]:
+    """:func:`load_portable_state`; the bridge's keys loaded (``strict=False``: some of the parameters, the others kept)."""
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
 
     state = {k: v for k, v in state.items() if not k.endswith(_HT_BUFFERS)}
