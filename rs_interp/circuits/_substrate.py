@@ -122,7 +122,7 @@ def ig_alphas(ig_steps: int | None, ig_rule: str) -> list[float]:
 def frozen(model: Model) -> Iterator[None]:
     """The model's parameters without ``requires_grad`` for the block: a backward pass to the stream
     computes the same numbers, and the forward pass saves no layer's input for a weight's gradient
-    (GPT-2 small at 32 x 21 tokens: the MLPs' hidden activations, about 0.1 GB)."""
+    (GPT-2 small at 32 x 21 tokens: the peak of edge attribution patching 0.2 GB lower)."""
     params = [p for p in model.parameters() if p.requires_grad]
     try:
         for p in params:
