@@ -445,8 +445,9 @@ def test_effects_on_the_token_input_are_the_summed_inputs(embedding):
         moved.on_inputs("sum")
 
 
+@pytest.mark.parametrize("H", [4, 1])  # a layer of one head is still a block of heads
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_sums_of_sender_differences_are_the_float64_sums(dtype):
+def test_sums_of_sender_differences_are_the_float64_sums(dtype, H):
     """The circuit run keeps each layer's head differences as ``dz`` with one float64 sum ``F``
     (``_ablated_run._Differences``, issue 50: GPT-2 small's 157 float64 differences were 0.65 GB):
     every column of cut senders (every subset of a layer's heads, either way it is formed, a head that
@@ -457,10 +458,10 @@ def test_sums_of_sender_differences_are_the_float64_sums(dtype):
     from rs_interp.circuits._ablated_run import _Differences
 
     g = torch.Generator().manual_seed(0)
-    B, P, H, dh, d = 2, 3, 4, 5, 6
+    B, P, dh, d = 2, 3, 5, 6
     W_O = [torch.randn(H, dh, d, generator=g, dtype=dtype) for _ in range(2)]
     dz = [torch.randn(B, P, H, dh, generator=g, dtype=dtype) for _ in range(2)]
-    dz[1][:, :, 2] = 0  # a head that moves nothing
+    dz[1][:, :, H - 1] = 0  # a head that moves nothing
     one = [torch.randn(B, P, d, generator=g, dtype=dtype) for _ in range(2)]
     moves = torch.zeros(2 + 2 * H, dtype=torch.float64)
     diffs = _Differences(moves)
@@ -471,7 +472,7 @@ def test_sums_of_sender_differences_are_the_float64_sums(dtype):
         diffs.add_heads(dz[k], W_O[k])
         D += [dz[k][:, :, h].to(torch.float64) @ W_O[k][h].to(torch.float64) for h in range(H)]
     D = torch.stack(D)
-    assert diffs.filled == len(D) and moves[1 + H + 1 + 2] == 0 and int(moves.sum()) == len(D) - 1  # that head alone
+    assert diffs.filled == len(D) and moves[1 + H + 1 + H - 1] == 0 and int(moves.sum()) == len(D) - 1  # that head alone
     for bits in product([0.0, 1.0], repeat=len(D)):
         w = torch.tensor(bits, dtype=torch.float64) * moves
         if not bool(w.any()):

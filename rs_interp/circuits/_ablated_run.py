@@ -220,7 +220,7 @@ class _Differences:
         n_cut = int(cut.sum())
         if not n_cut:
             return None
-        if count == 1:
+        if W_O is None:  # an input or MLP sender (a layer of one head is a block of heads)
             return d.to(torch.float64)
         moving = self.moves[i : i + count].bool()
         if n_cut == int(moving.sum()):
