@@ -199,7 +199,9 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         # faithfulness curve do): an edge into a component that reaches nothing carries nothing out
         kept = prune(layout, mask(layout, ri.top_edges(scores, n)))
         circuit = [e for e in layout.edges() if kept[layout.index(e)]]
-        value = scale.evaluate_circuit(model, task, circuit, **kw)
+        value = _on_the_curve(curve, scores, kept, n)  # the curve ran it when it is one of its circuits (the default size's is)
+        if value is None:
+            value = scale.evaluate_circuit(model, task, circuit, **kw)
         # the full circuit is the clean run, the empty one the corrupted run (resample ablation)
         runs = scale.metric_values(model, task, **kw)
         full, empty = runs.clean, runs.corrupted
@@ -246,6 +248,21 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         done("files", t0)
     _write_json(Path(files["summary"]), _summary_dict(run))  # after the last step: its timing included
     return run
+
+
+def _on_the_curve(curve: Any, scores: Any, kept: Any, n: int) -> float | None:
+    """The curve's value of the circuit ``kept`` (a mask), if the curve ran it: its circuit at a fraction
+    whose budget is ``n`` edges, chosen as the curve chooses (:func:`rs_interp.circuits.selection.circuit_at`,
+    pruned), is the same mask, so the same run (the same ablated writes, the same edges cut) gave that
+    value; else None. Saves the circuit's pass and its reference's record (the default size, 0.01, is MIB's)."""
+    import torch
+
+    from .circuits.selection import circuit_at, prune
+
+    for f, requested, value in zip(curve.fractions, curve.n_requested, curve.values):
+        if requested == n and torch.equal(prune(scores.layout, circuit_at(scores, f, ranking=curve.ranking, pruned=False)), kept):
+            return value
+    return None
 
 
 def _areas(curve: Any) -> dict[str, float]:

@@ -265,3 +265,24 @@ def test_writers_make_their_folder(tmp_path):
         assert read_mib(path, model).scores is not None
     assert len(write_mib_circuits(tmp_path / "circuits" / "here", model, eap, fractions=(0.5,))) == 1
     assert write_eap_csv(greater_than_task(gpt2_tokenizer(), 2, seed=0), tmp_path / "csv" / "gt.csv").exists()
+
+
+@pytest.mark.parametrize("size", [0.5, 3])  # of 29 edges: 14 (a fraction the curve runs), 3 (none of its budgets)
+def test_a_circuit_on_the_curve_takes_its_value_from_it(tmp_path, size):
+    """The circuit at a size the curve runs (MIB's fractions: the default 0.01 is one) takes the curve's
+    value, the same run's number (issue 50: one pass less); at any size, over several batches, the
+    circuit's metric is the scale helper's to the bit."""
+    from rs_interp import scale
+    from rs_interp.circuit_command import _on_the_curve
+    from rs_interp.circuits.selection import mask, prune
+
+    model = ri.load_toy_model("induction-2l")
+    task = build_task("induction", n=6, seed=2)
+    run = run_circuit(model, task, method="eap", out=tmp_path, size=size, progress=False, batch_size=4)
+    edges = [tuple(e[:2]) for e in json.loads((tmp_path / "circuit.json").read_text())["edges"]]
+    assert run.value == scale.evaluate_circuit(model, task, edges, batch_size=4, progress=False)
+    scores = scale.edge_attribution_patching(model, task, batch_size=4, progress=False)
+    curve = scale.faithfulness_curve(model, task, scores, batch_size=4, progress=False)
+    layout = ri.edge_layout(model)
+    found = _on_the_curve(curve, scores, prune(layout, mask(layout, ri.top_edges(scores, run.requested))), run.requested)
+    assert (found is not None) == isinstance(size, float) and found in (None, run.value)

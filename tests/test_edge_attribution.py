@@ -65,3 +65,24 @@ def test_ig_embed_total_converges_to_the_change_of_the_metric(rule):
         eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, ig_steps=m, ig_rule=rule)
         err[m] = abs(float(eap.sender_totals()[0]) - exact)
     assert err[64] <= err[8] / 4, (err, exact)  # measured: 5.4x smaller (left), 10x (right)
+
+
+def test_the_parameters_are_frozen_for_the_passes_alone():
+    """The gradient passes run with the parameters frozen (issue 50: no layer input saved for a weight's
+    gradient) and leave them as they were: trainable ones trainable, a frozen one frozen, no ``.grad``;
+    the estimates are those of a model whose parameters are all frozen by its user, to the bit."""
+    model, toks, ref, _, _ = make_case(VARIANTS[0])
+    frozen = next(iter(model.parameters()))
+    frozen.requires_grad_(False)
+    seen = []
+    hook = ("blocks.0.hook_resid_pre",  # in the gradient passes (the stream needs a gradient there)
+            lambda t, *, hook: seen.append([p.requires_grad for p in model.parameters()]) if t.requires_grad else None)
+    with model.hooks(fwd_hooks=[hook]):
+        a = ri.edge_attribution_patching(model, toks, metric, reference=ref, progress=False)
+    assert seen and not any(seen[-1])  # frozen inside the pass (the last run; the certificate checks the model first)
+    assert [p.requires_grad for p in model.parameters()] == [False] + [True] * (len(list(model.parameters())) - 1)
+    assert all(p.grad is None for p in model.parameters())
+    for p in model.parameters():
+        p.requires_grad_(False)
+    b = ri.edge_attribution_patching(model, toks, metric, reference=ref, progress=False)
+    assert torch.equal(a.effect.nan_to_num(0), b.effect.nan_to_num(0))

@@ -443,3 +443,40 @@ def test_effects_on_the_token_input_are_the_summed_inputs(embedding):
             assert got - clean == pytest.approx(moved.edge(s, r), abs=1e-9)
     with pytest.raises(ValueError, match="summed input"):
         moved.on_inputs("sum")
+
+
+@pytest.mark.parametrize("H", [4, 1])  # a layer of one head is still a block of heads
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sums_of_sender_differences_are_the_float64_sums(dtype, H):
+    """The circuit run keeps each layer's head differences as ``dz`` with one float64 sum ``F``
+    (``_ablated_run._Differences``, issue 50: GPT-2 small's 157 float64 differences were 0.65 GB):
+    every column of cut senders (every subset of a layer's heads, either way it is formed, a head that
+    moves nothing, input and MLP senders) sums to the brute force over the materialised float64
+    ``D_s = ablated_s - write_s`` to 1e-12, and the all-cut column to the running total."""
+    from itertools import product
+
+    from rs_interp.circuits._ablated_run import _Differences
+
+    g = torch.Generator().manual_seed(0)
+    B, P, dh, d = 2, 3, 5, 6
+    W_O = [torch.randn(H, dh, d, generator=g, dtype=dtype) for _ in range(2)]
+    dz = [torch.randn(B, P, H, dh, generator=g, dtype=dtype) for _ in range(2)]
+    dz[1][:, :, H - 1] = 0  # a head that moves nothing
+    one = [torch.randn(B, P, d, generator=g, dtype=dtype) for _ in range(2)]
+    moves = torch.zeros(2 + 2 * H, dtype=torch.float64)
+    diffs = _Differences(moves)
+    D = []  # the brute force: every sender's float64 difference, in order
+    for k in range(2):
+        diffs.add_one(one[k])
+        D.append(one[k].to(torch.float64))
+        diffs.add_heads(dz[k], W_O[k])
+        D += [dz[k][:, :, h].to(torch.float64) @ W_O[k][h].to(torch.float64) for h in range(H)]
+    D = torch.stack(D)
+    assert diffs.filled == len(D) and moves[1 + H + 1 + H - 1] == 0 and int(moves.sum()) == len(D) - 1  # that head alone
+    for bits in product([0.0, 1.0], repeat=len(D)):
+        w = torch.tensor(bits, dtype=torch.float64) * moves
+        if not bool(w.any()):
+            continue
+        want = torch.einsum("sbpm,s->bpm", D, w)
+        torch.testing.assert_close(diffs.sum(w), want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(diffs.sum(moves.clone()), diffs.full)

@@ -3,8 +3,9 @@ holds the functions :mod:`.tl3` has twins of). Each workaround says when it can 
 
 from __future__ import annotations
 
+import itertools
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformer_lens import TransformerBridge as Model
@@ -134,3 +135,27 @@ def has_split_inputs(model: Model, layer: int) -> bool:
 def is_native_attention(model: Model, layer: int) -> bool:
     """Whether layer ``layer``'s attention is TransformerLens-native (``NativeAttention``, from ``boot_native``)."""
     return isinstance(getattr(model.blocks[layer].attn, "original_component", None), NativeAttention)
+
+
+def _tl3_init(model: Model, views_of: Callable, load: Callable) -> None:
+    """Initialise ``model`` as HookedTransformer's GPT-2 scheme would from the same RNG state (``N(0,
+    initializer_range)`` for every ``W_*`` in its order, gains one, biases zero): a seed gives the same
+    model under both versions. (Gated MLPs, whose native layout differs, keep the native initialisation.)
+    Drawn and loaded a block at a time (the embedding, each layer, the unembedding): the weights held
+    twice are one block's, not the model's. ``views_of(model)``: the portable tensors as views of the
+    parameters (their shapes and dtypes); ``load(model, state, strict=False)``: a part loaded, its keys returned."""
+    cfg, views = model.cfg, views_of(model)
+    order, loaded = _tl3_order(cfg), set()
+    if cfg.gated_mlp or set(order) != set(views) or cfg.init_mode != "gpt2":
+        return
+    for _, names in itertools.groupby(order, key=lambda k: k.split(".")[: 2 if k.startswith("blocks.") else 1]):
+        state = {}
+        for name in names:
+            leaf, t = name.rsplit(".", 1)[-1], views[name]
+            if leaf.startswith("W_"):
+                state[name] = torch.empty(t.shape, dtype=t.dtype).normal_(0.0, cfg.initializer_range)
+            else:
+                state[name] = torch.ones(t.shape, dtype=t.dtype) if leaf == "w" else torch.zeros(t.shape, dtype=t.dtype)
+        loaded |= load(model, state, strict=False)
+    if set(model.state_dict()) - loaded:
+        raise ValueError(f"the initialisation did not reach {sorted(set(model.state_dict()) - loaded)}")

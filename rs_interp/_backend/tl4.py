@@ -30,7 +30,7 @@ from ._tl4_native import (
     _refuse_unbuilt,
     _rotary_perm,
     _rotary_tables_in_model_dtype,
-    _tl3_order,
+    _tl3_init,
     has_split_inputs,
     is_native_attention,
 )
@@ -156,31 +156,13 @@ def build_model(cfg: ModelConfig) -> Model:
     _compatible(model, no_processing=True)
     _rotary_tables_in_model_dtype(model)
     _norms_in_model_dtype(model)
-    _tl3_init(model)
+    _tl3_init(model, _portable_views, _load_portable)
     return model
 
 
 def reinitialise(model: Model) -> None:
     """Draw ``model``'s weights again from the global RNG, as :func:`build_model` does."""
-    _tl3_init(model)
-
-
-def _tl3_init(model: Model) -> None:
-    """Initialise ``model`` as HookedTransformer's GPT-2 scheme would from the same RNG state (``N(0,
-    initializer_range)`` for every ``W_*`` in its order, gains one, biases zero): a seed gives the same
-    model under both versions. (Gated MLPs, whose native layout differs, keep the native initialisation.)"""
-    cfg, state = model.cfg, portable_state(model)
-    order = _tl3_order(cfg)
-    if cfg.gated_mlp or set(order) != set(state) or cfg.init_mode != "gpt2":
-        return
-    for name in order:
-        leaf = name.rsplit(".", 1)[-1]
-        t = state[name]
-        if leaf.startswith("W_"):
-            state[name] = torch.empty(t.shape, dtype=t.dtype).normal_(0.0, cfg.initializer_range)
-        else:
-            state[name] = torch.ones_like(t) if leaf == "w" else torch.zeros_like(t)
-    load_portable_state(model, state)
+    _tl3_init(model, _portable_views, _load_portable)
 
 
 # --- the one checkpoint format ------------------------------------------------------------------
@@ -207,6 +189,11 @@ def portable_state(model: Model) -> dict[str, torch.Tensor]:
         ValueError: a Hugging Face-booted bridge other than GPT-2 (its rotary layout, parallel
             blocks and missing biases have no portable form here).
     """
+    return {k: v.detach().clone().contiguous() for k, v in _portable_views(model).items()}
+
+
+def _portable_views(model: Model) -> dict[str, torch.Tensor]:
+    """:func:`portable_state` before its copy: views of the parameters (a permuted copy under rotary)."""
     cfg, out = model.cfg, {}
     if is_hf_booted(model) and getattr(cfg, "architecture", None) != "GPT2LMHeadModel":
         raise ValueError(f"this model is a Hugging Face {getattr(cfg, 'architecture', 'model')} booted by TransformerLens "
@@ -241,7 +228,7 @@ def portable_state(model: Model) -> dict[str, torch.Tensor]:
         out.update(_norm_state(model.ln_final, "ln_final"))
     out["unembed.W_U"] = model.W_U
     out["unembed.b_U"] = model.b_U  # the native head's bias buffer (:func:`load_portable_state`)
-    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+    return out
 
 
 def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
@@ -254,6 +241,11 @@ def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
     Raises:
         ValueError: a nonzero gated-MLP bias (4.3's native gated MLPs have none).
     """
+    _load_portable(model, state, strict=True)
+
+
+def _load_portable(model: Model, state: dict[str, torch.Tensor], strict: bool) -> set[str]:
+    """:func:`load_portable_state`; the bridge's keys loaded (``strict=False``: some of the parameters, the others kept)."""
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
 
     state = {k: v for k, v in state.items() if not k.endswith(_HT_BUFFERS)}
@@ -271,9 +263,14 @@ def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
     converted = convert_tl_checkpoint(state, model.cfg)
     own = model.state_dict()
     converted = {k: v.to(own[k].dtype) for k, v in converted.items()}
-    if "unembed.bias" not in converted:
-        converted["unembed.bias"] = torch.zeros_like(own["unembed.bias"]) if b_U is None else b_U.to(own["unembed.bias"].dtype)
-    model.load_state_dict(converted, strict=True)
+    if b_U is not None:
+        converted["unembed.bias"] = b_U.to(own["unembed.bias"].dtype)
+    elif strict and "unembed.bias" in own and "unembed.bias" not in converted:
+        converted["unembed.bias"] = torch.zeros_like(own["unembed.bias"])
+    unexpected = model.load_state_dict(converted, strict=strict).unexpected_keys
+    if unexpected:
+        raise ValueError(f"not this model's parameters: {unexpected}")
+    return set(converted)
 
 
 # --- parameters and modules called directly ----------------------------------------------------

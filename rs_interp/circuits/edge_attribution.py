@@ -279,6 +279,10 @@ def edge_attribution_patching(
             # product over (batch, pos, d_model) against the gradients of a layer's readers, with no copy of them.
             if not stack:  # built once, when the first gradient arrives (the forward is over)
                 stack.append(_writes(model, ref, run, dt, at=here or None))
+                if not post_norm:  # held in the writes now (the passes keep their own x_ref); post-norm
+                    for box in (ref, run):  # blocks rebuild them at each pass's point, from these
+                        for name in [k for k in box if k != RESID0]:
+                            del box[name]
                 grads.append(torch.empty(rows, stack[0][0].numel(), dtype=dt, device=stack[0].device))
                 built[0] = now_pass()
             now = (reader.layer, state["drop"], state["point"], state["phase"])

@@ -212,7 +212,7 @@ class EdgeEffects:
         values = self.effect[self.layout.exists].to(torch.float64)
         key = values.abs() if ranking == "absolute" else values
         order = key.nan_to_num(float("-inf")).argsort(descending=True, stable=True)
-        return [int(i) for i in order if not bool(values[i].isnan())]
+        return order[~values.isnan()[order]].tolist()
 
     def on_inputs(self, embedding: Embedding) -> "EdgeEffects":
         """These effects on the graph with other input senders (:func:`edge_layout`'s ``embedding``),

@@ -186,10 +186,9 @@ def circuit_at(scores: EdgeEffects, fraction: float, *, ranking: Ranking = "abso
     budget = int(fraction * float(weights.sum()))
     keep = torch.zeros_like(layout.exists)
     rows, cols = layout.exists.nonzero(as_tuple=True)
-    used = 0.0
-    for i in rank(scores, ranking):
-        if used + float(weights[i]) > budget:
-            break
-        used += float(weights[i])
-        keep[rows[i], cols[i]] = True
+    order = torch.tensor(rank(scores, ranking), dtype=torch.long)
+    # the best edges while their count stays within the budget: a prefix of the ranking (every weight
+    # is a positive integer, their running sums exact in float64)
+    taken = order[: int((weights[order].cumsum(0) <= budget).sum())]
+    keep[rows[taken], cols[taken]] = True
     return prune(layout, keep) if pruned else keep
