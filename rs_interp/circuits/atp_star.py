@@ -13,6 +13,8 @@ and linearises after it only: for head ``h`` whose query or key input is patched
 ``hook_z``, the patched copies stacked along the batch, every sender of a layer in one pass where the
 memory budget allows. Nodes: a head's ``hook_q`` (or ``hook_k``) set to the reference run's. Edges:
 ``w_s`` added to the receiver's input (a key/value head's patch moves every query head that reads it).
+Where a query or key norm spans the heads (OLMo-2), each node's and each receiver's input is moved on a
+copy of its own, so no other head's patch reaches its normalised query through the norm.
 Exact where the metric is linear in the head's output (tested to 1e-9 against exact patching).
 
 **GradDrop.** A node whose direct and indirect effects cancel gets a gradient near 0. GradDrop runs
