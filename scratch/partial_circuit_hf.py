@@ -14,7 +14,7 @@ metric = lambda lg: (lg[:, -1, 1] - lg[:, -1, 2]).mean()
 H, dh, L = model.cfg.n_heads, model.cfg.d_head, model.cfg.n_layers
 parallel = getattr(model.blocks[0], "ln2", None) is None
 layout = ri.edge_layout(model)
-want_cuts = [("L0H1", "MLP0"), ("embed", "MLP0"), ("L0H2", "L1H0.q"), ("embed", "L1H2.q"), ("L0H3", "L1H1.k"), ("MLP0", "L1H3.v"),
+want_cuts = [("L0H1", "MLP0"), ("embed", "MLP0"), ("L0H2", "L1H0.q"), ("embed", "L1H2.q"), ("L0H3", "L1H1.k"), ("MLP0", "L1H3.v"), ("L0H3", "L1KV0.k"), ("MLP0", "L1KV1.v"), ("L0H1", "L1KV0.v"),
              ("MLP0", "MLP1"), ("L1H2", "MLP1"), ("L0H0", "MLP1"), ("L0H3", "logits"), ("L1H0", "logits"), ("embed", "L0H1.v")]
 cut = [e for e in want_cuts if e in set(layout.edges())]
 keep = [e for e in layout.edges() if e not in cut]
@@ -45,21 +45,32 @@ def run(edges):
         ln = blk.ln1.original_component
         x = lambda l=l: st[f"blocks.{l}.hook_resid_pre"]
         if parallel:
-            handles.append(blk.mlp.original_component.register_forward_pre_hook(
+            handles.append(blk.mlp.register_forward_pre_hook(
                 lambda m, a, l=l, ln=ln, x=x: (ln(x() + delta(f"MLP{l}", edges)), *a[1:])))
         else:
             handles.append(blk.ln2.register_forward_pre_hook(
                 lambda m, a, l=l: (a[0] + torch.as_tensor(delta(f"MLP{l}", edges)).reshape(a[0].shape if torch.as_tensor(delta(f"MLP{l}", edges)).dim() else ()), *a[1:])))  # OPT flattens (batch pos) there
         attn = blk.attn.original_component
-        for w in "qkv":
-            def hook(m, a, out, l=l, w=w, ln=ln, x=x):
+        recv = [r for r in layout.receivers if r.startswith(f"L{l}") and "." in r]
+        def slot(r):
+            head = r.split(".")[0][len(f"L{l}"):]
+            return int(head[2:]) if head.startswith("KV") else int(head[1:])
+        if hasattr(attn, "query_key_value"):  # the bridge splits the fused projection into q, k, v Linears of its own
+            mods = [(getattr(blk.attn, w).original_component, [r for r in recv if r.endswith("." + w)],
+                     lambda w, sl: slice(sl * dh, (sl + 1) * dh)) for w in "qkv"]
+        else:
+            mods = [(getattr(attn, f"{w}_proj"), [r for r in recv if r.endswith("." + w)], lambda w, sl: slice(sl * dh, (sl + 1) * dh))
+                    for w in "qkv"]
+        for mod, rs, where in mods:
+            def hook(m, a, out, rs=rs, where=where, ln=ln, x=x):
                 o = out.clone()
-                for h in range(H):
-                    d = delta(f"L{l}H{h}.{w}", edges)
+                for r in rs:
+                    d = delta(r, edges)
                     if isinstance(d, torch.Tensor) and d.dim() > 0:
-                        o[..., h * dh:(h + 1) * dh] = torch.nn.functional.linear(ln(x() + d), m.weight, m.bias)[..., h * dh:(h + 1) * dh]
+                        sl = where(r[-1], slot(r))
+                        o[..., sl] = torch.nn.functional.linear(ln(x() + d), m.weight, m.bias)[..., sl]
                 return o
-            handles.append(getattr(attn, f"{w}_proj").register_forward_hook(hook))
+            handles.append(mod.register_forward_hook(hook))
     handles.append(model.ln_final.register_forward_pre_hook(lambda m, a: (a[0] + delta("logits", edges), *a[1:])))
     try:
         with torch.no_grad():
