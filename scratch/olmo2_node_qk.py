@@ -5,6 +5,11 @@ fam = sys.argv[1] if len(sys.argv) > 1 else "olmo2"
 model = ri.load_pretrained(f"/tmp/red_ckpt/{fam}", dtype=torch.float64)
 g = torch.Generator().manual_seed(3)
 toks, ref = torch.randint(0, 299, (3, 9), generator=g), torch.randint(0, 299, (3, 9), generator=g)
+import os
+if os.environ.get("ROWHOOK"):  # a TransformerLens hook left on that edits batch row 1 only (the certificate's rows fail)
+    def edit(t, hook):
+        t = t.clone(); t[1] = t[1] * 1.5 + 0.1; return t
+    model.add_hook("blocks.0.hook_mlp_out" if os.environ["ROWHOOK"] == "mlp" else "blocks.0.attn.hook_z", edit)
 metric = lambda lg: (lg[:, -1, 1] - lg[:, -1, 2]).mean()
 for which in ("q", "k"):
     got = ri.attribution_patching(model, toks, metric, reference=ref, nodes=which, qk_fix=True)

@@ -6,6 +6,11 @@ torch.manual_seed(0)
 model = ri.load_pretrained("/tmp/red_ckpt/olmo2", dtype=getattr(torch, __import__("os").environ.get("DT", "float64")))
 g = torch.Generator().manual_seed(3)
 toks, ref = torch.randint(0, 299, (3, 9), generator=g), torch.randint(0, 299, (3, 9), generator=g)
+import os
+if os.environ.get("ROWHOOK"):  # a TransformerLens hook left on that edits batch row 1 only (the certificate's rows fail)
+    def edit(t, hook):
+        t = t.clone(); t[1] = t[1] * 1.5 + 0.1; return t
+    model.add_hook("blocks.0.attn.hook_z", edit)
 metric = lambda lg: (lg[:, -1, 1] - lg[:, -1, 2]).mean()
 def rec(t, names, hooks=()):
     box = {}
