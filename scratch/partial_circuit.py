@@ -16,7 +16,9 @@ cut = [("L0H1", "MLP0"), ("L0H2", "L1H0.q"), ("embed", "L1H2.q"), ("L0H3", kv[0]
        ("MLP0", "MLP1"), ("L1H2", "MLP1"), ("L0H3", "logits"), ("L1H0", "logits")]
 keep = [e for e in layout.edges() if e not in cut]
 assert len(keep) == len(layout.edges()) - len(cut), cut
-got = ri.evaluate_circuit(model, toks, metric, keep, reference=ref)
+import os
+METHOD = os.environ.get("METHOD", "resample")
+got = ri.evaluate_circuit(model, toks, metric, keep, reference=ref, method=METHOD)
 
 def rec(t, names):
     box = {}
@@ -25,6 +27,12 @@ def rec(t, names):
     return box
 names = ["blocks.0.hook_resid_pre", "blocks.0.attn.hook_z", "blocks.1.attn.hook_z", "blocks.0.hook_mlp_out"]
 R = rec(ref, names)
+if METHOD == "position_mean":  # each record's mean over the reference batch at each position
+    R = {k: v.mean(0, keepdim=True).expand_as(v) for k, v in R.items()}
+elif METHOD == "mean":  # over the batch and positions
+    R = {k: v.mean((0, 1), keepdim=True).expand_as(v) for k, v in R.items()}
+elif METHOD == "zero":  # a head's output 0 (through its post-norm), an MLP's and the embedding's write 0
+    R = {k: torch.zeros_like(v) for k, v in R.items()}
 def Wb(l):
     a = model.blocks[l].attn; b = getattr(a, "b_O", None)
     return a.W_O.detach(), (0 if b is None else b.detach())
