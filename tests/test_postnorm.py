@@ -365,11 +365,12 @@ def test_the_feature_graph_is_the_frozen_replacement(model):
 
 def test_the_qk_fix_moves_the_query_by_the_jacobian_write(model, tokens):
     """The QK-fixed edge L0H1 -> L1H0.q is ``dm/dz . (z' - z)`` for head L1H0, ``z'`` its output with the layer's
-    query input read from ``x + J_P(r0) (d W_O)`` (the Jacobian write): on 4.x the norm before the query written out
-    and applied to the moved stream at the Hugging Face module's q_proj; on 3.x the write added to every head's
-    ``hook_q_input`` (TransformerLens's own per-head inputs); the pattern recomputed by the model's own attention.
-    (The QK fix moves the layer's queries and reads the receiving head: the same as moving that head's alone,
-    except under OLMo-2's query norm, which spans the heads.)"""
+    query input read from ``x + J_P(r0) (d W_O)`` (the Jacobian write), that head's alone (the receiver's input, as
+    edge attribution patching and path patching move it): on 4.x the norm before the query written out and applied to
+    the moved stream, q_proj's output of head 0 recomputed from it at the Hugging Face module; on 3.x the write added to
+    head 0's ``hook_q_input`` (TransformerLens's own per-head inputs); the pattern recomputed by the model's own
+    attention. (Under OLMo-2's query norm, which spans the heads, moving every head's input instead gives another
+    number: 0.01578 against 0.01509 on the float64 checkpoint.)"""
     toks, ref = tokens
     fixed = ri.edge_attribution_patching(model, toks, metric, reference=ref, qk_fix=True)
     r, dW = _head_change(model, toks, ref, 0, 1)
@@ -379,14 +380,22 @@ def test_the_qk_fix_moves_the_query_by_the_jacobian_write(model, tokens):
         ln1 = _ln1(model, 1)
         moved = (x + w) if ln1 is None else written_norm(model, ln1)(x + w)
         q_proj = model.blocks[1].attn.original_component.q_proj
-        handle = q_proj.register_forward_pre_hook(lambda mod, args: (moved.to(args[0].dtype), *args[1:]))
+        d_head = model.cfg.d_head
+
+        def head_0_moved(mod, args, out):
+            out = out.clone()
+            out[..., :d_head] = torch.nn.functional.linear(moved.to(args[0].dtype), mod.weight, mod.bias)[..., :d_head]
+            return out
+        handle = q_proj.register_forward_hook(head_0_moved)
         try:
             z_moved = _record(model, toks, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"][:, :, 0].to(torch.float64)
         finally:
             handle.remove()
     else:
         def add(t, hook):
-            return t + w[:, :, None].to(t.dtype)  # every head's query input, as q_proj's on 4.x
+            t = t.clone()
+            t[:, :, 0] = t[:, :, 0] + w.to(t.dtype)  # head 0's query input alone, as q_proj's head-0 slice on 4.x
+            return t
 
         model.set_use_split_qkv_input(True)
         try:
@@ -459,3 +468,38 @@ def test_the_circuit_command_runs_end_to_end_on_gemma2(tmp_path, method):
     got = load_file(str(out / "scores.safetensors"))["effect"]
     assert got.shape == (len(layout.senders), len(layout.receivers))
     assert bool((got.isfinite() == layout.exists).all())  # a score for every edge, NaN off the graph
+
+
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_the_node_qk_fix_patches_each_heads_query_alone(model, tokens, which):
+    """The node QK fix (``nodes="q"``/``"k"``, ``qk_fix=True``) of head (or KV head) ``h`` is ``sum (z' - z) . dm/dz``
+    over the heads reading it, ``z'`` with that one ``hook_q``/``hook_k`` slot set to the reference's (brute force: one
+    run per slot). Under OLMo-2's query and key norms, which span the heads and sit after ``hook_q``/``hook_k``,
+    patching every slot at once moves each head's normalised query through the others' (layer 0, query head 2:
+    -0.366 against -0.275 on the float64 checkpoint)."""
+    toks, ref = tokens
+    got = ri.attribution_patching(model, toks, metric, reference=ref, nodes=which, qk_fix=True)
+    H = model.cfg.n_heads
+    for l in range(model.cfg.n_layers):
+        name, zname = f"blocks.{l}.attn.hook_{which}", f"blocks.{l}.attn.hook_z"
+        patch_to = _record(model, ref, [name])[name]
+        z = _record(model, toks, [zname])[zname].to(torch.float64)
+        e = torch.zeros_like(z, requires_grad=True)
+        (dz,) = torch.autograd.grad(metric(model.run_with_hooks(toks, fwd_hooks=[(zname, lambda t, hook: t + e.to(t.dtype))])), e)
+        n = patch_to.shape[2]
+        for s in range(n):
+            def patch(t, hook, s=s):
+                t = t.clone()
+                t[:, :, s] = patch_to[:, :, s]
+                return t
+            z_moved = _record_with(model, toks, [(name, patch)], zname).to(torch.float64)
+            heads = [h for h in range(H) if h // (H // n) == s]
+            want = float(((z_moved - z)[:, :, heads] * dz[:, :, heads]).sum())
+            _close(got.effect[l, s], want, model, f"layer {l} {which} slot {s}")
+
+
+def _record_with(model, toks, hooks, name):
+    box = {}
+    with torch.no_grad():
+        model.run_with_hooks(toks, fwd_hooks=hooks + [(name, lambda t, hook: box.__setitem__("x", t.detach().clone()))])
+    return box["x"]

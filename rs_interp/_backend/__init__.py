@@ -110,6 +110,20 @@ def has_qk_norm(model: Model) -> bool:
         hasattr(getattr(block.attn, "original_component", None), "q_norm") for block in model.blocks)
 
 
+def qk_norm_spans_heads(model: Model) -> bool:
+    """Whether a query or key norm normalises across the heads (OLMo-2's ``q_norm``/``k_norm`` over all
+    ``n_heads * d_head`` dimensions, on either version), so that moving one head's query (or key) input
+    moves every head's normalised query: a per-head patch must then move that head's input alone."""
+    for block in model.blocks:
+        for holder in (getattr(block.attn, "original_component", None), block.attn):
+            for name in ("q_norm", "k_norm"):
+                norm = getattr(holder, name, None) if holder is not None else None
+                w = getattr(norm, "weight", getattr(norm, "w", None)) if norm is not None else None
+                if isinstance(w, torch.Tensor) and w.shape[-1] > model.cfg.d_head:
+                    return True
+    return False
+
+
 def norm_of(model: Model, module: torch.nn.Module | None) -> Norm:
     """One of the model's norms as it computes (:class:`rs_interp.exact.norm.Norm`: its kind, the gain it
     applies, its bias and epsilon, read by :func:`norm_affine`); the identity where the model has none.

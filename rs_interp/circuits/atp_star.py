@@ -13,6 +13,8 @@ and linearises after it only: for head ``h`` whose query or key input is patched
 ``hook_z``, the patched copies stacked along the batch, every sender of a layer in one pass where the
 memory budget allows. Nodes: a head's ``hook_q`` (or ``hook_k``) set to the reference run's. Edges:
 ``w_s`` added to the receiver's input (a key/value head's patch moves every query head that reads it).
+Where a query or key norm spans the heads (OLMo-2), each node's and each receiver's input is moved on a
+copy of its own, so no other head's patch reaches its normalised query through the norm.
 Exact where the metric is linear in the head's output (tested to 1e-9 against exact patching).
 
 **GradDrop.** A node whose direct and indirect effects cancel gets a gradient near 0. GradDrop runs
@@ -48,6 +50,7 @@ from .._backend import Model, Stop, attn_weight, per_head_inputs, per_query_head
 from .._progress import bar
 from ..exact.certificate import Certificate
 from ..exact.stream import readers
+from ..labels import parse
 from .graph import EdgeLayout
 
 __all__ = ["drop_hooks", "dropped", "combine_drops", "node_qk_deltas", "edge_qk_fix", "check_drop_layers"]
@@ -138,20 +141,30 @@ def node_qk_deltas(model: Model, tokens: torch.Tensor, ref: dict[str, torch.Tens
     ``k``) set to the reference run's: each head's output with its own query or key patched (a key of
     a KV head moves the query heads that read it)."""
     out = {}
-    B = tokens.shape[0]
+    B, H = tokens.shape[0], model.cfg.n_heads
+    alone = _backend.qk_norm_spans_heads(model)  # one head's patch moves the others' normalised queries: one copy each
     for l in bar(range(model.cfg.n_layers), desc="QK fix", enabled=progress, unit="layer"):
         name = N.projection(l, which)
+        slots = ref[name].shape[2] if alone else 1  # the heads (or KV heads) of hook_{which}, each patched on its own copy
 
         def make(m0: int, m1: int, name: str = name) -> list:
             def patch(t: torch.Tensor, *, hook) -> torch.Tensor:
                 t = t.clone()
-                for m in range(max(m0, 1), m1):  # replica 0: the run; replica 1: patched
-                    t[(m - m0) * B : (m - m0 + 1) * B] = ref[name].to(t.dtype)
+                for m in range(max(m0, 1), m1):  # replica 0: the run; replica m: patched (alone: slot m - 1 only)
+                    rows = slice((m - m0) * B, (m - m0 + 1) * B)
+                    if alone:
+                        t[rows, :, m - 1] = ref[name][:, :, m - 1].to(t.dtype)
+                    else:
+                        t[rows] = ref[name].to(t.dtype)
                 return t
             return [(name, patch)]
 
-        z = _replica_z(model, tokens, l, make, 2, box, cert, split=False)
-        out[l] = z[1] - z[0]
+        z = _replica_z(model, tokens, l, make, slots + 1, box, cert, split=False)
+        if alone:
+            group = H // slots
+            out[l] = torch.stack([z[1 + h // group][:, :, h] - z[0][:, :, h] for h in range(H)], dim=2)
+        else:
+            out[l] = z[1] - z[0]
     return out
 
 
@@ -174,16 +187,19 @@ def edge_qk_fix(model: Model, layout: EdgeLayout, tokens: torch.Tensor, delta: t
     out = [torch.full((B if per_example else 1, S, R), float("nan"), dtype=torch.float64) for _ in grads]
     upstream = layout.exists.sum(0).tolist()
     fast = _backend.projection_layers(model) if cert.holds("scores") else set()
+    alone = _backend.qk_norm_spans_heads(model)  # _by_replicas moves one head's input per copy (never by hand: scores fail)
     for l in bar(range(cfg.n_layers), desc="QK fix", enabled=progress, unit="layer"):
         cols = {x: [j for j, r in enumerate(layout.receivers) if r.startswith(f"L{l}") and r.endswith(f".{x}")] for x in "qk"}
         senders = list(range(upstream[cols["q"][0]]))
         chunks = _by_hand(model, l, box, delta, senders, budget) if l in fast else _by_replicas(model, tokens, l, box, delta, senders,
                                                                                                  budget, cert)
-        for reps, dz in chunks:  # dz: (replica, batch, pos, head, d_head), replica (sender, "q" or "k")
+        for reps, dz in chunks:  # dz: (replica, batch, pos, head, d_head), replica (sender, "q" or "k"[, the slot moved])
             for g_set, buf in zip(grads, out):
                 per_head = torch.einsum("rbphd,bphd->rbh", dz, g_set[l])  # each replica's change of the metric, per head
-                for m, (i, x) in enumerate(reps):
+                for m, (i, x, *slot) in enumerate(reps):
                     for j in cols[x]:
+                        if alone and parse(layout.receivers[j]).index != slot[0]:  # another head's (or KV head's) input moved
+                            continue
                         value = per_head[m][:, _heads_of(layout.receivers[j], H, len(cols["k"]))].sum(-1)
                         buf[:, i, j] = value if per_example else value.sum()
     return out
@@ -200,18 +216,21 @@ def _by_replicas(model: Model, tokens: torch.Tensor, l: int, box: dict, delta: t
     # (head, d_model) tensors in flight under the split-input fork) and a block's transients
     per_copy = B * P * cfg.d_model * (12 * cfg.n_heads + 8) * torch.finfo(cfg.dtype).bits // 8
     per_pass = max(2, budget // max(1, per_copy))
-    reps_all = [(i, x) for i in senders for x in "qk"]
+    # where a query or key norm spans the heads, moving every head's input would move each head's normalised
+    # query through the others': then one copy per (sender, q or k, head or KV head), that one input moved alone
+    slots = {"q": cfg.n_heads, "k": _backend.kv_groups(cfg)} if _backend.qk_norm_spans_heads(model) else {"q": 1, "k": 1}
+    reps_all = [(i, x, s) for i in senders for x in "qk" for s in range(slots[x])]
     for c in range(0, len(reps_all), per_pass - 1):
         reps = reps_all[c : c + per_pass - 1]
         n = len(reps) + 1  # replica 0: the run itself, subtracted from the same pass's copies
-        adds = {x: torch.zeros(n * B, P, cfg.d_model, dtype=torch.float64) for x in "qk"}
-        for m, (i, x) in enumerate(reps, start=1):
-            adds[x][m * B : (m + 1) * B] = delta[i]
+        adds = {x: torch.zeros(n * B, P, slots[x], cfg.d_model, dtype=torch.float64) for x in "qk"}
+        for m, (i, x, s) in enumerate(reps, start=1):
+            adds[x][m * B : (m + 1) * B, :, s] = delta[i]
 
         def make(m0: int, m1: int, adds: dict = adds) -> list:
             def patch(x: str) -> Callable:
                 def fn(t: torch.Tensor, *, hook) -> torch.Tensor:  # a per-head input (batch, pos, head or kv_head, d_model)
-                    return t + adds[x][m0 * B : m1 * B, :, None, :].to(t.dtype)
+                    return t + adds[x][m0 * B : m1 * B].to(t.dtype)  # one slot: broadcast over every head
                 return fn
             return [(N.qkv_input(l, x), patch(x)) for x in "qk"]
 
@@ -271,8 +290,6 @@ def _by_hand(model: Model, l: int, box: dict, delta: torch.Tensor, senders: list
 
 def _heads_of(receiver: str, n_heads: int, n_kv: int) -> list[int]:
     """The query heads whose output a query or key receiver moves: its own, or the KV head's group."""
-    from ..labels import parse
-
     c = parse(receiver)
     if c.kind == "kv_head":
         group = n_heads // n_kv

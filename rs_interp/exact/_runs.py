@@ -199,6 +199,8 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
     fwd += [(n, keep(n)) for n in (N.attn_out(l) for l in range(L))]
     fwd += [(N.resid_pre(l), watch(f"pre{l}")) for l in range(L)]
     out: dict[str, Identity] = {}
+    logits_of: dict[bool, torch.Tensor] = {}  # per run, with the readers' (per-head) inputs or without
+
     def run(with_readers: bool) -> None:
         box.clear(), grads.clear(), by_reader.clear(), fired.clear()
         g.manual_seed(1)
@@ -211,6 +213,7 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
             with reader_gradients(model, wanted if with_readers else [], on_grad, torch.float64, extra=hooks) as runnable, \
                     model.hooks(fwd_hooks=runnable):
                 logits = model(tokens, return_type="logits")
+                logits_of[with_readers] = logits.detach().to(torch.float64)
                 R = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(logits.device)
                 (logits.to(torch.float64) * R).sum().div(R.numel()).backward(inputs=[leaf])
 
@@ -221,6 +224,7 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
     try:
         if missing:
             raise Missing(missing[0])
+        run(False)  # the model's own run, which the run through the per-head inputs must reproduce (complete)
         run(True)
     except (Missing, *MODEL_ERRORS) as err:  # the readers' hooks: measure the rest without them
         readers_failed = failed(err)
@@ -253,6 +257,11 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
         return (0.0 if "pre0" in grads else float("inf")), f"{N.RESID0} is not on the forward path: no gradient reaches it"
 
     def complete() -> tuple[float, str]:
+        split = rel(logits_of[True], logits_of[False])  # e.g. a hook on a q/k/v projection module the split inputs bypass
+        if split > tol:
+            return split, ("the run through the per-head inputs (hook_q_input ... hook_v_input) gives other logits than the "
+                           "model's own run: something the model computes on the way to q, k, v (a hook or a replaced "
+                           "forward on a projection module) is not computed there, so edges into heads would be another model's")
         for kind, hook in (("mlp", "hook_mlp_in"), ("q", "hook_q_input ... hook_v_input")):
             if (kind == "q" or not cfg.attn_only) and kind not in fired:
                 return float("inf"), (f"this model's {hook} is not on the forward path (no gradient reaches it): edges into "

@@ -27,7 +27,8 @@ IDENTITIES: dict[str, str] = {
     "projections": "hook_q, hook_k, hook_v are ln1(resid_pre) W + b per head, where edge methods read them so",
     "input": "blocks.0.hook_resid_pre is on the forward path",
     "readers": "the heads' q, k, v inputs, the MLPs' inputs (hook_mlp_in) and the final stream are every reader "
-               "of the stream: their gradients add up to the stream's",
+               "of the stream: their gradients add up to the stream's; the run through the per-head inputs gives the "
+               "model's own logits",
     "mlp reads": "each MLP reads ln2(resid_mid) (parallel blocks: ln2(resid_pre)), the norm as the model computes it: "
                  "what a transcoder reads at ln2.hook_normalized (with the gain and bias) or hook_resid_mid is the MLP's input",
     "mlp writes": "what enters the stream from each MLP (hook_mlp_out) is the MLP module's own output (post-norm blocks: "
