@@ -149,19 +149,19 @@ def test_library_modules_are_short():
     assert long == {}
 
 
-@pytest.mark.parametrize("module", sorted(m for m in SOURCES if not m.startswith(("rs_interp.reproduce", "rs_interp.cli"))))
+@pytest.mark.parametrize("module", sorted(m for m in SOURCES if not m.startswith(("rs_interp.reproduce", "rs_interp.ui.cli"))))
 def test_the_library_never_imports_the_reproduction(module):
     """One-way: the reproduction (rs_interp.reproduce) reads the library, never the other way, not
-    even lazily. The command line (rs_interp.cli) is the application on top of both."""
+    even lazily. The command line (rs_interp.ui.cli) is the application on top of both."""
     assert [t for t in _graph()[module] if t.startswith("rs_interp.reproduce")] == []
 
 
 @pytest.mark.parametrize("code", [
     "import rs_interp",
     "import rs_interp.models, rs_interp.tasks, rs_interp.reproduce; rs_interp.models.SHIPPED_MODELS; rs_interp.tasks.TASK_NAMES",
-    "from rs_interp.cli import main; main(['--help'])",
-    "from rs_interp.cli import main; main(['circuit', '--help'])",
-    "from rs_interp.cli import main; main(['reproduce', '--only', 'nosuch'])",
+    "from rs_interp.ui.cli import main; main(['--help'])",
+    "from rs_interp.ui.cli import main; main(['circuit', '--help'])",
+    "from rs_interp.ui.cli import main; main(['reproduce', '--only', 'nosuch'])",
 ])
 def test_the_package_and_the_command_line_load_without_torch(code):
     """``import rs_interp``, the catalogs and ``rs-interp ... --help`` (or an argument error) load neither

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .._backend import Model, attention_output, make_config, mlp_out_parameter, reinitialise, set_unembedding
-from ..geometry import layer_norm
+from ..lab.geometry import layer_norm
 from ..models.checkpoints import build_model
 
 __all__ = ["GradientRow", "gradient_scaling", "PostLNStack", "pre_ln_stack"]

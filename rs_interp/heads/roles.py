@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 
-from ._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
-from ._state import preserve_state
-from .exact.certificate import require
-from .exact.validate import check_int_range, check_layer, check_tokens
-from .hooks import store_matching
-from .labels import head_labels
-from .metrics import top_effects
+from .._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
+from .._state import preserve_state
+from ..exact.certificate import require
+from ..exact.validate import check_int_range, check_layer, check_tokens
+from ..hooks import store_matching
+from ..labels import head_labels
+from ..metrics import top_effects
 
 __all__ = [
     "attention_patterns",

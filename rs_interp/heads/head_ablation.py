@@ -31,15 +31,15 @@ from typing import Callable, Sequence
 import torch
 from jaxtyping import Float, Int
 
-from ._backend import Model, logit_softcap, run_from
-from ._budget import stacked_copies
-from ._progress import bar
-from ._state import preserve_state
-from .exact.certificate import require
-from .exact.validate import Ablation, check_ablation, check_heads, check_int_range, check_positions
-from .hooks import mean_heads, resample_heads, store, store_matching, zero_heads
-from .labels import head_labels
-from .metrics import Metric, metric_value, top_effects
+from .._backend import Model, logit_softcap, run_from
+from .._budget import stacked_copies
+from .._progress import bar
+from .._state import preserve_state
+from ..exact.certificate import require
+from ..exact.validate import Ablation, check_ablation, check_heads, check_int_range, check_positions
+from ..hooks import mean_heads, resample_heads, store, store_matching, zero_heads
+from ..labels import head_labels
+from ..metrics import Metric, metric_value, top_effects
 
 __all__ = ["ablate_heads", "head_ablation_scan", "HeadAblationScan"]
 
