@@ -1,4 +1,5 @@
-"""The import graph of the package: no circle, and no arrow from the library into the reproduction.
+"""The import graph of the package: no circle, the packages' direction (the user-facing layer above the
+analyses above the core), and no arrow from the library into the reproduction.
 
 Read from the sources (every ``import`` statement, at module level or inside a function), so a lazy
 import that would close a circle at run time counts as much as a top-level one.
@@ -90,6 +91,56 @@ def test_no_import_circle():
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+#: The packages' roles, bottom to top: the core (the exact core, the backend, the hook factories and the
+#: top-level modules, the common substrate), the analyses, the user-facing layer. The theory lab sits
+#: beside the analyses and reads the core; the reproduction and the case study are apart (they read
+#: everything; only the command line reads the reproduction).
+ANALYSES = ("readouts", "heads", "circuits", "features", "models", "tasks", "scale")
+APART = ("reproduce", "finance")
+#: role -> the roles it may import.
+MAY_IMPORT = {
+    "core": {"core"},
+    "analysis": {"analysis", "core"},
+    "lab": {"lab", "core"},
+    "ui": {"ui", "analysis", "lab", "core", "facade"},
+}
+
+
+def _role(module: str) -> str:
+    """The role of a module: ``facade`` (``rs_interp`` itself, which names every public name lazily),
+    ``analysis``, ``ui``, ``lab``, ``apart`` or ``core`` (every other package and top-level module)."""
+    if module == "rs_interp":
+        return "facade"
+    package = module.split(".")[1]
+    return ("analysis" if package in ANALYSES else "apart" if package in APART
+            else package if package in ("ui", "lab") else "core")
+
+
+def test_every_package_has_a_role():
+    """A new package is placed on purpose: each package of ``rs_interp`` is one this file names (or a
+    core package)."""
+    packages = {p.name for p in (ROOT / "rs_interp").iterdir() if (p / "__init__.py").is_file()}
+    assert packages - {*ANALYSES, *APART, "ui", "lab"} == {"exact", "_backend"}
+
+
+def test_the_packages_direction():
+    """The user-facing layer (``ui``: figures, the command line) reads the analyses and the core; the
+    analyses read the core, never ``ui``; the core reads no analysis and no ``ui``. Only the command
+    line (``rs_interp.ui.cli``) reads the reproduction."""
+    graph = _graph()
+    assert ("rs_interp.readouts.lens" in graph["rs_interp.reproduce.gpt2_check"]
+            and "rs_interp.exact.certificate" in graph["rs_interp.heads.roles"])  # the graph sees the packages
+    offenders = []
+    for module, targets in graph.items():
+        role = _role(module)
+        if role in ("facade", "apart"):
+            continue
+        for target in targets:
+            if _role(target) not in MAY_IMPORT[role] and not (module == "rs_interp.ui.cli" and target.startswith("rs_interp.reproduce")):
+                offenders.append((module, target))
+    assert offenders == []
 
 
 def test_no_version_outside_the_backend():
