@@ -19,7 +19,7 @@ from test_evaluation import _on_a_path
 
 import rs_interp as ri
 from rs_interp.tasks import build_task, read_mib
-from rs_interp.ui.circuit_command import add_arguments, load_model, run_circuit, run_command
+from rs_interp.ui.circuit_command import add_arguments, load_command_model, run_circuit, run_command
 
 FILES = {"scores.safetensors", "scores.json", "importances_mib.json", "curve.json", "circuit.json", "diagram.json",
          "report.html", "summary.json"}
@@ -181,7 +181,7 @@ def test_refusals(tmp_path):
     with pytest.raises(ValueError, match="outside this model's 256-token vocabulary"):
         run_circuit(model, build_task("induction", n=2, d_vocab=1000), method="eap", out=tmp_path)
     with pytest.raises(ValueError, match="is not gpt2, gpt2-random, a shipped model"):
-        load_model("no-such-model")
+        load_command_model("no-such-model")
     with pytest.raises(ValueError, match=r"of \d+ names are not single tokens"):  # code-2l's tokenizer cannot say IOI's names
         _run(["--model", "code-2l", "--task", "ioi", "--out", str(tmp_path)])
     assert list(tmp_path.iterdir()) == []

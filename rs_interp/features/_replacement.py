@@ -35,7 +35,7 @@ from .transcoders import TranscoderSet
 
 __all__: list[str] = []
 
-def check_model(model: Model, transcoders: TranscoderSet, what: str) -> None:
+def check_replacement(model: Model, transcoders: TranscoderSet, what: str) -> None:
     """Refuse, naming why, a model whose replacement is not linear once frozen (the configurations of
     :data:`rs_interp.exact.certificate.REFUSES`, then the identities the graph needs, measured on the model:
     :data:`rs_interp.exact.certificate.NEEDS`), or transcoders that do not fit it. ``what`` is the helper's

@@ -106,7 +106,7 @@ def intervene(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
     >>> iv.gap < 1e-3, iv.frozen
     (True, True)
     """
-    R.check_model(model, transcoders, "features.intervene")
+    R.check_replacement(model, transcoders, "features.intervene")
     model = R.working_copy(model)
     changes = _factors(graph, nodes, scale, value)
     dt = model.cfg.dtype

@@ -133,7 +133,7 @@ def train_transcoder(
         raise ValueError("d_transcoder, steps and batch_size must be >= 1")
     L, d = model.cfg.n_layers, model.cfg.d_model
     probe = TranscoderSet(tuple(Transcoder(d, 1) for _ in range(L)), input_point=input_point)
-    R.check_model(model, probe, "features.train_transcoder")
+    R.check_replacement(model, probe, "features.train_transcoder")
     with torch.inference_mode(False):  # training needs autograd, whatever the caller's mode (inputs copied out of it)
         copy = lambda t: None if t is None else torch.as_tensor(t).clone()  # noqa: E731
         return _train(model, copy(tokens), probe, d_transcoder, activation, k, l1, skip, steps, batch_size, lr, seed,
@@ -202,7 +202,7 @@ def transcoder_metrics(model: Model, transcoders: TranscoderSet, tokens: Int[tor
     (True, True)
     """
     tokens = torch.as_tensor(tokens).long()
-    R.check_model(model, transcoders, "features.transcoder_metrics")
+    R.check_replacement(model, transcoders, "features.transcoder_metrics")
     tcs = transcoders if transcoders.dtype == torch.float32 else transcoders.to(torch.float32)
     xs, ys = _pairs(model, tcs, tokens)
     fvu, l0, dead = [], [], []

@@ -14,10 +14,10 @@ from typing import Any
 
 from ._args import count, seed, writable_dir
 
-__all__ = ["METHODS", "add_arguments", "check_arguments", "load_model"]
+__all__ = ["COMMAND_METHODS", "add_arguments", "check_arguments", "load_command_model"]
 
 #: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching.
-METHODS = ("eap", "eap-ig", "exact")
+COMMAND_METHODS = ("eap", "eap-ig", "exact")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="required: gpt2 (pretrained: $RS_INTERP_GPT2_PATH or the Hugging Face cache), gpt2-random, a shipped "
                              "model's name (" + ", ".join(SHIPPED) + "), or a Hugging Face checkpoint directory")
     parser.add_argument("--task", required=True, choices=TASK_NAMES, help="required: the task (" + ", ".join(TASK_NAMES) + ")")
-    parser.add_argument("--method", default="eap", choices=METHODS,
+    parser.add_argument("--method", default="eap", choices=COMMAND_METHODS,
                         help="edge scores: eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
                              "patched pass per edge, for small models; GPT-2 small has 32,491 edges) (default: %(default)s)")
     parser.add_argument("--out", required=True, metavar="DIR", help="required: the output directory (made if needed)")
@@ -91,7 +91,7 @@ def _check_spec(spec: str) -> None:
                          "or a checkpoint directory")
 
 
-def load_model(spec: str) -> tuple[Any, Any, str]:
+def load_command_model(spec: str) -> tuple[Any, Any, str]:
     """(model, tokenizer or None, description) for ``--model`` (see :func:`add_arguments`).
 
     Raises:

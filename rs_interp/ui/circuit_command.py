@@ -39,9 +39,9 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
 from ..labels import edge_string
-from ._circuit_args import METHODS, add_arguments, check_arguments, load_model
+from ._circuit_args import COMMAND_METHODS, add_arguments, check_arguments, load_command_model
 
-__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_model", "METHODS"]
+__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_command_model", "COMMAND_METHODS"]
 
 #: The most edges the diagram draws (the top ones of a larger circuit; the page says so).
 _DRAWN = 400
@@ -155,8 +155,8 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
     from .circuit_figure import circuit_figure
     from .plots import faithfulness_figure
 
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method not in COMMAND_METHODS:
+        raise ValueError(f"method must be one of {', '.join(COMMAND_METHODS)}, got {method!r}")
     _check(model, task)
     layout = ri.edge_layout(model)
     n = _circuit_size(size, layout.n_edges)
@@ -330,7 +330,7 @@ def run_command(args: argparse.Namespace) -> list[str]:
     from ..tasks import build_task
 
     me, _ = world()  # under torchrun: this rank (the process group joined); else 0
-    model, tokenizer, what = load_model(args.model)
+    model, tokenizer, what = load_command_model(args.model)
     device = rank_device()  # each rank's model on its own device: cuda:LOCAL_RANK where there is CUDA
     if device.type != "cpu":
         model = model.to(device, print_details=False)
