@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Int
 
+from .. import _names as N
 from .._backend import Model
 from . import _replacement as R
 from .transcoders import Transcoder, TranscoderSet
@@ -79,7 +80,7 @@ def _pairs(model: Model, transcoders_like: TranscoderSet, tokens: torch.Tensor, 
     for l in range(model.cfg.n_layers):
         hooks.append((R.input_hook(model, transcoders_like, l),
                       lambda t, hook, l=l: xs[l].append(R.finish_input(model, transcoders_like, l, t).flatten(0, 1).float())))
-        hooks.append((f"blocks.{l}.hook_mlp_out", lambda t, hook, l=l: ys[l].append(t.flatten(0, 1).float())))
+        hooks.append((N.mlp_out(l), lambda t, hook, l=l: ys[l].append(t.flatten(0, 1).float())))
     with R.quiet_model(model), torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, len(tokens), chunk):
             model(tokens[start : start + chunk], return_type="logits")
@@ -217,7 +218,7 @@ def transcoder_metrics(model: Model, transcoders: TranscoderSet, tokens: Int[tor
     hooks = []
     for l in range(model.cfg.n_layers):
         hooks.append((R.input_hook(model, tcs, l), lambda t, hook, l=l: box.__setitem__(l, R.finish_input(model, tcs, l, t))))
-        hooks.append((f"blocks.{l}.hook_mlp_out", lambda t, hook, l=l: tcs[l](box[l].float()).to(t.dtype)))
+        hooks.append((N.mlp_out(l), lambda t, hook, l=l: tcs[l](box[l].float()).to(t.dtype)))
     with R.quiet_model(model), torch.no_grad():
         logits = model(tokens, return_type="logits").double()
         with model.hooks(fwd_hooks=hooks):
