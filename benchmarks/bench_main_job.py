@@ -1,7 +1,7 @@
 """The main job (``rs-interp reproduce``, what ``bash scripts/reproduce.sh`` runs) against its budget:
 the whole job in a fresh process, from start to the written report, within 2 minutes on 2 cores.
 
-It runs the command line as a user does (``python -m rs_interp.cli reproduce --out DIR --quiet`` plus
+It runs the command line as a user does (``python -m rs_interp.ui.cli reproduce --out DIR --quiet`` plus
 any ``--jobs``), reads each section's CPU and wall seconds from ``DIR/results.json`` (``"cost"``,
 written by the job itself) and prints them with the process's total CPU seconds (its workers
 included) and the elapsed wall time. It exits with status 1 when the elapsed time is past
@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", default=None, help="run only these sections (then the budget is not judged)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_main_job_"))
-    cmd = [sys.executable, "-m", "rs_interp.cli", "reproduce", "--out", str(out), "--quiet"]
+    cmd = [sys.executable, "-m", "rs_interp.ui.cli", "reproduce", "--out", str(out), "--quiet"]
     if args.jobs is not None:
         cmd += ["--jobs", str(args.jobs)]
     if args.only:

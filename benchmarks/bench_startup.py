@@ -20,9 +20,9 @@ import time
 ROWS = {
     "python -c pass (bare interpreter)": "pass",
     "import rs_interp": "import rs_interp",
-    "rs-interp --help": "from rs_interp.cli import main; main(['--help'])",
-    "rs-interp circuit --help": "from rs_interp.cli import main; main(['circuit', '--help'])",
-    "rs-interp reproduce --only nosuch (argument error)": "from rs_interp.cli import main; main(['reproduce', '--only', 'nosuch'])",
+    "rs-interp --help": "from rs_interp.ui.cli import main; main(['--help'])",
+    "rs-interp circuit --help": "from rs_interp.ui.cli import main; main(['circuit', '--help'])",
+    "rs-interp reproduce --only nosuch (argument error)": "from rs_interp.ui.cli import main; main(['reproduce', '--only', 'nosuch'])",
     "import torch": "import torch",
     "import transformer_lens": "import transformer_lens",
     "rs_interp.load_toy_model(\"induction-1l\") (first use)": "import rs_interp; rs_interp.load_toy_model('induction-1l')",

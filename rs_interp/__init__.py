@@ -21,8 +21,8 @@ register_hooks_of_the_source_tree()  # hooks/ is rs_interp.hooks also when rs_in
 _WHERE: dict[str, str] = {
     "Model": "._backend",
     "Ablation": ".exact.validate",
-    "run_with_key_input": ".ablation",
-    "run_with_query_input": ".ablation",
+    "run_with_key_input": ".heads.ablation",
+    "run_with_query_input": ".heads.ablation",
     "Certificate": ".exact.certificate",
     "certify": ".exact.certificate",
     "AttributionPatching": ".circuits.node_attribution",
@@ -49,23 +49,23 @@ _WHERE: dict[str, str] = {
     "stability": ".circuits.uncertainty",
     "Fixed": ".circuits.correction",
     "fix_unreliable": ".circuits.correction",
-    "CompositionScores": ".composition",
-    "composition_scores": ".composition",
-    "virtual_weight": ".composition",
-    "copying_scores": ".copying",
+    "CompositionScores": ".heads.composition",
+    "composition_scores": ".heads.composition",
+    "virtual_weight": ".heads.composition",
+    "copying_scores": ".heads.copying",
     "InductionBatch": ".models.data",
     "induction_batch": ".models.data",
     "next_token_targets": ".models.data",
-    "FirstTokenAttention": ".heads",
-    "InductionScores": ".heads",
-    "ScoreSensitivity": ".heads",
-    "attention_patterns": ".heads",
-    "find_prev_token_head": ".heads",
-    "first_token_attention": ".heads",
-    "induction_scores": ".heads",
-    "key_score_sensitivity": ".heads",
-    "positional_scores": ".heads",
-    "prev_token_scores": ".heads",
+    "FirstTokenAttention": ".heads.roles",
+    "InductionScores": ".heads.roles",
+    "ScoreSensitivity": ".heads.roles",
+    "attention_patterns": ".heads.roles",
+    "find_prev_token_head": ".heads.roles",
+    "first_token_attention": ".heads.roles",
+    "induction_scores": ".heads.roles",
+    "key_score_sensitivity": ".heads.roles",
+    "positional_scores": ".heads.roles",
+    "prev_token_scores": ".heads.roles",
     "features": ".features",
     "hooks": ".hooks",
     "tasks": ".tasks",
@@ -75,18 +75,18 @@ _WHERE: dict[str, str] = {
     "head_labels": ".labels",
     "Metric": ".metrics",
     "next_token_loss": ".metrics",
-    "HeadAblationScan": ".head_ablation",
-    "ablate_heads": ".head_ablation",
-    "head_ablation_scan": ".head_ablation",
+    "HeadAblationScan": ".heads.head_ablation",
+    "ablate_heads": ".heads.head_ablation",
+    "head_ablation_scan": ".heads.head_ablation",
     "GPT2WeightsUnavailable": ".models.gpt2",
     "load_gpt2": ".models.gpt2",
     "WeightsUnavailable": ".models.pretrained",
     "load_pretrained": ".models.pretrained",
-    "LogitLensReadings": ".lens",
-    "logit_lens": ".lens",
-    "TunedLens": ".tuned_lens",
-    "lens_kl": ".tuned_lens",
-    "train_tuned_lens": ".tuned_lens",
+    "LogitLensReadings": ".readouts.lens",
+    "logit_lens": ".readouts.lens",
+    "TunedLens": ".readouts.tuned_lens",
+    "lens_kl": ".readouts.tuned_lens",
+    "train_tuned_lens": ".readouts.tuned_lens",
     "ParameterCount": ".models.gpt2_sizes",
     "count_parameters": ".models.gpt2_sizes",
     "gpt2_config": ".models.gpt2_sizes",
@@ -102,14 +102,14 @@ _WHERE: dict[str, str] = {
     "TrainingCache": ".models.registry",
     "load_toy_model": ".models.registry",
     "train_shipped": ".models.registry",
-    "DirectLogitAttribution": ".attribution",
-    "direct_logit_attribution": ".attribution",
-    "PathAttribution": ".paths",
-    "PathExpansion": ".paths",
-    "path_expansion": ".paths",
-    "path_logit_attribution": ".paths",
-    "SecondOrderAttribution": ".second_order",
-    "second_order_attribution": ".second_order",
+    "DirectLogitAttribution": ".readouts.attribution",
+    "direct_logit_attribution": ".readouts.attribution",
+    "PathAttribution": ".readouts.paths",
+    "PathExpansion": ".readouts.paths",
+    "path_expansion": ".readouts.paths",
+    "path_logit_attribution": ".readouts.paths",
+    "SecondOrderAttribution": ".readouts.second_order",
+    "second_order_attribution": ".readouts.second_order",
     "Score": ".models.training",
     "evaluate": ".models.training",
     "score_logits": ".models.training",
@@ -119,8 +119,6 @@ _WHERE: dict[str, str] = {
 if TYPE_CHECKING:  # the names, for type checkers and the documentation (which reads these imports)
     from . import features, hooks, scale, tasks
     from ._backend import Model
-    from .ablation import run_with_key_input, run_with_query_input
-    from .attribution import DirectLogitAttribution, direct_logit_attribution
     from .circuits.acdc import ACDC, acdc
     from .circuits.correction import Fixed, fix_unreliable
     from .circuits.edge_attribution import EdgeAttributionPatching, edge_attribution_patching
@@ -131,12 +129,13 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     from .circuits.selection import top_edges
     from .circuits.uncertainty import Bootstrap, Stability, bootstrap, stability
     from .circuits.ungrouped import ungroup_gqa
-    from .composition import CompositionScores, composition_scores, virtual_weight
-    from .copying import copying_scores
     from .exact.certificate import Certificate, certify
     from .exact.validate import Ablation
-    from .head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
-    from .heads import (
+    from .heads.ablation import run_with_key_input, run_with_query_input
+    from .heads.composition import CompositionScores, composition_scores, virtual_weight
+    from .heads.copying import copying_scores
+    from .heads.head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
+    from .heads.roles import (
         FirstTokenAttention,
         InductionScores,
         ScoreSensitivity,
@@ -149,7 +148,6 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
         prev_token_scores,
     )
     from .labels import head_label, head_labels
-    from .lens import LogitLensReadings, logit_lens
     from .metrics import Metric, next_token_loss
     from .models.checkpoints import (
         CheckpointError,
@@ -165,10 +163,12 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     from .models.pretrained import WeightsUnavailable, load_pretrained
     from .models.registry import SHIPPED_MODELS, ShippedModel, Trained, TrainingCache, load_toy_model, train_shipped
     from .models.training import Score, evaluate, score_logits, train_induction_model
-    from .paths import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
-    from .second_order import SecondOrderAttribution, second_order_attribution
+    from .readouts.attribution import DirectLogitAttribution, direct_logit_attribution
+    from .readouts.lens import LogitLensReadings, logit_lens
+    from .readouts.paths import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
+    from .readouts.second_order import SecondOrderAttribution, second_order_attribution
+    from .readouts.tuned_lens import TunedLens, lens_kl, train_tuned_lens
     from .tokenizers import gpt2_tokenizer
-    from .tuned_lens import TunedLens, lens_kl, train_tuned_lens
 
 
 __getattr__, __dir__ = attach(__name__, _WHERE, globals())

@@ -1,4 +1,4 @@
-"""Direct logit attribution (rs_interp.attribution): every component's part equals an autograd brute
+"""Direct logit attribution (rs_interp.readouts.attribution): every component's part equals an autograd brute
 force written apart from the helper (plain hooks on the raw forward, the final norm's scale frozen), and
 the parts sum to the metric, on every variant, under hooks, with skipped targets (-1)."""
 

@@ -1,4 +1,4 @@
-"""``rs-interp circuit``'s work (rs_interp.circuit_command): on code-2l with the induction task and on
+"""``rs-interp circuit``'s work (rs_interp.ui.circuit_command): on code-2l with the induction task and on
 GPT-2 small's random weights with IOI, every file written within a minute, each number in them the
 one a direct computation gives, and the page drawn by headless Chromium (a screenshot beside the test)."""
 
@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from test_evaluation import _on_a_path
 
 import rs_interp as ri
-from rs_interp.circuit_command import add_arguments, load_model, run_circuit, run_command
 from rs_interp.tasks import build_task, read_mib
+from rs_interp.ui.circuit_command import add_arguments, load_command_model, run_circuit, run_command
 
 FILES = {"scores.safetensors", "scores.json", "importances_mib.json", "curve.json", "circuit.json", "diagram.json",
          "report.html", "summary.json"}
@@ -181,7 +181,7 @@ def test_refusals(tmp_path):
     with pytest.raises(ValueError, match="outside this model's 256-token vocabulary"):
         run_circuit(model, build_task("induction", n=2, d_vocab=1000), method="eap", out=tmp_path)
     with pytest.raises(ValueError, match="is not gpt2, gpt2-random, a shipped model"):
-        load_model("no-such-model")
+        load_command_model("no-such-model")
     with pytest.raises(ValueError, match=r"of \d+ names are not single tokens"):  # code-2l's tokenizer cannot say IOI's names
         _run(["--model", "code-2l", "--task", "ioi", "--out", str(tmp_path)])
     assert list(tmp_path.iterdir()) == []
@@ -207,7 +207,7 @@ def test_a_circuit_that_cannot_reach_the_logits_is_said_so(tmp_path):
 _REFUSE = """
 import json, sys, time
 start = time.perf_counter()
-from rs_interp.cli import main
+from rs_interp.ui.cli import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as stop:
@@ -240,7 +240,7 @@ def test_a_bad_argument_is_refused_before_torch_loads(tmp_path, bad):
 
 
 def test_help_lists_every_default(capsys):
-    from rs_interp.cli import build_parser
+    from rs_interp.ui.cli import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["circuit", "--help"])

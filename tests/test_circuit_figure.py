@@ -8,7 +8,7 @@ import torch
 from builders import TL4
 
 import rs_interp as ri
-from rs_interp.circuit_figure import EDGE_COLOURS, circuit_figure
+from rs_interp.ui.circuit_figure import EDGE_COLOURS, circuit_figure
 
 
 def _cfgs():

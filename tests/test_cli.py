@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from rs_interp.cli import main
 from rs_interp.models.registry import SHIPPED_MODELS
 from rs_interp.reproduce.expected import EXPECTED
+from rs_interp.ui.cli import main
 
 
 def test_reproduce_writes_results(tmp_path, capsys):
@@ -81,7 +81,7 @@ def test_hooks_is_not_a_global_package(tmp_path):
 def test_gpt2_without_weights_is_one_clean_line(tmp_path):
     env = {k: v for k, v in __import__("os").environ.items() if k != "RS_INTERP_GPT2_PATH"}
     env["HF_HOME"] = str(tmp_path)  # an empty cache
-    r = subprocess.run([sys.executable, "-m", "rs_interp.cli", "gpt2"], capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, "-m", "rs_interp.ui.cli", "gpt2"], capture_output=True, text=True, env=env)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "RS_INTERP_GPT2_PATH" in r.stderr and "--weights random" in r.stderr
 

@@ -99,7 +99,7 @@ def test_proposition_4_orthogonal_subspaces(test_set):
 def test_virtual_weight_is_low_rank_and_gives_the_composition_score(random3x3, kind):
     """Definition 4: W_OV has rank at most d_head, so the virtual weight does too; its Frobenius
     norm, over the two norms, is the composition score composition_scores computes by QR."""
-    from rs_interp.composition import score_from_virtual_weight
+    from rs_interp.heads.composition import score_from_virtual_weight
 
     scores = ri.composition_scores(random3x3, kind).scores
     d_head = random3x3.cfg.d_head

@@ -6,7 +6,7 @@ into the last layer's first head and into the logits) and the faithfulness curve
 code-2l and the 4-layer model with MLPs in float64 (1e-10) and on code-2l in float32 (1e-6 relative to
 the largest number of each result). (Streamed over every edge and MIB's ten fractions in one process:
 tests/test_streaming.py; the ranks' sums are reduced alike whatever the analysis.) And ``rs-interp circuit`` (the command
-line's own entry, ``rs_interp.cli.main``) runs unchanged in the 2 ranks: rank 0 writes the files, and
+line's own entry, ``rs_interp.ui.cli.main``) runs unchanged in the 2 ranks: rank 0 writes the files, and
 their numbers are the single-process command's.
 
 Both launches run at once, beside the single-process computations (one call on every pair, shared
@@ -67,7 +67,7 @@ def _worker(out: Path) -> None:
     resumed = [numbers(scale.edge_attribution_patching(model, task, batch_size=BATCH, resume=out / "eap.safetensors",
                                                        progress=False), "eap") for _ in range(2)]
     if world == 2:
-        from rs_interp.cli import main
+        from rs_interp.ui.cli import main
 
         assert main(COMMAND + ["--out", str(out / "circuit")]) == 0
     torch.save({"results": results, "rows": rows, "few": few, "resumed": resumed, "rank": rank, "world": world, "initialised": dist.is_initialized(),
@@ -122,7 +122,7 @@ def launched(tmp_path_factory):
     start = time.perf_counter()
     procs = {n: _launch(n, outs[n]) for n in WORLDS}
     try:
-        from rs_interp.cli import main
+        from rs_interp.ui.cli import main
 
         single = tmp_path_factory.mktemp("single")
         assert main(COMMAND + ["--out", str(single)]) == 0

@@ -224,7 +224,7 @@ def test_pruned_top_edges_are_the_ones_on_a_path_from_embed_to_logits(variant, n
 
 
 def test_faithfulness_figure():
-    from rs_interp import plots
+    from rs_interp.ui import plots
 
     model, toks, ref = _setup()
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref)

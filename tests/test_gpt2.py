@@ -182,8 +182,8 @@ def test_pretrained_parameter_count(pretrained):
 
 
 def test_cli_gpt2_says_which_weights(hf_random, tmp_path, capsys, monkeypatch):
-    from rs_interp.cli import main
     from rs_interp.reproduce import gpt2_check
+    from rs_interp.ui.cli import main
 
     analyses = []  # (weights, source) of each run, and its analysis
     def recorded(model, **kwargs):

@@ -162,7 +162,7 @@ def test_missed_names_what_a_gradient_cannot_see(tracr_scored):
 
 
 def test_the_figure_draws_each_auroc():
-    from rs_interp.plots import ground_truth_figure
+    from rs_interp.ui.plots import ground_truth_figure
 
     fig = ground_truth_figure({"a": {"EAP": (0.5, 1.0), "scan": (None, None)}, "b": {"EAP": (0.25, 0.75), "scan": (1.0, 1.0)}})
     bars = {(t.name, t.xaxis): list(t.y) for t in fig.data}

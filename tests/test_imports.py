@@ -1,4 +1,5 @@
-"""The import graph of the package: no circle, and no arrow from the library into the reproduction.
+"""The import graph of the package: no circle, the packages' direction (the user-facing layer above the
+analyses above the core), and no arrow from the library into the reproduction.
 
 Read from the sources (every ``import`` statement, at module level or inside a function), so a lazy
 import that would close a circle at run time counts as much as a top-level one.
@@ -92,6 +93,56 @@ def test_no_import_circle():
     assert cycles == []
 
 
+#: The packages' roles, bottom to top: the core (the exact core, the backend, the hook factories and the
+#: top-level modules, the common substrate), the analyses, the user-facing layer. The theory lab sits
+#: beside the analyses and reads the core; the reproduction and the case study are apart (they read
+#: everything; only the command line reads the reproduction).
+ANALYSES = ("readouts", "heads", "circuits", "features", "models", "tasks", "scale")
+APART = ("reproduce", "finance")
+#: role -> the roles it may import.
+MAY_IMPORT = {
+    "core": {"core"},
+    "analysis": {"analysis", "core"},
+    "lab": {"lab", "core"},
+    "ui": {"ui", "analysis", "lab", "core", "facade"},
+}
+
+
+def _role(module: str) -> str:
+    """The role of a module: ``facade`` (``rs_interp`` itself, which names every public name lazily),
+    ``analysis``, ``ui``, ``lab``, ``apart`` or ``core`` (every other package and top-level module)."""
+    if module == "rs_interp":
+        return "facade"
+    package = module.split(".")[1]
+    return ("analysis" if package in ANALYSES else "apart" if package in APART
+            else package if package in ("ui", "lab") else "core")
+
+
+def test_every_package_has_a_role():
+    """A new package is placed on purpose: each package of ``rs_interp`` is one this file names (or a
+    core package)."""
+    packages = {p.name for p in (ROOT / "rs_interp").iterdir() if (p / "__init__.py").is_file()}
+    assert packages - {*ANALYSES, *APART, "ui", "lab"} == {"exact", "_backend"}
+
+
+def test_the_packages_direction():
+    """The user-facing layer (``ui``: figures, the command line) reads the analyses and the core; the
+    analyses read the core, never ``ui``; the core reads no analysis and no ``ui``. Only the command
+    line (``rs_interp.ui.cli``) reads the reproduction."""
+    graph = _graph()
+    assert ("rs_interp.readouts.lens" in graph["rs_interp.reproduce.gpt2_check"]
+            and "rs_interp.exact.certificate" in graph["rs_interp.heads.roles"])  # the graph sees the packages
+    offenders = []
+    for module, targets in graph.items():
+        role = _role(module)
+        if role in ("facade", "apart"):
+            continue
+        for target in targets:
+            if _role(target) not in MAY_IMPORT[role] and not (module == "rs_interp.ui.cli" and target.startswith("rs_interp.reproduce")):
+                offenders.append((module, target))
+    assert offenders == []
+
+
 def test_no_version_outside_the_backend():
     """Every difference between TransformerLens versions lives in ``rs_interp._backend``: no other
     module reads ``TL_MAJOR`` or imports a version's module (the report names the version it ran on)."""
@@ -149,19 +200,19 @@ def test_library_modules_are_short():
     assert long == {}
 
 
-@pytest.mark.parametrize("module", sorted(m for m in SOURCES if not m.startswith(("rs_interp.reproduce", "rs_interp.cli"))))
+@pytest.mark.parametrize("module", sorted(m for m in SOURCES if not m.startswith(("rs_interp.reproduce", "rs_interp.ui.cli"))))
 def test_the_library_never_imports_the_reproduction(module):
     """One-way: the reproduction (rs_interp.reproduce) reads the library, never the other way, not
-    even lazily. The command line (rs_interp.cli) is the application on top of both."""
+    even lazily. The command line (rs_interp.ui.cli) is the application on top of both."""
     assert [t for t in _graph()[module] if t.startswith("rs_interp.reproduce")] == []
 
 
 @pytest.mark.parametrize("code", [
     "import rs_interp",
     "import rs_interp.models, rs_interp.tasks, rs_interp.reproduce; rs_interp.models.SHIPPED_MODELS; rs_interp.tasks.TASK_NAMES",
-    "from rs_interp.cli import main; main(['--help'])",
-    "from rs_interp.cli import main; main(['circuit', '--help'])",
-    "from rs_interp.cli import main; main(['reproduce', '--only', 'nosuch'])",
+    "from rs_interp.ui.cli import main; main(['--help'])",
+    "from rs_interp.ui.cli import main; main(['circuit', '--help'])",
+    "from rs_interp.ui.cli import main; main(['reproduce', '--only', 'nosuch'])",
 ])
 def test_the_package_and_the_command_line_load_without_torch(code):
     """``import rs_interp``, the catalogs and ``rs-interp ... --help`` (or an argument error) load neither

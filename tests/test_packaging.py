@@ -88,7 +88,7 @@ def test_wheel_holds_every_file(built):
     assert not [n for n in names if n.startswith("hooks/")]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "rs-interp = rs_interp.cli:main" in zipfile.ZipFile(built["wheel"]).read(entry_points).decode()
+    assert "rs-interp = rs_interp.ui.cli:main" in zipfile.ZipFile(built["wheel"]).read(entry_points).decode()
 
 
 def test_wheel_declares_every_import(built):

@@ -1,4 +1,4 @@
-"""Path expansion (rs_interp.paths): the paths of an attention-only model sum to its logits, on
+"""Path expansion (rs_interp.readouts.paths): the paths of an attention-only model sum to its logits, on
 every shape and positional scheme, biases included; path attribution; hooks and skipped targets."""
 
 import pytest

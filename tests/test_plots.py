@@ -1,5 +1,5 @@
 """Issue 42: every figure takes the result object the helper returned (and still its parts), and draws
-what the result holds. Each function of ``rs_interp.plots`` is called here with a result."""
+what the result holds. Each function of ``rs_interp.ui.plots`` is called here with a result."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp import plots
+from rs_interp.ui import plots
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_path_and_lens_figures_take_results(setup):
 def test_the_other_figures_take_results():
     from rs_interp.circuits import ground_truth as gt
     from rs_interp.circuits.tracr_truth import tracr_case
-    from rs_interp.geometry import collapse_cloud, collapse_run
+    from rs_interp.lab.geometry import collapse_cloud, collapse_run
 
     pc = ri.count_parameters(ri.gpt2_config("small"))
     assert sum(d.x[0] for d in plots.parameter_breakdown_figure(pc).data) == sum(pc.by_category.values())

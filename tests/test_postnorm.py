@@ -456,7 +456,7 @@ def test_the_circuit_command_runs_end_to_end_on_gemma2(tmp_path, method):
 
     from safetensors.torch import load_file
 
-    from rs_interp.circuit_command import add_arguments, run_command
+    from rs_interp.ui.circuit_command import add_arguments, run_command
 
     save_checkpoint("gemma2", tmp_path / "ckpt")
     out = tmp_path / "out"

@@ -420,7 +420,7 @@ def test_tables_are_identical_across_processes(tmp_path):
     import sys
 
     # Two processes side by side (the second core is free once the other pass of scripts/test.sh ends)
-    runs = [subprocess.Popen([sys.executable, "-m", "rs_interp.cli", "reproduce", "--only", "induction", "paths", "geometry",
+    runs = [subprocess.Popen([sys.executable, "-m", "rs_interp.ui.cli", "reproduce", "--only", "induction", "paths", "geometry",
                               "--quiet", "--out", str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             for name in ("a", "b")]
     for run in runs:

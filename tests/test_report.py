@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from rs_interp.cli import main
+from rs_interp.ui.cli import main
 
 # Each registry entry and the tables it builds: a section added to the registry but not here fails below.
 PARTS = {"induction": ["induction"], "circuits": ["key_ablation", "heads", "composition"], "ablation": ["ablation"],
@@ -144,9 +144,9 @@ def test_report_renders_in_headless_chromium(report_dir, tmp_path):
 
 def test_the_registry_is_the_one_list():
     """The CLI's --only choices, the report's order and these tests all read rs_interp.reproduce.SECTIONS."""
-    from rs_interp.cli import build_parser
     from rs_interp.reproduce import SECTIONS as REGISTRY
     from rs_interp.reproduce import builder
+    from rs_interp.ui.cli import build_parser
 
     reproduce = next(a for a in build_parser()._subparsers._group_actions[0].choices["reproduce"]._actions if a.dest == "only")
     assert list(reproduce.choices) == list(REGISTRY)

@@ -5,9 +5,9 @@ import json
 import pytest
 from builders import slow_on_tl3
 
-from rs_interp.cli import main
 from rs_interp.reproduce import _merge
 from rs_interp.reproduce.context import Row, Section
+from rs_interp.ui.cli import main
 
 
 def _section(values, oks, labels=None):

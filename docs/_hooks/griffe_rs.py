@@ -23,7 +23,7 @@ log = logging.getLogger("mkdocs.hooks.griffe_rs")
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Modules whose every public member the reference renders (beside the names of ``rs_interp.__all__``).
-DOCUMENTED_MODULES = ("rs_interp.hooks", "rs_interp.plots", "rs_interp.circuits.tracr")
+DOCUMENTED_MODULES = ("rs_interp.hooks", "rs_interp.ui.plots", "rs_interp.circuits.tracr")
 _ROLE = re.compile(r":(?:py:)?(func|class|meth|attr|data|mod|obj|exc):`(~?)([\w.]+)`")
 
 

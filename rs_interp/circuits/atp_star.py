@@ -129,8 +129,8 @@ def stream_points(model: Model, layers: set[int], *, attention: bool = False) ->
     """The hook points a replica pass starts from: the stream entering each of ``layers`` (and the
     shortformer positions); with ``attention``, also each layer's ``hook_q``, ``hook_k``, ``hook_v``
     and ``hook_pattern`` (what :func:`edge_qk_fix` forms patterns from)."""
-    names = {f"blocks.{l}.hook_resid_pre" for l in layers}
-    names |= {f"blocks.{l}.attn.hook_{n}" for l in layers for n in ("q", "k", "v", "pattern")} if attention else set()
+    names = {N.resid_pre(l) for l in layers}
+    names |= {N.projection(l, n) for l in layers for n in ("q", "k", "v")} | {N.pattern(l) for l in layers} if attention else set()
     short = model.cfg.positional_embedding_type == "shortformer"
     return lambda n: n in names or (short and n == "hook_pos_embed")
 

@@ -48,6 +48,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 from jaxtyping import Int
 
+from .. import _names as N
 from .._backend import Model, per_head_inputs
 from .._state import preserve_state
 from ..exact.stream import mlp_flags, receiver_hook
@@ -172,9 +173,9 @@ def _output_point(receiver: str, n_layers: int) -> tuple[str | None, int | None]
     if receiver == "logits":
         return None, None
     if receiver.startswith("MLP"):
-        return f"blocks.{receiver[3:]}.hook_mlp_out", None
+        return N.mlp_out(int(receiver[3:])), None
     layer, _, index = receiver_hook(receiver, n_layers)
-    return f"blocks.{layer}.attn.hook_z", index
+    return N.z(layer), index
 
 
 def receiver_response(model: Model, tokens: torch.Tensor, reference: torch.Tensor,

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from .._backend import Model
-from ..composition import composition_scores
-from ..copying import copying_scores
-from ..heads import induction_scores, prev_token_scores
+from ..heads.composition import composition_scores
+from ..heads.copying import copying_scores
+from ..heads.roles import induction_scores, prev_token_scores
 from ..labels import head_label
 from ..metrics import Metric, next_token_loss
 from ..models.data import InductionBatch

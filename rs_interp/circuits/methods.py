@@ -20,7 +20,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal
 
-from ..head_ablation import head_ablation_scan
+from ..heads.head_ablation import head_ablation_scan
 from .acdc import acdc
 from .correction import fix_unreliable
 from .edge_attribution import edge_attribution_patching

@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 from jaxtyping import Int
 
+from .. import _names as N
 from .._backend import Model, per_head_inputs, run_from
 from .._budget import stacked_copies
 from .._progress import bar
@@ -156,7 +157,7 @@ def path_patching(
 
             with per_head_inputs(model, [(name, patch_of(e)) for name, e in targets.items()]) as runnable, model.hooks(fwd_hooks=runnable):
                 if from_layer:
-                    x = box[f"blocks.{layer}.hook_resid_pre"].repeat(k, 1, 1)
+                    x = box[N.resid_pre(layer)].repeat(k, 1, 1)
                     logits = run_from(model, x, start=layer, spe=None if spe is None else spe.repeat(k, 1, 1))
                 else:
                     logits = model(tokens.repeat(k, 1), return_type="logits")

@@ -29,13 +29,14 @@ from typing import Callable, Iterator
 
 import torch
 
+from .. import _names as N
 from .._backend import Model, Stop, pre_norm, with_dtype
 from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
 __all__: list[str] = []
 
-def check_model(model: Model, transcoders: TranscoderSet, what: str) -> None:
+def check_replacement(model: Model, transcoders: TranscoderSet, what: str) -> None:
     """Refuse, naming why, a model whose replacement is not linear once frozen (the configurations of
     :data:`rs_interp.exact.certificate.REFUSES`, then the identities the graph needs, measured on the model:
     :data:`rs_interp.exact.certificate.NEEDS`), or transcoders that do not fit it. ``what`` is the helper's
@@ -74,8 +75,8 @@ def input_hook(model: Model, transcoders: TranscoderSet, layer: int) -> str:
     """The hook point the transcoder input of ``layer`` is read from (see :func:`finish_input`)."""
     point = transcoders.input_point
     if point == "hook_resid_mid" or (point == "mlp.hook_in" and pre_norm(model, layer, "ln2").kind is None):
-        return f"blocks.{layer}.hook_resid_mid"
-    return f"blocks.{layer}.ln2.hook_normalized"
+        return N.resid_mid(layer)
+    return N.normalized(layer, "ln2")
 
 
 def finish_input(model: Model, transcoders: TranscoderSet, layer: int, t: torch.Tensor) -> torch.Tensor:
@@ -96,7 +97,7 @@ def freeze_names(model: Model) -> list[str]:
 def hook_names(model: Model, transcoders: TranscoderSet) -> list[str]:
     L = model.cfg.n_layers
     return (["hook_embed", "unembed.hook_in"] + [input_hook(model, transcoders, l) for l in range(L)]
-            + [f"blocks.{l}.hook_mlp_out" for l in range(L)] + [f"blocks.{l}.attn.hook_pattern" for l in range(L)])
+            + [N.mlp_out(l) for l in range(L)] + [N.pattern(l) for l in range(L)])
 
 
 @contextlib.contextmanager
@@ -150,7 +151,7 @@ def clean_run(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor) ->
     hooks = [(n, _store(box, n)) for n in freeze_names(model)] + [("hook_embed", _store(box, "embed"))]
     for l in range(L):
         hooks.append((input_hook(model, transcoders, l), _store(box, f"in{l}", lambda t, l=l: finish_input(model, transcoders, l, t))))
-        hooks.append((f"blocks.{l}.hook_mlp_out", _store(box, f"out{l}")))
+        hooks.append((N.mlp_out(l), _store(box, f"out{l}")))
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         logits = model(tokens, return_type="logits")
     frozen = {n: box[n] for n in freeze_names(model)}
@@ -179,7 +180,7 @@ def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, token
     for l in range(model.cfg.n_layers):
         hooks.append((input_hook(model, transcoders, l),
                       lambda t, hook, l=l: box.__setitem__(f"in{l}", finish_input(model, transcoders, l, t)[0])))
-        hooks.append((f"blocks.{l}.hook_mlp_out", set_out(l)))
+        hooks.append((N.mlp_out(l), set_out(l)))
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         logits = model(tokens, return_type="logits")
     return [box[f"in{l}"] for l in range(model.cfg.n_layers)], logits[0]
@@ -238,7 +239,7 @@ def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor,
 
     hooks = [(n, detach) for n in freeze_names(model)] + [("hook_embed", embed), ("unembed.hook_in", final)]
     for l in range(L):
-        hooks += [(input_hook(model, transcoders, l), read(l)), (f"blocks.{l}.hook_mlp_out", cut(l))]
+        hooks += [(input_hook(model, transcoders, l), read(l)), (N.mlp_out(l), cut(l))]
     # the MLP's own output is cut: nothing inside it needs a gradient, so none of its activations is kept for one
     hooks += [(n, detach) for n in model.hook_dict if n.endswith(("mlp.hook_pre", "mlp.hook_pre_linear"))]
     hooks += [(n, keep) for n in capture]

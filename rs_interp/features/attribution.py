@@ -153,7 +153,7 @@ def attribution_graph(
     given = _tokens(model, tokens)
     opt = C.resolve(model, given, convention, zero_positions, prepend_bos, feature_order, round_size)
     tokens = _tokens(model, opt.tokens)
-    R.check_model(model, transcoders, "features.attribution_graph")
+    R.check_replacement(model, transcoders, "features.attribution_graph")
     model = R.working_copy(model)
     P, L, dt = len(tokens), model.cfg.n_layers, model.cfg.dtype
     if not -len(given) <= int(position) < len(given):

@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 from jaxtyping import Float
 
+from .. import _names as N
 from .._backend import Model
 from .._format import Top
 from . import _replacement as R
@@ -106,7 +107,7 @@ def intervene(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
     >>> iv.gap < 1e-3, iv.frozen
     (True, True)
     """
-    R.check_model(model, transcoders, "features.intervene")
+    R.check_replacement(model, transcoders, "features.intervene")
     model = R.working_copy(model)
     changes = _factors(graph, nodes, scale, value)
     dt = model.cfg.dtype
@@ -184,7 +185,7 @@ def _live_run(model, tcs, tokens, embed, writes, feature_sets, graph):
 
     hooks = [("hook_embed", lambda t, hook: embed[None].to(t.dtype))]
     for l in range(model.cfg.n_layers):
-        hooks += [(R.input_hook(model, tcs, l), read(l)), (f"blocks.{l}.hook_mlp_out", out(l))]
+        hooks += [(R.input_hook(model, tcs, l), read(l)), (N.mlp_out(l), out(l))]
     with model.hooks(fwd_hooks=hooks):
         logits = model(tokens, return_type="logits")
     return [box[l] for l in range(model.cfg.n_layers)], logits[0]

@@ -119,7 +119,7 @@ class QKAttribution:
 
 
 def _prepare(model: Model, transcoders: TranscoderSet, graph: AttributionGraph, what: str):
-    R.check_model(model, transcoders, what)
+    R.check_replacement(model, transcoders, what)
     if not isinstance(graph, AttributionGraph):
         raise ValueError(f"{what}: graph must be an AttributionGraph, got {type(graph).__name__}")
     if graph.n_layers != model.cfg.n_layers or int(graph.tokens.max()) >= model.cfg.d_vocab:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Int
 
+from .. import _names as N
 from .._backend import Model
 from . import _replacement as R
 from .transcoders import Transcoder, TranscoderSet
@@ -79,7 +80,7 @@ def _pairs(model: Model, transcoders_like: TranscoderSet, tokens: torch.Tensor, 
     for l in range(model.cfg.n_layers):
         hooks.append((R.input_hook(model, transcoders_like, l),
                       lambda t, hook, l=l: xs[l].append(R.finish_input(model, transcoders_like, l, t).flatten(0, 1).float())))
-        hooks.append((f"blocks.{l}.hook_mlp_out", lambda t, hook, l=l: ys[l].append(t.flatten(0, 1).float())))
+        hooks.append((N.mlp_out(l), lambda t, hook, l=l: ys[l].append(t.flatten(0, 1).float())))
     with R.quiet_model(model), torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, len(tokens), chunk):
             model(tokens[start : start + chunk], return_type="logits")
@@ -133,7 +134,7 @@ def train_transcoder(
         raise ValueError("d_transcoder, steps and batch_size must be >= 1")
     L, d = model.cfg.n_layers, model.cfg.d_model
     probe = TranscoderSet(tuple(Transcoder(d, 1) for _ in range(L)), input_point=input_point)
-    R.check_model(model, probe, "features.train_transcoder")
+    R.check_replacement(model, probe, "features.train_transcoder")
     with torch.inference_mode(False):  # training needs autograd, whatever the caller's mode (inputs copied out of it)
         copy = lambda t: None if t is None else torch.as_tensor(t).clone()  # noqa: E731
         return _train(model, copy(tokens), probe, d_transcoder, activation, k, l1, skip, steps, batch_size, lr, seed,
@@ -202,7 +203,7 @@ def transcoder_metrics(model: Model, transcoders: TranscoderSet, tokens: Int[tor
     (True, True)
     """
     tokens = torch.as_tensor(tokens).long()
-    R.check_model(model, transcoders, "features.transcoder_metrics")
+    R.check_replacement(model, transcoders, "features.transcoder_metrics")
     tcs = transcoders if transcoders.dtype == torch.float32 else transcoders.to(torch.float32)
     xs, ys = _pairs(model, tcs, tokens)
     fvu, l0, dead = [], [], []
@@ -217,7 +218,7 @@ def transcoder_metrics(model: Model, transcoders: TranscoderSet, tokens: Int[tor
     hooks = []
     for l in range(model.cfg.n_layers):
         hooks.append((R.input_hook(model, tcs, l), lambda t, hook, l=l: box.__setitem__(l, R.finish_input(model, tcs, l, t))))
-        hooks.append((f"blocks.{l}.hook_mlp_out", lambda t, hook, l=l: tcs[l](box[l].float()).to(t.dtype)))
+        hooks.append((N.mlp_out(l), lambda t, hook, l=l: tcs[l](box[l].float()).to(t.dtype)))
     with R.quiet_model(model), torch.no_grad():
         logits = model(tokens, return_type="logits").double()
         with model.hooks(fwd_hooks=hooks):

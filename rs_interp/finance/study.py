@@ -75,7 +75,7 @@ def train_filing_model(filings: Sequence[Filing], *, steps: int = 600, batch_siz
 
 
 def _model_reader(model: Model, *, direct_only: bool = False) -> Callable[[Sequence[Query]], list[int | None]]:
-    from ..paths import path_expansion
+    from ..readouts.paths import path_expansion
 
     def read(queries: Sequence[Query]) -> list[int | None]:
         preds: list[int | None] = [None] * len(queries)
@@ -163,7 +163,7 @@ def evaluate_readers(corpus: Corpus, *, filing_model: Model, induction_1l: Model
         dq = find_queries([f])
         demo = complete_queries(readers, dq)
         demo_labels = tuple(f"{q.query_word} -> {q.answer_word}" for q in dq)
-    from ..heads import induction_scores
+    from ..heads.roles import induction_scores
     from ..models.data import induction_batch
 
     ambiguous = sum(int((table.counts[q.context[-1]] > 0).sum()) > 1 for q in seen_q) / len(seen_q)

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from .._backend import Model
-from ..heads import induction_scores, prev_token_scores
+from ..heads.roles import induction_scores, prev_token_scores
 from ..labels import head_label
-from ..lens import logit_lens
 from ..models.data import induction_batch
 from ..models.gpt2 import load_gpt2
+from ..readouts.lens import logit_lens
 
 __all__ = ["GPT2Analysis", "analyse_gpt2", "conversion_check"]
 

@@ -20,8 +20,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from .. import _names as N
 from .._backend import Model, attention_output, make_config, mlp_out_parameter, reinitialise, set_unembedding
-from ..geometry import layer_norm
+from ..lab.geometry import layer_norm
 from ..models.checkpoints import build_model
 
 __all__ = ["GradientRow", "gradient_scaling", "PostLNStack", "pre_ln_stack"]
@@ -98,7 +99,7 @@ def gradient_scaling(depths: Sequence[int] = (6, 12, 24), *, n_draws: int = 8, s
             W_last, W_first = mlp_out_parameter(model, depth - 1), mlp_out_parameter(model, 0)
 
             box = {}
-            with model.hooks(fwd_hooks=[(f"blocks.{depth - 1}.hook_resid_post", lambda t, hook: box.__setitem__("x", t.detach()))]):
+            with model.hooks(fwd_hooks=[(N.resid_post(depth - 1), lambda t, hook: box.__setitem__("x", t.detach()))]):
                 out = model(x0, start_at_layer=0)
             loss = (out @ c).mean()
             g_last, g_first = torch.autograd.grad(loss, [W_last, W_first])

@@ -40,11 +40,11 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from .. import circuits as _c
-from .. import head_ablation as _h
 from .._backend import Model
 from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, _mib_counts
 from ..circuits.selection import circuit_at, mib_weights, prune
 from ..exact.certificate import require
+from ..heads import head_ablation as _h
 from ..metrics import metric_value
 from .engine import Analysis, no_overrides, quiet, stream, weight_of
 from .pairs import Dataset

@@ -31,12 +31,12 @@ import torch
 from jaxtyping import Float
 
 from .._backend import Model
-from ..attribution import direct_logit_attribution as _dla
 from ..exact.certificate import require
-from ..lens import logit_lens as _lens
 from ..metrics import top_effects
-from ..tuned_lens import TunedLens
-from ..tuned_lens import lens_kl as _kl
+from ..readouts.attribution import direct_logit_attribution as _dla
+from ..readouts.lens import logit_lens as _lens
+from ..readouts.tuned_lens import TunedLens
+from ..readouts.tuned_lens import lens_kl as _kl
 from .engine import Analysis, no_overrides, quiet, stream
 from .pairs import Dataset
 

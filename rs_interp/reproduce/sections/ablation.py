@@ -7,13 +7,13 @@ import dataclasses
 import torch
 
 from ...circuits.node_attribution import attribution_patching
-from ...copying import copying_scores
-from ...head_ablation import ablate_heads, head_ablation_scan
-from ...heads import prev_token_scores
+from ...heads.copying import copying_scores
+from ...heads.head_ablation import ablate_heads, head_ablation_scan
+from ...heads.roles import prev_token_scores
 from ...labels import head_label, head_labels
 from ...metrics import next_token_loss
 from ...models.data import induction_batch
-from ...plots import estimate_vs_exact_figure, head_scan_figure
+from ...ui.plots import estimate_vs_exact_figure, head_scan_figure
 from ..context import Context, Row, Section, banded, exact_row
 from ..expected import PREV_TOKEN_HEAD
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import torch
 
-from ...attribution import direct_logit_attribution
-from ...composition import composition_scores
-from ...head_ablation import ablate_heads, head_ablation_scan
-from ...heads import attention_patterns, first_token_attention, prev_token_scores
+from ...heads.composition import composition_scores
+from ...heads.head_ablation import ablate_heads, head_ablation_scan
+from ...heads.roles import attention_patterns, first_token_attention, prev_token_scores
 from ...labels import head_label
-from ...lens import logit_lens
 from ...metrics import next_token_loss
 from ...models.code_model import EOT, code_corpus, encode_corpus, heldout_loss, repeated_sequence_losses, repeated_tokens, unigram_loss
 from ...models.data import next_token_targets
-from ...plots import head_scan_figure, logit_lens_figure
-from ...second_order import second_order_attribution
-from ...tuned_lens import lens_kl, train_tuned_lens
+from ...readouts.attribution import direct_logit_attribution
+from ...readouts.lens import logit_lens
+from ...readouts.second_order import second_order_attribution
+from ...readouts.tuned_lens import lens_kl, train_tuned_lens
+from ...ui.plots import head_scan_figure, logit_lens_figure
 from ..context import Context, Row, Section, banded, exact_row
 from .ablation import estimate_vs_exact
 

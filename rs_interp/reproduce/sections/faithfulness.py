@@ -17,7 +17,7 @@ from ...circuits.uncertainty import Z95, bootstrap
 from ...metrics import next_token_loss
 from ...models.code_model import repeated_tokens
 from ...models.data import induction_batch
-from ...plots import faithfulness_figure
+from ...ui.plots import faithfulness_figure
 from ..context import Context, Section, banded
 from .code import _repeat_targets
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...finance import READERS, run_case_study
-from ...plots import finance_figure
+from ...ui.plots import finance_figure
 from ..context import Context, Row, Section, banded
 from ..expected import UNBANDED
 

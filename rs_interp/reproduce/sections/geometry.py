@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...geometry import collapse_cloud, collapse_run, count_clusters
-from ...plots import collapse_figure, layernorm_figure
+from ...lab.geometry import collapse_cloud, collapse_run, count_clusters
+from ...ui.plots import collapse_figure, layernorm_figure
 from ..context import Context, Row, Section, banded, exact_row
 from ..expected import UNBANDED
 from ..gradients import gradient_scaling

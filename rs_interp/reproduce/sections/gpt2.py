@@ -6,7 +6,7 @@ from typing import Any
 
 from ...models.gpt2 import find_pretrained_gpt2
 from ...models.gpt2_sizes import count_parameters, gpt2_config
-from ...plots import logit_lens_figure, parameter_breakdown_figure
+from ...ui.plots import logit_lens_figure, parameter_breakdown_figure
 from ..context import Context, Row, Section, banded
 from ..expected import GPT2_SMALL_PARAMETERS
 from ..gpt2_check import analyse_gpt2, conversion_check

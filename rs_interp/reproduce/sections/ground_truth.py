@@ -44,7 +44,7 @@ from ...circuits.methods import IG_STEPS, METHODS
 from ...circuits.tracr import TRACR_PROGRAMS
 from ...circuits.tracr_truth import tracr_case
 from ...models.data import induction_batch
-from ...plots import ground_truth_figure
+from ...ui.plots import ground_truth_figure
 from ..context import Context, Row, Section, banded
 from ..expected import EXPECTED, INDUCTION_HEAD, NECESSARY_EDGE, PREV_TOKEN_HEAD, UNBANDED
 from .faithfulness import N_PAIRS

@@ -6,14 +6,14 @@ import dataclasses
 
 import torch
 
-from ...ablation import run_with_key_input
-from ...composition import composition_scores
-from ...heads import attention_patterns, induction_scores, positional_scores, prev_token_scores
+from ...heads.ablation import run_with_key_input
+from ...heads.composition import composition_scores
+from ...heads.roles import attention_patterns, induction_scores, positional_scores, prev_token_scores
 from ...labels import head_label
 from ...models.checkpoints import make_attn_only
 from ...models.registry import SHIPPED_MODELS
 from ...models.training import evaluate, score_logits
-from ...plots import attention_figure, composition_heatmaps, period_sequence, position_figure
+from ...ui.plots import attention_figure, composition_heatmaps, period_sequence, position_figure
 from ..context import Context, Row, Section, banded
 from ..expected import PREV_TOKEN_HEAD
 

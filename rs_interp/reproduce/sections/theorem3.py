@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 
 from ..._backend import Model, load_portable_state, portable_state
-from ...ablation import run_with_key_input
-from ...composition import composition_scores
-from ...heads import key_score_sensitivity
-from ...lens import logit_lens
+from ...heads.ablation import run_with_key_input
+from ...heads.composition import composition_scores
+from ...heads.roles import key_score_sensitivity
 from ...models.checkpoints import as_dtype, make_attn_only
 from ...models.data import next_token_targets
-from ...paths import path_expansion, path_logit_attribution
-from ...plots import logit_lens_figure, path_contributions_figure, period_sequence
+from ...readouts.lens import logit_lens
+from ...readouts.paths import path_expansion, path_logit_attribution
+from ...ui.plots import logit_lens_figure, path_contributions_figure, period_sequence
 from ..context import Context, Section, banded, exact_row
 
 

@@ -75,8 +75,8 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
         >>> sorted(t.name for t in fig.data if t.showlegend)
         ['into a key', 'into a value', 'into the logits']
     """
-    from .circuits.graph import EdgeEffects, EdgeLayout, edge_layout
-    from .circuits.selection import top_edges
+    from ..circuits.graph import EdgeEffects, EdgeLayout, edge_layout
+    from ..circuits.selection import top_edges
 
     if not isinstance(max_edges, int) or max_edges < 1:
         raise ValueError(f"max_edges must be a positive integer, got {max_edges!r}")

@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from ..labels import head_label, head_labels
 from .circuit_figure import circuit_figure
-from .labels import head_label, head_labels
 
 __all__ = [
     "faithfulness_figure",
@@ -39,7 +39,7 @@ __all__ = [
 
 def period_sequence(period: int = 11, *, seed: int = 0, d_vocab: int = 256, seq_len: int = 48) -> torch.Tensor:
     """One test sequence (1, seq_len) of the given period, seeded."""
-    from .models.data import induction_batch
+    from ..models.data import induction_batch
 
     return induction_batch(1, seed=seed, d_vocab=d_vocab, seq_len=seq_len, min_period=period, max_period=period).tokens
 
@@ -183,7 +183,7 @@ def collapse_figure(runs: Sequence) -> go.Figure:
 
 def layernorm_figure(n_points: int = 40, *, seed: int = 0) -> go.Figure:
     """LayerNorm at d = 3: the plane x + y + z = 0, the circle of radius sqrt(3), a cloud before and after."""
-    from .geometry import layer_norm
+    from ..lab.geometry import layer_norm
 
     g = torch.Generator().manual_seed(seed)
     scale, shift = torch.tensor([1.5, 0.7, 0.4], dtype=torch.float64), torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)

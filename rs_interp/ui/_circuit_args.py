@@ -1,4 +1,4 @@
-"""``rs-interp circuit``'s arguments (private; :mod:`rs_interp.circuit_command` exports them): declared,
+"""``rs-interp circuit``'s arguments (private; :mod:`rs_interp.ui.circuit_command` exports them): declared,
 checked before torch or a model loads, and the model they name loaded.
 
 >>> _size("0.5"), _size("12")
@@ -14,24 +14,24 @@ from typing import Any
 
 from ._args import count, seed, writable_dir
 
-__all__ = ["METHODS", "add_arguments", "check_arguments", "load_model"]
+__all__ = ["COMMAND_METHODS", "add_arguments", "check_arguments", "load_command_model"]
 
 #: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching.
-METHODS = ("eap", "eap-ig", "exact")
+COMMAND_METHODS = ("eap", "eap-ig", "exact")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Declare ``rs-interp circuit``'s arguments on ``parser`` (a subparser); returns it. Each is checked
     at parse time where it can be (a count, a seed, a size); :func:`check_arguments` checks the rest
     before anything heavy loads."""
-    from .models.registry import SHIPPED_MODELS as SHIPPED
-    from .tasks import TASK_NAMES
+    from ..models.registry import SHIPPED_MODELS as SHIPPED
+    from ..tasks import TASK_NAMES
 
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="required: gpt2 (pretrained: $RS_INTERP_GPT2_PATH or the Hugging Face cache), gpt2-random, a shipped "
                              "model's name (" + ", ".join(SHIPPED) + "), or a Hugging Face checkpoint directory")
     parser.add_argument("--task", required=True, choices=TASK_NAMES, help="required: the task (" + ", ".join(TASK_NAMES) + ")")
-    parser.add_argument("--method", default="eap", choices=METHODS,
+    parser.add_argument("--method", default="eap", choices=COMMAND_METHODS,
                         help="edge scores: eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
                              "patched pass per edge, for small models; GPT-2 small has 32,491 edges) (default: %(default)s)")
     parser.add_argument("--out", required=True, metavar="DIR", help="required: the output directory (made if needed)")
@@ -84,14 +84,14 @@ def check_arguments(args: argparse.Namespace) -> Path:
 
 def _check_spec(spec: str) -> None:
     """Refuse a ``--model`` that is none of the accepted forms (light: the registry's names, a folder test)."""
-    from .models.registry import SHIPPED_MODELS
+    from ..models.registry import SHIPPED_MODELS
 
     if spec not in ("gpt2", "gpt2-random") and spec not in SHIPPED_MODELS and not Path(spec).is_dir():
         raise ValueError(f"--model {spec!r} is not gpt2, gpt2-random, a shipped model ({', '.join(SHIPPED_MODELS)}) "
                          "or a checkpoint directory")
 
 
-def load_model(spec: str) -> tuple[Any, Any, str]:
+def load_command_model(spec: str) -> tuple[Any, Any, str]:
     """(model, tokenizer or None, description) for ``--model`` (see :func:`add_arguments`).
 
     Raises:
@@ -100,7 +100,7 @@ def load_model(spec: str) -> tuple[Any, Any, str]:
     """
     import rs_interp as ri
 
-    from .tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
+    from ..tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
 
     if spec == "gpt2":
         source = _gpt2_source()
@@ -134,7 +134,7 @@ def _gpt2_source() -> str:
         return path
     if _gpt2_cached():
         return "hub"
-    from .models.pretrained import GPT2WeightsUnavailable
+    from ..models.pretrained import GPT2WeightsUnavailable
 
     raise GPT2WeightsUnavailable(
         "no pretrained GPT-2 weights here: RS_INTERP_GPT2_PATH is unset and the Hugging Face cache has no 'gpt2'. "

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from jaxtyping import Float
 
-from ._backend import Model, attn_weight
-from .exact.certificate import require
+from .._backend import Model, attn_weight
+from ..exact.certificate import require
 
 __all__ = ["copying_scores", "ov_eigenvalues"]
 

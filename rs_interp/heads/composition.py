@@ -30,10 +30,10 @@ import torch
 from jaxtyping import Float
 from transformer_lens import FactoredMatrix
 
-from ._backend import Model, attn_weight
-from .exact.certificate import require
-from .exact.readout import compute_dtype
-from .exact.validate import check_head
+from .._backend import Model, attn_weight
+from ..exact.certificate import require
+from ..exact.readout import compute_dtype
+from ..exact.validate import check_head
 
 __all__ = ["CompositionScores", "composition_scores", "random_baseline", "virtual_weight", "score_from_virtual_weight"]
 

@@ -6,12 +6,12 @@ import argparse
 import sys
 import time
 
+from ..models.registry import SHIPPED_MODELS
+from ..reproduce import SECTIONS
 from . import circuit_command
 from ._args import count as _positive
 from ._args import seed as _seed
 from ._args import writable_dir as _writable_dir
-from .models.registry import SHIPPED_MODELS
-from .reproduce import SECTIONS
 
 __all__ = ["main"]
 
@@ -21,14 +21,14 @@ def _log(msg: str) -> None:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from .reproduce import run_seeds
-    from .reproduce.report import describe_environment, format_cost, format_table, write_report, write_results
+    from ..reproduce import run_seeds
+    from ..reproduce.report import describe_environment, format_cost, format_table, write_report, write_results
 
     out = _writable_dir(args.out)
     print(f"rs-interp reproduce on {describe_environment()}\n", flush=True)
     cache = None
     if args.cache:
-        from .models.registry import TrainingCache
+        from ..models.registry import TrainingCache
 
         cache = TrainingCache(_writable_dir(args.cache))
     printed: set[str] = set()
@@ -60,8 +60,8 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .models.checkpoints import save_model
-    from .models.registry import train_shipped
+    from ..models.checkpoints import save_model
+    from ..models.registry import train_shipped
 
     out = _writable_dir(args.out)
     trained = train_shipped(args.name, args.seed, progress=not args.quiet)
@@ -74,9 +74,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _gpt2(args: argparse.Namespace) -> int:
-    from .models.gpt2 import find_pretrained_gpt2, load_gpt2
-    from .models.gpt2_sizes import count_parameters
-    from .reproduce.gpt2_check import analyse_gpt2
+    from ..models.gpt2 import find_pretrained_gpt2, load_gpt2
+    from ..models.gpt2_sizes import count_parameters
+    from ..reproduce.gpt2_check import analyse_gpt2
 
     out = _writable_dir(args.out) if args.out else None
     if args.weights == "random":

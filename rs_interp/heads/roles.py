@@ -14,13 +14,14 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 
-from ._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
-from ._state import preserve_state
-from .exact.certificate import require
-from .exact.validate import check_int_range, check_layer, check_tokens
-from .hooks import store_matching
-from .labels import head_labels
-from .metrics import top_effects
+from .. import _names as N
+from .._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
+from .._state import preserve_state
+from ..exact.certificate import require
+from ..exact.validate import check_int_range, check_layer, check_tokens
+from ..hooks import store_matching
+from ..labels import head_labels
+from ..metrics import top_effects
 
 __all__ = [
     "attention_patterns",
@@ -52,7 +53,7 @@ def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> 
     with preserve_state(model), torch.no_grad():
         with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith("attn.hook_pattern"))):
             model(tokens, return_type=None)
-    return torch.stack([box[f"blocks.{l}.attn.hook_pattern"] for l in range(model.cfg.n_layers)])
+    return torch.stack([box[N.pattern(l)] for l in range(model.cfg.n_layers)])
 
 
 @dataclass(frozen=True)

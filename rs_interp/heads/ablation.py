@@ -22,14 +22,14 @@ from typing import Literal, Sequence
 import torch
 from jaxtyping import Float, Int
 
-from . import _backend
-from . import _names as N
-from ._backend import Model, attn_weight, kv_groups, per_head_inputs
-from ._state import preserve_state
-from .exact.certificate import require
-from .exact.postnorm import frozen_heads
-from .exact.validate import check_heads, check_layer, check_tokens
-from .hooks import replace_heads_with, store
+from .. import _backend
+from .. import _names as N
+from .._backend import Model, attn_weight, kv_groups, per_head_inputs
+from .._state import preserve_state
+from ..exact.certificate import require
+from ..exact.postnorm import frozen_heads
+from ..exact.validate import check_heads, check_layer, check_tokens
+from ..hooks import replace_heads_with, store
 
 __all__ = ["run_with_key_input", "run_with_query_input", "run_with_input"]
 

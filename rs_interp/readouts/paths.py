@@ -29,15 +29,15 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Int
 
-from . import _names as N
-from ._backend import Model, attn_weight
-from ._state import preserve_state
-from .exact.certificate import confirm, require
-from .exact.readout import compute_dtype, d_vocab_out, unembed_bias
-from .exact.validate import check_target_pair, check_tokens
-from .hooks import store_matching
-from .labels import head_label
-from .metrics import top_effects
+from .. import _names as N
+from .._backend import Model, attn_weight
+from .._state import preserve_state
+from ..exact.certificate import confirm, require
+from ..exact.readout import compute_dtype, d_vocab_out, unembed_bias
+from ..exact.validate import check_target_pair, check_tokens
+from ..hooks import store_matching
+from ..labels import head_label
+from ..metrics import top_effects
 
 __all__ = [
     "PathExpansion",

@@ -9,16 +9,16 @@ import torch
 from einops import einsum
 from jaxtyping import Float, Int
 
-from . import _names as N
-from ._backend import Model, attn_weight, model_source
-from ._state import preserve_state
-from .exact.certificate import confirm, require
-from .exact.postnorm import attn_frozen, attn_post
-from .exact.readout import compute_dtype, d_vocab_out, final_norm, metric_of, unembed_direction
-from .exact.validate import check_target_pair, check_tokens
-from .hooks import store_matching
-from .labels import bias_label, head_labels, mlp_label
-from .metrics import top_effects
+from .. import _names as N
+from .._backend import Model, attn_weight, model_source
+from .._state import preserve_state
+from ..exact.certificate import confirm, require
+from ..exact.postnorm import attn_frozen, attn_post
+from ..exact.readout import compute_dtype, d_vocab_out, final_norm, metric_of, unembed_direction
+from ..exact.validate import check_target_pair, check_tokens
+from ..hooks import store_matching
+from ..labels import bias_label, head_labels, mlp_label
+from ..metrics import top_effects
 
 __all__ = ["DirectLogitAttribution", "direct_logit_attribution"]
 

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Int
 
-from . import _names as N
-from ._backend import Model, logit_softcap, run_from
-from ._state import preserve_state
-from .exact.certificate import require
-from .exact.readout import compute_dtype, d_vocab_out, final_norm_of, unembed_bias
-from .exact.validate import check_int_range, check_targets, check_tokens
-from .hooks import store
-from .labels import lens_label
+from .. import _names as N
+from .._backend import Model, logit_softcap, run_from
+from .._state import preserve_state
+from ..exact.certificate import require
+from ..exact.readout import compute_dtype, d_vocab_out, final_norm_of, unembed_bias
+from ..exact.validate import check_int_range, check_targets, check_tokens
+from ..hooks import store
+from ..labels import lens_label
 
 __all__ = ["LogitLensReadings", "logit_lens", "reading_points"]
 

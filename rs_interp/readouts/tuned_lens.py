@@ -29,13 +29,13 @@ import torch
 from jaxtyping import Float, Int
 from safetensors.torch import load_file, save_file
 
-from ._backend import Model
-from ._progress import bar
-from ._state import preserve_state
-from .exact.certificate import require
-from .exact.readout import compute_dtype, readout
-from .exact.validate import check_int_range, check_tokens
-from .hooks import store
+from .._backend import Model
+from .._progress import bar
+from .._state import preserve_state
+from ..exact.certificate import require
+from ..exact.readout import compute_dtype, readout
+from ..exact.validate import check_int_range, check_tokens
+from ..hooks import store
 from .lens import reading_points
 
 __all__ = ["TunedLens", "train_tuned_lens", "lens_kl"]

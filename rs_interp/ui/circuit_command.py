@@ -13,7 +13,7 @@ top edges at MIB's ten sizes; the circuit at the chosen size, evaluated; then th
   :func:`rs_interp.tasks.mib_importances`), so MIB's evaluation ranks them as rs_interp does;
 - ``curve.json``: the faithfulness curve (fractions, edges kept, values, faithfulness, its areas);
 - ``circuit.json``: the circuit's edges with their scores, its metric and faithfulness;
-- ``diagram.json``: the circuit diagram (:func:`rs_interp.circuit_figure.circuit_figure`), plotly JSON;
+- ``diagram.json``: the circuit diagram (:func:`rs_interp.ui.circuit_figure.circuit_figure`), plotly JSON;
 - ``report.html``: one offline page (plotly's JavaScript inside) with the numbers and both figures;
 - ``summary.json``: what :func:`run_circuit` returns.
 
@@ -38,10 +38,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
-from ._circuit_args import METHODS, add_arguments, check_arguments, load_model
-from .labels import edge_string
+from ..labels import edge_string
+from ._circuit_args import COMMAND_METHODS, add_arguments, check_arguments, load_command_model
 
-__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_model", "METHODS"]
+__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_command_model", "COMMAND_METHODS"]
 
 #: The most edges the diagram draws (the top ones of a larger circuit; the page says so).
 _DRAWN = 400
@@ -148,15 +148,15 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
 
     import rs_interp as ri
 
-    from . import scale
-    from ._progress import bar
+    from .. import scale
+    from .._progress import bar
+    from ..circuits.selection import mask, prune
+    from ..tasks.mib import write_mib
     from .circuit_figure import circuit_figure
-    from .circuits.selection import mask, prune
     from .plots import faithfulness_figure
-    from .tasks.mib import write_mib
 
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method not in COMMAND_METHODS:
+        raise ValueError(f"method must be one of {', '.join(COMMAND_METHODS)}, got {method!r}")
     _check(model, task)
     layout = ri.edge_layout(model)
     n = _circuit_size(size, layout.n_edges)
@@ -337,17 +337,17 @@ def _write_page(path: Path, run: CircuitRun, task: Any, diagram: Any, curve_fig:
 def run_command(args: argparse.Namespace) -> list[str]:
     """Run ``rs-interp circuit`` with parsed ``args``; the summary's lines (the command line prints them). Under ``torchrun``
     every rank runs it on its share of the pairs and rank 0 writes and reports (the other ranks return no lines)
-    (``torchrun --nproc_per_node=N -m rs_interp.cli circuit ...``).
+    (``torchrun --nproc_per_node=N -m rs_interp.ui.cli circuit ...``).
 
     Raises:
         rs_interp.WeightsUnavailable, ValueError, OSError: with a message for one line (the CLI prints it).
     """
     check_arguments(args)  # before torch: a bad argument costs a second, not a model load
-    from .scale import rank_device, world
-    from .tasks import build_task
+    from ..scale import rank_device, world
+    from ..tasks import build_task
 
     me, _ = world()  # under torchrun: this rank (the process group joined); else 0
-    model, tokenizer, what = load_model(args.model)
+    model, tokenizer, what = load_command_model(args.model)
     device = rank_device()  # each rank's model on its own device: cuda:LOCAL_RANK where there is CUDA
     if device.type != "cpu":
         model = model.to(device, print_details=False)

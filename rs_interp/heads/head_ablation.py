@@ -31,15 +31,16 @@ from typing import Callable, Sequence
 import torch
 from jaxtyping import Float, Int
 
-from ._backend import Model, logit_softcap, run_from
-from ._budget import stacked_copies
-from ._progress import bar
-from ._state import preserve_state
-from .exact.certificate import require
-from .exact.validate import Ablation, check_ablation, check_heads, check_int_range, check_positions
-from .hooks import mean_heads, resample_heads, store, store_matching, zero_heads
-from .labels import head_labels
-from .metrics import Metric, metric_value, top_effects
+from .. import _names as N
+from .._backend import Model, logit_softcap, run_from
+from .._budget import stacked_copies
+from .._progress import bar
+from .._state import preserve_state
+from ..exact.certificate import require
+from ..exact.validate import Ablation, check_ablation, check_heads, check_int_range, check_positions
+from ..hooks import mean_heads, resample_heads, store, store_matching, zero_heads
+from ..labels import head_labels
+from ..metrics import Metric, metric_value, top_effects
 
 __all__ = ["ablate_heads", "head_ablation_scan", "HeadAblationScan"]
 
@@ -81,7 +82,7 @@ def _reference_z(model: Model, reference: torch.Tensor, method: str, layers: Seq
     if method == "zero":
         return {}
     box: dict[str, torch.Tensor] = {}
-    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_z", store(box, str(l))) for l in layers]):
+    with torch.no_grad(), model.hooks(fwd_hooks=[(N.z(l), store(box, str(l))) for l in layers]):
         model(reference, return_type=None)
     reduce = {"mean": lambda z: z.mean(dim=(0, 1)), "position_mean": lambda z: z.mean(dim=0)}.get(method, lambda z: z)
     return {l: reduce(box[str(l)]) for l in layers}
@@ -123,7 +124,7 @@ def ablate_heads(
     layers = sorted({l for l, _ in pairs})
     with preserve_state(model), torch.no_grad():
         values = _reference_z(model, ref, method, layers)
-        fwd = [(f"blocks.{l}.attn.hook_z", _hook(method, values.get(l), [h for ll, h in pairs if ll == l])) for l in layers]
+        fwd = [(N.z(l), _hook(method, values.get(l), [h for ll, h in pairs if ll == l])) for l in layers]
         with model.hooks(fwd_hooks=fwd):
             return model(tokens, return_type="logits")
 
@@ -202,7 +203,7 @@ def head_ablation_scan(
         for l, group in bar(jobs, desc="head ablation scan", enabled=progress, unit="pass"):
             k = len(group)
             # replica i ablates head group[i]
-            resid = box[f"blocks.{l}.hook_resid_pre"].repeat(k, 1, 1) if from_layer else tokens.repeat(k, 1)
+            resid = box[N.resid_pre(l)].repeat(k, 1, 1) if from_layer else tokens.repeat(k, 1)
             value = refs.get(l)
             if method == "resample":
                 value = value.repeat(k, 1, 1, 1)
@@ -221,7 +222,7 @@ def head_ablation_scan(
                         out[rows, :, h] = value[rows, :, h].to(z.dtype)
                 return out
 
-            with model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_z", ablate)]):
+            with model.hooks(fwd_hooks=[(N.z(l), ablate)]):
                 logits = _logits(model, resid, l if from_layer else None, None if spe is None or not from_layer else spe.repeat(k, 1, 1), pos)
             for i, h in enumerate(group):
                 values[l, h] = metric_value(metric(logits[i * B : (i + 1) * B]), f"head ({l}, {h})")

@@ -38,16 +38,16 @@ import torch
 from einops import einsum
 from jaxtyping import Float, Int
 
-from . import _names as N
-from ._backend import Model, attn_weight, model_source, pre_norm
-from ._state import preserve_state
-from .exact.certificate import confirm, require
-from .exact.postnorm import attn_frozen, attn_post, frozen_heads
-from .exact.readout import compute_dtype, d_vocab_out, final_norm, unembed_direction
-from .exact.stream import record
-from .exact.validate import check_int_range, check_positions, check_target_pair, check_tokens
-from .labels import bias_label, head_labels, mlp_label
-from .metrics import top_effects
+from .. import _names as N
+from .._backend import Model, attn_weight, model_source, pre_norm
+from .._state import preserve_state
+from ..exact.certificate import confirm, require
+from ..exact.postnorm import attn_frozen, attn_post, frozen_heads
+from ..exact.readout import compute_dtype, d_vocab_out, final_norm, unembed_direction
+from ..exact.stream import record
+from ..exact.validate import check_int_range, check_positions, check_target_pair, check_tokens
+from ..labels import bias_label, head_labels, mlp_label
+from ..metrics import top_effects
 
 __all__ = ["SecondOrderAttribution", "second_order_attribution"]
 

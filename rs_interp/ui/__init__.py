@@ -1,0 +1,8 @@
+"""The user-facing layer: figures and the command line, on top of the analyses.
+
+- :mod:`.plots`, :mod:`.circuit_figure`: figures (``plotly`` figures, never shown by the library);
+- :mod:`.cli`: the ``rs-interp`` command line; :mod:`.circuit_command`: ``rs-interp circuit`` and :func:`~.circuit_command.run_circuit`;
+- ``_args``, ``_circuit_args``: the command line's argument checks, light so a bad argument is refused before torch loads.
+
+Importing this package loads nothing heavy (the command line's ``--help`` answers at once).
+"""
