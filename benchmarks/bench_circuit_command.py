@@ -5,7 +5,7 @@ the default settings: its CPU seconds and peak memory, against what the process 
 Every run is a fresh process on one thread (``OMP_NUM_THREADS=1``), its CPU seconds (user + system) and
 peak resident memory read from the kernel when it exits (``os.wait4``: what ``/usr/bin/time -v`` reports):
 
-- **the command** as a user runs it: ``python -m rs_interp.cli circuit --model M --task T --method X --out DIR --quiet``;
+- **the command** as a user runs it: ``python -m rs_interp.ui.cli circuit --model M --task T --method X --out DIR --quiet``;
 - **the baseline**: the same imports, the model loaded and the task built, nothing computed (its CPU
   seconds and peak, and its resident memory at the end: what every run of the command holds);
 - **the passes**: in a process of their own, one pass of each kind timed on the task's batch (the best
@@ -47,11 +47,11 @@ IG_STEPS = 5  # the command's default --ig-steps
 
 _LOAD = """
 import json, sys, time, resource
-from rs_interp._circuit_args import load_model
+from rs_interp.ui._circuit_args import load_command_model
 from rs_interp.tasks import build_task
-import rs_interp.cli, rs_interp.circuit_command
+import rs_interp.ui.cli, rs_interp.ui.circuit_command
 spec, task_name = sys.argv[1], sys.argv[2]
-model, tokenizer, _ = load_model(spec)
+model, tokenizer, _ = load_command_model(spec)
 task = build_task(task_name, tokenizer, n=32, seed=0, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
 rss = int(open("/proc/self/statm").read().split()[1]) * 4096
 """
@@ -156,7 +156,7 @@ def main() -> int:
               f"holding {base['rss_end'] / 1e9:.2f} GB", flush=True)
         for method in args.methods:
             out = top / f"{spec}-{method}"
-            run = _child(["-m", "rs_interp.cli", "circuit", "--model", spec, "--task", task, "--method", method,
+            run = _child(["-m", "rs_interp.ui.cli", "circuit", "--model", spec, "--task", task, "--method", method,
                           "--out", str(out), "--quiet"], top / f"{spec}-{method}.txt")
             requested = json.loads((out / "circuit.json").read_text())["requested"]
             cost = json.loads(_child(["-c", _PASSES, spec, task, str(out), str(requested)], top / f"{spec}-{method}.passes.txt")["last"])

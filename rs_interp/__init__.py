@@ -171,7 +171,17 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     from .tokenizers import gpt2_tokenizer
 
 
-__getattr__, __dir__ = attach(__name__, _WHERE, globals())
+#: The modules issue 51 moved into role packages, under their old names, so ``from rs_interp import plots``
+#: (or ``ri.lens``) in a notebook still gives the module. (``import rs_interp.plots`` does not: the
+#: statement needs the file; use the new path, ``rs_interp.ui.plots``.)
+_MOVED = {
+    **{m: f".readouts.{m}" for m in ("attribution", "second_order", "paths", "lens", "tuned_lens")},
+    **{m: f".heads.{m}" for m in ("composition", "copying", "ablation", "head_ablation")},
+    **{m: f".ui.{m}" for m in ("plots", "circuit_figure", "cli", "circuit_command")},
+    "geometry": ".lab.geometry",
+}
+
+__getattr__, __dir__ = attach(__name__, _WHERE, globals(), moved=_MOVED)
 
 
 __all__ = [

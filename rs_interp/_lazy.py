@@ -12,23 +12,31 @@ import warnings
 from typing import Any, Callable, Mapping
 
 
-def attach(package: str, where: Mapping[str, str], namespace: dict[str, Any]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def attach(package: str, where: Mapping[str, str], namespace: dict[str, Any],
+           moved: Mapping[str, str] | None = None) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: ``where`` maps a public name to its module (relative
-    to ``package``); any other name is tried as a submodule (``rs_interp.circuits``). A loaded name is
-    stored in ``namespace`` (the package's globals), so each is imported once.
+    to ``package``); ``moved`` maps a submodule's old name to the module it now is (``from rs_interp
+    import plots`` after ``plots`` moved into ``rs_interp.ui``); any other name is tried as a submodule
+    (``rs_interp.circuits``). A loaded name is stored in ``namespace`` (the package's globals), so each
+    is imported once.
 
     >>> import json.decoder
     >>> namespace = {}
     >>> getattr_, dir_ = attach("json", {"JSONDecoder": ".decoder"}, namespace)
     >>> getattr_("JSONDecoder") is json.decoder.JSONDecoder, list(namespace)
     (True, ['JSONDecoder'])
+    >>> getattr_, _ = attach("json", {}, {}, moved={"parser": ".decoder"})
+    >>> getattr_("parser") is json.decoder
+    True
     >>> getattr_("nothing")
     Traceback (most recent call last):
     AttributeError: module 'json' has no attribute 'nothing'
     """
 
+    moved = moved or {}
+
     def __getattr__(name: str) -> Any:
-        module = where.get(name, "." + name)
+        module = moved.get(name) or where.get(name, "." + name)
         with warnings.catch_warnings():
             # TransformerLens imports huggingface_hub, which imports tqdm.auto: in a Jupyter kernel without
             # ipywidgets that warns "IProgress not found" before any bar is asked for (rs_interp's own
@@ -40,7 +48,7 @@ def attach(package: str, where: Mapping[str, str], namespace: dict[str, Any]) ->
                 if err.name != f"{package}{module}":
                     raise
                 raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
-        value = loaded if name not in where or module == "." + name else getattr(loaded, name)
+        value = loaded if name in moved or name not in where or module == "." + name else getattr(loaded, name)
         namespace[name] = value
         return value
 

@@ -257,7 +257,7 @@ def _on_the_curve(curve: Any, scores: Any, kept: Any, n: int) -> float | None:
     value; else None. Saves the circuit's pass and its reference's record (the default size, 0.01, is MIB's)."""
     import torch
 
-    from .circuits.selection import circuit_at, prune
+    from ..circuits.selection import circuit_at, prune
 
     for f, requested, value in zip(curve.fractions, curve.n_requested, curve.values):
         if requested == n and torch.equal(prune(scores.layout, circuit_at(scores, f, ranking=curve.ranking, pruned=False)), kept):
