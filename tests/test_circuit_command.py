@@ -273,8 +273,8 @@ def test_a_circuit_on_the_curve_takes_its_value_from_it(tmp_path, size):
     value, the same run's number (issue 50: one pass less); at any size, over several batches, the
     circuit's metric is the scale helper's to the bit."""
     from rs_interp import scale
-    from rs_interp.ui.circuit_command import _on_the_curve
     from rs_interp.circuits.selection import mask, prune
+    from rs_interp.ui.circuit_command import _on_the_curve
 
     model = ri.load_toy_model("induction-2l")
     task = build_task("induction", n=6, seed=2)
