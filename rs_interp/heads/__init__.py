@@ -8,28 +8,5 @@
 ``rs_interp.heads.<name>`` keeps naming the head-role scores (:mod:`.roles`' public names).
 """
 
-from .roles import (
-    FirstTokenAttention,
-    InductionScores,
-    ScoreSensitivity,
-    attention_patterns,
-    find_prev_token_head,
-    first_token_attention,
-    induction_scores,
-    key_score_sensitivity,
-    positional_scores,
-    prev_token_scores,
-)
-
-__all__ = [
-    "attention_patterns",
-    "first_token_attention",
-    "FirstTokenAttention",
-    "prev_token_scores",
-    "induction_scores",
-    "InductionScores",
-    "positional_scores",
-    "key_score_sensitivity",
-    "ScoreSensitivity",
-    "find_prev_token_head",
-]
+from .roles import *  # noqa: F403  (the head-role scores, as rs_interp.heads named them before the package)
+from .roles import __all__  # noqa: F401  (one list: roles' own)
