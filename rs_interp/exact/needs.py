@@ -28,7 +28,8 @@ IDENTITIES: dict[str, str] = {
     "input": "blocks.0.hook_resid_pre is on the forward path",
     "readers": "the heads' q, k, v inputs, the MLPs' inputs (hook_mlp_in) and the final stream are every reader "
                "of the stream: their gradients add up to the stream's",
-    "mlp reads": "each MLP reads ln2(resid_mid) (parallel blocks: ln2(resid_pre)), the norm as the model computes it: "
+    "mlp reads": "each MLP reads ln2(resid_mid) (parallel blocks: ln2(resid_pre), or ln1(resid_pre) where one input norm "
+                 "is shared), the norm as the model computes it: "
                  "what a transcoder reads at ln2.hook_normalized (with the gain and bias) or hook_resid_mid is the MLP's input",
     "mlp writes": "what enters the stream from each MLP (hook_mlp_out) is the MLP module's own output (post-norm blocks: "
                   "the norm after the MLP of it): no hook or other norm between the MLP and the stream changes it",
@@ -173,7 +174,7 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "composition_scores": ("post-norm blocks",),
     "virtual_weight": ("post-norm blocks",),
     "copying_scores": ("post-norm blocks",),
-    "features.attribution_graph": ("attention-only", "parallel blocks", "soft-capped logits"),
+    "features.attribution_graph": ("attention-only", "soft-capped logits"),
     "features.intervene": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.qk_attributions": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.top_attention": ("attention-only", "parallel blocks", "soft-capped logits"),

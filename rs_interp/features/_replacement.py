@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .._backend import Model, Stop, pre_norm, with_dtype
+from .._backend import Model, Stop, mlp_norm_name, pre_norm, with_dtype
 from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
@@ -71,11 +71,15 @@ def working_set(transcoders: TranscoderSet, dtype: torch.dtype) -> TranscoderSet
 
 
 def input_hook(model: Model, transcoders: TranscoderSet, layer: int) -> str:
-    """The hook point the transcoder input of ``layer`` is read from (see :func:`finish_input`)."""
+    """The hook point the transcoder input of ``layer`` is read from (see :func:`finish_input`): the normalised
+    stream of the norm the MLP reads through, ``ln2`` or, on a parallel block with one shared input norm, ``ln1``
+    (its scale frozen with every other, the MLP's input is then linear in ``resid_pre``: :func:`rs_interp._backend.mlp_norm_name`)."""
     point = transcoders.input_point
-    if point == "hook_resid_mid" or (point == "mlp.hook_in" and pre_norm(model, layer, "ln2").kind is None):
+    if point == "hook_resid_mid":
         return f"blocks.{layer}.hook_resid_mid"
-    return f"blocks.{layer}.ln2.hook_normalized"
+    if point == "mlp.hook_in" and pre_norm(model, layer, "ln2").kind is None:  # the stream itself (a parallel MLP's: resid_pre)
+        return f"blocks.{layer}.hook_resid_{'pre' if getattr(model.cfg, 'parallel_attn_mlp', False) else 'mid'}"
+    return f"blocks.{layer}.{mlp_norm_name(model, layer)}.hook_normalized"
 
 
 def finish_input(model: Model, transcoders: TranscoderSet, layer: int, t: torch.Tensor) -> torch.Tensor:
@@ -170,8 +174,8 @@ def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, token
     def freeze(t: torch.Tensor, hook) -> torch.Tensor:
         return clean.frozen[hook.name].to(t.dtype)
 
-    def set_out(l: int):
-        return lambda t, hook: outputs(l, box[f"in{l}"])[None].to(t.dtype)
+    def set_out(l: int):  # the full shape: a broadcast (a bias alone) breaks a model's in-place add after it (Falcon's)
+        return lambda t, hook: torch.zeros_like(t) + outputs(l, box[f"in{l}"])[None].to(t.dtype)
 
     hooks = [(n, freeze) for n in clean.frozen]
     if embed is not None:
