@@ -391,5 +391,7 @@ def _check_rows(graph: AttributionGraph, model: Model) -> None:
         return
     hooked = [n for n, hp in model.hook_dict.items() if hp._forward_hooks]
     why = (f"the run was changed by hooks attached at {hooked[:4]}: remove them (model.reset_hooks())" if hooked
-           else "the model has a part the frozen replacement does not follow")
+           else "the model has a part the frozen replacement does not follow (e.g. an attention that does not take its "
+                "pattern from attn.hook_pattern, so the clean pattern put back there is discarded: TransformerLens 4.3's "
+                "GPT-Neo and GPT-J bridges hand the whole attention to the Hugging Face module)")
     raise ValueError(f"attribution_graph: a row sums to a value {float(gap.max()):.3g} away from its target's own: {why}")
