@@ -357,13 +357,6 @@ def test_the_docs_table_says_what_was_measured(table):
 GRAPH_FAMILIES = ("gemma2", "gemma3", "olmo2", "bloom", "cohere", "falcon", "gpt_neo", "opt", "phi", "gptj")
 
 
-#: Left (issue 52): on 4.3 these bridges hand the whole attention to the Hugging Face module and fire
-#: ``attn.hook_pattern`` after it (TransformerLens warns that an edit there is discarded), so the frozen replacement's
-#: clean patterns cannot be put back and the graph refuses by its own check (its rows' sum against the targets'
-#: values), named, not by a certificate identity: no identity measures whether ``hook_pattern`` is on the path.
-UNFROZEN_PATTERNS = {(4, "gpt_neo"), (4, "gptj")}
-
-
 @pytest.fixture(scope="module", params=GRAPH_FAMILIES)
 def graph_model(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
@@ -406,7 +399,8 @@ def _mlp_norm(model, l):
 class FrozenByHand:
     """The frozen replacement model of one prompt by brute force (as tests/test_features_graph.py's, written apart
     from rs_interp): a clean run, then plain hooks on the raw forward that put back every attention pattern and
-    norm scale of the clean run, give each MLP's output its clean value plus the change made, and read each
+    norm scale of the clean run (each head's output made from its clean pattern: :meth:`frozen_z`), give each MLP's
+    output its clean value plus the change made, and read each
     transcoder's input off the stream the MLP reads through its norm written out with the clean run's scale
     (:func:`_mlp_norm`)."""
 
@@ -432,12 +426,22 @@ class FrozenByHand:
         y = gain * centre(resid.to(torch.float64)) / self.scales[l]
         return y if bias is None else y + bias
 
+    def frozen_z(self, l, v):
+        """Each head's output ``pattern v`` with the clean pattern, written at ``hook_z`` too: where the attention hands
+        its whole computation to a Hugging Face module (GPT-Neo, GPT-J on 4.3), an edit at ``hook_pattern`` is
+        discarded (elsewhere ``hook_z`` is this already). A key/value head serves its group of query heads."""
+        A = self.cache[f"blocks.{l}.attn.hook_pattern"]
+        v = v.repeat_interleave(A.shape[1] // v.shape[2], dim=2)
+        return torch.einsum("bhqk,bkhd->bqhd", A, v)
+
     def run(self, *, embed_delta=None, out_delta=None):
         model, box, L = self.model, {}, self.model.cfg.n_layers
         hooks = [(n, lambda t, hook: self.cache[hook.name]) for n in self.cache if n.endswith(("attn.hook_pattern", "hook_scale"))]
         if embed_delta is not None:
             hooks.append(("hook_embed", lambda t, hook: t + embed_delta[None]))
         for l, (stream, _) in enumerate(self.reads):
+            hooks += [(f"blocks.{l}.attn.hook_v", lambda t, hook, l=l: box.__setitem__(("v", l), t)),
+                      (f"blocks.{l}.attn.hook_z", lambda t, hook, l=l: self.frozen_z(l, box[("v", l)]))]
             hooks.append((stream, lambda t, hook, l=l: box.__setitem__(l, self.mlp_in(l, t[0]))))
             hooks.append((f"blocks.{l}.hook_mlp_out",
                           lambda t, hook, l=l: (self.out[l] + (0 if out_delta is None else out_delta[l]))[None].to(t.dtype)))
@@ -470,14 +474,10 @@ def test_the_feature_graph_is_the_frozen_replacement_or_refused_by_name(graph_mo
     try:
         g = attribution_graph(model, tcs, tokens, targets=[0, 7, 21], position=-2)
     except ValueError as err:
-        if (_backend.TL_MAJOR, family) in UNFROZEN_PATTERNS:
-            assert "does not take its pattern from attn.hook_pattern" in str(err), str(err)
-            return
         named = [n for n in cert.failed() if f"'{n}'" in str(err)]
         assert named or "soft-cap" in str(err), f"{family}: refused without naming a failing identity: {err}"
         assert "soft-cap" in str(err) or not cert.holds(*NEEDS["features.attribution_graph"]), f"{family}: refused although it holds"
         return
-    assert (_backend.TL_MAJOR, family) not in UNFROZEN_PATTERNS, f"{family} answers now: drop it from UNFROZEN_PATTERNS"
     assert cert.holds(*NEEDS["features.attribution_graph"])
     bf = FrozenByHand(model, tcs, tokens)
     base = bf.targets(g, *bf.run())

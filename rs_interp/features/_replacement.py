@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .._backend import Model, Stop, mlp_norm_name, pre_norm, with_dtype
+from .._backend import Model, Stop, mlp_norm_name, pattern_after_attention, pre_norm, with_dtype
 from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
@@ -101,6 +101,24 @@ def hook_names(model: Model, transcoders: TranscoderSet) -> list[str]:
     L = model.cfg.n_layers
     return (["hook_embed", "unembed.hook_in"] + [input_hook(model, transcoders, l) for l in range(L)]
             + [f"blocks.{l}.hook_mlp_out" for l in range(L)] + [f"blocks.{l}.attn.hook_pattern" for l in range(L)])
+
+
+def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple[str, Callable]]:
+    """Hooks putting ``patterns`` (by ``attn.hook_pattern`` name, batch 1) back where an edit at ``hook_pattern`` is
+    discarded (:func:`rs_interp._backend.pattern_after_attention`): ``hook_z`` set to ``pattern v``, ``v`` this run's
+    ``hook_v`` (so only ``v`` carries a gradient)."""
+    hooks: list[tuple[str, Callable]] = []
+    for l in range(model.cfg.n_layers):
+        name = f"blocks.{l}.attn.hook_pattern"
+        if name not in patterns or not pattern_after_attention(model, l):
+            continue
+        box: dict[str, torch.Tensor] = {}
+
+        def z(t: torch.Tensor, hook, box=box, A=patterns[name]) -> torch.Tensor:
+            v = box["v"]
+            return torch.einsum("bhqk,bkhd->bqhd", A.to(v.dtype).expand(v.shape[0], -1, -1, -1), v)
+        hooks += [(f"blocks.{l}.attn.hook_v", lambda t, hook, box=box: box.__setitem__("v", t)), (f"blocks.{l}.attn.hook_z", z)]
+    return hooks
 
 
 @contextlib.contextmanager
@@ -177,7 +195,9 @@ def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, token
     def set_out(l: int):  # the full shape: a broadcast (a bias alone) breaks a model's in-place add after it (Falcon's)
         return lambda t, hook: torch.zeros_like(t) + outputs(l, box[f"in{l}"])[None].to(t.dtype)
 
-    hooks = [(n, freeze) for n in clean.frozen]
+    routed = {n for n, _ in pattern_hooks(model, clean.frozen)}  # there, hook_pattern's edit would be discarded (and warned)
+    hooks = [(n, freeze) for n in clean.frozen if n.replace("hook_pattern", "hook_z") not in routed]
+    hooks += pattern_hooks(model, clean.frozen)
     if embed is not None:
         hooks.append(("hook_embed", lambda t, hook: embed[None].to(t.dtype)))
     for l in range(model.cfg.n_layers):
@@ -200,10 +220,13 @@ class GradRun:
     captured: dict[str, torch.Tensor]  # the tensors at the hook points asked for (``capture``), by name
 
 
-def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor, capture: tuple[str, ...] = ()) -> GradRun:
+def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor, capture: tuple[str, ...] = (),
+                 patterns: dict[str, torch.Tensor] | None = None) -> GradRun:
     """The forward pass whose backward is the frozen replacement model's transpose (module docstring).
     ``tokens`` (batch, pos): one row per target of a backward batch (the rows are the same prompt);
-    ``capture``: hook points (before the unembedding) whose tensors to keep, e.g. a layer's ``attn.hook_q``.
+    ``capture``: hook points (before the unembedding) whose tensors to keep, e.g. a layer's ``attn.hook_q``;
+    ``patterns``: the clean run's (:attr:`Clean.frozen`), put back where ``hook_pattern`` cannot detach them
+    (:func:`pattern_hooks`).
     Call inside :func:`quiet_model` with gradients enabled."""
     box: dict[str, torch.Tensor] = {}
     L = model.cfg.n_layers
@@ -241,6 +264,7 @@ def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor,
         return box[hook.name]
 
     hooks = [(n, detach) for n in freeze_names(model)] + [("hook_embed", embed), ("unembed.hook_in", final)]
+    hooks += pattern_hooks(model, patterns or {})
     for l in range(L):
         hooks += [(input_hook(model, transcoders, l), read(l)), (f"blocks.{l}.hook_mlp_out", cut(l))]
     # the MLP's own output is cut: nothing inside it needs a gradient, so none of its activations is kept for one
