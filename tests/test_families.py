@@ -458,11 +458,11 @@ class FrozenByHand:
 def test_the_feature_graph_is_the_frozen_replacement_or_refused_by_name(graph_model):
     """Every row of the feature graph (random transcoders at the MLPs' inputs and outputs) is the frozen replacement
     model's value, and doubling a node's write (a feature's activation, an error vector, a token's embedding) moves
-    each row by the node's column (:class:`FrozenByHand`); or a ValueError naming an identity the certificate says
-    fails, or the soft-cap."""
+    each row by the node's column (:class:`FrozenByHand`), and ``features.intervene`` doubling it moves them by as
+    much; or a ValueError naming an identity the certificate says fails, or the soft-cap."""
     from test_features import random_transcoders
 
-    from rs_interp.features import attribution_graph
+    from rs_interp.features import attribution_graph, intervene
 
     family, model = graph_model
     if isinstance(model, ValueError):
@@ -499,3 +499,5 @@ def test_the_feature_graph_is_the_frozen_replacement_or_refused_by_name(graph_mo
         moved = bf.targets(g, *bf.run(embed_delta=embed_delta, out_delta=out_delta)) - base
         gap = float((g.adjacency[rows, n] - moved).abs().max())
         assert gap <= _tol(model) * max(1.0, float(moved.abs().max())), f"{family}: node {g.labels()[n]}: {gap}"
+        gap = float((intervene(model, tcs, g, [n], scale=2.0).actual - moved).abs().max())  # the library's frozen run
+        assert gap <= _tol(model) * max(1.0, float(moved.abs().max())), f"{family}: intervene on {g.labels()[n]}: {gap}"

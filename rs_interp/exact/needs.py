@@ -156,7 +156,8 @@ CONDITIONS: dict[str, str] = {
                       "rs_interp.direct_logit_attribution splits such a model exactly, each norm's scale frozen",
     "not rotary": "the score of the query and key biases alone depends on the offset only under rotary positions",
     "attention-only": "there is no MLP for transcoders to replace",
-    "parallel blocks": "the MLP reads the block's input, not the stream after the attention (no replacement is defined)",
+    "parallel blocks": "the MLP reads the block's input, not the stream after the attention: the query/key split of "
+                       "features is not built or tested for it (the feature graph and interventions are)",
     "post-norm blocks": "a head's write is z W_O times gain / s, s the scale of its whole attention's output at each token "
                         "(the norm after the sublayer): no product of weights alone is what one head passes on; and what "
                         "an MLP writes is the norm of its neurons' sum, which its neurons alone are not a transcoder of",
@@ -175,7 +176,7 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "virtual_weight": ("post-norm blocks",),
     "copying_scores": ("post-norm blocks",),
     "features.attribution_graph": ("attention-only", "soft-capped logits"),
-    "features.intervene": ("attention-only", "parallel blocks", "soft-capped logits"),
+    "features.intervene": ("attention-only", "soft-capped logits"),
     "features.qk_attributions": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.top_attention": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.train_transcoder": ("attention-only",),
