@@ -349,3 +349,155 @@ def test_the_docs_table_says_what_was_measured(table):
     if not measured:
         pytest.skip("no family was measured in this session (run the whole module)")
     assert {k: docs.get(k) for k in measured} == measured
+
+
+# --- the feature graph (issue 52), on the ten families its must-show names ---------------------------
+
+#: The families issue 52's must-show names (GPT-J's checkpoint as tests/test_pretrained.py builds it).
+GRAPH_FAMILIES = ("gemma2", "gemma3", "olmo2", "bloom", "cohere", "falcon", "gpt_neo", "opt", "phi", "gptj")
+
+
+@pytest.fixture(scope="module", params=GRAPH_FAMILIES)
+def graph_model(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    save_checkpoint(request.param, folder)
+    try:
+        return request.param, ri.load_pretrained(folder, dtype=torch.float64)
+    except ValueError as err:  # test_load_is_the_checkpoint_or_refused_by_name checks the words
+        return request.param, err
+
+
+def _mlp_norm(model, l):
+    """``(stream hook, norm)``: where layer ``l``'s MLP reads the stream, and the norm it reads it through, written
+    out here as ``x -> (gain * c(x) / s, bias)`` for a scale ``s``: the block's ``ln2``; on a parallel block with one
+    input norm, ``ln1`` of ``resid_pre``; on OLMo-2 (a norm only after each sublayer) none. Hugging Face modules:
+    ``nn.LayerNorm`` (centred, its bias), Cohere's LayerNorm (centred, no bias), RMSNorm (Gemma's gain ``1 + w``);
+    3.x's own modules by their class, ``w``/``b`` and the config's ``eps``."""
+    block, parallel = model.blocks[l], bool(getattr(model.cfg, "parallel_attn_mlp", False))
+    stream = f"blocks.{l}.hook_resid_{'pre' if parallel else 'mid'}"
+    module = block._modules.get("ln2", block._modules.get("ln1") if parallel else None)
+    if module is None or getattr(model.cfg, "original_architecture", None) == "Olmo2ForCausalLM" and _backend.TL_MAJOR == 3:
+        return stream, None
+    hf = getattr(module, "original_component", None)
+    if hf is None:
+        kind = type(module).__name__
+        gain = module.w.detach() if hasattr(module, "w") else torch.ones(model.cfg.d_model, dtype=torch.float64)
+        bias = module.b.detach() if hasattr(module, "b") else None
+        centres, eps = kind.startswith("LayerNorm"), model.cfg.eps
+    else:
+        name = type(hf).__name__
+        w = hf.weight.detach().to(torch.float64)
+        gain = 1 + w if name.startswith("Gemma") else w
+        centres = isinstance(hf, torch.nn.LayerNorm) or name == "CohereLayerNorm"
+        bias = getattr(hf, "bias", None)
+        bias = None if bias is None else bias.detach().to(torch.float64)
+        eps = float(getattr(hf, "eps", getattr(hf, "variance_epsilon", None)))
+    centre = (lambda x: x - x.mean(-1, keepdim=True)) if centres else (lambda x: x)
+    return stream, (gain, centre, bias, eps)
+
+
+class FrozenByHand:
+    """The frozen replacement model of one prompt by brute force (as tests/test_features_graph.py's, written apart
+    from rs_interp): a clean run, then plain hooks on the raw forward that put back every attention pattern and
+    norm scale of the clean run (each head's output made from its clean pattern: :meth:`frozen_z`), give each MLP's
+    output its clean value plus the change made, and read each
+    transcoder's input off the stream the MLP reads through its norm written out with the clean run's scale
+    (:func:`_mlp_norm`)."""
+
+    def __init__(self, model, tcs, tokens):
+        self.model, self.tcs, self.tokens, L = model, tcs, tokens[None], model.cfg.n_layers
+        self.reads = [_mlp_norm(model, l) for l in range(L)]
+        names = [n for n in model.hook_dict if n.endswith(("attn.hook_pattern", "hook_scale"))]
+        names += ["hook_embed"] + [s for s, _ in self.reads] + [f"blocks.{l}.hook_mlp_out" for l in range(L)]
+        self.cache = _record(model, self.tokens, names)
+        self.scales = []
+        for stream, norm in self.reads:
+            r = self.cache[stream][0].to(torch.float64)
+            self.scales.append(None if norm is None else (norm[1](r).pow(2).mean(-1, keepdim=True) + norm[3]).sqrt())
+        self.x = [self.mlp_in(l, self.cache[s][0]) for l, (s, _) in enumerate(self.reads)]
+        self.out = [self.cache[f"blocks.{l}.hook_mlp_out"][0] for l in range(L)]
+        self.embed = self.cache["hook_embed"][0]
+
+    def mlp_in(self, l, resid):
+        norm = self.reads[l][1]
+        if norm is None:
+            return resid.to(torch.float64)
+        gain, centre, bias, _ = norm
+        y = gain * centre(resid.to(torch.float64)) / self.scales[l]
+        return y if bias is None else y + bias
+
+    def frozen_z(self, l, v):
+        """Each head's output ``pattern v`` with the clean pattern, written at ``hook_z`` too: where the attention hands
+        its whole computation to a Hugging Face module (GPT-Neo, GPT-J on 4.3), an edit at ``hook_pattern`` is
+        discarded (elsewhere ``hook_z`` is this already). A key/value head serves its group of query heads."""
+        A = self.cache[f"blocks.{l}.attn.hook_pattern"]
+        v = v.repeat_interleave(A.shape[1] // v.shape[2], dim=2)
+        return torch.einsum("bhqk,bkhd->bqhd", A, v)
+
+    def run(self, *, embed_delta=None, out_delta=None):
+        model, box, L = self.model, {}, self.model.cfg.n_layers
+        hooks = [(n, lambda t, hook: self.cache[hook.name]) for n in self.cache if n.endswith(("attn.hook_pattern", "hook_scale"))]
+        if embed_delta is not None:
+            hooks.append(("hook_embed", lambda t, hook: t + embed_delta[None]))
+        for l, (stream, _) in enumerate(self.reads):
+            hooks += [(f"blocks.{l}.attn.hook_v", lambda t, hook, l=l: box.__setitem__(("v", l), t)),
+                      (f"blocks.{l}.attn.hook_z", lambda t, hook, l=l: self.frozen_z(l, box[("v", l)]))]
+            hooks.append((stream, lambda t, hook, l=l: box.__setitem__(l, self.mlp_in(l, t[0]))))
+            hooks.append((f"blocks.{l}.hook_mlp_out",
+                          lambda t, hook, l=l: (self.out[l] + (0 if out_delta is None else out_delta[l]))[None].to(t.dtype)))
+        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+            logits = model(self.tokens)[0].to(torch.float64)
+        return [box[l] for l in range(L)], logits
+
+    def targets(self, graph, xs, logits):
+        pre = [xs[l][p] @ self.tcs[l].W_enc[f] + self.tcs[l].b_enc[f] for l, p, f in graph.features.tolist()]
+        last = logits[graph.position]
+        return torch.cat([torch.stack(pre) if pre else last[:0], (last - (last.mean() if graph.centered else 0))[graph.logit_tokens]])
+
+
+def test_the_feature_graph_is_the_frozen_replacement_or_refused_by_name(graph_model):
+    """Every row of the feature graph (random transcoders at the MLPs' inputs and outputs) is the frozen replacement
+    model's value, and doubling a node's write (a feature's activation, an error vector, a token's embedding) moves
+    each row by the node's column (:class:`FrozenByHand`), and ``features.intervene`` doubling it moves them by as
+    much; or a ValueError naming an identity the certificate says fails, or the soft-cap."""
+    from test_features import random_transcoders
+
+    from rs_interp.features import attribution_graph, intervene
+
+    family, model = graph_model
+    if isinstance(model, ValueError):
+        pytest.skip(f"{family}: the load is refused by name (test_load_is_the_checkpoint_or_refused_by_name)")
+    d, L, P = model.cfg.d_model, model.cfg.n_layers, 9
+    tcs = random_transcoders(L, d, 24, seed=2)
+    tokens = torch.randint(0, 299, (P,), generator=torch.Generator().manual_seed(3))
+    cert = ri.certify(model)
+    try:
+        g = attribution_graph(model, tcs, tokens, targets=[0, 7, 21], position=-2)
+    except ValueError as err:
+        named = [n for n in cert.failed() if f"'{n}'" in str(err)]
+        assert named or "soft-cap" in str(err), f"{family}: refused without naming a failing identity: {err}"
+        assert "soft-cap" in str(err) or not cert.holds(*NEEDS["features.attribution_graph"]), f"{family}: refused although it holds"
+        return
+    assert cert.holds(*NEEDS["features.attribution_graph"])
+    bf = FrozenByHand(model, tcs, tokens)
+    base = bf.targets(g, *bf.run())
+    rows = torch.cat([torch.arange(g.n_features), torch.arange(g.n_nodes - g.n_logits, g.n_nodes)])
+    gap = float((g.values[rows] - base).abs().max())
+    assert gap <= _tol(model) * max(1.0, float(base.abs().max())), f"{family}: rows {gap}"
+    kinds = g.kinds()
+    assert g.n_features > 8
+    for n in list(range(0, g.n_features, g.n_features // 4))[:4] + [g.error_node(0, 5), g.error_node(1, 3), g.token_node(4)]:
+        out_delta, embed_delta = torch.zeros(L, P, d, dtype=torch.float64), torch.zeros(P, d, dtype=torch.float64)
+        if kinds[n] == "feature":
+            l, p, f = g.features[n].tolist()
+            out_delta[l, p] = g.activations[n] * tcs[l].W_dec[f]
+        elif kinds[n] == "error":
+            l, p = divmod(n - g.n_features, P)
+            out_delta[l, p] = bf.out[l][p] - tcs[l](bf.x[l][p])
+        else:
+            embed_delta[n - g.token_node(0)] = bf.embed[n - g.token_node(0)]
+        moved = bf.targets(g, *bf.run(embed_delta=embed_delta, out_delta=out_delta)) - base
+        gap = float((g.adjacency[rows, n] - moved).abs().max())
+        assert gap <= _tol(model) * max(1.0, float(moved.abs().max())), f"{family}: node {g.labels()[n]}: {gap}"
+        gap = float((intervene(model, tcs, g, [n], scale=2.0).actual - moved).abs().max())  # the library's frozen run
+        assert gap <= _tol(model) * max(1.0, float(moved.abs().max())), f"{family}: intervene on {g.labels()[n]}: {gap}"

@@ -80,6 +80,7 @@ norm_affine = _impl.norm_affine
 logits_with_grad = _impl.logits_with_grad
 other_version = _impl.other_version
 is_own_hook = _impl.is_own_hook
+pattern_after_attention = _impl.pattern_after_attention
 
 
 def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:
@@ -259,17 +260,38 @@ def has_post_norms(model: Model) -> bool:
     return any(isinstance(getattr(block, n, None), torch.nn.Module) for block in model.blocks for n in _post_norm_names(model))
 
 
+def mlp_norm_name(model: Model, layer: int) -> str:
+    """The name of the norm block ``layer``'s MLP reads through: ``"ln2"``, or ``"ln1"`` on a parallel block with one
+    shared input norm (Phi, Cohere, Falcon, GPT-J booted on 4.x: the MLP reads ``ln1(resid_pre)``, the attention's
+    very input; 3.x copies that norm into an ``ln2`` of its own).
+
+    >>> from rs_interp import make_attn_only
+    >>> mlp_norm_name(make_attn_only(1, normalization_type="LN"), 0)
+    'ln2'
+    """
+    subs = model.blocks[layer]._modules
+    shared = "ln2" not in subs and "ln1" in subs and bool(getattr(model.cfg, "parallel_attn_mlp", False))
+    return "ln1" if shared else "ln2"
+
+
 def pre_norm(model: Model, layer: int, name: str) -> Norm:
     """The norm block ``layer`` applies before a sublayer (``name``: ``"ln1"`` or ``"ln2"``): the identity on a
     post-norm block that has none (OLMo-2 normalises only the sublayers' outputs: each reads the stream as is;
-    3.x keeps those at ``ln1``/``ln2``: :func:`_post_norm_names`).
+    3.x keeps those at ``ln1``/``ln2``: :func:`_post_norm_names`); ``"ln2"`` of a parallel block with one shared
+    input norm is that norm, ``ln1`` (:func:`mlp_norm_name`).
 
     Raises:
-        ValueError: the config says the model normalises, the block has no such norm and no post-norm either.
+        ValueError: the config says the model normalises, the block has no such norm, no shared input norm and no
+            post-norm either.
     """
     block = model.blocks[layer]
+    name = mlp_norm_name(model, layer) if name == "ln2" else name
     module = getattr(block, name, None)
     posts = _post_norm_names(model)
     if name in posts or (module is None and any(isinstance(getattr(block, n, None), torch.nn.Module) for n in posts)):
         return IDENTITY
+    if module is None and model.cfg.normalization_type is not None:
+        raise ValueError(f"the config says normalization_type={model.cfg.normalization_type!r}, but block {layer} has no norm "
+                         f"{name!r} before its {'attention' if name == 'ln1' else 'MLP'} (nor one shared input norm 'ln1' of a "
+                         "parallel block, nor a norm after each sublayer)")
     return norm_of(model, module)

@@ -33,6 +33,7 @@ import copy
 from typing import Any, Callable
 
 import torch
+from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
 from transformer_lens.model_bridge.generalized_components.bloom_block import BloomBlockBridge
 from transformer_lens.model_bridge.generalized_components.linear import LinearBridge
 
@@ -63,6 +64,18 @@ def emulates_inputs(model: Any, layer: int) -> bool:
     if (getattr(cfg, "n_key_value_heads", None) or cfg.n_heads) != cfg.n_heads:
         return False  # grouped: the emulation projects one input per query head
     return not has_split_inputs(model, layer) or isinstance(block, _UNWIRED_BLOCKS)
+
+
+def pattern_after_attention(model: Any, layer: int) -> bool:
+    """Whether layer ``layer``'s attention fires ``attn.hook_pattern`` only after the Hugging Face module has used the
+    pattern (GPT-Neo, GPT-J on 4.3: a plain ``AttentionBridge`` that hands the whole attention to the module; an edit
+    there is discarded, with TransformerLens's warning), so a pattern is put back through ``attn.hook_z``
+    instead, ``z = pattern v`` (:mod:`rs_interp.features._replacement`). Remove when: TransformerLens >= 4.4 (or
+    whichever release first does) runs those modules' pattern through ``hook_pattern`` (``accepts_pattern_fn``)."""
+    attn = model.blocks[layer].attn
+    if is_native_attention(model, layer) or type(attn).forward is not AttentionBridge.forward:
+        return False
+    return not getattr(getattr(attn, "original_component", None), "accepts_pattern_fn", False)
 
 
 class MLPInAtNorm:

@@ -329,6 +329,11 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     return unembed.hook_out(torch.nn.functional.linear(box["x"], unembed.W_U.T, unembed.b_U))
 
 
+def pattern_after_attention(model: Model, layer: int) -> bool:
+    """Whether an edit at ``attn.hook_pattern`` is discarded: never on 3.x (every attention computes through it)."""
+    return False
+
+
 def is_own_hook(fn: Callable) -> bool:
     """Whether a PyTorch hook is TransformerLens's own wiring rather than a user's: never on 3.x."""
     return False

@@ -404,6 +404,11 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     return model(tokens, return_type="logits")
 
 
+def pattern_after_attention(model: Model, layer: int) -> bool:
+    """Whether an edit at ``attn.hook_pattern`` is discarded (:func:`._tl4_readers.pattern_after_attention`)."""
+    return _tl4_readers.pattern_after_attention(model, layer)
+
+
 def is_own_hook(fn: Callable) -> bool:
     """Whether a PyTorch hook is the bridge's, transformers' or :mod:`._tl4_readers`'s own wiring (the first two added on
     first use), not a user's: left out of the certificate's key. Remove when: both wire at construction."""

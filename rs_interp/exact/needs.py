@@ -29,7 +29,8 @@ IDENTITIES: dict[str, str] = {
     "readers": "the heads' q, k, v inputs, the MLPs' inputs (hook_mlp_in) and the final stream are every reader "
                "of the stream: their gradients add up to the stream's; the run through the per-head inputs gives the "
                "model's own logits",
-    "mlp reads": "each MLP reads ln2(resid_mid) (parallel blocks: ln2(resid_pre)), the norm as the model computes it: "
+    "mlp reads": "each MLP reads ln2(resid_mid) (parallel blocks: ln2(resid_pre), or ln1(resid_pre) where one input norm "
+                 "is shared), the norm as the model computes it: "
                  "what a transcoder reads at ln2.hook_normalized (with the gain and bias) or hook_resid_mid is the MLP's input",
     "mlp writes": "what enters the stream from each MLP (hook_mlp_out) is the MLP module's own output (post-norm blocks: "
                   "the norm after the MLP of it): no hook or other norm between the MLP and the stream changes it",
@@ -156,7 +157,8 @@ CONDITIONS: dict[str, str] = {
                       "rs_interp.direct_logit_attribution splits such a model exactly, each norm's scale frozen",
     "not rotary": "the score of the query and key biases alone depends on the offset only under rotary positions",
     "attention-only": "there is no MLP for transcoders to replace",
-    "parallel blocks": "the MLP reads the block's input, not the stream after the attention (no replacement is defined)",
+    "parallel blocks": "the MLP reads the block's input, not the stream after the attention: the query/key split of "
+                       "features is not built or tested for it (the feature graph and interventions are)",
     "post-norm blocks": "a head's write is z W_O times gain / s, s the scale of its whole attention's output at each token "
                         "(the norm after the sublayer): no product of weights alone is what one head passes on; and what "
                         "an MLP writes is the norm of its neurons' sum, which its neurons alone are not a transcoder of",
@@ -174,8 +176,8 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "composition_scores": ("post-norm blocks",),
     "virtual_weight": ("post-norm blocks",),
     "copying_scores": ("post-norm blocks",),
-    "features.attribution_graph": ("attention-only", "parallel blocks", "soft-capped logits"),
-    "features.intervene": ("attention-only", "parallel blocks", "soft-capped logits"),
+    "features.attribution_graph": ("attention-only", "soft-capped logits"),
+    "features.intervene": ("attention-only", "soft-capped logits"),
     "features.qk_attributions": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.top_attention": ("attention-only", "parallel blocks", "soft-capped logits"),
     "features.train_transcoder": ("attention-only",),

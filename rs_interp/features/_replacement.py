@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 import torch
 
 from .. import _names as N
-from .._backend import Model, Stop, pre_norm, with_dtype
+from .._backend import Model, Stop, mlp_norm_name, pattern_after_attention, pre_norm, with_dtype
 from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
@@ -72,11 +72,15 @@ def working_set(transcoders: TranscoderSet, dtype: torch.dtype) -> TranscoderSet
 
 
 def input_hook(model: Model, transcoders: TranscoderSet, layer: int) -> str:
-    """The hook point the transcoder input of ``layer`` is read from (see :func:`finish_input`)."""
+    """The hook point the transcoder input of ``layer`` is read from (see :func:`finish_input`): the normalised
+    stream of the norm the MLP reads through, ``ln2`` or, on a parallel block with one shared input norm, ``ln1``
+    (its scale frozen with every other, the MLP's input is then linear in ``resid_pre``: :func:`rs_interp._backend.mlp_norm_name`)."""
     point = transcoders.input_point
-    if point == "hook_resid_mid" or (point == "mlp.hook_in" and pre_norm(model, layer, "ln2").kind is None):
+    if point == "hook_resid_mid":
         return N.resid_mid(layer)
-    return N.normalized(layer, "ln2")
+    if point == "mlp.hook_in" and pre_norm(model, layer, "ln2").kind is None:  # the stream itself (a parallel MLP's: resid_pre)
+        return N.resid_pre(layer) if getattr(model.cfg, "parallel_attn_mlp", False) else N.resid_mid(layer)
+    return N.normalized(layer, mlp_norm_name(model, layer))
 
 
 def finish_input(model: Model, transcoders: TranscoderSet, layer: int, t: torch.Tensor) -> torch.Tensor:
@@ -98,6 +102,24 @@ def hook_names(model: Model, transcoders: TranscoderSet) -> list[str]:
     L = model.cfg.n_layers
     return (["hook_embed", "unembed.hook_in"] + [input_hook(model, transcoders, l) for l in range(L)]
             + [N.mlp_out(l) for l in range(L)] + [N.pattern(l) for l in range(L)])
+
+
+def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple[str, Callable]]:
+    """Hooks putting ``patterns`` (by ``attn.hook_pattern`` name, batch 1) back where an edit at ``hook_pattern`` is
+    discarded (:func:`rs_interp._backend.pattern_after_attention`): ``hook_z`` set to ``pattern v``, ``v`` this run's
+    ``hook_v`` (so only ``v`` carries a gradient)."""
+    hooks: list[tuple[str, Callable]] = []
+    for l in range(model.cfg.n_layers):
+        name = f"blocks.{l}.attn.hook_pattern"
+        if name not in patterns or not pattern_after_attention(model, l):
+            continue
+        box: dict[str, torch.Tensor] = {}
+
+        def z(t: torch.Tensor, hook, box=box, A=patterns[name]) -> torch.Tensor:
+            v = box["v"]
+            return torch.einsum("bhqk,bkhd->bqhd", A.to(v.dtype).expand(v.shape[0], -1, -1, -1), v)
+        hooks += [(f"blocks.{l}.attn.hook_v", lambda t, hook, box=box: box.__setitem__("v", t)), (f"blocks.{l}.attn.hook_z", z)]
+    return hooks
 
 
 @contextlib.contextmanager
@@ -171,10 +193,12 @@ def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, token
     def freeze(t: torch.Tensor, hook) -> torch.Tensor:
         return clean.frozen[hook.name].to(t.dtype)
 
-    def set_out(l: int):
-        return lambda t, hook: outputs(l, box[f"in{l}"])[None].to(t.dtype)
+    def set_out(l: int):  # the full shape: a broadcast (a bias alone) breaks a model's in-place add after it (Falcon's)
+        return lambda t, hook: torch.zeros_like(t) + outputs(l, box[f"in{l}"])[None].to(t.dtype)
 
-    hooks = [(n, freeze) for n in clean.frozen]
+    routed = {n for n, _ in pattern_hooks(model, clean.frozen)}  # there, hook_pattern's edit would be discarded (and warned)
+    hooks = [(n, freeze) for n in clean.frozen if n.replace("hook_pattern", "hook_z") not in routed]
+    hooks += pattern_hooks(model, clean.frozen)
     if embed is not None:
         hooks.append(("hook_embed", lambda t, hook: embed[None].to(t.dtype)))
     for l in range(model.cfg.n_layers):
@@ -197,10 +221,13 @@ class GradRun:
     captured: dict[str, torch.Tensor]  # the tensors at the hook points asked for (``capture``), by name
 
 
-def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor, capture: tuple[str, ...] = ()) -> GradRun:
+def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor, capture: tuple[str, ...] = (),
+                 patterns: dict[str, torch.Tensor] | None = None) -> GradRun:
     """The forward pass whose backward is the frozen replacement model's transpose (module docstring).
     ``tokens`` (batch, pos): one row per target of a backward batch (the rows are the same prompt);
-    ``capture``: hook points (before the unembedding) whose tensors to keep, e.g. a layer's ``attn.hook_q``.
+    ``capture``: hook points (before the unembedding) whose tensors to keep, e.g. a layer's ``attn.hook_q``;
+    ``patterns``: the clean run's (:attr:`Clean.frozen`), put back where ``hook_pattern`` cannot detach them
+    (:func:`pattern_hooks`).
     Call inside :func:`quiet_model` with gradients enabled."""
     box: dict[str, torch.Tensor] = {}
     L = model.cfg.n_layers
@@ -238,6 +265,7 @@ def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor,
         return box[hook.name]
 
     hooks = [(n, detach) for n in freeze_names(model)] + [("hook_embed", embed), ("unembed.hook_in", final)]
+    hooks += pattern_hooks(model, patterns or {})
     for l in range(L):
         hooks += [(input_hook(model, transcoders, l), read(l)), (N.mlp_out(l), cut(l))]
     # the MLP's own output is cut: nothing inside it needs a gradient, so none of its activations is kept for one

@@ -178,7 +178,7 @@ def attribution_graph(
         logit_reads = (W_U[:, logit_tokens] - (W_U.mean(1, keepdim=True) if centered else 0.0)).T  # (logit, d_model)
         n_active = len(features)
         with torch.enable_grad():
-            run = R.grad_forward(model, tcs, tokens[None])
+            run = R.grad_forward(model, tcs, tokens[None], patterns=clean.frozen)
             rows = Rows(run, features, activations, tcs, errors, clean.embed, P, L)
             logit_rows = rows.compute([(L, position, v) for v in logit_reads], batch_size)
             feature_rows, selected = _feature_rows(rows, features, tcs, logit_rows, probs[logit_tokens],
@@ -391,5 +391,6 @@ def _check_rows(graph: AttributionGraph, model: Model) -> None:
         return
     hooked = [n for n, hp in model.hook_dict.items() if hp._forward_hooks]
     why = (f"the run was changed by hooks attached at {hooked[:4]}: remove them (model.reset_hooks())" if hooked
-           else "the model has a part the frozen replacement does not follow")
+           else "the model has a part the frozen replacement does not follow (e.g. an attention that neither takes its "
+                "pattern from attn.hook_pattern nor its output from attn.hook_z)")
     raise ValueError(f"attribution_graph: a row sums to a value {float(gap.max()):.3g} away from its target's own: {why}")

@@ -245,7 +245,7 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
         features, activations, errors = active_nodes(tcs, clean, graph.zero_positions)
         columns = _GraphColumns(graph, features, what)
         with torch.enable_grad():
-            run = R.grad_forward(model, tcs, tokens[None], capture=tuple(names))
+            run = R.grad_forward(model, tcs, tokens[None], capture=tuple(names), patterns=clean.frozen)
             rows = Rows(run, features, activations, tcs, errors, clean.embed, P, L)
 
             def parts(name: str, pos: int, head: int, vector: torch.Tensor | None = None) -> torch.Tensor:
