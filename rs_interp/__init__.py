@@ -172,8 +172,8 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
 
 
 #: The modules issue 51 moved into role packages, under their old names, so ``from rs_interp import plots``
-#: (or ``ri.lens``) in a notebook still gives the module. (``import rs_interp.ui.plots`` does not: the
-#: statement needs the file; use the new path, ``rs_interp.ui.plots``.)
+#: (or ``ri.lens``) in a notebook still gives the module. (the statement ``import rs_interp.<old name>`` does not: it
+#: needs the file; use the new path, e.g. ``import rs_interp.ui.plots``.)
 _MOVED = {
     **{m: f".readouts.{m}" for m in ("attribution", "second_order", "paths", "lens", "tuned_lens")},
     **{m: f".heads.{m}" for m in ("composition", "copying", "ablation", "head_ablation")},
