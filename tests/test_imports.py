@@ -254,3 +254,18 @@ def test_no_lazy_name_is_shadowed_by_a_submodule(package):
     clashes = {name: module for name, module in where.items()
                if name in submodules and not (module == "." + name and (folder / name / "__init__.py").is_file())}
     assert clashes == {}
+
+
+@pytest.mark.parametrize("old", ["attribution", "second_order", "paths", "lens", "tuned_lens", "composition", "copying",
+                                 "ablation", "head_ablation", "plots", "circuit_figure", "cli", "circuit_command", "geometry"])
+def test_a_moved_module_answers_to_its_old_name(old):
+    """Issue 51 moved these modules into role packages; ``from rs_interp import <old>`` (a notebook's import)
+    still gives the module, now under its package, and no file is left at the old place."""
+    import importlib
+
+    import rs_interp
+
+    module = getattr(rs_interp, old)
+    assert module.__name__.startswith("rs_interp.") and module.__name__.count(".") == 2, module.__name__
+    assert module is importlib.import_module(module.__name__)
+    assert not (ROOT / "rs_interp" / f"{old}.py").exists()
