@@ -80,6 +80,7 @@ norm_affine = _impl.norm_affine
 logits_with_grad = _impl.logits_with_grad
 other_version = _impl.other_version
 is_own_hook = _impl.is_own_hook
+mlp_modules = _impl.mlp_modules
 pattern_after_attention = _impl.pattern_after_attention
 
 

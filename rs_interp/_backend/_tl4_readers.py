@@ -22,6 +22,18 @@ kinds of bridge read it elsewhere:
   (:func:`rs_interp._backend.emulation.qkv_input_hooks`), the projection replaced at ``hook_{q,k,v}``
   before anything after it (rotary, the score) runs.
 
+Two bridges also hide where an MLP reads and writes (the certificate's ``mlp reads``/``mlp writes`` and the
+feature graph read them; :func:`mlp_modules`):
+
+- *a container never called* (OPT: the decoder layer runs ``fc1``/``fc2`` itself, on the stream flattened to
+  (batch * pos, d_model)): the MLP's input is ``fc1``'s (``mlp.in``), its output ``fc2``'s (``mlp.out``,
+  whose ``hook_out`` is ``hook_mlp_out``); and ``ln2.hook_scale``/``ln2.hook_normalized``, which
+  TransformerLens leaves flattened, are given the block's own unflattening (:func:`wire`), so every hook of
+  the MLP's norm sees (batch, pos, ...) as on every other block (a view: the same numbers);
+- *an MLP whose module adds the residual* (BLOOM: ``BloomMLP.forward(hidden, residual)`` returns
+  ``dropout_add(dense_4h_to_h(...), residual)``): its own write is ``dense_4h_to_h``'s output (``mlp.out``,
+  whose ``hook_out`` is ``hook_mlp_out``), the stream's add after it the block's.
+
 The hooks are objects of this module (their state is deep-copied with the model: ``as_dtype``'s copies
 route through their own modules) and act only while ``use_hook_mlp_in`` is on, which rs_interp's
 helpers switch on for the call; off, the model runs as booted.
@@ -33,8 +45,10 @@ import copy
 from typing import Any, Callable
 
 import torch
+from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
 from transformer_lens.model_bridge.generalized_components.bloom_block import BloomBlockBridge
+from transformer_lens.model_bridge.generalized_components.bloom_mlp import BloomMLPBridge
 from transformer_lens.model_bridge.generalized_components.linear import LinearBridge
 
 from ..exact.norm import Norm
@@ -46,6 +60,10 @@ __all__: list[str] = []
 #: ``hook_mlp_in``, and the split-input fork sees ``ln1``'s output. Remove when: TransformerLens >= 4.4
 #: (or whichever release first does) wires them in ``BloomBlockBridge.forward``.
 _UNWIRED_BLOCKS = (BloomBlockBridge,)
+
+#: MLPs whose module's output is the stream after the MLP (its residual added inside: BLOOM's). Remove when:
+#: TransformerLens >= 4.4 (or whichever release first does) gives the module's output without the residual.
+_RESIDUAL_MLPS = (BloomMLPBridge,)
 
 #: The modules whose PyTorch hooks are a bridge's own wiring, not a user's (:func:`rs_interp._backend.is_own_hook`).
 OWN_HOOK_MODULES = ("transformer_lens.model_bridge", "transformers.utils.output_capturing", __name__)
@@ -76,6 +94,33 @@ def pattern_after_attention(model: Any, layer: int) -> bool:
     if is_native_attention(model, layer) or type(attn).forward is not AttentionBridge.forward:
         return False
     return not getattr(getattr(attn, "original_component", None), "accepts_pattern_fn", False)
+
+
+def mlp_modules(model: Any, layer: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """``(reads, writes)``: the module whose input is layer ``layer``'s MLP input and the one whose output is the
+    MLP's own write (module docstring): the MLP bridge itself, except where its container is never called (OPT:
+    ``mlp.in``, ``mlp.out``) or its output holds the residual (BLOOM: the bridge, ``mlp.out``). Their tensors may
+    be flattened to (batch * pos, ...) (OPT's). Remove when: TransformerLens >= 4.4 (or whichever release
+    first does) calls the MLP container and keeps the residual out of its output."""
+    mlp = model.blocks[layer].mlp
+    if getattr(mlp, "name", "") is None and all(isinstance(mlp._modules.get(x), LinearBridge) for x in ("in", "out")):
+        return mlp._modules["in"], mlp._modules["out"]  # containerless (``MLPBridge(name=None)``): never called
+    if isinstance(mlp, _RESIDUAL_MLPS) and isinstance(mlp._modules.get("out"), LinearBridge):
+        return mlp, mlp._modules["out"]
+    return mlp, mlp
+
+
+def _unflatten_norm(block: torch.nn.Module) -> None:
+    """Give the hook points of ``block``'s ``ln2`` that TransformerLens leaves flattened (OPT's ``hook_scale``,
+    ``hook_normalized``: (batch * pos, ...)) the block's own unflattening conversion, the one its ``hook_mlp_in``
+    has (stamped with (batch, pos) at each forward: a view, the same numbers). Remove when: TransformerLens
+    >= 4.4 (or whichever release first does) attaches it to every hook of OPT's flattened region."""
+    conversion = getattr(block.hook_mlp_in, "hook_conversion", None)
+    if conversion is None or not hasattr(conversion, "batch_seq") or "ln2" not in block._modules:
+        return
+    for point in block._modules["ln2"].modules():
+        if isinstance(point, HookPoint) and point.hook_conversion is None:
+            point.hook_conversion = conversion
 
 
 class MLPInAtNorm:
@@ -125,6 +170,8 @@ def wire(model: Any, norm_affine: Callable[[Any, torch.nn.Module], tuple]) -> An
     Called once, after booting."""
     for block in model.blocks:
         subs = block._modules
+        if "hook_mlp_in" in subs:
+            _unflatten_norm(block)
         if "mlp" not in subs or getattr(block, "mlp_reads_resid_directly", False):
             continue
         if "ln2" in subs and isinstance(block, _UNWIRED_BLOCKS):

@@ -334,6 +334,11 @@ def pattern_after_attention(model: Model, layer: int) -> bool:
     return False
 
 
+def mlp_modules(model: Model, layer: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The modules an MLP's input and own output are read at: its module, for both, on 3.x."""
+    return model.blocks[layer].mlp, model.blocks[layer].mlp
+
+
 def is_own_hook(fn: Callable) -> bool:
     """Whether a PyTorch hook is TransformerLens's own wiring rather than a user's: never on 3.x."""
     return False

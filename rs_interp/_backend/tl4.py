@@ -90,17 +90,14 @@ def run_from_layer(model: Model, x: torch.Tensor, start: int) -> torch.Tensor:
 
 def run_to(model: Model, x: torch.Tensor, stop: int, **kwargs: Any) -> torch.Tensor:
     """The stream before block ``stop``; after the last block through :func:`.emulation.final_stream`."""
-    if stop < model.cfg.n_layers:
-        return model(x, stop_at_layer=stop, **kwargs)
-    return emulation.final_stream(model, x, **kwargs)
+    return model(x, stop_at_layer=stop, **kwargs) if stop < model.cfg.n_layers else emulation.final_stream(model, x, **kwargs)
 
 
 def apply_rotary(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
     """The native rotary of layer ``layer`` on ``x`` (batch, pos, head, d_head); a ValueError on a Hugging Face module."""
     if not is_native_attention(model, layer):
-        raise ValueError(f"layer {layer}'s attention ({type(model.blocks[layer].attn).__name__}) applies its rotary "
-                         f"inside the Hugging Face module, which TransformerLens {TL_VERSION} does not expose: rotary "
-                         "positions are read on native and TransformerLens 3.x models only")
+        raise ValueError(f"layer {layer}'s attention ({type(model.blocks[layer].attn).__name__}) applies its rotary inside the Hugging Face "
+                         f"module, which TransformerLens {TL_VERSION} does not expose: rotary positions are read on native and TransformerLens 3.x models only")
     rotary = model.blocks[layer].attn.original_component.rotary
     y, _ = rotary.apply_rope(x.transpose(1, 2), x.transpose(1, 2))
     return y.transpose(1, 2)
@@ -108,8 +105,7 @@ def apply_rotary(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
 
 def attn_scale(model: Model, layer: int) -> float:
     """The native attention's ``scale``, else ``sqrt(d_head)``."""
-    scale = getattr(getattr(model.blocks[layer].attn, "original_component", None), "scale", None)
-    return float(scale) if scale is not None else math.sqrt(model.cfg.d_head)
+    return float(s) if (s := getattr(getattr(model.blocks[layer].attn, "original_component", None), "scale", None)) is not None else math.sqrt(model.cfg.d_head)
 
 
 # --- building -----------------------------------------------------------------------------------
@@ -291,8 +287,7 @@ def bias_parameters(model: Model, names: Sequence[str]) -> list[torch.nn.Paramet
 
 def attention_output(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
     """The attention bridge called on ``x`` (its output without the pattern)."""
-    out = model.blocks[layer].attn(x)
-    return out[0] if isinstance(out, tuple) else out
+    return out[0] if isinstance(out := model.blocks[layer].attn(x), tuple) else out
 
 
 def mlp_out_parameter(model: Model, layer: int) -> torch.nn.Parameter:
@@ -407,6 +402,11 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
 def pattern_after_attention(model: Model, layer: int) -> bool:
     """Whether an edit at ``attn.hook_pattern`` is discarded (:func:`._tl4_readers.pattern_after_attention`)."""
     return _tl4_readers.pattern_after_attention(model, layer)
+
+
+def mlp_modules(model: Model, layer: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The modules an MLP's input and own output are read at (:func:`._tl4_readers.mlp_modules`)."""
+    return _tl4_readers.mlp_modules(model, layer)
 
 
 def is_own_hook(fn: Callable) -> bool:

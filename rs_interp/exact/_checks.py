@@ -115,13 +115,13 @@ def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     try:
         if not model.cfg.attn_only:
             for l, block in enumerate(model.blocks):
-                mlp = getattr(block, "mlp", None)
-                if mlp is None:
+                if getattr(block, "mlp", None) is None:
                     continue
+                mlp, writes = _backend.mlp_modules(model, l)  # where a bridge's MLP is read (OPT's fc1/fc2, BLOOM's out-projection)
                 handles.append(mlp.register_forward_pre_hook(
                     lambda mod, args, kwargs, l=l: box.__setitem__(f"mlp_in {l}", (args[0] if args else next(iter(kwargs.values()))).detach()),
                     with_kwargs=True))
-                handles.append(mlp.register_forward_hook(
+                handles.append(writes.register_forward_hook(
                     lambda mod, args, out, l=l: box.__setitem__(f"mlp_out {l}", (out[0] if isinstance(out, tuple) else out).detach()),
                     prepend=True))  # ahead of any hook of the caller's: the module's own output
                 point = model.hook_dict.get(N.mlp_out(l))
@@ -143,6 +143,9 @@ def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     finally:
         for handle in handles:
             handle.remove()
+    for key, t in box.items():  # a bridge's flattened region (OPT's fc1/fc2, (batch * pos, ...)): a view, the same numbers
+        if key.startswith(("mlp_in ", "mlp_out ", "mlp_write ")) and t.dim() == 2 and tokens.dim() == 2 and t.shape[0] == tokens.numel():
+            box[key] = t.view(*tokens.shape, t.shape[-1])
     box["logits"] = logits
     return box
 
