@@ -137,25 +137,36 @@ def is_native_attention(model: Model, layer: int) -> bool:
     return isinstance(getattr(model.blocks[layer].attn, "original_component", None), NativeAttention)
 
 
+#: Bytes of drawn weights :func:`_tl3_init` gathers before loading them into the bridge.
+_INIT_CHUNK = 2**25
+
+
 def _tl3_init(model: Model, views_of: Callable, load: Callable) -> None:
     """Initialise ``model`` as HookedTransformer's GPT-2 scheme would from the same RNG state (``N(0,
     initializer_range)`` for every ``W_*`` in its order, gains one, biases zero): a seed gives the same
     model under both versions. (Gated MLPs, whose native layout differs, keep the native initialisation.)
-    Drawn and loaded a block at a time (the embedding, each layer, the unembedding): the weights held
-    twice are one block's, not the model's. ``views_of(model)``: the portable tensors as views of the
+    Drawn a block at a time (the embedding, each layer, the unembedding) and loaded in parts of about
+    ``_INIT_CHUNK`` bytes: the weights held twice are a part's, not the model's. ``views_of(model)``: the portable tensors as views of the
     parameters (their shapes and dtypes); ``load(model, state, strict=False)``: a part loaded, its keys returned."""
     cfg, views = model.cfg, views_of(model)
     order, loaded = _tl3_order(cfg), set()
     if cfg.gated_mlp or set(order) != set(views) or cfg.init_mode != "gpt2":
         return
+    state: dict[str, torch.Tensor] = {}
     for _, names in itertools.groupby(order, key=lambda k: k.split(".")[: 2 if k.startswith("blocks.") else 1]):
-        state = {}
         for name in names:
             leaf, t = name.rsplit(".", 1)[-1], views[name]
             if leaf.startswith("W_"):
                 state[name] = torch.empty(t.shape, dtype=t.dtype).normal_(0.0, cfg.initializer_range)
             else:
                 state[name] = torch.ones(t.shape, dtype=t.dtype) if leaf == "w" else torch.zeros(t.shape, dtype=t.dtype)
+        # Each load walks the whole bridge (its state_dict and load_state_dict, ~0.1 s on a deep toy model),
+        # so blocks are gathered up to _INIT_CHUNK bytes: one load for a small model (a per-block load made
+        # the main job's deep-model section 6x slower), a block or so at a time for GPT-2 small.
+        if sum(t.numel() * t.element_size() for t in state.values()) >= _INIT_CHUNK:
+            loaded |= load(model, state, strict=False)
+            state = {}
+    if state:
         loaded |= load(model, state, strict=False)
     if set(model.state_dict()) - loaded:
         raise ValueError(f"the initialisation did not reach {sorted(set(model.state_dict()) - loaded)}")
