@@ -13,12 +13,16 @@ from typing import Any, Callable, Mapping
 
 
 def attach(package: str, where: Mapping[str, str], namespace: dict[str, Any],
-           moved: Mapping[str, str] | None = None) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+           moved: Mapping[str, str] | None = None,
+           deprecated: Mapping[str, tuple[str, type[Warning]]] | None = None,
+           ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: ``where`` maps a public name to its module (relative
     to ``package``); ``moved`` maps a submodule's old name to the module it now is (``from rs_interp
-    import plots`` after ``plots`` moved into ``rs_interp.ui``); any other name is tried as a submodule
-    (``rs_interp.circuits``). A loaded name is stored in ``namespace`` (the package's globals), so each
-    is imported once.
+    import plots`` after ``plots`` moved into ``rs_interp.ui``); ``deprecated`` maps an old public name
+    to ``(its new place, the warning)``: the object at the new place (``"rs_interp.models.Trained"``),
+    with the warning naming that place, on every use, and never in ``__all__`` or ``dir()``; any other
+    name is tried as a submodule (``rs_interp.circuits``). A loaded name is stored in ``namespace`` (the
+    package's globals), so each is imported once (a deprecated one never is: it warns each time).
 
     >>> import json.decoder
     >>> namespace = {}
@@ -31,11 +35,25 @@ def attach(package: str, where: Mapping[str, str], namespace: dict[str, Any],
     >>> getattr_("nothing")
     Traceback (most recent call last):
     AttributeError: module 'json' has no attribute 'nothing'
+    >>> import warnings
+    >>> getattr_, dir_ = attach("json", {}, {}, deprecated={"Decoder": ("json.decoder.JSONDecoder", DeprecationWarning)})
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     getattr_("Decoder") is json.decoder.JSONDecoder, str(caught[0].message), dir_()
+    (True, 'json.Decoder is now json.decoder.JSONDecoder: the old name goes in a later release', [])
     """
 
     moved = moved or {}
+    deprecated = deprecated or {}
 
     def __getattr__(name: str) -> Any:
+        if name in deprecated:
+            new, category = deprecated[name]
+            module, _, attr = new.rpartition(".")
+            warnings.warn(f"{package}.{name} is now {new}: the old name goes in a later release", category, stacklevel=2)
+            return getattr(importlib.import_module(module), attr)
+        if name not in moved and name not in where and "__path__" not in namespace:  # a module: it has no submodules
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module = moved.get(name) or where.get(name, "." + name)
         with warnings.catch_warnings():
             # TransformerLens imports huggingface_hub, which imports tqdm.auto: in a Jupyter kernel without

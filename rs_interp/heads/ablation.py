@@ -139,7 +139,7 @@ def run_with_key_input(
     ``layer``, default all) the heads whose keys change. See :func:`run_with_input` (the identity
     with ``keep_biases``).
 
-    >>> from rs_interp import evaluate, find_prev_token_head, induction_batch, load_toy_model, score_logits
+    >>> from rs_interp import find_prev_token_head, induction_batch, load_toy_model, score_logits
     >>> model, batch = load_toy_model("induction-2l"), induction_batch(100, seed=1)
     >>> prev = find_prev_token_head(model, batch.tokens)
     >>> x0 = score_logits(run_with_key_input(model, batch.tokens, layer=1), batch.targets)

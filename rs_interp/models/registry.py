@@ -161,11 +161,11 @@ class ShippedModel:
 
 
 def _train_induction(settings: dict[str, Any], progress: bool) -> Trained:
-    from .training import evaluate, train_induction_model
+    from .training import score_model, train_induction_model
 
     model = train_induction_model(**settings, progress=progress)
     held_out = held_out_batch()
-    score = evaluate(model, held_out.tokens, targets=held_out.targets)
+    score = score_model(model, held_out.tokens, targets=held_out.targets)
     meta = {"training": dict(settings), "test_seed": TEST_SEED, "test_size": TEST_SIZE,
             "test_loss": score.loss, "test_accuracy": score.accuracy}
     return Trained(model, meta)

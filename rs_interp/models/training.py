@@ -15,7 +15,7 @@ Reproducibility, stated as it holds:
 
 >>> model = train_induction_model(1, steps=5, progress=False)
 >>> held_out = induction_batch(64, seed=123)
->>> score = evaluate(model, held_out.tokens, targets=held_out.targets)
+>>> score = score_model(model, held_out.tokens, targets=held_out.targets)
 >>> score.loss > 3.0
 True
 """
@@ -33,6 +33,7 @@ from jaxtyping import Bool, Float, Int
 
 from .._backend import Model, bias_parameters
 from .._format import short
+from .._lazy import attach
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.readout import d_vocab_out
@@ -42,7 +43,7 @@ from .data import induction_batch
 
 __all__ = [
     "Score",
-    "evaluate",
+    "score_model",
     "train_induction_model",
     "train_on_batches",
     "trainable_parameters",
@@ -68,7 +69,7 @@ class Score:
 
     >>> from rs_interp import load_toy_model
     >>> batch = induction_batch(50, seed=1)
-    >>> s = evaluate(load_toy_model("induction-2l"), batch.tokens, targets=batch.targets)
+    >>> s = score_model(load_toy_model("induction-2l"), batch.tokens, targets=batch.targets)
     >>> s.loss < 0.3, s.accuracy > 0.9, s.n_scored == int((batch.targets >= 0).sum())
     (True, True, True)
     """
@@ -126,7 +127,7 @@ def score_logits(logits: Float[torch.Tensor, "batch pos d_vocab"], targets: Int[
 
     >>> from rs_interp import load_toy_model, run_with_key_input
     >>> model, batch = load_toy_model("induction-2l"), induction_batch(50, seed=1)
-    >>> score_logits(model(batch.tokens), batch.targets) == evaluate(model, batch.tokens, targets=batch.targets)
+    >>> score_logits(model(batch.tokens), batch.targets) == score_model(model, batch.tokens, targets=batch.targets)
     True
     >>> score_logits(run_with_key_input(model, batch.tokens, layer=1), batch.targets).accuracy < 0.2  # keys from x_0 alone
     True
@@ -138,15 +139,18 @@ def score_logits(logits: Float[torch.Tensor, "batch pos d_vocab"], targets: Int[
     return Score(loss=float(loss) / n, accuracy=int(correct) / n, n_scored=n)
 
 
-def evaluate(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, targets: Int[torch.Tensor, "batch pos"],
-             chunk_size: int = 250) -> Score:
+def score_model(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, targets: Int[torch.Tensor, "batch pos"],
+                chunk_size: int = 250) -> Score:
     """Loss and accuracy of ``model`` on ``tokens`` at the positions with a target (``targets``: the
-    next token, -1 = skip; an induction batch's ``targets`` scores the second period).
+    next token, -1 = skip; an induction batch's ``targets`` scores the second period): the
+    :class:`Score` of the model's own logits, ``score_logits(model(tokens), targets)`` run
+    ``chunk_size`` sequences at a time. (Named ``evaluate`` before issue 51; that name, beside
+    ``evaluate_circuit``, said neither what is computed nor of what; it still works, with a warning.)
 
     Uniform guessing costs ``ln 256 = 5.545`` nats.
 
     >>> batch = induction_batch(8, seed=0)
-    >>> evaluate(make_attn_only(1), batch.tokens, targets=batch.targets).loss > 5.0
+    >>> score_model(make_attn_only(1), batch.tokens, targets=batch.targets).loss > 5.0
     True
     """
     check_int_range("chunk_size", chunk_size, 1)
@@ -237,7 +241,7 @@ def train_induction_model(
 
     >>> model = train_induction_model(1, steps=5, batch_size=8, progress=False)  # the real recipe: 1000 steps
     >>> b = induction_batch(8, seed=9)
-    >>> model.cfg.n_layers, evaluate(model, b.tokens, targets=b.targets).loss < 6.0
+    >>> model.cfg.n_layers, score_model(model, b.tokens, targets=b.targets).loss < 6.0
     (1, True)
     """
     check_int_range("n_layers", n_layers, 1)
@@ -251,3 +255,7 @@ def train_induction_model(
 
     train_on_batches(model, batches, steps=steps, lr=lr, progress=progress, desc=f"training {n_layers}-layer induction model")
     return model
+
+
+#: The old name, kept for a release: ``rs_interp.models.training.evaluate`` warns and gives :func:`score_model`.
+__getattr__, _ = attach(__name__, {}, globals(), deprecated={"evaluate": (f"{__name__}.score_model", FutureWarning)})

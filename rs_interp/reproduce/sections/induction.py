@@ -12,7 +12,7 @@ from ...heads.roles import attention_patterns, induction_scores, positional_scor
 from ...labels import head_label
 from ...models.checkpoints import make_attn_only
 from ...models.registry import SHIPPED_MODELS
-from ...models.training import evaluate, score_logits
+from ...models.training import score_logits, score_model
 from ...ui.plots import attention_figure, composition_heatmaps, period_sequence, position_figure
 from ..context import Context, Row, Section, banded
 from ..expected import PREV_TOKEN_HEAD
@@ -20,8 +20,8 @@ from ..expected import PREV_TOKEN_HEAD
 
 def induction_section(ctx: Context) -> Section:
     m2 = ctx.model("induction-2l")
-    s2 = evaluate(m2, ctx.batch.tokens, targets=ctx.batch.targets)
-    s1 = evaluate(ctx.model("induction-1l"), ctx.batch.tokens, targets=ctx.batch.targets)
+    s2 = score_model(m2, ctx.batch.tokens, targets=ctx.batch.targets)
+    s1 = score_model(ctx.model("induction-1l"), ctx.batch.tokens, targets=ctx.batch.targets)
     cos = _rms_cosine(m2)
     rows = (
         banded("induction.two_layers_loss", "two layers: loss (nats)", s2.loss),
