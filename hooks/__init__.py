@@ -8,7 +8,7 @@ heads *within that layer* (the ``head_index`` axis). Everywhere else in rs_inter
 list of ``(layer, head)`` pairs.
 
 >>> import torch
->>> from rs_interp import make_attn_only
+>>> from rs_interp.models import make_attn_only
 >>> from rs_interp.hooks import store
 >>> model, box = make_attn_only(1), {}
 >>> _ = model.run_with_hooks(torch.zeros(1, 4, dtype=torch.long),
@@ -119,7 +119,7 @@ def zero_heads(head_indices: Sequence[int]) -> HookFn:
     (their ``z`` is 0, so ``z W_O`` is 0; the layer's ``b_O`` stays).
 
     >>> import torch
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> model = make_attn_only(1)
     >>> with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", zero_heads([0, 1]))]):
     ...     out = model(torch.zeros(1, 4, dtype=torch.long))

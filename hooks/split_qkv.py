@@ -47,7 +47,7 @@ def split_qkv_inputs(model: Any, fwd_hooks: Sequence[tuple[str | Callable[[str],
         NotImplementedError: grouped-query attention on a native 4.x model.
 
     >>> import torch
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> from rs_interp.hooks import replace_heads
     >>> model, tokens = make_attn_only(2, seed=0), torch.randint(0, 256, (1, 8))
     >>> zero = torch.zeros(1, 8, 32)  # head 0 of layer 1 reads its keys from a zero stream

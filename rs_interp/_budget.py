@@ -18,7 +18,7 @@ def stacked_copies(model: Model, batch: int, pos: int, budget: int, *, logit_pos
     copy and position, a block's transients (a few streams and the MLP's hidden layer) and the logits
     at ``logit_positions`` positions per sequence (default: every position).
 
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> stacked_copies(make_attn_only(2), 4, 48, 2**22), stacked_copies(make_attn_only(2), 4, 48, 1)
     (8, 1)
     """

@@ -44,7 +44,7 @@ def code_2l_data(n_windows: int, n_eval: int, seed: int) -> tuple:
     """code-2l, ``n_windows`` training rows and ``n_eval`` held-out rows of :func:`windows` (its corpus's
     train and held-out parts, from the seed ``seed + 7``) and the corpus."""
     model = ri.load_toy_model("code-2l")
-    tokenizer = ri.SHIPPED_MODELS["code-2l"].tokenizer()
+    tokenizer = ri.models.SHIPPED_MODELS["code-2l"].tokenizer()
     corpus = code_corpus()
     train_stream, held_stream = encode_corpus(tokenizer, corpus.train), encode_corpus(tokenizer, corpus.heldout)
     width, vocab = model.cfg.n_ctx, model.cfg.d_vocab

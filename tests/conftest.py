@@ -63,7 +63,7 @@ def small_batch():
 @pytest.fixture(scope="session")
 def random3x3():
     """A random attention-only model of another shape (3 layers of 3 heads), biases nonzero, float64."""
-    model = ri.make_attn_only(3, n_heads=3, d_head=8, d_model=24, seed=3, dtype=torch.float64)
+    model = ri.models.make_attn_only(3, n_heads=3, d_head=8, d_model=24, seed=3, dtype=torch.float64)
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for p in model.parameters():

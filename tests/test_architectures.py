@@ -87,7 +87,7 @@ def test_portable_names_are_hookedtransformers(pair):
 
 def test_checkpoint_round_trip(pair, tokens, tmp_path):
     gqa, _ = pair
-    back = ri.load_model(ri.save_model(gqa, tmp_path / "gqa"))
+    back = ri.models.load_model(ri.models.save_model(gqa, tmp_path / "gqa"))
     assert back.cfg.n_key_value_heads == N_KV
     with torch.no_grad():
         assert torch.equal(back(tokens[0]), gqa(tokens[0]))
@@ -269,6 +269,6 @@ def test_an_unembedding_bias_survives_the_checkpoint_round_trip(tmp_path):
     _backend.load_portable_state(model, {**state, "unembed.b_U": torch.linspace(-1, 1, state["unembed.b_U"].numel(),
                                                                                 dtype=torch.float64)})
     toks = torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(6))
-    loaded = ri.load_model(ri.save_model(model, tmp_path / "m"))
+    loaded = ri.models.load_model(ri.models.save_model(model, tmp_path / "m"))
     with torch.no_grad():
         assert torch.equal(loaded(toks), model(toks))

@@ -20,18 +20,21 @@ from rs_interp.exact.certificate import ADAPTS, CONDITIONS, EXEMPT, IDENTITIES, 
 
 def _public_functions() -> dict[str, object]:
     """Every public function reachable from ``rs_interp`` (its ``__all__`` and its subpackages')
-    that takes a ``model`` argument, by the name a user calls it with."""
+    that takes a ``model`` argument, by the name a user calls it with: a function public in two places
+    (``rs_interp.score_model`` is also ``rs_interp.models.score_model``) by the shorter one, a package's
+    own names before its subpackages'."""
     out, seen = {}, set()
 
     def walk(module, prefix: str) -> None:
-        for name in getattr(module, "__all__", ()):
-            obj = getattr(module, name)
-            if inspect.ismodule(obj):
-                if obj.__name__.startswith("rs_interp") and obj.__name__ not in seen:
-                    seen.add(obj.__name__)
-                    walk(obj, f"{prefix}{name}.")
-            elif inspect.isfunction(obj) and "model" in inspect.signature(obj).parameters:
+        names = [(name, getattr(module, name)) for name in getattr(module, "__all__", ())]
+        for name, obj in names:
+            if (inspect.isfunction(obj) and "model" in inspect.signature(obj).parameters
+                    and all(obj is not known for known in out.values())):
                 out[prefix + name] = obj
+        for name, obj in names:
+            if inspect.ismodule(obj) and obj.__name__.startswith("rs_interp") and obj.__name__ not in seen:
+                seen.add(obj.__name__)
+                walk(obj, f"{prefix}{name}.")
 
     walk(ri, "")
     return out

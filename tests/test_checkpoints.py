@@ -9,7 +9,7 @@ from rs_interp.models.registry import SHIPPED_MODELS, toy_model_path
 
 
 def test_config_is_the_theorys_model():
-    cfg = ri.attn_only_config()
+    cfg = ri.models.attn_only_config()
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_vocab, cfg.n_ctx) == (2, 32, 2, 16, 256, 48)
     assert cfg.attn_only and cfg.normalization_type is None
     assert cfg.positional_embedding_type == "rotary" and cfg.rotary_dim == cfg.d_head
@@ -17,21 +17,21 @@ def test_config_is_the_theorys_model():
 
 
 def test_overrides_apply():
-    cfg = ri.attn_only_config(3, d_vocab=64, n_ctx=20)
+    cfg = ri.models.attn_only_config(3, d_vocab=64, n_ctx=20)
     assert (cfg.n_layers, cfg.d_vocab, cfg.n_ctx) == (3, 64, 20)
 
 
 @pytest.mark.parametrize("n_layers", [0, -1])
 def test_bad_n_layers(n_layers):
     with pytest.raises(ValueError, match="n_layers"):
-        ri.attn_only_config(n_layers)
+        ri.models.attn_only_config(n_layers)
     with pytest.raises(ValueError, match="n_layers"):
-        ri.make_attn_only(n_layers)
+        ri.models.make_attn_only(n_layers)
 
 
 def test_make_is_seeded_and_leaves_global_rng_alone():
     state = torch.random.get_rng_state()
-    a, b, c = ri.make_attn_only(2, seed=4), ri.make_attn_only(2, seed=4), ri.make_attn_only(2, seed=5)
+    a, b, c = ri.models.make_attn_only(2, seed=4), ri.models.make_attn_only(2, seed=4), ri.models.make_attn_only(2, seed=5)
     assert torch.equal(torch.random.get_rng_state(), state)
     for (n, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), n
@@ -40,7 +40,7 @@ def test_make_is_seeded_and_leaves_global_rng_alone():
 
 @pytest.mark.parametrize("name", ["b_V", "b_O", "b_U"])
 def test_untrained_biases_are_zero(name, toy2):
-    fresh = ri.make_attn_only(2)
+    fresh = ri.models.make_attn_only(2)
     assert not getattr(fresh, name).any()
     assert not getattr(toy2, name).any(), "training must leave the theory's absent biases at zero"
 
@@ -55,9 +55,9 @@ def test_logits_are_exactly_resid_times_unembed(toy2, small_batch):
 
 
 def test_save_load_roundtrip(tmp_path, toy2, small_batch):
-    path = ri.save_model(toy2, tmp_path / "m", metadata={"note": "x"})
+    path = ri.models.save_model(toy2, tmp_path / "m", metadata={"note": "x"})
     assert (tmp_path / "m.json").is_file() and (tmp_path / "m.safetensors").is_file()
-    loaded = ri.load_model(path)
+    loaded = ri.models.load_model(path)
     assert torch.equal(loaded(small_batch.tokens), toy2(small_batch.tokens))
     assert read_metadata(path) == {"note": "x", "versions": ri.models.checkpoints.made_with()}
     assert json.loads((tmp_path / "m.json").read_text())["config"]["d_model"] == 32
@@ -107,7 +107,7 @@ def test_model_construction_silences_only_the_hookedtransformer_deprecation():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ri.make_attn_only(1)
+        ri.models.make_attn_only(1)
         warnings.warn("an unrelated deprecation", DeprecationWarning)
     messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
     assert not any("HookedTransformer is deprecated" in m for m in messages)

@@ -12,8 +12,8 @@ from rs_interp.ui.circuit_figure import EDGE_COLOURS, circuit_figure
 
 
 def _cfgs():
-    out = {"induction-2l": ri.load_toy_model("induction-2l").cfg, "gpt2-small": ri.gpt2_config("small"),
-           "gqa": ri.make_attn_only(2, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32).cfg}
+    out = {"induction-2l": ri.load_toy_model("induction-2l").cfg, "gpt2-small": ri.models.gpt2_config("small"),
+           "gqa": ri.models.make_attn_only(2, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32).cfg}
     if not TL4:  # TransformerLens 4.3's native models build no parallel block
         from rs_interp._backend import make_config
 
@@ -90,7 +90,7 @@ def test_draws_exactly_an_edge_set():
 
 
 def test_gpt2_small_axis_and_size():
-    fig = circuit_figure(_scores(ri.gpt2_config("small"), seed=3), max_edges=300)
+    fig = circuit_figure(_scores(ri.models.gpt2_config("small"), seed=3), max_edges=300)
     assert list(fig.layout.yaxis.ticktext) == ["embed"] + [t for l in range(12) for t in (f"L{l}", f"MLP{l}")] + ["logits"]
     assert len(_drawn(fig)) == 300
 
@@ -107,6 +107,6 @@ def test_refusals():
     with pytest.raises(ValueError, match="pass the model"):
         circuit_figure([("embed", "logits")])
     with pytest.raises(ValueError, match="another model's edge layout"):
-        circuit_figure([("embed", "logits")], model, scores=_scores(ri.gpt2_config("small")))
+        circuit_figure([("embed", "logits")], model, scores=_scores(ri.models.gpt2_config("small")))
     with pytest.raises(ValueError, match="max_edges"):
         circuit_figure(_scores(model.cfg), max_edges=0)

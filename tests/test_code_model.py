@@ -71,7 +71,7 @@ def test_training_batches_mix_code_and_repeated_random_sequences():
 
 def test_repeated_sequence_losses_reward_a_copier():
     """A model with no induction pays the same on the repeat; the helper is the measure the issue asks for."""
-    model = ri.make_attn_only(2, seed=1)
+    model = ri.models.make_attn_only(2, seed=1)
     first, repeat = repeated_sequence_losses(model, n=8, half=20)
     assert abs(first - repeat) < 0.5
     toy = ri.load_toy_model("induction-2l")

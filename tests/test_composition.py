@@ -36,7 +36,7 @@ def test_matches_dense_definition(kind, random3x3):
 @pytest.mark.parametrize("kind", ["k", "q", "v"])
 @pytest.mark.parametrize("shape", [dict(n_layers=2), dict(n_layers=4, d_model=48, n_heads=3, d_head=8)])
 def test_full_circuit_matches_transformerlens(kind, shape):
-    model = ri.make_attn_only(seed=1, **shape)
+    model = ri.models.make_attn_only(seed=1, **shape)
     ours = ri.composition_scores(model, kind, full_circuit=True).scores
     theirs = model.all_composition_scores(kind.upper())  # TransformerLens spells the kinds in capitals
     upper = ~ours.isnan()
@@ -55,7 +55,7 @@ def test_k_composition_of_trained_model(toy2, test_set):
     """The table's K-composition row: prev-token head -> each layer-1 head reads as K, not Q or V."""
     ph = ri.find_prev_token_head(toy2, test_set.tokens[:200])
     k, q, v = (ri.composition_scores(toy2, kind).scores[ph][1, :] for kind in "kqv")
-    init_k = ri.composition_scores(ri.make_attn_only(2, seed=0), "k").scores[0, :, 1, :].max()
+    init_k = ri.composition_scores(ri.models.make_attn_only(2, seed=0), "k").scores[0, :, 1, :].max()
     assert (k > torch.maximum(q, v).max()).all()
     assert (k > init_k).all()
 

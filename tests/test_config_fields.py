@@ -62,7 +62,7 @@ def test_a_field_survives_or_is_refused_by_name(field, value, needs, on_tl4, tmp
             _backend.load_portable_state(plain, state)
             assert (plain(tokens) - ref).abs().max() > 1e-6, f"{field} does not change the function here"
         copy = ri.as_dtype(model, torch.float64)
-        again = ri.load_model(ri.save_model(model, tmp_path / "m"))
+        again = ri.models.load_model(ri.models.save_model(model, tmp_path / "m"))
         for other in (copy, again):
             assert getattr(other.cfg, field) == value
             assert torch.equal(other(tokens), ref)
@@ -70,10 +70,10 @@ def test_a_field_survives_or_is_refused_by_name(field, value, needs, on_tl4, tmp
 
 def test_native_builders_refuse_through_make_attn_only():
     if not TL4:
-        assert ri.make_attn_only(1, parallel_attn_mlp=True).cfg.parallel_attn_mlp
+        assert ri.models.make_attn_only(1, parallel_attn_mlp=True).cfg.parallel_attn_mlp
         return
     with pytest.raises(ValueError, match="parallel_attn_mlp"):
-        ri.make_attn_only(1, parallel_attn_mlp=True)
+        ri.models.make_attn_only(1, parallel_attn_mlp=True)
 
 
 @pytest.mark.parametrize("flag", ["use_attn_result", "use_split_qkv_input", "use_hook_mlp_in"])
@@ -108,17 +108,17 @@ def test_every_functional_field_is_carried():
 def test_a_checkpoint_field_this_version_lacks_is_refused_by_name(tmp_path):
     import json
 
-    path = ri.save_model(ri.make_attn_only(1), tmp_path / "m")
+    path = ri.models.save_model(ri.models.make_attn_only(1), tmp_path / "m")
     cfg = path.with_name(path.name + ".json")
     data = json.loads(cfg.read_text())
     data["config"]["use_logn_attn"] = False  # a 3.x field at its default: read under either version
     data["config"]["qk_norm_after_rope"] = False  # a 4.x field at its default
     cfg.write_text(json.dumps(data))
-    ri.load_model(path)
+    ri.models.load_model(path)
     data["config"]["yarn_factor"] = 4.0  # 3.x: known, passes; 4.x: lacks it, refused by name
     cfg.write_text(json.dumps(data))
     if TL4:
-        with pytest.raises(ri.CheckpointError, match="yarn_factor"):
-            ri.load_model(path)
+        with pytest.raises(ri.models.CheckpointError, match="yarn_factor"):
+            ri.models.load_model(path)
     else:
-        assert ri.load_model(path).cfg.yarn_factor == 4.0
+        assert ri.models.load_model(path).cfg.yarn_factor == 4.0

@@ -25,7 +25,7 @@ DATA = Path(__file__).parent / "data"
 def test_a_checkpoint_saved_under_either_version_loads_under_this_one(saved_by):
     """``induction-1l`` re-saved by each version (tests/data) is the shipped model, weight for weight."""
     shipped = ri.load_toy_model("induction-1l")
-    other = ri.load_model(DATA / f"induction-1l-{saved_by}")
+    other = ri.models.load_model(DATA / f"induction-1l-{saved_by}")
     a, b = _backend.portable_state(shipped), _backend.portable_state(other)
     assert a.keys() == b.keys()
     for k in a:
@@ -37,7 +37,7 @@ def test_a_checkpoint_saved_under_either_version_loads_under_this_one(saved_by):
 
 def test_save_then_load_round_trips_exactly(tmp_path):
     model = ri.load_toy_model("induction-2l")
-    again = ri.load_model(ri.save_model(model, tmp_path / "m"))
+    again = ri.models.load_model(ri.models.save_model(model, tmp_path / "m"))
     toks = ri.induction_batch(2, seed=12).tokens
     with torch.no_grad():
         assert torch.equal(model(toks), again(toks))
@@ -46,7 +46,7 @@ def test_save_then_load_round_trips_exactly(tmp_path):
 
 def test_the_same_seed_gives_the_same_random_model_under_both_versions():
     """4.x initialises in HookedTransformer's order from the same RNG: recorded numbers check it."""
-    state = _backend.portable_state(ri.make_attn_only(2, seed=5))
+    state = _backend.portable_state(ri.models.make_attn_only(2, seed=5))
     assert state["blocks.0.attn.b_V"].abs().max() == 0 and float(state["embed.W_E"].std()) == pytest.approx(0.8 / 32 ** 0.5, rel=0.05)
 
 

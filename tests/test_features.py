@@ -56,7 +56,7 @@ def relu_model(norm="LN", pos="standard", *, seed=0, n_layers=2, d_model=16, d_v
 
 def tracr_tokens(name, n=3, seed=0):
     """``n`` random valid inputs of the compiled model ``name``: BOS, then values of its vocabulary."""
-    meta = ri.SHIPPED_MODELS[name].metadata()["tracr"]
+    meta = ri.models.SHIPPED_MODELS[name].metadata()["tracr"]
     ids = meta["token_ids"]
     values = [ids.index(v) for v in meta["vocab"]]
     g = torch.Generator().manual_seed(seed)
@@ -206,7 +206,7 @@ def test_tracr_feature_graphs_follow_their_known_circuits(name):
     token and logit nodes runs along the known circuit: sender -> receiver, directly or through heads'
     values (a chain of known ``s -> LxHy.v``, ``LxHy -> r`` edges)."""
     model = ri.as_dtype(ri.load_toy_model(name), torch.float64)
-    meta = ri.SHIPPED_MODELS[name].metadata()["tracr"]
+    meta = ri.models.SHIPPED_MODELS[name].metadata()["tracr"]
     edges = {tuple(e) for e in meta["edges"]}
     heads = {s for s, _ in edges if s.startswith("L")} | {r[:-2] for _, r in edges if r.endswith(".v")}
 

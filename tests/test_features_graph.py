@@ -308,7 +308,7 @@ def test_the_json_is_circuit_tracers(code_graph, tmp_path):
 
     jsonschema = pytest.importorskip("jsonschema")
     model, g = code_graph
-    tok = ri.SHIPPED_MODELS["code-2l"].tokenizer()
+    tok = ri.models.SHIPPED_MODELS["code-2l"].tokenizer()
     path = save_graph_json(g, tmp_path, slug="code", decode=lambda t: tok.decode([t]))
     data = json.loads(path.read_text())
     jsonschema.validate(data, JSON_SCHEMA)

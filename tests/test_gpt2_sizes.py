@@ -9,7 +9,7 @@ from rs_interp.models.gpt2_sizes import GPT2_SIZES, count_parameters, gpt2_confi
 
 
 def test_gpt2_small_is_exactly_124439808():
-    pc = ri.count_parameters(ri.gpt2_config("small"))
+    pc = ri.count_parameters(ri.models.gpt2_config("small"))
     assert pc.total == 124_439_808
     assert pc.by_category == {"token_embedding": 38_597_376, "positional_embedding": 786_432, "attention": 28_348_416,
                               "mlp": 56_669_184, "layernorm": 38_400}
@@ -23,7 +23,7 @@ def test_every_size_matches_transformers_without_allocating(size, monkeypatch):
     n_layers, d_model, n_heads = GPT2_SIZES[size]
     with torch.device("meta"):
         hf = GPT2LMHeadModel(GPT2Config(n_layer=n_layers, n_embd=d_model, n_head=n_heads))
-    assert ri.count_parameters(ri.gpt2_config(size)).total == hf.num_parameters()
+    assert ri.count_parameters(ri.models.gpt2_config(size)).total == hf.num_parameters()
 
 
 @pytest.mark.parametrize("shape", [dict(n_layer=3, n_embd=96, n_head=4, vocab_size=1000, n_positions=64),
@@ -31,7 +31,7 @@ def test_every_size_matches_transformers_without_allocating(size, monkeypatch):
 def test_other_gpt2_shapes(shape):
     with torch.device("meta"):
         hf = GPT2LMHeadModel(GPT2Config(**shape))
-    cfg = ri.gpt2_config("small", n_layers=shape["n_layer"], d_model=shape["n_embd"], n_heads=shape["n_head"],
+    cfg = ri.models.gpt2_config("small", n_layers=shape["n_layer"], d_model=shape["n_embd"], n_heads=shape["n_head"],
                          d_head=shape["n_embd"] // shape["n_head"], d_mlp=shape.get("n_inner") or 4 * shape["n_embd"],
                          d_vocab=shape["vocab_size"], n_ctx=shape["n_positions"])
     assert ri.count_parameters(cfg).total == hf.num_parameters()
@@ -55,7 +55,7 @@ def test_config_matches_what_transformerlens_derives(size, monkeypatch):
     released = GPT2Config(n_layer=n_layers, n_embd=d_model, n_head=n_heads, n_ctx=1024, architectures=["GPT2LMHeadModel"])
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **k: released)
     theirs = loading.convert_hf_model_config({"small": "gpt2"}.get(size, f"gpt2-{size}"))
-    ours = ri.gpt2_config(size)
+    ours = ri.models.gpt2_config(size)
     for key, value in theirs.items():
         if hasattr(ours, key) and key not in ("tokenizer_name",):
             assert getattr(ours, key) == value, key
@@ -63,7 +63,7 @@ def test_config_matches_what_transformerlens_derives(size, monkeypatch):
 
 def test_bad_size():
     with pytest.raises(ValueError, match="size"):
-        ri.gpt2_config("tiny")
+        ri.models.gpt2_config("tiny")
 
 
 @pytest.mark.parametrize("n_heads", [1, 6, 12, 24, 48])

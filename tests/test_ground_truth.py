@@ -220,7 +220,7 @@ def test_the_derivation_follows_the_evidence(induction):
     assert strict.edges == loose.edges - set(strict.dropped)
     assert all(v >= cut for v in strict.leave_one_out.values())
     with pytest.raises(ValueError, match="no previous-token head"):
-        it.induction_ground_truth(ri.make_attn_only(2, seed=3), few, **pairs, **THRESHOLDS)
+        it.induction_ground_truth(ri.models.make_attn_only(2, seed=3), few, **pairs, **THRESHOLDS)
     with pytest.raises(ValueError, match="two-layer attention-only"):
         it.induction_ground_truth(ri.load_toy_model("induction-1l"), few, **pairs, **THRESHOLDS)
 

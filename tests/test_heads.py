@@ -14,7 +14,7 @@ def test_prev_token_head(toy2, test_set):
 
 def test_prev_token_scores_on_a_known_pattern():
     """A head that attends only to i-1 scores 1; built by overriding the pattern with a hook."""
-    model = ri.make_attn_only(1, seed=0)
+    model = ri.models.make_attn_only(1, seed=0)
     def shifted(t, hook):  # follows the shape it is given: the certificate's probe runs it too
         n = t.shape[-1]
         out = torch.zeros(n, n)
@@ -70,7 +70,7 @@ def test_proposition_5(toy1_f64, toy2_f64, test_set):
 
 
 def test_positional_scores_need_rotary():
-    model = ri.make_attn_only(1, positional_embedding_type="standard")
+    model = ri.models.make_attn_only(1, positional_embedding_type="standard")
     with pytest.raises(ValueError, match="rotary"):
         ri.positional_scores(model, 0)
 

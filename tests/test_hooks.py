@@ -10,7 +10,7 @@ from rs_interp import hooks as H
 
 @pytest.fixture(scope="module")
 def model():
-    return ri.make_attn_only(2, seed=1, dtype=torch.float64)
+    return ri.models.make_attn_only(2, seed=1, dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")

@@ -120,7 +120,7 @@ def test_inside_inference_mode(toy2, small_batch):
 
 
 def test_a_model_on_the_meta_device_is_refused():
-    model = ri.make_attn_only(1).to("meta")  # shapes only, as after init_empty_weights
+    model = ri.models.make_attn_only(1).to("meta")  # shapes only, as after init_empty_weights
     toks = torch.zeros(1, 4, dtype=torch.long)
     for call in (lambda: ri.attribution_patching(model, toks, lambda lg: lg.sum(), reference=toks),
                  lambda: ri.head_ablation_scan(model, toks, lambda lg: lg.sum()),

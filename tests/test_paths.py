@@ -43,7 +43,7 @@ def test_random_three_by_three_with_biases(random3x3, small_batch):
 
 @pytest.mark.parametrize("shape", [dict(n_layers=1), dict(n_layers=3, n_heads=1, d_head=32), dict(n_layers=2, positional_embedding_type="standard")])
 def test_other_shapes(shape, small_batch):
-    model = ri.make_attn_only(seed=4, dtype=torch.float64, **shape)
+    model = ri.models.make_attn_only(seed=4, dtype=torch.float64, **shape)
     pe = ri.path_expansion(model, small_batch.tokens)
     assert len(pe.labels) == (1 + model.cfg.n_heads) ** model.cfg.n_layers
     assert (pe.total() - model(small_batch.tokens)).abs().max() <= 1e-10
@@ -57,7 +57,7 @@ def test_layer1_paths_carry_the_answer(toy2, test_set):
 
 
 def test_refuses_layernorm_models(small_batch):
-    model = ri.make_attn_only(2, normalization_type="LN")
+    model = ri.models.make_attn_only(2, normalization_type="LN")
     with pytest.raises(ValueError, match="direct_logit_attribution"):
         ri.path_expansion(model, small_batch.tokens)
 

@@ -83,7 +83,7 @@ def test_the_other_figures_take_results():
     from rs_interp.circuits.tracr_truth import tracr_case
     from rs_interp.lab.geometry import collapse_cloud, collapse_run
 
-    pc = ri.count_parameters(ri.gpt2_config("small"))
+    pc = ri.count_parameters(ri.models.gpt2_config("small"))
     assert sum(d.x[0] for d in plots.parameter_breakdown_figure(pc).data) == sum(pc.by_category.values())
     runs = [collapse_run(collapse_cloud(0), beta, skip=s) for beta in (1.0,) for s in (False, True)]
     assert len(plots.collapse_figure(runs).data) >= 2 and plots.layernorm_figure().data

@@ -232,11 +232,11 @@ def test_copies_and_round_trips_keep_the_logits(family, tokens, tmp_path):
         assert (ri.as_dtype(model, torch.float32)(toks).double() - want).abs().max() <= 1e-3
     if TL4 and name != "gpt2":  # booted Hugging Face models other than GPT-2: refused by name
         with pytest.raises(ValueError, match="booted by TransformerLens"):
-            ri.save_model(model, tmp_path / "m")
+            ri.models.save_model(model, tmp_path / "m")
         return
-    ri.save_model(model, tmp_path / "m")
+    ri.models.save_model(model, tmp_path / "m")
     with torch.no_grad():
-        assert (ri.load_model(tmp_path / "m")(toks) - want).abs().max() <= 1e-10
+        assert (ri.models.load_model(tmp_path / "m")(toks) - want).abs().max() <= 1e-10
 
 
 def test_missing_sources_are_refused_clearly(tmp_path):

@@ -44,7 +44,7 @@ def _model(which: str):
     kw |= dict(attn_only=False, d_mlp=64, act_fn="gelu")  # EAP-IG's Graph always has MLP nodes: no attention-only model
     if which == "gqa":
         kw |= dict(n_key_value_heads=2)
-    return ri.as_dtype(ri.make_attn_only(2, normalization_type="LN", **kw), torch.float64)
+    return ri.as_dtype(ri.models.make_attn_only(2, normalization_type="LN", **kw), torch.float64)
 
 
 def _data(model, seed=0):

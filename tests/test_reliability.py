@@ -30,7 +30,7 @@ def _fixed_scores(model):
 
 
 HELPERS = {
-    "evaluate": lambda m: ri.evaluate(m, _batch().tokens, targets=_batch().targets),
+    "score_model": lambda m: ri.score_model(m, _batch().tokens, targets=_batch().targets),
     "run_with_key_input": lambda m: ri.run_with_key_input(m, _batch().tokens, layer=1, keep=[(0, 0)]),
     "run_with_query_input": lambda m: ri.run_with_query_input(m, _batch().tokens, layer=1, keep=[(0, 1)]),
     "attention_patterns": lambda m: ri.attention_patterns(m, _batch().tokens),
@@ -80,7 +80,7 @@ HELPERS = {
     "certify": lambda m: ri.certify(m, refresh=True),
     "second_order_attribution": lambda m: ri.second_order_attribution(m, _batch().tokens, targets=_batch().tokens, positions=[-1]),
     "as_dtype": lambda m: ri.as_dtype(m, torch.float64),
-    "save_model": lambda m: ri.save_model(m, __import__("tempfile").mkdtemp() + "/m"),
+    "save_model": lambda m: ri.models.save_model(m, __import__("tempfile").mkdtemp() + "/m"),
     "analyse_gpt2": lambda m: gpt2_check.analyse_gpt2(m, weights="random", n_sequences=2, period=20),
     "finance_readers": lambda m: finance.complete_queries(
         {"model": finance._model_reader(m), "direct": finance._model_reader(m, direct_only=True)},
@@ -252,15 +252,15 @@ BAD_CALLS = {
     "dla contrast": (lambda m: ri.direct_logit_attribution(m, GOOD, targets=GOOD, contrast=GOOD.float()), "contrast"),
     "lens targets": (lambda m: ri.logit_lens(m, GOOD, targets=GOOD[:, :3]), "targets"),
     "lens top_k": (lambda m: ri.logit_lens(m, GOOD, top_k=0), "top_k"),
-    "path expansion on LN": (lambda m: ri.path_expansion(ri.make_attn_only(1, normalization_type="LN"), GOOD), "LayerNorm"),
-    "evaluate chunk": (lambda m: ri.evaluate(m, ri.induction_batch(2).tokens, targets=ri.induction_batch(2).targets, chunk_size=0), "chunk_size"),
+    "path expansion on LN": (lambda m: ri.path_expansion(ri.models.make_attn_only(1, normalization_type="LN"), GOOD), "LayerNorm"),
+    "score_model chunk": (lambda m: ri.score_model(m, ri.induction_batch(2).tokens, targets=ri.induction_batch(2).targets, chunk_size=0), "chunk_size"),
     "batch_size": (lambda m: ri.induction_batch(0), "batch_size"),
     "min_period": (lambda m: ri.induction_batch(2, min_period=0), "min_period"),
     "max_period": (lambda m: ri.induction_batch(2, max_period=100), "max_period"),
-    "n_layers": (lambda m: ri.make_attn_only(0), "n_layers"),
+    "n_layers": (lambda m: ri.models.make_attn_only(0), "n_layers"),
     "toy name": (lambda m: ri.load_toy_model("nope"), "name"),
-    "gpt2 size": (lambda m: ri.gpt2_config("tiny"), "size"),
-    "train lr": (lambda m: ri.train_induction_model(1, lr=-1.0, progress=False), "lr"),
+    "gpt2 size": (lambda m: ri.models.gpt2_config("tiny"), "size"),
+    "train lr": (lambda m: ri.models.train_induction_model(1, lr=-1.0, progress=False), "lr"),
 }
 
 
@@ -278,7 +278,7 @@ def test_bad_arguments(shared_toy, case):
 
 @pytest.fixture()
 def checkpoint(tmp_path, shared_toy):
-    return ri.save_model(shared_toy, tmp_path / "toy")
+    return ri.models.save_model(shared_toy, tmp_path / "toy")
 
 
 def _edit_config(cfg, change):
@@ -321,13 +321,13 @@ CORRUPTIONS = ["missing weights", "missing config", "truncated weights", "garbag
 @pytest.mark.parametrize("how", CORRUPTIONS)
 def test_bad_checkpoints(checkpoint, how):
     _corrupt(checkpoint, how)
-    with pytest.raises(ri.CheckpointError):
-        ri.load_model(checkpoint)
+    with pytest.raises(ri.models.CheckpointError):
+        ri.models.load_model(checkpoint)
 
 
 def test_checkpoint_path_that_does_not_exist(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
-        ri.load_model(tmp_path / "nothing")
+        ri.models.load_model(tmp_path / "nothing")
 
 
 def test_no_pickle_anywhere_in_the_library():
@@ -351,12 +351,12 @@ def test_same_seed_same_weights_across_processes():
     import sys
 
     code = ("import hashlib, rs_interp as ri\n"
-            "m = ri.train_induction_model(2, steps=20, batch_size=8, seed=5, progress=False)\n"
+            "m = ri.models.train_induction_model(2, steps=20, batch_size=8, seed=5, progress=False)\n"
             "print(hashlib.sha256(b''.join(v.numpy().tobytes() for v in m.state_dict().values())).hexdigest())")
     runs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]  # side by side
     hashes = {run.communicate()[0].strip() for run in runs}
     assert all(run.returncode == 0 for run in runs)
-    m = ri.train_induction_model(2, steps=20, batch_size=8, seed=5, progress=False)
+    m = ri.models.train_induction_model(2, steps=20, batch_size=8, seed=5, progress=False)
     import hashlib
 
     here = hashlib.sha256(b"".join(v.numpy().tobytes() for v in m.state_dict().values())).hexdigest()
@@ -370,7 +370,7 @@ def test_same_seed_same_weights_across_processes():
 @given(batch=st.integers(1, 3), pos=st.integers(1, 48), seed=st.integers(0, 2**16),
        n_layers=st.integers(1, 3), n_heads=st.integers(1, 3))
 def test_path_expansion_is_exact_for_random_shapes(batch, pos, seed, n_layers, n_heads):
-    model = ri.make_attn_only(n_layers, n_heads=n_heads, d_head=8, d_model=16, seed=seed % 100, dtype=torch.float64)
+    model = ri.models.make_attn_only(n_layers, n_heads=n_heads, d_head=8, d_model=16, seed=seed % 100, dtype=torch.float64)
     tokens = torch.randint(0, 256, (batch, pos), generator=torch.Generator().manual_seed(seed))
     pe = ri.path_expansion(model, tokens)
     assert len(pe.labels) == (1 + n_heads) ** n_layers
@@ -493,7 +493,7 @@ def test_empty_selections_raise(toy2):
     b = _batch()
     empty = ri.InductionBatch(tokens=b.tokens, periods=b.periods, scored=torch.zeros_like(b.scored))
     too_long = torch.full_like(b.periods, b.tokens.shape[1])  # every period as long as the sequence: nothing scored
-    for call in (lambda: ri.evaluate(toy2, empty.tokens, targets=empty.targets), lambda: ri.induction_scores(toy2, empty.tokens, periods=too_long),
+    for call in (lambda: ri.score_model(toy2, empty.tokens, targets=empty.targets), lambda: ri.induction_scores(toy2, empty.tokens, periods=too_long),
                  lambda: ri.path_logit_attribution(toy2, empty.tokens, targets=empty.targets), lambda: ri.score_logits(toy2(empty.tokens), empty.targets)):
         with pytest.raises(ValueError, match="no (scored )?position"):
             call()

@@ -40,7 +40,7 @@ def _same_weights(model, seed):
 
 
 def _models():
-    return {"attn-rotary": _same_weights(ri.make_attn_only(2, seed=3, dtype=torch.float64), 3),
+    return {"attn-rotary": _same_weights(ri.models.make_attn_only(2, seed=3, dtype=torch.float64), 3),
             "ln-standard-mlp": _same_weights(make_variant("LN", "standard", False, seed=1), 1),
             "rms-rotary-attn": _same_weights(make_variant("RMS", "rotary", True, seed=2), 2)}
 

@@ -192,7 +192,7 @@ def other_process():
 
 @pytest.mark.parametrize("name", ["ioi", "greater-than", "sva"])
 def test_refuses_a_tokenizer_whose_words_are_not_single_tokens(name):
-    code_tok = ri.SHIPPED_MODELS["code-2l"].tokenizer()  # a 2,048-token BPE of Python sources
+    code_tok = ri.models.SHIPPED_MODELS["code-2l"].tokenizer()  # a 2,048-token BPE of Python sources
     with pytest.raises(ValueError, match=r"of \d+ \w[\w -]* are not single tokens under this tokenizer: '"):
         build_task(name, code_tok, n=2)
 
@@ -261,8 +261,8 @@ def test_eap_csv_refuses_induction(tmp_path):
 
 
 def _models():
-    return {"induction-2l": ri.load_toy_model("induction-2l").cfg, "gpt2-small": ri.gpt2_config("small"),
-            "gqa": ri.make_attn_only(2, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32).cfg}
+    return {"induction-2l": ri.load_toy_model("induction-2l").cfg, "gpt2-small": ri.models.gpt2_config("small"),
+            "gqa": ri.models.make_attn_only(2, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32).cfg}
 
 
 @pytest.mark.parametrize("which", ["induction-2l", "gpt2-small", "gqa"])
@@ -423,7 +423,7 @@ def test_mib_refusals(tmp_path):
         write_mib(tmp_path / "x.json", cfg, circuit=[("embed", "MLP0")])
     path = write_mib(tmp_path / "ok.json", cfg, scores=scores)
     with pytest.raises(ValueError, match="graph of another model"):
-        read_mib(path, ri.gpt2_config("small"))
+        read_mib(path, ri.models.gpt2_config("small"))
     data = json.loads(path.read_text())
     data["edges"]["input->m0"] = {"score": 0.5, "in_graph": True}  # an MLP this attention-only model has not
     (tmp_path / "mlp.json").write_text(json.dumps(data))
@@ -456,7 +456,7 @@ def test_same_seed_same_bytes_in_another_process(tok, other_process):
 def test_mib_files_from_eap_igs_graph(tmp_path):
     """Scores and circuits on edge_layout(model, embedding="token") write the same file (tok_embed is MIB's input);
     the split graph's pos_embed has no MIB name."""
-    cfg = ri.make_attn_only(2, n_heads=2, positional_embedding_type="standard").cfg
+    cfg = ri.models.make_attn_only(2, n_heads=2, positional_embedding_type="standard").cfg
     scores = _random_scores(cfg, seed=3)
     token = scores.on_inputs("token")
     a = write_mib(tmp_path / "a.json", cfg, scores=scores).read_text()

@@ -147,7 +147,7 @@ def test_node_estimates_equal_transformer_lens(name, request):
 def test_attention_only_models_are_refused_by_transformer_lens():
     """TransformerLens's node graph requires every layer's ``hook_mlp_out``: an attention-only model has none
     (3.9: the hook exists but never fires; 4.3: no such hook). Ours runs on it."""
-    model = ri.make_attn_only(2, n_heads=2, seed=0)
+    model = ri.models.make_attn_only(2, n_heads=2, seed=0)
     clean, corrupt = pairs(model)
     with pytest.raises(ValueError, match="hook_mlp_out"):
         tl.attribution_patch(model, clean, corrupt, metric)

@@ -144,7 +144,7 @@ def test_builds_with_no_network(monkeypatch):
 def test_transformer_lens_reads_text_with_it(tok):
     """Given to a model of GPT-2's vocabulary (here a one-layer toy, fast to build), TransformerLens
     tokenizes as with GPT-2's hub tokenizer: BOS first unless asked not to, padding with <|endoftext|>."""
-    model = ri.make_attn_only(1, d_vocab=50257, d_model=16, n_heads=2, d_head=8, n_ctx=32)
+    model = ri.models.make_attn_only(1, d_vocab=50257, d_model=16, n_heads=2, d_head=8, n_ctx=32)
     _backend.set_tokenizer(model, gpt2_tokenizer())
     assert model.to_tokens(SENTENCE).tolist() == [[50256] + SENTENCE_IDS]
     assert model.to_tokens(SENTENCE, prepend_bos=False).tolist() == [SENTENCE_IDS]

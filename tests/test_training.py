@@ -16,22 +16,22 @@ INDUCTION = ("induction-1l", "induction-2l")
 
 
 def test_two_layer_model_solves_induction(toy2, test_set):
-    s = ri.evaluate(toy2, test_set.tokens, targets=test_set.targets)
+    s = ri.score_model(toy2, test_set.tokens, targets=test_set.targets)
     assert EXPECTED["induction.two_layers_loss"].holds(s.loss) and EXPECTED["induction.two_layers_accuracy"].holds(s.accuracy)
 
 
 def test_one_layer_model_cannot(toy1, test_set):
-    s = ri.evaluate(toy1, test_set.tokens, targets=test_set.targets)
+    s = ri.score_model(toy1, test_set.tokens, targets=test_set.targets)
     assert EXPECTED["induction.one_layer_loss"].holds(s.loss) and EXPECTED["induction.one_layer_accuracy"].holds(s.accuracy)
 
 
 def test_untrained_model_is_at_chance(test_set):
-    s = ri.evaluate(ri.make_attn_only(2), test_set.tokens, targets=test_set.targets)
+    s = ri.score_model(ri.models.make_attn_only(2), test_set.tokens, targets=test_set.targets)
     assert abs(s.loss - math.log(256)) < 0.5 and s.accuracy < 0.02
 
 
 def test_evaluate_matches_score_logits(toy2, small_batch):
-    a = ri.evaluate(toy2, small_batch.tokens, targets=small_batch.targets, chunk_size=5)
+    a = ri.score_model(toy2, small_batch.tokens, targets=small_batch.targets, chunk_size=5)
     b = ri.score_logits(toy2(small_batch.tokens), small_batch.targets)
     assert a.n_scored == b.n_scored == int(small_batch.scored.sum())
     assert a.accuracy == pytest.approx(b.accuracy, abs=1e-12) and a.loss == pytest.approx(b.loss, rel=1e-5)
@@ -58,25 +58,25 @@ def test_masked_loss_is_cross_entropy_at_the_masked_positions(full):
 
 def test_training_restores_thread_count():
     n = torch.get_num_threads()
-    ri.train_induction_model(1, steps=2, batch_size=4, progress=False)
+    ri.models.train_induction_model(1, steps=2, batch_size=4, progress=False)
     assert torch.get_num_threads() == n
 
 
 def test_short_training_is_bitwise_deterministic_and_learns():
-    a = ri.train_induction_model(2, steps=30, batch_size=16, seed=11, progress=False)
-    b = ri.train_induction_model(2, steps=30, batch_size=16, seed=11, progress=False)
+    a = ri.models.train_induction_model(2, steps=30, batch_size=16, seed=11, progress=False)
+    b = ri.models.train_induction_model(2, steps=30, batch_size=16, seed=11, progress=False)
     for (n, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), n
     assert not a.b_V.any() and not a.b_O.any() and not a.b_U.any()
     batch = ri.induction_batch(64, seed=99)
-    assert ri.evaluate(a, batch.tokens, targets=batch.targets).loss < ri.evaluate(ri.make_attn_only(2, seed=11), batch.tokens, targets=batch.targets).loss
+    assert ri.score_model(a, batch.tokens, targets=batch.targets).loss < ri.score_model(ri.models.make_attn_only(2, seed=11), batch.tokens, targets=batch.targets).loss
 
 
 @pytest.mark.parametrize("kwargs,arg", [(dict(n_layers=0), "n_layers"), (dict(n_layers=1, batch_size=0), "batch_size"),
                                         (dict(n_layers=1, steps=-1), "steps"), (dict(n_layers=1, lr=0.0), "lr")])
 def test_bad_training_arguments(kwargs, arg):
     with pytest.raises(ValueError, match=arg):
-        ri.train_induction_model(**kwargs, progress=False)
+        ri.models.train_induction_model(**kwargs, progress=False)
 
 
 @pytest.mark.slow
@@ -127,9 +127,9 @@ def test_training_cache_reads_back_what_it_stored(tmp_path):
 
     def train(seed):
         calls.append(seed)
-        return ri.models.Trained(ri.train_induction_model(1, steps=3, batch_size=4, seed=seed, progress=False), {"seed": seed, "x": 0.1})
+        return ri.models.Trained(ri.models.train_induction_model(1, steps=3, batch_size=4, seed=seed, progress=False), {"seed": seed, "x": 0.1})
 
-    cache = ri.TrainingCache(tmp_path)
+    cache = ri.models.TrainingCache(tmp_path)
     a = cache.fetch("tiny", {"seed": 1}, lambda: train(1))
     b = cache.fetch("tiny", {"seed": 1}, lambda: train(1))
     c = cache.fetch("tiny", {"seed": 2}, lambda: train(2))
@@ -145,8 +145,8 @@ def test_default_cache_follows_the_environment(env, monkeypatch, tmp_path):
     """``$RS_INTERP_CACHE`` names the default cache's folder; unset, it is under the user's home."""
     monkeypatch.setenv("HOME", str(tmp_path))
     if env is None:
-        monkeypatch.delenv(ri.TrainingCache.ENV, raising=False)
-        assert ri.TrainingCache.default().root == tmp_path / ".cache" / "rs_interp" / "trained"
+        monkeypatch.delenv(ri.models.TrainingCache.ENV, raising=False)
+        assert ri.models.TrainingCache.default().root == tmp_path / ".cache" / "rs_interp" / "trained"
     else:
-        monkeypatch.setenv(ri.TrainingCache.ENV, str(tmp_path / env))
-        assert ri.TrainingCache.default().root == tmp_path / env
+        monkeypatch.setenv(ri.models.TrainingCache.ENV, str(tmp_path / env))
+        assert ri.models.TrainingCache.default().root == tmp_path / env

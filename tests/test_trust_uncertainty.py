@@ -121,7 +121,7 @@ def test_stability_counts_top_sets(setup):
     edges = layout.edges()
     assert st.stable_edges(1.0) == [edges[-1]] and len(st.stable_edges(0.3)) == 5
     with pytest.raises(ValueError, match="one model"):
-        stability([ra, ri.edge_attribution_patching(ri.make_attn_only(1), torch.zeros(1, 3, dtype=torch.long), metric,
+        stability([ra, ri.edge_attribution_patching(ri.models.make_attn_only(1), torch.zeros(1, 3, dtype=torch.long), metric,
                                                     reference=torch.ones(1, 3, dtype=torch.long))])
 
 

@@ -54,6 +54,6 @@ def test_a_lens_from_another_model_is_refused(gpt2_tiny):
         ri.lens_kl(other, toks, tuned)
     assert ri.lens_kl(other, toks, tuned, strict=False).isfinite().all()
     assert (ri.lens_kl(ri.as_dtype(gpt2_tiny, torch.float64), toks, tuned) - ri.lens_kl(gpt2_tiny, toks, tuned)).abs().max() <= 1e-5
-    deeper = ri.make_attn_only(3, d_model=gpt2_tiny.cfg.d_model)
+    deeper = ri.models.make_attn_only(3, d_model=gpt2_tiny.cfg.d_model)
     with pytest.raises(ValueError, match="trained on another model"):
         ri.lens_kl(deeper, torch.zeros(1, 4, dtype=torch.long), tuned)

@@ -16,7 +16,7 @@ VARIANTS = {
 
 
 def _gqa(which, n_layers=2, dtype=torch.float64):
-    model = ri.make_attn_only(n_layers, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32, seed=3, **VARIANTS[which])
+    model = ri.models.make_attn_only(n_layers, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32, seed=3, **VARIANTS[which])
     return ri.as_dtype(model, dtype)
 
 
@@ -105,6 +105,6 @@ def test_partial_kv_groups_at_a_budget():
 
 def test_refusals():
     with pytest.raises(ValueError, match="no grouped-query attention"):
-        ri.ungroup_gqa(ri.make_attn_only(1))
+        ri.ungroup_gqa(ri.models.make_attn_only(1))
     with pytest.raises(ValueError, match="TransformerLens model"):
         ri.ungroup_gqa("gpt2")

@@ -90,7 +90,7 @@ def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:
     ``W_K``/``W_V`` are already repeated per query head and 4.x's are per KV head: both come out
     per query head here.
 
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> tuple(attn_weight(make_attn_only(1, n_key_value_heads=1), "W_K", 2).shape)
     (1, 2, 32, 16)
     """
@@ -133,7 +133,7 @@ def norm_of(model: Model, module: torch.nn.Module | None) -> Norm:
     Raises:
         ValueError: the config says the model normalises, but ``module`` is None.
 
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> model = make_attn_only(1, normalization_type="LN")
     >>> norm_of(model, model.blocks[0].ln1).kind, norm_of(make_attn_only(1), None).kind
     ('LN', None)
@@ -207,7 +207,7 @@ def with_dtype(model: Model, dtype: torch.dtype) -> Model:
 def expected_keys(model: Model) -> dict[str, tuple[int, ...]]:
     """The portable parameter names of ``model`` and their shapes.
 
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> sorted(expected_keys(make_attn_only(1)))[:3]
     ['blocks.0.attn.W_K', 'blocks.0.attn.W_O', 'blocks.0.attn.W_Q']
     """
@@ -247,7 +247,7 @@ def post_norms(model: Model, layer: int) -> tuple[Norm, Norm]:
     """The norms block ``layer`` applies to its attention's and its MLP's output before adding them to the
     stream (:class:`rs_interp.exact.norm.Norm`, as the model computes them), :data:`IDENTITY` where it has none.
 
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> post_norms(make_attn_only(1, normalization_type="LN"), 0) == (IDENTITY, IDENTITY)
     True
     """
@@ -266,7 +266,7 @@ def mlp_norm_name(model: Model, layer: int) -> str:
     shared input norm (Phi, Cohere, Falcon, GPT-J booted on 4.x: the MLP reads ``ln1(resid_pre)``, the attention's
     very input; 3.x copies that norm into an ``ln2`` of its own).
 
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> mlp_norm_name(make_attn_only(1, normalization_type="LN"), 0)
     'ln2'
     """

@@ -18,7 +18,7 @@ has depth 0, layer ``l``'s heads (and their inputs) ``2l + 1``, its MLP ``2l + 2
 parallel block, where the MLP reads the block's input as the heads do: no head -> MLP edge within
 the layer), ``logits`` infinity.
 
->>> from rs_interp import make_attn_only
+>>> from rs_interp.models import make_attn_only
 >>> layout = edge_layout(make_attn_only(2, n_heads=1))
 >>> layout.senders, layout.receivers[:3]
 (('embed', 'L0H0', 'L1H0'), ('L0H0.q', 'L0H0.k', 'L0H0.v'))
@@ -157,7 +157,7 @@ def edge_layout(model_or_cfg: Any, embedding: Embedding = "sum") -> EdgeLayout:
 def embedding_of(layout: EdgeLayout) -> Embedding:
     """Which ``embedding`` made ``layout`` (:func:`edge_layout`).
 
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> embedding_of(edge_layout(make_attn_only(1), embedding="token"))
     'token'
     """
@@ -224,7 +224,7 @@ class EdgeEffects:
             ValueError: effects not on the summed input (``embed``), or an unknown ``embedding``.
 
         Example:
-            >>> from rs_interp import make_attn_only
+            >>> from rs_interp.models import make_attn_only
             >>> layout = edge_layout(make_attn_only(1, n_heads=1, positional_embedding_type="standard"))
             >>> e = EdgeEffects(layout, torch.where(layout.exists, 1.0, torch.nan), 0.0).on_inputs("split")
             >>> e.layout.senders, e.edge("tok_embed", "logits"), e.edge("pos_embed", "logits")

@@ -185,7 +185,7 @@ def receiver_response(model: Model, tokens: torch.Tensor, reference: torch.Tenso
     input gets ``write_ref_s - write_s``): a head's ``z``, an MLP's output, the logits. Local: it
     says whether ``r`` reads what the edge brings, not whether the metric cares.
 
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> model = make_attn_only(2, n_heads=1)
     >>> a, b = torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6]])
     >>> receiver_response(model, a, b, [("embed", "L0H0.v")])[("embed", "L0H0.v")] > 0
@@ -236,7 +236,7 @@ def receiver_response(model: Model, tokens: torch.Tensor, reference: torch.Tenso
 def known_heads(model: Model, edges: Iterable[tuple[str, str]]) -> frozenset[str]:
     """The heads (``"L0H1"``) that send an edge of ``edges``: the node-level ground truth.
 
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> sorted(known_heads(make_attn_only(2), [("L0H1", "L1H0.k"), ("embed", "L1H1.q")]))
     ['L0H1']
     """

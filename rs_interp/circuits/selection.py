@@ -12,7 +12,8 @@ and prunes the result: a component with no incoming edge (the embedding excepted
 same on rs_interp's graph, where an edge into a key/value head's input counts as the edges into the
 inputs of the query heads that read it.
 
->>> from rs_interp import edge_layout, make_attn_only
+>>> from rs_interp import edge_layout
+>>> from rs_interp.models import make_attn_only
 >>> layout = edge_layout(make_attn_only(2, n_heads=1))
 >>> keep = prune(layout, mask(layout, [("embed", "L0H0.v"), ("L0H0", "L1H0.v")]))   # L1H0 writes nowhere kept
 >>> int(keep.sum())

@@ -20,7 +20,7 @@ files of GQA models, whose copies differ, read onto it (:func:`rs_interp.tasks.r
 grouped model each KV edge's score is the sum of its copies' scores (first order, exactly).
 
 >>> import rs_interp as ri
->>> model = ri.make_attn_only(1, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32)
+>>> model = ri.models.make_attn_only(1, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32)
 >>> flat = ungroup_gqa(model)
 >>> ri.edge_layout(model).receivers[4:6], ri.edge_layout(flat).receivers[:3]
 (('L0KV0.k', 'L0KV0.v'), ('L0H0.q', 'L0H0.k', 'L0H0.v'))
@@ -45,7 +45,7 @@ def ungroup_gqa(model: Model) -> Model:
 
     Example:
         >>> import rs_interp as ri, torch
-        >>> model = ri.make_attn_only(2, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32)
+        >>> model = ri.models.make_attn_only(2, n_heads=4, n_key_value_heads=2, d_head=8, d_model=32)
         >>> flat = ungroup_gqa(model)
         >>> tokens = torch.tensor([[1, 2, 3, 4]])
         >>> flat.cfg.n_key_value_heads, bool(torch.allclose(flat(tokens), model(tokens), atol=1e-5))

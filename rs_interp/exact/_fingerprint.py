@@ -12,7 +12,7 @@
 A hook function is keyed by identity: one that changes what it does without being registered again
 (it reads outside state) is not seen; ``rs_interp.certify(model, refresh=True)`` measures again.
 
->>> from rs_interp import make_attn_only
+>>> from rs_interp.models import make_attn_only
 >>> model = make_attn_only(1)
 >>> key = fingerprint(model)
 >>> handle = model.blocks[0].attn.register_forward_hook(lambda module, args, out: None)

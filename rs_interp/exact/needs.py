@@ -136,11 +136,11 @@ ADAPTS: dict[str, dict[str, str]] = {
 EXEMPT: dict[str, str] = {
     "certify": "it measures the identities",
     "as_dtype": "a copy of the model in another dtype: the copy is certified when a helper uses it",
-    "save_model": "writes the weights and config; nothing is computed",
+    "models.save_model": "writes the weights and config; nothing is computed",
     "ungroup_gqa": "a copy of the model with each KV head's weights repeated per query head (the same function, tested): "
                    "the copy is certified when a helper uses it",
     "induction_batch": "reads the vocabulary size and context length only",
-    "evaluate": "the model's own loss and accuracy: its logits as they are, nothing decomposed",
+    "score_model": "the model's own loss and accuracy: its logits as they are, nothing decomposed",
     "scale.metric_values": "the metric of the model's own logits, batch by batch: nothing decomposed",
     "scale.stream": "runs the analysis it is given, which certifies the model itself",
     "features.estimate_graph": "reads the config's shapes only; nothing is run",

@@ -17,7 +17,7 @@ A layer's attention adds ``P(r)`` to the stream, ``r = sum_h z_h W_O^h + b_O`` (
 On a block without a post-norm the three are ``z_h W_O^h`` and ``d_h W_O^h``. An MLP is one sender: its
 write is what enters the stream (``hook_mlp_out``, after its post-norm) under every convention.
 
->>> from rs_interp import make_attn_only
+>>> from rs_interp.models import make_attn_only
 >>> model = make_attn_only(1, normalization_type="LN")
 >>> z = torch.randn(1, 3, model.cfg.n_heads, model.cfg.d_head, generator=torch.Generator().manual_seed(0))
 >>> heads, bias = frozen_heads(model, 0, z, torch.float64)  # no post-norm here: z W_O per head, and b_O

@@ -36,7 +36,7 @@ def readout(model: Model, final: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
     scale computed from each row itself: the model's own readout where the certificate's ``readout``
     holds, and the lenses' reading of any stream.
 
-    >>> from rs_interp import make_attn_only
+    >>> from rs_interp.models import make_attn_only
     >>> model = make_attn_only(1)
     >>> tokens = torch.zeros(1, 3, dtype=torch.long)
     >>> _, cache = model.run_with_cache(tokens)

@@ -15,7 +15,7 @@ needs one ``(d_head x d_model) @ (d_model x d_head)`` product. For each source l
 of them as one matrix product against every later head at once: no loop over pairs and no
 ``d_model x d_model`` matrix per pair.
 
->>> from rs_interp import make_attn_only
+>>> from rs_interp.models import make_attn_only
 >>> s = composition_scores(make_attn_only(2), "k")
 >>> tuple(s.scores.shape), bool(s.scores[1, :, 0, :].isnan().all()), s.baseline
 ((2, 2, 2, 2), True, None)

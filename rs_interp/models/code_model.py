@@ -19,7 +19,7 @@ GELU MLPs, learned positions, every bias GPT-2 has; no unembedding bias, as in G
   stream and half the toy models' repeated random sequences (see :func:`_batch` for why: on code
   alone no induction head formed within the budget; with them the shipped model's loss drops near step 1,850).
 
-A trained model loads with :func:`rs_interp.load_model`, its tokenizer with :func:`load_code_tokenizer`.
+A trained model loads with :func:`rs_interp.models.load_model`, its tokenizer with :func:`load_code_tokenizer`.
 
 >>> cfg = code_model_config()
 >>> (cfg.n_layers, cfg.d_model, cfg.normalization_type, cfg.positional_embedding_type)
@@ -165,7 +165,7 @@ def train_code_model(*, steps: int, batch_size: int, lr: float, warmup: int, see
     (settings, corpus hash, held-out and unigram losses, the loss curve every 50 steps).
 
     The settings are the recipe's (the shipped model's are ``SHIPPED_MODELS["code-2l"].settings``;
-    ``rs_interp.train_shipped("code-2l")`` trains with them). The tokenizer is trained too unless one
+    ``rs_interp.models.train_shipped("code-2l")`` trains with them). The tokenizer is trained too unless one
     is given (the shipped one, for a retraining check).
     """
     from .training import train_on_batches, trainable_parameters

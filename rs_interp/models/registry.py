@@ -63,7 +63,7 @@ def held_out_batch() -> InductionBatch:
 @dataclass(frozen=True)
 class Trained:
     """A freshly trained model, the metadata to ship beside it, and its tokenizer (``None`` where the
-    model reads token ids directly): what :func:`rs_interp.train_shipped` returns.
+    model reads token ids directly): what :func:`rs_interp.models.train_shipped` returns.
 
     >>> trained = train_shipped("induction-1l", 0, steps=2, progress=False)   # doctest: +SKIP
     >>> Trained(model=load_toy_model("induction-1l"), metadata={"seed": 0}).tokenizer is None
@@ -251,7 +251,7 @@ def load_toy_model(name: str = "induction-2l") -> Model:
     ``TransformerBridge`` on 4.x).
 
     ``"induction-2l"`` and ``"induction-1l"``: the theory's attention-only models, produced by
-    :func:`rs_interp.train_induction_model`; ``"code-2l"``: a GPT-2-architecture model trained on
+    :func:`rs_interp.models.train_induction_model`; ``"code-2l"``: a GPT-2-architecture model trained on
     Python sources (:mod:`rs_interp.models.code_model`; its tokenizer: ``SHIPPED_MODELS["code-2l"].tokenizer()``).
     Each was trained with the seed and settings recorded in its metadata; ``rs-interp train NAME``
     and :func:`train_shipped` retrain them.

@@ -36,7 +36,8 @@ class DirectLogitAttribution:
             or the logit difference); 0 at the skipped positions.
         clean: the run's own metric: ``per_position``'s mean over the positions with a target.
 
-    >>> from rs_interp import SHIPPED_MODELS, next_token_targets
+    >>> from rs_interp import next_token_targets
+    >>> from rs_interp.models import SHIPPED_MODELS
     >>> model = SHIPPED_MODELS["code-2l"].load()  # LayerNorm, MLPs, learned positions: GPT-2's architecture
     >>> tokens = torch.arange(10)[None]
     >>> dla = direct_logit_attribution(model, tokens, targets=next_token_targets(tokens))

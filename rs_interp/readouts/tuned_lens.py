@@ -52,7 +52,7 @@ class TunedLens:
         metadata: how it was trained (steps, lr, tokens, seed, final KL per point).
 
     >>> import tempfile
-    >>> from rs_interp import SHIPPED_MODELS
+    >>> from rs_interp.models import SHIPPED_MODELS
     >>> model = SHIPPED_MODELS["code-2l"].load()
     >>> tuned = train_tuned_lens(model, torch.randint(0, 2048, (4, 64), generator=torch.Generator().manual_seed(0)), steps=2, progress=False)
     >>> tuned.labels, tuple(tuned.weight.shape)  # every reading point but the last; (point, d_model, d_model)
@@ -122,7 +122,7 @@ def train_tuned_lens(
     Adam on ``KL(p_final || lens)``, ``batch_rows`` token positions per step drawn with a seeded
     generator; the model's parameters get no gradient. In the model's dtype (float32 for half precision).
 
-    >>> from rs_interp import SHIPPED_MODELS
+    >>> from rs_interp.models import SHIPPED_MODELS
     >>> model = SHIPPED_MODELS["code-2l"].load()
     >>> tokens = torch.randint(0, model.cfg.d_vocab, (4, 64), generator=torch.Generator().manual_seed(0))
     >>> tuned = train_tuned_lens(model, tokens, steps=10, progress=False)
@@ -188,7 +188,7 @@ def lens_kl(model: Model, tokens: Int[torch.Tensor, "batch pos"], tuned: TunedLe
             trained on another model (the norms of ``W_E``, ``W_U`` and every ``W_O`` it recorded
             differ by more than 1e-3 relative; a copy in another dtype or version passes).
 
-    >>> from rs_interp import SHIPPED_MODELS
+    >>> from rs_interp.models import SHIPPED_MODELS
     >>> model = SHIPPED_MODELS["code-2l"].load()
     >>> kl = lens_kl(model, torch.randint(0, model.cfg.d_vocab, (4, 64), generator=torch.Generator().manual_seed(0)))
     >>> tuple(kl.shape), bool((kl >= 0).all())  # one KL per reading point but the last (embed, L0)

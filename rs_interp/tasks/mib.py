@@ -101,7 +101,7 @@ class MIBGraph:
 
         Example:
             >>> import tempfile, rs_interp as ri
-            >>> cfg = ri.make_attn_only(1, n_heads=1).cfg
+            >>> cfg = ri.models.make_attn_only(1, n_heads=1).cfg
             >>> layout = ri.edge_layout(cfg)
             >>> e = ri.EdgeEffects(layout, torch.where(layout.exists, 2.0, torch.nan), float("nan"))
             >>> g = read_mib(write_mib(tempfile.mkdtemp() + "/i.json", cfg, scores=e, batch_size=2), cfg)
@@ -156,7 +156,7 @@ def mib_importances(scores: Any, *, higher_is_better: bool = True, batch_size: i
 
     Example:
         >>> import rs_interp as ri
-        >>> layout = ri.edge_layout(ri.make_attn_only(1, n_heads=1))
+        >>> layout = ri.edge_layout(ri.models.make_attn_only(1, n_heads=1))
         >>> e = ri.EdgeEffects(layout, torch.where(layout.exists, 3.0, torch.nan), 1.0)
         >>> mib_importances(e, batch_size=2).edge("embed", "logits"), mib_importances(e, higher_is_better=False).edge("embed", "logits")
         (-1.5, 3.0)

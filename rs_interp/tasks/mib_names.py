@@ -35,7 +35,7 @@ def mib_edge_names(edge: tuple[str, str], model_or_cfg: Any) -> list[str]:
     input under grouped-query attention (module docstring).
 
     Example:
-        >>> from rs_interp import make_attn_only
+        >>> from rs_interp.models import make_attn_only
         >>> mib_edge_names(("embed", "L0H1.q"), make_attn_only(1)), mib_edge_names(("L0H0", "logits"), make_attn_only(1))
         (['input->a0.h1<q>'], ['a0.h0->logits'])
         >>> mib_edge_names(("embed", "L0KV0.k"), make_attn_only(1, n_heads=2, n_key_value_heads=1))

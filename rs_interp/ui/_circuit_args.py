@@ -109,15 +109,15 @@ def load_command_model(spec: str) -> tuple[Any, Any, str]:
                 else f"GPT-2 small, pretrained weights from {source}")
     elif spec == "gpt2-random":
         model, what = ri.load_gpt2("random"), "GPT-2 small, random weights (every number here is from random weights)"
-    elif spec in ri.SHIPPED_MODELS:
+    elif spec in ri.models.SHIPPED_MODELS:
         model, what = ri.load_toy_model(spec), f"{spec} (shipped toy model)"
     elif Path(spec).is_dir():
         model, what = ri.load_pretrained(spec), f"checkpoint {spec}"
     else:
         _check_spec(spec)  # raises: none of the accepted forms
     tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None and spec in ri.SHIPPED_MODELS:
-        tokenizer = ri.SHIPPED_MODELS[spec].tokenizer()
+    if tokenizer is None and spec in ri.models.SHIPPED_MODELS:
+        tokenizer = ri.models.SHIPPED_MODELS[spec].tokenizer()
     if tokenizer is None and model.cfg.d_vocab == GPT2_VOCAB_SIZE:
         tokenizer = gpt2_tokenizer()  # GPT-2's vocabulary: its tokenizer, whatever the weights
     return model, tokenizer, what

@@ -212,7 +212,7 @@ def parameter_breakdown_figure(by_category, *, title: str = "GPT-2 small: where 
     or its ``by_category``.
 
     >>> import rs_interp as ri
-    >>> len(parameter_breakdown_figure(ri.count_parameters(ri.gpt2_config("small"))).data)
+    >>> len(parameter_breakdown_figure(ri.count_parameters(ri.models.gpt2_config("small"))).data)
     5
     """
     by_category = getattr(by_category, "by_category", by_category)
