@@ -69,7 +69,8 @@ def test_short_training_is_bitwise_deterministic_and_learns():
         assert torch.equal(p, q), n
     assert not a.b_V.any() and not a.b_O.any() and not a.b_U.any()
     batch = ri.induction_batch(64, seed=99)
-    assert ri.score_model(a, batch.tokens, targets=batch.targets).loss < ri.score_model(ri.models.make_attn_only(2, seed=11), batch.tokens, targets=batch.targets).loss
+    untrained = ri.models.make_attn_only(2, seed=11)
+    assert ri.score_model(a, batch.tokens, targets=batch.targets).loss < ri.score_model(untrained, batch.tokens, targets=batch.targets).loss
 
 
 @pytest.mark.parametrize("kwargs,arg", [(dict(n_layers=0), "n_layers"), (dict(n_layers=1, batch_size=0), "batch_size"),
