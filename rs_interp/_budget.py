@@ -1,7 +1,10 @@
-"""How many copies of a batch one stacked forward pass may hold within a memory budget.
+"""The memory budget: one default for every helper's ``memory_budget``, and how many copies of a batch
+one stacked forward pass may hold within it.
 
 The scan and exact path patching run several ablations or patches in one pass, stacked along the
-batch; one sizer says how many.
+batch; one sizer says how many. The logit lens, the second-order attribution and the QK fix tile
+their work within the same budget. The budget only tiles: every result is the same to the bit
+whatever it is (tests/test_vocabulary.py compares a tiny budget with the default).
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ import torch
 from ._backend import Model
 
 __all__: list[str] = []
+
+#: Bytes one stacked pass or tile may use (roughly): every helper's ``memory_budget`` default (1 GiB).
+MEMORY_BUDGET = 2**30
 
 
 def stacked_copies(model: Model, batch: int, pos: int, budget: int, *, logit_positions: int | None = None) -> int:
