@@ -2,7 +2,8 @@
 
 One decorator for every public helper whose argument was renamed to the one vocabulary of
 ``docs/getting-started.md`` ("The vocabulary"): ``old=`` becomes ``new=`` and a
-``DeprecationWarning`` names the new keyword. Positions never change (a renamed argument keeps its
+``DeprecationWarning`` names the new keyword. Every such warning starts with ``"rs_interp: "`` (so
+``-W "error:rs_interp:DeprecationWarning"`` turns the repo's own uses into errors). Positions never change (a renamed argument keeps its
 place), so a positional call means what it meant.
 """
 
@@ -29,7 +30,7 @@ def renamed(**old_to_new: str) -> Callable[[F], F]:
     >>> with warnings.catch_warnings(record=True) as w:
     ...     warnings.simplefilter("always")
     ...     f(1, top_k=3), str(w[0].message)
-    ((1, 3), "f(): the keyword 'top_k' is deprecated (removed in the next release): use 'k'")
+    ((1, 3), "rs_interp: f(): the keyword 'top_k' is deprecated (removed in the next release): use 'k'")
     >>> f(1, k=2)
     (1, 2)
     """
@@ -41,8 +42,8 @@ def renamed(**old_to_new: str) -> Callable[[F], F]:
                 if old in kwargs:
                     if new in kwargs:
                         raise TypeError(f"{fn.__name__}() got both {old!r} (deprecated) and {new!r}: give {new!r} only")
-                    warnings.warn(f"{fn.__name__}(): the keyword {old!r} is deprecated (removed in the next release): "
-                                  f"use {new!r}", DeprecationWarning, stacklevel=2)
+                    warnings.warn(f"rs_interp: {fn.__name__}(): the keyword {old!r} is deprecated (removed in the next "
+                                  f"release): use {new!r}", DeprecationWarning, stacklevel=2)
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
 
@@ -65,12 +66,13 @@ def renamed_attribute(old: str, new: str) -> property:
     >>> with warnings.catch_warnings(record=True) as w:
     ...     warnings.simplefilter("always")
     ...     R(3).top_k, str(w[0].message)
-    (3, "R.top_k is deprecated (removed in the next release): use R.k")
+    (3, 'rs_interp: R.top_k is deprecated (removed in the next release): use R.k')
     """
 
     def get(self: Any) -> Any:
         name = type(self).__name__
-        warnings.warn(f"{name}.{old} is deprecated (removed in the next release): use {name}.{new}", DeprecationWarning, stacklevel=2)
+        warnings.warn(f"rs_interp: {name}.{old} is deprecated (removed in the next release): use {name}.{new}",
+                      DeprecationWarning, stacklevel=2)
         return getattr(self, new)
 
     return property(get, doc=f"Deprecated: :attr:`{new}`.")

@@ -77,7 +77,7 @@ def test_acdc_is_the_loop_over_evaluate_circuit(method, threshold):
     kept, changes, final = _acdc_by_hand(model, toks, ref, threshold, method)
     assert set(run.circuit()) == kept and 0 < len(kept) < run.layout.n_edges
     assert all(run.edge(*e) == pytest.approx(v, abs=1e-12) for e, v in changes.items())
-    assert run.final == pytest.approx(final, abs=1e-12) and run.threshold == threshold and run.method == method
+    assert run.final == pytest.approx(final, abs=1e-12) and run.threshold == threshold and run.ablation == method
 
 
 @pytest.mark.parametrize("threshold", [-1.0, float("nan"), "0.1", True])

@@ -158,7 +158,7 @@ def test_top_edges_and_bad_input():
     assert ri.top_edges(pp, 3) == [edge for edge, _ in pp.top(3)]
     assert ri.top_edges(pp, 0) == [] and len(ri.top_edges(pp, pp.layout.n_edges)) == pp.layout.n_edges
     for bad in (-1, 2.5, "3", pp.layout.n_edges + 1):
-        with pytest.raises(ValueError, match="n must"):
+        with pytest.raises(ValueError, match="k must"):
             ri.top_edges(pp, bad)
     with pytest.raises(ValueError, match="fractions"):
         ri.faithfulness_curve(model, toks, metric, pp, reference=ref, fractions=(0.5, 0.2))

@@ -245,7 +245,7 @@ BAD_CALLS = {
     "heads outside the layer": (lambda m: ri.run_with_key_input(m, GOOD, layer=1, heads=[(0, 1)]), "heads"),
     "positional layer": (lambda m: ri.positional_scores(m, 3), "layer"),
     "positional offset": (lambda m: ri.positional_scores(m, 0, max_offset=48), "max_offset"),
-    "composition kind": (lambda m: ri.composition_scores(m, "W"), "kind"),
+    "composition which": (lambda m: ri.composition_scores(m, "W"), "which"),
     "targets shape": (lambda m: ri.path_expansion(m, GOOD, targets=GOOD[:, :5]), "targets"),
     "targets vocab": (lambda m: ri.path_expansion(m, GOOD, targets=GOOD + 300), "targets"),
     "dla targets shape": (lambda m: ri.direct_logit_attribution(m, GOOD, targets=GOOD[:1]), "targets"),
