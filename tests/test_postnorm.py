@@ -472,7 +472,7 @@ def test_the_circuit_command_runs_end_to_end_on_gemma2(tmp_path, method):
 
 @pytest.mark.parametrize("which", ["q", "k"])
 def test_the_node_qk_fix_patches_each_heads_query_alone(model, tokens, which):
-    """The node QK fix (``nodes="q"``/``"k"``, ``qk_fix=True``) of head (or KV head) ``h`` is ``sum (z' - z) . dm/dz``
+    """The node QK fix (``which="q"``/``"k"``, ``qk_fix=True``) of head (or KV head) ``h`` is ``sum (z' - z) . dm/dz``
     over the heads reading it, ``z'`` with that one ``hook_q``/``hook_k`` slot set to the reference's (brute force: one
     run per slot). Under OLMo-2's query and key norms, which span the heads and sit after ``hook_q``/``hook_k``,
     patching every slot at once moves each head's normalised query through the others' (layer 0, query head 2:

@@ -253,7 +253,7 @@ BAD_CALLS = {
     "lens targets": (lambda m: ri.logit_lens(m, GOOD, targets=GOOD[:, :3]), "targets"),
     "lens k": (lambda m: ri.logit_lens(m, GOOD, k=0), "k"),
     "path expansion on LN": (lambda m: ri.path_expansion(ri.make_attn_only(1, normalization_type="LN"), GOOD), "LayerNorm"),
-    "evaluate chunk": (lambda m: ri.evaluate(m, ri.induction_batch(2).tokens, targets=ri.induction_batch(2).targets, chunk_size=0), "chunk_size"),
+    "evaluate chunk": (lambda m: ri.evaluate(m, ri.induction_batch(2).tokens, targets=ri.induction_batch(2).targets, batch_chunk=0), "batch_chunk"),
     "batch_size": (lambda m: ri.induction_batch(0), "batch_size"),
     "min_period": (lambda m: ri.induction_batch(2, min_period=0), "min_period"),
     "max_period": (lambda m: ri.induction_batch(2, max_period=100), "max_period"),

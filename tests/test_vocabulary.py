@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "getting-started.md"
 
 #: Retired spellings: never a public helper's parameter again (the old keyword still works, warning).
-RETIRED = {"method": "ablation", "nodes": "which", "top_k": "k", "top": "k", "n_logits": "max_logits"}
+RETIRED = {"method": "ablation", "nodes": "which", "top_k": "k", "top": "k", "n_logits": "max_logits", "chunk_size": "batch_chunk"}
 REQUIRED = object()
 
 
@@ -198,7 +198,7 @@ OLD_CALLS = [
     r"(ablate_heads|head_ablation_scan|evaluate_circuit|faithfulness_curve|mib_scores|acdc)\([^#]*\bmethod=",
     r"logit_lens\([^#]*\btop_k=", r"attribution_patching\([^#]*\bnodes=", r"(composition_scores|virtual_weight)\([^#]*\bkind=",
     r"qk_attributions\([^#]*\btop=", r"estimate_graph\([^#]*\bn_logits=", r"top_edges\([^#]*\bn=",
-    r"\bscan\.method\b", r"\bacdc\([^#]*\)\.method\b",
+    r"\bevaluate\([^#]*\bchunk_size=", r"\bscan\.method\b", r"\bacdc\([^#]*\)\.method\b",
 ]
 
 

@@ -43,6 +43,9 @@ __all__ = ["attribution_graph"]
 _EPS_FACTOR = 64
 
 
+#: The machine's matmul rate for the cost estimate written above the bar, measured on first use.
+_RATE: dict[str, float] = {}
+
 def _tokens(model: Model, tokens) -> torch.Tensor:
     t = torch.as_tensor(tokens)
     if t.ndim == 2 and t.shape[0] == 1:
@@ -165,11 +168,13 @@ def attribution_graph(
         raise ValueError("batch_size must be >= 1 and max_feature_nodes >= 0")
     tcs = R.working_set(transcoders, dt)
     if progress and tcs[0].k is not None:  # the cost, before the run (TopK: the active features are known from the shapes)
-        from tqdm.auto import tqdm
+        from tqdm.std import tqdm  # write() only: no widget import (rs_interp._progress)
 
-        from .estimate import estimate_graph
+        from .estimate import estimate_graph, matmul_rate
 
-        cost = estimate_graph(model, tcs, P, max_feature_nodes=max_feature_nodes, max_logits=max_logits, batch_size=batch_size, dense=dense)
+        rate = _RATE.get("rate") or _RATE.setdefault("rate", matmul_rate())  # measured once per process
+        cost = estimate_graph(model, tcs, P, max_feature_nodes=max_feature_nodes, max_logits=max_logits, batch_size=batch_size,
+                              dense=dense, rate=rate)
         if cost.seconds >= DELAY:  # long work only, as the bars: a short call stays quiet
             tqdm.write(str(cost))
     with R.quiet_model(model):

@@ -33,6 +33,7 @@ from jaxtyping import Bool, Float, Int
 
 from .._backend import Model, bias_parameters
 from .._format import short
+from .._keywords import renamed
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.readout import d_vocab_out
@@ -138,10 +139,13 @@ def score_logits(logits: Float[torch.Tensor, "batch pos d_vocab"], targets: Int[
     return Score(loss=float(loss) / n, accuracy=int(correct) / n, n_scored=n)
 
 
+@renamed(chunk_size="batch_chunk")
 def evaluate(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, targets: Int[torch.Tensor, "batch pos"],
-             chunk_size: int = 250) -> Score:
+             batch_chunk: int = 250) -> Score:
     """Loss and accuracy of ``model`` on ``tokens`` at the positions with a target (``targets``: the
     next token, -1 = skip; an induction batch's ``targets`` scores the second period).
+
+    ``batch_chunk``: sequences per forward pass (as :func:`rs_interp.logit_lens`'s).
 
     Uniform guessing costs ``ln 256 = 5.545`` nats.
 
@@ -149,14 +153,14 @@ def evaluate(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, targets: I
     >>> evaluate(make_attn_only(1), batch.tokens, targets=batch.targets).loss > 5.0
     True
     """
-    check_int_range("chunk_size", chunk_size, 1)
+    check_int_range("batch_chunk", batch_chunk, 1)
     tokens = check_tokens(model, tokens)
     targets = check_targets(targets, tokens, d_vocab_out(model))
     total_loss, total_correct, n = 0.0, 0, 0
     with preserve_state(model), torch.no_grad():
-        for start in range(0, tokens.shape[0], chunk_size):
-            logits = model(tokens[start : start + chunk_size], return_type="logits")
-            loss, correct, k = _scored(logits, targets[start : start + chunk_size])
+        for start in range(0, tokens.shape[0], batch_chunk):
+            logits = model(tokens[start : start + batch_chunk], return_type="logits")
+            loss, correct, k = _scored(logits, targets[start : start + batch_chunk])
             total_loss, total_correct, n = total_loss + float(loss), total_correct + int(correct), n + k
     if n == 0:
         raise ValueError("targets has no position to score (every entry is -1)")
