@@ -18,7 +18,7 @@ if tool == "node":
 elif tool == "edge":
     values = ri.edge_attribution_patching(model, tokens, metric, reference=reference).effect  # (sender, receiver)
 else:
-    values = ri.head_ablation_scan(model, tokens, lambda lg: lg[:, 0].log_softmax(-1)[:, 42].mean(), method="resample",
+    values = ri.head_ablation_scan(model, tokens, lambda lg: lg[:, 0].log_softmax(-1)[:, 42].mean(), ablation="resample",
                                    reference=reference, positions=[-1]).effect
 out = {"shape": list(values.shape)}
 """

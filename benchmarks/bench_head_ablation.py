@@ -20,7 +20,7 @@ _SETUP = "\nfrom transformer_lens import patching\n" + GPT2_SETUP
 
 _BODY = r"""
 if tool == "ours":
-    values = ri.head_ablation_scan(model, tokens, metric, method="resample", reference=reference, positions=[-1]).ablated
+    values = ri.head_ablation_scan(model, tokens, metric, ablation="resample", reference=reference, positions=[-1]).ablated
 else:
     _, cache = model.run_with_cache(reference, names_filter=lambda n: n.endswith("hook_z"))
     values = patching.get_act_patch_attn_head_out_all_pos(model, tokens, cache, metric)

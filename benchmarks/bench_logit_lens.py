@@ -6,7 +6,7 @@ position, with next-token targets (the last position has none: skipped, NaN on o
 (size, tool) runs in its own subprocess (its own peak RSS above the loaded model, the high-water
 mark reset after loading). The tools:
 
-- ours: ``ri.logit_lens(model, tokens, targets=ri.next_token_targets(tokens), top_k=5)`` (top 5,
+- ours: ``ri.logit_lens(model, tokens, targets=ri.next_token_targets(tokens), k=5)`` (top 5,
   entropy and the target's probability at every reading point);
 - recipe: ``model.run_with_cache`` (the residual hooks only), ``cache.accumulated_resid(apply_ln=True)``
   (each point normalised with its own recomputed scale), ``model.unembed``, ``log_softmax``, then the
@@ -72,7 +72,7 @@ resid = lambda n: n.endswith(("hook_resid_pre", "hook_resid_post"))  # what accu
 _BODY = r"""
 out = {}
 if tool == "ours":
-    lens = ri.logit_lens(model, tokens, targets=targets, top_k=5)
+    lens = ri.logit_lens(model, tokens, targets=targets, k=5)
     probs, labels = lens.target_probs, list(lens.labels)
 else:
     if tool == "tl":

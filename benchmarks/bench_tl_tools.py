@@ -23,7 +23,7 @@ Rows:
 - faithfulness of one pair's circuit (the top ``--edges`` edges of our edge estimate on that pair):
   ``ri.evaluate_circuit`` (and the clean and corrupt metrics) vs ``faithfulness`` (which also
   re-runs the circuit once per edge class it holds), the recovered fraction and the circuit's metric;
-- logit lens, on ``ri.load_gpt2("random")``: ``ri.logit_lens(model, tokens, targets=..., top_k=5)``
+- logit lens, on ``ri.load_gpt2("random")``: ``ri.logit_lens(model, tokens, targets=..., k=5)``
   (top 5, entropy, the target's probability) vs 4.3's ``logit_lens(model, tokens, positions=None,
   targets=..., return_type="log_probs")``, which takes one selector per call (targets, ``top_k`` or
   ``vocab``): timed with the targets (their log-probability, the entropy, the target's rank), not the
@@ -154,7 +154,7 @@ if side == "ours":
     elif row == "direct":
         res = ri.path_patching(model, corrupt, metric, reference=clean, edges=direct_edges)
     elif row == "lens":
-        res = ri.logit_lens(model, clean, targets=targets, top_k=5)
+        res = ri.logit_lens(model, clean, targets=targets, k=5)
     elif row == "dla":
         res = ri.direct_logit_attribution(model, clean, targets=targets)
     else:

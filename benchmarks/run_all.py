@@ -78,7 +78,7 @@ def call():
         return [model.all_composition_scores(k) for k in "KQV"]  # TransformerLens spells the kinds in capitals
     if helper == "logit lens":
         if tool == "ours":
-            return ri.logit_lens(model, t256, targets=ri.next_token_targets(t256), top_k=5)
+            return ri.logit_lens(model, t256, targets=ri.next_token_targets(t256), k=5)
         _, cache = model.run_with_cache(t256, names_filter=lambda n: "resid" in n or "ln_final" in n)
         lp = model.unembed(cache.accumulated_resid(apply_ln=True)).log_softmax(-1)
         targets = ri.next_token_targets(t256).clamp(min=0)  # the same work as ours: top 5, entropy, target's probability
@@ -104,7 +104,7 @@ def call():
         return ri.faithfulness_curve(model, t64, metric, ranking, reference=r64)
     if helper == "ablation scan":
         if tool == "ours":
-            return ri.head_ablation_scan(model, t16, metric, method="resample", reference=r16, positions=[-1],
+            return ri.head_ablation_scan(model, t16, metric, ablation="resample", reference=r16, positions=[-1],
                                          progress=False)
         _, cache = model.run_with_cache(r16, names_filter=lambda n: n.endswith("hook_z"))
         return patching.get_act_patch_attn_head_out_all_pos(model, t16, cache, metric)

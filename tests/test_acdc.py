@@ -57,7 +57,7 @@ def _acdc_by_hand(model, toks, ref, threshold, method):
     edges = layout.edges()
     order = sorted(edges, key=lambda e: (-layout.receivers.index(e[1]), -layout.senders.index(e[0])))
     kept, changes = set(edges), {}
-    run = lambda c: ri.evaluate_circuit(model, toks, metric, c, reference=ref, method=method)  # noqa: E731
+    run = lambda c: ri.evaluate_circuit(model, toks, metric, c, reference=ref, ablation=method)  # noqa: E731
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         current = run(kept)
@@ -73,11 +73,11 @@ def _acdc_by_hand(model, toks, ref, threshold, method):
 @pytest.mark.parametrize("method,threshold", [("resample", 0.01), ("resample", 0.05), ("mean", 0.02)])
 def test_acdc_is_the_loop_over_evaluate_circuit(method, threshold):
     model, toks, ref = _setup(seed=4)
-    run = acdc(model, toks, metric, reference=ref, threshold=threshold, method=method)
+    run = acdc(model, toks, metric, reference=ref, threshold=threshold, ablation=method)
     kept, changes, final = _acdc_by_hand(model, toks, ref, threshold, method)
     assert set(run.circuit()) == kept and 0 < len(kept) < run.layout.n_edges
     assert all(run.edge(*e) == pytest.approx(v, abs=1e-12) for e, v in changes.items())
-    assert run.final == pytest.approx(final, abs=1e-12) and run.threshold == threshold and run.method == method
+    assert run.final == pytest.approx(final, abs=1e-12) and run.threshold == threshold and run.ablation == method
 
 
 @pytest.mark.parametrize("threshold", [-1.0, float("nan"), "0.1", True])

@@ -108,7 +108,7 @@ def test_activation_helpers_match_the_twin(pair, tokens):
     targets = ri.next_token_targets(toks)
     for f in (lambda m: ri.direct_logit_attribution(m, toks, targets=targets).contributions,
               lambda m: ri.second_order_attribution(m, toks, targets=targets, positions=[-2]).contributions,
-              lambda m: ri.head_ablation_scan(m, toks, metric, method="mean").effect,
+              lambda m: ri.head_ablation_scan(m, toks, metric, ablation="mean").effect,
               lambda m: ri.attribution_patching(m, toks, metric, reference=ref).effect,
               lambda m: ri.prev_token_scores(m, toks),
               lambda m: ri.key_score_sensitivity(m, toks).max_abs_change):
@@ -204,7 +204,7 @@ def test_parallel_block_dla_and_ablation_are_exact(tokens):
     centered = logits - logits.mean(-1, keepdim=True)  # the metric DLA splits: the target's centered logit
     want = centered.gather(-1, targets.clamp(min=0)[..., None])[..., 0]
     assert (dla.contributions.sum(0) - want)[targets >= 0].abs().max() <= 1e-9
-    scan = ri.head_ablation_scan(model, toks, metric, method="zero")
+    scan = ri.head_ablation_scan(model, toks, metric, ablation="zero")
     with torch.no_grad():
         def zero(t, hook):
             t = t.clone()

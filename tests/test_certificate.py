@@ -163,7 +163,7 @@ def test_the_gradient_helpers_follow_the_model_or_refuse(where):
         return
     handle = model.unembed.register_forward_hook(lambda mod, args, out: out / 2)
     try:
-        atp = ri.attribution_patching(model, tokens, METRIC, reference=reference, nodes="z")
+        atp = ri.attribution_patching(model, tokens, METRIC, reference=reference, which="z")
         # the derivative along the straight line from the clean z to the reference z, by central differences
         with torch.no_grad():
             _, ref_cache = model.run_with_cache(reference)

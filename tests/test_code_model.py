@@ -106,7 +106,7 @@ def _assert_induction_circuit(model):
 
     targets = ri.next_token_targets(tokens)
     targets[:, :32] = -1  # the loss on the repeat only
-    scan = ri.head_ablation_scan(model, tokens, ri.next_token_loss(targets), method="mean")
+    scan = ri.head_ablation_scan(model, tokens, ri.next_token_loss(targets), ablation="mean")
     assert EXPECTED["code.single_head_ablation"].holds(float(scan.effect[1].max()))
 
 

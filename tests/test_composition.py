@@ -19,7 +19,7 @@ def _dense_theory_score(model, kind, src, dst):
 @pytest.mark.parametrize("kind", ["k", "q", "v"])
 def test_matches_dense_definition(kind, random3x3):
     result = ri.composition_scores(random3x3, kind)
-    assert isinstance(result, ri.CompositionScores) and result.kind == kind and result.baseline is None
+    assert isinstance(result, ri.CompositionScores) and result.which == kind and result.baseline is None
     s = result.scores
     assert s.shape == (3, 3, 3, 3)
     for l1 in range(3):

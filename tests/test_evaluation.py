@@ -31,7 +31,7 @@ def test_full_circuit_is_the_clean_run_and_empty_the_reference_run(variant):
         clean, reference_run = float(metric(model(toks))), float(metric(model(ref)))
     assert ri.evaluate_circuit(model, toks, metric, edges, reference=ref) == pytest.approx(clean, abs=1e-9)
     assert ri.evaluate_circuit(model, toks, metric, [], reference=ref) == pytest.approx(reference_run, abs=1e-9)
-    assert ri.evaluate_circuit(model, toks, metric, edges, reference=ref, method="mean") == pytest.approx(clean, abs=1e-9)
+    assert ri.evaluate_circuit(model, toks, metric, edges, reference=ref, ablation="mean") == pytest.approx(clean, abs=1e-9)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}")
@@ -63,7 +63,7 @@ def test_mean_and_zero_ablation_of_one_edge_by_hand(method):
         w = ablated - box["run"]
         want = float(metric(model.run_with_hooks(toks, fwd_hooks=[("blocks.2.hook_resid_post", lambda t, hook: t + w)])))
     edges = [e for e in ri.edge_layout(model).edges() if e != ("embed", "logits")]
-    assert ri.evaluate_circuit(model, toks, metric, edges, reference=ref, method=method) == pytest.approx(want, abs=1e-9)
+    assert ri.evaluate_circuit(model, toks, metric, edges, reference=ref, ablation=method) == pytest.approx(want, abs=1e-9)
 
 
 def _on_a_path(layout, kept):
@@ -158,7 +158,7 @@ def test_top_edges_and_bad_input():
     assert ri.top_edges(pp, 3) == [edge for edge, _ in pp.top(3)]
     assert ri.top_edges(pp, 0) == [] and len(ri.top_edges(pp, pp.layout.n_edges)) == pp.layout.n_edges
     for bad in (-1, 2.5, "3", pp.layout.n_edges + 1):
-        with pytest.raises(ValueError, match="n must"):
+        with pytest.raises(ValueError, match="k must"):
             ri.top_edges(pp, bad)
     with pytest.raises(ValueError, match="fractions"):
         ri.faithfulness_curve(model, toks, metric, pp, reference=ref, fractions=(0.5, 0.2))
@@ -173,8 +173,8 @@ def test_top_edges_and_bad_input():
         ri.evaluate_circuit(model, toks, metric, [("embed", "logits", "x")], reference=ref)
     with pytest.raises(ValueError, match="entries must be"):
         ri.evaluate_circuit(model, toks, metric, ("embed", "logits"), reference=ref)  # one pair, not a list of pairs
-    with pytest.raises(ValueError, match="method"):
-        ri.evaluate_circuit(model, toks, metric, [], reference=ref, method="shuffle")
+    with pytest.raises(ValueError, match="ablation"):
+        ri.evaluate_circuit(model, toks, metric, [], reference=ref, ablation="shuffle")
     with pytest.raises(ValueError, match="must be finite"):
         ri.evaluate_circuit(model, toks, lambda lg: lg.sum() * float("nan"), [], reference=ref)
     with pytest.warns(UserWarning, match="no path from the embedding"):
@@ -345,10 +345,10 @@ def test_circuits_of_every_size_by_hand(variant, method):
     for kept in _mixed_circuits(layout, seed=3):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # dangling circuits warn
-            got = ri.evaluate_circuit(model, toks, metric, kept, reference=ref, method=method)
+            got = ri.evaluate_circuit(model, toks, metric, kept, reference=ref, ablation=method)
         assert got == pytest.approx(_brute_force_circuit(model, toks, ref, kept, method), rel=1e-12, abs=1e-12), len(kept)
     eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, progress=False)
-    curve = ri.faithfulness_curve(model, toks, metric, eap, reference=ref, method=method, progress=False)
+    curve = ri.faithfulness_curve(model, toks, metric, eap, reference=ref, ablation=method, progress=False)
     for f, value in zip(curve.fractions, curve.values):
         keep = ri.circuits.selection.circuit_at(eap, f)
         kept = [(s, r) for i, s in enumerate(layout.senders) for j, r in enumerate(layout.receivers) if keep[i, j]]
@@ -399,7 +399,7 @@ def test_cutting_an_input_sender_is_ablating_its_hook(embedding, sender, hook, m
     kept = [e for e in layout.edges() if e[0] != sender]
     with warnings.catch_warnings():  # the summed or token input cut: no path from an input (it warns so), still a run
         warnings.simplefilter("ignore")
-        got = ri.evaluate_circuit(model, toks, metric, kept, reference=ref, method=method, embedding=embedding)
+        got = ri.evaluate_circuit(model, toks, metric, kept, reference=ref, ablation=method, embedding=embedding)
     with torch.no_grad():
         _, cache = model.run_with_cache(ref, names_filter=hook)
     a = cache[hook]
@@ -417,10 +417,10 @@ def test_faithfulness_curve_on_the_token_input():
     layout = ri.edge_layout(model, embedding="token")
     effect = torch.randn(layout.exists.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     scores = ri.EdgeEffects(layout, torch.where(layout.exists, effect, torch.nan), float("nan"))
-    curve = ri.faithfulness_curve(model, toks, metric, scores, reference=ref, method="zero", progress=False, fractions=(0.2, 1.0))
+    curve = ri.faithfulness_curve(model, toks, metric, scores, reference=ref, ablation="zero", progress=False, fractions=(0.2, 1.0))
     edges = [layout.edges()[i] for i in scores.ranked()[: curve.n_requested[0]]]
     kept = _on_a_path(layout, edges)
-    assert curve.values[0] == pytest.approx(ri.evaluate_circuit(model, toks, metric, kept, reference=ref, method="zero",
+    assert curve.values[0] == pytest.approx(ri.evaluate_circuit(model, toks, metric, kept, reference=ref, ablation="zero",
                                                                 embedding="token"), abs=1e-12)
     assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-9)
 

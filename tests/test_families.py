@@ -157,7 +157,7 @@ def edges(model, toks, ref):
 
 
 def scan(model, toks, ref):
-    out = ri.head_ablation_scan(model, toks, metric, method="zero")
+    out = ri.head_ablation_scan(model, toks, metric, ablation="zero")
 
     def zero(t, hook):
         t = t.clone()

@@ -179,7 +179,7 @@ def code_qk():
 
     model, tcs = load_toy_model("code-2l"), shipped_transcoders("code-2l")
     g = attribution_graph(model, tcs, torch.arange(100, 110), targets=[110], max_feature_nodes=40)
-    return model, tcs, g, qk_attributions(model, tcs, g, top=3)
+    return model, tcs, g, qk_attributions(model, tcs, g, k=3)
 
 
 def test_the_graph_json_and_figure_carry_the_qk(code_qk):

@@ -60,7 +60,7 @@ def test_ablate_heads_equals_brute_force(name, method):
     model = MODELS[name]
     toks, ref = _tokens(model), _tokens(model, seed=1)
     heads = [(0, 1), (model.cfg.n_layers - 1, 0)]
-    got = ri.ablate_heads(model, toks, heads, method=method, reference=ref if method != "zero" else None)
+    got = ri.ablate_heads(model, toks, heads, ablation=method, reference=ref if method != "zero" else None)
     want = _brute_force(model, toks, heads, method, ref if method != "zero" else toks)
     assert (got - want).abs().max() <= 1e-9
 
@@ -72,7 +72,7 @@ def test_scan_equals_one_brute_force_run_per_head(name, method, budget):
     model = MODELS[name]
     toks, ref = _tokens(model), _tokens(model, seed=1)
     metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 3].mean()  # noqa: E731
-    scan = ri.head_ablation_scan(model, toks, metric, method=method, reference=ref if method != "zero" else None,
+    scan = ri.head_ablation_scan(model, toks, metric, ablation=method, reference=ref if method != "zero" else None,
                                  memory_budget=budget)
     with torch.no_grad():
         assert scan.clean == pytest.approx(float(metric(model(toks))), abs=1e-12)
@@ -89,7 +89,7 @@ def test_resample_scan_equals_transformer_lens_patching(gpt2_tiny):
     metric = lambda logits: logits[:, -1, 7].mean()  # noqa: E731
     _, ref_cache = gpt2_tiny.run_with_cache(ref)
     want = tl_patching.get_act_patch_attn_head_out_all_pos(gpt2_tiny, toks, ref_cache, metric)
-    got = ri.head_ablation_scan(gpt2_tiny, toks, metric, method="resample", reference=ref)
+    got = ri.head_ablation_scan(gpt2_tiny, toks, metric, ablation="resample", reference=ref)
     assert (got.ablated.float() - want).abs().max() <= 1e-4
 
 
@@ -110,18 +110,18 @@ def test_trained_toy_heads_stand_out(toy2, test_set):
     tokens = batch.tokens[:200]
     loss = ri.next_token_loss(batch.targets[:200])
     prev = ri.find_prev_token_head(toy2, tokens)
-    scan = ri.head_ablation_scan(toy2, tokens, loss, method="mean")
+    scan = ri.head_ablation_scan(toy2, tokens, loss, ablation="mean")
     assert scan.top(1)[0][0] == ri.head_label(*prev) and float(scan.effect[prev]) >= 2.0
-    both = float(loss(ri.ablate_heads(toy2, tokens, [(1, 0), (1, 1)], method="mean")))
+    both = float(loss(ri.ablate_heads(toy2, tokens, [(1, 0), (1, 1)], ablation="mean")))
     assert both - scan.clean >= 3.0
     assert all(EXPECTED["ablation.copying_induction"].holds(float(c)) for c in ri.copying_scores(toy2)[1])
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(heads=[]), "empty"), (dict(heads=[(0, 0), (0, 0)]), "twice"), (dict(heads=[(0, 0)], method="max"), "method"),
-    (dict(heads=[(0, 0)], method="resample"), "reference"),
-    (dict(heads=[(0, 0)], method="resample", reference=torch.zeros(1, 5, dtype=torch.long)), "shape"),
-    (dict(heads=[(0, 0)], method="position_mean", reference=torch.zeros(2, 5, dtype=torch.long)), "length of tokens"),
+    (dict(heads=[]), "empty"), (dict(heads=[(0, 0), (0, 0)]), "twice"), (dict(heads=[(0, 0)], ablation="max"), "ablation"),
+    (dict(heads=[(0, 0)], ablation="resample"), "reference"),
+    (dict(heads=[(0, 0)], ablation="resample", reference=torch.zeros(1, 5, dtype=torch.long)), "shape"),
+    (dict(heads=[(0, 0)], ablation="position_mean", reference=torch.zeros(2, 5, dtype=torch.long)), "length of tokens"),
 ])
 def test_bad_arguments(toy2, small_batch, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -152,8 +152,8 @@ def test_a_position_named_twice_is_refused(toy2, positions):
 def test_positions_restrict_the_logits_not_the_numbers(name):
     model = MODELS[name]
     toks, ref = _tokens(model), _tokens(model, seed=1)
-    full = ri.head_ablation_scan(model, toks, lambda lg: lg[:, -1, 3].mean() + lg[:, 2, 1].sum(), method="resample", reference=ref)
-    part = ri.head_ablation_scan(model, toks, lambda lg: lg[:, 1, 3].mean() + lg[:, 0, 1].sum(), method="resample", reference=ref,
+    full = ri.head_ablation_scan(model, toks, lambda lg: lg[:, -1, 3].mean() + lg[:, 2, 1].sum(), ablation="resample", reference=ref)
+    part = ri.head_ablation_scan(model, toks, lambda lg: lg[:, 1, 3].mean() + lg[:, 0, 1].sum(), ablation="resample", reference=ref,
                                  positions=[2, -1])
     assert part.clean == pytest.approx(full.clean, abs=1e-10)
     assert (part.ablated - full.ablated).abs().max() <= 1e-10

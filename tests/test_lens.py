@@ -20,7 +20,7 @@ def test_answer_appears_only_after_layer1(toy2, test_set):
 
 
 def test_last_reading_is_the_model_output(toy2, small_batch):
-    lens = ri.logit_lens(toy2, small_batch.tokens, full=True, top_k=3, row_chunk=100, batch_chunk=7)
+    lens = ri.logit_lens(toy2, small_batch.tokens, full=True, k=3, row_chunk=100, batch_chunk=7)
     lp = toy2(small_batch.tokens).log_softmax(-1)
     # float32 rounding at the scale of the logits (|logit| ~ 20 here: a few eps x 20)
     assert (lens.log_probs[-1] - lp).abs().max() <= 1e-5
@@ -54,8 +54,8 @@ def test_tiled_reading_equals_the_full_distribution(which, vocab_tile, request, 
     model = request.getfixturevalue(which)
     toks = small_batch.tokens[:3, :20] % model.cfg.d_vocab
     targets = ri.next_token_targets(toks)
-    tiled = ri.logit_lens(model, toks, targets=targets, top_k=4, vocab_tile=vocab_tile, row_chunk=17)
-    full = ri.logit_lens(model, toks, targets=targets, top_k=4, full=True)
+    tiled = ri.logit_lens(model, toks, targets=targets, k=4, vocab_tile=vocab_tile, row_chunk=17)
+    full = ri.logit_lens(model, toks, targets=targets, k=4, full=True)
     lp = full.log_probs
     assert torch.equal(tiled.top_tokens, lp.topk(4, -1).indices)
     # float32 rounding at the logits' scale (|logit| ~ 20: a few eps x 20)

@@ -29,7 +29,7 @@ def _z(fig):
 
 def test_head_figures_take_results(setup):
     model, a, b, metric = setup
-    scan = ri.head_ablation_scan(model, a.tokens, metric, method="resample", reference=b.tokens)
+    scan = ri.head_ablation_scan(model, a.tokens, metric, ablation="resample", reference=b.tokens)
     fig = plots.head_scan_figure(scan)
     assert _z(fig) == scan.effect.double().tolist() and "resample" in fig.layout.title.text
     ind = ri.induction_scores(model, a.tokens, periods=a.periods)

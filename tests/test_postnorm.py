@@ -294,7 +294,7 @@ def test_path_patching_and_circuits_patch_each_head_through_the_real_norm(model,
 
 
 def test_weight_based_scores_are_refused_on_post_norm_blocks(model):
-    for fn in (lambda: ri.composition_scores(model, kind="v"), lambda: ri.copying_scores(model)):
+    for fn in (lambda: ri.composition_scores(model, which="v"), lambda: ri.copying_scores(model)):
         with pytest.raises(ValueError, match="post-norm blocks"):
             fn()
 
@@ -472,13 +472,13 @@ def test_the_circuit_command_runs_end_to_end_on_gemma2(tmp_path, method):
 
 @pytest.mark.parametrize("which", ["q", "k"])
 def test_the_node_qk_fix_patches_each_heads_query_alone(model, tokens, which):
-    """The node QK fix (``nodes="q"``/``"k"``, ``qk_fix=True``) of head (or KV head) ``h`` is ``sum (z' - z) . dm/dz``
+    """The node QK fix (``which="q"``/``"k"``, ``qk_fix=True``) of head (or KV head) ``h`` is ``sum (z' - z) . dm/dz``
     over the heads reading it, ``z'`` with that one ``hook_q``/``hook_k`` slot set to the reference's (brute force: one
     run per slot). Under OLMo-2's query and key norms, which span the heads and sit after ``hook_q``/``hook_k``,
     patching every slot at once moves each head's normalised query through the others' (layer 0, query head 2:
     -0.366 against -0.275 on the float64 checkpoint)."""
     toks, ref = tokens
-    got = ri.attribution_patching(model, toks, metric, reference=ref, nodes=which, qk_fix=True)
+    got = ri.attribution_patching(model, toks, metric, reference=ref, which=which, qk_fix=True)
     H = model.cfg.n_heads
     for l in range(model.cfg.n_layers):
         name, zname = f"blocks.{l}.attn.hook_{which}", f"blocks.{l}.attn.hook_z"

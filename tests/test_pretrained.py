@@ -108,7 +108,7 @@ def test_dla_is_exact(family, tokens):
 def test_head_ablation_matches_a_hook(family, tokens):
     _, _, model = family
     toks = tokens[0]
-    scan = ri.head_ablation_scan(model, toks, metric, method="zero")
+    scan = ri.head_ablation_scan(model, toks, metric, ablation="zero")
 
     def zero(t, hook):
         t = t.clone()

@@ -142,7 +142,7 @@ def test_mib_curves_under_ablation_are_ours_on_the_token_input(tmp_path, method)
     clean, corrupted, labels = data
     eap = ri.edge_attribution_patching(model, clean, _metric(labels), reference=corrupted, progress=False)
     path = write_mib(tmp_path / "importances.json", model, scores=eap, batch_size=B)
-    curve = ri.faithfulness_curve(model, clean, _metric(labels), eap.on_inputs("token"), reference=corrupted, method=method,
+    curve = ri.faithfulness_curve(model, clean, _metric(labels), eap.on_inputs("token"), reference=corrupted, ablation=method,
                                   ranking="absolute", progress=False)
     intervention = {"zero": "zero", "position_mean": "mean-positional"}[method]
     out = _reference(tmp_path, model, data, [{"kind": "curve", "key": "c", "graph": str(path), "absolute": True,
@@ -163,8 +163,8 @@ def test_evaluate_graph_ablations_are_ours_with_the_token_embedding_input(tmp_pa
     circuit = [e for e in ri.top_edges(eap, 20, pruned=True)]
     token_circuit = [("tok_embed" if s == "embed" else s, r) for s, r in circuit]
     path = write_mib(tmp_path / "circuit.json", model, circuit=circuit)
-    ours = ri.evaluate_circuit(model, clean, _metric(labels), token_circuit, reference=corrupted, method=method, embedding="token")
-    summed = ri.evaluate_circuit(model, clean, _metric(labels), circuit, reference=corrupted, method=method)
+    ours = ri.evaluate_circuit(model, clean, _metric(labels), token_circuit, reference=corrupted, ablation=method, embedding="token")
+    summed = ri.evaluate_circuit(model, clean, _metric(labels), circuit, reference=corrupted, ablation=method)
     intervention = {"zero": "zero", "position_mean": "mean-positional"}[method]
     out = _reference(tmp_path, model, data, [{"kind": "evaluate", "key": "c", "graph": str(path), "intervention": intervention}])
     print(f"{method}: ours (token input) {ours!r}, EAP-IG's evaluate_graph {out['c']['mean']!r}, ours (summed input) {summed!r}")

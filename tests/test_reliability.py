@@ -48,9 +48,9 @@ HELPERS = {
     "train_tuned_lens": lambda m: ri.train_tuned_lens(m, _batch().tokens, steps=2, progress=False),
     "lens_kl": lambda m: ri.lens_kl(m, _batch().tokens),
     "first_token_attention": lambda m: ri.first_token_attention(m, _batch().tokens),
-    "ablate_heads": lambda m: ri.ablate_heads(m, _batch().tokens, [(0, 0), (1, 1)], method="resample",
+    "ablate_heads": lambda m: ri.ablate_heads(m, _batch().tokens, [(0, 0), (1, 1)], ablation="resample",
                                               reference=ri.induction_batch(4, seed=1).tokens),
-    "head_ablation_scan": lambda m: ri.head_ablation_scan(m, _batch().tokens, lambda lg: lg[:, -1].float().mean(), method="mean"),
+    "head_ablation_scan": lambda m: ri.head_ablation_scan(m, _batch().tokens, lambda lg: lg[:, -1].float().mean(), ablation="mean"),
     "copying_scores": lambda m: ri.copying_scores(m),
     "virtual_weight": lambda m: ri.virtual_weight(m, (0, 0), (1, 1), "v"),
     "attribution_patching": lambda m: ri.attribution_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
@@ -245,15 +245,15 @@ BAD_CALLS = {
     "heads outside the layer": (lambda m: ri.run_with_key_input(m, GOOD, layer=1, heads=[(0, 1)]), "heads"),
     "positional layer": (lambda m: ri.positional_scores(m, 3), "layer"),
     "positional offset": (lambda m: ri.positional_scores(m, 0, max_offset=48), "max_offset"),
-    "composition kind": (lambda m: ri.composition_scores(m, "W"), "kind"),
+    "composition which": (lambda m: ri.composition_scores(m, "W"), "which"),
     "targets shape": (lambda m: ri.path_expansion(m, GOOD, targets=GOOD[:, :5]), "targets"),
     "targets vocab": (lambda m: ri.path_expansion(m, GOOD, targets=GOOD + 300), "targets"),
     "dla targets shape": (lambda m: ri.direct_logit_attribution(m, GOOD, targets=GOOD[:1]), "targets"),
     "dla contrast": (lambda m: ri.direct_logit_attribution(m, GOOD, targets=GOOD, contrast=GOOD.float()), "contrast"),
     "lens targets": (lambda m: ri.logit_lens(m, GOOD, targets=GOOD[:, :3]), "targets"),
-    "lens top_k": (lambda m: ri.logit_lens(m, GOOD, top_k=0), "top_k"),
+    "lens k": (lambda m: ri.logit_lens(m, GOOD, k=0), "k"),
     "path expansion on LN": (lambda m: ri.path_expansion(ri.models.make_attn_only(1, normalization_type="LN"), GOOD), "LayerNorm"),
-    "score_model chunk": (lambda m: ri.score_model(m, ri.induction_batch(2).tokens, targets=ri.induction_batch(2).targets, chunk_size=0), "chunk_size"),
+    "score_model chunk": (lambda m: ri.score_model(m, ri.induction_batch(2).tokens, targets=ri.induction_batch(2).targets, batch_chunk=0), "batch_chunk"),
     "batch_size": (lambda m: ri.induction_batch(0), "batch_size"),
     "min_period": (lambda m: ri.induction_batch(2, min_period=0), "min_period"),
     "max_period": (lambda m: ri.induction_batch(2, max_period=100), "max_period"),
@@ -398,7 +398,7 @@ def test_random_token_values_either_run_or_raise_valueerror(shared_toy, data, wi
         tokens = tokens.reshape(-1, width)
     valid = len(data) > 0 and tokens.ndim <= 2 and tokens.shape[-1] <= 48 and min(data) >= 0 and max(data) < 256
     try:
-        ri.logit_lens(shared_toy, tokens, top_k=2)
+        ri.logit_lens(shared_toy, tokens, k=2)
     except ValueError:
         assert not valid
     else:

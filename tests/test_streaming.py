@@ -49,9 +49,9 @@ ONE_CALL = {
     "eap_ig": lambda m, t: _eap(m, t, ig_steps=3),
     "eap_qk_fix": lambda m, t: _eap(m, t, qk_fix=True),
     "eap_hessian": lambda m, t: _eap(m, t, ig_steps=2, ig_rule="right", correction="hessian"),
-    "atp_k_qk_fix": lambda m, t: ri.attribution_patching(m, t.clean, t.metric(), reference=t.corrupted, nodes="k", qk_fix=True),
-    "scan_zero": lambda m, t: ri.head_ablation_scan(m, t.clean, t.metric(), method="zero"),
-    "scan_resample": lambda m, t: ri.head_ablation_scan(m, t.clean, t.metric(), method="resample", reference=t.corrupted),
+    "atp_k_qk_fix": lambda m, t: ri.attribution_patching(m, t.clean, t.metric(), reference=t.corrupted, which="k", qk_fix=True),
+    "scan_zero": lambda m, t: ri.head_ablation_scan(m, t.clean, t.metric(), ablation="zero"),
+    "scan_resample": lambda m, t: ri.head_ablation_scan(m, t.clean, t.metric(), ablation="resample", reference=t.corrupted),
     "path_patching": lambda m, t: ri.path_patching(m, t.clean, t.metric(), reference=t.corrupted),
     "path_patching_some": lambda m, t: ri.path_patching(m, t.clean, t.metric(), reference=t.corrupted, edges=_some_edges(m)),
     "curve": lambda m, t: ri.faithfulness_curve(m, t.clean, t.metric(), one_call(_name(m), "eap", m.cfg.dtype), reference=t.corrupted),
@@ -71,9 +71,9 @@ STREAMED = {
     "eap_ig": lambda m, t, **kw: scale.edge_attribution_patching(m, t, ig_steps=3, **kw),
     "eap_qk_fix": lambda m, t, **kw: scale.edge_attribution_patching(m, t, qk_fix=True, **kw),
     "eap_hessian": lambda m, t, **kw: scale.edge_attribution_patching(m, t, ig_steps=2, ig_rule="right", correction="hessian", **kw),
-    "atp_k_qk_fix": lambda m, t, **kw: scale.attribution_patching(m, t, nodes="k", qk_fix=True, **kw),
-    "scan_zero": lambda m, t, **kw: scale.head_ablation_scan(m, t, method="zero", **kw),
-    "scan_resample": lambda m, t, **kw: scale.head_ablation_scan(m, t, method="resample", **kw),
+    "atp_k_qk_fix": lambda m, t, **kw: scale.attribution_patching(m, t, which="k", qk_fix=True, **kw),
+    "scan_zero": lambda m, t, **kw: scale.head_ablation_scan(m, t, ablation="zero", **kw),
+    "scan_resample": lambda m, t, **kw: scale.head_ablation_scan(m, t, ablation="resample", **kw),
     "path_patching": lambda m, t, **kw: scale.path_patching(m, t, **kw),
     "path_patching_some": lambda m, t, **kw: scale.path_patching(m, t, edges=_some_edges(m), **kw),
     "curve": lambda m, t, **kw: scale.faithfulness_curve(m, t, one_call(_name(m), "eap", m.cfg.dtype), **kw),
@@ -241,15 +241,15 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
 
     # A Task resumes the same way, and the file refuses another run, naming what differs.
     tpath = tmp_path / "scan.safetensors"
-    scan = scale.head_ablation_scan(model, task, batch_size=BATCH, method="resample", resume=tpath, progress=False)
+    scan = scale.head_ablation_scan(model, task, batch_size=BATCH, ablation="resample", resume=tpath, progress=False)
     assert gap(numbers(scan, "scan"), numbers(one_call("4l", "scan_resample"), "scan")) < 1e-10
     with pytest.raises(ValueError, match="options"):
-        scale.head_ablation_scan(model, task, batch_size=BATCH, method="zero", resume=tpath, progress=False)
+        scale.head_ablation_scan(model, task, batch_size=BATCH, ablation="zero", resume=tpath, progress=False)
     with pytest.raises(ValueError, match="data"):
         scale.head_ablation_scan(model, induction_task(N, seed=9, d_vocab=50, seq_len=12, min_period=3, max_period=6),
-                                 batch_size=BATCH, method="resample", resume=tpath, progress=False)
+                                 batch_size=BATCH, ablation="resample", resume=tpath, progress=False)
     with pytest.raises(ValueError, match="batch_size"):
-        scale.head_ablation_scan(model, task, batch_size=5, method="resample", resume=tpath, progress=False)
+        scale.head_ablation_scan(model, task, batch_size=5, ablation="resample", resume=tpath, progress=False)
     other = list(_batches(task, BATCH))
     other[0] = _batches(case("4l")[1], 4)[1]
     with pytest.raises(ValueError, match="not the ones the interrupted run read"):
@@ -279,9 +279,9 @@ def test_refusals_name_their_reason(monkeypatch):
         scale.edge_attribution_patching(model, task, batch_size=BATCH, metric=task.metric())
     for method in ("mean", "position_mean"):
         with pytest.raises(ValueError, match="each batch's own mean, not the dataset's"):
-            scale.head_ablation_scan(model, task, batch_size=BATCH, method=method)
+            scale.head_ablation_scan(model, task, batch_size=BATCH, ablation=method)
         with pytest.raises(ValueError, match="each batch's own mean"):
-            scale.faithfulness_curve(model, task, one_call("4l", "eap"), batch_size=BATCH, method=method)
+            scale.faithfulness_curve(model, task, one_call("4l", "eap"), batch_size=BATCH, ablation=method)
     with pytest.raises(ValueError, match=r"\|a \+ b\| is not \|a\| \+ \|b\|"):
         scale.edge_attribution_patching(model, task, batch_size=BATCH, grad_drop=True)
     with pytest.raises(ValueError, match="as large as the dataset"):

@@ -31,7 +31,7 @@ def test_untrained_model_is_at_chance(test_set):
 
 
 def test_evaluate_matches_score_logits(toy2, small_batch):
-    a = ri.score_model(toy2, small_batch.tokens, targets=small_batch.targets, chunk_size=5)
+    a = ri.score_model(toy2, small_batch.tokens, targets=small_batch.targets, batch_chunk=5)
     b = ri.score_logits(toy2(small_batch.tokens), small_batch.targets)
     assert a.n_scored == b.n_scored == int(small_batch.scored.sum())
     assert a.accuracy == pytest.approx(b.accuracy, abs=1e-12) and a.loss == pytest.approx(b.loss, rel=1e-5)

@@ -109,8 +109,8 @@ def test_qk_fixed_nodes_are_the_patched_pattern_against_dm_dz(variant, which):
     """Node ``hook_{q,k}`` set to the reference's (a KV head moves every query head of its group):
     (z' - z) . dm/dz over those heads; plain AtP of the same node is its gradient against q_ref - q."""
     model, toks, ref = _setup(variant)
-    fixed = ri.attribution_patching(model, toks, metric, reference=ref, nodes=which, qk_fix=True)
-    plain = ri.attribution_patching(model, toks, metric, reference=ref, nodes=which)
+    fixed = ri.attribution_patching(model, toks, metric, reference=ref, which=which, qk_fix=True)
+    plain = ri.attribution_patching(model, toks, metric, reference=ref, which=which)
     gz = _grad_z(model, toks)
     names = [f"blocks.{l}.attn.hook_{which}" for l in range(3)]
     refs, z = grab(model, ref, names), grab(model, toks, [f"blocks.{l}.attn.hook_z" for l in range(3)])
@@ -173,8 +173,8 @@ def test_qk_fix_on_a_saturated_head_is_exact_where_plain_atp_sees_nothing(seed):
     with torch.no_grad():
         clean = float(lin(model(toks)))
         exact = float(lin(model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_k", lambda t, hook: k_ref)]))) - clean
-    node = ri.attribution_patching(model, toks, lin, reference=ref, nodes="k", qk_fix=True)
-    plain = ri.attribution_patching(model, toks, lin, reference=ref, nodes="k")
+    node = ri.attribution_patching(model, toks, lin, reference=ref, which="k", qk_fix=True)
+    plain = ri.attribution_patching(model, toks, lin, reference=ref, which="k")
     assert abs(exact) > 0.05
     assert float(node.effect[0, 0]) == pytest.approx(exact, abs=1e-9)
     assert abs(float(plain.effect[0, 0])) < 1e-3 * abs(exact)
@@ -280,10 +280,10 @@ def test_options_that_do_not_combine_are_refused(toy2, small_batch):
         ri.edge_attribution_patching(toy2, toks, m, reference=ref, qk_fix=True, ig_steps=2)
     with pytest.raises(ValueError, match="per-pair shares"):
         ri.edge_attribution_patching(toy2, toks, m, reference=ref, grad_drop=True, per_example=True)
-    with pytest.raises(ValueError, match="nodes='q' or 'k'"):
+    with pytest.raises(ValueError, match="which='q' or 'k'"):
         ri.attribution_patching(toy2, toks, m, reference=ref, qk_fix=True)
-    with pytest.raises(ValueError, match="nodes must be"):
-        ri.attribution_patching(toy2, toks, m, reference=ref, nodes="x")
+    with pytest.raises(ValueError, match="which must be"):
+        ri.attribution_patching(toy2, toks, m, reference=ref, which="x")
     with pytest.raises(ValueError, match="True or False"):
         ri.edge_attribution_patching(toy2, toks, m, reference=ref, qk_fix=1)
 

@@ -33,6 +33,7 @@ import torch
 from jaxtyping import Bool, Int
 
 from .._backend import Model
+from .._keywords import renamed, renamed_attribute
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -53,7 +54,7 @@ class ACDC(EdgeEffects):
     Attributes:
         kept: (sender, receiver) the edges ACDC kept.
         threshold: the threshold it pruned at.
-        method: how removed edges were ablated.
+        ablation: how removed edges were ablated.
         final: the metric of the kept circuit.
 
     Example:
@@ -67,14 +68,17 @@ class ACDC(EdgeEffects):
 
     kept: Bool[torch.Tensor, "sender receiver"] = None  # type: ignore[assignment]
     threshold: float = 0.0
-    method: str = "resample"
+    ablation: str = "resample"
     final: float = float("nan")
+
+    method = renamed_attribute("method", "ablation")
 
     def circuit(self) -> list[tuple[str, str]]:
         """The kept edges, row-major."""
         return [e for e, k in zip(self.layout.edges(), self.kept[self.layout.exists].tolist()) if k]
 
 
+@renamed(method="ablation")
 def acdc(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -82,7 +86,7 @@ def acdc(
     *,
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     threshold: float,
-    method: Ablation = "resample",
+    ablation: Ablation = "resample",
     progress: bool = True,
 ) -> ACDC:
     """ACDC on the model's edge graph (module docstring).
@@ -90,12 +94,12 @@ def acdc(
     Args:
         metric: a :data:`rs_interp.Metric` (ACDC's paper uses the KL divergence to the clean output;
             any scalar function of the logits will do).
-        reference, method: what a removed edge carries (:func:`rs_interp.evaluate_circuit`).
+        reference, ablation: what a removed edge carries (:func:`rs_interp.evaluate_circuit`).
         threshold: remove an edge when its removal moves the metric by at most this much (>= 0; ``inf`` allowed).
         progress: a progress bar over the edges (drawn after a couple of seconds of work).
 
     Raises:
-        ValueError: a negative or NaN threshold, bad tokens, reference or method, a model whose
+        ValueError: a negative or NaN threshold, bad tokens, reference or ablation, a model whose
             identities fail, a metric that returns no finite number.
 
     Example:
@@ -109,7 +113,7 @@ def acdc(
     """
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or math.isnan(threshold) or threshold < 0:
         raise ValueError(f"threshold must be a number >= 0 (inf allowed), got {threshold!r}")
-    tokens, reference = check_ablation(model, tokens, method, reference, "acdc")
+    tokens, reference = check_ablation(model, tokens, ablation, reference, "acdc")
     layout = edge_layout(model)
     require(model, "acdc")
     keep = layout.exists.clone()
@@ -117,7 +121,7 @@ def acdc(
     # Receivers from the logits back; each one's senders from the latest back.
     order = [(i, j) for j in reversed(range(len(layout.receivers))) for i in reversed(range(len(layout.senders))) if layout.exists[i, j]]
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        ablated = ablated_writes(model, tokens, reference, method)
+        ablated = ablated_writes(model, tokens, reference, ablation)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         current = run_circuit(model, tokens, metric, layout, keep, ablated, "every edge")
         for i, j in bar(order, desc="ACDC", enabled=progress, unit="edge"):
@@ -128,4 +132,4 @@ def acdc(
                 current = value
             else:
                 keep[i, j] = True
-    return ACDC(layout=layout, effect=effect, clean=clean, kept=keep, threshold=float(threshold), method=method, final=current)
+    return ACDC(layout=layout, effect=effect, clean=clean, kept=keep, threshold=float(threshold), ablation=ablation, final=current)

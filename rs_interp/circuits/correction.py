@@ -53,6 +53,7 @@ from jaxtyping import Bool
 
 from .. import _backend
 from .._backend import Model
+from .._budget import MEMORY_BUDGET
 from .._progress import bar
 from ..exact.certificate import require
 from ..exact.stream import RESID0
@@ -208,7 +209,7 @@ class Fixed(EdgeEffects):
 
 
 def fix_unreliable(model: Model, tokens: torch.Tensor, metric: Metric, scores, *, reference: torch.Tensor,
-                   threshold: float = 0.5, memory_budget: int = 2**30, progress: bool = False):
+                   threshold: float = 0.5, memory_budget: int = MEMORY_BUDGET, progress: bool = True):
     """Screen, flag, fix (Zhang & Wang 2026): the edges of a Hessian-corrected estimate whose
     reliability is below ``threshold`` (:meth:`rs_interp.circuits.uncertainty.Spread.reliability`:
     the second-order term outweighs the first, or both vanish) patched exactly

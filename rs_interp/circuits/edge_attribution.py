@@ -40,6 +40,7 @@ from jaxtyping import Float, Int
 
 from .. import _backend
 from .._backend import Model
+from .._budget import MEMORY_BUDGET
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.readout import compute_dtype
@@ -170,8 +171,8 @@ def edge_attribution_patching(
     grad_drop: bool = False,
     correction: str | None = None,
     per_example: bool = False,
-    memory_budget: int = 2**30,
-    progress: bool = False,
+    memory_budget: int = MEMORY_BUDGET,
+    progress: bool = True,
 ) -> EdgeAttributionPatching:
     """Edge attribution patching of every edge of the model's graph, from one forward and one
     backward pass on ``tokens`` (``m`` of each with ``ig_steps=m``) plus one forward pass on

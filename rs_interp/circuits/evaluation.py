@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Int
 
 from .._backend import Model
+from .._keywords import renamed
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -58,6 +59,7 @@ def _reaches_logits(layout: EdgeLayout, keep: torch.Tensor) -> bool:
     return bool(prune(layout, keep).any())
 
 
+@renamed(method="ablation")
 def evaluate_circuit(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -65,7 +67,7 @@ def evaluate_circuit(
     circuit: Iterable[tuple[str, str]],
     *,
     reference: Int[torch.Tensor, "batch pos"] | None = None,
-    method: Ablation = "resample",
+    ablation: Ablation = "resample",
     embedding: Embedding = "sum",
 ) -> float:
     """``metric`` of the run with every edge outside ``circuit`` ablated (module docstring).
@@ -74,7 +76,7 @@ def evaluate_circuit(
         circuit: ``(sender, receiver)`` edges to keep, labelled as :func:`rs_interp.edge_layout` does.
         reference: tokens of the reference run: the shape of ``tokens`` for ``"resample"``, as long
             as ``tokens`` for ``"position_mean"``, any shape for ``"mean"``; unused by ``"zero"``.
-        method: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring).
+        ablation: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring).
         embedding: the graph's input senders (:func:`rs_interp.edge_layout`): ``"sum"`` (``embed``),
             ``"token"`` (``tok_embed``, EAP-IG's input node: the position embedding is never
             ablated, so zero and mean ablations are EAP-IG's ``evaluate_graph``'s) or ``"split"``
@@ -86,7 +88,7 @@ def evaluate_circuit(
 
     Raises:
         ValueError: a malformed entry, an unknown label or a pair that is not an edge (named); bad
-            tokens, reference or method; a model whose identities do not hold (:func:`rs_interp.certify`).
+            tokens, reference or ablation; a model whose identities do not hold (:func:`rs_interp.certify`).
 
     Example:
         >>> import rs_interp
@@ -98,7 +100,7 @@ def evaluate_circuit(
         >>> abs(evaluate_circuit(model, a, metric, every, reference=b) - float(metric(model(a)).detach())) < 1e-5
         True
     """
-    tokens, reference = check_ablation(model, tokens, method, reference, "evaluate_circuit")
+    tokens, reference = check_ablation(model, tokens, ablation, reference, "evaluate_circuit")
     layout = edge_layout(model, embedding)
     keep = mask(layout, circuit)
     require(model, "evaluate_circuit", also=("embedding",) if embedding != "sum" else ())
@@ -106,7 +108,7 @@ def evaluate_circuit(
         warnings.warn("this circuit has no path from the embedding to the logits: every path through it is cut, so it "
                       "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=2)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, method, embedding),
+        return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, ablation, embedding),
                            "circuit run")
 
 
@@ -198,6 +200,7 @@ def _check_fractions(fractions: object) -> list[float]:
     return fr
 
 
+@renamed(method="ablation")
 def faithfulness_curve(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -207,7 +210,7 @@ def faithfulness_curve(
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     fractions: Sequence[float] = MIB_FRACTIONS,
     ranking: Ranking = "absolute",
-    method: Ablation = "resample",
+    ablation: Ablation = "resample",
     pruned: bool = True,
     higher_is_better: bool = False,
     progress: bool = True,
@@ -219,7 +222,7 @@ def faithfulness_curve(
     Args:
         scores: edge scores of this model's graph (any :class:`rs_interp.EdgeEffects`), on any of its
             input senders (:func:`rs_interp.edge_layout`'s ``embedding``: the curve ablates those).
-        reference, method: as in :func:`evaluate_circuit`.
+        reference, ablation: as in :func:`evaluate_circuit`.
         fractions: increasing, in (0, 1].
         ranking: ``"absolute"`` (by ``|score|``) or ``"signed"`` (by score, largest first).
         pruned: prune dangling edges as MIB does (``False``: every chosen edge stays, rs_interp's
@@ -245,18 +248,18 @@ def faithfulness_curve(
         >>> curve.n_requested, round(curve.faithfulness[-1], 6)
         ((14, 29), 1.0)
     """
-    tokens, reference = check_ablation(model, tokens, method, reference, "faithfulness_curve")
+    tokens, reference = check_ablation(model, tokens, ablation, reference, "faithfulness_curve")
     fr = _check_fractions(fractions)
     if not isinstance(scores, EdgeEffects):
         raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
     embedding = embedding_of(scores.layout)
     require(model, "faithfulness_curve", also=("embedding",) if embedding != "sum" else ())
-    return _curves(model, tokens, metric, [(scores, ranking)], reference=reference, fractions=fr, method=method, pruned=pruned,
+    return _curves(model, tokens, metric, [(scores, ranking)], reference=reference, fractions=fr, ablation=ablation, pruned=pruned,
                    higher_is_better=higher_is_better, progress=progress)[0]
 
 
 def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequence[tuple[EdgeEffects, Ranking]], *,
-            reference: torch.Tensor | None, fractions: list[float], method: Ablation, pruned: bool,
+            reference: torch.Tensor | None, fractions: list[float], ablation: Ablation, pruned: bool,
             higher_is_better: bool, progress: bool) -> list[FaithfulnessCurve]:
     """One :class:`FaithfulnessCurve` per ``(scores, ranking)`` of ``requests`` (checked arguments), sharing
     what they can: the ablated writes, the clean and the empty run are computed once, and each distinct
@@ -281,7 +284,7 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
         if key(keep) != key(nobody):
             distinct.setdefault(key(keep), keep)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        ablated = ablated_writes(model, tokens, reference, method, embedding)
+        ablated = ablated_writes(model, tokens, reference, ablation, embedding)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         empty = run_circuit(model, tokens, metric, layout, nobody, ablated, "empty circuit")
         if clean == empty:
@@ -332,9 +335,10 @@ class MIBScores:
     absolute: FaithfulnessCurve
 
 
+@renamed(method="ablation")
 def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Metric,
                scores: EdgeEffects | Mapping[str, EdgeEffects], *, reference: Int[torch.Tensor, "batch pos"] | None = None,
-               fractions: Sequence[float] = MIB_FRACTIONS, method: Ablation = "resample", higher_is_better: bool = False,
+               fractions: Sequence[float] = MIB_FRACTIONS, ablation: Ablation = "resample", higher_is_better: bool = False,
                progress: bool = True) -> MIBScores | dict[str, MIBScores]:
     """CPR and CMD as MIB's circuit track computes them: two :func:`faithfulness_curve` s, the edges
     ranked by signed score (CPR, the area under it) and by absolute score (CMD, the area between it and 1).
@@ -362,7 +366,7 @@ def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Met
         True
     """
     require(model, "mib_scores")
-    tokens, reference = check_ablation(model, tokens, method, reference, "mib_scores")
+    tokens, reference = check_ablation(model, tokens, ablation, reference, "mib_scores")
     fr = _check_fractions(fractions)
     named = dict(scores) if isinstance(scores, Mapping) else {None: scores}
     if not named:
@@ -371,7 +375,7 @@ def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Met
     if embeddings - {"sum"}:
         require(model, "mib_scores", also=("embedding",))
     requests = [(s, ranking) for s in named.values() for ranking in ("signed", "absolute")]
-    curves = _curves(model, tokens, metric, requests, reference=reference, fractions=fr, method=method, pruned=True,
+    curves = _curves(model, tokens, metric, requests, reference=reference, fractions=fr, ablation=ablation, pruned=True,
                      higher_is_better=higher_is_better, progress=progress)
     out = {name: MIBScores(cpr=signed.area_under, cmd=absolute.area_from_1, signed=signed, absolute=absolute)
            for name, signed, absolute in zip(named, curves[0::2], curves[1::2])}

@@ -279,7 +279,7 @@ def _scored(method: str, items: Sequence[str], values: Sequence[float], known: S
                         auroc(mags, known), auroc([m for m, k in zip(mags, keep) if k], [e for e, k in zip(effective, keep) if k]))
 
 
-def score_methods(case: GroundTruthCase, *, progress: bool = False) -> dict[str, MethodScores]:
+def score_methods(case: GroundTruthCase, *, progress: bool = True) -> dict[str, MethodScores]:
     """Every registered method's scores on ``case`` (:data:`rs_interp.circuits.methods.METHODS`) and
     their AUROCs, keyed by method name: the edge methods over every edge of the layout, the node
     methods over every head."""

@@ -91,7 +91,7 @@ def _exact(model, tokens, metric, *, reference, progress=False):
 
 
 def _scan(model, tokens, metric, *, reference, progress=False):
-    return head_ablation_scan(model, tokens, metric, method="resample", reference=reference, progress=progress)
+    return head_ablation_scan(model, tokens, metric, ablation="resample", reference=reference, progress=progress)
 
 
 #: Every method, by name, in the order of the tables.

@@ -9,7 +9,7 @@ float64); how well it predicts the real patch is a separate question, answered b
 :func:`rs_interp.head_ablation_scan` (attention saturation is the usual failure) or refined with
 ``ig_steps`` (EAP-IG). Edges: :mod:`rs_interp.circuits.edge_attribution`.
 
-``nodes="q"``, ``"k"`` or ``"v"`` patches each head's query, key or value (``hook_q`` / ``hook_k`` /
+``which="q"``, ``"k"`` or ``"v"`` patches each head's query, key or value (``hook_q`` / ``hook_k`` /
 ``hook_v``, per key/value head under grouped-query attention) instead of its output. Options:
 ``qk_fix`` (query and key nodes) and ``grad_drop`` (AtP*, :mod:`rs_interp.circuits.atp_star`),
 ``correction="hessian"`` (:mod:`rs_interp.circuits.correction`), ``per_example`` (each pair's share,
@@ -36,6 +36,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 
 from .._backend import Model, kv_groups
+from .._keywords import renamed, renamed_attribute
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.stream import RESID0, mlp_flags, watched
@@ -59,14 +60,14 @@ class AttributionPatching(Spread):
 
     Attributes:
         effect: (layer, head) the estimated change of the metric when the head's ``z`` (or its
-            ``nodes``) is patched from the reference run (summed over positions); (layer, kv_head)
+            ``which``) is patched from the reference run (summed over positions); (layer, kv_head)
             for keys and values under grouped-query attention.
         effect_per_position: (layer, head, pos) the same before the sum over positions; None under
             the QK fix and GradDrop (not sums over the patched positions).
         clean: the metric of the run on ``tokens``.
         labels: ``"L{l}H{h}"`` (``"L{l}KV{g}"``) row-major (:func:`rs_interp.head_labels`).
         ig_steps, ig_rule: EAP-IG's ``m`` and its rule (None: plain attribution patching).
-        nodes, qk_fix, grad_drop, correction: the options the estimate was computed with.
+        which, qk_fix, grad_drop, correction: the options the estimate was computed with.
         first_order: with the correction, the estimate without it; else None.
         per_example: (batch, layer, head) each pair's share, with ``per_example=True``; else None.
 
@@ -87,18 +88,21 @@ class AttributionPatching(Spread):
     labels: tuple[str, ...]
     ig_steps: int | None = None
     ig_rule: str = "left"
-    nodes: str = "z"
+    which: str = "z"
     qk_fix: bool = False
     grad_drop: bool = False
     correction: str | None = None
     first_order: Float[torch.Tensor, "layer head"] | None = None
     per_example: Float[torch.Tensor, "batch layer head"] | None = None
 
+    nodes = renamed_attribute("nodes", "which")
+
     def top(self, k: int = 5) -> list[tuple[str, float]]:
         """The ``k`` heads with the largest estimated ``|effect|``, with their effect."""
         return top_effects(self.labels, self.effect, k)
 
 
+@renamed(nodes="which")
 @outside_inference_mode
 def attribution_patching(
     model: Model,
@@ -108,12 +112,12 @@ def attribution_patching(
     reference: Int[torch.Tensor, "batch pos"],
     ig_steps: int | None = None,
     ig_rule: IGRule | str = "left",
-    nodes: str = "z",
+    which: str = "z",
     qk_fix: bool = False,
     grad_drop: bool = False,
     correction: str | None = None,
     per_example: bool = False,
-    progress: bool = False,
+    progress: bool = True,
 ) -> AttributionPatching:
     """Node-level attribution patching of every head's ``z`` (module docstring): one forward and one
     backward pass on ``tokens``, plus one forward pass on ``reference``.
@@ -129,8 +133,9 @@ def attribution_patching(
         ig_rule: which ``m`` points: ``"left"``, ``k = 0 .. m - 1`` (the reference's endpoint, as
             Hanna et al.'s code: the default), ``"right"``, ``k = 1 .. m`` (the run's endpoint;
             with ``m = 1`` plain attribution patching), or ``"gauss"`` (Gauss-Legendre points and weights).
-        nodes: ``"z"`` (each head's output), ``"q"``, ``"k"`` or ``"v"``.
-        qk_fix: the QK fix, for ``nodes="q"`` or ``"k"`` (:mod:`rs_interp.circuits.atp_star`).
+        which: each head's node: ``"z"`` (its output), ``"q"``, ``"k"`` or ``"v"`` (its query, key or
+            value input).
+        qk_fix: the QK fix, for ``which="q"`` or ``"k"`` (:mod:`rs_interp.circuits.atp_star`).
         grad_drop: GradDrop, ``L - 1`` more backward passes (a magnitude).
         correction: ``"hessian"``: the second-order term (:mod:`rs_interp.circuits.correction`).
         per_example: keep each pair's share (``per_example``).
@@ -148,27 +153,27 @@ def attribution_patching(
         >>> atp = attribution_patching(model, a, metric, reference=b)
         >>> tuple(atp.effect.shape), atp.labels[:2]
         ((2, 2), ('L0H0', 'L0H1'))
-        >>> attribution_patching(model, a, metric, reference=b, nodes="k", qk_fix=True).labels[:2]
+        >>> attribution_patching(model, a, metric, reference=b, which="k", qk_fix=True).labels[:2]
         ('L0H0', 'L0H1')
     """
     tokens, reference = check_pair(model, tokens, reference)
     alphas, weights, seconds = quadrature(ig_steps, ig_rule, correction)
     check_options(ig_steps, qk_fix, grad_drop, correction, per_example)
-    if nodes not in NODES:
-        raise ValueError(f"nodes must be one of {NODES}, got {nodes!r}")
-    if qk_fix and nodes not in ("q", "k"):
-        raise ValueError(f"the QK fix recomputes the attention softmax after a query or key patch: nodes='q' or 'k', not {nodes!r} "
+    if which not in NODES:
+        raise ValueError(f"which must be one of {NODES}, got {which!r}")
+    if qk_fix and which not in ("q", "k"):
+        raise ValueError(f"the QK fix recomputes the attention softmax after a query or key patch: which='q' or 'k', not {which!r} "
                          "(nothing nonlinear lies between a head's value or output and its z)")
     drops = [None] + (check_drop_layers(model) if grad_drop else [])
     cert = require(model, "attribution_patching")
     cfg = model.cfg
     L, P, B = cfg.n_layers, tokens.shape[1], tokens.shape[0]
-    n = kv_groups(cfg) if nodes in ("k", "v") else cfg.n_heads
+    n = kv_groups(cfg) if which in ("k", "v") else cfg.n_heads
     hessian = correction == "hessian"
     shape = (B if per_example else 1, L, n, P)
     first = [torch.zeros(shape, dtype=torch.float64) for _ in drops]
     second = torch.zeros(shape, dtype=torch.float64)
-    point = "attn.hook_z" if nodes == "z" else f"attn.hook_{nodes}"
+    point = "attn.hook_z" if which == "z" else f"attn.hook_{which}"
     is_node = lambda name: name.endswith(point)  # noqa: E731
     fired: set[int] = set()
     grads_z: list[dict[int, torch.Tensor]] = [{} for _ in drops]
@@ -211,10 +216,10 @@ def attribution_patching(
         if len(fired) < L:
             missing = min(set(range(L)) - fired)
             raise ValueError(f"blocks.{missing}.{point} got no gradient: on this model it is off the forward path (the "
-                             f"patch would change nothing), so {nodes!r} nodes cannot be estimated; try nodes='z'")
+                             f"patch would change nothing), so {which!r} nodes cannot be estimated; try which='z'")
         if qk_fix:
             box = record(model, tokens, stream_points(model, set(range(L))))
-            moved = node_qk_deltas(model, tokens, ref, box, cert, nodes, progress)
+            moved = node_qk_deltas(model, tokens, ref, box, cert, which, progress)
             group = cfg.n_heads // n
             for buf, grads in zip(first, grads_z):
                 for l in range(L):
@@ -230,5 +235,5 @@ def attribution_patching(
         effect = shares.sum(0)
         first_order = first[0].sum((0, 3)) if hessian else None
     return AttributionPatching(effect=effect, effect_per_position=per_position, clean=value, labels=labels, ig_steps=ig_steps,
-                               ig_rule=ig_rule, nodes=nodes, qk_fix=qk_fix, grad_drop=grad_drop, correction=correction,
+                               ig_rule=ig_rule, which=which, qk_fix=qk_fix, grad_drop=grad_drop, correction=correction,
                                first_order=first_order, per_example=shares if per_example else None)

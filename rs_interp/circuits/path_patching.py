@@ -30,7 +30,7 @@ from jaxtyping import Int
 
 from .. import _names as N
 from .._backend import Model, per_head_inputs, run_from
-from .._budget import stacked_copies
+from .._budget import MEMORY_BUDGET, stacked_copies
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -81,7 +81,7 @@ def path_patching(
     *,
     reference: Int[torch.Tensor, "batch pos"],
     edges: Sequence[tuple[str, str]] | None = None,
-    memory_budget: int = 2**30,
+    memory_budget: int = MEMORY_BUDGET,
     progress: bool = True,
 ) -> PathPatching:
     """The exact effect of patching each edge (module docstring): every edge of the graph, or

@@ -26,6 +26,7 @@ from typing import Iterable, Literal
 
 import torch
 
+from .._keywords import renamed
 from ..labels import parse
 from .graph import EdgeEffects, EdgeLayout
 
@@ -42,17 +43,18 @@ def rank(scores: EdgeEffects, ranking: Ranking = "absolute") -> list[int]:
     return scores.ranked(ranking)
 
 
-def top_edges(scores: EdgeEffects, n: int, *, ranking: Ranking = "absolute", pruned: bool = False) -> list[tuple[str, str]]:
-    """The ``n`` best edges of ``scores``, best first: the ranking of ``scores.top(n)``.
+@renamed(n="k")
+def top_edges(scores: EdgeEffects, k: int, *, ranking: Ranking = "absolute", pruned: bool = False) -> list[tuple[str, str]]:
+    """The ``k`` best edges of ``scores``, best first: the ranking of ``scores.top(k)``.
 
-    The top ``n`` need not connect the embedding to the logits (then ablating everything else leaves
+    The top ``k`` need not connect the embedding to the logits (then ablating everything else leaves
     the metric at its fully ablated value, and :func:`~rs_interp.evaluate_circuit` warns). With
     ``pruned=True`` the answer drops the dangling ones, as MIB's ``Graph.prune`` does: an edge stays iff
     its sender is reached from ``embed`` and its receiver reaches ``logits`` through kept edges; the
-    survivors keep their rank order, so the list may be shorter than ``n``.
+    survivors keep their rank order, so the list may be shorter than ``k``.
 
     Raises:
-        ValueError: ``n`` not an int in ``[0, number of scored edges]``, or an unknown ranking.
+        ValueError: ``k`` not an int in ``[0, number of scored edges]``, or an unknown ranking.
 
     Example:
         >>> import rs_interp
@@ -70,16 +72,16 @@ def top_edges(scores: EdgeEffects, n: int, *, ranking: Ranking = "absolute", pru
     if not isinstance(pruned, bool):
         raise ValueError(f"pruned must be True or False, got {pruned!r}")
     order = rank(scores, ranking)
-    n = check_int_range("n", n, 0, len(order))
+    k = check_int_range("k", k, 0, len(order))
     edges = scores.layout.edges()
     if not pruned:
-        return [edges[i] for i in order[:n]]
+        return [edges[i] for i in order[:k]]
     layout = scores.layout
     rows, cols = layout.exists.nonzero(as_tuple=True)  # edges() lists the existing edges in this order
     keep = torch.zeros_like(layout.exists)
-    keep[rows[order[:n]], cols[order[:n]]] = True
+    keep[rows[order[:k]], cols[order[:k]]] = True
     kept = prune(layout, keep)
-    return [edges[i] for i in order[:n] if bool(kept[rows[i], cols[i]])]
+    return [edges[i] for i in order[:k] if bool(kept[rows[i], cols[i]])]
 
 
 def mask(layout: EdgeLayout, circuit: Iterable[tuple[str, str]]) -> torch.Tensor:

@@ -162,44 +162,44 @@ def check_target_pair(
 #: ``reference``; ``"position_mean"`` its mean over the batch of ``reference`` at each position;
 #: ``"resample"`` its value in the run on ``reference``, sequence by sequence, position by position.
 Ablation = Literal["zero", "mean", "position_mean", "resample"]
-"""What an ablated component writes (``method=`` of :func:`rs_interp.ablate_heads`,
-:func:`rs_interp.head_ablation_scan`, :func:`rs_interp.evaluate_circuit` and the faithfulness curves),
+"""What an ablated component writes (``ablation=`` of :func:`rs_interp.ablate_heads`,
+:func:`rs_interp.head_ablation_scan`, :func:`rs_interp.evaluate_circuit`, :func:`rs_interp.acdc` and the faithfulness curves),
 one meaning per word: ``"zero"`` nothing; ``"mean"`` its mean over the batch *and* the positions of
 ``reference``; ``"position_mean"`` its mean over the batch of ``reference`` at each position;
 ``"resample"`` its value in the run on ``reference``, sequence by sequence.
 
 >>> import rs_interp as ri
 >>> model, batch = ri.load_toy_model("induction-2l"), ri.induction_batch(8, seed=0)
->>> method: ri.Ablation = "position_mean"
->>> tuple(ri.ablate_heads(model, batch.tokens, [(0, 0)], method=method).shape)
+>>> ablation: ri.Ablation = "position_mean"
+>>> tuple(ri.ablate_heads(model, batch.tokens, [(0, 0)], ablation=ablation).shape)
 (8, 48, 256)
 """
 ABLATIONS = ("zero", "mean", "position_mean", "resample")
 
 
-def check_ablation(model: Model, tokens: torch.Tensor, method: object, reference: torch.Tensor | None,
+def check_ablation(model: Model, tokens: torch.Tensor, ablation: object, reference: torch.Tensor | None,
                    helper: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``tokens`` and the reference ``method`` reads, checked: ``reference`` as ``tokens`` for
+    """``tokens`` and the reference ``ablation`` reads, checked: ``reference`` as ``tokens`` for
     ``"resample"`` (required), as long as ``tokens`` for ``"position_mean"``, any length for ``"mean"``
     (both default to ``tokens``); None for ``"zero"``.
 
     Raises:
-        ValueError: an unknown method, or a reference of the wrong shape (named with ``helper``).
+        ValueError: an unknown ablation, or a reference of the wrong shape (named with ``helper``).
     """
-    if method not in ABLATIONS:
-        raise ValueError(f"{helper}: method must be one of {ABLATIONS}, got {method!r}")
+    if ablation not in ABLATIONS:
+        raise ValueError(f"{helper}: ablation must be one of {ABLATIONS}, got {ablation!r}")
     tokens = check_tokens(model, tokens)
-    if method == "zero":
+    if ablation == "zero":
         return tokens, None
     if reference is None:
-        if method == "resample":
-            raise ValueError(f"{helper}: method='resample' needs reference= tokens (the run each ablated value is taken from)")
+        if ablation == "resample":
+            raise ValueError(f"{helper}: ablation='resample' needs reference= tokens (the run each ablated value is taken from)")
         return tokens, tokens
     reference = check_tokens(model, reference, "reference")
-    if method == "resample" and reference.shape != tokens.shape:
+    if ablation == "resample" and reference.shape != tokens.shape:
         raise ValueError(f"{helper}: reference must have the shape of tokens {tuple(tokens.shape)} for resample ablation, "
                          f"got {tuple(reference.shape)}")
-    if method == "position_mean" and reference.shape[1] != tokens.shape[1]:
+    if ablation == "position_mean" and reference.shape[1] != tokens.shape[1]:
         raise ValueError(f"{helper}: reference must have the length of tokens ({tokens.shape[1]} positions) for "
                          f"position_mean ablation, got {reference.shape[1]}")
     return tokens, reference

@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Int
 
 from .._backend import Model
+from .._progress import DELAY, bar
 from . import _conventions as C
 from . import _replacement as R
 from . import _rows
@@ -41,6 +42,9 @@ __all__ = ["attribution_graph"]
 #: their magnitudes); measured gaps stay within a few units.
 _EPS_FACTOR = 64
 
+
+#: The machine's matmul rate for the cost estimate written above the bar, measured on first use.
+_RATE: dict[str, float] = {}
 
 def _tokens(model: Model, tokens) -> torch.Tensor:
     t = torch.as_tensor(tokens)
@@ -78,7 +82,7 @@ def attribution_graph(
     centered: bool = True,
     max_feature_nodes: int | None = None,
     batch_size: int = 64,
-    progress: bool = False,
+    progress: bool = True,
     dense: bool = True,
     convention: C.GraphConvention = "rs_interp",
     zero_positions: slice | int | Sequence[int] | None = None,
@@ -103,7 +107,8 @@ def attribution_graph(
             ``unselected`` (so every row still sums to its value). Default: every active feature.
         batch_size: targets per backward pass.
         progress: a progress bar over the feature rows, and the estimate of time and peak memory
-            (:func:`rs_interp.features.estimate_graph`) written above it before the run.
+            (:func:`rs_interp.features.estimate_graph`) written above it before a run estimated to take
+            2 s or more (TopK transcoders).
         dense: the adjacency as a (node, node) tensor; ``False``: only its rows that can be nonzero
             (:class:`~rs_interp.features._rows.RowMatrix`, read the same way), for long prompts. The
             entries, influence, pruning and scores are the same either way.
@@ -163,12 +168,15 @@ def attribution_graph(
         raise ValueError("batch_size must be >= 1 and max_feature_nodes >= 0")
     tcs = R.working_set(transcoders, dt)
     if progress and tcs[0].k is not None:  # the cost, before the run (TopK: the active features are known from the shapes)
-        from tqdm.auto import tqdm
+        from tqdm.std import tqdm  # write() only: no widget import (rs_interp._progress)
 
-        from .estimate import estimate_graph
+        from .estimate import estimate_graph, matmul_rate
 
-        tqdm.write(str(estimate_graph(model, tcs, P, max_feature_nodes=max_feature_nodes, n_logits=max_logits,
-                                      batch_size=batch_size, dense=dense)))
+        rate = _RATE.get("rate") or _RATE.setdefault("rate", matmul_rate())  # measured once per process
+        cost = estimate_graph(model, tcs, P, max_feature_nodes=max_feature_nodes, max_logits=max_logits, batch_size=batch_size,
+                              dense=dense, rate=rate)
+        if cost.seconds >= DELAY:  # long work only, as the bars: a short call stays quiet
+            tqdm.write(str(cost))
     with R.quiet_model(model):
         clean = R.clean_run(model, tcs, tokens[None])
         probs = clean.logits[position].double().softmax(-1)
@@ -285,8 +293,6 @@ def _feature_rows(rows: Rows, features, tcs, logit_rows, logit_p, max_nodes, bat
     """The rows of the selected features (a :class:`~._rows.FeatureRows`, in the order computed) and which
     they are: every active feature, or (``max_nodes``) circuit-tracer's choice, the most influential on the
     rows computed so far, a round at a time."""
-    from tqdm.auto import tqdm
-
     n = len(features)
     n_select = n if max_nodes is None else min(max_nodes, n)
     targets = lambda idx: [(int(features[i, 0]), int(features[i, 1]), tcs[int(features[i, 0])].W_enc[int(features[i, 2])].detach())  # noqa: E731
@@ -296,7 +302,7 @@ def _feature_rows(rows: Rows, features, tcs, logit_rows, logit_p, max_nodes, bat
     visited = torch.zeros(n, dtype=torch.bool)
     # a round: the features chosen from one influence estimate (at most ~8 rounds: each estimate reads every row so far)
     per_round = n_select if n_select == n else round_size or max(4 * batch_size, -(-n_select // 8))
-    with tqdm(total=n_select, desc="feature rows", disable=not progress, leave=False) as bar:
+    with bar(total=n_select, desc="feature rows", enabled=progress) as rows_bar:
         while len(order) < n_select:
             if n_select == n:
                 pending = list(range(n))
@@ -310,7 +316,7 @@ def _feature_rows(rows: Rows, features, tcs, logit_rows, logit_p, max_nodes, bat
                 idx = pending[start : start + batch_size]
                 out.add(rows.compute(targets(idx), batch_size), [int(features[i, 0]) for i in idx])
                 order += idx
-                bar.update(len(idx))
+                rows_bar.update(len(idx))
             visited[pending] = True
     return out, torch.tensor(order, dtype=torch.long)
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from .._backend import Model
+from .._progress import bar
 from . import _config
 from .transcoders import Transcoder, TranscoderSet
 
@@ -211,12 +212,13 @@ class TrainedCLT:
 
 def train_clt(model: Model, tokens: torch.Tensor, *, d_transcoder: int = 512, activation: str = "topk", k: int = 16,
               l1: float = 1e-3, steps: int = 2000, batch_size: int = 1024, lr: float = 1e-3, seed: int = 0,
-              input_point: str = "mlp.hook_in", eval_tokens: torch.Tensor | None = None) -> TrainedCLT:
+              input_point: str = "mlp.hook_in", eval_tokens: torch.Tensor | None = None, progress: bool = True) -> TrainedCLT:
     """Fit a cross-layer transcoder to ``model``'s MLPs on ``tokens`` (batch, pos): Adam on
 
         sum_m ||y_m - y_hat_m||^2 / var(y_m)  +  l1 * sum_{l, i} a_{l,i} ||W_dec[l][i]||   (ReLU; TopK: the first term only)
 
-    every layer's MLP input and output collected over every token (:mod:`.training`'s pairs).
+    every layer's MLP input and output collected over every token (:mod:`.training`'s pairs);
+    ``progress``: a progress bar over the steps (as :func:`~rs_interp.features.train_transcoder`).
 
     Raises:
         ValueError: what :func:`~rs_interp.features.train_transcoder` refuses (an attention-only model ...).
@@ -262,7 +264,7 @@ def train_clt(model: Model, tokens: torch.Tensor, *, d_transcoder: int = 512, ac
 
     curve = []
     with torch.enable_grad():
-        for step in range(steps):
+        for step in bar(range(steps), desc="cross-layer transcoder", enabled=progress, unit="step"):
             idx = torch.randint(0, n, (min(batch_size, n),), generator=g)
             acts, out = forward([x[idx].to(dt) for x in xs])
             fvu = [((ys[m][idx].to(dt) - out[m]) ** 2).sum(-1).mean() / var[m] for m in range(L)]

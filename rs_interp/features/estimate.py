@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._keywords import renamed
 from .transcoders import TranscoderSet
 
 __all__ = ["GraphEstimate", "estimate_graph", "matmul_rate"]
@@ -93,15 +94,16 @@ def matmul_rate(n: int = 1024, repeats: int = 3, dtype: torch.dtype = torch.floa
     return 2 * n**3 / max(best, 1e-9)
 
 
+@renamed(n_logits="max_logits")
 def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature_nodes: int | None = None,
-                   active_per_token: float | None = None, n_logits: int = 10, batch_size: int = 64, dense: bool = True,
+                   active_per_token: float | None = None, max_logits: int = 10, batch_size: int = 64, dense: bool = True,
                    prune: bool = True, rate: float | None = None) -> GraphEstimate:
     """The time and peak memory of ``attribution_graph(model, transcoders, tokens of n_pos, ...)``, from the
     shapes (module docstring for the formula). ``model`` is read for its config only (a config works too).
 
     Args:
         active_per_token: active features a token and layer; default TopK's ``k`` (needed for ReLU and JumpReLU sets).
-        n_logits: logit nodes (``max_logits``).
+        max_logits: logit nodes (as :func:`~rs_interp.features.attribution_graph`'s ``max_logits``).
         prune: count the pruning of the finished graph (``graph.prune()``, ``graph.scores()``).
         rate: FLOP/s; default :func:`matmul_rate` measured now.
 
@@ -120,8 +122,8 @@ def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature
             raise ValueError("estimate_graph: the transcoders are not TopK, so how many features a token activates is not "
                              "known from the shapes: pass active_per_token (e.g. measured on a few prompts)")
         active_per_token = transcoders[0].k
-    if n_pos < 1 or batch_size < 1 or n_logits < 1:
-        raise ValueError("estimate_graph: n_pos, batch_size and n_logits must be >= 1")
+    if n_pos < 1 or batch_size < 1 or max_logits < 1:
+        raise ValueError("estimate_graph: n_pos, batch_size and max_logits must be >= 1")
     P, L, d, H = int(n_pos), cfg.n_layers, cfg.d_model, cfg.n_heads
     m, W = cfg.d_mlp or 4 * d, transcoders[0].d_transcoder
     b = torch.finfo(cfg.dtype if cfg.dtype not in (torch.float16, torch.bfloat16) else torch.float32).bits // 8
@@ -140,16 +142,16 @@ def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature
         "rows: a batch's gradients": 2 * (L + 1) * B * P * d * b,
         "rows: a batch's rows": 2 * B * (A + T) * b,
     }
-    n_nodes = S + T + n_logits
+    n_nodes = S + T + max_logits
     assembly = {
         "assembly: bookkeeping (autograd, allocator)": _OVERHEAD,
         "assembly: logits (clean, frozen run)": 2 * P * V * b,
         "assembly: feature rows": rows["rows: feature rows"],
         "assembly: patterns": rows["rows: patterns (frozen and saved)"],
-        "assembly: kept block": 2 * (S + n_logits) * (S + T) * b,
+        "assembly: kept block": 2 * (S + max_logits) * (S + T) * b,
         "assembly: dense adjacency": n_nodes * n_nodes * b if dense else 0,
     }
-    pruning = {"pruning: float copies of the block": 4 * (S + n_logits) * (S + T) * b if prune else 0,
+    pruning = {"pruning: float copies of the block": 4 * (S + max_logits) * (S + T) * b if prune else 0,
                "pruning: dense adjacency": assembly["assembly: dense adjacency"]}
     rows, assembly, pruning = ({k: int(v) for k, v in part.items()} for part in (rows, assembly, pruning))
     peak = max(sum(rows.values()), sum(assembly.values()), sum(pruning.values()))
@@ -157,7 +159,7 @@ def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature
     # gradient crosses each layer below it through W_O, the pattern and W_V only: 2 (2 d^2) + 2 P d a token
     backward_layer = 2 * 2 * d * d + 2 * P * d
     forward_layer = 2 * (4 * d * d + 2 * d * m) + 2 * 2 * P * d
-    feature_batches, logit_batches = math.ceil(S / B), math.ceil(n_logits / B)
+    feature_batches, logit_batches = math.ceil(S / B), math.ceil(max_logits / B)
     backward = (feature_batches * B * (L / 2) + logit_batches * B * L) * P * backward_layer
     dots = (feature_batches + logit_batches) * 2 * B * d * (A / 2 + T)
     encode = 4 * P * L * d * W + 4 * P * L * forward_layer  # the transcoders, and four forward passes

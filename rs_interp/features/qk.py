@@ -49,6 +49,7 @@ from .. import _backend
 from .. import _names as N
 from .._backend import Model
 from .._format import Top
+from .._keywords import renamed
 from ..exact.certificate import confirm
 from ..exact.postnorm import attn_frozen, attn_post
 from . import _conventions as C
@@ -192,16 +193,18 @@ class _GraphColumns:
         return torch.cat([rows[:, self.selected], rows[:, n:], rows[:, :n][:, self.unselected].sum(1, keepdim=True)], 1)
 
 
+@renamed(top="k")
 def qk_attributions(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
-                    edges: Sequence[tuple[int, int, int, int]] | None = None, *, top: int = 8) -> tuple[QKAttribution, ...]:
+                    edges: Sequence[tuple[int, int, int, int]] | None = None, *, k: int = 8) -> tuple[QKAttribution, ...]:
     """Each attention score of ``edges`` split into a bilinear table of query-side x key-side sources,
     and the edge's head loadings, in the local replacement model of ``graph`` (module docstring).
 
     Args:
         transcoders: the set the graph was made with.
         graph: an :func:`~rs_interp.features.attribution_graph` of ``model``.
-        edges: ``(layer, head, query position, key position)`` each; default the graph's ``top``
-            attention edges (:func:`top_attention`).
+        edges: ``(layer, head, query position, key position)`` each; default the graph's ``k``
+            top attention edges (:func:`top_attention`).
+        k: how many top attention edges, when ``edges`` is not given.
 
     Raises:
         ValueError: what :func:`~rs_interp.features.attribution_graph` refuses, or a model whose attention
@@ -221,11 +224,11 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
     what = "features.qk_attributions"
     if torch.is_inference_mode_enabled():
         with torch.inference_mode(False):
-            return qk_attributions(model, transcoders, graph, edges, top=top)
+            return qk_attributions(model, transcoders, graph, edges, k=k)
     model, tcs = _prepare(model, transcoders, graph, what)
     cfg, P, L, dt = model.cfg, graph.n_pos, graph.n_layers, model.cfg.dtype
     if edges is None:
-        edges = [e for e, _ in _top_attention(model, tcs, graph, top)]
+        edges = [e for e, _ in _top_attention(model, tcs, graph, k)]
     edges = [tuple(int(x) for x in e) for e in edges]
     for e in edges:
         if len(e) != 4 or not (0 <= e[0] < L and 0 <= e[1] < cfg.n_heads and 0 <= e[3] <= e[2] < P):

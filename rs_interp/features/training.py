@@ -23,6 +23,7 @@ from jaxtyping import Int
 
 from .. import _names as N
 from .._backend import Model
+from .._progress import bar
 from . import _replacement as R
 from .transcoders import Transcoder, TranscoderSet
 
@@ -102,7 +103,7 @@ def train_transcoder(
     seed: int = 0,
     eval_tokens: Int[torch.Tensor, "batch pos"] | None = None,
     input_point: str = "mlp.hook_in",
-    progress: bool = False,
+    progress: bool = True,
 ) -> TrainedTranscoders:
     """Train one transcoder per layer on the model's MLP inputs and outputs over ``tokens`` (module docstring).
 
@@ -146,8 +147,6 @@ def _train(model, tokens, probe, d_transcoder, activation, k, l1, skip, steps, b
     L, d = model.cfg.n_layers, model.cfg.d_model
     xs, ys = _pairs(model, probe, torch.as_tensor(tokens).long())
     n = len(xs[0])
-    from tqdm.auto import tqdm
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         tcs = [_init(Transcoder(d, d_transcoder, activation=activation, k=k, skip=skip), ys[l]) for l in range(L)]
@@ -158,7 +157,7 @@ def _train(model, tokens, probe, d_transcoder, activation, k, l1, skip, steps, b
     gen = torch.Generator().manual_seed(seed + 1)
     curves: list[list[float]] = [[] for _ in range(L)]
     with torch.enable_grad():
-        for step in tqdm(range(steps), desc="transcoders", disable=not progress, leave=False):
+        for step in bar(range(steps), desc="transcoders", enabled=progress, unit="step"):
             idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
             total = 0.0
             for l, tc in enumerate(tcs):

@@ -31,6 +31,7 @@ from jaxtyping import Float
 from transformer_lens import FactoredMatrix
 
 from .._backend import Model, attn_weight
+from .._keywords import renamed, renamed_attribute
 from ..exact.certificate import require
 from ..exact.readout import compute_dtype
 from ..exact.validate import check_head
@@ -42,11 +43,11 @@ Kind = Literal["q", "k", "v"]
 KINDS = ("q", "k", "v")
 
 
-def check_kind(kind: object) -> str:
-    """``kind`` if it is ``"q"``, ``"k"`` or ``"v"``; a ``ValueError`` otherwise (no other spelling)."""
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise ValueError(f"kind must be 'q', 'k' or 'v' (lowercase), got {kind!r}")
-    return kind
+def check_which(which: object) -> str:
+    """``which`` if it is ``"q"``, ``"k"`` or ``"v"``; a ``ValueError`` otherwise (no other spelling)."""
+    if not isinstance(which, str) or which not in KINDS:
+        raise ValueError(f"which must be 'q', 'k' or 'v' (lowercase), got {which!r}")
+    return which
 
 
 @dataclass(frozen=True)
@@ -55,21 +56,22 @@ class CompositionScores:
 
     Attributes:
         scores: (src_layer, src_head, dst_layer, dst_head); NaN where ``src_layer >= dst_layer``.
-        kind: ``"q"``, ``"k"`` or ``"v"``.
+        which: ``"q"``, ``"k"`` or ``"v"``.
         full_circuit: whether ``M`` is the full QK circuit (TransformerLens's variant).
         baseline: the expected score of random Gaussian matrices of the same shapes (with
             ``baseline=True``), else None.
 
     >>> from rs_interp import composition_scores, load_toy_model
     >>> k = composition_scores(load_toy_model("induction-2l"), "k")
-    >>> k.kind, k.full_circuit, tuple(k.scores.shape), bool(k.scores[1].isnan().all())  # no layer after the last
+    >>> k.which, k.full_circuit, tuple(k.scores.shape), bool(k.scores[1].isnan().all())  # no layer after the last
     ('k', False, (2, 2, 2, 2), True)
     """
 
     scores: Float[torch.Tensor, "src_layer src_head dst_layer dst_head"]
-    kind: str
+    which: str
     full_circuit: bool
     baseline: float | None = None
+    kind = renamed_attribute("kind", "which")
 
 
 def _r_factor(w: torch.Tensor) -> torch.Tensor:
@@ -83,21 +85,22 @@ def _left_factors(W_V: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
 
 
 def _right_factors(
-    W_Q: torch.Tensor, W_K: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, kind: Kind, full_circuit: bool
+    W_Q: torch.Tensor, W_K: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, which: Kind, full_circuit: bool
 ) -> torch.Tensor:
     """(layer, head, d_model, k) factors with ``||X F||_F = ||X M||_F`` for any X."""
-    if kind == "v":
+    if which == "v":
         return W_V @ _r_factor(W_O.transpose(-1, -2)).transpose(-1, -2)
     if not full_circuit:
-        return W_K if kind == "k" else W_Q
-    if kind == "k":  # M = W_QK^T = W_K W_Q^T
+        return W_K if which == "k" else W_Q
+    if which == "k":  # M = W_QK^T = W_K W_Q^T
         return W_K @ _r_factor(W_Q).transpose(-1, -2)
     return W_Q @ _r_factor(W_K).transpose(-1, -2)  # M = W_QK = W_Q W_K^T
 
 
+@renamed(kind="which")
 def composition_scores(
     model: Model,
-    kind: Kind,
+    which: Kind,
     *,
     full_circuit: bool = False,
     baseline: bool = False,
@@ -107,7 +110,7 @@ def composition_scores(
 
     Args:
         model: any ``Model`` (toy models, GPT-2 small).
-        kind: ``"q"``, ``"k"`` or ``"v"`` (TransformerLens's ``all_composition_scores`` spells them
+        which: which input of the later head, ``"q"``, ``"k"`` or ``"v"`` (TransformerLens's ``all_composition_scores`` spells them
             ``"Q"``, ``"K"``, ``"V"``; rs_interp accepts lowercase only).
         full_circuit: use ``M = W_QK^T`` (k) / ``W_QK`` (q) as TransformerLens does.
         baseline: also compute the expected score of random Gaussian matrices of the same shapes
@@ -122,8 +125,8 @@ def composition_scores(
     >>> bool((k.scores[0, :, 1, :] > 0).all()), 0.1 < k.baseline < 0.25  # 1/sqrt(32) = 0.18
     (True, True)
     """
-    kind = check_kind(kind)
-    require(model, "composition_scores", also=() if kind == "v" else ("scores",))
+    which = check_which(which)
+    require(model, "composition_scores", also=() if which == "v" else ("scores",))
     L, H = model.cfg.n_layers, model.cfg.n_heads
     with torch.no_grad():
         dt = dtype or compute_dtype(model)  # float32 for half models: QR has no half-precision CPU kernel
@@ -131,7 +134,7 @@ def composition_scores(
             raise ValueError(f"dtype must be float32 or float64 (QR has no {dt} kernel), got {dt}")
         W_Q, W_K, W_V, W_O = (attn_weight(model, n, H).to(dt) for n in ("W_Q", "W_K", "W_V", "W_O"))
         left = _left_factors(W_V, W_O)  # (L, H, d_head, d_model)
-        right = _right_factors(W_Q, W_K, W_V, W_O, kind, full_circuit)  # (L, H, d_model, k)
+        right = _right_factors(W_Q, W_K, W_V, W_O, which, full_circuit)  # (L, H, d_model, k)
         left_norm = left.flatten(-2).norm(dim=-1)  # (L, H)
         right_norm = right.flatten(-2).norm(dim=-1)
         scores = torch.full((L, H, L, H), float("nan"), dtype=dt, device=left.device)
@@ -142,19 +145,20 @@ def composition_scores(
             prod = (lhs @ rhs).reshape(H, d_head, L - src - 1, H, k)
             num = prod.pow(2).sum(dim=(1, 4)).sqrt()  # (H, later, H)
             scores[src, :, src + 1 :, :] = num / left_norm[src][:, None, None] / right_norm[src + 1 :][None]
-    base = random_baseline(model, kind, full_circuit=full_circuit) if baseline else None
-    return CompositionScores(scores=scores, kind=kind, full_circuit=full_circuit, baseline=base)
+    base = random_baseline(model, which, full_circuit=full_circuit) if baseline else None
+    return CompositionScores(scores=scores, which=which, full_circuit=full_circuit, baseline=base)
 
 
+@renamed(kind="which")
 def random_baseline(
-    model: Model, kind: Kind, *, full_circuit: bool = False, n_samples: int = 200, seed: int = 0
+    model: Model, which: Kind, *, full_circuit: bool = False, n_samples: int = 200, seed: int = 0
 ) -> float:
     """Mean composition score of independent standard Gaussian factors of the model's shapes.
 
     Deterministic (seeded) Monte Carlo over ``n_samples`` pairs; for the theory's definition of K
     and Q it is close to ``sqrt(d_head / d_model) / sqrt(d_head) = 1/sqrt(d_model)``.
     """
-    kind = check_kind(kind)
+    which = check_which(which)
     d_model, d_head = model.cfg.d_model, model.cfg.d_head
     g = torch.Generator().manual_seed(seed)
 
@@ -163,7 +167,7 @@ def random_baseline(
 
     W_V, W_O = randn(n_samples, d_model, d_head), randn(n_samples, d_head, d_model)
     ov = W_V @ W_O
-    if kind == "v":
+    if which == "v":
         m = randn(n_samples, d_model, d_head) @ randn(n_samples, d_head, d_model)
     elif full_circuit:
         m = randn(n_samples, d_model, d_head) @ randn(n_samples, d_head, d_model)
@@ -173,16 +177,17 @@ def random_baseline(
     return float((fro(ov @ m) / fro(ov) / fro(m)).mean())
 
 
-def _circuit(model: Model, layer: int, head: int, kind: Kind) -> torch.Tensor | FactoredMatrix:
+def _circuit(model: Model, layer: int, head: int, which: Kind) -> torch.Tensor | FactoredMatrix:
     """The later head's matrix ``M`` of Definition 4: ``W_K`` (k), ``W_Q`` (q) or ``W_OV`` (v)."""
-    if kind == "k":
+    if which == "k":
         return attn_weight(model, "W_K", model.cfg.n_heads)[layer, head]
-    if kind == "q":
+    if which == "q":
         return model.W_Q[layer, head]
     return FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[layer, head], model.W_O[layer, head])
 
 
-def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> FactoredMatrix:
+@renamed(kind="which")
+def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], which: Kind) -> FactoredMatrix:
     """The virtual weight ``W_OV^src M^dst`` between two heads as a low-rank ``FactoredMatrix``.
 
     ``W_OV^src = W_V W_O`` has rank at most ``d_head`` (Definition 4), so the product does too: it
@@ -197,17 +202,18 @@ def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kin
     (ls, hs), (ld, hd) = check_head(model, *src, name="src"), check_head(model, *dst, name="dst")
     if ls >= ld:
         raise ValueError(f"src layer {ls} must come before dst layer {ld}")
-    kind = check_kind(kind)
-    require(model, "virtual_weight", also=() if kind == "v" else ("scores",))
+    which = check_which(which)
+    require(model, "virtual_weight", also=() if which == "v" else ("scores",))
     with torch.no_grad():
-        return FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[ls, hs], model.W_O[ls, hs]) @ _circuit(model, ld, hd, kind)
+        return FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[ls, hs], model.W_O[ls, hs]) @ _circuit(model, ld, hd, which)
 
 
-def score_from_virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> float:
+@renamed(kind="which")
+def score_from_virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], which: Kind) -> float:
     """Definition 4's composition score, ``||W_OV^src M|| / (||W_OV^src|| ||M||)``, from the virtual weight."""
-    kind = check_kind(kind)
+    which = check_which(which)
     with torch.no_grad():
         ov = FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[src], model.W_O[src])
-        m = _circuit(model, *dst, kind)
+        m = _circuit(model, *dst, which)
         m_norm = m.norm() if isinstance(m, FactoredMatrix) else m.norm()
-        return float(virtual_weight(model, src, dst, kind).norm() / (ov.norm() * m_norm))
+        return float(virtual_weight(model, src, dst, which).norm() / (ov.norm() * m_norm))

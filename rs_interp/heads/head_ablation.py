@@ -19,7 +19,7 @@ residual stream before layer ``l`` is the clean run's, cached once, so each pass
 >>> from rs_interp import load_toy_model, induction_batch, next_token_loss
 >>> model, batch = load_toy_model("induction-2l"), induction_batch(8, seed=0)
 >>> scan = head_ablation_scan(model, batch.tokens, next_token_loss(batch.targets))
->>> tuple(scan.effect.shape), scan.method, scan.top(1)[0][0]
+>>> tuple(scan.effect.shape), scan.ablation, scan.top(1)[0][0]
 ((2, 2), 'zero', 'L0H0')
 """
 
@@ -33,7 +33,8 @@ from jaxtyping import Float, Int
 
 from .. import _names as N
 from .._backend import Model, logit_softcap, run_from
-from .._budget import stacked_copies
+from .._budget import MEMORY_BUDGET, stacked_copies
+from .._keywords import renamed, renamed_attribute
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -55,12 +56,12 @@ class HeadAblationScan:
             ``ablated - clean``.
         clean: the metric of the clean run.
         ablated: (layer, head) the metric with that one head ablated.
-        method: ``"zero"``, ``"mean"``, ``"position_mean"`` or ``"resample"``.
+        ablation: ``"zero"``, ``"mean"``, ``"position_mean"`` or ``"resample"``.
         labels: ``"L{l}H{h}"`` per head, row-major (:func:`rs_interp.head_labels`).
 
     >>> from rs_interp import induction_batch, load_toy_model, next_token_loss
     >>> batch = induction_batch(16, seed=1)
-    >>> scan = head_ablation_scan(load_toy_model("induction-2l"), batch.tokens, next_token_loss(batch.targets), method="mean")
+    >>> scan = head_ablation_scan(load_toy_model("induction-2l"), batch.tokens, next_token_loss(batch.targets), ablation="mean")
     >>> bool(torch.allclose(scan.effect, scan.ablated - scan.clean)), scan.labels
     (True, ('L0H0', 'L0H1', 'L1H0', 'L1H1'))
     """
@@ -68,38 +69,41 @@ class HeadAblationScan:
     effect: Float[torch.Tensor, "layer head"]
     clean: float
     ablated: Float[torch.Tensor, "layer head"]
-    method: str
+    ablation: str
     labels: tuple[str, ...]
+
+    method = renamed_attribute("method", "ablation")
 
     def top(self, k: int = 5) -> list[tuple[str, float]]:
         """The ``k`` heads whose ablation moves the metric most (largest ``|effect|``), with their effect."""
         return top_effects(self.labels, self.effect, k)
 
 
-def _reference_z(model: Model, reference: torch.Tensor, method: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
+def _reference_z(model: Model, reference: torch.Tensor, ablation: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
     """Per layer, what ablated heads output: the mean (head, d_head), the per-position mean (pos, head,
     d_head) or the reference z (batch, pos, head, d_head)."""
-    if method == "zero":
+    if ablation == "zero":
         return {}
     box: dict[str, torch.Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=[(N.z(l), store(box, str(l))) for l in layers]):
         model(reference, return_type=None)
-    reduce = {"mean": lambda z: z.mean(dim=(0, 1)), "position_mean": lambda z: z.mean(dim=0)}.get(method, lambda z: z)
+    reduce = {"mean": lambda z: z.mean(dim=(0, 1)), "position_mean": lambda z: z.mean(dim=0)}.get(ablation, lambda z: z)
     return {l: reduce(box[str(l)]) for l in layers}
 
 
-def _hook(method: str, value: torch.Tensor | None, head_indices: Sequence[int]) -> Callable:
-    if method == "zero":
+def _hook(ablation: str, value: torch.Tensor | None, head_indices: Sequence[int]) -> Callable:
+    if ablation == "zero":
         return zero_heads(head_indices)
-    return mean_heads(value, head_indices) if method in ("mean", "position_mean") else resample_heads(value, head_indices)
+    return mean_heads(value, head_indices) if ablation in ("mean", "position_mean") else resample_heads(value, head_indices)
 
 
+@renamed(method="ablation")
 def ablate_heads(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     heads: Sequence[tuple[int, int]],
     *,
-    method: Ablation = "zero",
+    ablation: Ablation = "zero",
     reference: Int[torch.Tensor, "batch pos"] | None = None,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Logits with ``heads`` ablated together (see the module docstring for the methods).
@@ -108,23 +112,23 @@ def ablate_heads(
         model: any ``Model``.
         tokens: (batch, pos) token ids.
         heads: ``(layer, head)`` pairs (a bare pair is one head; a head named twice is refused).
-        method: ``"zero"``, ``"mean"`` (mean over batch and positions of ``reference``, default
+        ablation: ``"zero"``, ``"mean"`` (mean over batch and positions of ``reference``, default
             ``tokens``), ``"position_mean"`` (mean over the batch at each position) or
             ``"resample"`` (``z`` from the run on ``reference``, same shape, index for index).
         reference: the reference tokens.
 
     >>> from rs_interp import load_toy_model, induction_batch
     >>> model, b = load_toy_model(), induction_batch(4, seed=0)
-    >>> tuple(ablate_heads(model, b.tokens, [(0, 0)], method="mean").shape)
+    >>> tuple(ablate_heads(model, b.tokens, [(0, 0)], ablation="mean").shape)
     (4, 48, 256)
     """
-    tokens, ref = check_ablation(model, tokens, method, reference, "ablate_heads")
+    tokens, ref = check_ablation(model, tokens, ablation, reference, "ablate_heads")
     pairs = check_heads(model, heads, "heads", allow_empty=False)
     require(model, "ablate_heads")
     layers = sorted({l for l, _ in pairs})
     with preserve_state(model), torch.no_grad():
-        values = _reference_z(model, ref, method, layers)
-        fwd = [(N.z(l), _hook(method, values.get(l), [h for ll, h in pairs if ll == l])) for l in layers]
+        values = _reference_z(model, ref, ablation, layers)
+        fwd = [(N.z(l), _hook(ablation, values.get(l), [h for ll, h in pairs if ll == l])) for l in layers]
         with model.hooks(fwd_hooks=fwd):
             return model(tokens, return_type="logits")
 
@@ -143,15 +147,16 @@ def _logits(model: Model, x: torch.Tensor, start: int | None, spe: torch.Tensor 
     return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
+@renamed(method="ablation")
 def head_ablation_scan(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     metric: Metric,
     *,
-    method: Ablation = "zero",
+    ablation: Ablation = "zero",
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     positions: Sequence[int] | None = None,
-    memory_budget: int = 2**30,
+    memory_budget: int = MEMORY_BUDGET,
     progress: bool = True,
 ) -> HeadAblationScan:
     """The effect on ``metric`` of ablating each head in turn (and the clean and ablated metric).
@@ -164,7 +169,7 @@ def head_ablation_scan(
     Args:
         metric: a :data:`rs_interp.Metric`, a function of the logits (batch, pos, d_vocab)
             returning a scalar tensor, e.g. :func:`rs_interp.next_token_loss`.
-        method, reference: as in :func:`ablate_heads`.
+        ablation, reference: as in :func:`ablate_heads`.
         positions: the positions ``metric`` reads; then the logits are computed there only and
             ``metric`` receives (batch, len(positions), d_vocab). At GPT-2 scale the unembedding
             costs as much as five blocks, so a metric of the last position runs about twice as fast.
@@ -173,11 +178,11 @@ def head_ablation_scan(
 
     >>> from rs_interp import find_prev_token_head, head_label, induction_batch, load_toy_model, next_token_loss
     >>> model, batch = load_toy_model("induction-2l"), induction_batch(50, seed=1)
-    >>> scan = head_ablation_scan(model, batch.tokens, next_token_loss(batch.targets), method="mean")
+    >>> scan = head_ablation_scan(model, batch.tokens, next_token_loss(batch.targets), ablation="mean")
     >>> scan.top(1)[0][0] == head_label(*find_prev_token_head(model, batch.tokens))  # the costliest head
     True
     """
-    tokens, ref = check_ablation(model, tokens, method, reference, "head_ablation_scan")
+    tokens, ref = check_ablation(model, tokens, ablation, reference, "head_ablation_scan")
     check_int_range("memory_budget", memory_budget, 1)
     pos = None if positions is None else check_positions(positions, tokens.shape[1])
     cert = require(model, "head_ablation_scan", also=() if pos is None else ("readout", "stop at layer"))
@@ -195,7 +200,7 @@ def head_ablation_scan(
     per_pass = min(n_heads, stacked_copies(model, B, P, memory_budget, logit_positions=None if pos is None else len(pos)))
     per_pass = per_pass if cert.holds("rows") else 1
     with preserve_state(model), torch.no_grad():
-        refs = _reference_z(model, ref, method, range(L))
+        refs = _reference_z(model, ref, ablation, range(L))
         with model.hooks(fwd_hooks=store_matching(box, model, names)):
             clean = metric_value(metric(_logits(model, tokens, None, None, pos)), "clean run")
         spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
@@ -205,18 +210,18 @@ def head_ablation_scan(
             # replica i ablates head group[i]
             resid = box[N.resid_pre(l)].repeat(k, 1, 1) if from_layer else tokens.repeat(k, 1)
             value = refs.get(l)
-            if method == "resample":
+            if ablation == "resample":
                 value = value.repeat(k, 1, 1, 1)
 
             def ablate(z: torch.Tensor, *, hook, group=group, value=value) -> torch.Tensor:
                 out = z.clone()
                 for i, h in enumerate(group):
                     rows = slice(i * B, (i + 1) * B)
-                    if method == "zero":
+                    if ablation == "zero":
                         out[rows, :, h] = 0
-                    elif method == "mean":
+                    elif ablation == "mean":
                         out[rows, :, h] = value[h].to(z.dtype)
-                    elif method == "position_mean":
+                    elif ablation == "position_mean":
                         out[rows, :, h] = value[:, h].to(z.dtype)
                     else:
                         out[rows, :, h] = value[rows, :, h].to(z.dtype)
@@ -226,4 +231,4 @@ def head_ablation_scan(
                 logits = _logits(model, resid, l if from_layer else None, None if spe is None or not from_layer else spe.repeat(k, 1, 1), pos)
             for i, h in enumerate(group):
                 values[l, h] = metric_value(metric(logits[i * B : (i + 1) * B]), f"head ({l}, {h})")
-    return HeadAblationScan(effect=values - clean, clean=clean, ablated=values, method=method, labels=head_labels(L, n_heads))
+    return HeadAblationScan(effect=values - clean, clean=clean, ablated=values, ablation=ablation, labels=head_labels(L, n_heads))

@@ -34,6 +34,7 @@ from jaxtyping import Bool, Float, Int
 from .._backend import Model, bias_parameters
 from .._format import short
 from .._lazy import attach
+from .._keywords import renamed
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.readout import d_vocab_out
@@ -139,13 +140,16 @@ def score_logits(logits: Float[torch.Tensor, "batch pos d_vocab"], targets: Int[
     return Score(loss=float(loss) / n, accuracy=int(correct) / n, n_scored=n)
 
 
+@renamed(chunk_size="batch_chunk")
 def score_model(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, targets: Int[torch.Tensor, "batch pos"],
-                chunk_size: int = 250) -> Score:
+                batch_chunk: int = 250) -> Score:
     """Loss and accuracy of ``model`` on ``tokens`` at the positions with a target (``targets``: the
     next token, -1 = skip; an induction batch's ``targets`` scores the second period): the
     :class:`Score` of the model's own logits, ``score_logits(model(tokens), targets)`` run
-    ``chunk_size`` sequences at a time. (Named ``evaluate`` before issue 51; that name, beside
+    ``batch_chunk`` sequences at a time. (Named ``evaluate`` before issue 51; that name, beside
     ``evaluate_circuit``, said neither what is computed nor of what; it still works, with a warning.)
+
+    ``batch_chunk``: sequences per forward pass (as :func:`rs_interp.logit_lens`'s).
 
     Uniform guessing costs ``ln 256 = 5.545`` nats.
 
@@ -153,14 +157,14 @@ def score_model(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, targets
     >>> score_model(make_attn_only(1), batch.tokens, targets=batch.targets).loss > 5.0
     True
     """
-    check_int_range("chunk_size", chunk_size, 1)
+    check_int_range("batch_chunk", batch_chunk, 1)
     tokens = check_tokens(model, tokens)
     targets = check_targets(targets, tokens, d_vocab_out(model))
     total_loss, total_correct, n = 0.0, 0, 0
     with preserve_state(model), torch.no_grad():
-        for start in range(0, tokens.shape[0], chunk_size):
-            logits = model(tokens[start : start + chunk_size], return_type="logits")
-            loss, correct, k = _scored(logits, targets[start : start + chunk_size])
+        for start in range(0, tokens.shape[0], batch_chunk):
+            logits = model(tokens[start : start + batch_chunk], return_type="logits")
+            loss, correct, k = _scored(logits, targets[start : start + batch_chunk])
             total_loss, total_correct, n = total_loss + float(loss), total_correct + int(correct), n + k
     if n == 0:
         raise ValueError("targets has no position to score (every entry is -1)")

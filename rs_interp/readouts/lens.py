@@ -27,6 +27,8 @@ from jaxtyping import Int
 
 from .. import _names as N
 from .._backend import Model, logit_softcap, run_from
+from .._budget import MEMORY_BUDGET
+from .._keywords import renamed
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.readout import compute_dtype, d_vocab_out, final_norm_of, unembed_bias
@@ -46,8 +48,8 @@ class LogitLensReadings:
             0's attention, with ``sublayers=True``), ...
         target_probs: (point, batch, pos) probability of ``targets`` (NaN where a target is -1),
             or None without targets.
-        top_tokens: (point, batch, pos, top_k) most probable token ids.
-        top_probs: (point, batch, pos, top_k) their probabilities.
+        top_tokens: (point, batch, pos, k) most probable token ids.
+        top_probs: (point, batch, pos, k) their probabilities.
         entropy: (point, batch, pos) entropy in nats.
         log_probs: (point, batch, pos, d_vocab) full log-distributions, only with ``full=True``.
 
@@ -137,18 +139,19 @@ def _batch_chunk(model: Model, P: int, n_points: int, memory_budget: int) -> int
     return max(1, memory_budget // per_seq)
 
 
+@renamed(top_k="k")
 def logit_lens(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     targets: Int[torch.Tensor, "batch pos"] | None = None,
-    top_k: int = 5,
+    k: int = 5,
     sublayers: bool = False,
     full: bool = False,
     batch_chunk: int | None = None,
     row_chunk: int = 1024,
     vocab_tile: int = 4096,
-    memory_budget: int = 2**28,
+    memory_budget: int = MEMORY_BUDGET,
 ) -> LogitLensReadings:
     """Decode the residual stream at every reading point (see the module docstring).
 
@@ -157,7 +160,7 @@ def logit_lens(
         tokens: (batch, pos) token ids.
         targets: optional (batch, pos) token ids whose probability to report; -1 marks a
             position to skip (its probability is NaN), e.g. the last position for next tokens.
-        top_k: how many top tokens to keep per reading.
+        k: how many top tokens to keep per reading (as ``.top(k)``).
         sublayers: also read after each attention sublayer (models with MLPs).
         full: also return every full log-distribution (memory: point x batch x pos x d_vocab).
         batch_chunk, row_chunk: sequences per forward pass (default: as many as ``memory_budget``
@@ -173,7 +176,7 @@ def logit_lens(
         >>> from rs_interp import load_toy_model, induction_batch
         >>> model = load_toy_model("induction-2l")
         >>> a, b = induction_batch(4, seed=0).tokens, induction_batch(4, seed=1).tokens
-        >>> lens = logit_lens(model, a, targets=b, top_k=3)
+        >>> lens = logit_lens(model, a, targets=b, k=3)
         >>> lens.labels[0], tuple(lens.top_tokens.shape)[-1]
         ('embed', 3)
     """
@@ -181,7 +184,7 @@ def logit_lens(
     cert = require(model, "logit_lens")
     cap = logit_softcap(model)
     V = d_vocab_out(model)
-    check_int_range("top_k", top_k, 1, V)
+    check_int_range("k", k, 1, V)
     check_int_range("memory_budget", memory_budget, 1)
     if batch_chunk is None:
         batch_chunk = _batch_chunk(model, tokens.shape[1], len(reading_points(model, sublayers)), memory_budget)
@@ -196,8 +199,8 @@ def logit_lens(
     B, P = tokens.shape
     n_pts = len(points)
     dt = compute_dtype(model)  # float32 for half-precision models: softmax and entropy need the range
-    top_tokens = torch.empty(n_pts, B, P, top_k, dtype=torch.long)
-    top_probs = torch.empty(n_pts, B, P, top_k, dtype=dt)
+    top_tokens = torch.empty(n_pts, B, P, k, dtype=torch.long)
+    top_probs = torch.empty(n_pts, B, P, k, dtype=dt)
     entropy = torch.empty(n_pts, B, P, dtype=dt)
     target_probs = None if targets is None else torch.full((n_pts, B, P), float("nan"), dtype=dt)
     log_probs = torch.empty(n_pts, B, P, V, dtype=dt) if full else None
@@ -224,12 +227,12 @@ def logit_lens(
                 x = flat[r0 : r0 + row_chunk]
                 t = None if targets is None else targets[bb, pp]
                 if log_probs is None:
-                    tp, tt, ent, tgt = _read_tiled(x, W_U, b_U if has_bias else None, top_k, t, vocab_tile, cap)
+                    tp, tt, ent, tgt = _read_tiled(x, W_U, b_U if has_bias else None, k, t, vocab_tile, cap)
                 else:
                     lp = torch.addmm(b_U, x, W_U) if has_bias else x @ W_U
                     lp = (lp if cap is None else cap * torch.tanh(lp / cap)).log_softmax(-1)
                     log_probs[ii, bb, pp] = lp.cpu()
-                    (tp, tt), ent = lp.topk(top_k, dim=-1), -(lp.exp() * lp).sum(-1)
+                    (tp, tt), ent = lp.topk(k, dim=-1), -(lp.exp() * lp).sum(-1)
                     tp = tp.exp()
                     tgt = None if t is None else lp.gather(-1, t.clamp(min=0)[:, None])[:, 0].exp()
                 top_probs[ii, bb, pp], top_tokens[ii, bb, pp] = tp.cpu(), tt.cpu()

@@ -40,6 +40,7 @@ from jaxtyping import Float, Int
 
 from .. import _names as N
 from .._backend import Model, attn_weight, model_source, pre_norm
+from .._budget import MEMORY_BUDGET
 from .._state import preserve_state
 from ..exact.certificate import confirm, require
 from ..exact.postnorm import attn_frozen, attn_post, frozen_heads
@@ -100,7 +101,7 @@ def second_order_attribution(
     targets: Int[torch.Tensor, "batch pos"],
     contrast: Int[torch.Tensor, "batch pos"] | None = None,
     positions: Sequence[int] | None = None,
-    memory_budget: int = 2**28,
+    memory_budget: int = MEMORY_BUDGET,
 ) -> SecondOrderAttribution:
     """Split every head's direct logit attribution over its upstream sources (module docstring).
 

@@ -87,7 +87,7 @@ def analyse_gpt2(
         answer_id = int(answer_ids[0])
         targets = torch.full_like(tokens, -1)
         targets[0, -1] = answer_id
-        lens = logit_lens(model, tokens, targets=targets, top_k=1)
+        lens = logit_lens(model, tokens, targets=targets, k=1)
         out.update(prompt=prompt, prompt_answer=answer, lens_labels=lens.labels,
                    lens_p_answer=tuple(float(p) for p in lens.target_probs[:, 0, -1]),
                    final_top_token=model.tokenizer.decode([int(lens.top_tokens[-1, 0, -1, 0])]))

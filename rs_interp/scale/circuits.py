@@ -25,8 +25,8 @@ whole-batch estimates), ``per_example`` (one share per pair: as large as the dat
 >>> from rs_interp import scale
 >>> from rs_interp.tasks import induction_task
 >>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
->>> scan = scale.head_ablation_scan(model, task, batch_size=2, method="resample", progress=False)
->>> one = ri.head_ablation_scan(model, task.clean, task.metric(), method="resample", reference=task.corrupted)
+>>> scan = scale.head_ablation_scan(model, task, batch_size=2, ablation="resample", progress=False)
+>>> one = ri.head_ablation_scan(model, task.clean, task.metric(), ablation="resample", reference=task.corrupted)
 >>> abs(scan.clean - one.clean) < 1e-5, bool(torch.allclose(scan.effect, one.effect, atol=1e-5))
 (True, True)
 """
@@ -41,6 +41,7 @@ import torch
 
 from .. import circuits as _c
 from .._backend import Model
+from .._keywords import renamed
 from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, _mib_counts
 from ..circuits.selection import circuit_at, mib_weights, prune
 from ..exact.certificate import require
@@ -57,9 +58,9 @@ _ROW_COUPLED = ("mean", "position_mean")
 _STREAM = ("batch_size", "resume", "save_every", "progress", "kind")
 
 
-def _rowwise(method: str, helper: str) -> None:
-    if method in _ROW_COUPLED:
-        raise ValueError(f"{helper}: method={method!r} ablates with the reference's mean over the whole batch; batch by batch "
+def _rowwise(ablation: str, helper: str) -> None:
+    if ablation in _ROW_COUPLED:
+        raise ValueError(f"{helper}: ablation={ablation!r} ablates with the reference's mean over the whole batch; batch by batch "
                          "that is each batch's own mean, not the dataset's, so no sum over batches gives one call's result. "
                          f"Use 'resample' or 'zero', or call rs_interp.{helper} on the whole dataset at once")
 
@@ -86,6 +87,7 @@ def _metric_analysis(name: str, helper: Any, rule: tuple, options: dict, **fixed
     return Analysis(name, run, lambda r, b: parts(r, b.weight), build, {**options, **fixed_kw})
 
 
+@renamed(nodes="which")
 def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.AttributionPatching:
     """:func:`rs_interp.attribution_patching` over a dataset: the result of one call on every pair.
 
@@ -93,7 +95,7 @@ def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.Attr
         data: a :class:`rs_interp.tasks.Task` (its corrupted prompts the reference run) or an iterable
             of :class:`rs_interp.scale.Batch`.
         **options: ``batch_size``, ``resume``, ``save_every``, ``progress``, ``kind`` (:func:`rs_interp.scale.stream`);
-            the rest (``ig_steps``, ``ig_rule``, ``nodes``, ``qk_fix``, ``correction`` ...) pass to the helper.
+            the rest (``ig_steps``, ``ig_rule``, ``which``, ``qk_fix``, ``correction`` ...) pass to the helper.
 
     Raises:
         ValueError: ``grad_drop=True`` (a sum of magnitudes of whole-batch estimates: not a sum over
@@ -103,7 +105,7 @@ def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.Attr
     run_kw, options = _split(options, "attribution_patching")
     _estimate_options(options, "attribution_patching")
     rule = weighted(_c.AttributionPatching, mean=("effect", "effect_per_position", "clean", "first_order"),
-                    same=("labels", "ig_steps", "ig_rule", "nodes", "qk_fix", "grad_drop", "correction"))
+                    same=("labels", "ig_steps", "ig_rule", "which", "qk_fix", "grad_drop", "correction"))
     return stream(_metric_analysis("attribution patching", _c.attribution_patching, rule, options), model, data, **run_kw)
 
 
@@ -127,18 +129,19 @@ def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c
     return stream(_metric_analysis("edge attribution patching", _c.edge_attribution_patching, rule, options), model, data, **run_kw)
 
 
-def head_ablation_scan(model: Model, data: Dataset, *, method: str = "zero", **options: Any) -> _h.HeadAblationScan:
+@renamed(method="ablation")
+def head_ablation_scan(model: Model, data: Dataset, *, ablation: str = "zero", **options: Any) -> _h.HeadAblationScan:
     """:func:`rs_interp.head_ablation_scan` over a dataset (``"zero"`` or ``"resample"``, the reference
     run the batch's); arguments as :func:`attribution_patching`.
 
     Raises:
-        ValueError: ``method="mean"`` or ``"position_mean"`` (module docstring).
+        ValueError: ``ablation="mean"`` or ``"position_mean"`` (module docstring).
     """
     require(model, "scale.head_ablation_scan")
-    _rowwise(method, "head_ablation_scan")
+    _rowwise(ablation, "head_ablation_scan")
     run_kw, options = _split(options, "head_ablation_scan")
-    rule = weighted(_h.HeadAblationScan, mean=("effect", "clean", "ablated"), same=("method", "labels"))
-    analysis = _metric_analysis("head ablation scan", _h.head_ablation_scan, rule, options, method=method)
+    rule = weighted(_h.HeadAblationScan, mean=("effect", "clean", "ablated"), same=("ablation", "labels"))
+    analysis = _metric_analysis("head ablation scan", _h.head_ablation_scan, rule, options, ablation=ablation)
     return stream(analysis, model, data, **run_kw)
 
 
@@ -151,24 +154,25 @@ def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatchin
     return stream(_metric_analysis("path patching", _c.path_patching, rule, options), model, data, **run_kw)
 
 
-def evaluate_circuit(model: Model, data: Dataset, circuit: Iterable[tuple[str, str]], *, method: str = "resample", **options: Any) -> float:
+@renamed(method="ablation")
+def evaluate_circuit(model: Model, data: Dataset, circuit: Iterable[tuple[str, str]], *, ablation: str = "resample", **options: Any) -> float:
     """:func:`rs_interp.evaluate_circuit` over a dataset: the metric with every edge outside ``circuit``
     ablated; arguments as :func:`attribution_patching`."""
     require(model, "scale.evaluate_circuit")
-    _rowwise(method, "evaluate_circuit")
+    _rowwise(ablation, "evaluate_circuit")
     run_kw, options = _split(options, "evaluate_circuit")
     circuit = [tuple(e) for e in circuit]
 
     def run(model: Any, batch: Any) -> float:
         weight_of(batch, "evaluate_circuit")
-        return _c.evaluate_circuit(model, batch.tokens, batch.metric, circuit, reference=batch.reference, method=method, **options,
+        return _c.evaluate_circuit(model, batch.tokens, batch.metric, circuit, reference=batch.reference, ablation=ablation, **options,
                                    **quiet(_c.evaluate_circuit))
 
     def parts(value: float, batch: Any) -> tuple[dict, dict]:
         return {"value": batch.weight * torch.tensor(value, dtype=torch.float64), "weight": torch.tensor(batch.weight, dtype=torch.float64)}, {}
 
     build = lambda totals, fixed, model: float(totals["value"] / totals["weight"])  # noqa: E731
-    return stream(Analysis("circuit", run, parts, build, {"circuit": circuit, "method": method, **options}), model, data, **run_kw)
+    return stream(Analysis("circuit", run, parts, build, {"circuit": circuit, "ablation": ablation, **options}), model, data, **run_kw)
 
 
 def _area(x: Sequence[float], y: Sequence[float]) -> float:
@@ -197,15 +201,15 @@ def _curve_on(model: Any, batch: Any, scores: Any, options: dict) -> Faithfulnes
         return _c.faithfulness_curve(model, batch.tokens, batch.metric, scores, reference=batch.reference, **options,
                                      **quiet(_c.faithfulness_curve))
     except ValueError as err:
-        if "faithfulness is undefined" not in str(err) or set(options) - {"fractions", "ranking", "method", "pruned", "higher_is_better"}:
+        if "faithfulness is undefined" not in str(err) or set(options) - {"fractions", "ranking", "ablation", "pruned", "higher_is_better"}:
             raise
     fr = tuple(float(f) for f in options.get("fractions", MIB_FRACTIONS))
-    ranking, method = options.get("ranking", "absolute"), options.get("method", "resample")
+    ranking, ablation = options.get("ranking", "absolute"), options.get("ablation", "resample")
     layout, weights = scores.layout, mib_weights(scores.layout)
     chosen = [circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=options.get("higher_is_better", False))
               for f in fr]
     keeps = [prune(layout, k) if options.get("pruned", True) else k for k in chosen]
-    kw = dict(reference=batch.reference, method=method)
+    kw = dict(reference=batch.reference, ablation=ablation)
     with warnings.catch_warnings():  # a dangling circuit: faithfulness_curve evaluates it without a warning
         warnings.simplefilter("ignore")
         values = [_c.evaluate_circuit(model, batch.tokens, batch.metric, _edges(layout, k), **kw) for k in keeps]
@@ -234,17 +238,18 @@ def _check_scores(model: Any, scores: Any) -> None:
         raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
 
 
+@renamed(method="ablation")
 def faithfulness_curve(model: Model, data: Dataset, scores: _c.EdgeEffects, **options: Any) -> FaithfulnessCurve:
     """:func:`rs_interp.faithfulness_curve` over a dataset: the circuits chosen once from ``scores``
     (the dataset's), each circuit's metric, the clean and the empty one summed over the batches,
     then the faithfulness and the areas from the totals. Arguments as :func:`attribution_patching`.
 
     Raises:
-        ValueError: ``method="mean"``/``"position_mean"``; the clean run and the empty circuit giving
+        ValueError: ``ablation="mean"``/``"position_mean"``; the clean run and the empty circuit giving
             the same metric over the dataset (faithfulness undefined).
     """
     require(model, "scale.faithfulness_curve")
-    _rowwise(options.get("method", "resample"), "faithfulness_curve")
+    _rowwise(options.get("ablation", "resample"), "faithfulness_curve")
     _check_scores(model, scores)
     run_kw, options = _split(options, "faithfulness_curve")
     parts, build = _CURVE
@@ -257,16 +262,17 @@ def faithfulness_curve(model: Model, data: Dataset, scores: _c.EdgeEffects, **op
     return stream(analysis, model, data, **run_kw)
 
 
+@renamed(method="ablation")
 def mib_scores(model: Model, data: Dataset, scores: _c.EdgeEffects, *, fractions: Sequence[float] = MIB_FRACTIONS,
-               method: str = "resample", **options: Any) -> MIBScores:
+               ablation: str = "resample", **options: Any) -> MIBScores:
     """:func:`rs_interp.mib_scores` over a dataset: both curves (signed and absolute ranking) in one
     pass over the batches. Arguments as :func:`attribution_patching`."""
     require(model, "scale.mib_scores")
-    _rowwise(method, "mib_scores")
+    _rowwise(ablation, "mib_scores")
     _check_scores(model, scores)
     run_kw, options = _split(options, "mib_scores")
     parts, build = _CURVE
-    kw = {"fractions": fractions, "method": method, **options}
+    kw = {"fractions": fractions, "ablation": ablation, **options}
 
     def run(model: Any, batch: Any) -> tuple[FaithfulnessCurve, FaithfulnessCurve]:
         weight_of(batch, "mib_scores")

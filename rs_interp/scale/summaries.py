@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Float
 
 from .._backend import Model
+from .._keywords import renamed
 from ..exact.certificate import require
 from ..metrics import top_effects
 from ..readouts.attribution import direct_logit_attribution as _dla
@@ -172,6 +173,7 @@ def direct_logit_attribution(model: Model, data: Dataset, **options: Any) -> DLA
     return stream(Analysis("direct logit attribution", run, parts, build, {}), model, data, **run_kw)
 
 
+@renamed(top_k="k")
 def logit_lens(model: Model, data: Dataset, **options: Any) -> LensSummary:
     """:func:`rs_interp.logit_lens` over a dataset, summarised (module docstring); the targets are a
     Task's answers at the read positions, or each Batch's ``targets`` (none: entropy only).
@@ -187,7 +189,7 @@ def logit_lens(model: Model, data: Dataset, **options: Any) -> LensSummary:
 
     def run(model: Any, batch: Any) -> tuple[Any, Any]:
         targets, _ = _targets(batch, False)
-        return _lens(model, batch.tokens, targets=targets, **{"top_k": 1, **options}, **quiet(_lens)), targets
+        return _lens(model, batch.tokens, targets=targets, **{"k": 1, **options}, **quiet(_lens)), targets
 
     def parts(out: tuple, batch: Any) -> tuple[dict, dict]:
         r, targets = out

@@ -150,7 +150,7 @@ def weighted(cls: type, *, mean: Sequence[str], same: Sequence[str] = (), derive
 
     Example:
         >>> from rs_interp import HeadAblationScan
-        >>> parts, build = weighted(HeadAblationScan, mean=("effect", "clean", "ablated"), same=("method", "labels"))
+        >>> parts, build = weighted(HeadAblationScan, mean=("effect", "clean", "ablated"), same=("ablation", "labels"))
         >>> r = HeadAblationScan(torch.ones(1, 1), 2.0, torch.ones(1, 1), "zero", ("L0H0",))
         >>> s = Sums()
         >>> s.add(*parts(r, 3.0))

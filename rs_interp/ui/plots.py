@@ -140,7 +140,7 @@ def composition_heatmaps(results) -> go.Figure:
         results = [results]
     if not results:
         raise ValueError("results is empty; pass at least one CompositionScores")
-    by_kind = {r.kind: r for r in results}
+    by_kind = {r.which: r for r in results}
     kinds = list(by_kind)
     L, H = results[0].scores.shape[:2]
     fig = make_subplots(rows=1, cols=len(kinds), horizontal_spacing=0.1, subplot_titles=kinds)
@@ -271,8 +271,8 @@ def head_scan_figure(values, *, title: str | None = None, colorbar: str = "effec
         kind = type(result).__name__
         if hasattr(result, "effect"):
             values = result.effect
-            method = getattr(result, "method", None)
-            default = ("Head ablation scan" + (f" ({method})" if method else "") + ": change of the metric"
+            ablation = getattr(result, "ablation", None)
+            default = ("Head ablation scan" + (f" ({ablation})" if ablation else "") + ": change of the metric"
                        if kind == "HeadAblationScan" else f"{kind}: estimated change of the metric")
         elif hasattr(result, "induction"):
             values, default, symmetric, colorbar = result.induction, "Induction scores: weight on i - p + 1", False, "weight"
@@ -329,7 +329,7 @@ def estimate_vs_exact_figure(labels, exact=None, estimate: Sequence[float] | Non
     >>> m, a, b = ri.load_toy_model(), ri.induction_batch(4, seed=0), ri.induction_batch(4, seed=1)
     >>> metric = ri.next_token_loss(a.targets)
     >>> atp = ri.attribution_patching(m, a.tokens, metric, reference=b.tokens)
-    >>> scan = ri.head_ablation_scan(m, a.tokens, metric, method="resample", reference=b.tokens)
+    >>> scan = ri.head_ablation_scan(m, a.tokens, metric, ablation="resample", reference=b.tokens)
     >>> len(estimate_vs_exact_figure(atp, scan).data[1].x)
     4
     """

@@ -37,8 +37,8 @@ def ablation_section(ctx: Context) -> Section:
     prev = prev_token_scores(model, tokens)
     ph = int(prev[0].argmax())
     induction = [(1, h) for h in range(model.cfg.n_heads)]
-    scan = head_ablation_scan(model, tokens, loss, method="mean", progress=ctx.progress)
-    both = float(loss(ablate_heads(model, tokens, induction, method="mean"))) - scan.clean
+    scan = head_ablation_scan(model, tokens, loss, ablation="mean", progress=ctx.progress)
+    both = float(loss(ablate_heads(model, tokens, induction, ablation="mean"))) - scan.clean
     copying = copying_scores(model)
     top_label, _ = scan.top(1)[0]
     rows = [
@@ -54,7 +54,7 @@ def ablation_section(ctx: Context) -> Section:
     rows += [banded("ablation.copying_induction", f"copying score, induction head {head_label(1, h)}", float(copying[1, h])) for h in range(model.cfg.n_heads)]
     rows += [banded("ablation.copying_layer0", f"copying score, head {head_label(0, h)}", float(copying[0, h])) for h in range(model.cfg.n_heads)]
     results = {"clean_loss": scan.clean, "effect": scan.effect.tolist(), "both_induction_heads": both,
-               "copying_scores": copying.tolist(), "prev_token_head": [0, ph], "method": scan.method}
+               "copying_scores": copying.tolist(), "prev_token_head": [0, ph], "method": scan.ablation}
     figures = (head_scan_figure(scan.effect, title="Mean ablation of each head: rise of the loss at scored positions (nats)", colorbar="nats"),
                head_scan_figure(copying, title="Copying scores of the full OV circuits", colorbar="score"))
     notes = ("Each induction head alone costs little: the two layer-1 heads are redundant, so the pair is the row with a band. "
@@ -73,7 +73,7 @@ def estimate_vs_exact(model, tokens: torch.Tensor, reference: torch.Tensor, metr
     labels = head_labels(model.cfg.n_layers, model.cfg.n_heads)
     rows, results, figures = [], {}, []
     for name, metric in metrics.items():
-        exact = head_ablation_scan(model, tokens, metric, method="resample", reference=reference).effect
+        exact = head_ablation_scan(model, tokens, metric, ablation="resample", reference=reference).effect
         estimate = attribution_patching(model, tokens, metric, reference=reference).effect
         rho = _spearman(exact, estimate)
         results[name] = {"exact": exact.tolist(), "estimate": estimate.tolist(), "spearman": rho}

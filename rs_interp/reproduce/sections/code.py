@@ -59,9 +59,9 @@ def code_section(ctx: Context) -> list[Section]:
     ph = int(prev[0].argmax())
     pat_ind = _induction_weight(model, tokens, half)  # (layer, head)
     ih = int(pat_ind[1].argmax())
-    scan = head_ablation_scan(model, tokens, repeat_loss, method="mean", progress=ctx.progress)
+    scan = head_ablation_scan(model, tokens, repeat_loss, ablation="mean", progress=ctx.progress)
     layer1 = [(1, h) for h in range(cfg.n_heads)]
-    all_layer1 = float(repeat_loss(ablate_heads(model, tokens, layer1, method="mean"))) - scan.clean
+    all_layer1 = float(repeat_loss(ablate_heads(model, tokens, layer1, ablation="mean"))) - scan.clean
     k_result = composition_scores(model, "k", baseline=True)
     k, k_base = k_result.scores[0, :, 1, :], k_result.baseline  # (src head, dst head)
     best_rise = float(scan.effect[1].max())
