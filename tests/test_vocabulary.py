@@ -12,6 +12,7 @@ import torch
 
 import rs_interp as ri
 import rs_interp.features as F
+import rs_interp.models as M
 import rs_interp.scale as S
 import rs_interp.tasks as T
 from rs_interp._budget import MEMORY_BUDGET
@@ -27,10 +28,10 @@ REQUIRED = object()
 
 
 def _helpers():
-    """Every public function of rs_interp, features, tasks and scale, and the public methods of their
+    """Every public function of rs_interp, features, models (the maintainer API), tasks and scale, and the public methods of their
     public classes (TransformerLens's ``Model`` aside), by the name a user calls them."""
     seen = set()
-    for mod, prefix in [(ri, ""), (F, "features."), (T, "tasks."), (S, "scale.")]:
+    for mod, prefix in [(ri, ""), (F, "features."), (M, "models."), (T, "tasks."), (S, "scale.")]:
         for name in mod.__all__:
             obj = getattr(mod, name)
             if inspect.ismodule(obj) or name == "Model" or id(obj) in seen:
