@@ -132,6 +132,20 @@ def test_every_public_name_has_an_example():
     assert _no_example_yet() == set()
 
 
+def test_every_test_file_named_exists():
+    """Issue 51 item 4: tests/ mirrors the package (docs/project/testing.md); every test file the docs, the
+    README, the scripts, the configuration or a docstring names (``tests/<folder>/test_<module>.py``) is there."""
+    sources = [ROOT / "README.md", ROOT / "pyproject.toml", *(ROOT / "scripts").glob("*"), *(ROOT / "docs").rglob("*.md"),
+               *(ROOT / "docs").rglob("*.py"), *(ROOT / "docs").rglob("*.css"), *(ROOT / "benchmarks").glob("*.py"),
+               *(ROOT / "rs_interp").rglob("*.py"), *(ROOT / "hooks").rglob("*.py"),
+               *(p for p in (ROOT / "tests").rglob("*.py") if "data" not in p.relative_to(ROOT / "tests").parts)]
+    named = {(src.relative_to(ROOT).as_posix(), m) for src in sources if src.is_file()
+             for m in re.findall(r"(?<![\w/.])(tests/[\w/]*\w\.py)\b", src.read_text(errors="replace"))}
+    assert len(named) > 40  # the walk sees the references
+    missing = sorted(f"{src}: {path}" for src, path in named if not (ROOT / path).is_file())
+    assert not missing, f"test files named but not in the tree: {missing}"
+
+
 # --- the site: built once, in one pass -------------------------------------------------------------
 
 def _wait_for_docs_packages(timeout: float = 900.0) -> None:
