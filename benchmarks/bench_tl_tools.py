@@ -53,7 +53,7 @@ for both sides, on a bridge over Hugging Face GPT-2 small attention with random 
 a ``GPT2LMHeadModel(GPT2Config())`` seeded 0, saved to a temporary directory and loaded unfolded
 with ``ri.load_gpt2(path, fold_ln=False)``; 3.x loads the same checkpoint as a HookedTransformer).
 TransformerLens 3.9 has node attribution and direct path patching only, and its direct path patching
-is a frozen-LayerNorm-scale linearisation, not the exact patch (``tests/test_tl_tools.py``): its
+is a frozen-LayerNorm-scale linearisation, not the exact patch (``tests/integration/test_tl_tools.py``): its
 difference column is that approximation's error.
 
 Model column: ``random`` is ``ri.load_gpt2("random")``, ``hf`` the Hugging Face checkpoint. TransformerLens

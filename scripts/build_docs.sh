@@ -13,7 +13,7 @@
 # notebook outputs stored for other code than the notebook's (docs/_hooks/).
 # Which Python: $PYTHON if set; else the active venv ($VIRTUAL_ENV) when it has the docs packages
 # (pip install '.[docs]' or -e '.[docs]'); else the project's venv of RS_INTERP_TL (default 4;
-# scripts/_env.sh), set up first if it lacks them. It says which. tests/test_docs.py runs it in one
+# scripts/_env.sh), set up first if it lacks them. It says which. tests/integration/test_docs.py runs it in one
 # pass of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,7 +3,7 @@ on a model and transcoder files rs_interp wrote.
 
 Runs in circuit-tracer's own venv (scripts/test_circuit_tracer.sh makes it: torch, then circuit-tracer from
 its source with its pins, ``transformers<=4.57.3`` and TransformerLens 2.x), never in rs_interp's:
-tests/test_references.py calls it as
+tests/integration/test_references.py calls it as
 
     $RS_CT_PYTHON scripts/reference_circuit_tracer.py request.json
 

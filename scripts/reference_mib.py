@@ -1,7 +1,7 @@
 """Run MIB's circuit-track harness and EAP-IG (the reference code itself) on files rs_interp wrote.
 
 Runs in the reference venv (scripts/test_references.sh makes it: TransformerLens 2.x, EAP-IG at the
-commit MIB pins, MIB-circuit-track), never in rs_interp's: tests/test_references.py calls it as
+commit MIB pins, MIB-circuit-track), never in rs_interp's: tests/integration/test_references.py calls it as
 
     $RS_REF_PYTHON scripts/reference_mib.py request.json
 

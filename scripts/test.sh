@@ -4,7 +4,7 @@
 # What runs where (the cross-version promise is checked on every run):
 #   4.x (TransformerBridge, the default version): everything but the `docs` tests, the slow
 #       reproductions included (retraining, seeds, the report in Chromium, the notebooks), once.
-#   3.x (HookedTransformer): the fast suite, tests/test_cross_version.py, the slow tests marked
+#   3.x (HookedTransformer): the fast suite, tests/integration/test_cross_version.py, the slow tests marked
 #       `tl3` (they balance the two passes: code-2l's loss curve over its first 300 steps, ...),
 #       and the tests marked `docs`: the documentation site's build (scripts/build_docs.sh, --strict)
 #       and its browser test.
@@ -65,7 +65,7 @@ if [ "$versions" = "3 4" ]; then
   RS_INTERP_TL=4 RS_INTERP_SKIP_DOCS=1 bash scripts/setup_env.sh > "$logs/setup4.log" 2>&1 &
   setup4=$!
   # The docs packages install into the 3.x venv in the background once its pass has started (they
-  # take ~50 s; the docs tests, last in that pass, wait for $RS_INTERP_DOCS_SETUP.rc: tests/test_docs.py).
+  # take ~50 s; the docs tests, last in that pass, wait for $RS_INTERP_DOCS_SETUP.rc: tests/integration/test_docs.py).
   RS_INTERP_TL=3 RS_INTERP_SKIP_DOCS=1 bash scripts/setup_env.sh || { kill "$setup4"; exit 1; }
   echo "== set-up, 3.x: $(( $(date +%s) - start )) s" >&2
   lint 3 || { kill "$setup4"; exit 1; }

@@ -25,4 +25,4 @@ if [ ! -x "$CT_VENV/bin/python" ] || ! "$CT_VENV/bin/python" -c "import circuit_
 fi
 VENV=$(RS_INTERP_TL=4; source scripts/_env.sh; echo "$VENV")
 RS_CT_PYTHON="$CT_VENV/bin/python" OMP_NUM_THREADS=1 \
-  "$VENV/bin/python" -m pytest tests/test_references_circuit_tracer.py -m reference -p no:cacheprovider -s "$@"
+  "$VENV/bin/python" -m pytest tests/integration/test_references_circuit_tracer.py -m reference -p no:cacheprovider -s "$@"

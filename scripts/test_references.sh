@@ -31,4 +31,4 @@ cp -r "$RS_REF_SRC/MIB-circuit-track/MIB_circuit_track" "$REF_VENV/ref/MIB_circu
 sed -i "s/device='cuda'/device=model.cfg.device/g" "$REF_VENV"/ref/eap/*.py
 VENV=$(RS_INTERP_TL=4; source scripts/_env.sh; echo "$VENV")
 RS_REF_PYTHON="$REF_VENV/bin/python" RS_REF_PATH="$REF_VENV/ref" OMP_NUM_THREADS=1 \
-  "$VENV/bin/python" -m pytest tests/test_references.py -m reference -p no:cacheprovider -s "$@"
+  "$VENV/bin/python" -m pytest tests/integration/test_references.py -m reference -p no:cacheprovider -s "$@"

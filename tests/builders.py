@@ -80,7 +80,7 @@ def ln1_by_hand(model, layer, x):
 def perturb(model, seed, *, bias_scale=0.2):
     """Every bias nonzero (N(0, bias_scale)) and every gain in [0.5, 1.5], through the portable
     state dict so the same names serve both TransformerLens versions. ``b_U`` stays zero on 4.x (the 4.x
-    suite's numbers were measured without it; a native model with one is tested in test_architectures.py), and
+    suite's numbers were measured without it; a native model with one is tested in tests/integration/test_architectures.py), and
     so do a gated MLP's biases (4.x's native gated MLPs have none)."""
     state = _backend.portable_state(model)
     gated = bool(getattr(model.cfg, "gated_mlp", False))
@@ -130,7 +130,7 @@ VARIANTS = [(n, p, a) for n in NORMALIZATIONS for p in POSITIONS for a in (True,
 #: The grid's extension by architecture (issue 29): parallel blocks, grouped-query attention and
 #: qk-norm, and gated (SiLU) MLPs, each on a norm and positions TransformerLens models pair it with. TransformerLens 4.3's
 #: native models build grouped-query attention only; its parallel and qk-norm models are Hugging
-#: Face-booted (tests/test_pretrained.py).
+#: Face-booted (tests/integration/test_pretrained.py).
 ARCHITECTURES = [("LN", "rotary", False, "parallel"), ("RMS", "rotary", False, "gqa"), ("LNPre", "standard", True, "gqa"),
                  ("RMS", "rotary", False, "qk_norm"), ("RMS", "rotary", False, "gated")]
 
@@ -139,7 +139,7 @@ def architecture_params(variants=tuple(ARCHITECTURES)):
     """:data:`ARCHITECTURES` as pytest params, those 4.x's native models cannot build skipped there."""
     skip = lambda v: TL4 and v[3] in ("parallel", "qk_norm")  # noqa: E731
     why = lambda v: (f"TransformerLens {_backend.TL_VERSION}'s native models do not build {v[3]} "  # noqa: E731
-                     "(its Hugging Face-booted families are tested in test_pretrained)")
+                     "(its Hugging Face-booted families are tested in tests/integration/test_pretrained.py)")
     return [pytest.param(v, id=variant_id(v), marks=pytest.mark.skipif(skip(v), reason=why(v)))
             for v in variants]
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import perturb
 
 import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.models.registry import TrainingCache, held_out_batch
+from tests.builders import perturb
 
 
 def pytest_collection_modifyitems(config, items):

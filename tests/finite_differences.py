@@ -6,7 +6,8 @@ read them.
 
 import pytest
 import torch
-from builders import ln1_by_hand, make_variant, needs_tl3
+
+from tests.builders import ln1_by_hand, make_variant, needs_tl3
 
 EPS = 1e-4  # central differences: error O(EPS^2) ~ 1e-8 on these metrics
 

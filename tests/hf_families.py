@@ -2,8 +2,8 @@
 (``save_pretrained`` with a tokenizer beside the weights), every weight perturbed so that no bias or
 gain sits at its initial value. ``transformers`` builds each offline from its config class.
 
-Shared by tests/test_pretrained.py (the five families rs_interp was first tested on) and
-tests/test_families.py (every family beyond them, under both TransformerLens versions).
+Shared by tests/integration/test_pretrained.py (the five families rs_interp was first tested on) and
+tests/integration/test_families.py (every family beyond them, under both TransformerLens versions).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One mutation per identity of the certificate, each breaking that identity the way a real model,
 conversion or user hook does (a hook point taken off the forward path, a norm after a sublayer, a hook
 that edits one prompt, a hook on the MLP's path, a config that disagrees with the weights ...), shared by
-tests/test_certificate.py and tests/test_certificate_api.py.
+tests/exact/test_certificate.py and tests/integration/test_certificate_api.py.
 
 The mutations are plain PyTorch and TransformerLens: a hook point replaced in its parent module by a
 wrapper that calls it and then uses something else, hooks added with ``model.add_hook`` (they stay on the

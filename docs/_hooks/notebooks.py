@@ -1,10 +1,10 @@
 """The notebooks as tutorial pages: stored outputs, their freshness record, and the Markdown they become.
 
 The docs render ``notebooks/*.ipynb`` from the outputs stored in them, never by running them:
-``tests/test_notebooks.py`` already executes every notebook (minutes of CPU), and the docs build has
+``tests/integration/test_notebooks.py`` already executes every notebook (minutes of CPU), and the docs build has
 a budget of seconds. What keeps the stored outputs honest is the record written beside them,
 ``metadata["rs_interp_docs"]["code_sha256"]``: the digest of the code cells that produced them.
-Editing a cell without re-running the notebook changes the digest, and ``tests/test_docs.py`` fails,
+Editing a cell without re-running the notebook changes the digest, and ``tests/integration/test_docs.py`` fails,
 naming the notebook and the command that refreshes it::
 
     bash scripts/build_docs.sh --execute-notebooks      # runs every notebook, stores its outputs
@@ -119,7 +119,7 @@ def to_markdown(nb: dict, name: str, figure: Callable[[dict], str]) -> str:
             if i == 0:
                 parts.append(f'!!! note "A notebook"\n    This page is `notebooks/{name}.ipynb` with the outputs stored when it '
                              f"last ran (under TransformerLens {nb['metadata'][RECORD].get('transformer_lens', '?')}). "
-                             f"`tests/test_notebooks.py` runs it on every CI run; `{REFRESH}` stores fresh outputs.")
+                             f"`tests/integration/test_notebooks.py` runs it on every CI run; `{REFRESH}` stores fresh outputs.")
             continue
         if cell["cell_type"] != "code":
             continue

@@ -292,7 +292,7 @@ def _check_reference(config) -> None:
 def _doctests(examples) -> None:
     """Run the reference's examples. ``RS_INTERP_DOCS_DOCTEST``: ``all`` (default) runs every one;
     ``attributes`` only those pytest's ``--doctest-modules`` cannot see (attribute docstrings, which
-    Python does not keep at run time): tests/test_docs.py builds with it, since its pytest pass runs
+    Python does not keep at run time): tests/integration/test_docs.py builds with it, since its pytest pass runs
     the others already; ``none`` runs none."""
     import importlib
 

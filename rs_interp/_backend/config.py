@@ -2,7 +2,7 @@
 
 The functional fields are derived, not listed: every field the installed version's config has,
 minus :data:`NON_FUNCTIONAL` (where a model runs, which optional hook points fire, bookkeeping;
-``tests/test_checkpoints.py`` checks that flipping each of those leaves the logits unchanged). A copy
+``tests/models/test_checkpoints.py`` checks that flipping each of those leaves the logits unchanged). A copy
 (:func:`rs_interp.as_dtype`) and a checkpoint carry the core fields :data:`PORTABLE_FIELDS` and every
 other functional field whose value differs from what a config of the same shape would hold; a field
 a builder cannot honour, or a checkpoint field the installed version does not know, is refused by

@@ -4,7 +4,7 @@ A native bridge (``TransformerBridge.boot_native``) wraps ``NativeAttention``, w
 takes the normalised stream as one tensor: the per-head inputs ``hook_{q,k,v}_input`` never fire
 (``set_use_split_qkv_input(True)`` raises), ``hook_attn_scores`` holds the pattern, and
 ``stop_at_layer=n_layers`` returns logits. Each emulation below states when it can go; a test in
-``tests/test_split_qkv.py`` fails once the installed TransformerLens meets the condition.
+``tests/hooks/test_split_qkv.py`` fails once the installed TransformerLens meets the condition.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
     """The metric with every edge outside ``keep`` (sender, receiver) ablated, in one forward pass.
 
     A head's q, k or v input is moved one of two ways, chosen per layer (the same numbers either way, to
-    float64 rounding: tests/test_evaluation.py checks both against a brute force):
+    float64 rounding: tests/circuits/test_evaluation.py checks both against a brute force):
 
     - *projected*, on the layers whose ``hook_{q,k,v}`` hold ``ln1(resid_pre) W + b`` per head
       (:func:`rs_interp._backend.projection_layers`: every layer but shortformer's and ungrouped
@@ -177,7 +177,7 @@ class _Differences:
     D_h`` over the cut heads ``C`` as one product over (head, d_head), or ``F`` minus the uncut moving
     heads' (whichever holds fewer heads). The same column always gives the same number (a function of
     the cut moving senders alone, which ACDC at threshold 0 relies on); it equals the sum over the
-    full float64 ``D_s`` to float64 rounding (tests/test_evaluation.py, against the materialised sums
+    full float64 ``D_s`` to float64 rounding (tests/circuits/test_evaluation.py, against the materialised sums
     and a brute force). The sum over every moving sender so far is kept running: a receiver whose
     upstream senders are all cut (most, in small circuits) costs nothing more. A circuit that mixes
     many inputs pays a product per distinct share (GPT-2 small's curve: 3 CPU s a pass for the small

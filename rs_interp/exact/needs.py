@@ -1,6 +1,6 @@
 """What the certificate measures and what each helper relies on: data only, read by
 :mod:`rs_interp.exact.certificate` (which measures and refuses), the docs' identity x helper table and the
-test that walks the public API (``tests/test_certificate_api.py``: every public function that takes a
+test that walks the public API (``tests/integration/test_certificate_api.py``: every public function that takes a
 model is in :data:`NEEDS` or in :data:`EXEMPT` with a reason).
 
 Keys are public names as a user calls them: ``"direct_logit_attribution"`` is ``rs_interp.direct_logit_attribution``,

@@ -1,0 +1,1 @@
+"""Tests of the top-level hooks/ package (installed as rs_interp.hooks)."""

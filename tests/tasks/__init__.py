@@ -1,0 +1,1 @@
+"""Tests of rs_interp.tasks: test_<module>.py tests rs_interp/tasks/<module>.py."""
