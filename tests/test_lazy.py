@@ -86,3 +86,21 @@ def test_nothing_in_the_repository_uses_an_old_name():
             re.compile(rf"from rs_interp import [\w, ]*\b(?:{old})\b(?!_)")]
     found = {rel: m.group(0) for rel, text in _sources().items() for use in uses if (m := use.search(text))}
     assert found == {}
+
+
+def test_the_type_checking_imports_name_exactly_the_public_names_from_their_modules():
+    """``rs_interp/__init__.py`` lists each public name once, in ``_WHERE`` (``__all__`` is its keys); the
+    ``if TYPE_CHECKING:`` imports (for type checkers and the documentation) must name the same objects
+    from the same modules, or a new name would be documented from the wrong place or not at all."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(rs_interp.__file__)).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    imported = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.dump(node)
+        for alias in node.names:
+            imported[alias.asname or alias.name] = "." + (node.module or alias.name)  # ``from . import tasks``: ".tasks"
+    assert rs_interp.__all__ == list(rs_interp._WHERE)
+    assert imported == rs_interp._WHERE
