@@ -77,22 +77,25 @@ def n_senders(model: Model) -> int:
 
 
 def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], *, patched: bool = False,
-           at: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """(sender, batch, pos, d_model) float64: each sender's ``write_ref - write``, in the graph's
-    order, written into one buffer (the heads' writes by one batched product per layer). On a post-norm
-    block a head's change passes the norm after the attention (:mod:`rs_interp.exact.postnorm`): to first
+           at: dict[str, torch.Tensor] | None = None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """(sender, batch, pos, d_model) in ``dtype`` (default float64; the edge estimate's contraction asks
+    for its own): each sender's ``write_ref - write``, in the graph's order, written into one buffer (the
+    heads' writes by one batched product per layer). On a post-norm block a head's change passes the norm
+    after the attention (:mod:`rs_interp.exact.postnorm`), always formed in float64 (then cast): to first
     order, its Jacobian at the run (the gradient methods), or ``patched``, the exact change of what the
     attention adds to the stream when only that head is patched (path patching). ``at``: the heads' outputs
     of the pass whose Jacobian is taken (an integrated-gradients point; default the run's)."""
+    if dtype != torch.float64 and _backend.has_post_norms(model):
+        return writes(model, ref, run, patched=patched, at=at).to(dtype)
     cfg = model.cfg
     shape = ref[RESID0].shape
-    out = torch.empty(n_senders(model), *shape, dtype=torch.float64)
-    out[0] = ref[RESID0].to(torch.float64) - run[RESID0].to(torch.float64)
+    out = torch.empty(n_senders(model), *shape, dtype=dtype, device=ref[RESID0].device)
+    torch.sub(ref[RESID0].to(dtype), run[RESID0].to(dtype), out=out[0])
     i = 1
     for l in range(cfg.n_layers):
-        z = f"blocks.{l}.attn.hook_z"
-        delta = (ref[z] - run[z]).to(torch.float64)  # (batch, pos, head, d_head)
-        W_O = model.blocks[l].attn.W_O.detach().to(torch.float64)  # (head, d_head, d_model)
+        z = N.z(l)
+        delta = (ref[z] - run[z]).to(dtype)  # (batch, pos, head, d_head)
+        W_O = model.blocks[l].attn.W_O.detach().to(dtype)  # (head, d_head, d_model)
         H = W_O.shape[0]
         if attn_post(model, l, torch.float64).kind is not None:
             out[i : i + H] = (patched_heads(model, l, run[z], delta, torch.float64) if patched
@@ -101,8 +104,8 @@ def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tens
             torch.bmm(delta.flatten(0, 1).transpose(0, 1), W_O, out=out[i : i + H].view(H, -1, shape[-1]))
         i += H
         if not cfg.attn_only:
-            m = f"blocks.{l}.hook_mlp_out"
-            out[i] = ref[m].to(torch.float64) - run[m].to(torch.float64)
+            m = N.mlp_out(l)
+            torch.sub(ref[m].to(dtype), run[m].to(dtype), out=out[i])
             i += 1
     return out
 

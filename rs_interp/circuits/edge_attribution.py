@@ -46,7 +46,7 @@ from ..exact.readout import compute_dtype
 from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, watched
 from ..hooks import store_matching
 from ..metrics import Metric
-from ._substrate import IGRule, check_pair, n_senders, outside_inference_mode, record, sender_points, writes
+from ._substrate import IGRule, check_pair, outside_inference_mode, record, sender_points, writes
 from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix, stream_points
 from .correction import clean_metric, quadrature, run_passes
 from .graph import EdgeEffects, edge_layout
@@ -102,32 +102,6 @@ def check_options(ig_steps: int | None, qk_fix: bool, grad_drop: bool, correctio
     if grad_drop and per_example:
         raise ValueError("GradDrop scores the sum of |estimate| over its passes: it has no per-pair shares (per_example); "
                          "bootstrap the plain or QK-fixed estimate instead")
-
-
-def _writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], dt: torch.dtype,
-            at: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """(sender, batch, pos, d_model) in ``dt``: :func:`rs_interp.circuits._substrate.writes` (each
-    sender's ``write_ref - write``, in the graph's order) in the dtype the contraction runs in; on
-    post-norm blocks through the norm's Jacobian at the pass whose heads output ``at`` (default the run)."""
-    if dt == torch.float64 or _backend.has_post_norms(model):
-        return writes(model, ref, run, at=at).to(dt)
-    cfg = model.cfg
-    shape = ref[RESID0].shape
-    out = torch.empty(n_senders(model), *shape, dtype=dt, device=ref[RESID0].device)
-    torch.sub(ref[RESID0].to(dt), run[RESID0].to(dt), out=out[0])
-    i = 1
-    for l in range(cfg.n_layers):
-        z = f"blocks.{l}.attn.hook_z"
-        delta = (ref[z] - run[z]).to(dt)  # (batch, pos, head, d_head)
-        W_O = model.blocks[l].attn.W_O.detach().to(dt)  # (head, d_head, d_model)
-        H = W_O.shape[0]
-        torch.bmm(delta.flatten(0, 1).transpose(0, 1), W_O, out=out[i : i + H].view(H, -1, shape[-1]))
-        i += H
-        if not cfg.attn_only:
-            m = f"blocks.{l}.hook_mlp_out"
-            torch.sub(ref[m].to(dt), run[m].to(dt), out=out[i])
-            i += 1
-    return out
 
 
 def _contract(buf: torch.Tensor, W: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
@@ -278,7 +252,7 @@ def edge_attribution_patching(
             # The senders upstream of a receiver are a contiguous prefix of the writes: one matrix
             # product over (batch, pos, d_model) against the gradients of a layer's readers, with no copy of them.
             if not stack:  # built once, when the first gradient arrives (the forward is over)
-                stack.append(_writes(model, ref, run, dt, at=here or None))
+                stack.append(writes(model, ref, run, at=here or None, dtype=dt))
                 if not post_norm:  # held in the writes now (the passes keep their own x_ref); post-norm
                     for box in (ref, run):  # blocks rebuild them at each pass's point, from these
                         for name in [k for k in box if k != RESID0]:
@@ -290,7 +264,7 @@ def edge_attribution_patching(
                 _flush(pending, grads)
                 key[0] = now
                 if here and built[0] != now_pass():  # post-norm heads: the Jacobian at this pass's point
-                    stack[0] = _writes(model, ref, run, dt, at=here)
+                    stack[0] = writes(model, ref, run, at=here, dtype=dt)
                     built[0] = now_pass()
             at = sum(len(p[4]) for p in pending)
             G = grads[0][at : at + len(reader.labels)]
