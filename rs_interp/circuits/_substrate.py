@@ -4,8 +4,9 @@
   activations, ended once recorded);
 - the senders (``embed``, every head, every MLP): :func:`sender_points` (where their writes are
   read), :func:`writes` (each sender's ``write_ref - write``, in the graph's order);
-- the gradient passes: :func:`gradient_passes` (one or ``m`` for EAP-IG), :func:`scalar_metric`,
-  :func:`outside_inference_mode`.
+- the gradient passes: :func:`backward` (one pass, from a zero leaf at the embedding: the points of
+  :func:`ig_alphas` run through it, :func:`rs_interp.circuits.correction.run_passes`), :func:`scalar_metric`,
+  :func:`needs_gradients`, :func:`outside_inference_mode`.
 
 The receivers (every reader of the stream, and its gradient) are :mod:`rs_interp.exact.stream`'s, which
 the certificate (:func:`rs_interp.certify`) reads too.
@@ -22,9 +23,8 @@ import torch
 from .. import _backend
 from .. import _names as N
 from .._backend import Model
-from .._progress import bar
 from ..exact.postnorm import attn_post, linearised_heads, patched_heads
-from ..exact.stream import RESID0, record  # noqa: F401  (record: the circuit methods read it here)
+from ..exact.stream import RESID0, record, zero_leaf  # noqa: F401  (record: the circuit methods read it here)
 from ..exact.validate import check_int_range, check_tokens
 from ..metrics import Metric
 
@@ -146,49 +146,36 @@ def frozen(model: Model) -> Iterator[None]:
             p.requires_grad_(True)
 
 
-def backward(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list) -> float:
-    """Forward with ``fwd`` hooks (which register tensor hooks) and a zero leaf at the embedding, then
-    backpropagate to that leaf alone: every tensor hook fires, no parameter gets a ``.grad``.
+@contextlib.contextmanager
+def needs_gradients() -> Iterator[None]:
+    """Turn PyTorch's error on backpropagating through inference tensors into a ValueError that says why.
 
     Raises:
         ValueError: the model's weights are inference tensors (nothing can be backpropagated).
     """
+    try:
+        yield
+    except RuntimeError as err:
+        if "nference tensor" not in str(err):
+            raise
+        raise ValueError("attribution patching needs gradients, but the model's weights are inference tensors "
+                         "(created under torch.inference_mode()); load the model outside it") from err
+
+
+def backward(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list) -> float:
+    """Forward with ``fwd`` hooks (which register tensor hooks) and a zero leaf at the embedding
+    (:func:`rs_interp.exact.stream.zero_leaf`), then backpropagate to that leaf alone: every tensor
+    hook fires, no parameter gets a ``.grad``.
+
+    Raises:
+        ValueError: the model's weights are inference tensors (:func:`needs_gradients`).
+    """
     with torch.enable_grad(), frozen(model):
-        leaf = torch.zeros((), dtype=model.cfg.dtype, requires_grad=True)
-        fwd = [("hook_embed", lambda t, *, hook: t + leaf)] + fwd
-        with model.hooks(fwd_hooks=fwd):
-            try:
-                value = scalar_metric(metric, _backend.logits_with_grad(model, tokens))
-                torch.autograd.backward(value, inputs=[leaf])
-            except RuntimeError as err:
-                if "nference tensor" not in str(err):
-                    raise
-                raise ValueError("attribution patching needs gradients, but the model's weights are inference tensors "
-                                 "(created under torch.inference_mode()); load the model outside it") from err
+        leaf, at_embed = zero_leaf(model)
+        with model.hooks(fwd_hooks=[at_embed] + fwd), needs_gradients():
+            value = scalar_metric(metric, _backend.logits_with_grad(model, tokens))
+            torch.autograd.backward(value, inputs=[leaf])
     return float(value.detach())
-
-
-def gradient_passes(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list, *, alphas: list[float],
-                    x_ref: torch.Tensor | None, progress: bool) -> float:
-    """One forward and backward pass with ``fwd`` (whose tensor hooks accumulate) per ``alpha`` in
-    ``alphas``: the stream entering block 0 at ``x_ref + alpha (x - x_ref)``, on the line from the
-    reference's input embedding to the run's (``alpha = 1``: the run itself, no hook). Returns the
-    run's metric (from its own pass where ``1`` is among ``alphas``, else from a no-grad forward)."""
-    clean = None
-    for alpha in bar(alphas, desc="integrated gradients", enabled=progress and len(alphas) > 1, unit="pass"):
-        extra = []
-        if alpha != 1.0:
-            def interpolate(t: torch.Tensor, *, hook, alpha: float = alpha) -> torch.Tensor:
-                return x_ref.to(t.dtype) + alpha * (t - x_ref.to(t.dtype))
-
-            extra = [(RESID0, interpolate)]
-        value = backward(model, tokens, metric, extra + fwd)
-        if alpha == 1.0:
-            clean = value
-    if clean is None:
-        with torch.no_grad():
-            clean = float(scalar_metric_value(metric, model(tokens, return_type="logits"), "clean run"))
-    return clean
 
 
 def scalar_metric_value(metric: Metric, logits: torch.Tensor, what: str) -> float:

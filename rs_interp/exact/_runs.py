@@ -15,7 +15,7 @@ from .._backend import Model, run_from
 from . import _checks as C
 from ._checks import MODEL_ERRORS, Identity, Missing, get, judge, rel
 from .postnorm import frozen_heads
-from .stream import Reader, reader_gradients, readers, watched
+from .stream import Reader, reader_gradients, readers, watched, zero_leaf
 
 __all__: list[str] = []
 
@@ -205,8 +205,8 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
         box.clear(), grads.clear(), by_reader.clear(), fired.clear()
         g.manual_seed(1)
         with torch.enable_grad():
-            leaf = torch.zeros((), dtype=cfg.dtype, requires_grad=True)
-            hooks = [(N.EMBED, lambda t, *, hook: t + leaf)] + fwd
+            leaf, at_embed = zero_leaf(model)
+            hooks = [at_embed] + fwd
             absent = sorted({n for n, _ in hooks if n not in names})
             if absent:
                 raise Missing(absent[0])

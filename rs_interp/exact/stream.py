@@ -161,6 +161,18 @@ def reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[
         yield runnable
 
 
+def zero_leaf(model: Model) -> tuple[torch.Tensor, tuple[str, Callable]]:
+    """A 0-d zero leaf that requires grad and the hook adding it to ``hook_embed``: a backward pass to
+    that leaf alone (``inputs=[leaf]``) fires every tensor hook of the pass and gives no parameter a ``.grad``.
+
+    >>> leaf, (name, _) = zero_leaf(__import__("rs_interp").load_toy_model("induction-1l"))
+    >>> name, float(leaf), leaf.requires_grad
+    ('hook_embed', 0.0, True)
+    """
+    leaf = torch.zeros((), dtype=model.cfg.dtype, requires_grad=True)
+    return leaf, (N.EMBED, lambda t, *, hook: t + leaf)
+
+
 def record(model: Model, tokens: torch.Tensor, names: Callable[[str], bool]) -> dict[str, torch.Tensor]:
     """The activations at the hook points ``names`` selects, from a no-grad run on ``tokens``, which
     ends (:class:`Stop`) as soon as the last of them is recorded: the blocks after it and the
