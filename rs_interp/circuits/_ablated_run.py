@@ -70,16 +70,17 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
     moves = torch.zeros(len(layout.senders), dtype=torch.float64, device=device)
     diffs = _Differences(moves)
     stream: dict[int, torch.Tensor] = {}
+    is_z = N.every(N.z)
 
     def sender(name: str, layer: int | None):
         def fn(t: torch.Tensor, *, hook) -> None:
             d = ablated[name] - t  # in the run's dtype: D_s is its float64 value (exactly), or dz W_O for heads
-            if name.endswith("hook_z") and attn_post(model, layer, torch.float64).kind is not None:
+            if is_z(name) and attn_post(model, layer, torch.float64).kind is not None:
                 # a post-norm block's head: the exact change through the norm after it, P(r + dz_h W_O^h) - P(r),
                 # not a product of dz (each head its own sender difference)
                 for D_h in patched_heads(model, layer, t, d.to(torch.float64), torch.float64):
                     diffs.add_one(D_h)
-            elif name.endswith("hook_z"):
+            elif is_z(name):
                 diffs.add_heads(d, model.blocks[layer].attn.W_O.detach())
             else:
                 diffs.add_one(d)
@@ -143,7 +144,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
     split = False
     for r in readers(model, projected=True):
         if r.projected:
-            hooks = [(f"blocks.{r.layer}.hook_resid_pre", keep_stream)] if r.kind == "q" else []
+            hooks = [(N.resid_pre(r.layer), keep_stream)] if r.kind == "q" else []
             by_layer.setdefault(r.layer, []).extend(hooks + [(r.hook, projected_receiver(r))])
         else:
             split = split or r.kind in "qkv"
@@ -151,13 +152,14 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
     fwd = [(name, sender(name, None)) for name in inputs]  # hook_embed fires before hook_pos_embed
     for l in range(cfg.n_layers):
         layer = by_layer[l]
-        fwd += [h for h in layer if h[0].endswith("hook_resid_pre")]
-        fwd += [h for h in layer if "_input" in h[0] or ".attn.hook_" in h[0]]
-        fwd.append((f"blocks.{l}.attn.hook_z", sender(f"blocks.{l}.attn.hook_z", l)))
-        fwd += [h for h in layer if h[0].endswith("hook_mlp_in")]
+        heads = {f(l, x) for f in (N.qkv_input, N.projection) for x in "qkv"}
+        fwd += [h for h in layer if h[0] == N.resid_pre(l)]
+        fwd += [h for h in layer if h[0] in heads]
+        fwd.append((N.z(l), sender(N.z(l), l)))
+        fwd += [h for h in layer if h[0] == N.mlp_in(l)]
         if not cfg.attn_only:
-            fwd.append((f"blocks.{l}.hook_mlp_out", sender(f"blocks.{l}.hook_mlp_out", l)))
-        fwd += [h for h in layer if h[0].endswith("hook_resid_post")]
+            fwd.append((N.mlp_out(l), sender(N.mlp_out(l), l)))
+        fwd += [h for h in layer if h[0] == N.resid_post(l)]
     # The per-head inputs are switched on (3.x) or emulated (4.x's native attention) only where a
     # layer is read split: on the projected layers they would be a per-head copy of the stream for nothing.
     with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable, model.hooks(fwd_hooks=runnable):

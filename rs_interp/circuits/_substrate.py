@@ -68,7 +68,8 @@ def sender_points(model: Model, embedding: str = "sum") -> Callable[[str], bool]
 
     mlps = not model.cfg.attn_only
     inputs = {INPUT_POINTS[s] for s in EMBEDDINGS[embedding]}
-    return lambda n: n in inputs or n.endswith("attn.hook_z") or (mlps and n.endswith("hook_mlp_out"))
+    is_z, is_out = N.every(N.z), N.every(N.mlp_out)
+    return lambda n: n in inputs or is_z(n) or (mlps and is_out(n))
 
 
 def n_senders(model: Model) -> int:

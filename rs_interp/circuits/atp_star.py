@@ -132,7 +132,7 @@ def stream_points(model: Model, layers: set[int], *, attention: bool = False) ->
     names = {N.resid_pre(l) for l in layers}
     names |= {N.projection(l, n) for l in layers for n in ("q", "k", "v")} | {N.pattern(l) for l in layers} if attention else set()
     short = model.cfg.positional_embedding_type == "shortformer"
-    return lambda n: n in names or (short and n == "hook_pos_embed")
+    return lambda n: n in names or (short and n == N.POS_EMBED)
 
 
 def node_qk_deltas(model: Model, tokens: torch.Tensor, ref: dict[str, torch.Tensor], box: dict[str, torch.Tensor],

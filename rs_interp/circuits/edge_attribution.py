@@ -39,6 +39,7 @@ import torch
 from jaxtyping import Float, Int
 
 from .. import _backend
+from .. import _names as N
 from .._backend import Model
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -277,14 +278,14 @@ def edge_attribution_patching(
             pending.append((buf, w, stack[0], G, cols, upstream[cols[0]]))
 
         def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
-            def keep(grad: torch.Tensor, layer: int = int(hook.name.split(".")[1])) -> None:
+            def keep(grad: torch.Tensor, layer: int = N.layer_of(hook.name)) -> None:
                 if state["phase"] == 1:
                     grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
             return watched(z, keep)
 
-        fwd = (store_matching(run, model, points) if plain_run else []) + ([(lambda n: n.endswith("attn.hook_z"), on_z)] if qk_fix else [])
+        fwd = (store_matching(run, model, points) if plain_run else []) + ([(N.every(N.z), on_z)] if qk_fix else [])
         if post_norm and not plain_run:  # each pass's heads' outputs: where its post-norms' Jacobians are taken
-            fwd += store_matching(here, model, lambda n: n.endswith("attn.hook_z"))
+            fwd += store_matching(here, model, N.every(N.z))
         for d, layer in enumerate(drops):
             state["drop"] = d
             wanted = readers(model, projected=not hessian)

@@ -35,6 +35,7 @@ import torch
 from einops import einsum
 from jaxtyping import Float, Int
 
+from .. import _names as N
 from .._backend import Model, kv_groups
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -168,8 +169,8 @@ def attribution_patching(
     shape = (B if per_example else 1, L, n, P)
     first = [torch.zeros(shape, dtype=torch.float64) for _ in drops]
     second = torch.zeros(shape, dtype=torch.float64)
-    point = "attn.hook_z" if nodes == "z" else f"attn.hook_{nodes}"
-    is_node = lambda name: name.endswith(point)  # noqa: E731
+    node_point = N.z if nodes == "z" else (lambda l: N.projection(l, nodes))
+    is_node = N.every(node_point)
     fired: set[int] = set()
     grads_z: list[dict[int, torch.Tensor]] = [{} for _ in drops]
     state: dict = {}
@@ -182,7 +183,7 @@ def attribution_patching(
 
         def on_node(t: torch.Tensor, *, hook) -> torch.Tensor:
             delta = (ref[hook.name] - (clean[hook.name] if clean else t.detach())).to(torch.float64)
-            l = int(hook.name.split(".")[1])
+            l = N.layer_of(hook.name)
 
             def contract(grad: torch.Tensor) -> None:
                 fired.add(l)
@@ -196,12 +197,12 @@ def attribution_patching(
             return watched(t, contract)
 
         def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
-            def keep(grad: torch.Tensor, layer: int = int(hook.name.split(".")[1])) -> None:
+            def keep(grad: torch.Tensor, layer: int = N.layer_of(hook.name)) -> None:
                 if state["phase"] == 1:
                     grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
             return watched(z, keep)
 
-        fwd = [(is_node, on_node)] + ([(lambda name: name.endswith("attn.hook_z"), on_z)] if qk_fix else [])
+        fwd = [(is_node, on_node)] + ([(N.every(N.z), on_z)] if qk_fix else [])
         for d, layer in enumerate(drops):
             state["drop"] = d
             with dropped(model, layer, fwd) as hooks:
@@ -210,7 +211,7 @@ def attribution_patching(
         value = clean_metric(model, tokens, metric, value)
         if len(fired) < L:
             missing = min(set(range(L)) - fired)
-            raise ValueError(f"blocks.{missing}.{point} got no gradient: on this model it is off the forward path (the "
+            raise ValueError(f"{node_point(missing)} got no gradient: on this model it is off the forward path (the "
                              f"patch would change nothing), so {nodes!r} nodes cannot be estimated; try nodes='z'")
         if qk_fix:
             box = record(model, tokens, stream_points(model, set(range(L))))

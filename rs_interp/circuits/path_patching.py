@@ -126,11 +126,12 @@ def path_patching(
         ref = record(model, reference, points)
         run: dict[str, torch.Tensor] = {}
         box: dict[str, torch.Tensor] = {}
-        keep = lambda n: n.endswith("hook_resid_pre") or n == "hook_pos_embed"  # noqa: E731
+        is_pre = N.every(N.resid_pre)
+        keep = lambda n: is_pre(n) or n == N.POS_EMBED  # noqa: E731
         with model.hooks(fwd_hooks=store_matching(run, model, points) + store_matching(box, model, keep)):
             clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         delta = writes(model, ref, run, patched=True)  # (sender, batch, pos, d_model), float64
-        spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
+        spe = box.get(N.POS_EMBED) if cfg.positional_embedding_type == "shortformer" else None
         # The edges into one receiver layer share a pass: replica i carries edge (rows[i], cols[i]), its
         # sender's write added to its receiver's input alone; each pass starts at that layer.
         by_layer: dict[int, list[tuple[int, int]]] = {}

@@ -100,7 +100,7 @@ def freeze_names(model: Model) -> list[str]:
 
 def hook_names(model: Model, transcoders: TranscoderSet) -> list[str]:
     L = model.cfg.n_layers
-    return (["hook_embed", "unembed.hook_in"] + [input_hook(model, transcoders, l) for l in range(L)]
+    return ([N.EMBED, N.UNEMBED_IN] + [input_hook(model, transcoders, l) for l in range(L)]
             + [N.mlp_out(l) for l in range(L)] + [N.pattern(l) for l in range(L)])
 
 
@@ -110,7 +110,7 @@ def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple
     ``hook_v`` (so only ``v`` carries a gradient)."""
     hooks: list[tuple[str, Callable]] = []
     for l in range(model.cfg.n_layers):
-        name = f"blocks.{l}.attn.hook_pattern"
+        name = N.pattern(l)
         if name not in patterns or not pattern_after_attention(model, l):
             continue
         box: dict[str, torch.Tensor] = {}
@@ -118,7 +118,7 @@ def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple
         def z(t: torch.Tensor, hook, box=box, A=patterns[name]) -> torch.Tensor:
             v = box["v"]
             return torch.einsum("bhqk,bkhd->bqhd", A.to(v.dtype).expand(v.shape[0], -1, -1, -1), v)
-        hooks += [(f"blocks.{l}.attn.hook_v", lambda t, hook, box=box: box.__setitem__("v", t)), (f"blocks.{l}.attn.hook_z", z)]
+        hooks += [(N.v(l), lambda t, hook, box=box: box.__setitem__("v", t)), (N.z(l), z)]
     return hooks
 
 
@@ -170,7 +170,7 @@ def clean_run(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor) ->
     """Record one prompt's clean run (``tokens`` (1, pos))."""
     box: dict[str, torch.Tensor] = {}
     L = model.cfg.n_layers
-    hooks = [(n, _store(box, n)) for n in freeze_names(model)] + [("hook_embed", _store(box, "embed"))]
+    hooks = [(n, _store(box, n)) for n in freeze_names(model)] + [(N.EMBED, _store(box, "embed"))]
     for l in range(L):
         hooks.append((input_hook(model, transcoders, l), _store(box, f"in{l}", lambda t, l=l: finish_input(model, transcoders, l, t))))
         hooks.append((N.mlp_out(l), _store(box, f"out{l}")))
@@ -200,7 +200,7 @@ def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, token
     hooks = [(n, freeze) for n in clean.frozen if n.replace("hook_pattern", "hook_z") not in routed]
     hooks += pattern_hooks(model, clean.frozen)
     if embed is not None:
-        hooks.append(("hook_embed", lambda t, hook: embed[None].to(t.dtype)))
+        hooks.append((N.EMBED, lambda t, hook: embed[None].to(t.dtype)))
     for l in range(model.cfg.n_layers):
         hooks.append((input_hook(model, transcoders, l),
                       lambda t, hook, l=l: box.__setitem__(f"in{l}", finish_input(model, transcoders, l, t)[0])))
@@ -264,7 +264,7 @@ def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor,
         box[hook.name] = t * 1  # returned: the run goes on from this very tensor (4.x's hook_z is a copy otherwise)
         return box[hook.name]
 
-    hooks = [(n, detach) for n in freeze_names(model)] + [("hook_embed", embed), ("unembed.hook_in", final)]
+    hooks = [(n, detach) for n in freeze_names(model)] + [(N.EMBED, embed), (N.UNEMBED_IN, final)]
     hooks += pattern_hooks(model, patterns or {})
     for l in range(L):
         hooks += [(input_hook(model, transcoders, l), read(l)), (N.mlp_out(l), cut(l))]

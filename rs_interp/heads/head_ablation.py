@@ -188,7 +188,8 @@ def head_ablation_scan(
     L, n_heads = cfg.n_layers, cfg.n_heads
     values = torch.full((L, n_heads), float("nan"), dtype=torch.float64)
     box: dict[str, torch.Tensor] = {}
-    names = lambda n: n.endswith("hook_resid_pre") or n == "hook_pos_embed"  # noqa: E731
+    is_pre = N.every(N.resid_pre)
+    names = lambda n: is_pre(n) or n == N.POS_EMBED  # noqa: E731
     B, P = tokens.shape
     # Several heads per pass, stacked along the batch, where each row is computed on its own (the
     # certificate's "rows": a hook reading the batch as a whole would see the stack); else one per pass.
@@ -198,7 +199,7 @@ def head_ablation_scan(
         refs = _reference_z(model, ref, method, range(L))
         with model.hooks(fwd_hooks=store_matching(box, model, names)):
             clean = metric_value(metric(_logits(model, tokens, None, None, pos)), "clean run")
-        spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
+        spe = box.get(N.POS_EMBED) if cfg.positional_embedding_type == "shortformer" else None
         jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads)))) for l in range(L) for h0 in range(0, n_heads, per_pass)]
         for l, group in bar(jobs, desc="head ablation scan", enabled=progress, unit="pass"):
             k = len(group)
