@@ -123,17 +123,23 @@ def layer_of(name: str) -> int | None:
     return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit() else None
 
 
-def every(point: Callable[[int], str]) -> Callable[[str], bool]:
-    """A name filter true on ``point(l)`` for every layer ``l`` (``point``: one of this module's
-    functions of the layer), for :func:`rs_interp.hooks.store_matching` and ``fwd_hooks``.
+def every(*points: str | Callable[[int], str]) -> Callable[[str], bool]:
+    """A name filter true on each of ``points``: a name, or one of this module's functions of the layer
+    (true on ``point(l)`` for every layer ``l``); for :func:`rs_interp.hooks.store_matching` and ``fwd_hooks``.
 
     >>> is_z = every(z)
     >>> is_z("blocks.2.attn.hook_z"), is_z("blocks.2.attn.hook_q"), is_z("hook_embed")
     (True, False, False)
+    >>> every(EMBED, pattern)("hook_embed"), every(EMBED, pattern)("blocks.0.attn.hook_pattern")
+    (True, True)
     """
+    names = {p for p in points if isinstance(p, str)}
+    per_layer = [p for p in points if not isinstance(p, str)]
 
     def matches(name: str) -> bool:
+        if name in names:
+            return True
         l = layer_of(name)
-        return l is not None and name == point(l)
+        return l is not None and any(name == point(l) for point in per_layer)
 
     return matches

@@ -194,7 +194,7 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
 
     wanted = readers(model, projected=False)
     names = set(model.hook_dict)
-    missing = sorted({r.hook for r in wanted if r.hook.split(".")[-1] in ("hook_mlp_in", "hook_resid_post") and r.hook not in names})
+    missing = sorted({r.hook for r in wanted if r.kind in ("mlp", "logits") and r.hook not in names})
     fwd = [(n, perturb(n)) for n in (N.z(l) for l in range(L))]
     fwd += [(n, keep(n)) for n in (N.attn_out(l) for l in range(L))]
     fwd += [(N.resid_pre(l), watch(f"pre{l}")) for l in range(L)]

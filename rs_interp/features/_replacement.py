@@ -197,7 +197,8 @@ def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, token
         return lambda t, hook: torch.zeros_like(t) + outputs(l, box[f"in{l}"])[None].to(t.dtype)
 
     routed = {n for n, _ in pattern_hooks(model, clean.frozen)}  # there, hook_pattern's edit would be discarded (and warned)
-    hooks = [(n, freeze) for n in clean.frozen if n.replace("hook_pattern", "hook_z") not in routed]
+    is_pattern = N.every(N.pattern)
+    hooks = [(n, freeze) for n in clean.frozen if not (is_pattern(n) and N.z(N.layer_of(n)) in routed)]
     hooks += pattern_hooks(model, clean.frozen)
     if embed is not None:
         hooks.append((N.EMBED, lambda t, hook: embed[None].to(t.dtype)))
