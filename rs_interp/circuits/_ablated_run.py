@@ -16,7 +16,7 @@ from .. import _backend
 from .. import _names as N
 from .._backend import Model, attn_weight, per_head_inputs
 from ..exact.postnorm import attn_post, patched_heads
-from ..exact.stream import readers
+from ..exact.stream import ablation_values, readers
 from ..metrics import Metric, metric_value
 from ._substrate import INPUT_POINTS, record, sender_points
 from .graph import EdgeLayout
@@ -29,12 +29,8 @@ def ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor |
     points = sender_points(model, embedding)
     if method == "zero":
         return {k: torch.zeros_like(v) for k, v in record(model, tokens, points).items()}
-    ref = record(model, reference, points)
-    if method == "position_mean":
-        return {k: v.mean(0, keepdim=True).expand(B, *v.shape[1:]) for k, v in ref.items()}
-    if method == "mean":
-        return {k: v.mean((0, 1), keepdim=True).expand(B, P, *v.shape[2:]) for k, v in ref.items()}
-    return ref
+    values = ablation_values(model, reference, method, points)
+    return values if method == "resample" else {k: v.expand(B, P, *v.shape[2:]) for k, v in values.items()}
 
 
 def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: EdgeLayout, keep: torch.Tensor,

@@ -196,6 +196,29 @@ def record(model: Model, tokens: torch.Tensor, names: Callable[[str], bool]) -> 
     return box
 
 
+def ablation_values(model: Model, reference: torch.Tensor, method: str, names: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    """What an ablated activation is set to, at each hook point ``names`` selects, from a run on
+    ``reference`` (:func:`record`), by ``method`` (:data:`rs_interp.Ablation`): ``"resample"``, the
+    reference's own (batch, pos, ...); ``"position_mean"``, its mean over the batch (1, pos, ...);
+    ``"mean"``, over the batch and the positions (1, 1, ...): each broadcasts against the run's
+    activation. ``"zero"`` needs no run: the caller's zeros.
+
+    >>> import rs_interp as ri
+    >>> model, ref = ri.load_toy_model("induction-1l"), ri.induction_batch(3, seed=0).tokens
+    >>> means = ablation_values(model, ref, "mean", lambda n: n == "blocks.0.attn.hook_z")
+    >>> tuple(means["blocks.0.attn.hook_z"].shape) == (1, 1, model.cfg.n_heads, model.cfg.d_head)
+    True
+    """
+    if method == "zero":
+        raise ValueError("a zero ablation needs no reference run: the caller's zeros")
+    box = record(model, reference, names)
+    if method == "position_mean":
+        return {k: v.mean(0, keepdim=True) for k, v in box.items()}
+    if method == "mean":
+        return {k: v.mean((0, 1), keepdim=True) for k, v in box.items()}
+    return box
+
+
 def receiver_hook(label: str, n_layers: int) -> tuple[int, str, int | None]:
     """Where a value is added to one receiver's input, split: (its layer, the hook point, the head or
     KV-head index along the hook's head axis, None for an MLP's input and the final stream).

@@ -37,8 +37,9 @@ from .._budget import stacked_copies
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.stream import ablation_values
 from ..exact.validate import Ablation, check_ablation, check_heads, check_int_range, check_positions
-from ..hooks import mean_heads, resample_heads, store, store_matching, zero_heads
+from ..hooks import mean_heads, resample_heads, store_matching, zero_heads
 from ..labels import head_labels
 from ..metrics import Metric, metric_value, top_effects
 
@@ -81,11 +82,10 @@ def _reference_z(model: Model, reference: torch.Tensor, method: str, layers: Seq
     d_head) or the reference z (batch, pos, head, d_head)."""
     if method == "zero":
         return {}
-    box: dict[str, torch.Tensor] = {}
-    with torch.no_grad(), model.hooks(fwd_hooks=[(N.z(l), store(box, str(l))) for l in layers]):
-        model(reference, return_type=None)
-    reduce = {"mean": lambda z: z.mean(dim=(0, 1)), "position_mean": lambda z: z.mean(dim=0)}.get(method, lambda z: z)
-    return {l: reduce(box[str(l)]) for l in layers}
+    names = {N.z(l) for l in layers}
+    values = ablation_values(model, reference, method, lambda n: n in names)
+    drop = {"mean": (0, 0), "position_mean": (0,)}.get(method, ())  # the broadcast axes, as mean_heads takes them
+    return {l: values[N.z(l)][drop] for l in layers}
 
 
 def _hook(method: str, value: torch.Tensor | None, head_indices: Sequence[int]) -> Callable:
