@@ -7,16 +7,15 @@ is replaced (:func:`rs_interp.exact.postnorm.patched_heads`)."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
 import torch
 
 from .. import _backend
 from .. import _names as N
-from .._backend import Model, attn_weight, per_head_inputs
+from .._backend import Model, attn_weight
 from ..exact.postnorm import attn_post, patched_heads
-from ..exact.stream import ablation_values, readers
+from ..exact.stream import ablation_values, readers, routed
 from ..metrics import Metric, metric_value
 from ._substrate import INPUT_POINTS, record, sender_points
 from .graph import EdgeLayout
@@ -158,7 +157,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
         fwd += [h for h in layer if h[0] == N.resid_post(l)]
     # The per-head inputs are switched on (3.x) or emulated (4.x's native attention) only where a
     # layer is read split: on the projected layers they would be a per-head copy of the stream for nothing.
-    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable, model.hooks(fwd_hooks=runnable):
+    with routed(model, fwd, split=split) as runnable, model.hooks(fwd_hooks=runnable):
         return metric_value(metric(model(tokens, return_type="logits")), what)
 
 

@@ -46,10 +46,10 @@ import torch
 
 from .. import _backend
 from .. import _names as N
-from .._backend import Model, Stop, attn_weight, per_head_inputs, per_query_head, run_from
+from .._backend import Model, Stop, attn_weight, per_query_head, run_from
 from .._progress import bar
 from ..exact.certificate import Certificate
-from ..exact.stream import readers
+from ..exact.stream import readers, routed, stacked_start
 from ..labels import parse
 from .graph import EdgeLayout
 
@@ -81,8 +81,7 @@ def dropped(model: Model, layer: int | None, fwd: list) -> Iterator[list]:
     """``fwd`` with :func:`drop_hooks` of ``layer`` ahead, routed through the per-head inputs where a
     reader is read split."""
     drops = drop_hooks(model, layer)
-    split = any("_input" in name for name, _ in drops)
-    with (per_head_inputs(model, drops + fwd) if split else contextlib.nullcontext(drops + fwd)) as runnable:
+    with routed(model, drops + fwd, split=any("_input" in name for name, _ in drops)) as runnable:
         yield runnable
 
 
@@ -99,7 +98,6 @@ def _replica_z(model: Model, tokens: torch.Tensor, layer: int, make_hooks: Calla
     certificate's ``rows``), else one pass per replica; from the cached stream entering ``layer`` where
     running from a layer reproduces the model (``start at layer``), else from the tokens."""
     B = tokens.shape[0]
-    from_layer = cert.holds("start at layer")
     out = []
     for m0, m1 in [(0, n_rep)] if cert.holds("rows") else [(m, m + 1) for m in range(n_rep)]:
         got: dict[str, torch.Tensor] = {}
@@ -110,29 +108,14 @@ def _replica_z(model: Model, tokens: torch.Tensor, layer: int, make_hooks: Calla
 
         k = m1 - m0
         fwd = make_hooks(m0, m1) + [(N.z(layer), grab)]
-        with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable, model.hooks(fwd_hooks=runnable), \
-                torch.no_grad():
+        x, start, spe = stacked_start(model, tokens, box, layer, k, cert.holds("start at layer"))
+        with routed(model, fwd, split=split) as runnable, model.hooks(fwd_hooks=runnable), torch.no_grad():
             try:
-                if from_layer:
-                    spe = box.get(N.POS_EMBED)
-                    run_from(model, box[N.resid_pre(layer)].repeat(k, 1, 1), start=layer,
-                             spe=None if spe is None else spe.repeat(k, 1, 1))
-                else:
-                    model(tokens.repeat(k, 1), return_type=None)
+                run_from(model, x, start=start, spe=spe)
             except Stop:
                 pass
         out.append(got["z"].to(torch.float64).reshape(k, B, *got["z"].shape[1:]))
     return torch.cat(out)
-
-
-def stream_points(model: Model, layers: set[int], *, attention: bool = False) -> Callable[[str], bool]:
-    """The hook points a replica pass starts from: the stream entering each of ``layers`` (and the
-    shortformer positions); with ``attention``, also each layer's ``hook_q``, ``hook_k``, ``hook_v``
-    and ``hook_pattern`` (what :func:`edge_qk_fix` forms patterns from)."""
-    names = {N.resid_pre(l) for l in layers}
-    names |= {N.projection(l, n) for l in layers for n in ("q", "k", "v")} | {N.pattern(l) for l in layers} if attention else set()
-    short = model.cfg.positional_embedding_type == "shortformer"
-    return lambda n: n in names or (short and n == N.POS_EMBED)
 
 
 def node_qk_deltas(model: Model, tokens: torch.Tensor, ref: dict[str, torch.Tensor], box: dict[str, torch.Tensor],

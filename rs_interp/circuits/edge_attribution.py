@@ -44,11 +44,11 @@ from .._backend import Model
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.readout import compute_dtype
-from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, watched
+from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, start_points, watched
 from ..hooks import store_matching
 from ..metrics import Metric
 from ._substrate import IGRule, check_pair, outside_inference_mode, record, sender_points, writes
-from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix, stream_points
+from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix
 from .correction import clean_metric, quadrature, run_passes
 from .graph import EdgeEffects, edge_layout
 from .uncertainty import Spread
@@ -296,7 +296,7 @@ def edge_attribution_patching(
             key[0] = None
         value = clean_metric(model, tokens, metric, value)
         if qk_fix:
-            box = record(model, tokens, stream_points(model, set(range(model.cfg.n_layers)), attention=True))
+            box = record(model, tokens, start_points(model, attention=True))
             fixed = edge_qk_fix(model, layout, tokens, stack[0], grads_z, box, cert, per_example, memory_budget, progress)
             for buf, fix in zip(first, fixed):
                 buf.copy_(torch.where(fix.isnan(), buf, fix))

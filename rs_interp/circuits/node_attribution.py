@@ -39,11 +39,11 @@ from .. import _names as N
 from .._backend import Model, kv_groups
 from .._state import preserve_state
 from ..exact.certificate import require
-from ..exact.stream import RESID0, mlp_flags, watched
+from ..exact.stream import RESID0, mlp_flags, start_points, watched
 from ..labels import head_label, kv_label
 from ..metrics import Metric, top_effects
 from ._substrate import IGRule, check_pair, outside_inference_mode, record
-from .atp_star import check_drop_layers, combine_drops, dropped, node_qk_deltas, stream_points
+from .atp_star import check_drop_layers, combine_drops, dropped, node_qk_deltas
 from .correction import clean_metric, quadrature, run_passes
 from .edge_attribution import check_options
 from .uncertainty import Spread
@@ -214,7 +214,7 @@ def attribution_patching(
             raise ValueError(f"{node_point(missing)} got no gradient: on this model it is off the forward path (the "
                              f"patch would change nothing), so {nodes!r} nodes cannot be estimated; try nodes='z'")
         if qk_fix:
-            box = record(model, tokens, stream_points(model, set(range(L))))
+            box = record(model, tokens, start_points(model))
             moved = node_qk_deltas(model, tokens, ref, box, cert, nodes, progress)
             group = cfg.n_heads // n
             for buf, grads in zip(first, grads_z):

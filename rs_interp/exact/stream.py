@@ -156,9 +156,41 @@ def reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[
     for l in sorted({r.layer for r in wanted if r.projected}):
         fwd.append((N.resid_pre(l), keep_stream))
     fwd += [(r.hook, hook_for(r)) for r in wanted]
-    split = any(r.kind in "qkv" and not r.projected for r in wanted)
-    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable:
+    with routed(model, fwd, split=any(r.kind in "qkv" and not r.projected for r in wanted)) as runnable:
         yield runnable
+
+
+@contextlib.contextmanager
+def routed(model: Model, fwd: Sequence[tuple], *, split: bool) -> Iterator[list]:
+    """``fwd`` ready for ``model.hooks``: with ``split`` (a hook of it reads a head's input split,
+    ``hook_{q,k,v}_input``), through :func:`rs_interp._backend.per_head_inputs` (TransformerLens's
+    per-head inputs switched on for the block, or emulated, and restored); else as given (the model's
+    own pass, no per-head copy of the stream)."""
+    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(list(fwd))) as runnable:
+        yield runnable
+
+
+def start_points(model: Model, layers: set[int] | None = None, *, attention: bool = False) -> Callable[[str], bool]:
+    """The hook points a pass started at a layer reads (:func:`stacked_start`): the stream entering
+    each of ``layers`` (default every layer) and, on shortformer positions, ``hook_pos_embed``; with
+    ``attention``, also each of those layers' ``hook_q``, ``hook_k``, ``hook_v`` and ``hook_pattern``."""
+    layers = set(range(model.cfg.n_layers)) if layers is None else layers
+    names = {N.resid_pre(l) for l in layers}
+    names |= {N.projection(l, n) for l in layers for n in ("q", "k", "v")} | {N.pattern(l) for l in layers} if attention else set()
+    short = model.cfg.positional_embedding_type == "shortformer"
+    return lambda n: n in names or (short and n == N.POS_EMBED)
+
+
+def stacked_start(model: Model, tokens: torch.Tensor, box: dict[str, torch.Tensor], layer: int, copies: int,
+                  from_layer: bool) -> tuple[torch.Tensor, int | None, torch.Tensor | None]:
+    """Where ``copies`` copies of the run, stacked along the batch, start: ``(x, start, spe)`` for
+    :func:`rs_interp._backend.run_from`. With ``from_layer`` (where running from a layer reproduces
+    the model: the certificate's ``start at layer``), the stream entering ``layer`` cached in ``box``
+    (:func:`start_points`) and the shortformer positions; else the tokens (``start=None``)."""
+    if not from_layer:
+        return tokens.repeat(copies, 1), None, None
+    spe = box.get(N.POS_EMBED) if model.cfg.positional_embedding_type == "shortformer" else None
+    return box[N.resid_pre(layer)].repeat(copies, 1, 1), layer, None if spe is None else spe.repeat(copies, 1, 1)
 
 
 def zero_leaf(model: Model) -> tuple[torch.Tensor, tuple[str, Callable]]:

@@ -37,7 +37,7 @@ from .._budget import stacked_copies
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
-from ..exact.stream import ablation_values
+from ..exact.stream import ablation_values, stacked_start, start_points
 from ..exact.validate import Ablation, check_ablation, check_heads, check_int_range, check_positions
 from ..hooks import mean_heads, resample_heads, store_matching, zero_heads
 from ..labels import head_labels
@@ -188,8 +188,6 @@ def head_ablation_scan(
     L, n_heads = cfg.n_layers, cfg.n_heads
     values = torch.full((L, n_heads), float("nan"), dtype=torch.float64)
     box: dict[str, torch.Tensor] = {}
-    is_pre = N.every(N.resid_pre)
-    names = lambda n: is_pre(n) or n == N.POS_EMBED  # noqa: E731
     B, P = tokens.shape
     # Several heads per pass, stacked along the batch, where each row is computed on its own (the
     # certificate's "rows": a hook reading the batch as a whole would see the stack); else one per pass.
@@ -197,14 +195,13 @@ def head_ablation_scan(
     per_pass = per_pass if cert.holds("rows") else 1
     with preserve_state(model), torch.no_grad():
         refs = _reference_z(model, ref, method, range(L))
-        with model.hooks(fwd_hooks=store_matching(box, model, names)):
+        with model.hooks(fwd_hooks=store_matching(box, model, start_points(model))):
             clean = metric_value(metric(_logits(model, tokens, None, None, pos)), "clean run")
-        spe = box.get(N.POS_EMBED) if cfg.positional_embedding_type == "shortformer" else None
         jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads)))) for l in range(L) for h0 in range(0, n_heads, per_pass)]
         for l, group in bar(jobs, desc="head ablation scan", enabled=progress, unit="pass"):
             k = len(group)
             # replica i ablates head group[i]
-            resid = box[N.resid_pre(l)].repeat(k, 1, 1) if from_layer else tokens.repeat(k, 1)
+            x, start, spe = stacked_start(model, tokens, box, l, k, from_layer)
             value = refs.get(l)
             if method == "resample":
                 value = value.repeat(k, 1, 1, 1)
@@ -224,7 +221,7 @@ def head_ablation_scan(
                 return out
 
             with model.hooks(fwd_hooks=[(N.z(l), ablate)]):
-                logits = _logits(model, resid, l if from_layer else None, None if spe is None or not from_layer else spe.repeat(k, 1, 1), pos)
+                logits = _logits(model, x, start, spe, pos)
             for i, h in enumerate(group):
                 values[l, h] = metric_value(metric(logits[i * B : (i + 1) * B]), f"head ({l}, {h})")
     return HeadAblationScan(effect=values - clean, clean=clean, ablated=values, method=method, labels=head_labels(L, n_heads))
