@@ -104,6 +104,13 @@ def hook_names(model: Model, transcoders: TranscoderSet) -> list[str]:
             + [N.mlp_out(l) for l in range(L)] + [N.pattern(l) for l in range(L)])
 
 
+def mlp_hooks(model: Model, transcoders: TranscoderSet, at_input: Callable[[int], Callable],
+              at_output: Callable[[int], Callable]) -> list[tuple[str, Callable]]:
+    """What every pass of the replacement model hooks per layer: ``at_input(l)`` at the transcoder's input
+    point (:func:`input_hook`), ``at_output(l)`` at ``hook_mlp_out`` (where the transcoder writes)."""
+    return [h for l in range(model.cfg.n_layers) for h in ((input_hook(model, transcoders, l), at_input(l)), (N.mlp_out(l), at_output(l)))]
+
+
 def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple[str, Callable]]:
     """Hooks putting ``patterns`` (by ``attn.hook_pattern`` name, batch 1) back where an edit at ``hook_pattern`` is
     discarded (:func:`rs_interp._backend.pattern_after_attention`): ``hook_z`` set to ``pattern v``, ``v`` this run's
@@ -171,9 +178,8 @@ def clean_run(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor) ->
     box: dict[str, torch.Tensor] = {}
     L = model.cfg.n_layers
     hooks = [(n, _store(box, n)) for n in freeze_names(model)] + [(N.EMBED, _store(box, "embed"))]
-    for l in range(L):
-        hooks.append((input_hook(model, transcoders, l), _store(box, f"in{l}", lambda t, l=l: finish_input(model, transcoders, l, t))))
-        hooks.append((N.mlp_out(l), _store(box, f"out{l}")))
+    hooks += mlp_hooks(model, transcoders, lambda l: _store(box, f"in{l}", lambda t: finish_input(model, transcoders, l, t)),
+                       lambda l: _store(box, f"out{l}"))
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         logits = model(tokens, return_type="logits")
     frozen = {n: box[n] for n in freeze_names(model)}
@@ -202,10 +208,8 @@ def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, token
     hooks += pattern_hooks(model, clean.frozen)
     if embed is not None:
         hooks.append((N.EMBED, lambda t, hook: embed[None].to(t.dtype)))
-    for l in range(model.cfg.n_layers):
-        hooks.append((input_hook(model, transcoders, l),
-                      lambda t, hook, l=l: box.__setitem__(f"in{l}", finish_input(model, transcoders, l, t)[0])))
-        hooks.append((N.mlp_out(l), set_out(l)))
+    hooks += mlp_hooks(model, transcoders, lambda l: lambda t, hook: box.__setitem__(f"in{l}", finish_input(model, transcoders, l, t)[0]),
+                       set_out)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         logits = model(tokens, return_type="logits")
     return [box[f"in{l}"] for l in range(model.cfg.n_layers)], logits[0]
@@ -267,8 +271,7 @@ def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor,
 
     hooks = [(n, detach) for n in freeze_names(model)] + [(N.EMBED, embed), (N.UNEMBED_IN, final)]
     hooks += pattern_hooks(model, patterns or {})
-    for l in range(L):
-        hooks += [(input_hook(model, transcoders, l), read(l)), (N.mlp_out(l), cut(l))]
+    hooks += mlp_hooks(model, transcoders, read, cut)
     # the MLP's own output is cut: nothing inside it needs a gradient, so none of its activations is kept for one
     hooks += [(n, detach) for n in model.hook_dict if n.endswith(("mlp.hook_pre", "mlp.hook_pre_linear"))]
     hooks += [(n, keep) for n in capture]
