@@ -13,9 +13,9 @@ import torch
 
 from .. import _backend
 from .. import _names as N
-from .._backend import Model, attn_weight
+from .._backend import Model
 from ..exact.postnorm import attn_post, patched_heads
-from ..exact.stream import ablation_values, readers, routed
+from ..exact.stream import ablation_values, reader_weight, readers, routed
 from ..metrics import Metric, metric_value
 from ._substrate import INPUT_POINTS, record, sender_points
 from .graph import EdgeLayout
@@ -102,11 +102,8 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
 
     def projected_receiver(r):
         cols = [column[lab] for lab in r.labels]
-        attn = model.blocks[r.layer].attn
-        W = attn_weight(attn, f"W_{r.kind.upper()}", cfg.n_heads).detach()  # (head, d_model, d_head)
-        b = attn_weight(attn, f"b_{r.kind.upper()}", cfg.n_heads).detach()  # (head, d_head)
-        if len(cols) != cfg.n_heads:  # one per KV head: query head h reads KV head h // group
-            W, b = W[:: cfg.n_heads // len(cols)], b[:: cfg.n_heads // len(cols)]
+        W = reader_weight(model, r.layer, f"W_{r.kind.upper()}", len(cols))  # (head or KV head, d_model, d_head)
+        b = reader_weight(model, r.layer, f"b_{r.kind.upper()}", len(cols))  # (head or KV head, d_head)
         norm = _backend.pre_norm(model, r.layer, "ln1")
 
         def fn(t: torch.Tensor, *, hook) -> torch.Tensor | None:

@@ -46,10 +46,10 @@ import torch
 
 from .. import _backend
 from .. import _names as N
-from .._backend import Model, Stop, attn_weight, per_query_head, run_from
+from .._backend import Model, Stop, per_query_head, run_from
 from .._progress import bar
 from ..exact.certificate import Certificate
-from ..exact.stream import readers, routed, stacked_start
+from ..exact.stream import reader_weight, readers, routed, stacked_start
 from ..labels import parse
 from .graph import EdgeLayout
 
@@ -243,12 +243,11 @@ def _by_hand(model: Model, l: int, box: dict, delta: torch.Tensor, senders: list
     W_Q + b_Q`` (``k'`` alike), the causal softmax of the rotated scores, ``z' - z = (A' - A) v``: on the
     layers whose projections and patterns the certificate vouches for (``projections``, ``scores``)."""
     cfg = model.cfg
-    attn = model.blocks[l].attn
     H = cfg.n_heads
     x = box[N.resid_pre(l)].to(torch.float64)
     q, k, v = (box[N.projection(l, n)].to(torch.float64) for n in "qkv")
     G = k.shape[2]
-    W = {n: attn_weight(attn, f"W_{n.upper()}", H).detach().to(torch.float64)[:: H // (G if n == "k" else H)] for n in "qk"}
+    W = {n: reader_weight(model, l, f"W_{n.upper()}", G if n == "k" else H, torch.float64) for n in "qk"}
     ln = _norm(model, l, x)
     A = _pattern(model, l, q, k)
     v = per_query_head(v, H, -2)

@@ -98,14 +98,21 @@ def watched(t: torch.Tensor, contract: Callable[[torch.Tensor], None]) -> torch.
     return out
 
 
+def reader_weight(model: Model, layer: int, name: str, n: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Layer ``layer``'s ``W_{Q,K,V}`` (reader, d_model, d_head) or ``b_{Q,K,V}`` (reader, d_head), ``name``,
+    detached (in ``dtype``, if given), for ``n`` readers: one per head, or one per KV head where ``n`` is
+    fewer (query head ``h`` reads KV head ``h // group``)."""
+    t = attn_weight(model.blocks[layer].attn, name, model.cfg.n_heads).detach()
+    t = t if dtype is None else t.to(dtype)
+    return t if n == model.cfg.n_heads else t[:: model.cfg.n_heads // n]
+
+
 def _through_projection(model: Model, reader: Reader, stream: dict[int, torch.Tensor], dt: torch.dtype) -> Callable:
     """``hook_{x}``'s gradient (batch, pos, head, d_head) -> the per-head inputs' (head, batch * pos *
     d_model) in ``dt``, written into the caller's buffer: the norm's input gradient behind the projection
     (:meth:`rs_interp.exact.norm.Norm.through_projection`), the stream's statistics those of the run."""
-    cfg, l, x = model.cfg, reader.layer, reader.kind
-    W = attn_weight(model.blocks[l].attn, f"W_{x.upper()}", cfg.n_heads).detach().to(dt)  # (head, d_model, d_head)
-    if len(reader.labels) != cfg.n_heads:
-        W = W[:: cfg.n_heads // len(reader.labels)]  # one per KV head: query head h reads KV head h // group
+    l, x = reader.layer, reader.kind
+    W = reader_weight(model, l, f"W_{x.upper()}", len(reader.labels), dt)  # (head or KV head, d_model, d_head)
     through = _backend.pre_norm(model, l, "ln1").to(dt).through_projection(W)
 
     def to_input(grad: torch.Tensor, out: torch.Tensor) -> None:
