@@ -49,11 +49,11 @@ from .. import _names as N
 from .._backend import Model, Stop, per_query_head, run_from
 from .._progress import bar
 from ..exact.certificate import Certificate
-from ..exact.stream import reader_weight, readers, routed, stacked_start
+from ..exact.stream import reader_weight, readers, routed, stacked_start, watched
 from ..labels import parse
 from .graph import EdgeLayout
 
-__all__ = ["drop_hooks", "dropped", "combine_drops", "node_qk_deltas", "edge_qk_fix", "check_drop_layers"]
+__all__ = ["drop_hooks", "dropped", "z_gradients", "combine_drops", "node_qk_deltas", "edge_qk_fix", "check_drop_layers"]
 
 
 def check_drop_layers(model: Model) -> list[int]:
@@ -83,6 +83,19 @@ def dropped(model: Model, layer: int | None, fwd: list) -> Iterator[list]:
     drops = drop_hooks(model, layer)
     with routed(model, drops + fwd, split=any("_input" in name for name, _ in drops)) as runnable:
         yield runnable
+
+
+def z_gradients(grads_z: list[dict[int, torch.Tensor]], state: dict) -> list[tuple[Callable, Callable]]:
+    """The hook keeping ``dm/dz`` per layer (what the QK fix contracts) in ``grads_z[round]`` (one dict per
+    GradDrop round, ``state["drop"]``), from the first-order backward pass (``state["phase"] == 1``)."""
+
+    def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
+        def keep(grad: torch.Tensor, layer: int = N.layer_of(hook.name)) -> None:
+            if state["phase"] == 1:
+                grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
+        return watched(z, keep)
+
+    return [(N.every(N.z), on_z)]
 
 
 def combine_drops(estimates: list[torch.Tensor], n_layers: int) -> torch.Tensor:

@@ -44,11 +44,11 @@ from .._backend import Model
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.readout import compute_dtype
-from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, start_points, watched
+from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, start_points
 from ..hooks import store_matching
 from ..metrics import Metric
 from ._substrate import IGRule, check_pair, outside_inference_mode, record, sender_points, writes
-from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix
+from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix, z_gradients
 from .correction import clean_metric, quadrature, run_passes
 from .graph import EdgeEffects, edge_layout
 from .uncertainty import Spread
@@ -277,13 +277,7 @@ def edge_attribution_patching(
                 buf, w = second, seconds[state["point"]]
             pending.append((buf, w, stack[0], G, cols, upstream[cols[0]]))
 
-        def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
-            def keep(grad: torch.Tensor, layer: int = N.layer_of(hook.name)) -> None:
-                if state["phase"] == 1:
-                    grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
-            return watched(z, keep)
-
-        fwd = (store_matching(run, model, points) if plain_run else []) + ([(N.every(N.z), on_z)] if qk_fix else [])
+        fwd = (store_matching(run, model, points) if plain_run else []) + (z_gradients(grads_z, state) if qk_fix else [])
         if post_norm and not plain_run:  # each pass's heads' outputs: where its post-norms' Jacobians are taken
             fwd += store_matching(here, model, N.every(N.z))
         for d, layer in enumerate(drops):

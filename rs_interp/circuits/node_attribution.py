@@ -43,7 +43,7 @@ from ..exact.stream import RESID0, mlp_flags, start_points, watched
 from ..labels import head_label, kv_label
 from ..metrics import Metric, top_effects
 from ._substrate import IGRule, check_pair, outside_inference_mode, record
-from .atp_star import check_drop_layers, combine_drops, dropped, node_qk_deltas
+from .atp_star import check_drop_layers, combine_drops, dropped, node_qk_deltas, z_gradients
 from .correction import clean_metric, quadrature, run_passes
 from .edge_attribution import check_options
 from .uncertainty import Spread
@@ -196,13 +196,7 @@ def attribution_patching(
 
             return watched(t, contract)
 
-        def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
-            def keep(grad: torch.Tensor, layer: int = N.layer_of(hook.name)) -> None:
-                if state["phase"] == 1:
-                    grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
-            return watched(z, keep)
-
-        fwd = [(is_node, on_node)] + ([(N.every(N.z), on_z)] if qk_fix else [])
+        fwd = [(is_node, on_node)] + (z_gradients(grads_z, state) if qk_fix else [])
         for d, layer in enumerate(drops):
             state["drop"] = d
             with dropped(model, layer, fwd) as hooks:
