@@ -7,10 +7,12 @@ in compatibility mode). A helper asks for ``names.z(l)``, never spells ``f"block
 
 from __future__ import annotations
 
+from typing import Callable
+
 __all__ = [
     "EMBED", "POS_EMBED", "UNEMBED_IN", "RESID0", "block", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_in",
     "mlp_out", "z", "q", "k", "v", "pattern", "scores", "projection", "qkv_input", "normalized", "scale", "mlp_post",
-    "final_stream", "layer_of",
+    "final_stream", "layer_of", "in_block", "norm_input", "every",
 ]
 
 EMBED = "hook_embed"
@@ -22,6 +24,12 @@ RESID0 = "blocks.0.hook_resid_pre"
 
 def block(l: int) -> str:
     return f"blocks.{l}."
+
+
+def in_block(l: int, path: str) -> str:
+    """``blocks.l.<path>``: what block ``l`` holds, by its path inside the block (a module, a hook point,
+    or a parameter: HookedTransformer's state-dict key, ``in_block(0, "attn.W_Q")``)."""
+    return f"blocks.{l}.{path}"
 
 
 def resid_pre(l: int) -> str:
@@ -91,6 +99,11 @@ def normalized(l: int, norm: str) -> str:
     return f"blocks.{l}.{norm}.hook_normalized"
 
 
+def norm_input(l: int, norm: str) -> str:
+    """``blocks.l.{ln1,ln2}.hook_in``: what enters a block's norm (TransformerLens 4's bridge)."""
+    return f"blocks.{l}.{norm}.hook_in"
+
+
 def scale(l: int, norm: str) -> str:
     return f"blocks.{l}.{norm}.hook_scale"
 
@@ -108,3 +121,25 @@ def layer_of(name: str) -> int | None:
     """
     parts = name.split(".")
     return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit() else None
+
+
+def every(*points: str | Callable[[int], str]) -> Callable[[str], bool]:
+    """A name filter true on each of ``points``: a name, or one of this module's functions of the layer
+    (true on ``point(l)`` for every layer ``l``); for :func:`rs_interp.hooks.store_matching` and ``fwd_hooks``.
+
+    >>> is_z = every(z)
+    >>> is_z("blocks.2.attn.hook_z"), is_z("blocks.2.attn.hook_q"), is_z("hook_embed")
+    (True, False, False)
+    >>> every(EMBED, pattern)("hook_embed"), every(EMBED, pattern)("blocks.0.attn.hook_pattern")
+    (True, True)
+    """
+    names = {p for p in points if isinstance(p, str)}
+    per_layer = [p for p in points if not isinstance(p, str)]
+
+    def matches(name: str) -> bool:
+        if name in names:
+            return True
+        l = layer_of(name)
+        return l is not None and any(name == point(l) for point in per_layer)
+
+    return matches

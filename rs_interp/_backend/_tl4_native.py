@@ -16,6 +16,7 @@ from transformer_lens.model_bridge.generalized_components.position_embeddings_at
 )
 from transformer_lens.model_bridge.sources.native.model import NativeAttention
 
+from .. import _names as N
 from .common import PORTABLE_FIELDS, TL_VERSION
 
 __all__: list[str] = []
@@ -93,12 +94,12 @@ def _tl3_order(cfg: Any) -> list[str]:
     norm = {"LN": ["w", "b"], "RMS": ["w"]}.get(cfg.normalization_type, [])
     names = ["embed.W_E"] + (["pos_embed.W_pos"] if cfg.positional_embedding_type == "standard" else [])
     for l in range(cfg.n_layers):
-        names += [f"blocks.{l}.ln1.{p}" for p in norm]
+        names += [N.in_block(l, f"ln1.{p}") for p in norm]
         if not cfg.attn_only:
-            names += [f"blocks.{l}.ln2.{p}" for p in norm]
-        names += [f"blocks.{l}.attn.{p}" for p in ("W_Q", "W_O", "b_Q", "b_O", "W_K", "W_V", "b_K", "b_V")]
+            names += [N.in_block(l, f"ln2.{p}") for p in norm]
+        names += [N.in_block(l, f"attn.{p}") for p in ("W_Q", "W_O", "b_Q", "b_O", "W_K", "W_V", "b_K", "b_V")]
         if not cfg.attn_only:
-            names += [f"blocks.{l}.mlp.{p}" for p in ("W_in", "b_in", "W_out", "b_out")]
+            names += [N.in_block(l, f"mlp.{p}") for p in ("W_in", "b_in", "W_out", "b_out")]
     return names + [f"ln_final.{p}" for p in norm] + ["unembed.W_U", "unembed.b_U"]
 
 

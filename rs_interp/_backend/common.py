@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from .. import _names as N
+
 TL_VERSION: str = importlib.metadata.version("transformer-lens")
 TL_MAJOR: int = int(TL_VERSION.split(".")[0])
 
@@ -29,8 +31,6 @@ HOOK_FLAGS = ("use_split_qkv_input", "use_attn_result", "use_attn_in", "use_hook
 
 #: HookedTransformer's buffers: rebuilt from the config, never part of a checkpoint.
 _HT_BUFFERS = (".mask", ".IGNORE", ".rotary_sin", ".rotary_cos")
-
-QKV_INPUTS = ("hook_q_input", "hook_k_input", "hook_v_input")
 
 
 class Stop(Exception):
@@ -54,11 +54,10 @@ def qkv_input_target(name: Any) -> tuple[int, str] | None:
     >>> qkv_input_target("blocks.3.hook_k_input"), qkv_input_target("blocks.3.attn.hook_k")
     ((3, 'k'), None)
     """
-    parts = name.split(".") if isinstance(name, str) else []
-    if len(parts) == 4 and parts[2] == "attn":
-        parts = parts[:2] + parts[3:]
-    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in QKV_INPUTS:
-        return int(parts[1]), parts[2][5]
+    l = N.layer_of(name) if isinstance(name, str) else None
+    for x in "qkv" if l is not None else "":
+        if name in (N.qkv_input(l, x), N.in_block(l, f"attn.hook_{x}_input")):  # the second: 4.x bridge's own point
+            return l, x
     return None
 
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from .. import _names as N
 from ..exact.norm import Norm
 from .common import HookName, Stop, logit_softcap, per_query_head, qkv_input_target
 
@@ -96,9 +97,9 @@ def qkv_input_hooks(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set
             def keep(x: torch.Tensor, *, hook: Any, layer: int = layer) -> None:
                 stream[layer] = x
 
-            removers.append(_prepend(model.hook_dict[f"blocks.{layer}.ln1.hook_in"], keep))
+            removers.append(_prepend(model.hook_dict[N.norm_input(layer, "ln1")], keep))
         for (layer, which), fns in wanted.items():
-            point = model.hook_dict[f"blocks.{layer}.attn.hook_{which}"]
+            point = model.hook_dict[N.projection(layer, which)]
             removers.append(_prepend(point, _projection(model, layer, which, fns, stream, norm_of(model.blocks[layer].ln1))))
         yield rest
     finally:
@@ -108,7 +109,7 @@ def qkv_input_hooks(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set
 
 def _projection(model: Any, layer: int, which: str, fns: list[Callable], stream: dict[int, torch.Tensor], norm: Norm) -> Callable:
     block = model.blocks[layer]
-    name = f"blocks.{layer}.hook_{which}_input"
+    name = N.qkv_input(layer, which)
 
     def fn(projected: torch.Tensor, *, hook: Any) -> torch.Tensor:
         W = getattr(block.attn, f"W_{which.upper()}")  # (head, d_model, d_head), native layout
@@ -152,8 +153,7 @@ def score_hooks(model: Any, layer: int, box: dict[str, torch.Tensor], key: str,
         n = s.shape[-1]
         box[key] = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
 
-    a = f"blocks.{layer}.attn"
-    return [(f"{a}.hook_q", grab("q")), (f"{a}.hook_k", grab("k")), (f"{a}.hook_pattern", scores)]
+    return [(N.q(layer), grab("q")), (N.k(layer), grab("k")), (N.pattern(layer), scores)]
 
 
 def final_stream(model: Any, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -170,7 +170,7 @@ def final_stream(model: Any, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         raise Stop
 
     try:
-        with model.hooks(fwd_hooks=[(f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", grab)]):
+        with model.hooks(fwd_hooks=[(N.final_stream(model.cfg.n_layers), grab)]):
             model(x, **kwargs)
     except Stop:
         pass

@@ -15,6 +15,7 @@ import torch
 from transformer_lens import HookedTransformer as Model
 from transformer_lens import HookedTransformerConfig as ModelConfig
 
+from .. import _names as N
 from .common import _HT_BUFFERS, norm_kind, set_flag
 
 __all__ = ["Model", "ModelConfig"]
@@ -89,7 +90,7 @@ def score_hooks(model: Model, layer: int, box: dict[str, torch.Tensor], key: str
     def keep(t: torch.Tensor, *, hook: Any) -> None:
         box[key] = t.detach()
 
-    return [(f"blocks.{layer}.attn.hook_attn_scores", keep)]
+    return [(N.scores(layer), keep)]
 
 
 def apply_rotary(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -312,7 +313,7 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     unembed = getattr(model, "unembed", None)
     hooked = any(getattr(m, d) for m in (model, unembed) if m is not None
                  for d in ("_forward_hooks", "_forward_pre_hooks")) or "forward" in model.__dict__
-    if (type(unembed).__name__ != "Unembed" or "unembed.hook_in" not in model.hook_dict
+    if (type(unembed).__name__ != "Unembed" or N.UNEMBED_IN not in model.hook_dict
             or getattr(model.cfg, "output_logits_soft_cap", -1.0) > 0 or hooked):  # hooked: the model's own path
         return model(tokens, return_type="logits")
     box: dict[str, torch.Tensor] = {}
@@ -322,7 +323,7 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
         raise Stop
 
     try:
-        with model.hooks(fwd_hooks=[("unembed.hook_in", grab)]):
+        with model.hooks(fwd_hooks=[(N.UNEMBED_IN, grab)]):
             model(tokens, return_type="logits")
     except Stop:
         pass

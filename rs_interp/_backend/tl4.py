@@ -21,6 +21,7 @@ import transformer_lens.model_bridge.sources.native  # noqa: F401  (attaches boo
 from transformer_lens import TransformerBridge as Model
 from transformer_lens import TransformerBridgeConfig as ModelConfig
 
+from .. import _names as N
 from ..exact.norm import Norm
 from . import _tl4_readers, emulation
 from ._tl4_native import (
@@ -57,7 +58,7 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
     native = {l for l in layers if _tl4_readers.emulates_inputs(model, l)}  # emulated (:mod:`._tl4_readers`)
     for l in sorted(layers - native):
         if not has_split_inputs(model, l):
-            raise ValueError(f"blocks.{l}.hook_q_input ... hook_v_input: layer {l}'s attention "
+            raise ValueError(f"{N.qkv_input(l, 'q')} ... hook_v_input: layer {l}'s attention "
                              f"({type(model.blocks[l].attn).__name__}) has no per-head inputs in TransformerLens "
                              f"{TL_VERSION}, and rs_interp emulates them only on native attention and on separate q, k, v "
                              "projections without grouped keys (TransformerLens 3.x converts this architecture with them)")
@@ -77,7 +78,7 @@ def score_hooks(model: Model, layer: int, box: dict[str, torch.Tensor], key: str
         def keep(t: torch.Tensor, *, hook: Any) -> None:
             box[key] = t.detach()
 
-        return [(f"blocks.{layer}.attn.hook_attn_scores", keep)]
+        return [(N.scores(layer), keep)]
     rotary = model.cfg.positional_embedding_type == "rotary"
     rotate = (lambda l, x: apply_rotary(model, l, x)) if rotary else (lambda l, x: x)
     return emulation.score_hooks(model, layer, box, key, rotate, attn_scale(model, layer))
@@ -122,8 +123,7 @@ def make_config(**fields: Any) -> ModelConfig:
     """A ``TransformerBridgeConfig`` for a native bridge.
 
     Raises:
-        NotImplementedError: a positional scheme the native bridge cannot build (shortformer,
-            alibi); the message says to use 3.x.
+        NotImplementedError: a positional scheme the native bridge cannot build (shortformer, alibi); the message says to use 3.x.
         ValueError: ``rotary_adjacent_pairs=True``, or another field that changes the function
             and that the native model does not read (:func:`_refuse_unbuilt`), named.
     """
@@ -211,15 +211,15 @@ def _portable_views(model: Model) -> dict[str, torch.Tensor]:
             # HookedTransformer keeps a grouped-query model's per-KV-head weights as _W_K ... _b_V
             # (W_K is its repeated view): the portable names are those, so checkpoints cross versions.
             grouped = getattr(cfg, "n_key_value_heads", None) and name in KV_WEIGHTS
-            out[f"blocks.{l}.attn.{'_' if grouped else ''}{name}"] = t
+            out[N.in_block(l, f"attn.{'_' if grouped else ''}{name}")] = t
         for ln in ([] if folded else ["ln1"] + ([] if cfg.attn_only else ["ln2"])):
-            out.update(_norm_state(getattr(block, ln), f"blocks.{l}.{ln}"))
+            out.update(_norm_state(getattr(block, ln), N.in_block(l, ln)))
         if not cfg.attn_only:
             for name in ("W_in", "b_in", "W_out", "b_out") + (("W_gate",) if cfg.gated_mlp else ()):
                 t = getattr(block.mlp, name)
                 if t is None:  # 4.3's native gated MLP has no biases: HookedTransformer's zeros
                     t = torch.zeros(cfg.d_mlp if name == "b_in" else cfg.d_model, dtype=cfg.dtype)
-                out[f"blocks.{l}.mlp.{name}"] = t
+                out[N.in_block(l, f"mlp.{name}")] = t
     if not folded:  # a folded GPT-2 keeps unit gains and zero biases that LNPre has no place for
         out.update(_norm_state(model.ln_final, "ln_final"))
     out["unembed.W_U"] = model.W_U

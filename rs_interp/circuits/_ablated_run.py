@@ -7,16 +7,15 @@ is replaced (:func:`rs_interp.exact.postnorm.patched_heads`)."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
 import torch
 
 from .. import _backend
 from .. import _names as N
-from .._backend import Model, attn_weight, per_head_inputs
+from .._backend import Model
 from ..exact.postnorm import attn_post, patched_heads
-from ..exact.stream import readers
+from ..exact.stream import ablation_values, reader_weight, readers, routed
 from ..metrics import Metric, metric_value
 from ._substrate import INPUT_POINTS, record, sender_points
 from .graph import EdgeLayout
@@ -29,12 +28,8 @@ def ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor |
     points = sender_points(model, embedding)
     if method == "zero":
         return {k: torch.zeros_like(v) for k, v in record(model, tokens, points).items()}
-    ref = record(model, reference, points)
-    if method == "position_mean":
-        return {k: v.mean(0, keepdim=True).expand(B, *v.shape[1:]) for k, v in ref.items()}
-    if method == "mean":
-        return {k: v.mean((0, 1), keepdim=True).expand(B, P, *v.shape[2:]) for k, v in ref.items()}
-    return ref
+    values = ablation_values(model, reference, method, points)
+    return values if method == "resample" else {k: v.expand(B, P, *v.shape[2:]) for k, v in values.items()}
 
 
 def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: EdgeLayout, keep: torch.Tensor,
@@ -70,16 +65,17 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
     moves = torch.zeros(len(layout.senders), dtype=torch.float64, device=device)
     diffs = _Differences(moves)
     stream: dict[int, torch.Tensor] = {}
+    is_z = N.every(N.z)
 
     def sender(name: str, layer: int | None):
         def fn(t: torch.Tensor, *, hook) -> None:
             d = ablated[name] - t  # in the run's dtype: D_s is its float64 value (exactly), or dz W_O for heads
-            if name.endswith("hook_z") and attn_post(model, layer, torch.float64).kind is not None:
+            if is_z(name) and attn_post(model, layer, torch.float64).kind is not None:
                 # a post-norm block's head: the exact change through the norm after it, P(r + dz_h W_O^h) - P(r),
                 # not a product of dz (each head its own sender difference)
                 for D_h in patched_heads(model, layer, t, d.to(torch.float64), torch.float64):
                     diffs.add_one(D_h)
-            elif name.endswith("hook_z"):
+            elif is_z(name):
                 diffs.add_heads(d, model.blocks[layer].attn.W_O.detach())
             else:
                 diffs.add_one(d)
@@ -106,11 +102,8 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
 
     def projected_receiver(r):
         cols = [column[lab] for lab in r.labels]
-        attn = model.blocks[r.layer].attn
-        W = attn_weight(attn, f"W_{r.kind.upper()}", cfg.n_heads).detach()  # (head, d_model, d_head)
-        b = attn_weight(attn, f"b_{r.kind.upper()}", cfg.n_heads).detach()  # (head, d_head)
-        if len(cols) != cfg.n_heads:  # one per KV head: query head h reads KV head h // group
-            W, b = W[:: cfg.n_heads // len(cols)], b[:: cfg.n_heads // len(cols)]
+        W = reader_weight(model, r.layer, f"W_{r.kind.upper()}", len(cols))  # (head or KV head, d_model, d_head)
+        b = reader_weight(model, r.layer, f"b_{r.kind.upper()}", len(cols))  # (head or KV head, d_head)
         norm = _backend.pre_norm(model, r.layer, "ln1")
 
         def fn(t: torch.Tensor, *, hook) -> torch.Tensor | None:
@@ -143,7 +136,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
     split = False
     for r in readers(model, projected=True):
         if r.projected:
-            hooks = [(f"blocks.{r.layer}.hook_resid_pre", keep_stream)] if r.kind == "q" else []
+            hooks = [(N.resid_pre(r.layer), keep_stream)] if r.kind == "q" else []
             by_layer.setdefault(r.layer, []).extend(hooks + [(r.hook, projected_receiver(r))])
         else:
             split = split or r.kind in "qkv"
@@ -151,16 +144,17 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
     fwd = [(name, sender(name, None)) for name in inputs]  # hook_embed fires before hook_pos_embed
     for l in range(cfg.n_layers):
         layer = by_layer[l]
-        fwd += [h for h in layer if h[0].endswith("hook_resid_pre")]
-        fwd += [h for h in layer if "_input" in h[0] or ".attn.hook_" in h[0]]
-        fwd.append((f"blocks.{l}.attn.hook_z", sender(f"blocks.{l}.attn.hook_z", l)))
-        fwd += [h for h in layer if h[0].endswith("hook_mlp_in")]
+        heads = {f(l, x) for f in (N.qkv_input, N.projection) for x in "qkv"}
+        fwd += [h for h in layer if h[0] == N.resid_pre(l)]
+        fwd += [h for h in layer if h[0] in heads]
+        fwd.append((N.z(l), sender(N.z(l), l)))
+        fwd += [h for h in layer if h[0] == N.mlp_in(l)]
         if not cfg.attn_only:
-            fwd.append((f"blocks.{l}.hook_mlp_out", sender(f"blocks.{l}.hook_mlp_out", l)))
-        fwd += [h for h in layer if h[0].endswith("hook_resid_post")]
+            fwd.append((N.mlp_out(l), sender(N.mlp_out(l), l)))
+        fwd += [h for h in layer if h[0] == N.resid_post(l)]
     # The per-head inputs are switched on (3.x) or emulated (4.x's native attention) only where a
     # layer is read split: on the projected layers they would be a per-head copy of the stream for nothing.
-    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable, model.hooks(fwd_hooks=runnable):
+    with routed(model, fwd, split=split) as runnable, model.hooks(fwd_hooks=runnable):
         return metric_value(metric(model(tokens, return_type="logits")), what)
 
 

@@ -4,8 +4,9 @@
   activations, ended once recorded);
 - the senders (``embed``, every head, every MLP): :func:`sender_points` (where their writes are
   read), :func:`writes` (each sender's ``write_ref - write``, in the graph's order);
-- the gradient passes: :func:`gradient_passes` (one or ``m`` for EAP-IG), :func:`scalar_metric`,
-  :func:`outside_inference_mode`.
+- the gradient passes: :func:`backward` (one pass, from a zero leaf at the embedding: the points of
+  :func:`ig_alphas` run through it, :func:`rs_interp.circuits.correction.run_passes`), :func:`scalar_metric`,
+  :func:`needs_gradients`, :func:`outside_inference_mode`.
 
 The receivers (every reader of the stream, and its gradient) are :mod:`rs_interp.exact.stream`'s, which
 the certificate (:func:`rs_interp.certify`) reads too.
@@ -22,9 +23,8 @@ import torch
 from .. import _backend
 from .. import _names as N
 from .._backend import Model
-from .._progress import bar
 from ..exact.postnorm import attn_post, linearised_heads, patched_heads
-from ..exact.stream import RESID0, record  # noqa: F401  (record: the circuit methods read it here)
+from ..exact.stream import RESID0, record, zero_leaf  # noqa: F401  (record: the circuit methods read it here)
 from ..exact.validate import check_int_range, check_tokens
 from ..metrics import Metric
 
@@ -68,7 +68,8 @@ def sender_points(model: Model, embedding: str = "sum") -> Callable[[str], bool]
 
     mlps = not model.cfg.attn_only
     inputs = {INPUT_POINTS[s] for s in EMBEDDINGS[embedding]}
-    return lambda n: n in inputs or n.endswith("attn.hook_z") or (mlps and n.endswith("hook_mlp_out"))
+    is_z, is_out = N.every(N.z), N.every(N.mlp_out)
+    return lambda n: n in inputs or is_z(n) or (mlps and is_out(n))
 
 
 def n_senders(model: Model) -> int:
@@ -77,22 +78,25 @@ def n_senders(model: Model) -> int:
 
 
 def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], *, patched: bool = False,
-           at: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """(sender, batch, pos, d_model) float64: each sender's ``write_ref - write``, in the graph's
-    order, written into one buffer (the heads' writes by one batched product per layer). On a post-norm
-    block a head's change passes the norm after the attention (:mod:`rs_interp.exact.postnorm`): to first
+           at: dict[str, torch.Tensor] | None = None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """(sender, batch, pos, d_model) in ``dtype`` (default float64; the edge estimate's contraction asks
+    for its own): each sender's ``write_ref - write``, in the graph's order, written into one buffer (the
+    heads' writes by one batched product per layer). On a post-norm block a head's change passes the norm
+    after the attention (:mod:`rs_interp.exact.postnorm`), always formed in float64 (then cast): to first
     order, its Jacobian at the run (the gradient methods), or ``patched``, the exact change of what the
     attention adds to the stream when only that head is patched (path patching). ``at``: the heads' outputs
     of the pass whose Jacobian is taken (an integrated-gradients point; default the run's)."""
+    if dtype != torch.float64 and _backend.has_post_norms(model):
+        return writes(model, ref, run, patched=patched, at=at).to(dtype)
     cfg = model.cfg
     shape = ref[RESID0].shape
-    out = torch.empty(n_senders(model), *shape, dtype=torch.float64)
-    out[0] = ref[RESID0].to(torch.float64) - run[RESID0].to(torch.float64)
+    out = torch.empty(n_senders(model), *shape, dtype=dtype, device=ref[RESID0].device)
+    torch.sub(ref[RESID0].to(dtype), run[RESID0].to(dtype), out=out[0])
     i = 1
     for l in range(cfg.n_layers):
-        z = f"blocks.{l}.attn.hook_z"
-        delta = (ref[z] - run[z]).to(torch.float64)  # (batch, pos, head, d_head)
-        W_O = model.blocks[l].attn.W_O.detach().to(torch.float64)  # (head, d_head, d_model)
+        z = N.z(l)
+        delta = (ref[z] - run[z]).to(dtype)  # (batch, pos, head, d_head)
+        W_O = model.blocks[l].attn.W_O.detach().to(dtype)  # (head, d_head, d_model)
         H = W_O.shape[0]
         if attn_post(model, l, torch.float64).kind is not None:
             out[i : i + H] = (patched_heads(model, l, run[z], delta, torch.float64) if patched
@@ -101,8 +105,8 @@ def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tens
             torch.bmm(delta.flatten(0, 1).transpose(0, 1), W_O, out=out[i : i + H].view(H, -1, shape[-1]))
         i += H
         if not cfg.attn_only:
-            m = f"blocks.{l}.hook_mlp_out"
-            out[i] = ref[m].to(torch.float64) - run[m].to(torch.float64)
+            m = N.mlp_out(l)
+            torch.sub(ref[m].to(dtype), run[m].to(dtype), out=out[i])
             i += 1
     return out
 
@@ -143,49 +147,36 @@ def frozen(model: Model) -> Iterator[None]:
             p.requires_grad_(True)
 
 
-def backward(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list) -> float:
-    """Forward with ``fwd`` hooks (which register tensor hooks) and a zero leaf at the embedding, then
-    backpropagate to that leaf alone: every tensor hook fires, no parameter gets a ``.grad``.
+@contextlib.contextmanager
+def needs_gradients() -> Iterator[None]:
+    """Turn PyTorch's error on backpropagating through inference tensors into a ValueError that says why.
 
     Raises:
         ValueError: the model's weights are inference tensors (nothing can be backpropagated).
     """
+    try:
+        yield
+    except RuntimeError as err:
+        if "nference tensor" not in str(err):
+            raise
+        raise ValueError("attribution patching needs gradients, but the model's weights are inference tensors "
+                         "(created under torch.inference_mode()); load the model outside it") from err
+
+
+def backward(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list) -> float:
+    """Forward with ``fwd`` hooks (which register tensor hooks) and a zero leaf at the embedding
+    (:func:`rs_interp.exact.stream.zero_leaf`), then backpropagate to that leaf alone: every tensor
+    hook fires, no parameter gets a ``.grad``.
+
+    Raises:
+        ValueError: the model's weights are inference tensors (:func:`needs_gradients`).
+    """
     with torch.enable_grad(), frozen(model):
-        leaf = torch.zeros((), dtype=model.cfg.dtype, requires_grad=True)
-        fwd = [("hook_embed", lambda t, *, hook: t + leaf)] + fwd
-        with model.hooks(fwd_hooks=fwd):
-            try:
-                value = scalar_metric(metric, _backend.logits_with_grad(model, tokens))
-                torch.autograd.backward(value, inputs=[leaf])
-            except RuntimeError as err:
-                if "nference tensor" not in str(err):
-                    raise
-                raise ValueError("attribution patching needs gradients, but the model's weights are inference tensors "
-                                 "(created under torch.inference_mode()); load the model outside it") from err
+        leaf, at_embed = zero_leaf(model)
+        with model.hooks(fwd_hooks=[at_embed] + fwd), needs_gradients():
+            value = scalar_metric(metric, _backend.logits_with_grad(model, tokens))
+            torch.autograd.backward(value, inputs=[leaf])
     return float(value.detach())
-
-
-def gradient_passes(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list, *, alphas: list[float],
-                    x_ref: torch.Tensor | None, progress: bool) -> float:
-    """One forward and backward pass with ``fwd`` (whose tensor hooks accumulate) per ``alpha`` in
-    ``alphas``: the stream entering block 0 at ``x_ref + alpha (x - x_ref)``, on the line from the
-    reference's input embedding to the run's (``alpha = 1``: the run itself, no hook). Returns the
-    run's metric (from its own pass where ``1`` is among ``alphas``, else from a no-grad forward)."""
-    clean = None
-    for alpha in bar(alphas, desc="integrated gradients", enabled=progress and len(alphas) > 1, unit="pass"):
-        extra = []
-        if alpha != 1.0:
-            def interpolate(t: torch.Tensor, *, hook, alpha: float = alpha) -> torch.Tensor:
-                return x_ref.to(t.dtype) + alpha * (t - x_ref.to(t.dtype))
-
-            extra = [(RESID0, interpolate)]
-        value = backward(model, tokens, metric, extra + fwd)
-        if alpha == 1.0:
-            clean = value
-    if clean is None:
-        with torch.no_grad():
-            clean = float(scalar_metric_value(metric, model(tokens, return_type="logits"), "clean run"))
-    return clean
 
 
 def scalar_metric_value(metric: Metric, logits: torch.Tensor, what: str) -> float:

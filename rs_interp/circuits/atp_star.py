@@ -46,14 +46,14 @@ import torch
 
 from .. import _backend
 from .. import _names as N
-from .._backend import Model, Stop, attn_weight, per_head_inputs, per_query_head, run_from
+from .._backend import Model, Stop, per_query_head, run_from
 from .._progress import bar
 from ..exact.certificate import Certificate
-from ..exact.stream import readers
+from ..exact.stream import reader_weight, readers, routed, stacked_start, watched
 from ..labels import parse
 from .graph import EdgeLayout
 
-__all__ = ["drop_hooks", "dropped", "combine_drops", "node_qk_deltas", "edge_qk_fix", "check_drop_layers"]
+__all__ = ["drop_hooks", "dropped", "z_gradients", "combine_drops", "node_qk_deltas", "edge_qk_fix", "check_drop_layers"]
 
 
 def check_drop_layers(model: Model) -> list[int]:
@@ -81,9 +81,21 @@ def dropped(model: Model, layer: int | None, fwd: list) -> Iterator[list]:
     """``fwd`` with :func:`drop_hooks` of ``layer`` ahead, routed through the per-head inputs where a
     reader is read split."""
     drops = drop_hooks(model, layer)
-    split = any("_input" in name for name, _ in drops)
-    with (per_head_inputs(model, drops + fwd) if split else contextlib.nullcontext(drops + fwd)) as runnable:
+    with routed(model, drops + fwd, split=any("_input" in name for name, _ in drops)) as runnable:
         yield runnable
+
+
+def z_gradients(grads_z: list[dict[int, torch.Tensor]], state: dict) -> list[tuple[Callable, Callable]]:
+    """The hook keeping ``dm/dz`` per layer (what the QK fix contracts) in ``grads_z[round]`` (one dict per
+    GradDrop round, ``state["drop"]``), from the first-order backward pass (``state["phase"] == 1``)."""
+
+    def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
+        def keep(grad: torch.Tensor, layer: int = N.layer_of(hook.name)) -> None:
+            if state["phase"] == 1:
+                grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
+        return watched(z, keep)
+
+    return [(N.every(N.z), on_z)]
 
 
 def combine_drops(estimates: list[torch.Tensor], n_layers: int) -> torch.Tensor:
@@ -99,7 +111,6 @@ def _replica_z(model: Model, tokens: torch.Tensor, layer: int, make_hooks: Calla
     certificate's ``rows``), else one pass per replica; from the cached stream entering ``layer`` where
     running from a layer reproduces the model (``start at layer``), else from the tokens."""
     B = tokens.shape[0]
-    from_layer = cert.holds("start at layer")
     out = []
     for m0, m1 in [(0, n_rep)] if cert.holds("rows") else [(m, m + 1) for m in range(n_rep)]:
         got: dict[str, torch.Tensor] = {}
@@ -110,29 +121,14 @@ def _replica_z(model: Model, tokens: torch.Tensor, layer: int, make_hooks: Calla
 
         k = m1 - m0
         fwd = make_hooks(m0, m1) + [(N.z(layer), grab)]
-        with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable, model.hooks(fwd_hooks=runnable), \
-                torch.no_grad():
+        x, start, spe = stacked_start(model, tokens, box, layer, k, cert.holds("start at layer"))
+        with routed(model, fwd, split=split) as runnable, model.hooks(fwd_hooks=runnable), torch.no_grad():
             try:
-                if from_layer:
-                    spe = box.get(N.POS_EMBED)
-                    run_from(model, box[N.resid_pre(layer)].repeat(k, 1, 1), start=layer,
-                             spe=None if spe is None else spe.repeat(k, 1, 1))
-                else:
-                    model(tokens.repeat(k, 1), return_type=None)
+                run_from(model, x, start=start, spe=spe)
             except Stop:
                 pass
         out.append(got["z"].to(torch.float64).reshape(k, B, *got["z"].shape[1:]))
     return torch.cat(out)
-
-
-def stream_points(model: Model, layers: set[int], *, attention: bool = False) -> Callable[[str], bool]:
-    """The hook points a replica pass starts from: the stream entering each of ``layers`` (and the
-    shortformer positions); with ``attention``, also each layer's ``hook_q``, ``hook_k``, ``hook_v``
-    and ``hook_pattern`` (what :func:`edge_qk_fix` forms patterns from)."""
-    names = {N.resid_pre(l) for l in layers}
-    names |= {N.projection(l, n) for l in layers for n in ("q", "k", "v")} | {N.pattern(l) for l in layers} if attention else set()
-    short = model.cfg.positional_embedding_type == "shortformer"
-    return lambda n: n in names or (short and n == "hook_pos_embed")
 
 
 def node_qk_deltas(model: Model, tokens: torch.Tensor, ref: dict[str, torch.Tensor], box: dict[str, torch.Tensor],
@@ -260,12 +256,11 @@ def _by_hand(model: Model, l: int, box: dict, delta: torch.Tensor, senders: list
     W_Q + b_Q`` (``k'`` alike), the causal softmax of the rotated scores, ``z' - z = (A' - A) v``: on the
     layers whose projections and patterns the certificate vouches for (``projections``, ``scores``)."""
     cfg = model.cfg
-    attn = model.blocks[l].attn
     H = cfg.n_heads
     x = box[N.resid_pre(l)].to(torch.float64)
     q, k, v = (box[N.projection(l, n)].to(torch.float64) for n in "qkv")
     G = k.shape[2]
-    W = {n: attn_weight(attn, f"W_{n.upper()}", H).detach().to(torch.float64)[:: H // (G if n == "k" else H)] for n in "qk"}
+    W = {n: reader_weight(model, l, f"W_{n.upper()}", G if n == "k" else H, torch.float64) for n in "qk"}
     ln = _norm(model, l, x)
     A = _pattern(model, l, q, k)
     v = per_query_head(v, H, -2)

@@ -59,7 +59,7 @@ from ..exact.certificate import require
 from ..exact.stream import RESID0
 from ..exact.validate import check_int_range
 from ..metrics import Metric
-from ._substrate import IG_RULES, backward, ig_alphas, scalar_metric, scalar_metric_value
+from ._substrate import IG_RULES, backward, ig_alphas, needs_gradients, scalar_metric, scalar_metric_value
 from .graph import EdgeEffects
 
 __all__ = ["CORRECTIONS", "RULES", "Fixed", "gauss_points", "quadrature", "run_passes", "clean_metric", "fix_unreliable"]
@@ -152,14 +152,9 @@ def _hessian_pass(model: Model, tokens: torch.Tensor, metric: Metric, hooks: lis
             return x_ref.to(t.dtype) + a * (t - x_ref.to(t.dtype))
 
         with model.hooks(fwd_hooks=[(RESID0, interpolate)] + hooks):
-            try:
+            with needs_gradients():
                 value = scalar_metric(metric, _backend.logits_with_grad(model, tokens))
                 (slope,) = torch.autograd.grad(value, a, create_graph=True)
-            except RuntimeError as err:
-                if "nference tensor" in str(err):
-                    raise ValueError("attribution patching needs gradients, but the model's weights are inference tensors "
-                                     "(created under torch.inference_mode()); load the model outside it") from err
-                raise
             if slope.requires_grad:  # else the metric is linear along the line: every derivative is 0
                 state["phase"] = 2
                 try:

@@ -39,16 +39,17 @@ import torch
 from jaxtyping import Float, Int
 
 from .. import _backend
+from .. import _names as N
 from .._backend import Model
 from .._budget import MEMORY_BUDGET
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.readout import compute_dtype
-from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, watched
+from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, start_points
 from ..hooks import store_matching
 from ..metrics import Metric
-from ._substrate import IGRule, check_pair, n_senders, outside_inference_mode, record, sender_points, writes
-from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix, stream_points
+from ._substrate import IGRule, check_pair, outside_inference_mode, record, sender_points, writes
+from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix, z_gradients
 from .correction import clean_metric, quadrature, run_passes
 from .graph import EdgeEffects, edge_layout
 from .uncertainty import Spread
@@ -103,32 +104,6 @@ def check_options(ig_steps: int | None, qk_fix: bool, grad_drop: bool, correctio
     if grad_drop and per_example:
         raise ValueError("GradDrop scores the sum of |estimate| over its passes: it has no per-pair shares (per_example); "
                          "bootstrap the plain or QK-fixed estimate instead")
-
-
-def _writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], dt: torch.dtype,
-            at: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """(sender, batch, pos, d_model) in ``dt``: :func:`rs_interp.circuits._substrate.writes` (each
-    sender's ``write_ref - write``, in the graph's order) in the dtype the contraction runs in; on
-    post-norm blocks through the norm's Jacobian at the pass whose heads output ``at`` (default the run)."""
-    if dt == torch.float64 or _backend.has_post_norms(model):
-        return writes(model, ref, run, at=at).to(dt)
-    cfg = model.cfg
-    shape = ref[RESID0].shape
-    out = torch.empty(n_senders(model), *shape, dtype=dt, device=ref[RESID0].device)
-    torch.sub(ref[RESID0].to(dt), run[RESID0].to(dt), out=out[0])
-    i = 1
-    for l in range(cfg.n_layers):
-        z = f"blocks.{l}.attn.hook_z"
-        delta = (ref[z] - run[z]).to(dt)  # (batch, pos, head, d_head)
-        W_O = model.blocks[l].attn.W_O.detach().to(dt)  # (head, d_head, d_model)
-        H = W_O.shape[0]
-        torch.bmm(delta.flatten(0, 1).transpose(0, 1), W_O, out=out[i : i + H].view(H, -1, shape[-1]))
-        i += H
-        if not cfg.attn_only:
-            m = f"blocks.{l}.hook_mlp_out"
-            torch.sub(ref[m].to(dt), run[m].to(dt), out=out[i])
-            i += 1
-    return out
 
 
 def _contract(buf: torch.Tensor, W: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
@@ -279,7 +254,7 @@ def edge_attribution_patching(
             # The senders upstream of a receiver are a contiguous prefix of the writes: one matrix
             # product over (batch, pos, d_model) against the gradients of a layer's readers, with no copy of them.
             if not stack:  # built once, when the first gradient arrives (the forward is over)
-                stack.append(_writes(model, ref, run, dt, at=here or None))
+                stack.append(writes(model, ref, run, at=here or None, dtype=dt))
                 if not post_norm:  # held in the writes now (the passes keep their own x_ref); post-norm
                     for box in (ref, run):  # blocks rebuild them at each pass's point, from these
                         for name in [k for k in box if k != RESID0]:
@@ -291,7 +266,7 @@ def edge_attribution_patching(
                 _flush(pending, grads)
                 key[0] = now
                 if here and built[0] != now_pass():  # post-norm heads: the Jacobian at this pass's point
-                    stack[0] = _writes(model, ref, run, dt, at=here)
+                    stack[0] = writes(model, ref, run, at=here, dtype=dt)
                     built[0] = now_pass()
             at = sum(len(p[4]) for p in pending)
             G = grads[0][at : at + len(reader.labels)]
@@ -303,15 +278,9 @@ def edge_attribution_patching(
                 buf, w = second, seconds[state["point"]]
             pending.append((buf, w, stack[0], G, cols, upstream[cols[0]]))
 
-        def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
-            def keep(grad: torch.Tensor, layer: int = int(hook.name.split(".")[1])) -> None:
-                if state["phase"] == 1:
-                    grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
-            return watched(z, keep)
-
-        fwd = (store_matching(run, model, points) if plain_run else []) + ([(lambda n: n.endswith("attn.hook_z"), on_z)] if qk_fix else [])
+        fwd = (store_matching(run, model, points) if plain_run else []) + (z_gradients(grads_z, state) if qk_fix else [])
         if post_norm and not plain_run:  # each pass's heads' outputs: where its post-norms' Jacobians are taken
-            fwd += store_matching(here, model, lambda n: n.endswith("attn.hook_z"))
+            fwd += store_matching(here, model, N.every(N.z))
         for d, layer in enumerate(drops):
             state["drop"] = d
             wanted = readers(model, projected=not hessian)
@@ -322,7 +291,7 @@ def edge_attribution_patching(
             key[0] = None
         value = clean_metric(model, tokens, metric, value)
         if qk_fix:
-            box = record(model, tokens, stream_points(model, set(range(model.cfg.n_layers)), attention=True))
+            box = record(model, tokens, start_points(model, attention=True))
             fixed = edge_qk_fix(model, layout, tokens, stack[0], grads_z, box, cert, per_example, memory_budget, progress)
             for buf, fix in zip(first, fixed):
                 buf.copy_(torch.where(fix.isnan(), buf, fix))

@@ -166,10 +166,7 @@ class FaithfulnessCurve:
         Raises:
             ValueError: the curve ranks by absolute score (MIB's CPR ranks by signed score).
         """
-        if self.ranking != "signed":
-            raise ValueError("CPR is the area under the curve of the edges ranked by signed score (MIB): "
-                             "faithfulness_curve(..., ranking='signed'); this curve's area_under is ranked by |score|")
-        return self.area_under
+        return self._ranked("signed", self.area_under, "CPR is the area under the curve", "area_under is ranked by |score|")
 
     @property
     def cmd(self) -> float:
@@ -178,10 +175,15 @@ class FaithfulnessCurve:
         Raises:
             ValueError: the curve ranks by signed score (MIB's CMD ranks by absolute score).
         """
-        if self.ranking != "absolute":
-            raise ValueError("CMD is the area between 1 and the curve of the edges ranked by absolute score (MIB): "
-                             "faithfulness_curve(..., ranking='absolute'); this curve's area_from_1 is ranked by signed score")
-        return self.area_from_1
+        return self._ranked("absolute", self.area_from_1, "CMD is the area between 1 and the curve",
+                            "area_from_1 is ranked by signed score")
+
+    def _ranked(self, ranking: str, area: float, what: str, instead: str) -> float:
+        """``area`` where the curve ranks the edges by ``ranking`` (MIB's), else a ValueError that says so."""
+        if self.ranking != ranking:
+            raise ValueError(f"{what} of the edges ranked by {ranking} score (MIB): faithfulness_curve(..., ranking='{ranking}'); "
+                             f"this curve's {instead}")
+        return area
 
 
 def _area(x: Sequence[float], y: Sequence[float]) -> float:

@@ -35,15 +35,16 @@ import torch
 from einops import einsum
 from jaxtyping import Float, Int
 
+from .. import _names as N
 from .._backend import Model, kv_groups
 from .._keywords import renamed, renamed_attribute
 from .._state import preserve_state
 from ..exact.certificate import require
-from ..exact.stream import RESID0, mlp_flags, watched
+from ..exact.stream import RESID0, mlp_flags, start_points, watched
 from ..labels import head_label, kv_label
 from ..metrics import Metric, top_effects
 from ._substrate import IGRule, check_pair, outside_inference_mode, record
-from .atp_star import check_drop_layers, combine_drops, dropped, node_qk_deltas, stream_points
+from .atp_star import check_drop_layers, combine_drops, dropped, node_qk_deltas, z_gradients
 from .correction import clean_metric, quadrature, run_passes
 from .edge_attribution import check_options
 from .uncertainty import Spread
@@ -173,8 +174,8 @@ def attribution_patching(
     shape = (B if per_example else 1, L, n, P)
     first = [torch.zeros(shape, dtype=torch.float64) for _ in drops]
     second = torch.zeros(shape, dtype=torch.float64)
-    point = "attn.hook_z" if which == "z" else f"attn.hook_{which}"
-    is_node = lambda name: name.endswith(point)  # noqa: E731
+    node_point = N.z if which == "z" else (lambda l: N.projection(l, which))
+    is_node = N.every(node_point)
     fired: set[int] = set()
     grads_z: list[dict[int, torch.Tensor]] = [{} for _ in drops]
     state: dict = {}
@@ -187,7 +188,7 @@ def attribution_patching(
 
         def on_node(t: torch.Tensor, *, hook) -> torch.Tensor:
             delta = (ref[hook.name] - (clean[hook.name] if clean else t.detach())).to(torch.float64)
-            l = int(hook.name.split(".")[1])
+            l = N.layer_of(hook.name)
 
             def contract(grad: torch.Tensor) -> None:
                 fired.add(l)
@@ -200,13 +201,7 @@ def attribution_patching(
 
             return watched(t, contract)
 
-        def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
-            def keep(grad: torch.Tensor, layer: int = int(hook.name.split(".")[1])) -> None:
-                if state["phase"] == 1:
-                    grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
-            return watched(z, keep)
-
-        fwd = [(is_node, on_node)] + ([(lambda name: name.endswith("attn.hook_z"), on_z)] if qk_fix else [])
+        fwd = [(is_node, on_node)] + (z_gradients(grads_z, state) if qk_fix else [])
         for d, layer in enumerate(drops):
             state["drop"] = d
             with dropped(model, layer, fwd) as hooks:
@@ -215,10 +210,10 @@ def attribution_patching(
         value = clean_metric(model, tokens, metric, value)
         if len(fired) < L:
             missing = min(set(range(L)) - fired)
-            raise ValueError(f"blocks.{missing}.{point} got no gradient: on this model it is off the forward path (the "
+            raise ValueError(f"{node_point(missing)} got no gradient: on this model it is off the forward path (the "
                              f"patch would change nothing), so {which!r} nodes cannot be estimated; try which='z'")
         if qk_fix:
-            box = record(model, tokens, stream_points(model, set(range(L))))
+            box = record(model, tokens, start_points(model))
             moved = node_qk_deltas(model, tokens, ref, box, cert, which, progress)
             group = cfg.n_heads // n
             for buf, grads in zip(first, grads_z):

@@ -28,13 +28,12 @@ from typing import Sequence
 import torch
 from jaxtyping import Int
 
-from .. import _names as N
-from .._backend import Model, per_head_inputs, run_from
+from .._backend import Model, run_from
 from .._budget import MEMORY_BUDGET, stacked_copies
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
-from ..exact.stream import mlp_flags, receiver_hook
+from ..exact.stream import mlp_flags, receiver_hook, routed, stacked_start, start_points
 from ..exact.validate import check_int_range
 from ..hooks import store_matching
 from ..metrics import Metric, metric_value
@@ -126,11 +125,9 @@ def path_patching(
         ref = record(model, reference, points)
         run: dict[str, torch.Tensor] = {}
         box: dict[str, torch.Tensor] = {}
-        keep = lambda n: n.endswith("hook_resid_pre") or n == "hook_pos_embed"  # noqa: E731
-        with model.hooks(fwd_hooks=store_matching(run, model, points) + store_matching(box, model, keep)):
+        with model.hooks(fwd_hooks=store_matching(run, model, points) + store_matching(box, model, start_points(model))):
             clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         delta = writes(model, ref, run, patched=True)  # (sender, batch, pos, d_model), float64
-        spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
         # The edges into one receiver layer share a pass: replica i carries edge (rows[i], cols[i]), its
         # sender's write added to its receiver's input alone; each pass starts at that layer.
         by_layer: dict[int, list[tuple[int, int]]] = {}
@@ -155,12 +152,10 @@ def path_patching(
                     return t
                 return patch
 
-            with per_head_inputs(model, [(name, patch_of(e)) for name, e in targets.items()]) as runnable, model.hooks(fwd_hooks=runnable):
-                if from_layer:
-                    x = box[N.resid_pre(layer)].repeat(k, 1, 1)
-                    logits = run_from(model, x, start=layer, spe=None if spe is None else spe.repeat(k, 1, 1))
-                else:
-                    logits = model(tokens.repeat(k, 1), return_type="logits")
+            x, start, spe = stacked_start(model, tokens, box, layer, k, from_layer)
+            # always split (3.x's per-head inputs on for every pass: the numbers do not depend on the receivers' kind)
+            with routed(model, [(name, patch_of(e)) for name, e in targets.items()], split=True) as runnable, model.hooks(fwd_hooks=runnable):
+                logits = run_from(model, x, start=start, spe=spe)
             for i, (row, j) in enumerate(pairs):
                 effect[row, j] = metric_value(metric(logits[i * B : (i + 1) * B]), f"edge {layout.senders[row]} -> {layout.receivers[j]}") - clean
     return PathPatching(layout=layout, effect=effect, clean=clean)

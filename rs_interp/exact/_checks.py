@@ -105,11 +105,11 @@ def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     hook on it), each MLP's input and output as its module sees them (``mlp_in L``, ``mlp_out L``: the
     output before any hook on the module) and ``hook_mlp_out`` as it enters its point (``mlp_write L``,
     before any hook on it), and the logits."""
-    wanted = ("hook_embed", "hook_pos_embed", "hook_resid_pre", "hook_resid_mid", "hook_attn_out", "hook_mlp_in",
-              "hook_mlp_out", "hook_resid_post", "attn.hook_z", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_pattern")
+    wanted = (N.EMBED, N.POS_EMBED, N.resid_pre, N.resid_mid, N.attn_out, N.mlp_in, N.mlp_out, N.resid_post, N.z, N.q, N.k, N.v,
+              N.pattern)
     box: dict[str, torch.Tensor] = {}
     if model.cfg.attn_only:  # hook_mlp_in exists but may not be switched on
-        wanted = tuple(w for w in wanted if w != "hook_mlp_in")
+        wanted = tuple(w for w in wanted if w is not N.mlp_in)
     handles = []
     attached = sorted(n for n, hp in model.hook_dict.items() if hp._forward_hooks or hp._forward_pre_hooks)  # the caller's
     try:
@@ -128,7 +128,7 @@ def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
                 if point is not None:  # a PyTorch hook on the point, ahead of every other: the value entering it
                     handles.append(point.register_forward_hook(
                         lambda mod, args, out, l=l: box.__setitem__(f"mlp_write {l}", out.detach()), prepend=True))
-        with torch.no_grad(), model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
+        with torch.no_grad(), model.hooks(fwd_hooks=store_matching(box, model, N.every(*wanted))):
             try:
                 logits = model(tokens, return_type="logits")
             except MODEL_ERRORS as err:

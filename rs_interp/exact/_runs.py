@@ -15,7 +15,7 @@ from .._backend import Model, run_from
 from . import _checks as C
 from ._checks import MODEL_ERRORS, Identity, Missing, get, judge, rel
 from .postnorm import frozen_heads
-from .stream import Reader, reader_gradients, readers, watched
+from .stream import Reader, reader_gradients, readers, watched, zero_leaf
 
 __all__: list[str] = []
 
@@ -194,7 +194,7 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
 
     wanted = readers(model, projected=False)
     names = set(model.hook_dict)
-    missing = sorted({r.hook for r in wanted if r.hook.split(".")[-1] in ("hook_mlp_in", "hook_resid_post") and r.hook not in names})
+    missing = sorted({r.hook for r in wanted if r.kind in ("mlp", "logits") and r.hook not in names})
     fwd = [(n, perturb(n)) for n in (N.z(l) for l in range(L))]
     fwd += [(n, keep(n)) for n in (N.attn_out(l) for l in range(L))]
     fwd += [(N.resid_pre(l), watch(f"pre{l}")) for l in range(L)]
@@ -205,8 +205,8 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
         box.clear(), grads.clear(), by_reader.clear(), fired.clear()
         g.manual_seed(1)
         with torch.enable_grad():
-            leaf = torch.zeros((), dtype=cfg.dtype, requires_grad=True)
-            hooks = [(N.EMBED, lambda t, *, hook: t + leaf)] + fwd
+            leaf, at_embed = zero_leaf(model)
+            hooks = [at_embed] + fwd
             absent = sorted({n for n, _ in hooks if n not in names})
             if absent:
                 raise Missing(absent[0])

@@ -98,14 +98,21 @@ def watched(t: torch.Tensor, contract: Callable[[torch.Tensor], None]) -> torch.
     return out
 
 
+def reader_weight(model: Model, layer: int, name: str, n: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Layer ``layer``'s ``W_{Q,K,V}`` (reader, d_model, d_head) or ``b_{Q,K,V}`` (reader, d_head), ``name``,
+    detached (in ``dtype``, if given), for ``n`` readers: one per head, or one per KV head where ``n`` is
+    fewer (query head ``h`` reads KV head ``h // group``)."""
+    t = attn_weight(model.blocks[layer].attn, name, model.cfg.n_heads).detach()
+    t = t if dtype is None else t.to(dtype)
+    return t if n == model.cfg.n_heads else t[:: model.cfg.n_heads // n]
+
+
 def _through_projection(model: Model, reader: Reader, stream: dict[int, torch.Tensor], dt: torch.dtype) -> Callable:
     """``hook_{x}``'s gradient (batch, pos, head, d_head) -> the per-head inputs' (head, batch * pos *
     d_model) in ``dt``, written into the caller's buffer: the norm's input gradient behind the projection
     (:meth:`rs_interp.exact.norm.Norm.through_projection`), the stream's statistics those of the run."""
-    cfg, l, x = model.cfg, reader.layer, reader.kind
-    W = attn_weight(model.blocks[l].attn, f"W_{x.upper()}", cfg.n_heads).detach().to(dt)  # (head, d_model, d_head)
-    if len(reader.labels) != cfg.n_heads:
-        W = W[:: cfg.n_heads // len(reader.labels)]  # one per KV head: query head h reads KV head h // group
+    l, x = reader.layer, reader.kind
+    W = reader_weight(model, l, f"W_{x.upper()}", len(reader.labels), dt)  # (head or KV head, d_model, d_head)
     through = _backend.pre_norm(model, l, "ln1").to(dt).through_projection(W)
 
     def to_input(grad: torch.Tensor, out: torch.Tensor) -> None:
@@ -156,9 +163,53 @@ def reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[
     for l in sorted({r.layer for r in wanted if r.projected}):
         fwd.append((N.resid_pre(l), keep_stream))
     fwd += [(r.hook, hook_for(r)) for r in wanted]
-    split = any(r.kind in "qkv" and not r.projected for r in wanted)
-    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(fwd)) as runnable:
+    with routed(model, fwd, split=any(r.kind in "qkv" and not r.projected for r in wanted)) as runnable:
         yield runnable
+
+
+@contextlib.contextmanager
+def routed(model: Model, fwd: Sequence[tuple], *, split: bool) -> Iterator[list]:
+    """``fwd`` ready for ``model.hooks``: with ``split`` (a hook of it reads a head's input split,
+    ``hook_{q,k,v}_input``), through :func:`rs_interp._backend.per_head_inputs` (TransformerLens's
+    per-head inputs switched on for the block, or emulated, and restored); else as given (the model's
+    own pass, no per-head copy of the stream)."""
+    with (per_head_inputs(model, fwd) if split else contextlib.nullcontext(list(fwd))) as runnable:
+        yield runnable
+
+
+def start_points(model: Model, layers: set[int] | None = None, *, attention: bool = False) -> Callable[[str], bool]:
+    """The hook points a pass started at a layer reads (:func:`stacked_start`): the stream entering
+    each of ``layers`` (default every layer) and, on shortformer positions, ``hook_pos_embed``; with
+    ``attention``, also each of those layers' ``hook_q``, ``hook_k``, ``hook_v`` and ``hook_pattern``."""
+    layers = set(range(model.cfg.n_layers)) if layers is None else layers
+    names = {N.resid_pre(l) for l in layers}
+    names |= {N.projection(l, n) for l in layers for n in ("q", "k", "v")} | {N.pattern(l) for l in layers} if attention else set()
+    short = model.cfg.positional_embedding_type == "shortformer"
+    return lambda n: n in names or (short and n == N.POS_EMBED)
+
+
+def stacked_start(model: Model, tokens: torch.Tensor, box: dict[str, torch.Tensor], layer: int, copies: int,
+                  from_layer: bool) -> tuple[torch.Tensor, int | None, torch.Tensor | None]:
+    """Where ``copies`` copies of the run, stacked along the batch, start: ``(x, start, spe)`` for
+    :func:`rs_interp._backend.run_from`. With ``from_layer`` (where running from a layer reproduces
+    the model: the certificate's ``start at layer``), the stream entering ``layer`` cached in ``box``
+    (:func:`start_points`) and the shortformer positions; else the tokens (``start=None``)."""
+    if not from_layer:
+        return tokens.repeat(copies, 1), None, None
+    spe = box.get(N.POS_EMBED) if model.cfg.positional_embedding_type == "shortformer" else None
+    return box[N.resid_pre(layer)].repeat(copies, 1, 1), layer, None if spe is None else spe.repeat(copies, 1, 1)
+
+
+def zero_leaf(model: Model) -> tuple[torch.Tensor, tuple[str, Callable]]:
+    """A 0-d zero leaf that requires grad and the hook adding it to ``hook_embed``: a backward pass to
+    that leaf alone (``inputs=[leaf]``) fires every tensor hook of the pass and gives no parameter a ``.grad``.
+
+    >>> leaf, (name, _) = zero_leaf(__import__("rs_interp").load_toy_model("induction-1l"))
+    >>> name, float(leaf), leaf.requires_grad
+    ('hook_embed', 0.0, True)
+    """
+    leaf = torch.zeros((), dtype=model.cfg.dtype, requires_grad=True)
+    return leaf, (N.EMBED, lambda t, *, hook: t + leaf)
 
 
 def record(model: Model, tokens: torch.Tensor, names: Callable[[str], bool]) -> dict[str, torch.Tensor]:
@@ -181,6 +232,29 @@ def record(model: Model, tokens: torch.Tensor, names: Callable[[str], bool]) -> 
             model(tokens, return_type=None)
     except Stop:
         pass
+    return box
+
+
+def ablation_values(model: Model, reference: torch.Tensor, method: str, names: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    """What an ablated activation is set to, at each hook point ``names`` selects, from a run on
+    ``reference`` (:func:`record`), by ``method`` (:data:`rs_interp.Ablation`): ``"resample"``, the
+    reference's own (batch, pos, ...); ``"position_mean"``, its mean over the batch (1, pos, ...);
+    ``"mean"``, over the batch and the positions (1, 1, ...): each broadcasts against the run's
+    activation. ``"zero"`` needs no run: the caller's zeros.
+
+    >>> import rs_interp as ri
+    >>> model, ref = ri.load_toy_model("induction-1l"), ri.induction_batch(3, seed=0).tokens
+    >>> means = ablation_values(model, ref, "mean", lambda n: n == "blocks.0.attn.hook_z")
+    >>> tuple(means["blocks.0.attn.hook_z"].shape) == (1, 1, model.cfg.n_heads, model.cfg.d_head)
+    True
+    """
+    if method == "zero":
+        raise ValueError("a zero ablation needs no reference run: the caller's zeros")
+    box = record(model, reference, names)
+    if method == "position_mean":
+        return {k: v.mean(0, keepdim=True) for k, v in box.items()}
+    if method == "mean":
+        return {k: v.mean((0, 1), keepdim=True) for k, v in box.items()}
     return box
 
 

@@ -100,8 +100,15 @@ def freeze_names(model: Model) -> list[str]:
 
 def hook_names(model: Model, transcoders: TranscoderSet) -> list[str]:
     L = model.cfg.n_layers
-    return (["hook_embed", "unembed.hook_in"] + [input_hook(model, transcoders, l) for l in range(L)]
+    return ([N.EMBED, N.UNEMBED_IN] + [input_hook(model, transcoders, l) for l in range(L)]
             + [N.mlp_out(l) for l in range(L)] + [N.pattern(l) for l in range(L)])
+
+
+def mlp_hooks(model: Model, transcoders: TranscoderSet, at_input: Callable[[int], Callable],
+              at_output: Callable[[int], Callable]) -> list[tuple[str, Callable]]:
+    """What every pass of the replacement model hooks per layer: ``at_input(l)`` at the transcoder's input
+    point (:func:`input_hook`), ``at_output(l)`` at ``hook_mlp_out`` (where the transcoder writes)."""
+    return [h for l in range(model.cfg.n_layers) for h in ((input_hook(model, transcoders, l), at_input(l)), (N.mlp_out(l), at_output(l)))]
 
 
 def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple[str, Callable]]:
@@ -110,7 +117,7 @@ def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple
     ``hook_v`` (so only ``v`` carries a gradient)."""
     hooks: list[tuple[str, Callable]] = []
     for l in range(model.cfg.n_layers):
-        name = f"blocks.{l}.attn.hook_pattern"
+        name = N.pattern(l)
         if name not in patterns or not pattern_after_attention(model, l):
             continue
         box: dict[str, torch.Tensor] = {}
@@ -118,7 +125,7 @@ def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple
         def z(t: torch.Tensor, hook, box=box, A=patterns[name]) -> torch.Tensor:
             v = box["v"]
             return torch.einsum("bhqk,bkhd->bqhd", A.to(v.dtype).expand(v.shape[0], -1, -1, -1), v)
-        hooks += [(f"blocks.{l}.attn.hook_v", lambda t, hook, box=box: box.__setitem__("v", t)), (f"blocks.{l}.attn.hook_z", z)]
+        hooks += [(N.v(l), lambda t, hook, box=box: box.__setitem__("v", t)), (N.z(l), z)]
     return hooks
 
 
@@ -170,10 +177,9 @@ def clean_run(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor) ->
     """Record one prompt's clean run (``tokens`` (1, pos))."""
     box: dict[str, torch.Tensor] = {}
     L = model.cfg.n_layers
-    hooks = [(n, _store(box, n)) for n in freeze_names(model)] + [("hook_embed", _store(box, "embed"))]
-    for l in range(L):
-        hooks.append((input_hook(model, transcoders, l), _store(box, f"in{l}", lambda t, l=l: finish_input(model, transcoders, l, t))))
-        hooks.append((N.mlp_out(l), _store(box, f"out{l}")))
+    hooks = [(n, _store(box, n)) for n in freeze_names(model)] + [(N.EMBED, _store(box, "embed"))]
+    hooks += mlp_hooks(model, transcoders, lambda l: _store(box, f"in{l}", lambda t: finish_input(model, transcoders, l, t)),
+                       lambda l: _store(box, f"out{l}"))
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         logits = model(tokens, return_type="logits")
     frozen = {n: box[n] for n in freeze_names(model)}
@@ -197,14 +203,13 @@ def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, token
         return lambda t, hook: torch.zeros_like(t) + outputs(l, box[f"in{l}"])[None].to(t.dtype)
 
     routed = {n for n, _ in pattern_hooks(model, clean.frozen)}  # there, hook_pattern's edit would be discarded (and warned)
-    hooks = [(n, freeze) for n in clean.frozen if n.replace("hook_pattern", "hook_z") not in routed]
+    is_pattern = N.every(N.pattern)
+    hooks = [(n, freeze) for n in clean.frozen if not (is_pattern(n) and N.z(N.layer_of(n)) in routed)]
     hooks += pattern_hooks(model, clean.frozen)
     if embed is not None:
-        hooks.append(("hook_embed", lambda t, hook: embed[None].to(t.dtype)))
-    for l in range(model.cfg.n_layers):
-        hooks.append((input_hook(model, transcoders, l),
-                      lambda t, hook, l=l: box.__setitem__(f"in{l}", finish_input(model, transcoders, l, t)[0])))
-        hooks.append((N.mlp_out(l), set_out(l)))
+        hooks.append((N.EMBED, lambda t, hook: embed[None].to(t.dtype)))
+    hooks += mlp_hooks(model, transcoders, lambda l: lambda t, hook: box.__setitem__(f"in{l}", finish_input(model, transcoders, l, t)[0]),
+                       set_out)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         logits = model(tokens, return_type="logits")
     return [box[f"in{l}"] for l in range(model.cfg.n_layers)], logits[0]
@@ -264,10 +269,9 @@ def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor,
         box[hook.name] = t * 1  # returned: the run goes on from this very tensor (4.x's hook_z is a copy otherwise)
         return box[hook.name]
 
-    hooks = [(n, detach) for n in freeze_names(model)] + [("hook_embed", embed), ("unembed.hook_in", final)]
+    hooks = [(n, detach) for n in freeze_names(model)] + [(N.EMBED, embed), (N.UNEMBED_IN, final)]
     hooks += pattern_hooks(model, patterns or {})
-    for l in range(L):
-        hooks += [(input_hook(model, transcoders, l), read(l)), (N.mlp_out(l), cut(l))]
+    hooks += mlp_hooks(model, transcoders, read, cut)
     # the MLP's own output is cut: nothing inside it needs a gradient, so none of its activations is kept for one
     hooks += [(n, detach) for n in model.hook_dict if n.endswith(("mlp.hook_pre", "mlp.hook_pre_linear"))]
     hooks += [(n, keep) for n in capture]

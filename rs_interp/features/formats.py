@@ -85,10 +85,10 @@ def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtyp
             raise ValueError(f"{f}: the state dict lacks {sorted(missing)}")
         hook = str(_field(cfg, "hook_point", ""))
         if hook != N.normalized(l, "ln2"):
-            raise ValueError(f"{f}: reads {hook!r}; as layer {l} of the set it must read blocks.{l}.ln2.hook_normalized")
+            raise ValueError(f"{f}: reads {hook!r}; as layer {l} of the set it must read {N.normalized(l, 'ln2')}")
         out_hook = _field(cfg, "out_hook_point", None)
         if out_hook not in (None, N.mlp_out(l)):
-            raise ValueError(f"{f}: writes {out_hook!r}, not blocks.{l}.hook_mlp_out")
+            raise ValueError(f"{f}: writes {out_hook!r}, not {N.mlp_out(l)}")
         W_enc, b_enc, b_dec = (sd[k].to(torch.float64) for k in ("W_enc", "b_enc", "b_dec"))
         state = {"W_enc": W_enc.T, "b_enc": b_enc - b_dec @ W_enc, "W_dec": sd["W_dec"], "b_dec": sd["b_dec_out"]}
         out.append(Transcoder.from_state(state, activation="relu", dtype=dtype))

@@ -183,7 +183,7 @@ def _live_run(model, tcs, tokens, embed, writes, feature_sets, graph):
             return t + extra[None].to(t.dtype)
         return hook
 
-    hooks = [("hook_embed", lambda t, hook: embed[None].to(t.dtype))]
+    hooks = [(N.EMBED, lambda t, hook: embed[None].to(t.dtype))]
     for l in range(model.cfg.n_layers):
         hooks += [(R.input_hook(model, tcs, l), read(l)), (N.mlp_out(l), out(l))]
     with model.hooks(fwd_hooks=hooks):

@@ -38,8 +38,9 @@ from .._keywords import renamed, renamed_attribute
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.stream import ablation_values, stacked_start, start_points
 from ..exact.validate import Ablation, check_ablation, check_heads, check_int_range, check_positions
-from ..hooks import mean_heads, resample_heads, store, store_matching, zero_heads
+from ..hooks import mean_heads, resample_heads, store_matching, zero_heads
 from ..labels import head_labels
 from ..metrics import Metric, metric_value, top_effects
 
@@ -84,11 +85,10 @@ def _reference_z(model: Model, reference: torch.Tensor, ablation: str, layers: S
     d_head) or the reference z (batch, pos, head, d_head)."""
     if ablation == "zero":
         return {}
-    box: dict[str, torch.Tensor] = {}
-    with torch.no_grad(), model.hooks(fwd_hooks=[(N.z(l), store(box, str(l))) for l in layers]):
-        model(reference, return_type=None)
-    reduce = {"mean": lambda z: z.mean(dim=(0, 1)), "position_mean": lambda z: z.mean(dim=0)}.get(ablation, lambda z: z)
-    return {l: reduce(box[str(l)]) for l in layers}
+    names = {N.z(l) for l in layers}
+    values = ablation_values(model, reference, ablation, lambda n: n in names)
+    drop = {"mean": (0, 0), "position_mean": (0,)}.get(ablation, ())  # the broadcast axes, as mean_heads takes them
+    return {l: values[N.z(l)][drop] for l in layers}
 
 
 def _hook(ablation: str, value: torch.Tensor | None, head_indices: Sequence[int]) -> Callable:
@@ -193,7 +193,6 @@ def head_ablation_scan(
     L, n_heads = cfg.n_layers, cfg.n_heads
     values = torch.full((L, n_heads), float("nan"), dtype=torch.float64)
     box: dict[str, torch.Tensor] = {}
-    names = lambda n: n.endswith("hook_resid_pre") or n == "hook_pos_embed"  # noqa: E731
     B, P = tokens.shape
     # Several heads per pass, stacked along the batch, where each row is computed on its own (the
     # certificate's "rows": a hook reading the batch as a whole would see the stack); else one per pass.
@@ -201,14 +200,13 @@ def head_ablation_scan(
     per_pass = per_pass if cert.holds("rows") else 1
     with preserve_state(model), torch.no_grad():
         refs = _reference_z(model, ref, ablation, range(L))
-        with model.hooks(fwd_hooks=store_matching(box, model, names)):
+        with model.hooks(fwd_hooks=store_matching(box, model, start_points(model))):
             clean = metric_value(metric(_logits(model, tokens, None, None, pos)), "clean run")
-        spe = box.get("hook_pos_embed") if cfg.positional_embedding_type == "shortformer" else None
         jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads)))) for l in range(L) for h0 in range(0, n_heads, per_pass)]
         for l, group in bar(jobs, desc="head ablation scan", enabled=progress, unit="pass"):
             k = len(group)
             # replica i ablates head group[i]
-            resid = box[N.resid_pre(l)].repeat(k, 1, 1) if from_layer else tokens.repeat(k, 1)
+            x, start, spe = stacked_start(model, tokens, box, l, k, from_layer)
             value = refs.get(l)
             if ablation == "resample":
                 value = value.repeat(k, 1, 1, 1)
@@ -228,7 +226,7 @@ def head_ablation_scan(
                 return out
 
             with model.hooks(fwd_hooks=[(N.z(l), ablate)]):
-                logits = _logits(model, resid, l if from_layer else None, None if spe is None or not from_layer else spe.repeat(k, 1, 1), pos)
+                logits = _logits(model, x, start, spe, pos)
             for i, h in enumerate(group):
                 values[l, h] = metric_value(metric(logits[i * B : (i + 1) * B]), f"head ({l}, {h})")
     return HeadAblationScan(effect=values - clean, clean=clean, ablated=values, ablation=ablation, labels=head_labels(L, n_heads))

@@ -51,7 +51,7 @@ def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> 
     require(model, "attention_patterns")
     box: dict[str, torch.Tensor] = {}
     with preserve_state(model), torch.no_grad():
-        with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith("attn.hook_pattern"))):
+        with model.hooks(fwd_hooks=store_matching(box, model, N.every(N.pattern))):
             model(tokens, return_type=None)
     return torch.stack([box[N.pattern(l)] for l in range(model.cfg.n_layers)])
 

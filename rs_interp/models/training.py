@@ -33,8 +33,8 @@ from jaxtyping import Bool, Float, Int
 
 from .._backend import Model, bias_parameters
 from .._format import short
-from .._lazy import attach
 from .._keywords import renamed
+from .._lazy import attach
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.readout import d_vocab_out

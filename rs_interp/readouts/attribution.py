@@ -110,9 +110,9 @@ def direct_logit_attribution(
     cfg, dt = model.cfg, compute_dtype(model)
     box: dict[str, torch.Tensor] = {}
     final = N.final_stream(cfg.n_layers)
-    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", final)
+    wanted = N.every(N.EMBED, N.POS_EMBED, N.z, N.mlp_out, final)
     with preserve_state(model), torch.no_grad():
-        with model.hooks(fwd_hooks=store_matching(box, model, lambda n: n.endswith(wanted))):
+        with model.hooks(fwd_hooks=store_matching(box, model, wanted)):
             logits = model(tokens, return_type="logits").to(dt)
         direction, b_U = unembed_direction(model, targets, contrast, dt)
         # The frozen final norm is linear: N(c) . direction = c . g, with g read back through it once

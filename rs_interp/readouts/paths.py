@@ -111,7 +111,7 @@ def _stream_paths(
     """
     dt = compute_dtype(model)
     box: dict[str, torch.Tensor] = {}
-    names = lambda n: n == N.RESID0 or n.endswith("attn.hook_pattern")  # noqa: E731
+    names = N.every(N.RESID0, N.pattern)
     with preserve_state(model), torch.no_grad():
         with model.hooks(fwd_hooks=store_matching(box, model, names)):
             logits = model(tokens, return_type="logits")

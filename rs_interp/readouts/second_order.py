@@ -134,9 +134,9 @@ def second_order_attribution(
     check_int_range("memory_budget", memory_budget, 1)
     cfg, dt = model.cfg, compute_dtype(model)
     L, n_heads = cfg.n_layers, cfg.n_heads
-    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "attn.hook_pattern", "hook_mlp_out", "hook_resid_pre", "hook_resid_post")
+    wanted = N.every(N.EMBED, N.POS_EMBED, N.z, N.pattern, N.mlp_out, N.resid_pre, N.resid_post)
     with preserve_state(model), torch.no_grad():
-        box = record(model, tokens, lambda n: n.endswith(wanted))  # ends at the last of them
+        box = record(model, tokens, wanted)  # ends at the last of them
         q = torch.tensor(pos, device=tokens.device)
         direction, _ = unembed_direction(model, targets[:, q], None if contrast is None else contrast[:, q], dt)
         f_norm, f_scale = final_norm(model, box[N.final_stream(L)][:, q], dt)
