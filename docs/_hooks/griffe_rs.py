@@ -179,7 +179,7 @@ class RsInterpDocs(griffe.Extension):
         scopes = [obj] if (obj.is_class or obj.is_module) else []
         scopes += [s for s in (obj.parent, mod, mod.parent) if s is not None]
         name = target.lstrip(".")
-        relative = mod if mod.is_package else (mod.parent or mod)  # ".x" in a package's __init__ is its own x
+        relative = mod if (mod.is_package or mod.is_subpackage) else (mod.parent or mod)  # ".x" in a package's __init__ is its own x
         for scope in scopes if not target.startswith(".") else [relative]:
             try:
                 return _final(scope[name])
