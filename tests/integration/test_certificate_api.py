@@ -5,7 +5,9 @@ to declare what it relies on fails here."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 import re
 
 import pytest
@@ -19,7 +21,7 @@ from tests.mutations import MUTATIONS
 
 
 def _public_functions() -> dict[str, object]:
-    """Every public function reachable from ``rs_interp`` (its ``__all__`` and its subpackages')
+    """Every public function reachable from ``rs_interp`` (its ``__all__``, its subpackages' and every role package's)
     that takes a ``model`` argument, by the name a user calls it with: a function public in two places
     (``rs_interp.score_model`` is also ``rs_interp.models.score_model``) by the shorter one, a package's
     own names before its subpackages'."""
@@ -37,6 +39,11 @@ def _public_functions() -> dict[str, object]:
                 walk(obj, f"{prefix}{name}.")
 
     walk(ri, "")
+    # then every role package's own names (a method exported only as rs_interp.circuits.X is public too)
+    for info in pkgutil.iter_modules(ri.__path__):
+        if info.ispkg and not info.name.startswith("_") and f"rs_interp.{info.name}" not in seen:
+            seen.add(f"rs_interp.{info.name}")
+            walk(importlib.import_module(f"rs_interp.{info.name}"), f"{info.name}.")
     return out
 
 

@@ -2,7 +2,9 @@
 docs/getting-started.md ("Arguments: one name, one default"); the renamed keywords kept for one
 release with a DeprecationWarning; the memory budget only tiles (the same floats whatever it is)."""
 
+import importlib
 import inspect
+import pkgutil
 import re
 import warnings
 from pathlib import Path
@@ -28,11 +30,14 @@ REQUIRED = object()
 
 
 def _helpers():
-    """Every public function of rs_interp, features, models (the maintainer API), tasks and scale, and the public methods of their
+    """Every public function of rs_interp, features, models (the maintainer API), tasks, scale and every other role package, and the public methods of their
     public classes (TransformerLens's ``Model`` aside), by the name a user calls them."""
     seen = set()
-    for mod, prefix in [(ri, ""), (F, "features."), (M, "models."), (T, "tasks."), (S, "scale.")]:
-        for name in mod.__all__:
+    roles = [info.name for info in pkgutil.iter_modules(ri.__path__) if info.ispkg and not info.name.startswith("_")]
+    packages = [(ri, ""), (F, "features."), (M, "models."), (T, "tasks."), (S, "scale.")]
+    packages += [(importlib.import_module(f"rs_interp.{r}"), f"{r}.") for r in roles if r not in ("features", "models", "tasks", "scale", "reproduce")]
+    for mod, prefix in packages:
+        for name in getattr(mod, "__all__", ()):
             obj = getattr(mod, name)
             if inspect.ismodule(obj) or name == "Model" or id(obj) in seen:
                 continue
