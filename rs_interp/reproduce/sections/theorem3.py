@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ... import _names as N
 from ..._backend import Model, load_portable_state, portable_state
 from ...heads.ablation import run_with_key_input
 from ...heads.composition import composition_scores
@@ -61,19 +62,19 @@ def orthogonal_model(*, restrict_queries: bool, seed: int = 0) -> Model:
         state[name] = 0.3 * torch.randn(t.shape, generator=g, dtype=t.dtype)
         if name.endswith(("b_V", "b_O", "b_U")):
             state[name].zero_()
-    state["blocks.0.attn.W_O"][..., 16:] = 0.0  # (head, d_head, d_model): layer 0 writes 0..15
-    state["blocks.1.attn.W_K"][:, :16, :] = 0.0  # (head, d_model, d_head): layer 1's keys read 16..31
+    state[N.in_block(0, "attn.W_O")][..., 16:] = 0.0  # (head, d_head, d_model): layer 0 writes 0..15
+    state[N.in_block(1, "attn.W_K")][:, :16, :] = 0.0  # (head, d_model, d_head): layer 1's keys read 16..31
     if restrict_queries:
-        state["blocks.1.attn.W_Q"][:, :16, :] = 0.0
+        state[N.in_block(1, "attn.W_Q")][:, :16, :] = 0.0
     load_portable_state(model, state)
     return model
 
 
 def _layer1_pattern(model: Model, tokens: torch.Tensor, *, remove_layer0: bool) -> torch.Tensor:
     box: dict[str, torch.Tensor] = {}
-    hooks = [("blocks.1.attn.hook_pattern", lambda t, hook: box.update(p=t.detach()))]
+    hooks = [(N.pattern(1), lambda t, hook: box.update(p=t.detach()))]
     if remove_layer0:
-        hooks.append(("blocks.0.hook_attn_out", lambda t, hook: torch.zeros_like(t)))
+        hooks.append((N.attn_out(0), lambda t, hook: torch.zeros_like(t)))
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         model(tokens, return_type=None)
     return box["p"]
