@@ -48,15 +48,15 @@ FAMILIES = {
 }
 
 
-def save_checkpoint(family: str, folder) -> None:
-    """A random checkpoint of ``family`` in ``folder``, every parameter moved by N(0, 0.2) (seeded),
-    with a word-level tokenizer of the 300 ids."""
+def save_checkpoint(family: str, folder, families: dict | None = None) -> None:
+    """A random checkpoint of ``family`` (a key of ``families``, default :data:`FAMILIES`) in ``folder``,
+    every parameter moved by N(0, 0.2) (seeded), with a word-level tokenizer of the 300 ids."""
     import transformers as T
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        hf = T.AutoModelForCausalLM.from_config(FAMILIES[family](T)).eval()
+        hf = T.AutoModelForCausalLM.from_config((families or FAMILIES)[family](T)).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in hf.parameters():  # every bias and gain away from its initial value, signals well above rounding

@@ -17,6 +17,7 @@ import torch
 import rs_interp as ri
 from rs_interp import _backend
 from tests.builders import TL4
+from tests.hf_families import save_checkpoint
 
 FAMILIES = {
     "gpt2": lambda T: T.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=300, n_positions=64),
@@ -34,27 +35,10 @@ FAMILIES = {
 REFUSED: dict[tuple[str, int], tuple[str, str]] = {}
 
 
-def _save_checkpoint(family: str, folder) -> None:
-    import transformers as T
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    torch.manual_seed(0)
-    hf = T.AutoModelForCausalLM.from_config(FAMILIES[family](T)).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in hf.parameters():  # every bias and gain away from its initial value, signals well above rounding
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
-    hf.save_pretrained(folder)
-    vocab = {f"t{i}": i for i in range(299)} | {"[UNK]": 299}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    T.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="t0", eos_token="t0").save_pretrained(folder)
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
-    _save_checkpoint(request.param, folder)
+    save_checkpoint(request.param, folder, FAMILIES)
     return request.param, folder, ri.load_pretrained(folder, dtype=torch.float64)
 
 
