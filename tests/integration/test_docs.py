@@ -12,7 +12,6 @@ import json
 import os
 import re
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import rs_interp
+from tests.browser import ALL_DRAWN, DRAWN, offline_page, remote
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS = ROOT / "docs" / "_hooks"
@@ -231,15 +231,6 @@ def test_the_site_is_complete_and_offline(site):
     assert "The Transformer Block and the Residual Stream" in text("capabilities/reproduction.html")
 
 
-def _chromium():
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI: scripts/setup_browser.sh should have installed Debian's package")
-        pytest.skip("needs Debian's chromium package (bash scripts/setup_browser.sh installs it as root)")
-    return chromium
-
-
 #: The pages kept as screenshots beside the built site: the home page, a capability page with figures,
 #: the benchmarks table (TransformerLens's columns beside ours) and a reference page.
 SCREENSHOTS = ("index.html", "capabilities/composition.html", "project/benchmarks.html", "reference/circuits.html")
@@ -267,41 +258,26 @@ def test_the_site_renders_in_headless_chromium(site):
     at 1280 px nothing overflows its column (:data:`_LAYOUT`); :data:`SCREENSHOTS` are kept beside the built site.
     (The sample report, capabilities/report-sample.html, is rs-interp reproduce's own page, which
     tests/reproduce/test_report.py draws in Chromium: here it is checked to be self-contained only.)"""
-    from playwright.sync_api import sync_playwright
-
     root = site / "site"
     pages = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.html")
                    if p.name not in ("404.html", "report-sample.html"))
-    requests, errors, drawn, sizes, overflow, broken = [], [], {}, {}, {}, {}
+    drawn, sizes, overflow, broken = {}, {}, {}, {}
     start, cpu = time.perf_counter(), _cpu()
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=_chromium(), args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.on("request", lambda r: requests.append(r.url))
-            page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
-            page.on("console", lambda m: errors.append(f"{page.url}: {m.text}") if m.type == "error" else None)
-            for name in pages:
-                page.goto((root / name).as_uri())
-                page.wait_for_function(
-                    "[...document.querySelectorAll('.rs-fig')].every(d => d.querySelector('svg.main-svg'))", timeout=60_000)
-                drawn[name] = page.evaluate(
-                    "[...document.querySelectorAll('.rs-fig')].map(d => d.querySelectorAll("
-                    "'.scatterlayer .trace, .heatmaplayer image, .barlayer .point, .gl-container canvas, .scene').length)")
-                sizes[name] = page.evaluate("(document.querySelector('article') || document.body).innerText.length")
-                layout = page.evaluate(_LAYOUT)
-                if layout["overflow"]:
-                    overflow[name] = layout["overflow"]
-                if layout["broken"]:
-                    broken[name] = layout["broken"]
-                if name in SCREENSHOTS:
-                    page.screenshot(path=str(site / f"{Path(name).stem}.png"), full_page=name in ("index.html", "capabilities/composition.html"))
-        finally:
-            browser.close()
+    with offline_page() as (page, requests, errors):
+        for name in pages:
+            page.goto((root / name).as_uri())
+            page.wait_for_function(ALL_DRAWN.format(selector=".rs-fig"), timeout=60_000)
+            drawn[name] = page.evaluate(DRAWN.format(selector=".rs-fig"))
+            sizes[name] = page.evaluate("(document.querySelector('article') || document.body).innerText.length")
+            layout = page.evaluate(_LAYOUT)
+            if layout["overflow"]:
+                overflow[name] = layout["overflow"]
+            if layout["broken"]:
+                broken[name] = layout["broken"]
+            if name in SCREENSHOTS:
+                page.screenshot(path=str(site / f"{Path(name).stem}.png"), full_page=name in ("index.html", "capabilities/composition.html"))
     print(f"browser: {len(pages)} pages in {time.perf_counter() - start:.1f} s, {_cpu() - cpu:.1f} s of CPU")
-    assert [u for u in requests if not u.startswith(("file://", "data:", "blob:"))] == [], "a page made a network request"
+    assert remote(requests) == [], "a page made a network request"
     assert errors == [], errors
     assert all(n > 200 for n in sizes.values()), {k: v for k, v in sizes.items() if v <= 200}
     for name in FIGURE_PAGES:

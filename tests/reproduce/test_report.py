@@ -3,13 +3,12 @@
 import contextlib
 import io
 import json
-import os
 import re
-import shutil
 
 import pytest
 
 from rs_interp.ui.cli import main
+from tests.browser import ALL_DRAWN, DRAWN, offline_page, remote
 
 # Each registry entry and the tables it builds: a section added to the registry but not here fails below.
 PARTS = {"induction": ["induction"], "circuits": ["key_ablation", "heads", "composition"], "ablation": ["ablation"],
@@ -109,35 +108,14 @@ def test_report_is_self_contained(report_dir):
 
 @pytest.mark.slow
 def test_report_renders_in_headless_chromium(report_dir, tmp_path):
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI: scripts/setup_browser.sh should have installed Debian's package")
-        pytest.skip("needs Debian's chromium package (bash scripts/setup_browser.sh installs it as root)")
-    from playwright.sync_api import sync_playwright
-
-    requests, errors = [], []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.on("request", lambda r: requests.append(r.url))
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.goto((report_dir / "report.html").as_uri())
-            page.wait_for_function(
-                "[...document.querySelectorAll('.fig')].every(d => d.querySelector('svg.main-svg'))", timeout=60_000)
-            counts = page.evaluate(
-                "[...document.querySelectorAll('.fig')].map(d => d.querySelectorAll("
-                "'.scatterlayer .trace, .heatmaplayer image, .barlayer .point, .gl-container canvas, .scene').length)")
-            page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
-        finally:
-            browser.close()
+    with offline_page() as (page, requests, errors):
+        page.goto((report_dir / "report.html").as_uri())
+        page.wait_for_function(ALL_DRAWN.format(selector=".fig"), timeout=60_000)
+        counts = page.evaluate(DRAWN.format(selector=".fig"))
+        page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
     assert len(counts) >= 8, counts
     assert all(c > 0 for c in counts), f"a figure drew no data: {counts}"
-    assert [u for u in requests if not u.startswith("file://")] == [], "the page made a network request"
+    assert remote(requests) == [], "the page made a network request"
     assert errors == [], errors
     assert (tmp_path / "report.png").stat().st_size > 10_000
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from safetensors.torch import load_file
 import rs_interp as ri
 from rs_interp.tasks import build_task, read_mib
 from rs_interp.ui.circuit_command import add_arguments, load_command_model, run_circuit, run_command
+from tests.browser import ALL_DRAWN, offline_page, remote
 from tests.circuits.test_evaluation import _on_a_path
 
 FILES = {"scores.safetensors", "scores.json", "importances_mib.json", "curve.json", "circuit.json", "diagram.json",
@@ -49,34 +49,15 @@ def gpt2_run(tmp_path_factory):
 
 def _chromium_draws(page_path, screenshot):
     """Open the page offline in headless Chromium; every figure drawn, no request, no error."""
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI: scripts/setup_browser.sh should have installed Debian's package")
-        pytest.skip("needs Debian's chromium package (bash scripts/setup_browser.sh installs it as root)")
-    from playwright.sync_api import sync_playwright
-
-    requests, errors = [], []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.on("request", lambda r: requests.append(r.url))
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.goto(page_path.as_uri())
-            page.wait_for_function("[...document.querySelectorAll('.fig')].every(d => d.querySelector('svg.main-svg'))",
-                                   timeout=60_000)
-            counts = page.evaluate("[...document.querySelectorAll('.fig')].map(d => d.querySelectorAll('.scatterlayer .trace').length)")
-            paths = page.evaluate("document.querySelector('#diagram .scatterlayer').querySelectorAll('path.js-line').length")
-            page.screenshot(path=str(screenshot), full_page=True)
-        finally:
-            browser.close()
+    with offline_page() as (page, requests, errors):
+        page.goto(page_path.as_uri())
+        page.wait_for_function(ALL_DRAWN.format(selector=".fig"), timeout=60_000)
+        counts = page.evaluate("[...document.querySelectorAll('.fig')].map(d => d.querySelectorAll('.scatterlayer .trace').length)")
+        paths = page.evaluate("document.querySelector('#diagram .scatterlayer').querySelectorAll('path.js-line').length")
+        page.screenshot(path=str(screenshot), full_page=True)
     assert len(counts) == 2 and all(c > 0 for c in counts), counts
     assert paths > 0  # the diagram's edges are drawn
-    assert [u for u in requests if not u.startswith("file://")] == [], "the page made a network request"
+    assert remote(requests) == [], "the page made a network request"
     assert errors == [], errors
     assert screenshot.stat().st_size > 10_000
 
