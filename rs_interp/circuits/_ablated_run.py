@@ -21,15 +21,15 @@ from ._substrate import INPUT_POINTS, record, sender_points
 from .graph import EdgeLayout
 
 
-def ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor | None, method: str,
+def ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor | None, ablation: str,
                    embedding: str = "sum") -> dict[str, torch.Tensor]:
     """Per sender point, what an ablated sender writes, with the run's batch size."""
     B, P = tokens.shape
     points = sender_points(model, embedding)
-    if method == "zero":
+    if ablation == "zero":
         return {k: torch.zeros_like(v) for k, v in record(model, tokens, points).items()}
-    values = ablation_values(model, reference, method, points)
-    return values if method == "resample" else {k: v.expand(B, P, *v.shape[2:]) for k, v in values.items()}
+    values = ablation_values(model, reference, ablation, points)
+    return values if ablation == "resample" else {k: v.expand(B, P, *v.shape[2:]) for k, v in values.items()}
 
 
 def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: EdgeLayout, keep: torch.Tensor,

@@ -235,9 +235,9 @@ def record(model: Model, tokens: torch.Tensor, names: Callable[[str], bool]) -> 
     return box
 
 
-def ablation_values(model: Model, reference: torch.Tensor, method: str, names: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+def ablation_values(model: Model, reference: torch.Tensor, ablation: str, names: Callable[[str], bool]) -> dict[str, torch.Tensor]:
     """What an ablated activation is set to, at each hook point ``names`` selects, from a run on
-    ``reference`` (:func:`record`), by ``method`` (:data:`rs_interp.Ablation`): ``"resample"``, the
+    ``reference`` (:func:`record`), by ``ablation`` (:data:`rs_interp.Ablation`): ``"resample"``, the
     reference's own (batch, pos, ...); ``"position_mean"``, its mean over the batch (1, pos, ...);
     ``"mean"``, over the batch and the positions (1, 1, ...): each broadcasts against the run's
     activation. ``"zero"`` needs no run: the caller's zeros.
@@ -248,12 +248,12 @@ def ablation_values(model: Model, reference: torch.Tensor, method: str, names: C
     >>> tuple(means["blocks.0.attn.hook_z"].shape) == (1, 1, model.cfg.n_heads, model.cfg.d_head)
     True
     """
-    if method == "zero":
+    if ablation == "zero":
         raise ValueError("a zero ablation needs no reference run: the caller's zeros")
     box = record(model, reference, names)
-    if method == "position_mean":
+    if ablation == "position_mean":
         return {k: v.mean(0, keepdim=True) for k, v in box.items()}
-    if method == "mean":
+    if ablation == "mean":
         return {k: v.mean((0, 1), keepdim=True) for k, v in box.items()}
     return box
 
