@@ -66,3 +66,14 @@ def save_checkpoint(family: str, folder, families: dict | None = None) -> None:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     T.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="t0", eos_token="t0").save_pretrained(folder)
+
+
+def metric(logits):
+    """The checkpoints' metric: token 1's logit minus token 2's at the last position, averaged."""
+    return (logits[:, -1, 1] - logits[:, -1, 2]).mean()
+
+
+def token_pair():
+    """``(tokens, reference)``: two (3, 9) batches of the checkpoints' 300 ids (seeded)."""
+    g = torch.Generator().manual_seed(3)
+    return torch.randint(0, 299, (3, 9), generator=g), torch.randint(0, 299, (3, 9), generator=g)

@@ -21,7 +21,7 @@ import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.exact.certificate import TOLERANCES
 from tests.builders import make_variant
-from tests.hf_families import save_checkpoint
+from tests.hf_families import metric, save_checkpoint, token_pair
 
 #: TransformerLens 4: tiny perturbed checkpoints; 3.x: native models with a norm before and after each sublayer.
 #: (3.9 builds only RMSNorm after the sublayers: its LayerNorm branch tests the kind's name "LayerNorm", never "LN".)
@@ -40,12 +40,7 @@ def model(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokens():
-    g = torch.Generator().manual_seed(3)
-    return torch.randint(0, 299, (3, 9), generator=g), torch.randint(0, 299, (3, 9), generator=g)
-
-
-def metric(logits):
-    return (logits[:, -1, 1] - logits[:, -1, 2]).mean()
+    return token_pair()
 
 
 def _tol(model) -> float:
@@ -328,7 +323,7 @@ def test_the_feature_graph_is_the_frozen_replacement(model):
     """Every row of the graph (features' pre-activations, logits) is the frozen replacement model's, and a node's
     column is the change its write makes there: the post-norms' scales frozen with the rest."""
     from rs_interp.features import attribution_graph, mlp_transcoders
-    from tests.features.test_graph import _rows
+    from tests.features.test_graph import _rows, node_write
     from tests.features.test_transcoders import random_transcoders
 
     if _backend.logit_softcap(model) is not None:
@@ -345,19 +340,9 @@ def test_the_feature_graph_is_the_frozen_replacement(model):
     base = bf.targets(g, *bf.run())
     rows = _rows(g)
     _close(g.values[rows], base, model, "rows")
-    kinds = g.kinds()
     feats = [n for n in range(g.n_features)][:4]
     for n in feats + [g.error_node(1, 3), g.token_node(4)]:
-        out_delta = torch.zeros(L, P, d, dtype=torch.float64)
-        embed_delta = torch.zeros(P, d, dtype=torch.float64)
-        if kinds[n] == "feature":
-            l, p, f = g.features[n].tolist()
-            out_delta[l, p] = g.activations[n] * tcs[l].W_dec[f]
-        elif kinds[n] == "error":
-            l, p = divmod(n - g.n_features, P)
-            out_delta[l, p] = bf.out[l][p] - tcs[l](bf.x[l][p])
-        else:
-            embed_delta[n - g.token_node(0)] = bf.embed[n - g.token_node(0)]
+        embed_delta, out_delta = node_write(bf, g, tcs, n)
         moved = bf.targets(g, *bf.run(embed_delta=embed_delta, out_delta=out_delta))
         _close(g.adjacency[rows, n], moved - base, model, f"node {g.labels()[n]}")
 

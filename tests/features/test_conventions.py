@@ -20,7 +20,7 @@ import torch
 
 from rs_interp.features import attribution_graph, intervene, qk_attributions
 from rs_interp.features.export import graph_json
-from tests.features.test_graph import Frozen
+from tests.features.test_graph import Frozen, node_write
 from tests.features.test_transcoders import random_transcoders, relu_model
 
 TOL = 1e-9
@@ -59,19 +59,10 @@ def test_zero_positions_keep_every_entry_exact(setup, zero, activation, skip):
     base = bf.targets(g, *bf.run())
     rows = _rows(g)
     assert torch.allclose(g.values[rows], base, atol=TOL, rtol=0)
-    kinds = g.kinds()
     picks = torch.randperm(g.n_features, generator=torch.Generator().manual_seed(4))[:6].tolist()
     picks += [g.error_node(l, p) for l, p in ((0, 0), (0, 5), (1, 8), (1, 3))] + [g.token_node(p) for p in (0, 4)]
     for n in picks:
-        out_delta, embed_delta = torch.zeros(2, P, 16, dtype=torch.float64), torch.zeros(P, 16, dtype=torch.float64)
-        if kinds[n] == "feature":
-            l, p, f = g.features[n].tolist()
-            out_delta[l, p] = g.activations[n] * tcs[l].W_dec[f]
-        elif kinds[n] == "error":
-            l, p = divmod(n - g.n_features, P)
-            out_delta[l, p] = 0 if p in Z else bf.out[l][p] - tcs[l](bf.x[l][p])  # a zeroed error node writes nothing
-        else:
-            embed_delta[n - g.token_node(0)] = bf.embed[n - g.token_node(0)]
+        embed_delta, out_delta = node_write(bf, g, tcs, n, zeroed=Z)
         moved = bf.targets(g, *bf.run(embed_delta=embed_delta, out_delta=out_delta))
         assert torch.allclose(moved - base, g.adjacency[rows, n], atol=TOL, rtol=0), g.labels()[n]
     # every node off, the zeroed positions' MLP outputs as they were: the bias

@@ -63,6 +63,25 @@ class Frozen:
         return torch.cat([torch.stack(pre) if pre else last[:0], (last - (last.mean() if graph.centered else 0))[graph.logit_tokens]])
 
 
+def node_write(bf, graph, tcs, n, zeroed=()):
+    """``(embed_delta, out_delta)``: the write of node ``n`` of ``graph`` in the brute force ``bf`` (a
+    :class:`Frozen`-like object with the clean run's ``out``, ``x`` and ``embed``): a feature's activation
+    times its decoder row, an error node's MLP output minus the transcoder's (nothing at a ``zeroed``
+    position), a token's embedding; added once more, it doubles the node."""
+    L, (P, d) = len(bf.out), bf.out[0].shape
+    out_delta, embed_delta = torch.zeros(L, P, d, dtype=torch.float64), torch.zeros(P, d, dtype=torch.float64)
+    kind = graph.kinds()[n]
+    if kind == "feature":
+        l, p, f = graph.features[n].tolist()
+        out_delta[l, p] = graph.activations[n] * tcs[l].W_dec[f]
+    elif kind == "error":
+        l, p = divmod(n - graph.n_features, P)
+        out_delta[l, p] = 0 if p in zeroed else bf.out[l][p] - tcs[l](bf.x[l][p])  # a zeroed error node writes nothing
+    else:
+        embed_delta[n - graph.token_node(0)] = bf.embed[n - graph.token_node(0)]
+    return embed_delta, out_delta
+
+
 def _rows(graph):
     return torch.cat([torch.arange(graph.n_features), torch.arange(graph.n_nodes - graph.n_logits, graph.n_nodes)])
 
@@ -95,16 +114,7 @@ def test_entries_are_exact_direct_effects(norm, pos, activation, skip):
     toks = [g.token_node(p) for p in (0, 4, 8)]
     assert g.n_features > 20 and all(kinds[n] == "feature" for n in feats)
     for n in feats + errs + toks:
-        out_delta = torch.zeros(2, 9, 16, dtype=torch.float64)
-        embed_delta = torch.zeros(9, 16, dtype=torch.float64)
-        if kinds[n] == "feature":
-            l, p, f = g.features[n].tolist()
-            out_delta[l, p] = g.activations[n] * tcs[l].W_dec[f]
-        elif kinds[n] == "error":
-            l, p = divmod(n - g.n_features, 9)
-            out_delta[l, p] = bf.out[l][p] - tcs[l](bf.x[l][p])
-        else:
-            embed_delta[n - g.token_node(0)] = bf.embed[n - g.token_node(0)]
+        embed_delta, out_delta = node_write(bf, g, tcs, n)
         moved = bf.targets(g, *bf.run(embed_delta=embed_delta, out_delta=out_delta))
         assert torch.allclose(moved - base, g.adjacency[rows, n], atol=TOL, rtol=0), f"node {g.labels()[n]}"
     # every node switched off: the bias

@@ -24,7 +24,8 @@ import torch
 import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.exact.certificate import NEEDS, TOLERANCES
-from tests.hf_families import save_checkpoint
+from tests.features.test_graph import node_write
+from tests.hf_families import metric, save_checkpoint, token_pair
 
 #: The families beyond the first five (tests/integration/test_pretrained.py), and Mixtral in float32 too
 #: (transformers runs its experts in float32 and half precision only).
@@ -33,14 +34,9 @@ CASES = [(f, torch.float64) for f in ("bloom", "phi", "gemma", "gemma2", "gemma3
                                       "gpt_bigcode")] + [("mixtral", torch.float32)]
 
 
-def metric(logits):
-    return (logits[:, -1, 1] - logits[:, -1, 2]).mean()
-
-
 @pytest.fixture(scope="module")
 def tokens():
-    g = torch.Generator().manual_seed(3)
-    return torch.randint(0, 299, (3, 9), generator=g), torch.randint(0, 299, (3, 9), generator=g)
+    return token_pair()
 
 
 @pytest.fixture(scope="module")
@@ -483,18 +479,9 @@ def test_the_feature_graph_is_the_frozen_replacement_or_refused_by_name(graph_mo
     rows = torch.cat([torch.arange(g.n_features), torch.arange(g.n_nodes - g.n_logits, g.n_nodes)])
     gap = float((g.values[rows] - base).abs().max())
     assert gap <= _tol(model) * max(1.0, float(base.abs().max())), f"{family}: rows {gap}"
-    kinds = g.kinds()
     assert g.n_features > 8
     for n in list(range(0, g.n_features, g.n_features // 4))[:4] + [g.error_node(0, 5), g.error_node(1, 3), g.token_node(4)]:
-        out_delta, embed_delta = torch.zeros(L, P, d, dtype=torch.float64), torch.zeros(P, d, dtype=torch.float64)
-        if kinds[n] == "feature":
-            l, p, f = g.features[n].tolist()
-            out_delta[l, p] = g.activations[n] * tcs[l].W_dec[f]
-        elif kinds[n] == "error":
-            l, p = divmod(n - g.n_features, P)
-            out_delta[l, p] = bf.out[l][p] - tcs[l](bf.x[l][p])
-        else:
-            embed_delta[n - g.token_node(0)] = bf.embed[n - g.token_node(0)]
+        embed_delta, out_delta = node_write(bf, g, tcs, n)
         moved = bf.targets(g, *bf.run(embed_delta=embed_delta, out_delta=out_delta)) - base
         gap = float((g.adjacency[rows, n] - moved).abs().max())
         assert gap <= _tol(model) * max(1.0, float(moved.abs().max())), f"{family}: node {g.labels()[n]}: {gap}"

@@ -17,7 +17,7 @@ import torch
 import rs_interp as ri
 from rs_interp import _backend
 from tests.builders import TL4
-from tests.hf_families import save_checkpoint
+from tests.hf_families import metric, save_checkpoint, token_pair
 
 FAMILIES = {
     "gpt2": lambda T: T.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=300, n_positions=64),
@@ -44,12 +44,7 @@ def family(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokens():
-    g = torch.Generator().manual_seed(3)
-    return torch.randint(0, 299, (3, 9), generator=g), torch.randint(0, 299, (3, 9), generator=g)
-
-
-def metric(logits):
-    return (logits[:, -1, 1] - logits[:, -1, 2]).mean()
+    return token_pair()
 
 
 def _refusal(name: str):
