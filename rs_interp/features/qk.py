@@ -193,18 +193,19 @@ class _GraphColumns:
         return torch.cat([rows[:, self.selected], rows[:, n:], rows[:, :n][:, self.unselected].sum(1, keepdim=True)], 1)
 
 
-@renamed(top="k")
+@renamed(top="k", edges="attention_edges")
 def qk_attributions(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
-                    edges: Sequence[tuple[int, int, int, int]] | None = None, *, k: int = 8) -> tuple[QKAttribution, ...]:
-    """Each attention score of ``edges`` split into a bilinear table of query-side x key-side sources,
+                    attention_edges: Sequence[tuple[int, int, int, int]] | None = None, *, k: int = 8) -> tuple[QKAttribution, ...]:
+    """Each attention score of ``attention_edges`` split into a bilinear table of query-side x key-side sources,
     and the edge's head loadings, in the local replacement model of ``graph`` (module docstring).
 
     Args:
         transcoders: the set the graph was made with.
         graph: an :func:`~rs_interp.features.attribution_graph` of ``model``.
-        edges: ``(layer, head, query position, key position)`` each; default the graph's ``k``
-            top attention edges (:func:`top_attention`).
-        k: how many top attention edges, when ``edges`` is not given.
+        attention_edges: ``(layer, head, query position, key position)`` each (an attention edge, not the
+            edge graph's ``(sender, receiver)``); default the graph's ``k`` top attention edges
+            (:func:`top_attention`).
+        k: how many top attention edges, when ``attention_edges`` is not given.
 
     Raises:
         ValueError: what :func:`~rs_interp.features.attribution_graph` refuses, or a model whose attention
@@ -224,9 +225,10 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
     what = "features.qk_attributions"
     if torch.is_inference_mode_enabled():
         with torch.inference_mode(False):
-            return qk_attributions(model, transcoders, graph, edges, k=k)
+            return qk_attributions(model, transcoders, graph, attention_edges, k=k)
     model, tcs = _prepare(model, transcoders, graph, what)
     cfg, P, L, dt = model.cfg, graph.n_pos, graph.n_layers, model.cfg.dtype
+    edges = attention_edges
     if edges is None:
         edges = [e for e, _ in _top_attention(model, tcs, graph, k)]
     edges = [tuple(int(x) for x in e) for e in edges]

@@ -204,7 +204,7 @@ def test_the_memory_budget_only_tiles(toy2, small_batch):
 OLD_CALLS = [
     r"(ablate_heads|head_ablation_scan|evaluate_circuit|faithfulness_curve|mib_scores|acdc)\([^#]*\bmethod=",
     r"logit_lens\([^#]*\btop_k=", r"attribution_patching\([^#]*\bnodes=", r"(composition_scores|virtual_weight)\([^#]*\bkind=",
-    r"qk_attributions\([^#]*\btop=", r"estimate_graph\([^#]*\bn_logits=", r"top_edges\([^#]*\bn=",
+    r"qk_attributions\([^#]*\btop=", r"qk_attributions\([^#]*\bedges=", r"estimate_graph\([^#]*\bn_logits=", r"top_edges\([^#]*\bn=",
     r"\bevaluate\([^#]*\bchunk_size=", r"\bscan\.method\b", r"\bacdc\([^#]*\)\.method\b",
 ]
 
@@ -215,3 +215,17 @@ def test_the_repo_uses_the_new_words():
     hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:120]}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
             if any(re.search(r, line) for r in OLD_CALLS)]
     assert hits == []
+
+
+def test_qk_attributions_takes_attention_edges_and_the_old_keyword_warns():
+    """``edges`` means (sender, receiver) pairs everywhere; an attention edge (layer, head, query, key) is
+    ``attention_edges``: the old keyword gives the same table, with a warning."""
+    from rs_interp.features import attribution_graph, qk_attributions, shipped_transcoders
+
+    model, tcs = ri.load_toy_model("code-2l"), shipped_transcoders("code-2l")
+    g = attribution_graph(model, tcs, torch.arange(100, 108), targets=[108], progress=False)
+    (new,) = qk_attributions(model, tcs, g, attention_edges=[(1, 0, 7, 3)])
+    with pytest.warns(DeprecationWarning, match="'edges' is deprecated.*'attention_edges'"):
+        (old,) = qk_attributions(model, tcs, g, edges=[(1, 0, 7, 3)])
+    assert torch.equal(new.table, old.table) and new.score == old.score
+
