@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 #: the shared pieces at the top of tests/ (conftest's fixtures, the helpers every folder imports as tests.<name>)
-HELPERS = {"__init__", "conftest", "builders", "finite_differences", "hf_families", "mutations"}
+HELPERS = {"__init__", "conftest", "builders", "finite_differences", "hf_families", "mutations", "browser"}
 
 
 def _modules(folder: Path) -> set[str]:
