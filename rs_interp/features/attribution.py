@@ -43,9 +43,6 @@ __all__ = ["attribution_graph"]
 _EPS_FACTOR = 64
 
 
-#: The machine's matmul rate for the cost estimate written above the bar, measured on first use.
-_RATE: dict[str, float] = {}
-
 def _tokens(model: Model, tokens) -> torch.Tensor:
     t = torch.as_tensor(tokens)
     if t.ndim == 2 and t.shape[0] == 1:
@@ -172,7 +169,7 @@ def attribution_graph(
 
         from .estimate import estimate_graph, matmul_rate
 
-        rate = _RATE.get("rate") or _RATE.setdefault("rate", matmul_rate())  # measured once per process
+        rate = matmul_rate(512, 2)  # ~10 ms: a rate for the line written above the bar, not a benchmark's
         cost = estimate_graph(model, tcs, P, max_feature_nodes=max_feature_nodes, max_logits=max_logits, batch_size=batch_size,
                               dense=dense, rate=rate)
         if cost.seconds >= DELAY:  # long work only, as the bars: a short call stays quiet
