@@ -104,9 +104,9 @@ def evaluate_circuit(
     layout = edge_layout(model, embedding)
     keep = mask(layout, circuit)
     require(model, "evaluate_circuit", also=("embedding",) if embedding != "sum" else ())
-    if keep.any() and not _reaches_logits(layout, keep):
+    if keep.any() and not _reaches_logits(layout, keep):  # stacklevel 3: the caller's line, past the renamed() wrapper
         warnings.warn("this circuit has no path from the embedding to the logits: every path through it is cut, so it "
-                      "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=2)
+                      "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=3)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
         return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, ablation, embedding),
                            "circuit run")

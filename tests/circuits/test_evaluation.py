@@ -181,6 +181,15 @@ def test_top_edges_and_bad_input():
         ri.evaluate_circuit(model, toks, metric, [("embed", "L0H0.q")], reference=ref)
 
 
+def test_dangling_circuit_warning_points_at_the_callers_line():
+    """The warning names the caller's file, not rs_interp's keyword wrapper (``_keywords.renamed`` sits
+    between the caller and evaluate_circuit since issue 51: stacklevel=2 pointed at the wrapper)."""
+    model, toks, ref = _setup()
+    with pytest.warns(UserWarning, match="no path from the embedding") as caught:
+        ri.evaluate_circuit(model, toks, metric, [("embed", "L0H0.q")], reference=ref)
+    assert [w.filename for w in caught] == [__file__]
+
+
 def _on_a_path_gqa(layout, kept, n_heads, n_kv):
     """The kept edges on a path embed -> logits, by reachability (written apart from selection.prune)."""
     group = n_heads // n_kv if n_kv else 1
