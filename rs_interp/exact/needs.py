@@ -105,8 +105,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
 
 #: Identities a helper needs only for some arguments: ``{helper: {identity: "when"}}``.
 OPTIONAL: dict[str, dict[str, str]] = {
-    "composition_scores": {"scores": "kind 'q' or 'k'"},
-    "virtual_weight": {"scores": "kind 'q' or 'k'"},
+    "composition_scores": {"scores": "which='q' or 'k'"},
+    "virtual_weight": {"scores": "which='q' or 'k'"},
     "head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "scale.head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "features.attribution_graph": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},

@@ -63,6 +63,15 @@ def test_the_lists_name_public_functions_and_known_identities():
     assert {c for cs in REFUSES.values() for c in cs} <= set(CONDITIONS) and set(REFUSES) <= set(NEEDS)
 
 
+def test_the_conditions_name_the_arguments_by_their_current_keywords():
+    """OPTIONAL's "when" texts are shown in the certificate's table: none may name a keyword renamed in
+    issue 51 (``kind 'q' or 'k'`` sent a user to the deprecated ``kind=``; the keyword is ``which=``)."""
+    public = _public_functions()
+    stale = {(helper, old) for helper, whens in OPTIONAL.items() for when in whens.values()
+             for old in getattr(public[helper], "__renamed__", {}) if re.search(rf"\b{old}\b", when)}
+    assert stale == set()
+
+
 def test_the_table_says_for_every_helper_whether_it_answers():
     model = make_variant("LN", "standard", False)
     MUTATIONS["heads"](model)
