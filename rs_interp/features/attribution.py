@@ -23,6 +23,7 @@ or ``ValueError``. Interventions in the frozen model move targets by exactly the
 
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 import torch
@@ -173,7 +174,7 @@ def attribution_graph(
         cost = estimate_graph(model, tcs, P, max_feature_nodes=max_feature_nodes, max_logits=max_logits, batch_size=batch_size,
                               dense=dense, rate=rate)
         if cost.seconds >= DELAY:  # long work only, as the bars: a short call stays quiet
-            tqdm.write(str(cost))
+            tqdm.write(str(cost), file=sys.stderr)  # where the bars go: a script's stdout stays its own
     with R.quiet_model(model):
         clean = R.clean_run(model, tcs, tokens[None])
         probs = clean.logits[position].double().softmax(-1)

@@ -23,3 +23,17 @@ def test_measuring_the_rate_leaves_the_callers_random_state_alone():
     before = torch.get_rng_state()
     attribution_graph(model, tcs, torch.arange(6), progress=True)
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_cost_line_goes_to_stderr_with_the_bars(monkeypatch, capsys):
+    """The line a long graph writes before it runs (progress is on by default) goes where the bars go,
+    stderr: a script's stdout (its own results, piped on) stays its own."""
+    import rs_interp.features.estimate as estimate
+
+    monkeypatch.setattr(estimate, "matmul_rate", lambda *args, **kwargs: 1e3)  # a slow machine: the estimate passes the 2 s line
+    model = make_variant("LN", "standard", False, seed=1)
+    tcs = random_transcoders(model.cfg.n_layers, model.cfg.d_model, 16, activation="topk")
+    capsys.readouterr()
+    attribution_graph(model, tcs, torch.arange(6))
+    out, err = capsys.readouterr()
+    assert out == "" and "attribution graph estimate" in err
