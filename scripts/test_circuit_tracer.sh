@@ -17,12 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${RS_CT_SRC:?set RS_CT_SRC to a checkout of decoderesearch/circuit-tracer}"
 CT_VENV="${RS_CT_VENV:-$PWD/.venv-ct}"
-if [ ! -x "$CT_VENV/bin/python" ] || ! "$CT_VENV/bin/python" -c "import circuit_tracer" 2>/dev/null; then
-  python3 -m venv "$CT_VENV"
-  "$CT_VENV/bin/python" -m pip install -q --upgrade pip
-  "$CT_VENV/bin/python" -m pip install -q --no-compile "torch==2.13.0"
-  "$CT_VENV/bin/python" -m pip install -q --no-compile "$RS_CT_SRC"
-fi
+source scripts/_ref_venv.sh
+ref_venv "$CT_VENV" circuit_tracer "$RS_CT_SRC"
 VENV=$(RS_INTERP_TL=4; source scripts/_env.sh; echo "$VENV")
 RS_CT_PYTHON="$CT_VENV/bin/python" OMP_NUM_THREADS=1 \
   "$VENV/bin/python" -m pytest tests/integration/test_references_circuit_tracer.py -m reference -p no:cacheprovider -s "$@"

@@ -18,13 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${RS_REF_SRC:?set RS_REF_SRC to the folder holding EAP-IG/ and MIB-circuit-track/}"
 REF_VENV="${RS_REF_VENV:-$PWD/.venv-ref}"
-if [ ! -x "$REF_VENV/bin/python" ] || ! "$REF_VENV/bin/python" -c "import transformer_lens" 2>/dev/null; then
-  python3 -m venv "$REF_VENV"
-  "$REF_VENV/bin/python" -m pip install -q --upgrade pip
-  "$REF_VENV/bin/python" -m pip install -q --no-compile "torch==2.13.0"
-  "$REF_VENV/bin/python" -m pip install -q --no-compile "transformer-lens==2.16.1" matplotlib tabulate
-  "$REF_VENV/bin/python" -m pip install -q --no-compile "numpy>=2,<2.3"  # pyarrow (through datasets) needs numpy 2
-fi
+source scripts/_ref_venv.sh
+# numpy 2 last: pyarrow (through datasets) needs it
+ref_venv "$REF_VENV" transformer_lens "transformer-lens==2.16.1 matplotlib tabulate" "numpy>=2,<2.3"
 rm -rf "$REF_VENV/ref" && mkdir -p "$REF_VENV/ref"
 cp -r "$RS_REF_SRC/EAP-IG/src/eap" "$REF_VENV/ref/eap"
 cp -r "$RS_REF_SRC/MIB-circuit-track/MIB_circuit_track" "$REF_VENV/ref/MIB_circuit_track"
