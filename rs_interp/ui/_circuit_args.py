@@ -35,9 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="edge scores: eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
                              "patched pass per edge, for small models; GPT-2 small has 32,491 edges) (default: %(default)s)")
     parser.add_argument("--out", required=True, metavar="DIR", help="required: the output directory (made if needed)")
-    parser.add_argument("--size", type=_size, default=0.01, metavar="N|F",
+    parser.add_argument("--size", type=_size, default=None, metavar="N|F",
                         help="the circuit's size: an edge count, or a fraction of the edges in (0, 1], then pruned to the "
-                             "edges on a path from the embedding to the logits (default: %(default)s)")
+                             "edges on a path from the embedding to the logits (default: the smallest circuit on the "
+                             "faithfulness curve that recovers --share of the metric)")
+    parser.add_argument("--share", type=_share, default=None, metavar="F",
+                        help="without --size, the share of the metric the circuit recovers: its faithfulness, in "
+                             "(0, 1] (default: 0.8, rs_interp.circuits.selection.RECOVERED_SHARE)")
     parser.add_argument("--n", type=count, default=32, metavar="N", help="prompt pairs (default: %(default)s)")
     parser.add_argument("--seed", type=seed, default=0, help="the task's seed (default: %(default)s)")
     parser.add_argument("--ig-steps", type=count, default=5, metavar="M", help="EAP-IG's steps (default: %(default)s)")
@@ -47,6 +51,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "batches are faster (default: the whole task; under torchrun an even share per rank)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (default: bars on stderr)")
     return parser
+
+
+def _share(text: str) -> float:
+    """A share of the metric in (0, 1], checked at parse time."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid share {text!r}: a number in (0, 1]") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"invalid share {text!r}: a share lies in (0, 1]")
+    return value
 
 
 def _size(text: str) -> int | float:
