@@ -6,3 +6,8 @@
 
 Importing this package loads nothing heavy (the command line's ``--help`` answers at once).
 """
+
+from .._lazy import attach
+
+#: Every submodule answers as an attribute (``rs_interp.ui.plots``), imported on first use.
+__getattr__, __dir__ = attach(__name__, {}, globals())
