@@ -5,6 +5,8 @@ TransformerLens versions: the docs build, which runs every page's examples, runs
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 DOCS = ROOT / "docs"
@@ -23,6 +25,56 @@ def test_notebook_example_runs_as_written(capsys):
     exec(compile(block, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "Score(" in out and "L0H" in out
+
+
+def _own_prompts(heading: str) -> str:
+    """The README's block after ``heading`` in "In a notebook": a drawn, evaluated circuit from your own prompts."""
+    section = README.split("## In a notebook", 1)[1].split("\n## ", 1)[0]
+    block = _block(section, heading, "README.md")
+    assert len([line for line in block.splitlines() if line.strip()]) <= 10, "prompts to a circuit in at most 10 lines"
+    return block
+
+
+def _run_own_prompts(block: str, where: str, out: str, tmp_path, monkeypatch, capsys) -> dict:
+    monkeypatch.chdir(tmp_path)  # the example writes its folder where the user stands
+    ns: dict = {}
+    exec(compile(block, where, "exec"), ns)
+    printed = capsys.readouterr().out
+    run = ns["run"]
+    assert f"{run.size} of {run.n_edges} edges, faithfulness {run.faithfulness:.3f}" in printed
+    assert run.share == 0.8 and run.faithfulness >= 0.8 and (tmp_path / out / "report.html").is_file()
+    assert type(run.diagram()).__name__ == "Figure"
+    return ns
+
+
+def test_own_prompts_to_a_circuit_on_code2l_runs_as_written(tmp_path, monkeypatch, capsys):
+    """Issue 61: the README's prompts-to-circuit example on code-2l, as written: the numbers its comment gives."""
+    block = _own_prompts(r"Your own prompts, to a drawn and evaluated circuit")
+    run = _run_own_prompts(block, "README.md", "my_circuit", tmp_path, monkeypatch, capsys)["run"]
+    assert (run.size, run.n_edges) == (9, 46) and abs(run.faithfulness - 0.906) < 5e-4, (run.size, run.faithfulness)
+    assert f"# {run.size} of 46 edges, faithfulness {run.faithfulness:.3f}" in block
+
+
+@pytest.mark.slow
+def test_own_prompts_to_a_circuit_on_gpt2s_shape_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The same on GPT-2 small's shape (random weights) with IOI prompts of one's own: about half a minute."""
+    block = _own_prompts(r"On GPT-2 small's shape with IOI prompts of your own")
+    ns = _run_own_prompts(block, "README.md", "ioi_circuit", tmp_path, monkeypatch, capsys)
+    assert ns["run"].n_edges == 32491 and ns["task"].clean.shape[0] == 3
+
+
+def test_own_task_page_runs_as_written(capsys):
+    """docs/capabilities/own-task.md's executed blocks, in order, in one namespace (as the docs build runs them, in
+    one pass only): the refusals it prints name the pair and the word; the circuit is the one its text gives."""
+    page = (DOCS / "capabilities" / "own-task.md").read_text()
+    ns: dict = {}
+    for block in re.findall(r"```python exec\n(.*?)```", page, re.S):
+        exec(compile(block, "docs/capabilities/own-task.md", "exec"), ns)
+    out = capsys.readouterr().out
+    assert "the correct answer ' Mary' is 2 tokens, ' M' + 'ary'" in out and "the clean prompt is 22 tokens" in out
+    run = ns["run"]
+    assert f"it is {run.size} of `code-2l`'s 46 edges, faithfulness {run.faithfulness:.3f}" in " ".join(page.split())
+    assert int(ns["keep"].sum()) > 0 and abs(ns["curve"].faithfulness[-1] - 1.0) < 1e-6
 
 
 def test_first_session_example_runs_as_written(capsys):
