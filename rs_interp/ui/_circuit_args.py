@@ -14,7 +14,7 @@ from typing import Any
 
 from ._args import count, seed, writable_dir
 
-__all__ = ["COMMAND_METHODS", "add_arguments", "check_arguments", "load_command_model"]
+__all__ = ["COMMAND_METHODS", "add_arguments", "check_arguments", "load_command_model", "rs_checkpoint"]
 
 #: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching.
 COMMAND_METHODS = ("eap", "eap-ig", "exact")
@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="required: gpt2 (pretrained: $RS_INTERP_GPT2_PATH or the Hugging Face cache), gpt2-random, a shipped "
-                             "model's name (" + ", ".join(SHIPPED) + "), or a Hugging Face checkpoint directory")
+                             "model's name (" + ", ".join(SHIPPED) + "), a Hugging Face checkpoint directory, or an rs_interp "
+                             "checkpoint (rs_interp.models.save_model's or rs-interp train's: PATH of PATH.json and "
+                             "PATH.safetensors, or the folder holding one)")
     parser.add_argument("--task", required=True, choices=TASK_NAMES, help="required: the task (" + ", ".join(TASK_NAMES) + ")")
     parser.add_argument("--method", default="eap", choices=COMMAND_METHODS,
                         help="edge scores: eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
@@ -101,9 +103,26 @@ def _check_spec(spec: str) -> None:
     """Refuse a ``--model`` that is none of the accepted forms (light: the registry's names, a folder test)."""
     from ..models.registry import SHIPPED_MODELS
 
-    if spec not in ("gpt2", "gpt2-random") and spec not in SHIPPED_MODELS and not Path(spec).is_dir():
-        raise ValueError(f"--model {spec!r} is not gpt2, gpt2-random, a shipped model ({', '.join(SHIPPED_MODELS)}) "
-                         "or a checkpoint directory")
+    if spec not in ("gpt2", "gpt2-random") and spec not in SHIPPED_MODELS and not Path(spec).is_dir() \
+            and rs_checkpoint(spec) is None:
+        raise ValueError(f"--model {spec!r} is not gpt2, gpt2-random, a shipped model ({', '.join(SHIPPED_MODELS)}), "
+                         "a checkpoint directory or an rs_interp checkpoint (PATH of PATH.json and PATH.safetensors)")
+
+
+def rs_checkpoint(spec: str | Path) -> Path | None:
+    """The rs_interp checkpoint ``spec`` names (:func:`rs_interp.models.save_model`'s ``PATH.json`` and
+    ``PATH.safetensors``), as the ``PATH`` :func:`rs_interp.models.load_model` takes: ``spec`` itself (with or
+    without either suffix), or the one such pair in the folder ``spec`` (a folder with a Hugging Face
+    ``config.json`` is Hugging Face's); None otherwise. Light: reads file names only."""
+    path = Path(spec)
+    if path.suffix in (".json", ".safetensors"):
+        path = path.with_suffix("")
+    if path.with_name(path.name + ".json").is_file() and path.with_name(path.name + ".safetensors").is_file():
+        return path
+    if path.is_dir() and not (path / "config.json").is_file():
+        found = sorted(w.with_suffix("") for w in path.glob("*.safetensors") if w.with_suffix(".json").is_file())
+        return found[0] if len(found) == 1 else None
+    return None
 
 
 def load_command_model(spec: str) -> tuple[Any, Any, str]:
@@ -117,6 +136,7 @@ def load_command_model(spec: str) -> tuple[Any, Any, str]:
 
     from ..tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
 
+    saved = None if spec in ("gpt2", "gpt2-random") or spec in ri.models.SHIPPED_MODELS else rs_checkpoint(spec)
     if spec == "gpt2":
         source = _gpt2_source()
         model = ri.load_gpt2(source)
@@ -126,11 +146,19 @@ def load_command_model(spec: str) -> tuple[Any, Any, str]:
         model, what = ri.load_gpt2("random"), "GPT-2 small, random weights (every number here is from random weights)"
     elif spec in ri.models.SHIPPED_MODELS:
         model, what = ri.load_toy_model(spec), f"{spec} (shipped toy model)"
+    elif saved is not None:
+        from ..models.checkpoints import load_model
+
+        model, what = load_model(saved), f"rs_interp checkpoint {saved}"
     elif Path(spec).is_dir():
         model, what = ri.load_pretrained(spec), f"checkpoint {spec}"
     else:
         _check_spec(spec)  # raises: none of the accepted forms
     tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None and saved is not None and saved.with_name(saved.name + ".tokenizer.json").is_file():
+        from ..models.code_model import load_code_tokenizer
+
+        tokenizer = load_code_tokenizer(saved)  # saved beside it (rs-interp train code-2l)
     if tokenizer is None and spec in ri.models.SHIPPED_MODELS:
         tokenizer = ri.models.SHIPPED_MODELS[spec].tokenizer()
     if tokenizer is None and model.cfg.d_vocab == GPT2_VOCAB_SIZE:

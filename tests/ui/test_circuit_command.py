@@ -215,6 +215,27 @@ def test_the_default_circuit_is_the_smallest_that_recovers_80_percent(tmp_path):
     assert circuit["size"] == every.n_edges[k]
 
 
+@pytest.mark.parametrize("form", ["folder", "path", "json file"])
+def test_model_takes_an_rs_interp_checkpoint(tmp_path, form):
+    """Issue 61: --model takes rs_interp's own checkpoints (save_model's PATH.json + PATH.safetensors, as
+    rs-interp train writes them, its tokenizer beside them) as well as Hugging Face folders: named by the folder,
+    the PATH, or a file; the model is the one saved, its tokenizer the one saved beside it."""
+    model = ri.load_toy_model("code-2l")
+    saved = ri.models.save_model(model, tmp_path / "ckpt" / "code")
+    ri.models.SHIPPED_MODELS["code-2l"].tokenizer().save(str(tmp_path / "ckpt" / "code.tokenizer.json"))
+    spec = {"folder": tmp_path / "ckpt", "path": saved, "json file": saved.with_name("code.json")}[form]
+    loaded, tokenizer, what = load_command_model(str(spec))
+    assert what == f"rs_interp checkpoint {saved}" and tokenizer.encode("self").ids == [286]
+    tokens = torch.randint(0, 2048, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens), model(tokens))
+    if form == "folder":
+        out = tmp_path / "out"
+        argv = ["--model", str(spec), "--task", "induction", "--out", str(out), "--n", "4", "--size", "6", "--quiet"]
+        assert run_command(add_arguments(argparse.ArgumentParser(prog="rs-interp circuit")).parse_args(argv))
+        assert json.loads((out / "summary.json").read_text())["model"] == what
+
+
 _REFUSE = """
 import json, sys, time
 start = time.perf_counter()
