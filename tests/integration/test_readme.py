@@ -99,6 +99,32 @@ def test_two_setup_commands_and_ci():
     assert "-m ruff check ." in (ROOT / "scripts" / "test.sh").read_text()  # lint and import order, in the test command
 
 
+def test_the_main_job_writes_where_the_user_stands(tmp_path):
+    """Issue 61: ``bash scripts/reproduce.sh --out DIR`` from another folder writes DIR there, not inside the clone:
+    the script sets up its venv in the clone and runs the job from the caller's folder. Run with a stand-in venv
+    (RS_INTERP_VENV): its python passes pip calls by and runs the rest with this interpreter; its rs-interp records
+    where it ran and with what."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    stubs = {"python": f'#!/bin/sh\n[ "$1 $2" = "-m pip" ] && exit 0\nexec "{sys.executable}" "$@"\n',
+             "rs-interp": f'#!/bin/sh\npwd > "{tmp_path}/ran"\necho "$@" >> "{tmp_path}/ran"\n'}
+    for name, text in stubs.items():
+        (venv / name).write_text(text)
+        (venv / name).chmod((venv / name).stat().st_mode | stat.S_IEXEC)
+    user = tmp_path / "elsewhere"
+    user.mkdir()
+    env = {**os.environ, "RS_INTERP_VENV": str(venv.parent)}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "reproduce.sh"), "--out", "mine"], cwd=user, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ran").read_text().splitlines() == [str(user), "reproduce --out mine"]
+
+
 def test_the_readme_points_to_the_docs_not_outside_the_repository():
     assert "scripts/build_docs.sh" in README and (ROOT / "scripts" / "build_docs.sh").is_file()
     assert "../shared" not in README and "The Transformer Block and the Residual Stream" in README
