@@ -99,6 +99,25 @@ def test_two_setup_commands_and_ci():
     assert "-m ruff check ." in (ROOT / "scripts" / "test.sh").read_text()  # lint and import order, in the test command
 
 
+def test_the_test_command_says_how_far_its_logged_pass_is(tmp_path):
+    """Issue 61: scripts/test.sh's 3.x pass writes to a log printed at the end; while it runs, a line on stderr each
+    minute (here each second) says how far it is, from pytest's progress in the log, and stops with the pass."""
+    import subprocess
+    import time
+
+    log = tmp_path / "tl3.log"
+    log.write_text("tests/circuits/test_acdc.py ....F. [ 10%]\ntests/heads/test_roles.py ..s.E [ 20%]\n")
+    script = f'source "{ROOT / "scripts" / "_progress.sh"}"; sleep 2.5 & pass_progress $! "{log}" 3.x 1; echo done >&2'
+    start = time.perf_counter()
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1] == "done" and time.perf_counter() - start < 5  # it ends with the pass
+    assert lines[0] == ("== the 3.x pass, 1 s: 20% of its tests done (now in tests/heads/test_roles.py), "
+                        "2 failed so far") and 1 <= len(lines) - 1 <= 2, lines
+    text = (ROOT / "scripts" / "test.sh").read_text()
+    assert 'source scripts/_progress.sh' in text and 'pass_progress "$pid3" "$logs/tl3.log" 3.x &' in text
+
+
 def test_the_main_job_writes_where_the_user_stands(tmp_path):
     """Issue 61: ``bash scripts/reproduce.sh --out DIR`` from another folder writes DIR there, not inside the clone:
     the script sets up its venv in the clone and runs the job from the caller's folder. Run with a stand-in venv
