@@ -55,29 +55,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def _share(text: str) -> float:
-    """A share of the metric in (0, 1], checked at parse time."""
+def _in_unit(text: str, what: str, not_a_number: str, outside: str) -> float:
+    """A number in (0, 1], checked at parse time; the two refusals' wordings given."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid share {text!r}: a number in (0, 1]") from None
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: {not_a_number}") from None
     if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"invalid share {text!r}: a share lies in (0, 1]")
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: {outside}")
     return value
+
+
+def _share(text: str) -> float:
+    """A share of the metric in (0, 1], checked at parse time."""
+    return _in_unit(text, "share", "a number in (0, 1]", "a share lies in (0, 1]")
 
 
 def _size(text: str) -> int | float:
     """An edge count (an integer >= 1) or a fraction of the edges in (0, 1], checked at parse time."""
     try:
-        value: int | float = int(text)
+        value = int(text)
     except ValueError:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid size {text!r}: an edge count or a fraction in (0, 1]") from None
-        if not 0 < value <= 1:
-            raise argparse.ArgumentTypeError(f"invalid size {text!r}: a fraction lies in (0, 1] (an edge count is an integer)")
-        return value
+        return _in_unit(text, "size", "an edge count or a fraction in (0, 1]",
+                        "a fraction lies in (0, 1] (an edge count is an integer)")
     if value < 1:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}: an edge count is at least 1")
     return value
