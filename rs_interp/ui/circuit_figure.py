@@ -36,9 +36,11 @@ __all__ = ["circuit_figure", "EDGE_COLOURS", "PORT_PIXELS", "PLOT_PIXELS"]
 EDGE_COLOURS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#d62728", "mlp": "#9467bd", "logits": "#555555"}
 _KIND_NAMES = {"q": "into a query", "k": "into a key", "v": "into a value", "mlp": "into an MLP", "logits": "into the logits"}
 _WIDTHS = (0.8, 1.6, 2.6, 3.8, 5.2)  # five steps of |effect| / max
-#: How far beside its head a query or value edge comes in (pixels), on a plot area this wide (pixels: plotly's
-#: default figure, 700, less the margins; wider on a page, where the offset grows with it).
-PORT_PIXELS, PLOT_PIXELS = 8.0, 620.0
+#: How far beside its head a query or value edge comes in (pixels, on a plot area :data:`PLOT_PIXELS` wide).
+PORT_PIXELS = 8.0
+#: The plot area's width the port offsets are measured on (pixels: plotly's default figure, 700, less the
+#: margins; a wider page widens the offset with it).
+PLOT_PIXELS = 620.0
 
 
 def _parse(label: str) -> tuple[str, int, int]:
