@@ -22,16 +22,13 @@ inputs of the query heads that read it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Literal
+from typing import Any, Iterable, Literal
 
 import torch
 
 from .._keywords import renamed
 from ..labels import parse
 from .graph import EdgeEffects, EdgeLayout
-
-if TYPE_CHECKING:
-    from .evaluation import FaithfulnessCurve
 
 __all__ = ["Ranking", "RANKINGS", "RECOVERED_SHARE", "rank", "top_edges", "mask", "prune", "mib_weights", "circuit_at",
            "smallest_recovering"]
@@ -171,7 +168,7 @@ def mib_weights(layout: EdgeLayout) -> torch.Tensor:
 
 
 def circuit_at(scores: EdgeEffects, fraction: float | None = None, *, ranking: Ranking | None = None,
-               pruned: bool = True, higher_is_better: bool = False, curve: FaithfulnessCurve | None = None,
+               pruned: bool = True, higher_is_better: bool = False, curve: Any = None,
                share: float = RECOVERED_SHARE) -> torch.Tensor:
     """The circuit MIB evaluates at ``fraction`` of the edges: the best edges of ``scores`` (in rank
     order, while their MIB count stays within ``int(fraction * N)``, ``N`` the graph's MIB count),
@@ -179,7 +176,8 @@ def circuit_at(scores: EdgeEffects, fraction: float | None = None, *, ranking: R
 
     Without a ``fraction``, the default circuit of a faithfulness ``curve`` of these scores: the smallest
     circuit on it whose faithfulness reaches ``share`` of the metric (:data:`RECOVERED_SHARE`, 80%), at the
-    curve's fraction and in its ranking (:func:`smallest_recovering`).
+    curve's fraction and in its ranking (:func:`smallest_recovering`; ``curve`` a
+    :class:`~rs_interp.FaithfulnessCurve`, typed ``Any`` here: evaluation reads this module).
 
     MIB ranks the scores of the *loss* (:func:`rs_interp.tasks.mib_importances`): by signed score,
     the edges whose patching raises the loss most come first. ``higher_is_better=True`` (a logit or
@@ -230,8 +228,8 @@ def circuit_at(scores: EdgeEffects, fraction: float | None = None, *, ranking: R
     return prune(layout, keep) if pruned else keep
 
 
-def smallest_recovering(curve: FaithfulnessCurve, share: float = RECOVERED_SHARE) -> int:
-    """The index into ``curve`` of its smallest circuit (fewest edges kept, then the smaller fraction) whose
+def smallest_recovering(curve: Any, share: float = RECOVERED_SHARE) -> int:
+    """The index into ``curve`` (a :class:`~rs_interp.FaithfulnessCurve`) of its smallest circuit (fewest edges kept, then the smaller fraction) whose
     faithfulness reaches ``share`` (faithfulness 1: the metric of the full model; 0: of the empty circuit).
 
     Raises:

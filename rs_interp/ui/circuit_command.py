@@ -45,6 +45,7 @@ from typing import Any, Literal, Mapping
 
 from ..labels import edge_string
 from ._circuit_args import COMMAND_METHODS, add_arguments, check_arguments, load_command_model
+from ._circuit_choice import chosen, smallest_circuit
 
 __all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_command_model", "COMMAND_METHODS"]
 
@@ -228,7 +229,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
             raise ValueError(f"the {task.name} metric is {full} on the clean and on the corrupted prompts: faithfulness is undefined")
         bisection: tuple = ()
         if n is None:  # the smallest circuit on the curve that recovers the share
-            n, kept, value, bisection = _recovering(model, task, scores, curve, share, (full, empty), kw)
+            n, kept, value, bisection = smallest_circuit(model, task, scores, curve, share, (full, empty), kw)
         else:
             # the top n edges, pruned to those on a path from the embedding to the logits (as MIB and the
             # faithfulness curve do): an edge into a component that reaches nothing carries nothing out
@@ -265,7 +266,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         write_mib(files["mib"], model, scores=scores, higher_is_better=True, batch_size=batch_size)  # tasks: logit/prob differences
         _write_json(files["curve"], {**settings, **asdict(curve)})
         _write_json(files["circuit"], {**settings, "size": len(circuit), "requested": n, "reaches_logits": bool(circuit),
-                                       "chosen": _chosen(run), "share": run.share,
+                                       "chosen": chosen(run), "share": run.share,
                                        "bisection": [list(b) for b in bisection],
                                        "fraction": len(circuit) / layout.n_edges, "value": value,
                                        "faithfulness": faith, "full": full, "empty": empty,
@@ -281,45 +282,6 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         done("files", t0)
     _write_json(Path(files["summary"]), _summary_dict(run))  # after the last step: its timing included
     return run
-
-
-def _recovering(model: Any, task: Any, scores: Any, curve: Any, share: float, runs: tuple[float, float],
-                kw: dict) -> tuple[int, Any, float, tuple[tuple[int, int, float], ...]]:
-    """The smallest circuit on the faithfulness curve recovering ``share`` of the metric: the curve's first
-    point at or above it (:func:`~rs_interp.circuits.selection.smallest_recovering`), then bisection on the
-    edge budget between the curve's point below it and that one, each circuit chosen as the curve chooses
-    (:func:`~rs_interp.circuits.selection.circuit_at`, pruned). Returns (budget, mask, metric, the
-    bisection's (budget, edges, faithfulness))."""
-    from .. import scale
-    from ..circuits.selection import circuit_at, mib_weights, smallest_recovering
-
-    full, empty = runs
-    k = smallest_recovering(curve, share)
-    hi, lo = curve.n_requested[k], max((r for r in curve.n_requested if r < curve.n_requested[k]), default=0)
-    best = (hi, circuit_at(scores, curve.fractions[k], ranking=curve.ranking), curve.values[k])
-    total, probes = float(mib_weights(scores.layout).sum()), []
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        keep = circuit_at(scores, (mid + 0.5) / total, ranking=curve.ranking)  # int((mid + 0.5) / N * N) = mid
-        edges = [(scores.layout.senders[i], scores.layout.receivers[j]) for i, j in keep.nonzero().tolist()]
-        value = scale.evaluate_circuit(model, task, edges, **kw) if edges else empty
-        faith = (value - empty) / (full - empty)
-        probes.append((mid, len(edges), faith))
-        if faith >= share:
-            hi, best = mid, (mid, keep, value)
-        else:
-            lo = mid
-    return (*best, tuple(probes))
-
-
-def _chosen(run: CircuitRun) -> str:
-    """How the circuit was chosen, in a sentence."""
-    if run.share is None:
-        return (f"the top {run.requested} edges by |score| (--size), pruned to those on a path from the embedding "
-                "to the logits")
-    how = f"; the curve's points refined by bisection ({len(run.bisection)} more circuits)" if run.bisection else ""
-    return (f"the smallest circuit on the faithfulness curve that recovers {run.share:.0%} of the metric (faithfulness "
-            f">= {run.share:g}): the top {run.requested} edges by |score|, pruned{how}")
 
 
 def _on_the_curve(curve: Any, scores: Any, kept: Any, n: int) -> float | None:
@@ -375,7 +337,7 @@ def _write_page(path: Path, run: CircuitRun, task: Any, diagram: Any, curve_fig:
     rows = [("model", run.model), ("task", f"{run.task} ({run.n_prompts} prompt pairs, metric {task.kind})"),
             ("method", run.method), ("metric on the clean prompts", f"{run.clean:.6g}"),
             ("metric on the corrupted prompts", f"{run.corrupted:.6g}"), ("edges in the graph", f"{run.n_edges:,}"),
-            ("circuit", f"{run.size:,} edges ({100 * run.fraction:.3g}%): {_chosen(run)}"
+            ("circuit", f"{run.size:,} edges ({100 * run.fraction:.3g}%): {chosen(run)}"
                         + ("" if run.reaches_logits else "; none of them reaches the logits, so the circuit is empty "
                                                          "(faithfulness 0): ask for a larger --size")),
             ("circuit's metric", f"{run.value:.6g}"),
