@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import torch
 from jaxtyping import Float, Int
 
 from .._backend import Model
+from .._files import parsing, read_json
 from ..models import checkpoints as _models
 from ..models.registry import load_toy_model, toy_model_path
 from .graph import depth, edge_layout  # noqa: F401  (depth: the docstring example)
@@ -350,8 +350,10 @@ _SHAPE_FIELDS = ("n_layers", "n_heads", "d_head", "d_model", "d_mlp", "d_vocab",
 @functools.lru_cache(maxsize=None)
 def _shape(program: str) -> tuple[int, ...]:
     path = toy_model_path(f"tracr-{program}")
-    config = json.loads(path.with_name(path.name + ".json").read_text())["config"]
-    return tuple(config[k] for k in _SHAPE_FIELDS)
+    path = path.with_name(path.name + ".json")
+    with parsing(path, "checkpoint config"):
+        config = read_json(path, "checkpoint config")["config"]
+        return tuple(config[k] for k in _SHAPE_FIELDS)
 
 
 def program_of(model: Model) -> str:

@@ -48,6 +48,7 @@ from typing import Any, Iterable, Literal, Sequence
 
 import torch
 
+from .._files import FileError, need, parsing, read_json, read_torch
 from .mib_names import _EDGE, _cfg_dict, _check_edge, _eap_index, _edges, _nodes, from_mib_edge, mib_edge_names  # noqa: F401
 
 __all__ = ["MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge", "mib_importances",
@@ -262,6 +263,8 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
     """Read a MIB graph file (``.json`` or ``.pt``) onto the model's edge layout.
 
     Raises:
+        rs_interp.FileError: (a ``ValueError``) the file missing, truncated, not JSON or not a PyTorch file, or
+            lacking a graph's fields (named).
         ValueError: a file of another shape (its ``cfg``), an unknown edge name, an edge this model
             does not have (e.g. into an MLP of an attention-only model), an edge of the model the
             file lacks, or, under grouped-query attention, copies of one KV edge that disagree.
@@ -271,23 +274,26 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     layout = edge_layout(cfg)
     path = Path(path)
-    if path.suffix == ".json":
-        data = json.loads(path.read_text())
-        if not {"cfg", "edges"} <= set(data):
-            raise ValueError(f"{path}: a MIB graph JSON has 'cfg', 'nodes' and 'edges'")
-        file_cfg = data["cfg"]
-        entries = {name: (float(d["score"]) if d.get("score") is not None else float("nan"), bool(d["in_graph"]))
-                   for name, d in data["edges"].items()}
-        neurons = {n: torch.tensor(d["neurons"], dtype=torch.bool) for n, d in data.get("nodes", {}).items() if "neurons" in d} or None
-    elif path.suffix == ".pt":
-        data = torch.load(path, weights_only=True)
-        file_cfg = data["cfg"]
-        entries = None
-        neurons = None
-        if data.get("neurons_in_graph") is not None:
-            neurons = dict(zip(data["src_nodes"], data["neurons_in_graph"].bool()))
-    else:
+    if path.suffix not in (".json", ".pt"):
         raise ValueError(f"{path}: a MIB graph file is .json or .pt")
+    data = read_json(path, "MIB graph") if path.suffix == ".json" else read_torch(path, "MIB graph")
+    if not isinstance(data, dict):
+        raise FileError(f"MIB graph {path} holds a {type(data).__name__}, not a graph's dictionary.", path)
+    with parsing(path, "MIB graph"):
+        if path.suffix == ".json":
+            need(data, ("cfg", "edges"), path, "MIB graph")
+            file_cfg = data["cfg"]
+            entries = {name: (float(d["score"]) if d.get("score") is not None else float("nan"), bool(d["in_graph"]))
+                       for name, d in data["edges"].items()}
+            neurons = {n: torch.tensor(d["neurons"], dtype=torch.bool) for n, d in data.get("nodes", {}).items()
+                       if "neurons" in d} or None
+        else:
+            need(data, ("cfg", "src_nodes", "edges_scores", "edges_in_graph"), path, "MIB graph")
+            file_cfg, entries, neurons = data["cfg"], None, None
+            if data.get("neurons_in_graph") is not None:
+                neurons = dict(zip(data["src_nodes"], data["neurons_in_graph"].bool()))
+    if not isinstance(file_cfg, dict):
+        raise FileError(f"MIB graph {path}: its cfg is a {type(file_cfg).__name__}, not a dictionary.", path)
     mine = _cfg_dict(cfg)
     differ = {k: (file_cfg.get(k), v) for k, v in mine.items() if k != "d_model" and file_cfg.get(k) != v}
     if differ:
