@@ -18,7 +18,8 @@ as rs_interp's methods report it, and ``B`` the batch size of MIB's data loader.
 writes that by default (``convention="mib"``, :func:`mib_importances`) and records the metric's
 direction and ``B`` in the file (a top-level ``"rs_interp"`` entry, which EAP-IG's loaders ignore);
 so MIB's ``evaluation.py``, ranking the largest scores first for its CPR, ranks the edges as
-:func:`rs_interp.mib_scores` does with ``higher_is_better=True``. ``convention="as given"`` writes
+:func:`rs_interp.mib_scores` does by default for such a metric (its direction from the metric or the runs:
+:func:`rs_interp.metrics.direction`). ``convention="as given"`` writes
 the effects as they are (rs_interp's files before this convention). :meth:`MIBGraph.effects` turns
 a file's scores back into effects of the metric.
 

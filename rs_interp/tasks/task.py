@@ -33,6 +33,8 @@ from typing import Any, Literal, Sequence
 import torch
 from jaxtyping import Float, Int
 
+from ..metrics import declare_direction
+
 __all__ = ["Task", "MetricKind"]
 
 MetricKind = Literal["logit_diff", "prob_diff"]
@@ -146,7 +148,9 @@ class Task:
         return side(self.answers) - side(self.wrong)
 
     def metric(self, kind: MetricKind | None = None):
-        """A :data:`rs_interp.Metric`: the mean of :meth:`scores` over the rows (``kind`` defaults to the task's).
+        """A :data:`rs_interp.Metric`: the mean of :meth:`scores` over the rows (``kind`` defaults to the task's),
+        declaring its direction, higher is better (both kinds are differences of the answers over the wrong
+        ones: :func:`rs_interp.metrics.declare_direction`), which the faithfulness curves and MIB's scores read.
 
         Example:
             >>> from rs_interp.tasks import induction_task
@@ -162,7 +166,7 @@ class Task:
         def metric(logits: Float[torch.Tensor, "batch pos d_vocab"]) -> Float[torch.Tensor, ""]:
             return self.scores(logits, kind).mean()
 
-        return metric
+        return declare_direction(metric, True)
 
     def digest(self) -> str:
         """sha256 of every tensor's bytes and every text: equal digests mean identical datasets.

@@ -231,7 +231,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
                                            "receivers": list(layout.receivers), "top_edges": [[list(e), v] for e, v in top],
                                            "tensors": "scores.safetensors: effect (sender, receiver) float64, NaN off "
                                                       "the graph; exists (sender, receiver) bool"})
-        write_mib(files["mib"], model, scores=scores, higher_is_better=True, batch_size=batch_size)  # tasks: logit/prob differences
+        write_mib(files["mib"], model, scores=scores, higher_is_better=curve.higher_is_better, batch_size=batch_size)  # the task's
         _write_json(files["curve"], {**settings, **asdict(curve)})
         _write_json(files["circuit"], {**settings, "size": len(circuit), "requested": n, "reaches_logits": bool(circuit),
                                        "fraction": len(circuit) / layout.n_edges, "value": value,
@@ -260,7 +260,8 @@ def _on_the_curve(curve: Any, scores: Any, kept: Any, n: int) -> float | None:
     from ..circuits.selection import circuit_at, prune
 
     for f, requested, value in zip(curve.fractions, curve.n_requested, curve.values):
-        if requested == n and torch.equal(prune(scores.layout, circuit_at(scores, f, ranking=curve.ranking, pruned=False)), kept):
+        chosen = circuit_at(scores, f, ranking=curve.ranking, pruned=False, higher_is_better=bool(curve.higher_is_better))
+        if requested == n and torch.equal(prune(scores.layout, chosen), kept):
             return value
     return None
 
