@@ -39,6 +39,7 @@ from jaxtyping import Int
 
 from .._backend import Model
 from .._keywords import renamed
+from .._messages import few
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -220,7 +221,7 @@ def _check_fractions(fractions: object) -> list[float]:
         raise ValueError(f"fractions must be a non-empty sequence of numbers in (0, 1], got {fractions!r}")
     fr = [float(f) for f in fr]
     if any(not 0 < f <= 1 for f in fr) or any(b <= a for a, b in zip(fr, fr[1:])):
-        raise ValueError(f"fractions must increase within (0, 1], got {tuple(fractions)}")
+        raise ValueError(f"fractions must increase within (0, 1], got {few(fractions, 10)}")
     return fr
 
 

@@ -43,6 +43,7 @@ from jaxtyping import Float, Int
 
 from .._backend import Model
 from .._files import parsing, read_json
+from .._messages import few
 from ..models import checkpoints as _models
 from ..models.registry import load_toy_model, toy_model_path
 from .graph import depth, edge_layout  # noqa: F401  (depth: the docstring example)
@@ -306,7 +307,7 @@ def encode(name: str, inputs: Sequence[Sequence[Value]]) -> Int[torch.Tensor, "b
     ids = meta.token_id
     lengths = {len(x) for x in inputs}
     if len(lengths) != 1:
-        raise ValueError(f"inputs must be a non-empty list of sequences of one length, got lengths {sorted(lengths)}")
+        raise ValueError(f"inputs must be a non-empty list of sequences of one length, got lengths {few(sorted(lengths))}")
     (n,) = lengths
     if not 1 <= n <= meta.max_seq_len:
         raise ValueError(f"input length must be in [1, {meta.max_seq_len}] for {meta.name}, got {n}")
@@ -314,7 +315,7 @@ def encode(name: str, inputs: Sequence[Sequence[Value]]) -> Int[torch.Tensor, "b
     for x in inputs:
         unknown = [t for t in x if t not in meta.vocab]
         if unknown:
-            raise ValueError(f"tokens {unknown} are not in {meta.name}'s vocabulary {list(meta.vocab)}")
+            raise ValueError(f"tokens {few(unknown)} are not in {meta.name}'s vocabulary {few(meta.vocab, 8)}")
         rows.append([ids[meta.bos]] + [ids[t] for t in x])
     return torch.tensor(rows, dtype=torch.long)
 

@@ -32,6 +32,7 @@ import torch
 
 from .. import _names as N
 from .._files import existing, loading, read_json, read_safetensors, reads
+from .._messages import few
 from .clt import CrossLayerTranscoder
 from .transcoders import Transcoder, TranscoderSet
 
@@ -85,7 +86,7 @@ def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtyp
         cfg, sd = data["cfg"], data["state_dict"]
         missing = {"W_enc", "b_enc", "W_dec", "b_dec", "b_dec_out"} - set(sd)
         if missing:
-            raise ValueError(f"{f}: the state dict lacks {sorted(missing)}")
+            raise ValueError(f"{f}: the state dict lacks {few(sorted(missing))}")
         hook = str(_field(cfg, "hook_point", ""))
         if hook != N.normalized(l, "ln2"):
             raise ValueError(f"{f}: reads {hook!r}; as layer {l} of the set it must read {N.normalized(l, 'ln2')}")
@@ -143,7 +144,7 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
         k = int(cfg["k"])
         lacking = {"encoder.weight", "encoder.bias"} - set(sd)
         if lacking:
-            raise ValueError(f"{sub}: sae.safetensors lacks {sorted(lacking)}")
+            raise ValueError(f"{sub}: sae.safetensors lacks {few(sorted(lacking))}")
         enc.append((sd["encoder.weight"], sd["encoder.bias"]))
         n_targets = int(cfg.get("n_targets", 0) or 0)
         if n_targets:

@@ -151,7 +151,7 @@ class Transcoder(torch.nn.Module):
         """
         missing = {"W_enc", "W_dec", "b_enc", "b_dec"} - set(state)
         if missing:
-            raise ValueError(f"transcoder file lacks {sorted(missing)}")
+            raise ValueError(f"transcoder file lacks {few(sorted(missing))}")
         if state["W_enc"].ndim != 2:
             raise ValueError(f"W_enc must be (d_transcoder, d_model), got shape {tuple(state['W_enc'].shape)}")
         if activation is None:

@@ -20,7 +20,7 @@ import torch
 from .. import _backend
 from .._backend import Model
 from .._files import FileError, loading, parsing, read_json, safetensors_metadata
-from .._messages import few
+from .._messages import clip, few
 from ..exact.certificate import note_source
 
 __all__: list[str] = []
@@ -68,8 +68,8 @@ def weight_files(folder: Path) -> list[Path]:
             raise FileError(f"Hugging Face weight index {folder / name} names "
                             f"{'no shard' if not shards else 'shards that are missing: ' + few(missing)}.", folder / name)
         return [folder / f for f in shards]
-    raise FileError(f"Hugging Face checkpoint {folder} holds no weights (none of {', '.join(n for n, _ in _WEIGHTS)}).",
-                    folder)
+    raise FileError(f"Hugging Face checkpoint {folder} holds no weights (no model.safetensors, pytorch_model.bin or "
+                    "index of their shards).", folder)
 
 
 def check_folder(folder: Path) -> dict:
@@ -174,7 +174,7 @@ def reference(source: str, dtype: torch.dtype, *, local: bool) -> Reference:
         hint = ("load it with dtype=torch.float32" if dtype_error else
                 "the checkpoint or transformers' implementation of this family does not run, so there is nothing to convert")
         raise ValueError(f"transformers' own {arch} fails on a probe batch in {dtype} ({type(err).__name__}: "
-                         f"{str(err)[:160]}): {hint}") from err
+                         f"{clip(err)}): {hint}") from err
     finally:
         del hf
         gc.collect()
@@ -184,7 +184,7 @@ def reference(source: str, dtype: torch.dtype, *, local: bool) -> Reference:
 def convert_error(arch: str, err: Exception) -> ValueError:
     """A ValueError naming the family, the installed version's failure and what to try."""
     what = (f"TransformerLens {_backend.TL_VERSION} does not support {arch}" if isinstance(err, NotImplementedError)
-            else f"TransformerLens {_backend.TL_VERSION} fails to load {arch} ({type(err).__name__}: {str(err)[:160]})")
+            else f"TransformerLens {_backend.TL_VERSION} fails to load {arch} ({type(err).__name__}: {clip(err)})")
     return ValueError(f"{what}: try {_backend.other_version()}")
 
 
@@ -204,7 +204,7 @@ def compare(model: Model, ref: Reference, dtype: torch.dtype) -> float:
                 ours = model(tokens.to(model.cfg.device), return_type="logits").to(torch.float64).log_softmax(-1)
         except Exception as err:
             raise ValueError(f"the converted {ref.architecture} fails on a probe batch of {tokens.shape[1]} tokens "
-                             f"({type(err).__name__}: {str(err)[:160]}); try {_backend.other_version()}") from err
+                             f"({type(err).__name__}: {clip(err)}); try {_backend.other_version()}") from err
         here = float((ours.cpu() - theirs).abs().max()) if ours.shape == theirs.shape else float("inf")
         if not here <= gap:
             gap, where = here, f"{tokens.shape[1]} tokens"

@@ -24,6 +24,7 @@ import torch
 from .. import _backend
 from .._backend import Model
 from .._files import FileError
+from .._messages import clip
 from ..tokenizers import gpt2_tokenizer
 from .checkpoints import build_model
 from .gpt2_sizes import _HF_NAMES, GPT2_SIZES, gpt2_config
@@ -91,7 +92,7 @@ def load_gpt2(
                                            center_unembed=cu, dtype=dtype)
         except Exception as err:  # network, cache and hub errors come in many types
             raise GPT2WeightsUnavailable(f"could not load {_HF_NAMES[size]!r} from the Hugging Face hub or cache "
-                                         f"({type(err).__name__}: {str(err)[:200]}). {_HOW}") from err
+                                         f"({type(err).__name__}: {clip(err)}). {_HOW}") from err
         return model.eval()
     path = Path(source)
     if not path.exists():

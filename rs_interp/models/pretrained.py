@@ -52,10 +52,8 @@ class WeightsUnavailable(RuntimeError):
 ENV_VAR = "RS_INTERP_GPT2_PATH"
 
 _GPT2_HOW = (
-    "GPT-2 weights can come from: source='hub' (needs network access or a Hugging Face cache that "
-    "already holds 'gpt2'), a local Hugging Face checkpoint directory with config.json and "
-    "model.safetensors (e.g. GPT2LMHeadModel.from_pretrained('gpt2').save_pretrained(DIR) on a machine "
-    f"with access; then pass DIR or set {ENV_VAR}=DIR), or source='random' for random weights."
+    "GPT-2's weights come from source='hub' (the network, or a Hugging Face cache holding 'gpt2'), a local "
+    f"checkpoint folder (pass it, or set {ENV_VAR}), or source='random'; how to save one: docs/capabilities/models.md."
 )
 
 
@@ -106,11 +104,8 @@ def _gpt2_from_dir(path: Path, *, fold_ln: bool, center_writing_weights: bool, c
     return model.eval()
 
 
-def _how(source: str) -> str:
-    return (f"Pass a local Hugging Face checkpoint directory (config.json, model.safetensors and the tokenizer, e.g. "
-            f"AutoModelForCausalLM.from_pretrained({source!r}).save_pretrained(DIR) and "
-            f"AutoTokenizer.from_pretrained({source!r}).save_pretrained(DIR) on a machine with access), or a hub name "
-            "with network access or a Hugging Face cache that holds it.")
+_HOW = ("Pass a local checkpoint folder (config.json, weights and tokenizer, as save_pretrained writes them), or a hub "
+        "name with the network or a Hugging Face cache holding it; how: docs/capabilities/models.md.")
 
 
 def load_pretrained(
@@ -156,7 +151,7 @@ def load_pretrained(
     if local:
         config = path / "config.json"
         if not config.is_file():
-            raise WeightsUnavailable(f"{path} is not a Hugging Face checkpoint directory (no config.json). {_how('NAME')}")
+            raise WeightsUnavailable(f"{path} is not a Hugging Face checkpoint directory (no config.json). {_HOW}")
         model_type = _source.check_folder(path).get("model_type")  # a file missing or malformed: a FileError naming it
         if model_type == "gpt2":  # TransformerLens 3.9's own conversion cannot read a GPT-2 directory
             return _gpt2_from_dir(path, fold_ln=fold_ln, center_writing_weights=cww, center_unembed=cu, dtype=dtype)
@@ -164,18 +159,18 @@ def load_pretrained(
             raise WeightsUnavailable(f"{path} holds no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); save it beside "
                                      f"the weights: AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR)")
     elif str(source).startswith(("/", ".", "~")) or str(source).count("/") > 1:
-        raise WeightsUnavailable(f"{str(source)!r} is neither a directory nor a hub name. {_how('NAME')}")
+        raise WeightsUnavailable(f"{str(source)!r} is neither a directory nor a hub name. {_HOW}")
     where = str(path.resolve() if local else source)
     try:
         ref = _source.reference(where, dtype, local=local)  # the source's own log-probabilities, the model freed after
     except ValueError:
         raise
     except Exception as err:  # no network, no cache (many error types)
-        raise WeightsUnavailable(f"could not load {str(source)!r} ({type(err).__name__}: {clip(err)}). {_how(str(source))}") from err
+        raise WeightsUnavailable(f"could not load {str(source)!r} ({type(err).__name__}: {clip(err)}). {_HOW}") from err
     try:
         model = _backend.from_hf(where, fold_ln=fold_ln, center_writing_weights=cww, center_unembed=cu, dtype=dtype)
     except OSError as err:
-        raise WeightsUnavailable(f"could not load {str(source)!r} ({type(err).__name__}: {clip(err)}). {_how(str(source))}") from err
+        raise WeightsUnavailable(f"could not load {str(source)!r} ({type(err).__name__}: {clip(err)}). {_HOW}") from err
     except Exception as err:  # the architecture: TransformerLens's own error, named with what to try
         raise _source.convert_error(ref.architecture, err) from err
     _source.compare(model, ref, dtype)

@@ -43,6 +43,7 @@ import torch
 from .. import circuits as _c
 from .._backend import Model
 from .._keywords import renamed
+from .._messages import few
 from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, _mib_counts
 from ..circuits.selection import circuit_at, mib_weights, prune
 from ..exact.certificate import require
@@ -345,7 +346,7 @@ def metric_values(model: Model, data: Dataset, **options: Any) -> MetricValues:
     """
     run_kw, options = _split(options, "metric_values")
     if options:
-        raise ValueError(f"metric_values takes no options beyond {_STREAM}, got {sorted(options)}")
+        raise ValueError(f"metric_values takes no options beyond {_STREAM}, got {few(sorted(options))}")
 
     def run(model: Any, batch: Any) -> MetricValues:
         weight_of(batch, "metric_values")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .._files import FileError, read_csv
-from .._messages import clip
+from .._messages import clip, few
 from .greater_than import year_tokens
 from .sva import VERBS, verb_ids
 from .task import Task, pack, resolve_tokenizer
@@ -89,8 +89,8 @@ def read_eap_csv(path: str | Path, task: str, tokenizer: Any, *, prepend_bos: bo
         cols = ("correct_idx",)  # eap-ig-faithfulness's name for the same column
     missing = [c for c in ("clean", "corrupted", *cols) if c not in rows[0]]
     if missing:
-        raise FileError(f"EAP-IG CSV {path} has no column {', '.join(missing)} (a {task} CSV has clean, corrupted, "
-                        f"{', '.join(cols)}).", path)
+        raise FileError(f"EAP-IG CSV {path} has no column {few(missing, show=str)} (a {task} CSV has clean, corrupted, "
+                        f"{few(cols, show=str)}).", path)
 
     def integer(i: int, col: str, lo: int, hi: int) -> int:
         text = rows[i][col]

@@ -50,6 +50,7 @@ from typing import Any, Iterable, Literal, Sequence
 import torch
 
 from .._files import FileError, need, parsing, read_json, read_torch
+from .._messages import few
 from .mib_names import _EDGE, _cfg_dict, _check_edge, _eap_index, _edges, _nodes, from_mib_edge, mib_edge_names  # noqa: F401
 
 __all__ = ["MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge", "mib_importances",
@@ -227,7 +228,7 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
         values = scores.effect[layout.exists].tolist()  # row-major, as edges() lists them
         bad = [f"{s} -> {r}" for (s, r), v in zip(edges, values) if math.isnan(v)]
         if bad:
-            raise ValueError(f"{len(bad)} edges have no score (NaN), e.g. {bad[:3]}: MIB needs a score for every edge")
+            raise ValueError(f"{len(bad)} edges have no score (NaN), e.g. {few(bad, 2, show=str)}: MIB needs a score for every edge")
     keep = set(edges) if circuit is None else {("embed" if e[0] == "tok_embed" else e[0], e[1]) for e in map(tuple, circuit)}
     for e in keep - set(edges):
         layout.index(e)  # raises naming an unknown label or a non-edge
@@ -328,7 +329,7 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
         effect[i, j], member[edge] = score, inside
     absent = [e for e in cell if e not in member]
     if absent:
-        raise ValueError(f"{path} lacks {len(absent)} edges of this model, e.g. {absent[:3]}")
+        raise ValueError(f"{path} lacks {len(absent)} edges of this model, e.g. {few(absent, 2)}.")
     record = data.get("rs_interp") or {}
     return MIBGraph(EdgeEffects(layout, effect, float("nan")), frozenset(e for e, v in member.items() if v), dict(file_cfg),
                     dict(record), frozenset(n for n, (_, inside) in entries.items() if inside), neurons)
@@ -358,7 +359,7 @@ def write_mib_circuits(folder: str | Path, model_or_cfg: Any, scores: Any, *,
 
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     if any(not 0 < f <= 1 for f in fractions):
-        raise ValueError(f"fractions must lie in (0, 1], got {tuple(fractions)}")
+        raise ValueError(f"fractions must lie in (0, 1], got {few(fractions, 10)}")
     layout = edge_layout(cfg)
     if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
         raise ValueError("scores belong to another model's edge layout")

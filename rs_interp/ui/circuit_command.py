@@ -39,7 +39,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
 from ..labels import edge_string
-from ._circuit_args import COMMAND_METHODS, add_arguments, check_arguments, load_command_model
+from ._circuit_args import COMMAND_METHODS, add_arguments, check_arguments, command_task, load_command_model
 
 __all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_command_model", "COMMAND_METHODS"]
 
@@ -345,14 +345,13 @@ def run_command(args: argparse.Namespace) -> list[str]:
     """
     check_arguments(args)  # before torch: a bad argument costs a second, not a model load
     from ..scale import rank_device, world
-    from ..tasks import build_task
 
     me, _ = world()  # under torchrun: this rank (the process group joined); else 0
     model, tokenizer, what = load_command_model(args.model)
     device = rank_device()  # each rank's model on its own device: cuda:LOCAL_RANK where there is CUDA
     if device.type != "cpu":
         model = model.to(device, print_details=False)
-    task = build_task(args.task, tokenizer, n=args.n, seed=args.seed, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
+    task = command_task(args, tokenizer, model)  # a refusal in the command line's terms
     run = run_circuit(model, task, method=args.method, out=args.out, size=args.size, ig_steps=args.ig_steps,
                       model_name=what, progress=not args.quiet, batch_size=getattr(args, "batch_size", None))
     if me != 0:  # rank 0 reports; every rank computed the same numbers
