@@ -67,13 +67,27 @@ def _old_checkpoint(tmp: Path):
 
 
 def _hf_gpt2(tmp: Path, loader: str = "load_gpt2"):
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from tokenizers import Tokenizer, models
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)).save_pretrained(tmp)
+    words = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(49)} | {"[UNK]": 49}, unk_token="[UNK]"))
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp)
     return (lambda: getattr(ri, loader)(tmp, dtype=torch.float64)), {"config": tmp / "config.json",
-                                                                       "weights": tmp / "model.safetensors"}
+                                                                       "weights": tmp / "model.safetensors",
+                                                                       "tokenizer": tmp / "tokenizer.json"}
+
+
+def _hf_llama(tmp: Path):
+    """A Llama checkpoint (load_pretrained's own path: not GPT-2's), tiny and random, with its tokenizer."""
+    from tests.hf_families import save_checkpoint
+
+    save_checkpoint("llama", tmp)
+    return (lambda: ri.load_pretrained(tmp, dtype=torch.float64)), {"config": tmp / "config.json",
+                                                                      "weights": tmp / "model.safetensors",
+                                                                      "tokenizer": tmp / "tokenizer.json"}
 
 
 def _transcoders(tmp: Path):
@@ -141,7 +155,7 @@ def _tokenizer(tmp: Path):
 
 
 FORMATS = {"checkpoint": _checkpoint, "old checkpoint": _old_checkpoint, "gpt2 folder": _hf_gpt2,
-           "hf folder": lambda tmp: _hf_gpt2(tmp, "load_pretrained"), "transcoders": _transcoders, "clt": _clt,
+           "hf folder": _hf_llama, "transcoders": _transcoders, "clt": _clt,
            "pchlenski": _pchlenski, "sparsify": _sparsify, "tuned lens": _tuned_lens,
            "mib json": lambda tmp: _mib(tmp, ".json"), "mib pt": lambda tmp: _mib(tmp, ".pt"), "eap csv": _eap_csv,
            "tokenizer": _tokenizer}
@@ -176,6 +190,7 @@ CORRUPTIONS = {
     "no column": ("table", lambda p: p.write_text("clean,corrupted\na,b\n"), r"no column correct_idx"),
     "label not an integer": ("table", lambda p: p.write_text(p.read_text().replace("5335", "five")), r"not an integer"),
     "bad tokenizer": ("config", lambda p: p.write_text('{"model": 3}'), r"cannot be read"),
+    "tokenizer cut": ("tokenizer", _cut, r"not valid JSON"),
 }
 
 #: the corruptions each format can have (a flipped weight byte is caught where a digest is stored: rs_interp's
@@ -184,8 +199,9 @@ CASES = [(fmt, c) for fmt, cs in {
     "checkpoint": ["missing config", "missing weights", "truncated weights", "garbage weights", "bad JSON",
                    "flipped weight byte", "flipped config byte", "wrong shape", "tensor missing"],
     "old checkpoint": ["truncated weights", "bad JSON", "wrong shape", "tensor missing"],
-    "gpt2 folder": ["missing weights", "truncated weights", "bad JSON", "wrong shape", "tensor missing"],
-    "hf folder": ["missing weights", "truncated weights", "garbage weights", "bad JSON", "wrong shape", "tensor missing"],
+    "gpt2 folder": ["missing weights", "truncated weights", "bad JSON", "wrong shape", "tensor missing", "tokenizer cut"],
+    "hf folder": ["missing weights", "truncated weights", "garbage weights", "bad JSON", "wrong shape", "tensor missing",
+                  "tokenizer cut"],
     "transcoders": ["missing config", "missing weights", "truncated weights", "bad JSON", "wrong shape", "tensor missing"],
     "clt": ["missing weights", "truncated weights", "bad JSON", "wrong shape", "tensor missing", "encoder cut"],
     "pchlenski": ["missing weights", "truncated weights", "garbage weights"],
@@ -198,10 +214,16 @@ CASES = [(fmt, c) for fmt, cs in {
 }.items() for c in cs]
 
 
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_each_format_reads_when_whole(tmp_path, fmt):
+    """What the matrix below corrupts loads as written (so each refusal there is the corruption's)."""
+    read, _ = FORMATS[fmt](tmp_path)
+    assert read() is not None
+
+
 @pytest.mark.parametrize("fmt, corruption", CASES, ids=[f"{f}-{c}" for f, c in CASES])
 def test_a_corrupted_file_is_refused_by_name(tmp_path, fmt, corruption):
     read, files = FORMATS[fmt](tmp_path)
-    read()  # the valid files load
     role, corrupt, reason = CORRUPTIONS[corruption]
     corrupt(files[role])
     with pytest.raises(ri.FileError) as info:

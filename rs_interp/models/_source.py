@@ -75,7 +75,9 @@ def weight_files(folder: Path) -> list[Path]:
 def check_folder(folder: Path) -> dict:
     """The ``config.json`` of a local Hugging Face checkpoint folder, its files checked before transformers
     reads them: the config a JSON object, the weights there, each safetensors file's header whole (a
-    truncated file is refused here, by name). A pickled ``.bin`` file is checked by transformers' reading it.
+    truncated file is refused here, by name), the tokenizer's and generation's JSON files JSON objects. A pickled
+    ``.bin`` file is checked by transformers' reading it. A flipped byte inside a weight cannot be seen: a Hugging
+    Face folder stores no digest.
 
     Raises:
         FileError: a file missing, truncated or malformed (named).
@@ -84,6 +86,9 @@ def check_folder(folder: Path) -> dict:
     for f in weight_files(folder):
         if f.suffix == ".safetensors":
             safetensors_metadata(f, "Hugging Face weights")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        if (folder / name).is_file():  # the JSON files beside them, read by transformers' and TransformerLens's loaders
+            read_json(folder / name, "Hugging Face file")
     return config
 
 
