@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Callable, Literal
 
+from .._files import parsing, read_json
 from .graph import AttributionGraph
 
 __all__ = ["graph_json", "save_graph_json", "graph_files", "ExportConvention"]
@@ -156,12 +157,16 @@ def graph_files(data: dict, folder: str | Path | None = None) -> dict[str, dict]
     and ``graph-metadata.json``, its index (``{"graphs": [metadata, ...]}``, the one in ``folder`` with this slug's
     entry replaced, as circuit-tracer's ``add_graph_metadata`` does). Name -> JSON data; nothing written.
 
+    Raises:
+        rs_interp.FileError: ``folder``'s index is not a graph index (the message names it).
+
     >>> files = graph_files({"metadata": {"slug": "g"}, "qParams": {}, "nodes": [], "links": []})
     >>> sorted(files), files["graph-metadata.json"]
     (['g.json', 'graph-metadata.json'], {'graphs': [{'slug': 'g'}]})
     """
     slug = data["metadata"]["slug"]
     index = Path(folder) / "graph-metadata.json" if folder is not None else None
-    listed = json.loads(index.read_text()) if index is not None and index.is_file() else {"graphs": []}
-    listed["graphs"] = [g for g in listed["graphs"] if g.get("slug") != slug] + [data["metadata"]]
+    listed = read_json(index, "graph index") if index is not None and index.is_file() else {"graphs": []}
+    with parsing(index or "graph-metadata.json", "graph index"):  # circuit-tracer's index: {"graphs": [...]}
+        listed["graphs"] = [g for g in listed["graphs"] if g.get("slug") != slug] + [data["metadata"]]
     return {f"{slug}.json": data, "graph-metadata.json": listed}

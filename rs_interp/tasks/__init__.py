@@ -47,6 +47,7 @@ _WHERE: dict[str, str] = {
     "sva_task": ".sva",
     "MetricKind": ".task",
     "Task": ".task",
+    "NotSingleTokens": ".task",
 }
 
 if TYPE_CHECKING:
@@ -57,12 +58,12 @@ if TYPE_CHECKING:
     from .mib import MIBGraph, from_mib_edge, mib_edge_names, mib_importances, read_mib, write_mib, write_mib_circuits
     from .prompts import one_token_words, prompt_task, word_pieces
     from .sva import sva_task
-    from .task import MetricKind, Task
+    from .task import MetricKind, NotSingleTokens, Task
 
 __getattr__, __dir__ = attach(__name__, _WHERE, globals())
 
 __all__ = [
-    "Task", "MetricKind", "TASK_NAMES", "build_task",
+    "Task", "MetricKind", "NotSingleTokens", "TASK_NAMES", "build_task",
     "ioi_task", "greater_than_task", "sva_task", "induction_task", "prompt_task", "word_pieces", "one_token_words",
     "write_eap_csv", "read_eap_csv", "MIBGraph", "write_mib", "read_mib", "write_mib_circuits",
     "mib_edge_names", "from_mib_edge", "mib_importances",

@@ -183,7 +183,7 @@ def _answer_ids(tok: Any, i: int, prompt: str, words: Any, side: str) -> list[in
             near = _near(tok, w)
             hint = f" {near!r} is one token." if near else " rs_interp.tasks.one_token_words lists those that are."
             raise ValueError(f"Pair {i} ({_short(prompt)!r}): the {side} answer {w!r} is {len(t)} tokens, "
-                             f"{' + '.join(map(repr, _pieces(tok, t)))}; an answer must be one token.{hint}")
+                             f"{_plus(_pieces(tok, t))}; an answer must be one token.{hint}")
         _check_continuation(tok, i, prompt, w, t[0], side)
         ids.append(t[0])
     return ids
@@ -268,10 +268,16 @@ def _encode_all(tok: Any, texts: Sequence[str]) -> list[list[int]]:
     return [list(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False)]
 
 
+def _plus(pieces: Sequence[str], k: int = 6) -> str:
+    """``' Krist' + 'en'``: at most ``k`` pieces, then how many more (a message holds a few)."""
+    shown = " + ".join(map(repr, pieces[:k]))
+    return shown if len(pieces) <= k else f"{shown} and {len(pieces) - k} more"
+
+
 def _joined(pieces: Sequence[str]) -> str:
     """``' Krist' + 'en' (2 tokens)``."""
     n = len(pieces)
-    return f"{' + '.join(map(repr, pieces))} ({n} token{'' if n == 1 else 's'})" if n else "nothing"
+    return f"{_plus(pieces)} ({n} token{'' if n == 1 else 's'})" if n else "nothing"
 
 
 def _short(text: str) -> str:
