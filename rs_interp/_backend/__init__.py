@@ -11,6 +11,8 @@ the analyses import :data:`Model` and call the few functions here where the two 
   the installed version's module is chosen once, here;
 - :mod:`.emulation`: the hooks 4.3's native attention lacks (per-head q/k/v inputs, attention
   scores, the final stream), each with the condition under which it can be removed.
+- :mod:`.head_copies`: a query or key norm spanning the heads (OLMo-2, OLMoE) applied to each head's
+  own copy while the per-head inputs are on, so that one head's input moves that head's query alone.
 
 The public face of the per-head inputs is :func:`rs_interp.hooks.split_qkv_inputs`.
 """
@@ -75,7 +77,6 @@ build_model = _impl.build_model
 reinitialise = _impl.reinitialise
 config_fields = _impl.config_fields
 model_source = _impl.model_source
-projection_layers = _impl.projection_layers
 norm_affine = _impl.norm_affine
 logits_with_grad = _impl.logits_with_grad
 other_version = _impl.other_version
@@ -113,17 +114,19 @@ def has_qk_norm(model: Model) -> bool:
 
 
 def qk_norm_spans_heads(model: Model) -> bool:
-    """Whether a query or key norm normalises across the heads (OLMo-2's ``q_norm``/``k_norm`` over all
-    ``n_heads * d_head`` dimensions, on either version), so that moving one head's query (or key) input
-    moves every head's normalised query: a per-head patch must then move that head's input alone."""
-    for block in model.blocks:
-        for holder in (getattr(block.attn, "original_component", None), block.attn):
-            for name in ("q_norm", "k_norm"):
-                norm = getattr(holder, name, None) if holder is not None else None
-                w = getattr(norm, "weight", getattr(norm, "w", None)) if norm is not None else None
-                if isinstance(w, torch.Tensor) and w.shape[-1] > model.cfg.d_head:
-                    return True
-    return False
+    """Whether a query or key norm normalises across the heads (OLMo-2's and OLMoE's ``q_norm``/``k_norm`` over
+    all ``n_heads * d_head`` dimensions, on either version), after ``hook_q``/``hook_k``: patching one head's
+    ``hook_q`` then moves every head's normalised query. The per-head inputs apply such a norm to each head's
+    own copy (:mod:`.head_copies`), so moving one head's input moves that head's query alone."""
+    return bool(_impl.spanning_norms(model))
+
+
+def projection_layers(model: Model) -> set[int]:
+    """The layers whose ``hook_{q,k,v}`` hold ``ln1(resid_pre) W + b`` per head and are read so (a gradient there
+    taken back through ``W`` by hand, a head's moved input projected there): the version's, less the layers with a
+    query or key norm spanning the heads after ``hook_q``/``hook_k`` (a head's input then reaches every head's
+    query through the norm: those layers are read through their per-head inputs, :mod:`.head_copies`)."""
+    return _impl.projection_layers(model) - {n.layer for n in _impl.spanning_norms(model)}
 
 
 def norm_of(model: Model, module: torch.nn.Module | None) -> Norm:

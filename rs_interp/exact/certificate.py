@@ -78,6 +78,9 @@ REMEDIES: dict[str, str] = {
     "input": _HOOKED,
     "readers": f"{_HOOKED}; otherwise the bridge reads the stream outside the graph's receivers: try the other "
                "TransformerLens version",
+    "head inputs": f"{_HOOKED}; a norm or hook across the heads' queries, keys or values other than the "
+                   "attention's own q_norm/k_norm (which rs_interp applies to each head's own copy) has no "
+                   "per-head reading here",
     "mlp reads": _HOOKED,
     "mlp writes": f"{_HOOKED}; a norm after the MLP other than the block's ln2_post is not one the feature graph reads",
     "mlp weights": f"{_HOOKED}; train a transcoder instead (features.train_transcoder)",
