@@ -66,18 +66,16 @@ def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
 @contextlib.contextmanager
 def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterator[list[tuple[Any, Callable]]]:
     """TransformerLens's own per-head inputs: ``use_split_qkv_input`` on (through the model's
-    setter) for the duration, restored after; a query or key norm spanning the heads (OLMo-2's, OLMoE's)
-    applied to each head's own copy (:mod:`.head_copies`)."""
+    setter) for the duration, restored after."""
     saved = bool(model.cfg.use_split_qkv_input)
     set_flag(model, "use_split_qkv_input", True)
     try:
-        with head_copies.per_head_copies(spanning_norms(model), lambda box: _seen_head_inputs(model, box)):
-            yield list(fwd)
+        yield list(fwd)
     finally:
         set_flag(model, "use_split_qkv_input", saved)
 
 
-def spanning_norms(model: Model) -> list[head_copies.SpanningNorm]:
+def _spanning_norms(model: Model) -> list[head_copies.SpanningNorm]:
     """The query and key norms that span the heads (3.9's OLMo-2, OLMo-3 and OLMoE attention: ``q_norm`` over
     ``n_heads * d_head``, ``k_norm`` over the KV heads'), each with the layer's own projection (``W_Q``,
     the KV heads' ``_W_K`` under grouped-query attention) and the module's own arithmetic."""
@@ -113,7 +111,7 @@ def _seen_head_inputs(model: Model, box: dict) -> Iterator[None]:
         return hook
 
     handles = [model.blocks[l].attn.register_forward_pre_hook(seen(l), with_kwargs=True)
-               for l in sorted({n.layer for n in spanning_norms(model)})]
+               for l in sorted({n.layer for n in _spanning_norms(model)})]
     try:
         yield
     finally:

@@ -23,7 +23,7 @@ from transformer_lens import TransformerBridgeConfig as ModelConfig
 
 from .. import _names as N
 from ..exact.norm import Norm
-from . import _tl4_readers, emulation, head_copies
+from . import _tl4_readers, emulation
 from ._tl4_native import (
     _compatible,
     _norm_state,
@@ -66,60 +66,10 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
     if layers - native:
         set_flag(model, "use_split_qkv_input", True)
     try:
-        norm = lambda module: Norm(*norm_affine(model, module))  # noqa: E731
-        with emulation.qkv_input_hooks(model, fwd, native, norm) as runnable, \
-                head_copies.per_head_copies(spanning_norms(model), lambda box: _seen_head_inputs(model, box)):
+        with emulation.qkv_input_hooks(model, fwd, native, lambda module: Norm(*norm_affine(model, module))) as runnable:
             yield runnable
     finally:
         set_flag(model, "use_split_qkv_input", saved)
-
-
-def spanning_norms(model: Model) -> list[head_copies.SpanningNorm]:
-    """The query and key norms that span the heads (OLMo-2's and OLMoE's ``q_norm``/``k_norm`` over every head's
-    ``d_head``, the bridge's ``attn.q_norm``/``attn.k_norm``), each with the Hugging Face projection it follows
-    (``q_proj``/``k_proj``) and the bridge's own norm (its ``forward``: the bridge computes the norm itself, in the
-    stream's dtype, rather than calling the Hugging Face module)."""
-    out = []
-    for l, block in enumerate(model.blocks):
-        attn = block.attn
-        for which in "qk":
-            norm, proj = attn._modules.get(f"{which}_norm"), attn._modules.get(which)
-            if not head_copies.spans(norm, model.cfg.d_head) or getattr(proj, "original_component", None) is None:
-                continue
-            linear = proj.original_component
-
-            def project(u: torch.Tensor, linear: torch.nn.Module = linear) -> torch.Tensor:
-                return torch.nn.functional.linear(u, linear.weight, linear.bias)
-
-            out.append(head_copies.SpanningNorm(l, which, norm, project, norm.forward))  # forward: no hook on itself
-    return out
-
-
-@contextlib.contextmanager
-def _seen_head_inputs(model: Model, box: dict) -> Iterator[None]:
-    """Record in ``box`` each spanning layer's query and key inputs, (batch, pos, head, d_model) as the bridge's
-    split-input fork projects them (after its ``ln1``), by wrapping that bridge's ``_project_per_head_qkv``
-    for the block. Remove when: TransformerLens >= 4.4 (or whichever release first does) normalises a query or
-    key norm spanning the heads per head under ``use_split_qkv_input`` (then :mod:`.head_copies` goes too)."""
-    wrapped = []
-    for l in sorted({n.layer for n in spanning_norms(model)}):
-        attn = model.blocks[l].attn
-        own = attn._project_per_head_qkv
-        kinds = {id(attn._modules[x]): x for x in "qk" if x in attn._modules}
-
-        def project(linear_bridge: Any, input_4d: torch.Tensor, *args: Any, own: Callable = own, kinds: dict = kinds,
-                    layer: int = l) -> torch.Tensor:
-            if id(linear_bridge) in kinds:
-                box[(layer, kinds[id(linear_bridge)])] = input_4d
-            return own(linear_bridge, input_4d, *args)
-
-        attn.__dict__["_project_per_head_qkv"] = project
-        wrapped.append(attn)
-    try:
-        yield
-    finally:
-        for attn in wrapped:
-            attn.__dict__.pop("_project_per_head_qkv", None)
 
 
 def score_hooks(model: Model, layer: int, box: dict[str, torch.Tensor], key: str) -> list[tuple[str, Callable]]:

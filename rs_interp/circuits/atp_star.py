@@ -15,7 +15,7 @@ memory budget allows. Nodes: a head's ``hook_q`` (or ``hook_k``) set to the refe
 ``w_s`` added to the receiver's input (a key/value head's patch moves every query head that reads it).
 Where a query or key norm spans the heads (OLMo-2, OLMoE), each node's ``hook_q`` (before the norm) is patched on
 a copy of its own, so no other head's patch reaches its normalised query through the norm; an edge moves every
-head's input on one copy, which the per-head inputs normalise per head (:mod:`rs_interp._backend.head_copies`):
+head's input on one copy, which the per-head inputs normalise per head (``rs_interp._backend.head_copies``):
 head ``h``'s query is ``slice_h(q_norm((x + w_s) W_Q))``, the receiver's definition.
 Exact where the metric is linear in the head's output (tested to 1e-9 against exact patching).
 
@@ -206,7 +206,7 @@ def _by_replicas(model: Model, tokens: torch.Tensor, l: int, box: dict, delta: t
     input of a copy of the run (:func:`_replica_z`: stacked where rows hold), the model's own pass ended
     at ``hook_z``. Each head's output is then the one with its own input moved alone: a head's q, k and v
     depend on its own inputs only (the certificate's ``head inputs``; a norm spanning the heads is applied
-    to each head's own copy, :mod:`rs_interp._backend.head_copies`)."""
+    to each head's own copy, ``rs_interp._backend.head_copies``)."""
     cfg = model.cfg
     B, P = tokens.shape
     # per copy: the per-head query, key and value inputs and their normalised copies (a dozen
