@@ -25,7 +25,6 @@ and ``config.yaml``, or its CLT layout), sparsify's TopK refused by name.
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import types
@@ -36,6 +35,8 @@ from typing import Sequence
 import torch
 
 from .. import _names as N
+from .._files import existing, loading, read_json, read_safetensors, reads
+from .._messages import few
 from .clt import CrossLayerTranscoder
 from .transcoders import Transcoder, TranscoderSet
 
@@ -67,11 +68,13 @@ def _field(cfg, name: str, default=None):
 _PCHLENSKI_TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec", "b_dec_out")
 
 
+@reads("pchlenski transcoder files")
 def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtype = torch.float32) -> TranscoderSet:
     """Read pchlenski's GPT-2 transcoders (module docstring), one file a layer, in layer order.
 
     Raises:
-        ValueError: a file without ``cfg`` and ``state_dict``, an autoencoder (``is_transcoder`` false), a tensor
+        rs_interp.FileError: (a ``ValueError``, naming the file) a file missing, truncated or not a PyTorch file,
+            one without ``cfg`` and ``state_dict``, an autoencoder (``is_transcoder`` false), a tensor
             missing or one it does not read (named), a config reading another hook than
             ``blocks.{l}.ln2.hook_normalized`` for its place ``l``, or writing elsewhere than the MLP output.
 
@@ -85,7 +88,8 @@ def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtyp
     """
     out = []
     for l, f in enumerate(files):
-        data = torch.load(str(f), map_location="cpu", weights_only=False, pickle_module=_PICKLE)
+        with loading(existing(f, "pchlenski transcoder file"), "pchlenski transcoder file", "torch.load"):
+            data = torch.load(str(f), map_location="cpu", weights_only=False, pickle_module=_PICKLE)
         if not isinstance(data, dict) or "state_dict" not in data or "cfg" not in data:
             raise ValueError(f"{f}: not a transcoder_circuits file (a dict with 'cfg' and 'state_dict')")
         cfg, sd = data["cfg"], data["state_dict"]
@@ -93,11 +97,11 @@ def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtyp
             raise ValueError(f"{f}: is_transcoder is false, a sparse autoencoder, not a transcoder")
         missing = set(_PCHLENSKI_TENSORS) - set(sd)
         if missing:
-            raise ValueError(f"{f}: the state dict lacks {sorted(missing)}")
+            raise ValueError(f"{f}: the state dict lacks {few(sorted(missing))}")
         extra = sorted(set(sd) - set(_PCHLENSKI_TENSORS))
         if extra:
-            raise ValueError(f"{f}: the state dict holds {extra}, which rs_interp does not read (transcoder_circuits' "
-                             f"SparseAutoencoder saves {list(_PCHLENSKI_TENSORS)})")
+            raise ValueError(f"{f}: the state dict holds {few(extra)}, which rs_interp does not read "
+                             "(transcoder_circuits' SparseAutoencoder saves W_enc, b_enc, W_dec, b_dec, b_dec_out)")
         hook = str(_field(cfg, "hook_point", ""))
         if hook != N.normalized(l, "ln2"):
             raise ValueError(f"{f}: reads {hook!r}; as layer {l} of the set it must read {N.normalized(l, 'ln2')}")
@@ -138,8 +142,8 @@ class _Coder:
 def _refuse_unknown(sub: Path, cfg: dict, sd: dict[str, torch.Tensor], n_targets: int) -> None:
     unknown = sorted(set(cfg) - SPARSIFY_CONFIG)
     if unknown:
-        raise ValueError(f"{sub}/cfg.json: {unknown}, fields rs_interp does not read "
-                         f"(sparsify's are {sorted(SPARSIFY_CONFIG)})")
+        raise ValueError(f"{sub}/cfg.json: {few(unknown)}, fields rs_interp does not read (not sparsify's "
+                         "SparseCoderConfig's)")
     for key in sd:
         m = _SPARSIFY_TENSOR.fullmatch(key)
         if m is None or (m.group(3) is not None and int(m.group(3)) >= max(n_targets, 1)):
@@ -201,10 +205,8 @@ def _read_coder(sub: Path) -> _Coder:
             before the decoder: a feature's write is then no multiple of its decoder row), a nonzero skip from this
             layer's input into a later layer's output, a tensor missing.
     """
-    from safetensors.torch import load_file
-
-    cfg = json.loads((sub / "cfg.json").read_text())
-    sd = load_file(str(sub / "sae.safetensors"))
+    cfg = read_json(sub / "cfg.json", "sparsify config")
+    sd = read_safetensors(sub / "sae.safetensors", "sparsify transcoder file")
     n = int(cfg.get("n_targets", 0) or 0)
     _refuse_unknown(sub, cfg, sd, n)
     _refuse_settings(sub, cfg)
@@ -232,6 +234,7 @@ def _into(coders: list[_Coder], m: int) -> tuple[list[tuple[int, float]], torch.
     return weights, bias, None if skip is None else c.out_scale * skip
 
 
+@reads("sparsify transcoder folder")
 def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] | None = None,
                               dtype: torch.dtype = torch.float32) -> TranscoderSet:
     """Read EleutherAI sparsify's transcoders (module docstring) from ``folder``'s hook-point subfolders, in
@@ -241,7 +244,8 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
     sparsify's cross-layer runner sums them (``divide_cross_layer`` included).
 
     Raises:
-        ValueError: a field or tensor rs_interp does not read, named; a coder that is not a transcoder
+        rs_interp.FileError: (a ``ValueError``, naming the file or folder) a file missing, truncated or malformed;
+            a field or tensor rs_interp does not read, named; a coder that is not a transcoder
             (``transcode`` false: an autoencoder), not TopK (groupmax), with coalesced top-k, a nonzero
             post-encoder bias or a nonzero skip into a later layer (:func:`_read_coder`); a tensor missing;
             layers of different ``k``; cross-layer targets past the last layer.
