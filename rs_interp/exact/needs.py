@@ -88,7 +88,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "key_score_sensitivity": ("scores read",),
     "features.attribution_graph": (*_GRAPH, "gradients"),
     "features.intervene": _GRAPH,
-    "features.qk_attributions": _GRAPH + ("z", "heads", "values", "scores", "gradients", "head inputs"),
+    "features.qk_attributions": _GRAPH + ("z", "heads", "values", "scores", "head inputs", "gradients"),
     "features.top_attention": _GRAPH + ("z", "heads", "values"),
     "features.train_transcoder": ("mlp reads", "mlp writes"),
     "features.transcoder_metrics": ("mlp reads", "mlp writes"),

@@ -163,9 +163,11 @@ def _refuse_settings(sub: Path, cfg: dict) -> None:
                          "together, which no per-layer encoder of rs_interp's computes (only 'none' is read)")
 
 
-def _tensor(sd: dict[str, torch.Tensor], sub: Path, key: str) -> torch.Tensor:
+def _tensor(sd: dict[str, torch.Tensor], sub: Path, key: str, shape: tuple[int, ...]) -> torch.Tensor:
     if key not in sd:
         raise ValueError(f"{sub}: sae.safetensors lacks {key!r}")
+    if tuple(sd[key].shape) != shape:
+        raise ValueError(f"{sub}: {key} has shape {tuple(sd[key].shape)}, expected {shape}")
     return sd[key].to(torch.float64)
 
 
@@ -173,7 +175,7 @@ def _nonzero(sd: dict[str, torch.Tensor], key: str) -> bool:
     return key in sd and bool(sd[key].ne(0).any())
 
 
-def _target(sub: Path, cfg: dict, sd: dict[str, torch.Tensor], j: int, s_in: float) -> tuple:
+def _target(sub: Path, cfg: dict, sd: dict[str, torch.Tensor], j: int, s_in: float, n_latents: int) -> tuple:
     """Target ``j``'s ``(decoder, bias, skip)``: the post-encoder scale folded into the decoder (``a * scale`` on the
     active latents: a scaled decoder row), the input norm into the skip (which reads the normalised input)."""
     multi = int(cfg.get("n_targets", 0) or 0) > 0
@@ -187,10 +189,11 @@ def _target(sub: Path, cfg: dict, sd: dict[str, torch.Tensor], j: int, s_in: flo
         raise ValueError(f"{sub}: {skip} is nonzero, a skip from this layer's input into the output {j} layers on, "
                          "which rs_interp's cross-layer transcoders (as circuit-tracer's) do not have (a skip within a "
                          "layer only)")
-    decoder = _tensor(sd, sub, W)
+    d = int(cfg["d_in"])
+    decoder = _tensor(sd, sub, W, (n_latents, d))
     if cfg.get("post_encoder_scale", False):
-        decoder = _tensor(sd, sub, scale)[:, None] * decoder
-    return decoder, _tensor(sd, sub, b), s_in * _tensor(sd, sub, skip) if skip in sd and j == 0 else None
+        decoder = _tensor(sd, sub, scale, (n_latents,))[:, None] * decoder
+    return decoder, _tensor(sd, sub, b, (d,)), s_in * _tensor(sd, sub, skip, (d, d)) if skip in sd and j == 0 else None
 
 
 def _read_coder(sub: Path) -> _Coder:
@@ -213,11 +216,13 @@ def _read_coder(sub: Path) -> _Coder:
     d_in, norm = int(cfg["d_in"]), bool(cfg.get("normalize_io", False))
     if not norm and ({"in_norm", "out_norm"} & set(sd)):
         raise ValueError(f"{sub}: in_norm/out_norm saved but normalize_io is false")
-    s_in = d_in**0.5 / float(_tensor(sd, sub, "in_norm")) if norm else 1.0
-    out_scale = float(_tensor(sd, sub, "out_norm")) / d_in**0.5 if norm else 1.0
-    targets = [_target(sub, cfg, sd, j, s_in) for j in range(max(n, 1))]
-    return _Coder(s_in * _tensor(sd, sub, "encoder.weight"), _tensor(sd, sub, "encoder.bias"), int(cfg["k"]), targets,
-                  out_scale, bool(cfg.get("divide_cross_layer", False)))
+    s_in = d_in**0.5 / float(_tensor(sd, sub, "in_norm", (1,))) if norm else 1.0
+    out_scale = float(_tensor(sd, sub, "out_norm", (1,))) / d_in**0.5 if norm else 1.0
+    n_latents = int(sd["encoder.weight"].shape[0]) if "encoder.weight" in sd else 0
+    W_enc = _tensor(sd, sub, "encoder.weight", (n_latents, d_in))
+    targets = [_target(sub, cfg, sd, j, s_in, n_latents) for j in range(max(n, 1))]
+    return _Coder(s_in * W_enc, _tensor(sd, sub, "encoder.bias", (n_latents,)), int(cfg["k"]), targets, out_scale,
+                  bool(cfg.get("divide_cross_layer", False)))
 
 
 def _into(coders: list[_Coder], m: int) -> tuple[list[tuple[int, float]], torch.Tensor, torch.Tensor | None]:
