@@ -82,6 +82,7 @@ other_version = _impl.other_version
 is_own_hook = _impl.is_own_hook
 mlp_modules = _impl.mlp_modules
 pattern_after_attention = _impl.pattern_after_attention
+stream_writes = _impl.stream_writes
 
 
 def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:

@@ -101,12 +101,16 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "scale.direct_logit_attribution": ("embedding", "stream", "z", "heads", "readout", "vocabulary"),
     "scale.logit_lens": ("readout", "stop at layer", "vocabulary"),
     "scale.lens_kl": ("readout", "vocabulary"),
+    "variables.interchange": ("rows",),
+    "variables.das": ("rows", "gradients"),
+    "head_affinity": ("heads", "values"),
 }
 
 #: Identities a helper needs only for some arguments: ``{helper: {identity: "when"}}``.
 OPTIONAL: dict[str, dict[str, str]] = {
     "composition_scores": {"scores": "which='q' or 'k'"},
     "virtual_weight": {"scores": "which='q' or 'k'"},
+    "head_affinity": {"scores": "which='q' or 'k'"},
     "head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "scale.head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "features.attribution_graph": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
@@ -176,6 +180,7 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "composition_scores": ("post-norm blocks",),
     "virtual_weight": ("post-norm blocks",),
     "copying_scores": ("post-norm blocks",),
+    "head_affinity": ("post-norm blocks",),
     "features.attribution_graph": ("attention-only", "soft-capped logits"),
     "features.intervene": ("attention-only", "soft-capped logits"),
     "features.qk_attributions": ("attention-only", "parallel blocks", "soft-capped logits"),
