@@ -183,22 +183,24 @@ def head_affinity(model: Model, which: str, *, rank: int | None = None, rtol: fl
         ValueError: ``which`` not ``"q"``, ``"k"`` or ``"v"``; a head of lower rank than compared; a model whose
             certificate fails ``heads``, ``values`` (or ``scores`` for ``"q"``/``"k"``), or with post-norm blocks.
     """
-    return head_affinities(model, which=(check_which(which),), rank=rank, rtol=rtol, memory_budget=memory_budget)[which]
+    which = check_which(which)
+    require(model, "head_affinity", also=() if which == "v" else ("scores",))
+    return head_affinities(model, which=(which,), rank=rank, rtol=rtol, memory_budget=memory_budget)[which]
 
 
-def head_affinities(model: Model, *, which: tuple[str, ...] = ("q", "k", "v"), rank: int | None = None,
+def head_affinities(model: Model, *, which: tuple[str, ...] | None = None, rank: int | None = None,
                     rtol: float | None = None, memory_budget: int = MEMORY_BUDGET) -> dict[str, HeadAffinity]:
-    """:func:`head_affinity` for each input in ``which`` (default all three), by name; the earlier heads'
-    write subspaces are computed once for all.
+    """:func:`head_affinity` for each input in ``which`` (None: ``("q", "k", "v")``), by name; the earlier heads'
+    write subspaces and their projections are computed once for all.
 
     >>> import rs_interp as ri
     >>> sorted(head_affinities(ri.load_toy_model("induction-2l")))
     ['k', 'q', 'v']
     """
-    kinds = tuple(dict.fromkeys(check_which(w) for w in which))
+    kinds = tuple(dict.fromkeys(check_which(w) for w in (("q", "k", "v") if which is None else which)))
     if not kinds:
         raise ValueError("which is empty: name at least one of 'q', 'k', 'v'")
-    require(model, "head_affinity", also=() if kinds == ("v",) else ("scores",))
+    require(model, "head_affinities", also=() if kinds == ("v",) else ("scores",))
     cfg = model.cfg
     dt = torch.float64 if compute_dtype(model) == torch.float64 else torch.float32
     budget = as_int("memory_budget", memory_budget)

@@ -31,10 +31,20 @@ from .bases import (
 from .causal import CausalModel, Variable
 from .controls import untrained_copy
 from .das import CONTROLS, DAS, DASFit, DASOptions, das
-from .interchange import Interchange, NormMatchedPlacebo, SubspaceInterchange, interchange
+from .interchange import Interchange, NormMatchedPlacebo, SubspaceInterchange, activations, interchange
 from .kernel import KernelMoments, ProjectionKernel, projection_kernel, random_kernel_moments
 from .pairs import PairSet, arbitrary_labels
 from .sites import Site
+from .task_models import (
+    greater_than_causal_model,
+    greater_than_pairs,
+    induction_causal_model,
+    induction_pairs,
+    ioi_causal_model,
+    ioi_pairs,
+    sva_causal_model,
+    sva_pairs,
+)
 from .tracr_models import TracrVariable, tracr_causal_model, tracr_inputs, tracr_pairs, tracr_variables
 
 __all__ = [
@@ -56,6 +66,7 @@ __all__ = [
     "arbitrary_labels",
     "interchange",
     "Interchange",
+    "activations",
     "SubspaceInterchange",
     "NormMatchedPlacebo",
     "das",
@@ -69,4 +80,12 @@ __all__ = [
     "TracrVariable",
     "tracr_pairs",
     "tracr_inputs",
+    "induction_causal_model",
+    "induction_pairs",
+    "ioi_causal_model",
+    "ioi_pairs",
+    "greater_than_causal_model",
+    "greater_than_pairs",
+    "sva_causal_model",
+    "sva_pairs",
 ]

@@ -48,11 +48,11 @@ def chunks(pairs: PairSet, batch_size: int) -> Iterator[torch.Tensor]:
             yield torch.tensor(rows[start:start + batch_size], dtype=torch.long)
 
 
-def inputs(pairs: PairSet, rows: torch.Tensor, which: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def inputs(pairs: PairSet, rows: torch.Tensor, side: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(tokens, positions)`` of ``rows`` (one length) of the base or the source, cut to their length."""
-    n = int(pairs.lengths(which)[rows[0]])
-    tokens = (pairs.base if which == "base" else pairs.source)[rows, :n]
-    positions = pairs.base_positions if which == "base" else pairs.source_positions
+    n = int(pairs.lengths(side)[rows[0]])
+    tokens = (pairs.base if side == "base" else pairs.source)[rows, :n]
+    positions = pairs.base_positions if side == "base" else pairs.source_positions
     return tokens, None if positions is None else positions[rows]
 
 

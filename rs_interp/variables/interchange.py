@@ -45,7 +45,7 @@ from .bases import check_basis
 from .pairs import PairSet
 from .sites import Site, as_site
 
-__all__ = ["SubspaceInterchange", "NormMatchedPlacebo", "Interchange", "interchange"]
+__all__ = ["SubspaceInterchange", "NormMatchedPlacebo", "Interchange", "interchange", "activations"]
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,36 @@ def interchange(model: Model, pairs: PairSet, site: Site | str | tuple[str, int]
             base_logits[rows] = pairs.task_logits(model(tokens), rows).to(dtype).cpu()
     return Interchange(logits=logits, base_logits=base_logits, labels=pairs.labels, base_labels=pairs.base_labels,
                        site=site, variable=pairs.variable)
+
+
+def activations(model: Model, tokens: Int[torch.Tensor, "batch pos"], site: Site | str | tuple[str, int], *,
+                at: Int[torch.Tensor, " batch"] | None = None, batch_size: int = 64) -> Float[torch.Tensor, "batch ..."]:
+    """The activation at ``site`` (its view: a head's ``z``, the stream, the neurons) on ``tokens``, at one
+    position per row (``at``: (batch, width)) or every position ((batch, pos, width)), on the CPU: what
+    :func:`~rs_interp.variables.mean_difference_basis` and a probe are fit on.
+
+    Raises:
+        ValueError: a site the model lacks or its certificate does not vouch for, ``at`` of another shape.
+
+    >>> import rs_interp as ri
+    >>> model = ri.load_toy_model("induction-2l")
+    >>> tuple(activations(model, ri.induction_batch(3, seed=0).tokens, ("blocks.0.attn.hook_z", 0)).shape)
+    (3, 48, 16)
+    """
+    site = as_site(site, model)
+    require(model, "variables.activations", also=site.identities)
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be (batch, pos), got shape {tuple(tokens.shape)}")
+    if at is not None and torch.as_tensor(at).shape != (tokens.shape[0],):
+        raise ValueError(f"at must hold one position per row, shape ({tokens.shape[0]},)")
+    step = check_int_range("batch_size", batch_size, 1)
+    out = []
+    with preserve_state(model), torch.no_grad():
+        for start in range(0, tokens.shape[0], step):
+            rows = None if at is None else torch.as_tensor(at)[start:start + step]
+            out.append(record(model, site, tokens[start:start + step], rows).cpu())
+    return torch.cat(out)
 
 
 def _empty(pairs: PairSet, dtype: torch.dtype) -> torch.Tensor:

@@ -138,10 +138,12 @@ class PairSet:
         """The number of classes a row chooses among (the widest row's)."""
         return self.candidates.shape[1] if self.candidates is not None else len(self.values)
 
-    def lengths(self, which: str) -> Int[torch.Tensor, " batch"]:
+    def lengths(self, side: str) -> Int[torch.Tensor, " batch"]:
         """Each row's length of ``"base"`` or ``"source"``."""
-        given = self.base_lengths if which == "base" else self.source_lengths
-        width = (self.base if which == "base" else self.source).shape[1]
+        if side not in ("base", "source"):
+            raise ValueError(f"side must be 'base' or 'source', got {side!r}")
+        given = self.base_lengths if side == "base" else self.source_lengths
+        width = (self.base if side == "base" else self.source).shape[1]
         return given if given is not None else torch.full((len(self),), width, dtype=torch.long)
 
     def groups(self) -> dict[tuple[int, int], list[int]]:

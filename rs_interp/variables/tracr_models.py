@@ -352,7 +352,7 @@ def _classes(program: str, outputs: set, n: int) -> tuple[Callable[[Value], int]
 
 def tracr_pairs(name: str, variable: str, *, n: int = 32, seed: int = 0, lengths: Sequence[int] | None = None,
                 same_length: bool = False, every_position: bool = False,
-                kind: Literal["mixed", "aligned", "several"] = "mixed", changed_only: bool = False) -> PairSet:
+                mix: Literal["mixed", "aligned", "several"] = "mixed", changed_only: bool = False) -> PairSet:
     """``n`` random interchanges of ``variable`` on the shipped program ``name``, each read at every output
     position where the counterfactual is defined (one row per read).
 
@@ -362,12 +362,12 @@ def tracr_pairs(name: str, variable: str, *, n: int = 32, seed: int = 0, lengths
     with ``same_length``); the base's variable at ``p`` takes the source's at ``q``. With ``every_position``
     the source is as long as the base and the variable's whole value is the source's (the interchange acts
     at every position, BOS included). ``several`` marks the pairs where variables other than the aligned one
-    and those computed from it differ too (at ``p`` and ``q``); ``kind`` keeps both (``"mixed"``) or one.
+    and those computed from it differ too (at ``p`` and ``q``); ``mix`` keeps both (``"mixed"``) or one.
     ``changed_only`` keeps only the reads whose counterfactual output differs from the base's (the rows that
     test the variable's effect, not its absence). Drawn by ``random.Random(seed)``.
 
     Raises:
-        ValueError: an unknown program, variable or kind, or fewer than ``n`` pairs in ``100 * n`` draws.
+        ValueError: an unknown program, variable or mix, or fewer than ``n`` pairs in ``100 * n`` draws.
 
     >>> pairs = tracr_pairs("tracr-sort", "target_pos_3", n=8, seed=0)
     >>> pairs.variable, pairs.n_classes, int(pairs.base_positions.min()) >= 1   # position 0 is the BOS
@@ -375,8 +375,8 @@ def tracr_pairs(name: str, variable: str, *, n: int = 32, seed: int = 0, lengths
     """
     program, cm = program_name(name), tracr_causal_model(name)
     cm.variable(variable)
-    if kind not in ("mixed", "aligned", "several"):
-        raise ValueError(f"kind must be 'mixed', 'aligned' or 'several', got {kind!r}")
+    if mix not in ("mixed", "aligned", "several"):
+        raise ValueError(f"mix must be 'mixed', 'aligned' or 'several', got {mix!r}")
     others = set(cm.names) - {variable} - cm.descendants(variable)
     rng, inputs = random.Random(as_int("seed", seed)), tuple(tracr_inputs(program, lengths))
     rows: list[tuple] = []
@@ -389,7 +389,7 @@ def tracr_pairs(name: str, variable: str, *, n: int = 32, seed: int = 0, lengths
         if b is None:
             continue
         several = bool(others & set(cm.differing(b, s, at=at)))
-        if kind != "mixed" and several != (kind == "several"):
+        if mix != "mixed" and several != (mix == "several"):
             continue
         out, cf = _run(program, b)[cm.output], cm.counterfactual(b, s, variable, at=at)
         rows += [(b, s, None if at is None else at[0], None if at is None else at[1], r, out[r], cf[r], several)
@@ -397,7 +397,7 @@ def tracr_pairs(name: str, variable: str, *, n: int = 32, seed: int = 0, lengths
                  and not (changed_only and cf[r] == out[r])]
         found += 1
     if found < n:
-        raise ValueError(f"only {found} of {n} {kind} pairs of {variable} with differing values were found in "
+        raise ValueError(f"only {found} of {n} {mix} pairs of {variable} with differing values were found in "
                          f"{100 * n} draws")
     return _pair_set(program, variable, rows)
 
