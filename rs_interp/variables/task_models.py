@@ -19,8 +19,8 @@ last position (induction's ``"previous"``: every position), read at the last pos
 
 >>> from rs_interp.variables import induction_pairs
 >>> pairs = induction_pairs(4, seed=0, variable="query")
->>> pairs.variable, pairs.n_classes, bool((pairs.labels != pairs.base_labels).all())
-('query', 2, True)
+>>> pairs.variable, pairs.n_classes, bool((pairs.labels != pairs.base_labels).all()), pairs.labels.tolist()
+('query', 2, True, [1, 0, 1, 0])
 """
 
 from __future__ import annotations
@@ -119,7 +119,10 @@ def sva_causal_model() -> CausalModel:
 def _pairs(rows: Sequence[tuple[list[int], list[int], list[int], int, int, bool]], variable: str, *,
            every_position: bool = False) -> PairSet:
     """A PairSet from ``(base ids, source ids, candidates, label, base label, several)`` rows of one length each,
-    interchanged at the last position (or every one) and read there."""
+    interchanged at the last position (or every one) and read there. Every other row's two candidates swap
+    places, so that the labels are balanced (a model that always prefers one place scores chance, not 1)."""
+    rows = [r if i % 2 == 0 or len(r[2]) != 2 else (r[0], r[1], r[2][::-1], 1 - r[3], 1 - r[4], r[5])
+            for i, r in enumerate(rows)]
     width = max(len(r[0]) for r in rows)
     k = max(len(r[2]) for r in rows)
 

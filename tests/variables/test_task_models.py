@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rs_interp.tasks.ioi import NAMES
 from rs_interp.tokenizers import gpt2_tokenizer
 from rs_interp.variables import (
     greater_than_pairs,
@@ -36,14 +37,19 @@ def test_induction_pairs(variable):
 
 def test_ioi_pairs(tok):
     order = ioi_pairs(tok, 6, seed=0, variable="order")
+    def io_first(text: str) -> bool:  # the name said once comes before the one said twice
+        names = [w for w in NAMES if f" {w} " in text or f" {w}." in text or f" {w}," in text]
+        once, twice = (next(w for w in names if text.count(f" {w}") == k) for k in (1, 2))
+        return text.index(f" {once}") < text.index(f" {twice}")
+
     for i in range(6):
         b, s = tok.decode(order.base[i]), tok.decode(order.source[i])
-        io, subj = (tok.decode([int(c)]).strip() for c in order.candidates[i])
-        assert b.count(subj) == 2 and b.count(io) == 1  # the subject is repeated
-        first_b, first_s = b.index(io) < b.index(subj), None
-        assert int(order.labels[i]) == 1 and int(order.base_labels[i]) == 0 and first_s is None and first_b in (True, False)
+        io, subj = (tok.decode([int(order.candidates[i, k])]).strip() for k in (order.base_labels[i], order.labels[i]))
+        assert b.count(f" {subj}") == 2 and b.count(f" {io}") == 1  # the subject is repeated
+        assert io_first(b) != io_first(s)  # the source's order is the other one
+        assert int(order.labels[i]) == 1 - i % 2 and int(order.base_labels[i]) == i % 2  # every other row swapped
     io = ioi_pairs(tok, 4, seed=0, variable="io")
-    assert all(tok.decode([int(io.candidates[i, 1])]).strip() in tok.decode(io.source[i]) for i in range(4))
+    assert all(tok.decode([int(io.candidates[i, io.labels[i]])]).strip() in tok.decode(io.source[i]) for i in range(4))
     assert torch.equal(order.lengths("base"), order.lengths("source"))
 
 
@@ -52,7 +58,7 @@ def test_greater_than_and_sva_pairs(tok):
     for i in range(5):
         yy_b, yy_s = (int(tok.decode([int(p[i, -3])])) for p in (gt.base, gt.source))  # "... year 15|78| to 15"
         got = [tok.decode([int(c)]) for c in gt.candidates[i]]
-        assert got == [f"{yy_b + 1:02d}", f"{yy_s + 1:02d}"] and int(gt.labels[i]) == 1
+        assert got[int(gt.base_labels[i])] == f"{yy_b + 1:02d}" and got[int(gt.labels[i])] == f"{yy_s + 1:02d}"
     sva = sva_pairs(tok, 6, seed=0)
     assert [tok.decode([int(c)]) for c in sva.candidates[0]] == [" is", " are"]
     assert bool((sva.labels != sva.base_labels).all())
