@@ -350,9 +350,3 @@ def other_version() -> str:
     """What to try when this version cannot load a family: the other version, and how."""
     return ("TransformerLens 4 (pip install 'transformer-lens>=4.3'; rs_interp's RS_INTERP_TL=4), which runs the "
             "Hugging Face modules themselves")
-
-
-def stream_writes(model: Model, name: str) -> tuple[str, ...]:
-    """Where a change of the residual stream at hook point ``name`` is written so that every later reader
-    sees it: 3.x's stream hooks (``hook_resid_pre`` / ``_mid`` / ``_post``) are the stream itself."""
-    return (name,)

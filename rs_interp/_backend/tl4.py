@@ -418,16 +418,3 @@ def is_own_hook(fn: Callable) -> bool:
 def other_version() -> str:
     """What to try when this version cannot load a family: the other version, and how."""
     return "TransformerLens 3.x (pip install 'transformer-lens>=3.9,<4'; RS_INTERP_TL=3), which converts the weights into its own modules"
-
-
-def stream_writes(model: Model, name: str) -> tuple[str, ...]:
-    """Where a change of the residual stream at hook point ``name`` is written so that every later reader
-    sees it. 4.3's ``hook_resid_mid`` is an alias of ``ln2.hook_in``: what it returns is the MLP's input
-    only, and the stream the block passes on is added apart from it (measured: a change written there
-    alone never reaches the next block). So a change of the stream between the attention and the MLP is
-    written at both: ``hook_resid_mid`` (the MLP reads it) and ``hook_resid_post`` (the stream after the
-    MLP, which then holds it). Removable when the bridge's ``hook_resid_mid`` is the stream itself."""
-    layer = N.layer_of(name)
-    if layer is not None and name == N.resid_mid(layer):
-        return (name, N.resid_post(layer))
-    return (name,)

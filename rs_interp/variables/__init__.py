@@ -9,6 +9,7 @@ whose variables are known in advance.
 - :mod:`.interchange`: interchange interventions, the norm-matched placebo, accuracy and effect;
 - :mod:`.das`: DAS, with its controls (arbitrary labels, an untrained copy of the model);
 - :mod:`.tracr_models`: the shipped tracr programs as causal models, and where tracr put each variable;
+  :mod:`.tracr_pair_sets`: their pair sets;
 - :mod:`.task_models`: causal models and pair sets of induction, IOI, greater-than and subject-verb agreement.
 
 >>> import rs_interp as ri
@@ -45,7 +46,8 @@ from .task_models import (
     sva_causal_model,
     sva_pairs,
 )
-from .tracr_models import TracrVariable, tracr_causal_model, tracr_inputs, tracr_pairs, tracr_variables
+from .tracr_models import TracrVariable, tracr_causal_model, tracr_inputs, tracr_variables
+from .tracr_pair_sets import tracr_pairs
 
 __all__ = [
     "check_basis",

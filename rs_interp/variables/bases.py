@@ -28,6 +28,7 @@ from typing import Hashable, Sequence
 import torch
 from jaxtyping import Float, Int
 
+from .._messages import few
 from ..exact.validate import as_int
 
 __all__ = ["check_basis", "orthonormal_basis", "mean_difference_basis", "probe_basis", "random_basis", "neuron_basis",
@@ -119,7 +120,7 @@ def mean_difference_basis(activations: Float[torch.Tensor, "batch dim"], labels:
                          f"{len(labels)} labels")
     classes = list(dict.fromkeys(labels))
     if len(classes) < 2:
-        raise ValueError(f"mean_difference_basis needs at least two classes, got {classes}")
+        raise ValueError(f"mean_difference_basis needs at least two classes, got {few(classes)}")
     acts = activations.detach().to(_work_dtype(activations.dtype))
     means = torch.stack([acts[torch.tensor([y == c for y in labels])].mean(0) for c in classes])
     return orthonormal_basis((means - means.mean(0)).T, rank=len(classes) - 1)
@@ -165,9 +166,9 @@ def _neuron_indices(dim: int, neurons: object, name: str = "neurons") -> Int[tor
         raise ValueError(f"{name} must be a 1-D list of integer indices, got {index.dtype} of shape {tuple(index.shape)}")
     index = index.long().cpu()
     if bool(((index < 0) | (index >= dim)).any()):
-        raise ValueError(f"{name} must lie in [0, {dim}), got {index.tolist()}")
+        raise ValueError(f"{name} must lie in [0, {dim}), got {few(index.tolist())}")
     if index.unique().numel() != index.numel():
-        raise ValueError(f"{name} names an index twice: {index.tolist()}")
+        raise ValueError(f"{name} names an index twice: {few(index.tolist())}")
     return index
 
 

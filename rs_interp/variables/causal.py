@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .._messages import few
+
 __all__ = ["Variable", "CausalModel"]
 
 
@@ -72,7 +74,7 @@ class CausalModel:
                 raise ValueError(f"{self.name}: the variable name {v.name!r} is used twice (or is the reserved 'input')")
             missing = [p for p in v.parents if p not in known]
             if missing:
-                raise ValueError(f"{self.name}: {v.name}'s parents {missing} are not computed before it")
+                raise ValueError(f"{self.name}: {v.name}'s parents {few(missing)} are not computed before it")
             known.add(v.name)
         if self.output not in known - {"input"}:
             raise ValueError(f"{self.name}: the output {self.output!r} is not one of its variables")
@@ -91,7 +93,7 @@ class CausalModel:
         for v in self.variables:
             if v.name == name:
                 return v
-        raise ValueError(f"{self.name} has no variable {name!r}; its variables: {list(self.names)}")
+        raise ValueError(f"{self.name} has no variable {name!r}; its variables: {few(self.names, 8)}")
 
     def descendants(self, name: str) -> set[str]:
         """The variables computed, directly or not, from ``name``."""
@@ -108,7 +110,7 @@ class CausalModel:
         fixed = dict(fixed or {})
         unknown = set(fixed) - set(self.names)
         if unknown:
-            raise ValueError(f"{self.name} has no variable(s) {sorted(unknown)} to fix; its variables: {list(self.names)}")
+            raise ValueError(f"{self.name} has no variable(s) {few(sorted(unknown))} to fix; its variables: {few(self.names, 8)}")
         values: dict[str, Any] = {"input": x}
         for v in self.variables:
             value = v.mechanism(*(values[p] for p in v.parents))

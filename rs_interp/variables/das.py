@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 
 from .._backend import Model
+from .._messages import few
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -308,7 +309,7 @@ def das(model: Model, pairs: PairSet, site: Site | str | tuple[str, int], option
         raise ValueError(f"rank {options.rank} is above the width of {site.hook}'s activation ({width})")
     unknown = [c for c in controls if c not in CONTROLS]
     if unknown:
-        raise ValueError(f"unknown controls {unknown}: choose among {list(CONTROLS)}")
+        raise ValueError(f"unknown controls {few(unknown)}: choose among {CONTROLS}")
     for p in (pairs, test):
         check_pairs(model, p)
     base = completed(_checked_init(init, width, options.rank), width, options.rank,

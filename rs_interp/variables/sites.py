@@ -89,8 +89,8 @@ class Site:
                 its last) or the head.
         """
         if self.hook not in model.hook_dict or self.layer >= model.cfg.n_layers:
-            raise ValueError(f"the model has no hook point {self.hook!r} ({model.cfg.n_layers} layers"
-                             + (", attention-only" if model.cfg.attn_only else "") + ")")
+            shape = f"{model.cfg.n_layers} layers" + (", attention-only" if model.cfg.attn_only else "")
+            raise ValueError(f"the model has no hook point {self.hook!r} ({shape})")
         if self.head is not None and not 0 <= self.head < model.cfg.n_heads:
             raise ValueError(f"head {self.head} is out of range: layer {self.layer} has {model.cfg.n_heads} heads")
         return self

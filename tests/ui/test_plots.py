@@ -97,16 +97,6 @@ def test_the_other_figures_take_results():
     assert plots.position_figure([0.5, 0.6], [0.9, 1.0], [0.1, 0.2, 0.1], head=(0, 0), drop=1).data
 
 
-def test_variable_figures_take_results(setup):
-    model = setup[0]
-    aff = ri.head_affinities(model)
-    fig = plots.affinity_heatmaps(aff)
-    assert len(fig.data) == 3 and _z(fig)[0][2] == pytest.approx(float(aff["q"].normalized[0, 0, 1, 0]))
-    assert plots.affinity_heatmaps(aff["v"]).layout.annotations[0].text.startswith("OV affinity")
-    fig = plots.interchange_figure({"hist_1": {"written": 1.0, "before": 0.3}, "sort_1": {"written": 1.0}})
-    assert [t.name for t in fig.data] == ["written", "before"] and list(fig.data[1].y) == [0.3, None]
-
-
 def test_every_figure_is_covered():
     """A new figure function must be called above with a result object."""
     import inspect

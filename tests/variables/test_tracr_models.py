@@ -3,7 +3,7 @@ input), and every variable's value is what the compiled model holds in tracr's l
 stream after the component that writes it (one-hot for a categorical variable, the number itself for a
 numerical one), on every input up to length 3 and a sample of longer ones: the causal models are the
 compiled models' ground truth, checked against the weights, not assumed. Then where each variable lives,
-the dimensions no later component reads (the docs list them), and the pair sets."""
+and the dimensions no later component reads (the docs list them)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 import rs_interp as ri
 from rs_interp.circuits.tracr import TRACR_PROGRAMS, encode, metadata, reference
-from rs_interp.variables import tracr_causal_model, tracr_inputs, tracr_pairs, tracr_variables
+from rs_interp.variables import tracr_causal_model, tracr_inputs, tracr_variables
 from rs_interp.variables._runs import record
 
 
@@ -68,19 +68,3 @@ def test_the_identifiable_subspace_and_the_kernel():
     mixed = torch.zeros(18, 1, dtype=torch.float64)
     mixed[var.dims[0]], mixed[var.dims[1]] = 2**-0.5, -(2**-0.5)
     assert round(float(var.kernel(mixed).score), 9) == 1.0
-
-
-def test_pair_sets():
-    pairs = tracr_pairs("tracr-reverse", "length_5", n=12, seed=0)
-    assert len(pairs.groups()) > 1 and bool((pairs.base_positions >= 1).all())  # lengths differ; never the BOS
-    cm = tracr_causal_model("tracr-reverse")
-    assert tracr_pairs("tracr-reverse", "length_5", n=12, seed=0).labels.tolist() == pairs.labels.tolist()
-    every = tracr_pairs("tracr-sort", "target_pos_3", n=6, seed=0, every_position=True, changed_only=True)
-    assert every.base_positions is None and bool((every.labels != every.base_labels).all())
-    aligned = tracr_pairs("tracr-hist", "hist_1", n=4, seed=0, mix="aligned")
-    assert not bool(aligned.several.any())
-    with pytest.raises(ValueError, match="no variable"):
-        tracr_pairs("tracr-hist", "nope")
-    with pytest.raises(ValueError, match="aligned pairs"):
-        tracr_pairs("tracr-reverse", "opp_idx_4", n=2, mix="aligned")  # opp_idx is its local parents' function
-    assert cm.output == "reverse_1"
