@@ -62,6 +62,11 @@ class HeadAffinity:
         reference: the kernel's moments between independent random rank-``rank`` subspaces of ``d_model``.
         source_ranks, target_ranks: each head's measured numerical rank (before any truncation).
         labels: each (source, target) pair's ``(label, label)``, row-major like ``scores``.
+
+    >>> import rs_interp as ri
+    >>> a = ri.head_affinity(ri.load_toy_model("induction-2l"), "v")
+    >>> a.labels[2], round(float(a.normalized[0, 0, 1, 0]), 4) == round(float(a.scores[0, 0, 1, 0]) / 16, 4)
+    (('L0H0', 'L1H0'), True)
     """
 
     scores: Float[torch.Tensor, "src_layer src_head dst_layer dst_head"]
@@ -182,6 +187,11 @@ def head_affinity(model: Model, which: str, *, rank: int | None = None, rtol: fl
     Raises:
         ValueError: ``which`` not ``"q"``, ``"k"`` or ``"v"``; a head of lower rank than compared; a model whose
             certificate fails ``heads``, ``values`` (or ``scores`` for ``"q"``/``"k"``), or with post-norm blocks.
+
+    >>> import rs_interp as ri
+    >>> ok = head_affinity(ri.load_toy_model("induction-2l"), "k")
+    >>> bool(ok.normalized[0, 0, 1].min() > ok.reference.mean / ok.rank)   # the previous-token head's keys
+    True
     """
     which = check_which(which)
     require(model, "head_affinity", also=() if which == "v" else ("scores",))

@@ -272,7 +272,7 @@ def tracr_variables(name: str) -> dict[str, TracrVariable]:
     by tracr's label (module docstring).
 
     >>> {k: (v.writer, len(v.dims), v.rank) for k, v in tracr_variables("tracr-hist").items()}
-    {'tokens': ('embed', 3, 2), 'indices': ('embed', 5, 4), 'hist_1': ('MLP0', 5, 4)}
+    {'tokens': ('embed', 3, 2), 'indices': ('embed', 0, 0), 'hist_1': ('MLP0', 5, 4)}
     """
     return dict(_variables(program_name(name)))
 

@@ -292,18 +292,23 @@ def test_every_helper_is_exact_or_refuses_by_name(loaded, tokens, helper):
         row[helper] = "-"
         pytest.skip(f"{family}: the load is refused by name (test_load_is_the_checkpoint_or_refused_by_name)")
     toks, ref = tokens
-    cert = ri.certify(model)
     needs = NEEDS[helper] + (NEEDS["direct_logit_attribution"] if helper == "second_order_attribution" else ())
+    row[helper] = _exact_or_refused(family, helper, lambda: HELPERS[helper](model, toks, ref), ri.certify(model), needs,
+                                    "soft-cap")
+
+
+def _exact_or_refused(family: str, helper: str, call, cert, needs: tuple[str, ...], excuse: str) -> str:
+    """``"exact"`` where ``call`` answers (and every identity ``needs`` holds), ``"refused: ..."`` where it raises a
+    ValueError naming an identity the certificate says fails (or ``excuse``, a configuration refused by name)."""
     try:
-        HELPERS[helper](model, toks, ref)
+        call()
     except ValueError as err:
         named = [n for n in cert.failed() if f"'{n}'" in str(err)]
-        assert named or "soft-cap" in str(err), f"{family}, {helper}: refused without naming a failing identity: {err}"
-        assert "soft-cap" in str(err) or not cert.holds(*needs), f"{family}, {helper}: refused although every identity it needs holds"
-        row[helper] = "refused: " + (", ".join(named) or "soft-cap")
-        return
+        assert named or excuse in str(err), f"{family}, {helper}: refused without naming a failing identity: {err}"
+        assert excuse in str(err) or not cert.holds(*needs), f"{family}, {helper}: refused although every identity it needs holds"
+        return "refused: " + (", ".join(named) or excuse)
     assert cert.holds(*needs), f"{family}, {helper}: returned a number although {set(cert.failed()) & set(needs)} fail"
-    row[helper] = "exact"
+    return "exact"
 
 
 #: Edge attribution patching, path patching and circuit evaluation: the docs' "edge methods".
@@ -385,16 +390,8 @@ def test_causal_variable_helpers_are_exact_or_refuse_by_name(loaded, tokens, hel
     if model is None:
         pytest.skip(f"{family}: the load is refused by name (test_load_is_the_checkpoint_or_refused_by_name)")
     toks, ref = tokens
-    cert = ri.certify(model)
     needs = NEEDS[helper] + (("stream", "z") if helper.startswith("variables") else ())
-    try:
-        VARIABLES[helper](model, toks, ref)
-    except ValueError as err:
-        named = [n for n in cert.failed() if f"'{n}'" in str(err)]
-        assert named or "post-norm" in str(err), f"{family}, {helper}: refused without naming a failing identity: {err}"
-        assert "post-norm" in str(err) or not cert.holds(*needs), f"{family}, {helper}: refused although its identities hold"
-        return
-    assert cert.holds(*needs), f"{family}, {helper}: returned a number although {set(cert.failed()) & set(needs)} fail"
+    _exact_or_refused(family, helper, lambda: VARIABLES[helper](model, toks, ref), ri.certify(model), needs, "post-norm")
 
 
 # --- the feature graph (issue 52), on the ten families its must-show names ---------------------------
