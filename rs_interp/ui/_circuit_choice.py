@@ -23,11 +23,12 @@ def smallest_circuit(model: Any, task: Any, scores: Any, curve: Any, share: floa
     full, empty = runs
     k = smallest_recovering(curve, share)
     hi, lo = curve.n_requested[k], max((r for r in curve.n_requested if r < curve.n_requested[k]), default=0)
-    best = (hi, circuit_at(scores, curve.fractions[k], ranking=curve.ranking), curve.values[k])
+    way = dict(ranking=curve.ranking, higher_is_better=bool(curve.higher_is_better))  # as the curve chose
+    best = (hi, circuit_at(scores, curve.fractions[k], **way), curve.values[k])
     total, probes = float(mib_weights(scores.layout).sum()), []
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        keep = circuit_at(scores, (mid + 0.5) / total, ranking=curve.ranking)  # int((mid + 0.5) / N * N) = mid
+        keep = circuit_at(scores, (mid + 0.5) / total, **way)  # int((mid + 0.5) / N * N) = mid
         edges = [(scores.layout.senders[i], scores.layout.receivers[j]) for i, j in keep.nonzero().tolist()]
         value = scale.evaluate_circuit(model, task, edges, **kw) if edges else empty
         faith = (value - empty) / (full - empty)
