@@ -58,5 +58,6 @@ def warn_dropout(model: Any) -> None:
     for name, m in model.named_modules():
         rate = m.p if isinstance(m, torch.nn.modules.dropout._DropoutNd) else getattr(m, "attention_dropout", 0.0)
         if m.training and isinstance(rate, float) and rate > 0:
-            warnings.warn(DROPOUT_WARNING.format(where=f"{name or 'the model'}, p = {rate:g}"), UserWarning, stacklevel=1)
+            where = f"{name or 'the model'}, p = {rate:g}"
+            warnings.warn(DROPOUT_WARNING.format(where=where), UserWarning, stacklevel=1)
             return

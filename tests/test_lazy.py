@@ -66,7 +66,8 @@ def test_an_unknown_name_is_an_attribute_error_without_a_warning():
 def test_a_moved_module_answers_at_its_new_place(new):
     """Issue 61: ``ri.ui.plots`` answers, as ``from rs_interp.ui import plots`` does, also where nothing imported the
     module yet: the attribute Python sets on the package at the import is removed first, so the package's own
-    ``__getattr__`` answers (it did not exist: an AttributeError); a dunder or a missing name stays an AttributeError."""
+    ``__getattr__`` answers (it did not exist: an AttributeError); a dunder or a missing name stays an
+    AttributeError."""
     package_name, name = new.strip(".").split(".")
     module = importlib.import_module("rs_interp" + new)
     package = getattr(rs_interp, package_name)

@@ -56,4 +56,5 @@ def test_no_warning_without_active_dropout():
     model.train()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ri.direct_logit_attribution(model, torch.zeros(1, 4, dtype=torch.long), targets=torch.zeros(1, 4, dtype=torch.long))
+        tokens = torch.zeros(1, 4, dtype=torch.long)
+        ri.direct_logit_attribution(model, tokens, targets=tokens)

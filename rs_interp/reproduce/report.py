@@ -51,8 +51,8 @@ def format_table(section: Section) -> str:
     past the width of its column
     """
     head = ("measure", "ours", "theory", "band", "")
-    rows = [head] + [(r.label + (f" [{r.note}]" if r.note else ""), r.formatted(), r.theory, _band_cell(r, "-"), _mark(r))
-                     for r in section.rows]
+    rows = [head] + [(r.label + (f" [{r.note}]" if r.note else ""), r.formatted(), r.theory, _band_cell(r, "-"),
+                      _mark(r)) for r in section.rows]
     cells = [[textwrap.wrap(c, cap, break_on_hyphens=False) or [""] for c, cap in zip(r, COLUMN_WIDTHS)] for r in rows]
     widths = [max(len(line) for r in cells for line in r[i]) for i in range(len(head))]
     lines = [f"== {section.title}"]
@@ -220,8 +220,8 @@ def _banded(row: Row) -> bool:
 
 
 def _rows_html(rows: list[Row]) -> str:
-    mark = {True: '<span class="ok">&#10003; within band</span>', False: '<span class="out">&#10007; outside band</span>',
-            None: "reported"}
+    mark = {True: '<span class="ok">&#10003; within band</span>',
+            False: '<span class="out">&#10007; outside band</span>', None: "reported"}
     return "".join(
         f"<tr><td>{html.escape(r.label)}</td><td>{html.escape(r.formatted())}</td><td>{html.escape(r.theory)}</td>"
         f"<td>{html.escape(_band_cell(r, '—'))}</td><td>{_strip(r) if r.per_seed else mark[r.ok]}</td>"
@@ -246,8 +246,8 @@ def _section_html(section: Section, fig_ids: list[str]) -> str:
 
 def docs_map_link() -> str | None:
     """Where the documentation's map of the theory's parts to the sections is, as a link: the built site's page
-    (``build/site/``, as ``scripts/build_docs.sh`` builds it) or else its Markdown source, in the clone rs_interp runs from;
-    None for an install without the documentation (a wheel)."""
+    (``build/site/``, as ``scripts/build_docs.sh`` builds it) or else its Markdown source, in the clone rs_interp
+    runs from; None for an install without the documentation (a wheel)."""
     root = Path(__file__).resolve().parents[2]
     page, anchor = DOCS_MAP
     built, source = root / "build" / "site" / f"{page}.html", root / "docs" / f"{page}.md"

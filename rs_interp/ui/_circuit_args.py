@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="required: gpt2 (pretrained: $RS_INTERP_GPT2_PATH or the Hugging Face cache), gpt2-random, a shipped "
-                             "model's name (" + ", ".join(SHIPPED) + "), a Hugging Face checkpoint directory, or an rs_interp "
-                             "checkpoint (rs_interp.models.save_model's or rs-interp train's: PATH of PATH.json and "
+                             "model's name (" + ", ".join(SHIPPED) + "), a Hugging Face checkpoint directory, or an "
+                             "rs_interp checkpoint (rs_interp.models.save_model's or rs-interp train's: PATH of PATH.json and "
                              "PATH.safetensors, or the folder holding one)")
     parser.add_argument("--task", required=True, choices=TASK_NAMES, help="required: the task (" + ", ".join(TASK_NAMES) + ")")
     parser.add_argument("--method", default="eap", choices=COMMAND_METHODS,

@@ -6,8 +6,8 @@ faint dot, so the circuit's place in the model stays visible; the nodes an edge 
 touches are drawn full and labelled. An edge runs from its sender to the receiving input and ends at
 its component: an edge into a head's query, key or value input comes in just below the head, from
 its left, its middle or its right (:data:`PORT_PIXELS` beside it, on a plot of :data:`PLOT_PIXELS`),
-and ends at the head, in its own colour (q blue, k green, v red; MLP inputs purple, the logits grey). With scores, an edge's width grows
-with ``|effect|`` (five steps of ``sqrt(|effect| / largest)``) and a negative effect is dotted; hovering
+and ends at the head, in its own colour (q blue, k green, v red; MLP inputs purple, the logits grey). With
+scores, an edge's width grows with ``|effect|`` (five steps of ``sqrt(|effect| / largest)``) and a negative effect is dotted; hovering
 an edge's middle shows its label and number.
 
 What the ACDC and EAP-IG repositories draw with graphviz, drawn with plotly (the project's figure

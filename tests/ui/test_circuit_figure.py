@@ -42,7 +42,8 @@ def _drawn(fig):
 
 
 def _segments(fig):
-    """As :func:`_drawn`, each edge with its points ``[(x, y), ...]`` last (a line trace's edges are separated by None)."""
+    """As :func:`_drawn`, each edge with its points ``[(x, y), ...]`` last (a line trace's edges are separated by
+    None)."""
     labels = next(t for t in fig.data if t.name == "edges").text
     out, k = [], 0
     for t in fig.data:
@@ -63,8 +64,8 @@ def _segments(fig):
 
 @pytest.mark.parametrize("which", ["induction-2l", "gpt2-small", "gqa", "parallel"])
 def test_an_edge_into_a_head_ends_at_the_head(which):
-    """Issue 61: an edge into a query, key or value input ends at its head's (or KV head's) node, where the head reads its
-    input, coming in below it from the left, the middle or the right at most PORT_PIXELS beside it on a plot
+    """Issue 61: an edge into a query, key or value input ends at its head's (or KV head's) node, where the head reads
+    its input, coming in below it from the left, the middle or the right at most PORT_PIXELS beside it on a plot
     PLOT_PIXELS wide (it ended 0.22 x-units beside the head, in empty space: ~80 px on a page with two heads). An edge
     into an MLP or the logits ends just below its node."""
     from rs_interp.ui.circuit_figure import PLOT_PIXELS, PORT_PIXELS
