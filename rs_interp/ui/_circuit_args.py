@@ -209,5 +209,6 @@ def command_task(args: argparse.Namespace, tokenizer: Any, model: Any) -> Any:
     except NotSingleTokens as err:
         shown = few((f"{w!r} -> {n} tokens" for w, n in err.words.items()), 2, show=str)
         raise ValueError(f"--task {args.task} needs {err.what} that are one token each under the tokenizer of --model "
-                         f"{args.model}, and {len(err.words)} of its {err.total} are not ({shown}). Choose another --task "
-                         "(induction reads no words) or --model; a task of your own words: docs/capabilities/tasks.md.") from None
+                         f"{args.model}, and {len(err.words)} of its {err.total} are not ({shown}). Choose another "
+                         "--task (induction reads no words) or --model; a task of your own words, in a notebook: "
+                         "rs_interp.tasks.prompt_task (docs/capabilities/own-task.md).") from None
