@@ -135,6 +135,15 @@ def _check(model: Any, task: Any) -> None:
         raise ValueError(f"the {task.name} task's prompts have {task.clean.shape[1]} tokens, more than the model's n_ctx {cfg.n_ctx}")
 
 
+def _model_label(cfg: Any) -> str:
+    """The model's ``cfg.model_name``, or its shape where that is the backend's placeholder (TransformerLens 3 calls a
+    model built from a config ``"custom"``, 4's bridges ``"native"``)."""
+    name = str(getattr(cfg, "model_name", "") or "")
+    if name in ("", "custom", "native"):
+        return f"a model of {cfg.n_layers} layers, {cfg.n_heads} heads, d_model {cfg.d_model}"
+    return name
+
+
 def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike, size: int | float | None = None,
                 ig_steps: int = 5, model_name: str | None = None, progress: bool = True,
                 batch_size: int | None = None, share: float | None = None) -> CircuitRun:
@@ -196,7 +205,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         out.mkdir(parents=True, exist_ok=True)
         if not os.access(out, os.W_OK):
             raise OSError(f"{out} is not a writable directory")
-    name = model_name or str(getattr(model.cfg, "model_name", "model"))
+    name = model_name or _model_label(model.cfg)
     kw = dict(batch_size=batch_size, progress=progress)
     seconds: dict[str, float] = {}
     with bar(total=4, desc=f"circuit ({task.name}, {method})", enabled=progress and lead, unit="step") as steps:

@@ -2,6 +2,7 @@
 examples that moved from the README to the documentation run as written there (under both
 TransformerLens versions: the docs build, which runs every page's examples, runs in one pass only)."""
 
+import json
 import pathlib
 import re
 
@@ -53,6 +54,8 @@ def test_own_prompts_to_a_circuit_on_code2l_runs_as_written(tmp_path, monkeypatc
     run = _run_own_prompts(block, "README.md", "my_circuit", tmp_path, monkeypatch, capsys)["run"]
     assert (run.size, run.n_edges) == (9, 46) and abs(run.faithfulness - 0.906) < 5e-4, (run.size, run.faithfulness)
     assert f"# {run.size} of 46 edges, faithfulness {run.faithfulness:.3f}" in block
+    # the files name the model by its shape, not the backend's placeholder ("custom" on 3.x, "native" on 4.x)
+    assert json.loads((tmp_path / "my_circuit" / "circuit.json").read_text())["model"].startswith("a model of 2 layers")
 
 
 @pytest.mark.slow
