@@ -2,13 +2,15 @@
 
 The package picks one of the two at import and reads it only through these members
 (:mod:`rs_interp._backend`); each version's module implements every one with the same signature, as
-written here (a module satisfies a :class:`typing.Protocol` by its attributes, PEP 544). A version may
+written here (a module satisfies a :class:`typing.Protocol` by the names it exports, PEP 544: neither
+version's module has an ``__all__`` that leaves one out; mypy accepts ``_impl: Backend``). A version may
 annotate a parameter ``Any`` where the contract names a type (it accepts more); nothing else may differ.
 ``tests/_backend/test_contract.py`` holds both versions to it from their sources (and the installed one
 as imported), and the package to reading nothing else.
 
-The signatures name ``Model`` and ``ModelConfig`` as the versions do: their own model and config classes
-(``HookedTransformer``, ``TransformerBridge`` ...).
+Each version's module also binds its model and config classes (``HookedTransformer``, ``TransformerBridge``
+...) as :data:`CLASSES` name them, the names its signatures and these use. They stand apart from the
+protocol's members: a class attribute ``Model`` would shadow the type its methods' annotations name.
 
 >>> import rs_interp._backend as backend
 >>> isinstance(backend._impl, Backend)
@@ -18,16 +20,20 @@ True
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, TypeAlias, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
 
     from . import head_copies
 
-    Model = ModelConfig = Any
+    Model: TypeAlias = Any  # either version's class (CLASSES)
+    ModelConfig: TypeAlias = Any
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "CLASSES"]
+
+#: The classes each version's module binds beside :class:`Backend`'s functions.
+CLASSES = ("Model", "ModelConfig")
 
 
 @runtime_checkable
@@ -35,9 +41,6 @@ class Backend(Protocol):
     """One TransformerLens version's module, as the package reads it (the module docstring)."""
 
     # --- the model and its config
-    Model: type
-    ModelConfig: type
-
     def config_fields(self) -> frozenset[str]:
         """The field names the version's config accepts."""
 

@@ -20,8 +20,6 @@ from .._messages import few
 from . import head_copies
 from .common import _HT_BUFFERS, norm_kind, set_flag
 
-__all__ = ["Model", "ModelConfig"]
-
 
 def config_fields() -> frozenset[str]:
     """The field names ``HookedTransformerConfig`` accepts."""

@@ -39,8 +39,6 @@ from ._tl4_native import (
 from ._tl4_readers import mlp_modules, pattern_after_attention, seen_head_inputs, spanning_norms  # noqa: F401
 from .common import _HT_BUFFERS, KV_WEIGHTS, PORTABLE_FIELDS, TL_VERSION, norm_kind, qkv_input_target, set_flag
 
-__all__ = ["Model", "ModelConfig"]
-
 NATIVE_POSITIONS = ("standard", "rotary")
 
 

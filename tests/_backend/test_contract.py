@@ -14,7 +14,7 @@ import pathlib
 import pytest
 
 import rs_interp._backend as backend
-from rs_interp._backend.contract import Backend
+from rs_interp._backend.contract import CLASSES, Backend
 
 BACKEND = pathlib.Path(backend.__file__).parent
 ANY = "Any"
@@ -46,10 +46,10 @@ def _runtime_signature(fn, *, method: bool) -> tuple:
 
 
 def _contract() -> tuple[set[str], dict[str, ast.FunctionDef]]:
-    """The contract's attributes and its functions (by name), read from its source."""
+    """The classes the contract names and its functions (by name), read from its source."""
     (cls,) = [n for n in _parse("contract").body if isinstance(n, ast.ClassDef) and n.name == "Backend"]
-    attributes = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
-    return attributes, {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    assert not [n for n in cls.body if isinstance(n, (ast.AnnAssign, ast.Assign))], "its members are functions"
+    return set(CLASSES), {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
 
 
 def _module_names(tree: ast.Module) -> dict[str, ast.FunctionDef | None]:
@@ -79,15 +79,19 @@ def _differs(want: tuple, got: tuple) -> bool:
 
 def _mismatches(tree: ast.Module) -> list[str]:
     """Where a version's module (its parsed source) breaks the contract, each named."""
-    attributes, functions = _contract()
+    classes, functions = _contract()
     names = _module_names(tree)
-    out = [f"{a}: missing" for a in sorted(attributes) if a not in names]
+    out = [f"{c}: missing" for c in sorted(classes) if c not in names]
     for name, fn in sorted(functions.items()):
         if names.get(name) is None:
             out.append(f"{name}: no function")
         elif _differs(_ast_signature(fn, method=True), _ast_signature(names[name], method=False)):
             want = ast.unparse(fn.args).removeprefix("self").removeprefix(", ")
             out.append(f"{name}: ({ast.unparse(names[name].args)}) is not the contract's ({want})")
+    exported = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                and [getattr(t, "id", None) for t in n.targets] == ["__all__"]]
+    out += [f"{name}: not in __all__" for names_all in exported for name in sorted(classes | set(functions))
+            if name not in names_all]  # a static checker matches a module to the protocol by what it exports
     extra = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")
              and n.name not in functions]
     return out + [f"{name}: public, not in the contract" for name in extra]
@@ -103,8 +107,8 @@ def test_each_version_implements_the_contract(version):
 def test_the_installed_version_as_imported():
     """The installed version's module as Python sees it: a :class:`Backend`, each function's signature the
     contract's (through ``contextlib.contextmanager``'s wrapper too)."""
-    attributes, functions = _contract()
-    assert isinstance(backend._impl, Backend) and attributes == {"Model", "ModelConfig"}
+    classes, functions = _contract()
+    assert isinstance(backend._impl, Backend) and all(isinstance(getattr(backend._impl, c), type) for c in classes)
     wrong = [name for name in functions
              if _differs(_runtime_signature(getattr(Backend, name), method=True),
                          _runtime_signature(getattr(backend._impl, name), method=False))]
@@ -116,8 +120,8 @@ def test_the_package_reads_the_contract_alone():
     every member is read (no dead part of the contract)."""
     read = {n.attr for n in ast.walk(_parse("__init__")) if isinstance(n, ast.Attribute)
             and isinstance(n.value, ast.Name) and n.value.id == "_impl"}
-    attributes, functions = _contract()
-    assert read == attributes | set(functions)
+    classes, functions = _contract()
+    assert read == classes | set(functions)
 
 
 SCALE = "def attn_scale(model: Model, layer: int)"
@@ -133,11 +137,12 @@ SCALE = "def attn_scale(model: Model, layer: int)"
      "attn_scale"),  # the return annotation changed (the original renamed away)
     ("@contextlib.contextmanager\ndef per_head_inputs(", "def per_head_inputs(", "per_head_inputs"),  # undecorated
     (SCALE, "def extra() -> None:\n    pass\n\n\n" + SCALE, "extra"),  # a public function beside the contract
+    ("\n\ndef config_fields(", "\n__all__ = ['Model']\n\n\ndef config_fields(", "config_fields"),  # not exported
 ])
 def test_a_broken_contract_is_named(old, new, named):
     """The check can fail: each edit of tl3's source (a member removed, a parameter renamed, re-annotated,
     given a default or another kind, another return type, a decorator lost, a public function beside the
-    contract) is named."""
+    contract, an ``__all__`` that leaves a member out) is named."""
     source = (BACKEND / "tl3.py").read_text()
     assert old in source
     broken = _mismatches(ast.parse(source.replace(old, new, 1)))
