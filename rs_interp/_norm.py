@@ -103,7 +103,8 @@ class Norm:
         (any leading axes ending in (row, d_model), e.g. one per head), the statistics those of ``x``:
         ``(g - n mean(g n) - mean(g)) / s`` with ``g = gain * dy``, ``n = c(x) / s`` (no ``mean(g)`` for RMS).
 
-        >>> x, dy = torch.randn(3, 8, dtype=torch.float64, requires_grad=True), torch.randn(1, 3, 8, dtype=torch.float64)
+        >>> x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+        >>> dy = torch.randn(1, 3, 8, dtype=torch.float64)
         >>> y = torch.nn.functional.layer_norm(x, (8,), eps=1e-5)
         >>> (auto,) = torch.autograd.grad(y, x, dy[0])
         >>> bool(torch.allclose(Norm("LNPre", eps=1e-5).input_gradient(dy, x.detach())[0], auto))
