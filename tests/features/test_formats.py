@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rs_interp.features import CrossLayerTranscoder, attribution_graph, intervene, load_transcoders
+from rs_interp.features import CrossLayerTranscoder, attribution_graph, intervene, load_transcoders, qk_attributions
 from rs_interp.features.formats import convert_to_circuit_tracer, load_pchlenski_transcoders, load_sparsify_transcoders
 from tests.features.test_graph import Frozen, _rows
-from tests.features.test_transcoders import relu_model
+from tests.features.test_transcoders import _mlp_input, relu_model
 
 D, W, L = 16, 24, 2
 
@@ -369,7 +369,7 @@ class SparsifyFrozen(Frozen):
 
     def pre(self, l, x, f):
         c = self.coders[l]
-        return c.normalize_input(x) @ c.encoder.weight[f] + c.encoder.bias[f]
+        return (c.normalize_input(x) @ c.encoder.weight[f] + c.encoder.bias[f]).detach()
 
 
 @pytest.mark.parametrize("n_targets", [0, 2], ids=["per-layer", "cross-layer"])
@@ -422,6 +422,40 @@ def test_sparsifys_post_encoder_biases_and_skips_into_later_layers(tmp_path, n_t
     assert intervene(model, tcs, g, feats[:4], scale=3.0).gap < 1e-9
     with pytest.raises(ValueError, match="post-encoder bias"):
         intervene(model, tcs, g, feats[:1], value=1.0)
+    # live: the feature's write in this run, (a' + c s') W_dec by sparsify's own sums, replaced by 3 (a + c) W_dec
+    n = at_zero[0]
+    live = intervene(model, tcs, g, [n], scale=3.0, frozen=False)
+    assert torch.allclose(live.after, _sparsify_live(bf, coders, g, g.features[n].tolist(), 3.0), atol=1e-9, rtol=0)
+    assert float((live.after - base).abs().max()) > 1e-3
+    # position 0 zeroed (circuit-tracer's convention): rows checked as built, the frozen intervention exact
+    z = attribution_graph(model, tcs, tokens, max_logits=3, zero_positions=[0])
+    zeros = [m for m in range(z.n_features) if z.activations[m] == 0][:2]
+    assert zeros and intervene(model, tcs, z, zeros, scale=2.0).gap < 1e-9
+    # the QK tables: each query's and key's parts (post-encoder writes, skips into later layers) sum to the run's
+    for a in qk_attributions(model, tcs, z, k=2):
+        assert abs(float(a.table.sum()) - a.score) < 1e-9
+
+
+def _sparsify_live(bf, coders, graph, feature, factor):
+    """The targets of the model's own run (nothing frozen) where sparsify's latent ``feature`` (layer, pos, index)
+    writes ``factor`` times its clean write: each MLP output plus that minus its write in this run, both by
+    :func:`sparsify_outputs` with and without it, on the clean and on this run's inputs."""
+    model, L = bf.model, len(coders)
+    box, scales = {}, {}
+    write = lambda xs, m: (sparsify_outputs(coders[: m + 1], xs[: m + 1])[m]  # noqa: E731
+                           - sparsify_outputs(coders[: m + 1], xs[: m + 1], drop=feature)[m])
+
+    def mlp_out(t, hook):
+        m = int(hook.name.split(".")[1])
+        box[m] = _mlp_input(model, m, box[("r", m)], scales[m])[0]  # this run's MLP input, its own scale
+        return t + (factor * write(bf.x, m) - write([box[i] for i in range(m + 1)], m))[None]
+
+    hooks = ([(f"blocks.{k}.hook_resid_mid", lambda t, hook, k=k: box.__setitem__(("r", k), t)) for k in range(L)]
+             + [(f"blocks.{k}.ln2.hook_scale", lambda t, hook, k=k: scales.__setitem__(k, t)) for k in range(L)]
+             + [(f"blocks.{k}.hook_mlp_out", mlp_out) for k in range(L)])
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        logits = model(bf.tokens)[0]
+    return bf.targets(graph, [box[k] for k in range(L)], logits)
 
 
 def test_circuit_tracers_topk_is_read_as_circuit_tracers(tmp_path):
