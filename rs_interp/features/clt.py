@@ -130,7 +130,7 @@ class CrossLayerTranscoder(TranscoderSet):
         acts = [tc.encode(x) for tc, x in zip(self, inputs)]
         out = [tc.b_dec + self.skip_into(m, inputs) for m, tc in enumerate(self)]
         for l in range(len(self)):
-            for (m, W), v in zip(self.writes_from(l), self.write_values(l, acts[l], inputs[l])):
+            for (m, W), v in zip(self.writes_from(l), self.decoder_inputs(l, acts[l], inputs[l])):
                 out[m] = out[m] + v @ W
         return out
 

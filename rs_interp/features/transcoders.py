@@ -145,8 +145,9 @@ class Transcoder(torch.nn.Module):
         kept = (torch.relu(pre) if self.activation == "relu_topk" else pre).topk(self.k, dim=-1, sorted=False).indices
         return torch.zeros_like(pre, dtype=torch.bool).scatter(-1, kept, True)
 
-    def values(self, acts: Float[torch.Tensor, "... d_transcoder"], x: Float[torch.Tensor, "... d_model"] | None,
-               post_bias: torch.Tensor | None) -> Float[torch.Tensor, "... d_transcoder"]:
+    def with_post_bias(self, acts: Float[torch.Tensor, "... d_transcoder"],
+                       x: Float[torch.Tensor, "... d_model"] | None,
+                       post_bias: torch.Tensor | None) -> Float[torch.Tensor, "... d_transcoder"]:
         """What a decoder reads: the activations ``acts`` (of the input ``x``), plus ``post_bias`` (None: none) on the
         selected features (module docstring)."""
         if post_bias is None:
@@ -165,7 +166,8 @@ class Transcoder(torch.nn.Module):
         """The reconstruction from activations (and, with a skip connection, the input ``x``)."""
         if self.W_skip is not None and x is None:
             raise ValueError("this transcoder has a skip connection: decode needs the input x too")
-        return self.values(acts, x, self.post_bias) @ self.W_dec + self.b_dec + (self.skip(x) if x is not None else 0.0)
+        skip = self.skip(x) if x is not None else 0.0
+        return self.with_post_bias(acts, x, self.post_bias) @ self.W_dec + self.b_dec + skip
 
     def forward(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
         return self.decode(self.encode(x), x)
@@ -271,11 +273,11 @@ class TranscoderSet:
         in it ((d_transcoder,); None: none), so feature ``i`` writes ``(a_i + c_i) W[i]`` there (module docstring)."""
         return [self.transcoders[layer].post_bias]
 
-    def write_values(self, layer: int, acts: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
+    def decoder_inputs(self, layer: int, acts: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
         """Beside each of :meth:`writes_from`'s writes, what its decoder reads from the activations ``acts`` of
         ``layer``'s input ``x``: ``acts`` itself, or with the post-encoder bias on the selected features."""
         tc = self.transcoders[layer]
-        return [acts if c is None else tc.values(acts, x, c) for c in self.post_biases_from(layer)]
+        return [acts if c is None else tc.with_post_bias(acts, x, c) for c in self.post_biases_from(layer)]
 
     def skips_into(self, layer: int) -> list[tuple[int, torch.Tensor]]:
         """The linear skips into MLP output ``layer``: ``(source layer, W (d_model, d_model))``, each writing
