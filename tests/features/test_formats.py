@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from rs_interp.features import CrossLayerTranscoder, attribution_graph, intervene, load_transcoders, qk_attributions
 from rs_interp.features.formats import convert_to_circuit_tracer, load_pchlenski_transcoders, load_sparsify_transcoders
-from tests.features.test_graph import Frozen, _rows
+from tests.features.test_graph import Frozen, _rows, assert_columns
 from tests.features.test_transcoders import _mlp_input, relu_model
 
 D, W, L = 16, 24, 2
@@ -406,18 +406,11 @@ def test_sparsifys_post_encoder_biases_and_skips_into_later_layers(tmp_path, n_t
     at_zero = (g.activations == 0).nonzero()[:, 0].tolist()
     assert at_zero, "some selected latent at activation 0 (fewer than k positive): its write is its post_enc's alone"
     feats = at_zero[:3] + [n for n in range(g.n_features) if int(g.features[n, 0]) < 2 and g.activations[n] > 0][:4]
-    kinds = g.kinds()
-    for n in feats + [g.error_node(0, 4), g.error_node(1, 7), g.token_node(2), g.token_node(6)]:
-        out_delta, embed_delta = torch.zeros(3, 8, D, dtype=torch.float64), torch.zeros(8, D, dtype=torch.float64)
-        if kinds[n] == "feature":  # its write into every output: sparsify's outputs with and without it
-            out_delta = torch.stack(full) - torch.stack(sparsify_outputs(coders, bf.x, drop=g.features[n].tolist()))
-        elif kinds[n] == "error":
-            l, p = divmod(n - g.n_features, 8)
-            out_delta[l, p] = g.errors[l, p]
-        else:
-            embed_delta[n - g.token_node(0)] = bf.embed[n - g.token_node(0)]
-        moved = bf.targets(g, *bf.run(embed_delta=embed_delta, out_delta=out_delta))
-        assert torch.allclose(moved - base, g.adjacency[rows, n], atol=1e-9, rtol=0), g.labels()[n]
+    def write(n):  # a feature's write into every output: sparsify's outputs with and without it
+        return torch.stack(full) - torch.stack(sparsify_outputs(coders, bf.x, drop=g.features[n].tolist()))
+
+    nodes = feats + [g.error_node(0, 4), g.error_node(1, 7), g.token_node(2), g.token_node(6)]
+    assert_columns(bf, g, nodes, write, base, 1e-9)
     assert torch.allclose(g.adjacency[rows].sum(1) + g.bias[rows] + g.unselected[rows], base, atol=1e-9, rtol=0)
     assert intervene(model, tcs, g, feats[:4], scale=3.0).gap < 1e-9
     with pytest.raises(ValueError, match="post-encoder bias"):

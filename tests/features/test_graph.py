@@ -90,6 +90,24 @@ def node_write(bf, graph, tcs, n, zeroed=()):
     return embed_delta, out_delta
 
 
+def assert_columns(bf, graph, nodes, feature_write, base, tol):
+    """Doubling each of ``nodes``' write in the brute force ``bf`` (a :class:`Frozen`) moves the targets from
+    ``base`` by the node's column of ``graph``: a feature's write given by ``feature_write(n)`` ((layer, pos,
+    d_model), every MLP output it writes to), an error node's its error vector, a token's its embedding."""
+    kinds, (L, P, d) = graph.kinds(), graph.errors.shape
+    for n in nodes:
+        out_delta, embed_delta = torch.zeros(L, P, d, dtype=torch.float64), torch.zeros(P, d, dtype=torch.float64)
+        if kinds[n] == "feature":
+            out_delta = feature_write(n)
+        elif kinds[n] == "error":
+            l, p = divmod(n - graph.n_features, P)
+            out_delta[l, p] = graph.errors[l, p]
+        else:
+            embed_delta[n - graph.token_node(0)] = bf.embed[n - graph.token_node(0)]
+        moved = bf.targets(graph, *bf.run(embed_delta=embed_delta, out_delta=out_delta))
+        assert torch.allclose(moved - base, graph.adjacency[_rows(graph), n], atol=tol, rtol=0), graph.labels()[n]
+
+
 def _rows(graph):
     return torch.cat([torch.arange(graph.n_features), torch.arange(graph.n_nodes - graph.n_logits, graph.n_nodes)])
 
