@@ -486,3 +486,15 @@ def test_unknown_fields_and_tensors_are_refused_by_name(tmp_path):
     save_file(sd, str(sub / "sae.safetensors"))
     with pytest.raises(ValueError, match="no hook-point folder"):
         load_sparsify_transcoders(sub)
+
+
+@pytest.mark.parametrize("key, flag", [("W_skip", "skip_connection"), ("post_enc_scale", "post_encoder_scale")])
+def test_a_tensor_its_config_does_not_make_is_refused_by_name(tmp_path, key, flag):
+    """sparsify's own strict load refuses a tensor its config makes no parameter for: so does the reader, naming
+    both (it would otherwise be read or dropped on a guess)."""
+    _coders(tmp_path / "a", "clt", L=1, skip=False)
+    sub = tmp_path / "a" / "layers.0.mlp"
+    sd = load_file(str(sub / "sae.safetensors"))
+    save_file(sd | {key: torch.zeros(D, D) if key == "W_skip" else torch.ones(D)}, str(sub / "sae.safetensors"))
+    with pytest.raises(ValueError, match=f"'{key}' saved but {flag} is false"):
+        load_sparsify_transcoders(tmp_path / "a")
