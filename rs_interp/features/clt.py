@@ -130,8 +130,8 @@ class CrossLayerTranscoder(TranscoderSet):
         acts = [tc.encode(x) for tc, x in zip(self, inputs)]
         out = [tc.b_dec + self.skip_into(m, inputs) for m, tc in enumerate(self)]
         for l in range(len(self)):
-            for (m, W), v in zip(self.writes_from(l), self.decoder_inputs(l, acts[l], inputs[l])):
-                out[m] = out[m] + v @ W
+            for (m, W), c in zip(self.writes_from(l), self.post_biases_from(l)):
+                out[m] = out[m] + self[l].with_post_bias(acts[l], inputs[l], c) @ W
         return out
 
     def config(self) -> dict:

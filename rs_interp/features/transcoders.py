@@ -11,11 +11,9 @@ largest of ``relu(pre)``, so a pre-activation <= 0 is never active; where fewer 
 differ). ``W_enc`` and ``W_dec`` are both (d_transcoder, d_model), as circuit-tracer stores them, so row ``i`` of
 each is feature ``i``'s input and output direction.
 
-A **post-encoder bias** ``c`` (d_transcoder,) (sparsify's ``post_enc``; none by default) is added to each
-*selected* feature's activation before the decoder: ``y = (f + c * s) W_dec + b_dec (+ x W_skip^T)``, with ``s``
-(:meth:`Transcoder.selected`) 1 on the features the activation function selects (TopK: the ``k`` chosen, as
-``torch.topk`` chooses them, zeros among them where fewer than ``k`` are positive) and 0 elsewhere. Such a
-feature's write ``(a + c) W_dec[i]`` is no multiple of its activation: circuit-tracer's files cannot hold it.
+A **post-encoder bias** ``c`` (sparsify's ``post_enc``; none by default): ``y = (f + c s) W_dec + b_dec (+ ...)``,
+``s`` 1 on the features selected (:meth:`Transcoder.selected`; TopK: the ``k`` picked by ``torch.topk``, zeros
+among them where fewer than ``k`` are positive). No circuit-tracer file holds it.
 
 Files (circuit-tracer's per-layer transcoder set): a folder with ``layer_{i}.safetensors`` (``W_enc``,
 ``W_dec``, ``b_enc``, ``b_dec``, optional ``W_skip``, ``activation_function.threshold`` for JumpReLU,
@@ -133,10 +131,8 @@ class Transcoder(torch.nn.Module):
         return self.activate(self.pre_activation(x))
 
     def selected(self, x: Float[torch.Tensor, "... d_model"]) -> Bool[torch.Tensor, "... d_transcoder"]:
-        """The features the activation function selects, those a post-encoder bias is added to: ``pre > 0``
-        (ReLU), ``pre > threshold`` (JumpReLU), the ``k`` chosen (TopK; ReLU-TopK: ``torch.topk(relu(pre), k,
-        sorted=False)``, sparsify's own call, so where fewer than ``k`` are positive the zeros it picks are
-        ``torch.topk``'s, as in sparsify)."""
+        """The features a post-encoder bias is added to: ``pre > 0`` (ReLU), ``pre > threshold`` (JumpReLU), the ``k``
+        chosen (ReLU-TopK: sparsify's own ``torch.topk(relu(pre), k, sorted=False)``, its picks among zeros too)."""
         pre = self.pre_activation(x)
         if self.activation == "relu":
             return pre > 0
@@ -145,17 +141,13 @@ class Transcoder(torch.nn.Module):
         kept = (torch.relu(pre) if self.activation == "relu_topk" else pre).topk(self.k, dim=-1, sorted=False).indices
         return torch.zeros_like(pre, dtype=torch.bool).scatter(-1, kept, True)
 
-    def with_post_bias(self, acts: Float[torch.Tensor, "... d_transcoder"],
-                       x: Float[torch.Tensor, "... d_model"] | None,
+    def with_post_bias(self, acts: Float[torch.Tensor, "... d_transcoder"], x: torch.Tensor | None,
                        post_bias: torch.Tensor | None) -> Float[torch.Tensor, "... d_transcoder"]:
-        """What a decoder reads: the activations ``acts`` (of the input ``x``), plus ``post_bias`` (None: none) on the
+        """What a decoder reads: the activations ``acts`` of the input ``x``, plus ``post_bias`` (None: none) on the
         selected features (module docstring)."""
-        if post_bias is None:
-            return acts
-        if x is None:
-            raise ValueError("this transcoder has a post-encoder bias: decode needs the input x too (which features "
-                             "are selected)")
-        return acts + self.selected(x).to(acts.dtype) * post_bias
+        if post_bias is not None and x is None:
+            raise ValueError("this transcoder has a post-encoder bias: decode needs the input x (what is selected)")
+        return acts if post_bias is None else acts + self.selected(x).to(acts.dtype) * post_bias
 
     def skip(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"] | float:
         """The skip connection's write ``x W_skip^T`` (0 without one)."""
@@ -269,30 +261,18 @@ class TranscoderSet:
         return [(layer, self.transcoders[layer].W_dec)]
 
     def post_biases_from(self, layer: int) -> list[torch.Tensor | None]:
-        """Beside each of :meth:`writes_from`'s writes, the post-encoder bias a selected feature adds to its activation
-        in it ((d_transcoder,); None: none), so feature ``i`` writes ``(a_i + c_i) W[i]`` there (module docstring)."""
+        """Beside each of :meth:`writes_from`'s writes, the post-encoder bias ``c`` of its ``(a + c s) W`` (or None)."""
         return [self.transcoders[layer].post_bias]
-
-    def decoder_inputs(self, layer: int, acts: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
-        """Beside each of :meth:`writes_from`'s writes, what its decoder reads from the activations ``acts`` of
-        ``layer``'s input ``x``: ``acts`` itself, or with the post-encoder bias on the selected features."""
-        tc = self.transcoders[layer]
-        return [acts if c is None else tc.with_post_bias(acts, x, c) for c in self.post_biases_from(layer)]
 
     def skips_into(self, layer: int) -> list[tuple[int, torch.Tensor]]:
         """The linear skips into MLP output ``layer``: ``(source layer, W (d_model, d_model))``, each writing
         ``x_source W^T``. A per-layer set: its own transcoder's ``W_skip`` (a cross-layer one: earlier layers' too)."""
-        W = self.transcoders[layer].W_skip
-        return [] if W is None else [(layer, W)]
+        return [] if self.transcoders[layer].W_skip is None else [(layer, self.transcoders[layer].W_skip)]
 
     def skip_into(self, layer: int, inputs) -> torch.Tensor | float:
         """The skips' write into MLP output ``layer`` from the transcoder inputs ``inputs[l]`` (a list or mapping
         holding each source layer's, (..., d_model)): ``sum_l x_l W^T`` over :meth:`skips_into` (0 without one)."""
-        out: torch.Tensor | float = 0.0
-        for i, (src, W) in enumerate(self.skips_into(layer)):
-            term = inputs[src] @ W.T
-            out = term if i == 0 else out + term
-        return out
+        return sum((inputs[src] @ W.T for src, W in self.skips_into(layer)), 0.0)
 
     def to(self, dtype: torch.dtype) -> "TranscoderSet":
         """A copy in ``dtype`` (e.g. float64 for the exact checks)."""
