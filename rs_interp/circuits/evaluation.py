@@ -47,6 +47,7 @@ from ..exact.validate import Ablation, check_ablation
 from ..metrics import Metric, metric_value
 from ._ablated_run import ablated_writes, run_circuit
 from .graph import EdgeEffects, EdgeLayout, Embedding, edge_layout, embedding_of
+from .positions import PositionalEdgeEffects, PositionSchema, positional_circuit_at, positional_mask, positional_prune, positional_weights, resolve_positions
 from .selection import Ranking, circuit_at, mask, mib_weights, prune
 
 __all__ = ["MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores"]
@@ -69,11 +70,14 @@ def evaluate_circuit(
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     ablation: Ablation = "resample",
     embedding: Embedding = "sum",
+    positions: str | PositionSchema | None = None,
 ) -> float:
     """``metric`` of the run with every edge outside ``circuit`` ablated (module docstring).
 
     Args:
-        circuit: ``(sender, receiver)`` edges to keep, labelled as :func:`rs_interp.edge_layout` does.
+        circuit: ``(sender, receiver)`` edges to keep, labelled as :func:`rs_interp.edge_layout` does; with
+            ``positions``, ``(sender, receiver, span)`` positional edges (:mod:`rs_interp.circuits.positions`):
+            a positional edge outside the circuit is ablated at its span's positions only.
         reference: tokens of the reference run: the shape of ``tokens`` for ``"resample"``, as long
             as ``tokens`` for ``"position_mean"``, any shape for ``"mean"``; unused by ``"zero"``.
         ablation: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring).
@@ -81,6 +85,7 @@ def evaluate_circuit(
             ``"token"`` (``tok_embed``, EAP-IG's input node: the position embedding is never
             ablated, so zero and mean ablations are EAP-IG's ``evaluate_graph``'s) or ``"split"``
             (``tok_embed`` and ``pos_embed``).
+        positions: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema` of ``tokens``: the circuit's spans.
 
     Warns:
         UserWarning: the circuit has no path from the embedding to the logits (its dangling edges,
@@ -102,14 +107,21 @@ def evaluate_circuit(
     """
     tokens, reference = check_ablation(model, tokens, ablation, reference, "evaluate_circuit")
     layout = edge_layout(model, embedding)
-    keep = mask(layout, circuit)
+    schema = resolve_positions(positions, tokens)
+    keep = mask(layout, circuit) if schema is None else positional_mask(layout, schema.names, circuit)
     require(model, "evaluate_circuit", also=("embedding",) if embedding != "sum" else ())
-    if keep.any() and not _reaches_logits(layout, keep):  # stacklevel 3: the caller's line, past the renamed() wrapper
+    reaches = _reaches_logits(layout, keep) if schema is None else bool(positional_prune(layout, keep).any())
+    if keep.any() and not reaches:  # stacklevel 3: the caller's line, past the renamed() wrapper
         warnings.warn("this circuit has no path from the embedding to the logits: every path through it is cut, so it "
                       "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=3)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
         return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, ablation, embedding),
-                           "circuit run")
+                           "circuit run", masks=None if schema is None else _masks(schema))
+
+
+def _masks(schema: PositionSchema) -> torch.Tensor:
+    """(span, batch, pos, 1): where each span's positional edges act."""
+    return schema.one_hot().permute(2, 0, 1)[..., None]
 
 
 @dataclass(frozen=True)
@@ -252,10 +264,12 @@ def faithfulness_curve(
     """
     tokens, reference = check_ablation(model, tokens, ablation, reference, "faithfulness_curve")
     fr = _check_fractions(fractions)
-    if not isinstance(scores, EdgeEffects):
-        raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
+    if not isinstance(scores, (EdgeEffects, PositionalEdgeEffects)):
+        raise ValueError("scores must be edge scores (EdgeEffects, or PositionalEdgeEffects) of this model's edge layout")
     embedding = embedding_of(scores.layout)
     require(model, "faithfulness_curve", also=("embedding",) if embedding != "sum" else ())
+    if isinstance(scores, PositionalEdgeEffects):
+        _check_schema(scores, tokens)
     return _curves(model, tokens, metric, [(scores, ranking)], reference=reference, fractions=fr, ablation=ablation, pruned=pruned,
                    higher_is_better=higher_is_better, progress=progress)[0]
 
@@ -269,18 +283,26 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
     the empty circuit, the largest to the full graph, and methods that agree pick the same edges): the
     same forward pass gives the same number, so sharing changes nothing but the count of passes. Every
     request's scores are on the same input senders (:func:`rs_interp.edge_layout`'s ``embedding``)."""
-    embedding = embedding_of(requests[0][0].layout) if isinstance(requests[0][0], EdgeEffects) else "sum"
+    first = requests[0][0]
+    embedding = embedding_of(first.layout) if isinstance(first, (EdgeEffects, PositionalEdgeEffects)) else "sum"
     layout = edge_layout(model, embedding)
+    positional = isinstance(first, PositionalEdgeEffects)
+    kind = PositionalEdgeEffects if positional else EdgeEffects
     for scores, _ranking in requests:
-        if not isinstance(scores, EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
-            raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout (all on the same input senders)")
-    chosen = [[circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=higher_is_better) for f in fractions]
+        if not isinstance(scores, kind) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
+            raise ValueError(f"scores must be edge scores ({kind.__name__}) of this model's edge layout (all on the same input senders)")
+        if positional and scores.spans != first.spans:
+            raise ValueError("positional scores compared in one call must share their spans")
+    choose = positional_circuit_at if positional else circuit_at
+    pruner = positional_prune if positional else prune
+    chosen = [[choose(scores, f, ranking=ranking, pruned=False, higher_is_better=higher_is_better) for f in fractions]
               for scores, ranking in requests]
-    circuits = [[prune(layout, keep) if pruned else keep for keep in curve] for curve in chosen]
-    weights = mib_weights(layout)
+    circuits = [[pruner(layout, keep) if pruned else keep for keep in curve] for curve in chosen]
+    weights = positional_weights(layout, len(first.spans)) if positional else mib_weights(layout)
+    masks = _masks(_check_schema(first, tokens)) if positional else None
     total = float(weights.sum())
     key = lambda keep: bytes(keep.flatten().tolist())  # noqa: E731  (the kept edges, as bytes)
-    nobody = torch.zeros_like(layout.exists)
+    nobody = torch.zeros_like(weights, dtype=torch.bool)
     distinct: dict[bytes, torch.Tensor] = {}
     for keep in (k for curve in circuits for k in curve):
         if key(keep) != key(nobody):
@@ -288,12 +310,12 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
         ablated = ablated_writes(model, tokens, reference, ablation, embedding)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
-        empty = run_circuit(model, tokens, metric, layout, nobody, ablated, "empty circuit")
+        empty = run_circuit(model, tokens, metric, layout, nobody, ablated, "empty circuit", masks=masks)
         if clean == empty:
             raise ValueError(f"the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
         value = {key(nobody): empty}
         for k, keep in bar(distinct.items(), desc="faithfulness curve", enabled=progress, unit="circuit"):
-            value[k] = run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit of {int(keep.sum())} edges")
+            value[k] = run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit of {int(keep.sum())} edges", masks=masks)
     out = []
     for (_scores, ranking), curve, picked in zip(requests, circuits, chosen):
         values = [value[key(keep)] for keep in curve]
@@ -306,8 +328,19 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
     return out
 
 
+def _check_schema(scores: PositionalEdgeEffects, tokens: torch.Tensor) -> PositionSchema:
+    """The positional scores' schema, checked to be one of ``tokens`` (a circuit's spans are positions of this run)."""
+    if scores.schema is None:
+        raise ValueError("positional scores without their schema cannot be evaluated: which positions each span holds is unknown")
+    return scores.schema.check(tokens)
+
+
 def _mib_counts(layout: EdgeLayout, chosen: list[torch.Tensor]) -> tuple[float, ...]:
-    """What MIB's harness reports as each circuit's size: its edges after one pass of pruning (:func:`prune`)."""
+    """What MIB's harness reports as each circuit's size: its edges after one pass of pruning (:func:`prune`;
+    on the positional graph :func:`rs_interp.circuits.positions.positional_prune`)."""
+    if chosen and chosen[0].ndim == 3:
+        weights = positional_weights(layout, chosen[0].shape[-1])
+        return tuple(float((weights * positional_prune(layout, keep, passes=1)).sum()) for keep in chosen)
     weights = mib_weights(layout)
     return tuple(float((weights * prune(layout, keep, passes=1)).sum()) for keep in chosen)
 
@@ -373,7 +406,7 @@ def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Met
     named = dict(scores) if isinstance(scores, Mapping) else {None: scores}
     if not named:
         raise ValueError("scores is an empty mapping: pass at least one result")
-    embeddings = {embedding_of(s.layout) for s in named.values() if isinstance(s, EdgeEffects)}
+    embeddings = {embedding_of(s.layout) for s in named.values() if isinstance(s, (EdgeEffects, PositionalEdgeEffects))}
     if embeddings - {"sum"}:
         require(model, "mib_scores", also=("embedding",))
     requests = [(s, ranking) for s in named.values() for ranking in ("signed", "absolute")]

@@ -39,14 +39,20 @@ from ..hooks import store_matching
 from ..metrics import Metric, metric_value
 from ._substrate import check_pair, record, sender_points, writes
 from .graph import EdgeEffects, EdgeLayout, edge_layout
+from .positions import Positional, PositionSchema, resolve_positions
 
 __all__ = ["PathPatching", "path_patching"]
 
 
 @dataclass(frozen=True)
-class PathPatching(EdgeEffects):
+class PathPatching(EdgeEffects, Positional):
     """Measured edge effects (:class:`rs_interp.EdgeEffects`: ``layout``, ``effect`` (sender,
     receiver), NaN where there is no edge or it was not asked for, ``clean``, ``.edge``, ``.top``).
+
+    Attributes:
+        per_span: (sender, receiver, span) with ``positions=``: each edge patched at one span's positions
+            alone (exact; these need not add up to ``effect``, the edge patched at every position at once).
+        schema: the :class:`rs_interp.circuits.positions.PositionSchema` of ``per_span``.
 
     Example:
         >>> import rs_interp
@@ -58,6 +64,9 @@ class PathPatching(EdgeEffects):
         >>> abs(pp.clean - float(metric(model(a)).detach())) < 1e-5
         True
     """
+
+    per_span: torch.Tensor | None = None
+    schema: PositionSchema | None = None
 
 
 def _wanted(layout: EdgeLayout, edges: Sequence[tuple[str, str]] | None) -> torch.Tensor:
@@ -80,6 +89,7 @@ def path_patching(
     *,
     reference: Int[torch.Tensor, "batch pos"],
     edges: Sequence[tuple[str, str]] | None = None,
+    positions: str | PositionSchema | None = None,
     memory_budget: int = MEMORY_BUDGET,
     progress: bool = True,
 ) -> PathPatching:
@@ -90,6 +100,8 @@ def path_patching(
         metric: a :data:`rs_interp.Metric` (a scalar function of the logits).
         reference: tokens of the reference run, the shape of ``tokens``.
         edges: the edges to measure (default: all); the others are NaN.
+        positions: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema`: also each edge patched at
+            each span alone (``per_span``; one more patched pass per edge and span).
         memory_budget: bytes one stacked pass may use (roughly); at least one edge per pass.
         progress: a progress bar over the passes.
 
@@ -107,6 +119,7 @@ def path_patching(
         (2, 29)
     """
     tokens, reference = check_pair(model, tokens, reference)
+    schema = resolve_positions(positions, tokens)
     check_int_range("memory_budget", memory_budget, 1)
     cert = require(model, "path_patching")
     # Each pass starts at the receiver's layer from the clean stream cached there, where running
@@ -128,27 +141,32 @@ def path_patching(
         with model.hooks(fwd_hooks=store_matching(run, model, points) + store_matching(box, model, start_points(model))):
             clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         delta = writes(model, ref, run, patched=True)  # (sender, batch, pos, d_model), float64
-        # The edges into one receiver layer share a pass: replica i carries edge (rows[i], cols[i]), its
-        # sender's write added to its receiver's input alone; each pass starts at that layer.
-        by_layer: dict[int, list[tuple[int, int]]] = {}
-        for row, j in wanted.nonzero().tolist():
-            by_layer.setdefault(receiver_hook(layout.receivers[j], cfg.n_layers)[0], []).append((row, j))
+        # The edges into one receiver layer share a pass: replica i carries edge (rows[i], cols[i]) (at one span),
+        # its sender's write added to its receiver's input alone; each pass starts at that layer.
+        items = [(row, j, None) for row, j in wanted.nonzero().tolist()]
+        if schema is not None:
+            items += [(row, j, u) for row, j in wanted.nonzero().tolist() for u in range(schema.n_spans)]
+        masks = None if schema is None else schema.one_hot(delta.dtype).permute(2, 0, 1)[..., None]  # (span, batch, pos, 1)
+        per_span = None if schema is None else torch.full((*wanted.shape, schema.n_spans), float("nan"), dtype=torch.float64)
+        by_layer: dict[int, list[tuple[int, int, int | None]]] = {}
+        for item in items:
+            by_layer.setdefault(receiver_hook(layout.receivers[item[1]], cfg.n_layers)[0], []).append(item)
         jobs = [(layer, edges[i : i + per_pass]) for layer, edges in sorted(by_layer.items()) for i in range(0, len(edges), per_pass)]
         for layer, pairs in bar(jobs, desc="path patching", enabled=progress, unit="pass"):
             k = len(pairs)
-            targets: dict[str, list[tuple[int, int | None, int]]] = {}  # hook -> (replica, head index, sender row)
-            for i, (row, j) in enumerate(pairs):
+            targets: dict[str, list[tuple[int, int | None, torch.Tensor]]] = {}  # hook -> (replica, head index, what is added)
+            for i, (row, j, u) in enumerate(pairs):
                 _, name, index = receiver_hook(layout.receivers[j], cfg.n_layers)
-                targets.setdefault(name, []).append((i, index, row))
+                targets.setdefault(name, []).append((i, index, delta[row] if u is None else delta[row] * masks[u]))
 
-            def patch_of(entries: list[tuple[int, int | None, int]]):
+            def patch_of(entries: list[tuple[int, int | None, torch.Tensor]]):
                 def patch(t: torch.Tensor, *, hook) -> torch.Tensor:
                     t = t.clone()
-                    for i, index, row in entries:
+                    for i, index, add in entries:
                         if index is None:
-                            t[i * B : (i + 1) * B] += delta[row].to(t.dtype)
+                            t[i * B : (i + 1) * B] += add.to(t.dtype)
                         else:  # a per-head input (batch, pos, head or kv_head, d_model)
-                            t[i * B : (i + 1) * B, :, index] += delta[row].to(t.dtype)
+                            t[i * B : (i + 1) * B, :, index] += add.to(t.dtype)
                     return t
                 return patch
 
@@ -156,6 +174,11 @@ def path_patching(
             # always split (3.x's per-head inputs on for every pass: the numbers do not depend on the receivers' kind)
             with routed(model, [(name, patch_of(e)) for name, e in targets.items()], split=True) as runnable, model.hooks(fwd_hooks=runnable):
                 logits = run_from(model, x, start=start, spe=spe)
-            for i, (row, j) in enumerate(pairs):
-                effect[row, j] = metric_value(metric(logits[i * B : (i + 1) * B]), f"edge {layout.senders[row]} -> {layout.receivers[j]}") - clean
-    return PathPatching(layout=layout, effect=effect, clean=clean)
+            for i, (row, j, u) in enumerate(pairs):
+                what = f"edge {layout.senders[row]} -> {layout.receivers[j]}" + ("" if u is None else f" at span {schema.names[u]}")
+                moved = metric_value(metric(logits[i * B : (i + 1) * B]), what) - clean
+                if u is None:
+                    effect[row, j] = moved
+                else:
+                    per_span[row, j, u] = moved
+    return PathPatching(layout=layout, effect=effect, clean=clean, per_span=per_span, schema=schema)

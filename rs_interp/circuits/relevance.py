@@ -1,0 +1,465 @@
+"""Relevance patching (RelP; Jafari, Eberle, Khakzar & Nanda 2025, arXiv 2508.21258): attribution patching with
+the local gradients replaced by layer-wise relevance propagation (LRP) coefficients.
+
+**The estimate.** As in edge attribution patching, ``RelP(s -> r) = sum over batch and positions of w_s . R_r``,
+``w_s`` the change of sender ``s``'s write (ablated minus run: the reference's under ``"resample"``), ``R_r``
+receiver ``r``'s *relevance coefficient*: the gradient of the metric through a backward pass whose local rules
+are LRP's, those of the reference implementation (``FarnoushRJ/RelP``, a TransformerLens with ``use_lrp``):
+
+- **LN-rule**: every norm's scale held at its value on the run (a LayerNorm's centring, linear, kept): each
+  block's norms, the final norm and the norms after the sublayers of post-norm blocks;
+- **AH-rule**: every attention pattern held at its value on the run: relevance reaches a head's values
+  alone, none its queries and keys, so an edge into a query or key input is exactly 0 (``qk_fix=True``
+  gives those edges the exact change of the pattern instead: AtP*'s QK fix, :mod:`rs_interp.circuits.atp_star`,
+  against RelP's coefficient at ``z``);
+- **identity rule**: an MLP's activation passes relevance in proportion, ``act(h) / h`` in place of
+  ``act'(h)`` (0 where ``h = 0``; for ReLU that is its derivative);
+- **half rule**: a gated MLP's product ``act(x W_gate) * (x W_in)`` passes half its gradient to each factor.
+
+The metric's gradient at the logits and a logit soft-cap's derivative are the real ones. On a post-norm
+block a head's write is the frozen one, ``gain * c(d W_O) / s`` (:func:`rs_interp.exact.postnorm.frozen_changes`).
+
+**Conservation** (the identity the rules give). Held at the run, the coefficients (patterns, scales, ratios)
+make every layer a linear map of its input, and on a model whose biases are all zero (attention, MLP, norms,
+unembedding) that map gives the run's own output (the half rule: a product of two factors is homogeneous of
+degree 2, and half its gradient dotted with the input is the product). So relevance is conserved: for every
+layer ``l``, ``resid_pre_l . R(resid_pre_l) = g . logits``, ``g`` the metric's gradient at the logits before
+any soft-cap. With ``ablation="zero"`` (``w_s = -write_s``) that reads, in the edge graph: **the edges crossing
+any layer boundary (from a sender before layer l into a receiver at l or after, the logits included) sum to
+``-g . logits``**, the embedding's edges too (tested on bias-free copies of LN, LNPre, RMS, RMSPre and
+norm-free models, gated, grouped-query and parallel blocks, post-norm families; nonzero biases take a share).
+
+**Where it is attribution patching.** With no norms, ReLU MLPs and patterns that do not depend on the input
+(``W_Q = W_K = 0``) every rule is the gradient, and RelP equals :func:`rs_interp.edge_attribution_patching`
+(tested to 1e-12 in float64).
+
+**Cost.** A no-grad forward pass on the run and on the reference, the metric's gradient at the logits, and
+one backward sweep by hand through the held layers (no autograd graph of the model): about EAP's.
+
+>>> import rs_interp as ri
+>>> model = ri.load_toy_model("induction-2l")
+>>> a, b = ri.induction_batch(4, seed=0).tokens, ri.induction_batch(4, seed=1).tokens
+>>> relp = edge_relevance_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b)
+>>> relp.layout.n_edges, relp.edge("L0H0", "L1H0.k")    # the AH-rule: nothing reaches a key
+(29, 0.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from jaxtyping import Float, Int
+
+from .. import _backend
+from .. import _names as N
+from .._backend import GATED_B_IN_AFTER_PRODUCT, Model, kv_groups, logit_softcap
+from .._budget import MEMORY_BUDGET
+from ..exact.certificate import require
+from ..exact.postnorm import attn_post, raw_output
+from ..exact.readout import compute_dtype, final_norm_of
+from ..exact.stream import RESID0, ablation_values, reader_weight, start_points
+from ..exact.validate import Ablation, check_ablation
+from ..hooks import store_matching
+from ..labels import LOGITS, head_label, kv_label, mlp_label, receiver_label
+from ..metrics import Metric
+from ._ablated_run import ablated_writes
+from ._substrate import contract, outside_inference_mode, record, scalar_metric, sender_points, writes
+from .atp_star import edge_qk_fix, node_qk_deltas
+from .graph import EdgeEffects, edge_layout
+from .positions import Positional, PositionSchema, resolve_positions
+from .uncertainty import Spread
+
+__all__ = ["EdgeRelevancePatching", "RelevancePatching", "edge_relevance_patching", "relevance_patching"]
+
+#: A node: a head's output ``z``, or its query, key or value.
+NODES = ("z", "q", "k", "v")
+
+
+@dataclass(frozen=True)
+class EdgeRelevancePatching(EdgeEffects, Spread, Positional):
+    """Relevance patching of every edge (:class:`rs_interp.EdgeEffects`: ``layout``, ``effect`` (sender,
+    receiver), NaN where there is no edge, ``clean``).
+
+    Attributes:
+        ablation: what an ablated sender writes (:data:`rs_interp.Ablation`).
+        qk_fix: edges into queries and keys by the QK fix (else exactly 0: the AH-rule).
+        per_example: (batch, sender, receiver) each pair's share, with ``per_example=True``; else None.
+        per_span: (sender, receiver, span) each span's share, with ``positions=``; else None (:meth:`positional`).
+        schema: the :class:`rs_interp.circuits.positions.PositionSchema` of ``per_span``.
+
+    Example:
+        >>> import rs_interp as ri
+        >>> model = ri.load_toy_model("induction-1l")
+        >>> a, b = ri.induction_batch(3, seed=0).tokens, ri.induction_batch(3, seed=1).tokens
+        >>> r = ri.edge_relevance_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b, positions="each")
+        >>> bool(torch.allclose(r.per_span.nansum(-1), r.effect.nan_to_num(0), atol=1e-6))
+        True
+    """
+
+    ablation: str = "resample"
+    qk_fix: bool = False
+    per_example: Float[torch.Tensor, "batch sender receiver"] | None = None
+    per_span: Float[torch.Tensor, "sender receiver span"] | None = None
+    schema: PositionSchema | None = None
+
+
+@dataclass(frozen=True)
+class RelevancePatching(Spread):
+    """Relevance patching of every head's node (:func:`relevance_patching`).
+
+    Attributes:
+        effect: (layer, head) ``sum (x_ablated - x) . R(x)`` for each head's ``which`` (``z``, ``q``, ``k``, ``v``;
+            (layer, kv_head) for keys and values under grouped-query attention); 0 for queries and keys
+            unless ``qk_fix``.
+        effect_per_position: (layer, head, pos) before the sum over positions (None under the QK fix).
+        clean: the metric of the run.
+        labels: ``"L{l}H{h}"`` (``"L{l}KV{g}"``) row-major.
+        which, ablation, qk_fix: the options.
+        per_example: (batch, layer, head) each pair's share, with ``per_example=True``.
+
+    Example:
+        >>> import rs_interp as ri
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> a, b = ri.induction_batch(4, seed=0).tokens, ri.induction_batch(4, seed=1).tokens
+        >>> node = ri.relevance_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b)
+        >>> edges = ri.edge_relevance_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b)
+        >>> abs(float(node.effect[0, 1]) - dict(zip(edges.layout.senders, edges.sender_totals().tolist()))["L0H1"]) < 1e-6
+        True
+    """
+
+    effect: Float[torch.Tensor, "layer head"]
+    effect_per_position: Float[torch.Tensor, "layer head pos"] | None
+    clean: float
+    labels: tuple[str, ...]
+    which: str = "z"
+    ablation: str = "resample"
+    qk_fix: bool = False
+    per_example: Float[torch.Tensor, "batch layer head"] | None = None
+
+    def top(self, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` heads with the largest ``|effect|``, with their effect."""
+        from ..metrics import top_effects
+
+        return top_effects(self.labels, self.effect, k)
+
+
+# --- the rules, swept backwards by hand ---------------------------------------------------------------
+
+def _activation(model: Model) -> Callable[[torch.Tensor], torch.Tensor]:
+    from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
+
+    act = model.cfg.act_fn
+    if act in (None, "solu_ln") or act not in SUPPORTED_ACTIVATIONS:
+        raise ValueError(f"relevance patching's identity rule needs the MLP activation by hand; {act!r} has none here "
+                         "(solu_ln has a norm inside)")
+    return SUPPORTED_ACTIVATIONS[act]
+
+
+def _ratio(out: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """The identity rule's coefficient ``act(h) / h``, 0 where ``h = 0``."""
+    safe = torch.where(h == 0, torch.ones_like(h), h)
+    return torch.where(h == 0, torch.zeros_like(h), out / safe)
+
+
+def _weights(model: Model, layer: int, dt: torch.dtype) -> dict[str, torch.Tensor | float]:
+    mlp = model.blocks[layer].mlp
+    names = ("W_in", "b_in", "W_out", "b_out", "W_gate")
+    return {n: (p.detach().to(dt) if (p := getattr(mlp, n, None)) is not None else 0.0) for n in names}
+
+
+def _mlp_back(model: Model, layer: int, box: dict, R: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    """The MLP's input coefficient (batch, pos, d_model, before its norm) from ``R`` at what it adds to the stream."""
+    parallel = bool(getattr(model.cfg, "parallel_attn_mlp", False))
+    x = box[N.resid_pre(layer) if parallel else N.resid_mid(layer)].to(dt)
+    ln2 = _backend.pre_norm(model, layer, "ln2").to(dt)
+    u, w, act = ln2.apply(x), _weights(model, layer, dt), _activation(model)
+    if getattr(model.cfg, "gated_mlp", False):
+        g = u @ w["W_gate"]
+        a = act(g)
+        lin = u @ w["W_in"] + (0.0 if GATED_B_IN_AFTER_PRODUCT else w["b_in"])
+        hidden = a * lin + (w["b_in"] if GATED_B_IN_AFTER_PRODUCT else 0.0)
+    else:
+        h = u @ w["W_in"] + w["b_in"]
+        hidden = act(h)
+    post = _backend.post_norms(model, layer)[1].to(dt)
+    dy = R if post.kind is None else post.readout(R, post.scale(hidden @ w["W_out"] + w["b_out"]))
+    d_hidden = dy @ w["W_out"].T
+    if getattr(model.cfg, "gated_mlp", False):  # the half rule, the identity rule on the gate's activation
+        du = 0.5 * ((d_hidden * lin * _ratio(a, g)) @ w["W_gate"].T + (d_hidden * a) @ w["W_in"].T)
+    else:
+        du = (d_hidden * _ratio(hidden, h)) @ w["W_in"].T
+    return ln2.readout(du, ln2.scale(x))
+
+
+def _attn_back(model: Model, layer: int, box: dict, R: torch.Tensor, dt: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """From ``R`` at what the attention adds to the stream: the coefficients at ``z`` (batch, pos, head, d_head),
+    at ``v`` (batch, pos, n, d_head) and at each value reader's input (n, batch, pos, d_model), ``n`` the heads (KV
+    heads under grouped-query attention); the pattern held (the AH-rule), so nothing reaches ``q`` or ``k``."""
+    cfg = model.cfg
+    post = attn_post(model, layer, dt)
+    dr = R if post.kind is None else post.readout(R, post.scale(raw_output(model, layer, box[N.z(layer)], dt)))
+    dz = torch.einsum("bpm,hdm->bphd", dr, model.blocks[layer].attn.W_O.detach().to(dt))
+    A = box[N.pattern(layer)].to(dt)  # (batch, head, query, key)
+    dv = torch.einsum("bhqk,bqhd->bkhd", A, dz)
+    n = kv_groups(cfg) if kv_groups(cfg) != cfg.n_heads else cfg.n_heads
+    dv = dv.reshape(*dv.shape[:2], n, cfg.n_heads // n, dv.shape[-1]).sum(3)  # query head h reads KV head h // group
+    du = torch.einsum("bpnd,nmd->nbpm", dv, reader_weight(model, layer, "W_V", n, dt))
+    ln1 = _backend.pre_norm(model, layer, "ln1").to(dt)
+    return dz, dv, ln1.readout(du, ln1.scale(box[N.resid_pre(layer)].to(dt)))
+
+
+def sweep(model: Model, box: dict, g: torch.Tensor, dt: torch.dtype, emit: Callable[[int, str, torch.Tensor], None]) -> None:
+    """The relevance coefficients, last layer first: ``emit(layer, kind, t)`` with ``kind`` ``"logits"``, ``"mlp"``
+    (column, batch, pos, d_model), ``"v"`` (the value readers', same), ``"z"`` and ``"dv"`` (at the heads' outputs and
+    values), and ``"stream"`` (at the stream entering each layer, (batch, pos, d_model)). ``box``: the run's streams,
+    patterns and ``z``; ``g``: the metric's gradient at the logits before any soft-cap."""
+    cfg = model.cfg
+    L = cfg.n_layers
+    final = box[N.final_stream(L)].to(dt)
+    norm = final_norm_of(model).to(dt)
+    R = norm.readout(g.to(dt) @ model.W_U.detach().to(dt).T, norm.scale(final))
+    emit(L - 1, "logits", R[None])
+    parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
+    for l in reversed(range(L)):
+        R_mlp = None
+        if not cfg.attn_only:
+            R_mlp = _mlp_back(model, l, box, R, dt)
+            emit(l, "mlp", R_mlp[None])
+        R_attn = R if (parallel or R_mlp is None) else R + R_mlp
+        dz, dv, Rv = _attn_back(model, l, box, R_attn, dt)
+        emit(l, "z", dz)
+        emit(l, "dv", dv)
+        emit(l, "v", Rv)
+        R = R_attn + Rv.sum(0) + (R_mlp if parallel and R_mlp is not None else 0.0)
+        emit(l, "stream", R)
+
+
+def run_points(model: Model) -> set[str]:
+    """What :func:`sweep` reads from the run: each layer's stream in and its middle, pattern and ``z``, the final stream."""
+    L = model.cfg.n_layers
+    names = {N.resid_pre(l) for l in range(L)} | {N.pattern(l) for l in range(L)} | {N.z(l) for l in range(L)}
+    names |= {N.resid_mid(l) for l in range(L)} if not model.cfg.attn_only else set()
+    return names | {N.final_stream(L)}
+
+
+def recorded_gradient(model: Model, tokens: torch.Tensor, metric: Metric, names) -> tuple[dict, float, torch.Tensor]:
+    """One no-grad run storing the activations at ``names`` (a set or a predicate), the metric on its
+    logits and its gradient there (before any soft-cap: the cap's derivative applied)."""
+    box: dict[str, torch.Tensor] = {}
+    wanted = names if callable(names) else (lambda n: n in names)
+    with torch.no_grad(), model.hooks(fwd_hooks=store_matching(box, model, wanted)):
+        logits = model(tokens, return_type="logits")
+    with torch.enable_grad():
+        leaf = logits.detach().requires_grad_(True)
+        value = scalar_metric(metric, leaf)
+        (g,) = torch.autograd.grad(value, leaf)
+    cap = logit_softcap(model)
+    if cap is not None:  # d/dl of cap tanh(l / cap): 1 - (capped / cap)^2
+        g = g * (1 - (logits.detach() / cap) ** 2)
+    return box, float(value.detach()), g
+
+
+# --- edges --------------------------------------------------------------------------------------------
+
+def _check_options(qk_fix: object, per_example: object, schema: PositionSchema | None) -> None:
+    for name, value in (("qk_fix", qk_fix), ("per_example", per_example)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    if qk_fix and schema is not None:
+        raise ValueError("qk_fix recomputes a head's pattern with every position of a query or key input moved at once; "
+                         "per span it is not built: use positions without qk_fix (queries and keys are then 0, the AH-rule)")
+
+
+def _reader_labels(model: Model, layer: int, kind: str) -> list[str]:
+    cfg = model.cfg
+    if kind == "logits":
+        return [LOGITS]
+    if kind == "mlp":
+        return [mlp_label(layer)]
+    grouped = kv_groups(cfg) != cfg.n_heads
+    return [receiver_label(layer, h, "v", kv=grouped) for h in range(kv_groups(cfg) if grouped else cfg.n_heads)]
+
+
+@outside_inference_mode
+def edge_relevance_patching(
+    model: Model,
+    tokens: Int[torch.Tensor, "batch pos"],
+    metric: Metric,
+    *,
+    reference: Int[torch.Tensor, "batch pos"] | None = None,
+    ablation: Ablation = "resample",
+    qk_fix: bool = False,
+    positions: str | PositionSchema | None = None,
+    per_example: bool = False,
+    memory_budget: int = MEMORY_BUDGET,
+    progress: bool = True,
+) -> EdgeRelevancePatching:
+    """Relevance patching of every edge of the model's graph (module docstring):
+
+        effect[s, r] = sum over batch and positions of w_s . R_r
+
+    ``w_s`` the change of sender ``s``'s write when ablated (the reference's write minus the run's under
+    ``"resample"``), ``R_r`` receiver ``r``'s relevance coefficient (LRP's rules). Edges into queries and keys
+    are 0 (the attention pattern is held) unless ``qk_fix``.
+
+    Args:
+        model: a TransformerLens model that :func:`rs_interp.certify` passes for this helper.
+        tokens: (batch, pos) the run's tokens.
+        metric: a :data:`rs_interp.Metric`, differentiable in the logits.
+        reference: the reference run's tokens (``"resample"``: the shape of ``tokens``).
+        ablation: what an ablated sender writes (:data:`rs_interp.Ablation`); ``"zero"``: relevance itself,
+            ``-write_s . R_r`` (the conservation identity's form).
+        qk_fix: edges into queries and keys by the QK fix (:mod:`rs_interp.circuits.atp_star`), RelP's
+            coefficient at ``z`` for the gradient after the softmax.
+        positions: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema`: also each span's share,
+            ``per_span`` (:meth:`positional`), summing to ``effect``.
+        per_example: keep each pair's share (error bars: :class:`rs_interp.circuits.uncertainty.Spread`).
+        memory_budget: bytes one chunk of the QK fix's patched patterns may use (roughly).
+        progress: a progress bar (the QK fix's layers).
+
+    Returns:
+        An :class:`EdgeRelevancePatching`.
+
+    Raises:
+        ValueError: bad tokens, reference or options (named); a model whose identities fail (:func:`rs_interp.certify`).
+
+    Example:
+        >>> import rs_interp as ri
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> a, b = ri.induction_batch(4, seed=0).tokens, ri.induction_batch(4, seed=1).tokens
+        >>> m = lambda lg: lg[:, -1, 0].mean()
+        >>> fixed = edge_relevance_patching(model, a, m, reference=b, qk_fix=True)
+        >>> fixed.edge("L0H0", "L1H0.k") != 0.0, fixed.layout.n_edges
+        (True, 29)
+    """
+    tokens, reference = check_ablation(model, tokens, ablation, reference, "edge_relevance_patching")
+    schema = resolve_positions(positions, tokens)
+    _check_options(qk_fix, per_example, schema)
+    cert = require(model, "edge_relevance_patching", also=("readers", "projections") if qk_fix else ())
+    layout = edge_layout(model)
+    dt = compute_dtype(model)
+    points = sender_points(model)
+    box, value, g = recorded_gradient(model, tokens, metric, run_points(model) | {RESID0} | {
+        N.mlp_out(l) for l in range(model.cfg.n_layers) if not model.cfg.attn_only})
+    run = {k: v for k, v in box.items() if points(k)}
+    ablated = {k: torch.zeros_like(v) for k, v in run.items()} if ablation == "zero" else ablated_writes(model, tokens, reference, ablation)
+    W = writes(model, ablated, run, dtype=torch.float64 if qk_fix else dt, frozen_norms=True)
+    B = tokens.shape[0]
+    spans = None if schema is None else schema.one_hot().to(W.device)
+    shares = torch.zeros(B if per_example else 1, len(layout.senders), len(layout.receivers), 1 if schema is None else schema.n_spans,
+                         dtype=torch.float64)
+    column = {r: j for j, r in enumerate(layout.receivers)}
+    upstream = layout.exists.sum(0).tolist()
+    grads_z: dict[int, torch.Tensor] = {}
+
+    def emit(layer: int, kind: str, t: torch.Tensor) -> None:
+        if kind == "z":
+            grads_z[layer] = t.to(torch.float64)
+        if kind not in ("logits", "mlp", "v"):
+            return
+        cols = [column[r] for r in _reader_labels(model, layer, kind)]
+        k = upstream[cols[0]]
+        shares[:, :k, cols] += contract(W[:k], t.to(W.dtype), per_example=per_example, spans=spans)
+
+    sweep(model, box, g, dt, emit)
+    if qk_fix:
+        fixed = edge_qk_fix(model, layout, tokens, W, [grads_z], record(model, tokens, start_points(model, attention=True)), cert,
+                            per_example, memory_budget, progress)[0]
+        shares[..., 0] = torch.where(fixed.isnan(), shares[..., 0], fixed)
+    gone = ~layout.exists
+    effect = shares.sum((0, 3))
+    effect[gone] = float("nan")
+    per_span = None
+    if schema is not None:
+        per_span = shares.sum(0)
+        per_span[gone] = float("nan")
+    per_pair = None
+    if per_example:
+        per_pair = shares.sum(3)
+        per_pair[:, gone] = float("nan")
+    return EdgeRelevancePatching(layout=layout, effect=effect, clean=value, ablation=ablation, qk_fix=qk_fix,
+                                 per_example=per_pair, per_span=per_span, schema=schema)
+
+
+# --- nodes --------------------------------------------------------------------------------------------
+
+@outside_inference_mode
+def relevance_patching(
+    model: Model,
+    tokens: Int[torch.Tensor, "batch pos"],
+    metric: Metric,
+    *,
+    reference: Int[torch.Tensor, "batch pos"] | None = None,
+    ablation: Ablation = "resample",
+    which: str = "z",
+    qk_fix: bool = False,
+    per_example: bool = False,
+    progress: bool = True,
+) -> RelevancePatching:
+    """Relevance patching of every head's ``z`` (or its ``which``: ``"q"``, ``"k"``, ``"v"``):
+    ``sum over batch and positions of (x_ablated - x) . R(x)``, ``R(x)`` the relevance coefficient at the node
+    (module docstring). A head's ``z`` node equals the sum of its outgoing edges (:func:`edge_relevance_patching`);
+    queries and keys are 0 (the AH-rule) unless ``qk_fix`` (the pattern recomputed with the ablated query or key,
+    against RelP's coefficient at ``z``).
+
+    Args:
+        reference, ablation: as in :func:`edge_relevance_patching`.
+        which: the node: ``"z"``, ``"q"``, ``"k"`` or ``"v"`` (per KV head for keys and values under grouped-query attention).
+        qk_fix: for ``which="q"`` or ``"k"``.
+        per_example: keep each pair's share.
+        progress: a progress bar (the QK fix's layers).
+
+    Raises:
+        ValueError: bad tokens, reference or options; the QK fix on ``z`` or ``v``; a model whose identities fail.
+
+    Example:
+        >>> import rs_interp as ri
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> a, b = ri.induction_batch(4, seed=0).tokens, ri.induction_batch(4, seed=1).tokens
+        >>> relevance_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b, which="k").effect.abs().max().item()
+        0.0
+    """
+    tokens, reference = check_ablation(model, tokens, ablation, reference, "relevance_patching")
+    if which not in NODES:
+        raise ValueError(f"which must be one of {NODES}, got {which!r}")
+    _check_options(qk_fix, per_example, None)
+    if qk_fix and which not in ("q", "k"):
+        raise ValueError(f"the QK fix recomputes the pattern after a query or key patch: which='q' or 'k', not {which!r}")
+    cert = require(model, "relevance_patching", also=("readers", "projections") if qk_fix else ())
+    cfg = model.cfg
+    L, B, P = cfg.n_layers, tokens.shape[0], tokens.shape[1]
+    n = kv_groups(cfg) if which in ("k", "v") else cfg.n_heads
+    point = N.z if which == "z" else (lambda l: N.projection(l, which))
+    nodes = {point(l) for l in range(L)}
+    box, value, g = recorded_gradient(model, tokens, metric, run_points(model) | nodes)
+    shares = torch.zeros(B, L, n, P, dtype=torch.float64)
+    if which in ("z", "v"):
+        if ablation == "zero":
+            ablated = {name: torch.zeros_like(box[name]) for name in nodes}
+        else:
+            ablated = ablation_values(model, reference, ablation, lambda name: name in nodes)
+        kind = "z" if which == "z" else "dv"
+
+        def emit(layer: int, k: str, t: torch.Tensor) -> None:
+            if k == kind:
+                delta = (ablated[point(layer)] - box[point(layer)]).to(torch.float64)
+                shares[:, layer] = torch.einsum("bpnd,bpnd->bnp", delta, t.to(torch.float64))
+
+        sweep(model, box, g, compute_dtype(model), emit)
+    elif qk_fix:
+        grads_z: dict[int, torch.Tensor] = {}
+        sweep(model, box, g, compute_dtype(model), lambda layer, k, t: grads_z.__setitem__(layer, t.to(torch.float64)) if k == "z" else None)
+        ref = {name: torch.zeros_like(box[name]) for name in nodes} if ablation == "zero" else ablation_values(
+            model, reference, ablation, lambda name: name in nodes)
+        ref = {k: v.expand_as(box[k]) for k, v in ref.items()}
+        moved = node_qk_deltas(model, tokens, ref, record(model, tokens, start_points(model)), cert, which, progress)
+        for l in range(L):
+            part = torch.einsum("bphd,bphd->bh", moved[l], grads_z[l]).reshape(B, n, cfg.n_heads // n).sum(-1)
+            shares[:, l, :, 0] = part
+    labels = tuple((kv_label if n != cfg.n_heads else head_label)(l, h) for l in range(L) for h in range(n))
+    per_position = None if qk_fix else shares.sum(0)
+    pairs = shares.sum(-1)
+    return RelevancePatching(effect=pairs.sum(0), effect_per_position=per_position, clean=value, labels=labels, which=which,
+                             ablation=ablation, qk_fix=qk_fix, per_example=pairs if per_example else None)
