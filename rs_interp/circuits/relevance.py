@@ -67,6 +67,7 @@ from ..metrics import Metric
 from ._ablated_run import ablated_writes
 from ._substrate import contract, outside_inference_mode, record, scalar_metric, sender_points, writes
 from .atp_star import edge_qk_fix, node_qk_deltas
+from .correction import quadrature
 from .graph import EdgeEffects, edge_layout
 from .positions import Positional, PositionSchema, resolve_positions
 from .uncertainty import Spread
@@ -244,12 +245,18 @@ def run_points(model: Model) -> set[str]:
     return names | {N.final_stream(L)}
 
 
-def recorded_gradient(model: Model, tokens: torch.Tensor, metric: Metric, names) -> tuple[dict, float, torch.Tensor]:
+def recorded_gradient(model: Model, tokens: torch.Tensor, metric: Metric, names, *,
+                      line: tuple[float, torch.Tensor] | None = None) -> tuple[dict, float, torch.Tensor]:
     """One no-grad run storing the activations at ``names`` (a set or a predicate), the metric on its
-    logits and its gradient there (before any soft-cap: the cap's derivative applied)."""
+    logits and its gradient there (before any soft-cap: the cap's derivative applied). ``line = (alpha, x_ref)``:
+    the run whose stream entering block 0 is ``x_ref + alpha (x - x_ref)`` (an integrated-gradients point)."""
     box: dict[str, torch.Tensor] = {}
     wanted = names if callable(names) else (lambda n: n in names)
-    with torch.no_grad(), model.hooks(fwd_hooks=store_matching(box, model, wanted)):
+    fwd = store_matching(box, model, wanted)
+    if line is not None:
+        alpha, x_ref = line
+        fwd = [(RESID0, lambda t, *, hook: x_ref.to(t.dtype) + alpha * (t - x_ref.to(t.dtype)))] + fwd
+    with torch.no_grad(), model.hooks(fwd_hooks=fwd):
         logits = model(tokens, return_type="logits")
     with torch.enable_grad():
         leaf = logits.detach().requires_grad_(True)
@@ -263,10 +270,12 @@ def recorded_gradient(model: Model, tokens: torch.Tensor, metric: Metric, names)
 
 # --- edges --------------------------------------------------------------------------------------------
 
-def _check_options(qk_fix: object, per_example: object, schema: PositionSchema | None) -> None:
+def _check_options(qk_fix: object, per_example: object, schema: PositionSchema | None, ig_steps: int | None = None) -> None:
     for name, value in (("qk_fix", qk_fix), ("per_example", per_example)):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be True or False, got {value!r}")
+    if qk_fix and ig_steps is not None:
+        raise ValueError("the QK fix corrects the estimate at the run itself: it does not combine with ig_steps")
     if qk_fix and schema is not None:
         raise ValueError("qk_fix recomputes a head's pattern with every position of a query or key input moved at once; "
                          "per span it is not built: use positions without qk_fix (queries and keys are then 0, the AH-rule)")
@@ -291,6 +300,8 @@ def edge_relevance_patching(
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     ablation: Ablation = "resample",
     qk_fix: bool = False,
+    ig_steps: int | None = None,
+    ig_rule: str = "gauss",
     positions: str | PositionSchema | None = None,
     per_example: bool = False,
     memory_budget: int = MEMORY_BUDGET,
@@ -313,6 +324,10 @@ def edge_relevance_patching(
             ``-write_s . R_r`` (the conservation identity's form).
         qk_fix: edges into queries and keys by the QK fix (:mod:`rs_interp.circuits.atp_star`), RelP's
             coefficient at ``z`` for the gradient after the softmax.
+        ig_steps, ig_rule: integrated relevance (EAP-IG's line with RelP's rules): the coefficients averaged over
+            ``ig_steps`` runs whose stream entering block 0 is ``x_ref + alpha (x - x_ref)``, at ``ig_rule``'s points
+            (``"gauss"``, the default: Gauss-Legendre; ``"left"``, ``"right"``: :func:`rs_interp.attribution_patching`);
+            default: at the run alone.
         positions: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema`: also each span's share,
             ``per_span`` (:meth:`positional`), summing to ``effect``.
         per_example: keep each pair's share (error bars: :class:`rs_interp.circuits.uncertainty.Spread`).
@@ -336,7 +351,8 @@ def edge_relevance_patching(
     """
     tokens, reference = check_ablation(model, tokens, ablation, reference, "edge_relevance_patching")
     schema = resolve_positions(positions, tokens)
-    _check_options(qk_fix, per_example, schema)
+    _check_options(qk_fix, per_example, schema, ig_steps)
+    alphas, weights, _ = quadrature(ig_steps, ig_rule if ig_steps is not None else "left", None)
     cert = require(model, "edge_relevance_patching", also=("readers", "projections") if qk_fix else ())
     layout = edge_layout(model)
     dt = compute_dtype(model)
@@ -353,6 +369,7 @@ def edge_relevance_patching(
     column = {r: j for j, r in enumerate(layout.receivers)}
     upstream = layout.exists.sum(0).tolist()
     grads_z: dict[int, torch.Tensor] = {}
+    weight = [1.0]
 
     def emit(layer: int, kind: str, t: torch.Tensor) -> None:
         if kind == "z":
@@ -361,9 +378,12 @@ def edge_relevance_patching(
             return
         cols = [column[r] for r in _reader_labels(model, layer, kind)]
         k = upstream[cols[0]]
-        shares[:, :k, cols] += contract(W[:k], t.to(W.dtype), per_example=per_example, spans=spans)
+        shares[:, :k, cols] += weight[0] * contract(W[:k], t.to(W.dtype), per_example=per_example, spans=spans)
 
-    sweep(model, box, g, dt, emit)
+    x_ref = ablated[RESID0].expand_as(box[RESID0])
+    for alpha, weight[0] in zip(alphas, weights):  # the run itself (alpha 1), or the integrated-gradients points
+        at = (box, g) if alpha == 1.0 else recorded_gradient(model, tokens, metric, run_points(model), line=(alpha, x_ref))[::2]
+        sweep(model, at[0], at[1], dt, emit)
     if qk_fix:
         fixed = edge_qk_fix(model, layout, tokens, W, [grads_z], record(model, tokens, start_points(model, attention=True)), cert,
                             per_example, memory_budget, progress)[0]

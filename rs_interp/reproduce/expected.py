@@ -141,6 +141,7 @@ EXPECTED: dict[str, Expected] = {
     # Ground truth (issue 31). The compiled models' AUROCs are ratios of counts, the same for input seeds
     # 0-4 (measured): the band is the ratio to float rounding, and a change means a method finds other edges.
     "ground_truth.effective_edges": E(),
+    "ground_truth.goal_gap": E(),
     "ground_truth.exact_known": E("(1 + c/K) / 2"),
     "ground_truth.exact_effective": E("1", lo=1 - 1e-12, hi=1 + 1e-12),
     "ground_truth.tracr_faithfulness": E("1", lo=1 - 1e-9, hi=1 + 1e-9),
