@@ -242,12 +242,10 @@ def fix_unreliable(model: Model, tokens: torch.Tensor, metric: Metric, scores, *
         True
     """
     from .path_patching import path_patching
-    from .relevance import EdgeRelevancePatching  # (relevance patching reads this module's quadrature)
-
     require(model, "fix_unreliable")
     if screen not in (None, "flat", "reliability"):
         raise ValueError(f"screen must be 'flat', 'reliability' or None (by the estimate), got {screen!r}")
-    screen = screen or ("flat" if isinstance(scores, EdgeRelevancePatching) else "reliability")
+    screen = screen or getattr(type(scores), "default_screen", "reliability")
     if not isinstance(scores, EdgeEffects) or (screen == "reliability" and getattr(scores, "first_order", None) is None):
         raise ValueError("fix_unreliable flags by the reliability of a Hessian-corrected estimate, or by the flat edges of "
                          "an estimate (screen='flat', relevance patching's default): pass edge_attribution_patching(..., "

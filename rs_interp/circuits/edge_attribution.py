@@ -52,7 +52,7 @@ from ._substrate import IGRule, check_pair, contract, outside_inference_mode, re
 from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix, z_gradients
 from .correction import clean_metric, quadrature, run_passes
 from .graph import EdgeEffects, edge_layout
-from .positions import Positional, PositionSchema, resolve_positions
+from .positions import Positional, PositionSchema, resolve_spans
 from .uncertainty import Spread
 
 __all__ = ["EdgeAttributionPatching", "edge_attribution_patching"]
@@ -71,7 +71,7 @@ class EdgeAttributionPatching(EdgeEffects, Spread, Positional):
         per_example: (batch, sender, receiver) each pair's share (they sum to ``effect``), with
             ``per_example=True``; else None. ``.stderr()``, ``.error_bar()``, ``.reliability()``:
             :class:`rs_interp.circuits.uncertainty.Spread`.
-        per_span: (sender, receiver, span) each span's share (they sum to ``effect``), with ``positions=``;
+        per_span: (sender, receiver, span) each span's share (they sum to ``effect``), with ``spans=``;
             else None (:meth:`positional`: the positional edges).
         schema: the :class:`rs_interp.circuits.positions.PositionSchema` of ``per_span``.
 
@@ -155,7 +155,7 @@ def edge_attribution_patching(
     grad_drop: bool = False,
     correction: str | None = None,
     per_example: bool = False,
-    positions: str | PositionSchema | None = None,
+    spans: str | PositionSchema | None = None,
     memory_budget: int = MEMORY_BUDGET,
     progress: bool = True,
 ) -> EdgeAttributionPatching:
@@ -194,7 +194,7 @@ def edge_attribution_patching(
         correction: ``"hessian"``, the second-order term at each point, one more backward pass
             through each (:mod:`rs_interp.circuits.correction`).
         per_example: keep each pair's share of every estimate (``per_example``, for error bars).
-        positions: ``"each"`` (every position its own span) or a :class:`rs_interp.circuits.positions.PositionSchema`:
+        spans: ``"each"`` (every position its own span) or a :class:`rs_interp.circuits.positions.PositionSchema`:
             also each span's share of every edge, ``per_span``, summing to ``effect`` (:mod:`rs_interp.circuits.positions`).
         memory_budget: bytes one chunk of the QK fix's patched patterns (or stacked pass) may use (roughly).
         progress: a progress bar over the passes.
@@ -224,9 +224,9 @@ def edge_attribution_patching(
     tokens, reference = check_pair(model, tokens, reference)
     alphas, weights, seconds = quadrature(ig_steps, ig_rule, correction)
     check_options(ig_steps, qk_fix, grad_drop, correction, per_example)
-    schema = resolve_positions(positions, tokens)
+    schema = resolve_spans(spans, tokens)
     if schema is not None and (qk_fix or grad_drop):
-        raise ValueError("positions= splits a sum over positions; the QK fix (a pattern recomputed with every position moved) "
+        raise ValueError("spans= splits a sum over positions; the QK fix (a pattern recomputed with every position moved) "
                          "and GradDrop (a sum of magnitudes) are not such sums: compute them without positions")
     drops = [None] + (check_drop_layers(model) if grad_drop else [])
     cert = require(model, "edge_attribution_patching")

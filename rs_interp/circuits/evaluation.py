@@ -47,7 +47,7 @@ from ..exact.validate import Ablation, check_ablation
 from ..metrics import Metric, metric_value
 from ._ablated_run import ablated_writes, run_circuit
 from .graph import EdgeEffects, EdgeLayout, Embedding, edge_layout, embedding_of
-from .positions import PositionalEdgeEffects, PositionSchema, positional_circuit_at, positional_mask, positional_prune, positional_weights, resolve_positions
+from .positions import PositionalEdgeEffects, PositionSchema, positional_circuit_at, positional_mask, positional_prune, positional_weights, resolve_spans
 from .selection import Ranking, circuit_at, mask, mib_weights, prune
 
 __all__ = ["MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores"]
@@ -70,13 +70,13 @@ def evaluate_circuit(
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     ablation: Ablation = "resample",
     embedding: Embedding = "sum",
-    positions: str | PositionSchema | None = None,
+    spans: str | PositionSchema | None = None,
 ) -> float:
     """``metric`` of the run with every edge outside ``circuit`` ablated (module docstring).
 
     Args:
         circuit: ``(sender, receiver)`` edges to keep, labelled as :func:`rs_interp.edge_layout` does; with
-            ``positions``, ``(sender, receiver, span)`` positional edges (:mod:`rs_interp.circuits.positions`):
+            ``spans``, ``(sender, receiver, span)`` positional edges (:mod:`rs_interp.circuits.positions`):
             a positional edge outside the circuit is ablated at its span's positions only.
         reference: tokens of the reference run: the shape of ``tokens`` for ``"resample"``, as long
             as ``tokens`` for ``"position_mean"``, any shape for ``"mean"``; unused by ``"zero"``.
@@ -85,7 +85,7 @@ def evaluate_circuit(
             ``"token"`` (``tok_embed``, EAP-IG's input node: the position embedding is never
             ablated, so zero and mean ablations are EAP-IG's ``evaluate_graph``'s) or ``"split"``
             (``tok_embed`` and ``pos_embed``).
-        positions: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema` of ``tokens``: the circuit's spans.
+        spans: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema` of ``tokens``: the circuit's spans.
 
     Warns:
         UserWarning: the circuit has no path from the embedding to the logits (its dangling edges,
@@ -107,7 +107,7 @@ def evaluate_circuit(
     """
     tokens, reference = check_ablation(model, tokens, ablation, reference, "evaluate_circuit")
     layout = edge_layout(model, embedding)
-    schema = resolve_positions(positions, tokens)
+    schema = resolve_spans(spans, tokens)
     keep = mask(layout, circuit) if schema is None else positional_mask(layout, schema.names, circuit)
     require(model, "evaluate_circuit", also=("embedding",) if embedding != "sum" else ())
     reaches = _reaches_logits(layout, keep) if schema is None else bool(positional_prune(layout, keep).any())

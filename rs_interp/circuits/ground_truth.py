@@ -145,7 +145,7 @@ class GroundTruthCase:
             changes when the edge alone is patched (:func:`edge_classes`).
         inert: the other known edges, each with why it carries nothing under the patch.
         metric_description: what ``metric`` is, in words.
-        positions: the spans the positional methods score (``"each"``, or a
+        spans: the spans the positional methods score (``"each"``, or a
             :class:`rs_interp.circuits.positions.PositionSchema` of ``tokens``).
     """
 
@@ -158,7 +158,7 @@ class GroundTruthCase:
     effective: frozenset[tuple[str, str]]
     inert: Mapping[tuple[str, str], str]
     metric_description: str
-    positions: Any = "each"
+    spans: Any = "each"
 
 
 def as_float64(model: Model) -> Model:
@@ -309,7 +309,7 @@ def score_methods(case: GroundTruthCase, *, progress: bool = True, counted: Iter
     known, effective = known_heads(model, case.known), known_heads(model, case.effective)
     out = {}
     for name, method in METHODS.items():
-        kw = {"positions": case.positions} if method.level == "positional" else {}
+        kw = {"spans": case.spans} if method.level == "positional" else {}
         run = lambda: method.run(model, tokens, metric, reference=reference, progress=progress, **kw)  # noqa: E731
         result, flops = _counted(run) if method.key in counted else (run(), None)
         if method.level == "positional":

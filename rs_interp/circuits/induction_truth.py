@@ -167,5 +167,5 @@ def induction_case(model: Model, batch: InductionBatch, *, n_pairs: int, referen
     response = receiver_response(model, tokens, reference, sorted(truth.edges))
     inert = {e: f"{e[1]}'s output does not move when it is patched" for e, moved in response.items() if moved <= 1e-9}
     case = GroundTruthCase("induction-2l", model, tokens, reference, metric, truth.edges, truth.edges - set(inert), inert,
-                           "the loss on the induction targets", positions=period_spans(batch.periods[:n_pairs], tokens.shape[1]))
+                           "the loss on the induction targets", spans=period_spans(batch.periods[:n_pairs], tokens.shape[1]))
     return case, truth

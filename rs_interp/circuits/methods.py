@@ -4,7 +4,7 @@ expected values and the benchmarks read.
 A method is a name, a key (its entries in ``rs_interp.reproduce.expected``), a level (``"edge"``: it
 scores every edge of the graph, an :class:`rs_interp.EdgeEffects`; ``"node"``: every head, a result
 with ``labels`` and ``effect``; ``"positional"``: every positional edge, a
-:class:`rs_interp.circuits.positions.PositionalEdgeEffects`, its ``run`` also taking ``positions=``, ``"each"`` or a
+:class:`rs_interp.circuits.positions.PositionalEdgeEffects`, its ``run`` also taking ``spans=``, ``"each"`` or a
 schema of the run's tokens) and a callable ``run(model, tokens, metric, *, reference, progress)``
 (``shares``: it also takes ``per_example=True``, each pair's share for error bars).
 Adding a method is its module, one entry here (or :func:`registered` for the duration, as a test
@@ -106,9 +106,9 @@ def _flat_fixed(estimate):
 
 
 def _positional(fn, **options):
-    """``fn``'s positional edges (``positions="each"`` unless the caller gives a schema)."""
-    def run(model, tokens, metric, *, reference, progress=False, positions="each"):
-        return fn(model, tokens, metric, reference=reference, progress=progress, positions=positions, **options).positional()
+    """``fn``'s positional edges (``spans="each"`` unless the caller gives a schema)."""
+    def run(model, tokens, metric, *, reference, progress=False, spans="each"):
+        return fn(model, tokens, metric, reference=reference, progress=progress, spans=spans, **options).positional()
     return run
 
 

@@ -40,7 +40,7 @@ from ..hooks import store_matching
 from ..metrics import Metric, metric_value
 from ._substrate import check_pair, record, sender_points, writes
 from .graph import EdgeEffects, EdgeLayout, edge_layout
-from .positions import Positional, PositionSchema, resolve_positions
+from .positions import Positional, PositionSchema, resolve_spans
 
 __all__ = ["PathPatching", "path_patching"]
 
@@ -51,7 +51,7 @@ class PathPatching(EdgeEffects, Positional):
     receiver), NaN where there is no edge or it was not asked for, ``clean``, ``.edge``, ``.top``).
 
     Attributes:
-        per_span: (sender, receiver, span) with ``positions=``: each edge patched at one span's positions
+        per_span: (sender, receiver, span) with ``spans=``: each edge patched at one span's positions
             alone (exact; these need not add up to ``effect``, the edge patched at every position at once).
         schema: the :class:`rs_interp.circuits.positions.PositionSchema` of ``per_span``.
 
@@ -161,7 +161,7 @@ def path_patching(
     *,
     reference: Int[torch.Tensor, "batch pos"],
     edges: Sequence[tuple[str, str]] | None = None,
-    positions: str | PositionSchema | None = None,
+    spans: str | PositionSchema | None = None,
     memory_budget: int = MEMORY_BUDGET,
     progress: bool = True,
 ) -> PathPatching:
@@ -172,7 +172,7 @@ def path_patching(
         metric: a :data:`rs_interp.Metric` (a scalar function of the logits).
         reference: tokens of the reference run, the shape of ``tokens``.
         edges: the edges to measure (default: all); the others are NaN.
-        positions: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema`: also each edge patched at
+        spans: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema`: also each edge patched at
             each span alone (``per_span``; one more patched pass per edge and span).
         memory_budget: bytes one stacked pass may use (roughly); at least one edge per pass.
         progress: a progress bar over the passes.
@@ -191,7 +191,7 @@ def path_patching(
         (2, 29)
     """
     tokens, reference = check_pair(model, tokens, reference)
-    schema = resolve_positions(positions, tokens)
+    schema = resolve_spans(spans, tokens)
     check_int_range("memory_budget", memory_budget, 1)
     cert = require(model, "path_patching")
     layout = edge_layout(model)

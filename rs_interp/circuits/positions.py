@@ -19,7 +19,7 @@ end ...: each task's builder in :mod:`rs_interp.tasks` gives its schema), or eac
 **The identity.** Every first-order estimate is a sum over positions (``w_s . g_r`` summed over batch and
 positions), so its positional edges sum to its edge: ``sum_u effect[s, r, u] = effect[s, r]`` (EAP, EAP-IG,
 RelP; tested to 1e-12 in float64). An exact patch is not a sum: the patch of one span at a time
-(:func:`rs_interp.path_patching` with ``positions=``) need not add up to the patch of every span at once.
+(:func:`rs_interp.path_patching` with ``spans=``) need not add up to the patch of every span at once.
 
 >>> import torch
 >>> schema = PositionSchema(("start", "end"), torch.tensor([[0, 0, 1], [0, 1, 1]]))
@@ -38,7 +38,7 @@ from jaxtyping import Bool, Float, Int
 from ..labels import parse
 from .graph import EdgeLayout
 
-__all__ = ["PositionSchema", "PositionalEdgeEffects", "Positional", "resolve_positions", "positional_prune",
+__all__ = ["PositionSchema", "PositionalEdgeEffects", "Positional", "resolve_spans", "positional_prune",
            "positional_mask", "positional_circuit_at", "positional_weights"]
 
 
@@ -126,16 +126,16 @@ class PositionSchema:
         return self.names.index(span)
 
 
-def resolve_positions(positions: object, tokens: torch.Tensor) -> PositionSchema | None:
-    """``positions=`` as the helpers take it: None (no positions), ``"each"`` (every position its own
+def resolve_spans(spans: object, tokens: torch.Tensor) -> PositionSchema | None:
+    """``spans=`` as the helpers take it: None (no positions), ``"each"`` (every position its own
     span) or a :class:`PositionSchema` of ``tokens``."""
-    if positions is None:
+    if spans is None:
         return None
-    if isinstance(positions, str) and positions == "each":
+    if isinstance(spans, str) and spans == "each":
         return PositionSchema.each(tokens)
-    if isinstance(positions, PositionSchema):
-        return positions.check(tokens)
-    raise ValueError(f"positions must be None, 'each' or a PositionSchema, got {positions!r}")
+    if isinstance(spans, PositionSchema):
+        return spans.check(tokens)
+    raise ValueError(f"spans must be None, 'each' or a PositionSchema, got {spans!r}")
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class PositionalEdgeEffects:
         >>> import rs_interp as ri
         >>> model = ri.load_toy_model("induction-1l")
         >>> a, b = ri.induction_batch(2, seed=0).tokens, ri.induction_batch(2, seed=1).tokens
-        >>> eap = ri.edge_attribution_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b, positions="each")
+        >>> eap = ri.edge_attribution_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b, spans="each")
         >>> pos = eap.positional()
         >>> bool(torch.allclose(pos.total().effect.nan_to_num(0), eap.effect.nan_to_num(0), atol=1e-6))
         True
@@ -210,17 +210,17 @@ class PositionalEdgeEffects:
 
 
 class Positional:
-    """What a result computed with ``positions=`` gives (a mixin of the edge results): :meth:`positional`."""
+    """What a result computed with ``spans=`` gives (a mixin of the edge results): :meth:`positional`."""
 
     def positional(self) -> PositionalEdgeEffects:
-        """The positional edges (:class:`PositionalEdgeEffects`) of a result computed with ``positions=``.
+        """The positional edges (:class:`PositionalEdgeEffects`) of a result computed with ``spans=``.
 
         Raises:
-            ValueError: computed without ``positions=``.
+            ValueError: computed without ``spans=``.
         """
         per_span = getattr(self, "per_span", None)
         if per_span is None:
-            raise ValueError("this result has no positions: compute it with positions='each' or a PositionSchema")
+            raise ValueError("this result has no positions: compute it with spans='each' or a PositionSchema")
         schema = self.schema
         return PositionalEdgeEffects(self.layout, schema.names, per_span, self.clean, schema)
 

@@ -57,30 +57,30 @@ def test_path_patching_per_span_is_the_hooked_patch_and_a_positional_cut_is_it_t
     model, toks, ref = random_pair(variant)
     grouped = len(variant) == 4
     edges = [e for e in EDGES if not (grouped and e[1].endswith((".k", ".v")))]
-    pp = ri.path_patching(model, toks, metric, reference=ref, positions=SCHEMA, edges=[e[:2] for e in edges], progress=False)
+    pp = ri.path_patching(model, toks, metric, reference=ref, spans=SCHEMA, edges=[e[:2] for e in edges], progress=False)
     pos = pp.positional()
     every = [(s, r, u) for (s, r) in pp.layout.edges() for u in SCHEMA.names]
     for e in edges:
         want = _hooked_patch(model, toks, ref, *e)
         assert pos.edge(*e) == pytest.approx(want, abs=1e-9, rel=1e-9), e
-        cut = ri.evaluate_circuit(model, toks, metric, [x for x in every if x != e], reference=ref, positions=SCHEMA)
+        cut = ri.evaluate_circuit(model, toks, metric, [x for x in every if x != e], reference=ref, spans=SCHEMA)
         assert cut - pp.clean == pytest.approx(want, abs=1e-9, rel=1e-9), e
     with torch.no_grad():
         clean, reference = float(metric(model(toks))), float(metric(model(ref)))
-    assert ri.evaluate_circuit(model, toks, metric, every, reference=ref, positions=SCHEMA) == pytest.approx(clean, abs=1e-9)
+    assert ri.evaluate_circuit(model, toks, metric, every, reference=ref, spans=SCHEMA) == pytest.approx(clean, abs=1e-9)
     with pytest.warns(UserWarning, match="no path"):
-        assert ri.evaluate_circuit(model, toks, metric, every[:1], reference=ref, positions=SCHEMA) == pytest.approx(reference, abs=1e-9)
+        assert ri.evaluate_circuit(model, toks, metric, every[:1], reference=ref, spans=SCHEMA) == pytest.approx(reference, abs=1e-9)
 
 
 def test_the_positional_curve_runs_every_positional_edge_at_1_and_is_the_position_free_curve_with_one_span():
     """At fraction 1 the positional circuit is the clean run; with one span covering every position the positional
     curve is the position-free one (the same circuits, the same passes)."""
     model, toks, ref = random_pair(("LN", "standard", False))
-    eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, positions=SCHEMA)
+    eap = ri.edge_attribution_patching(model, toks, metric, reference=ref, spans=SCHEMA)
     curve = ri.faithfulness_curve(model, toks, metric, eap.positional(), reference=ref, fractions=(0.1, 0.5, 1.0), progress=False)
     assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-9)
     one = PositionSchema(("all",), torch.zeros_like(toks))
-    single = ri.edge_attribution_patching(model, toks, metric, reference=ref, positions=one)
+    single = ri.edge_attribution_patching(model, toks, metric, reference=ref, spans=one)
     a = ri.mib_scores(model, toks, metric, single.positional(), reference=ref, progress=False)
     b = ri.mib_scores(model, toks, metric, single, reference=ref, progress=False)
     assert a.cpr == pytest.approx(b.cpr, abs=1e-12) and a.cmd == pytest.approx(b.cmd, abs=1e-12)
@@ -112,6 +112,6 @@ def test_schemas_are_checked():
     assert PositionSchema.from_starts(("a", "b"), [[0, 3]], 5).span_of.tolist() == [[0, 0, 0, 1, 1]]
     model, toks, ref = random_pair(("LN", "standard", False))
     with pytest.raises(ValueError, match="span_of has shape"):
-        ri.edge_attribution_patching(model, toks, metric, reference=ref, positions=PositionSchema.each(toks[:, :4]))
+        ri.edge_attribution_patching(model, toks, metric, reference=ref, spans=PositionSchema.each(toks[:, :4]))
     with pytest.raises(ValueError, match="GradDrop"):
-        ri.edge_attribution_patching(model, toks, metric, reference=ref, positions="each", grad_drop=True)
+        ri.edge_attribution_patching(model, toks, metric, reference=ref, spans="each", grad_drop=True)

@@ -260,13 +260,13 @@ def test_positions_split_the_estimate_and_options_are_checked():
     for fn, kw in ((ri.edge_relevance_patching, {}), (ri.edge_attribution_patching, {}), (ri.edge_attribution_patching, {"ig_steps": 3})):
         whole = fn(model, toks, metric, reference=ref, **kw)
         for positions in (schema, "each"):
-            split = fn(model, toks, metric, reference=ref, positions=positions, **kw)
+            split = fn(model, toks, metric, reference=ref, spans=positions, **kw)
             assert float((split.per_span.nansum(-1) - whole.effect.nan_to_num(0)).abs().max()) <= 1e-12
             assert split.positional().total().effect.isnan().equal(whole.effect.isnan())
     with pytest.raises(ValueError, match="per span it is not built"):
-        ri.edge_relevance_patching(model, toks, metric, reference=ref, qk_fix=True, positions="each")
-    with pytest.raises(ValueError, match="positions must be"):
-        ri.edge_relevance_patching(model, toks, metric, reference=ref, positions="spans")
+        ri.edge_relevance_patching(model, toks, metric, reference=ref, qk_fix=True, spans="each")
+    with pytest.raises(ValueError, match="spans must be"):
+        ri.edge_relevance_patching(model, toks, metric, reference=ref, spans="spans")
     with pytest.raises(ValueError, match="needs reference"):
         ri.edge_relevance_patching(model, toks, metric)
     with pytest.raises(ValueError, match="which='q' or 'k'"):

@@ -11,7 +11,7 @@ What they show, in float64 on both sides:
   ``act(h) / h``), and, with its own 1e-6, within the relative shift that epsilon makes (measured and printed); set
   as its README sets it (``use_lrp`` on a model already built), the fork leaves the MLP's activation rule out (the
   rule is chosen when the MLP is built), and its numbers differ (printed);
-- PEAP's own code gives rs_interp's positional EAP (``positions=`` a schema of PEAP's spans, prompts of different
+- PEAP's own code gives rs_interp's positional EAP (``spans=`` a schema of PEAP's spans, prompts of different
   lengths): every non-crossing edge at every span, and the whole prompt's (PEAP's last column) = the edge's EAP, to
   float32's rounding (PEAP keeps each example's score in float32). PEAP's crossing edges (inside a head, from a key or
   value span to a query span) have no counterpart in rs_interp's graph (kept whole inside the head) and are not compared.
@@ -98,7 +98,7 @@ def test_positional_eap_is_peaps_non_crossing_edges(tmp_path):
     names = ("head", "body", "end")
     schema = ri.PositionSchema.from_starts((*names, "pad"), [s + [n] for s, n in zip(starts, lengths)], width)
     metric = _answers_metric(answers, torch.tensor(lengths) - 1)
-    ours = ri.edge_attribution_patching(model, clean, metric, reference=counter, positions=schema).positional()
+    ours = ri.edge_attribution_patching(model, clean, metric, reference=counter, spans=schema).positional()
     data = {"cfg": _config(model), "state": _backend.portable_state(model), "spans": (*names, "length"),
             "clean": [clean[i, :n] for i, n in enumerate(lengths)], "counterfactual": [counter[i, :n] for i, n in enumerate(lengths)],
             "starts": [s + [n] for s, n in zip(starts, lengths)], "answers": answers}
