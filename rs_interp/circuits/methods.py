@@ -13,7 +13,7 @@ does), the export, its test and its reference entry.
 >>> [m.key for m in METHODS.values()][:14]
 ['EAP', 'EAP-IG', 'exact', 'AtP', 'scan', 'EAP-QK', 'AtP*', 'EAP-H', 'EAP-H2', 'EAP-IG-G2', 'EAP-H-fix', 'ACDC', 'AtP-GD', 'AtP-H']
 >>> [m.key for m in METHODS.values()][14:]
-['RelP', 'RelP-QK', 'RelP-IG-G2', 'RelP-fix', 'RelP-IG-fix', 'EAP-IG-G2-fix', 'EAP-pos', 'EAP-IG-pos', 'RelP-pos', 'exact-pos']
+['RelP', 'RelP-QK', 'RelP-IG-G2', 'RelP-fix', 'EAP-IG-G2-fix', 'EAP-pos', 'EAP-IG-pos', 'RelP-pos', 'exact-pos']
 >>> METHODS["exact path patching"].exact, METHODS["EAP"].level
 (True, 'edge')
 """
@@ -142,7 +142,6 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("RelP, QK fix", "RelP-QK", "edge", _relp(qk_fix=True), shares=True),
     Method(f"RelP-IG, Gauss-Legendre (m = {GAUSS_STEPS})", "RelP-IG-G2", "edge", _relp(ig_steps=GAUSS_STEPS), shares=True),
     Method("RelP, flat edges patched", "RelP-fix", "edge", _flat_fixed(_relp())),
-    Method(f"RelP-IG (m = {GAUSS_STEPS}), flat edges patched", "RelP-IG-fix", "edge", _flat_fixed(_relp(ig_steps=GAUSS_STEPS))),
     Method(f"EAP-IG, Gauss-Legendre (m = {GAUSS_STEPS}), flat edges patched", "EAP-IG-G2-fix", "edge",
            _flat_fixed(_edges(ig_steps=GAUSS_STEPS, ig_rule="gauss"))),
     Method("EAP (positions)", "EAP-pos", "positional", _positional(edge_attribution_patching)),

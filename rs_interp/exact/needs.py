@@ -97,6 +97,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "features.mlp_transcoders": ("mlp reads", "mlp writes", "mlp weights"),
     "scale.attribution_patching": ("z", "input", "gradients"),
     "scale.edge_attribution_patching": _EDGE_ESTIMATES,
+    "scale.edge_relevance_patching": _RELEVANCE,
     "scale.path_patching": _EDGES,
     "scale.evaluate_circuit": _EVALUATED,
     "scale.faithfulness_curve": _EVALUATED,

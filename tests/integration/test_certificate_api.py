@@ -137,6 +137,7 @@ CALLS = {
     "features.mlp_transcoders": ("mlp", lambda m, t, r, c: features.mlp_transcoders(m)),
     "scale.attribution_patching": ("mlp", lambda m, t, r, c: scale.attribution_patching(m, _task_batch(t, r), progress=False)),
     "scale.edge_attribution_patching": ("mlp", lambda m, t, r, c: scale.edge_attribution_patching(m, _task_batch(t, r), progress=False)),
+    "scale.edge_relevance_patching": ("mlp", lambda m, t, r, c: scale.edge_relevance_patching(m, _task_batch(t, r), progress=False)),
     "scale.path_patching": ("mlp", lambda m, t, r, c: scale.path_patching(m, _task_batch(t, r), progress=False)),
     "scale.evaluate_circuit": ("mlp", lambda m, t, r, c: scale.evaluate_circuit(m, _task_batch(t, r), [("embed", "logits")],
                                                                                     progress=False)),

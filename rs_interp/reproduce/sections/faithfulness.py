@@ -25,6 +25,9 @@ from .code import _repeat_targets
 
 #: Clean/corrupt pairs per model.
 N_PAIRS = 32
+#: The models whose positional edges are patched exactly (one patched pass per edge and span): code-2l's, 46 edges in
+#: two spans on 32 pairs of 64 tokens, would add a third of this section's time to the main job.
+EXACT_POSITIONS = ("induction-2l",)
 #: The bootstrap's resamples and the top set it compares.
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_TOP = 200, 10
 
@@ -76,7 +79,7 @@ def _positional(ctx: Context, name: str, model, tokens, reference, metric, spans
     """The positional methods of the registry on one model: MIB's curves of their positional edges (CPR, CMD), their cost
     beside EAP's, and, for the first-order ones, their positional edges summed against the same estimate without
     positions (the identity of :mod:`rs_interp.circuits.positions`)."""
-    methods = {n: m for n, m in METHODS.items() if m.level == "positional"}
+    methods = {n: m for n, m in METHODS.items() if m.level == "positional" and (not m.exact or name in EXACT_POSITIONS)}
     runs = {n: _run(ctx, m, model, tokens, reference, metric, spans) for n, m in methods.items()}
     mib = mib_scores(model, tokens, metric, {n: r[0] for n, r in runs.items()}, reference=reference, progress=ctx.progress)
     plain = {m.key: n for n, m in METHODS.items() if m.level == "edge"}

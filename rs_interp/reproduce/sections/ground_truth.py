@@ -55,7 +55,7 @@ TRACR_PAIRS = 64
 #: ``GOAL_COST`` times EAP's matmul FLOPs.
 GOAL_GAP, GOAL_COST = 0.02, 3.0
 #: The fast methods the goal is asked of (the registry's keys): RelP and its variants, and the screen-flag-fix rules.
-GOAL_METHODS = ("EAP-IG-G2", "RelP", "RelP-QK", "RelP-IG-G2", "RelP-fix", "RelP-IG-fix", "EAP-IG-G2-fix", "EAP-H-fix")
+GOAL_METHODS = ("EAP-IG-G2", "RelP", "RelP-QK", "RelP-IG-G2", "RelP-fix", "EAP-IG-G2-fix", "EAP-H-fix")
 
 
 def _exact(level: str) -> str:
