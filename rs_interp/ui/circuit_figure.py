@@ -233,6 +233,12 @@ def _positional_figure(scores: Any, max_edges: int, title: str | None) -> go.Fig
         return "logits" if receiver == "logits" else "mlp" if receiver.startswith("MLP") else receiver[-1]
 
     fig = go.Figure()
+    faint = [(c, u) for u in range(len(spans)) for c in layout.senders if c != "embed"]  # the model in every span's column
+    fig.add_trace(go.Scatter(x=[place(c, u)[0] for c, u in faint], y=[place(c, u)[1] for c, u in faint], mode="markers",
+                             marker=dict(size=6, color="#dddddd", symbol=["square" if c.startswith("MLP") else "circle" for c, _ in faint]),
+                             hoverinfo="text", text=[f"{c} @ {spans[u]}" for c, u in faint], showlegend=False, name="components"))
+    for u in range(1, len(spans)):  # the columns' borders
+        fig.add_vline(x=u * step - 0.9, line=dict(color="#eeeeee", width=1))
     for kind in EDGE_COLOURS:
         members = [(e, v) for e, v in picked if kind_of(e[1]) == kind]
         for (s, r, u), v in members:
