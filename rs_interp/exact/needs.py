@@ -52,7 +52,7 @@ _EDGE_ESTIMATES = ("stream", "z", "heads", "input", "readers", "projections", "g
 _PATTERNS = ("z", "values")
 _GRAPH = ("embedding", "stream", "mlp reads", "mlp writes", "readout", "vocabulary")
 #: Relevance patching: the layers swept backwards by hand, each held at the run (no backward pass of the model).
-_RELEVANCE = ("stream", "z", "heads", "values", "mlp reads", "mlp writes", "mlp weights", "readout", "vocabulary")
+_RELEVANCE = ("stream", "z", "heads", "values", "mlp reads", "mlp writes", "mlp weights", "readout")
 
 #: The identities each helper relies on: it refuses, naming the first that fails.
 NEEDS: dict[str, tuple[str, ...]] = {
