@@ -74,6 +74,7 @@ __all__ = [
     "score_methods",
     "missed",
     "faithfulness",
+    "counted_flops",
 ]
 
 #: A score at most this fraction of a method's largest counts as 0 (:func:`magnitudes`).
@@ -285,11 +286,29 @@ def _scored(method: str, items: Sequence[str], values: Sequence[float], known: S
                         flops)
 
 
-def _counted(fn) -> tuple[Any, int]:
-    """``fn()`` and the matmul FLOPs it ran (PyTorch's FlopCounterMode)."""
+class _Global:
+    """FlopCounterMode's module tracker, replaced: every FLOP counted as the whole call's. Its own tracker registers
+    PyTorch's global module hooks, which are part of the certificate's key (:func:`rs_interp.certify`), so every
+    counted call would measure the model's certificate again (a second of CPU on a toy model). PyTorch 2.13's
+    ``FlopCounterMode.mod_tracker``; remove when its counter can run without module tracking."""
+
+    parents = {"Global"}
+
+    def __enter__(self) -> "_Global":
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        return None
+
+
+def counted_flops(fn) -> tuple[Any, int]:
+    """``fn()`` and the matmul FLOPs it ran (PyTorch's FlopCounterMode, forward and backward passes alike), counted
+    without module hooks (:class:`_Global`)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
+    counter = FlopCounterMode(display=False)
+    counter.mod_tracker = _Global()
+    with counter:
         out = fn()
     return out, int(counter.get_total_flops())
 
@@ -311,7 +330,7 @@ def score_methods(case: GroundTruthCase, *, progress: bool = True, counted: Iter
     for name, method in METHODS.items():
         kw = {"spans": case.spans} if method.level == "positional" else {}
         run = lambda: method.run(model, tokens, metric, reference=reference, progress=progress, **kw)  # noqa: E731
-        result, flops = _counted(run) if method.key in counted else (run(), None)
+        result, flops = counted_flops(run) if method.key in counted else (run(), None)
         if method.level == "positional":
             triples = result.edges()
             out[name] = _scored(name, tuple(f"{edge_string((s, r))} @ {u}" for s, r, u in triples), result.effect[result.exists].tolist(),

@@ -12,6 +12,7 @@ import time
 import torch
 
 from ...circuits.evaluation import mib_scores
+from ...circuits.ground_truth import counted_flops
 from ...circuits.induction_truth import period_spans
 from ...circuits.methods import METHODS
 from ...circuits.positions import PositionSchema
@@ -49,12 +50,9 @@ def _cases(ctx: Context) -> dict[str, tuple]:
 
 
 def _flops(fn) -> int:
-    """The matmul FLOPs ``fn()`` runs (forward and backward passes alike), counted by PyTorch."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return int(counter.get_total_flops())
+    """The matmul FLOPs ``fn()`` runs (forward and backward passes alike), counted by PyTorch
+    (:func:`rs_interp.circuits.ground_truth.counted_flops`: without module hooks, so the model is not certified again)."""
+    return counted_flops(fn)[1]
 
 
 def _run(ctx: Context, method, model, tokens, reference, metric, spans=None) -> tuple:
