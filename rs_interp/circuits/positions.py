@@ -37,6 +37,7 @@ from jaxtyping import Bool, Float, Int
 
 from ..labels import parse
 from .graph import EdgeLayout
+from .selection import fixpoint
 
 __all__ = ["PositionSchema", "PositionalEdgeEffects", "Positional", "resolve_spans", "positional_prune",
            "positional_mask", "positional_circuit_at", "positional_weights"]
@@ -277,7 +278,7 @@ def positional_prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | No
     for i, s in enumerate(senders):
         for j in cols[s]:
             reader_of.setdefault(j, []).append((i, parse(layout.receivers[j]).input or "mlp"))
-    while True:
+    def step(keep: torch.Tensor) -> torch.Tensor:
         fed_col = keep.any(0)  # (receiver, span): some kept edge into this input there
         alive = torch.zeros(len(senders), S, dtype=torch.bool)
         for i, s in enumerate(senders):
@@ -295,14 +296,9 @@ def positional_prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | No
                 live[j] = True
             for i, kind in reader_of.get(j, []):
                 live[j] |= (earlier.T & alive[i][None, :]).any(1) if kind in ("k", "v") else alive[i]
-        new = keep & alive[:, None, :] & live[None, :, :]
-        if torch.equal(new, keep):
-            return keep
-        keep = new
-        if passes is not None:
-            passes -= 1
-            if passes <= 0:
-                return keep
+        return keep & alive[:, None, :] & live[None, :, :]
+
+    return fixpoint(step, keep, passes)
 
 
 def positional_weights(layout: EdgeLayout, n_spans: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ inputs of the query heads that read it.
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal
 
 import torch
 
@@ -134,7 +134,7 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
             return out
         return [sender]
 
-    while True:
+    def step(keep: torch.Tensor) -> torch.Tensor:
         fed = {comp[j] for j in range(len(comp)) if bool(keep[:, j].any())}
         alive = []
         for i, s in enumerate(layout.senders):
@@ -144,7 +144,15 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
         live = {s for s, a in zip(layout.senders, alive) if a}
         live_kv = {f"L{parse(s).layer}KV{parse(s).index // group}" for s in live if parse(s).kind == "head" and n_kv}
         col_ok = torch.tensor([c == "logits" or c in live or c in live_kv for c in comp])
-        new = keep & torch.tensor(alive)[:, None] & col_ok[None, :]
+        return keep & torch.tensor(alive)[:, None] & col_ok[None, :]
+
+    return fixpoint(step, keep, passes)
+
+
+def fixpoint(step: Callable[[torch.Tensor], torch.Tensor], keep: torch.Tensor, passes: int | None) -> torch.Tensor:
+    """``step`` applied to ``keep`` until nothing changes, or ``passes`` times (a pruning's passes)."""
+    while True:
+        new = step(keep)
         if torch.equal(new, keep):
             return keep
         keep = new
