@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .._messages import few
 from ..exact.norm import IDENTITY, Norm
 from . import config as _config
 from .common import (  # noqa: F401
@@ -165,7 +166,7 @@ def make_config(**fields: Any) -> ModelConfig:
     """
     unknown = set(fields) - config_fields()
     if unknown:
-        raise ValueError(f"unknown config fields for TransformerLens {TL_VERSION}: {sorted(unknown)}")
+        raise ValueError(f"unknown config fields for TransformerLens {TL_VERSION}: {few(sorted(unknown))}")
     return _impl.make_config(**fields)
 
 
@@ -296,3 +297,17 @@ def pre_norm(model: Model, layer: int, name: str) -> Norm:
                          f"{name!r} before its {'attention' if name == 'ln1' else 'MLP'} (nor one shared input norm 'ln1' of a "
                          "parallel block, nor a norm after each sublayer)")
     return norm_of(model, module)
+
+
+def stream_writes(model: Model, name: str) -> tuple[str, ...]:
+    """Where a change of the residual stream at hook point ``name`` is written so that every later reader sees
+    it. 3.x's stream hooks are the stream. 4.3's ``hook_resid_mid`` is an alias of ``ln2.hook_in``: what it
+    returns is the MLP's input only, and the block adds the stream it passes on apart from it (measured: a
+    change written there alone never reaches the next block), so a change there is also written at
+    ``hook_resid_post``. Removable when the bridge's ``hook_resid_mid`` is the stream itself."""
+    from .. import _names as N
+
+    layer = N.layer_of(name)
+    if TL_MAJOR >= 4 and layer is not None and name == N.resid_mid(layer):
+        return (name, N.resid_post(layer))
+    return (name,)

@@ -44,11 +44,11 @@ from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.stream import mlp_flags
 from ..exact.validate import Ablation, check_ablation
-from ..metrics import Metric, metric_value
+from ..metrics import Metric, direction, metric_value
+from . import positions as pos
 from ._ablated_run import ablated_writes, run_circuit
 from .graph import EdgeEffects, EdgeLayout, Embedding, edge_layout, embedding_of
-from .positions import PositionalEdgeEffects, PositionSchema, positional_circuit_at, positional_mask, positional_prune, positional_weights, resolve_spans
-from .selection import Ranking, circuit_at, mask, mib_weights, prune
+from .selection import Ranking, check_fractions, circuit_at, mask, mib_weights, prune
 
 __all__ = ["MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores"]
 
@@ -70,22 +70,38 @@ def evaluate_circuit(
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     ablation: Ablation = "resample",
     embedding: Embedding = "sum",
-    spans: str | PositionSchema | None = None,
+    spans: str | pos.PositionSchema | None = None,
 ) -> float:
     """``metric`` of the run with every edge outside ``circuit`` ablated (module docstring).
 
     Args:
-        circuit: ``(sender, receiver)`` edges to keep, labelled as :func:`rs_interp.edge_layout` does; with
-            ``spans``, ``(sender, receiver, span)`` positional edges (:mod:`rs_interp.circuits.positions`):
-            a positional edge outside the circuit is ablated at its span's positions only.
+        circuit: ``(sender, receiver)`` edges to keep, labelled as :func:`rs_interp.edge_layout` does (with ``spans``,
+            ``(sender, receiver, span)``: one outside is ablated at its span's positions only).
         reference: tokens of the reference run: the shape of ``tokens`` for ``"resample"``, as long
             as ``tokens`` for ``"position_mean"``, any shape for ``"mean"``; unused by ``"zero"``.
-        ablation: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring).
+        ablation: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring); below,
+            which of EAP-IG's ``evaluate_graph`` interventions each equals (hannamw/EAP-IG at 7af394a, the
+            commit MIB's circuit track pins).
         embedding: the graph's input senders (:func:`rs_interp.edge_layout`): ``"sum"`` (``embed``),
-            ``"token"`` (``tok_embed``, EAP-IG's input node: the position embedding is never
-            ablated, so zero and mean ablations are EAP-IG's ``evaluate_graph``'s) or ``"split"``
-            (``tok_embed`` and ``pos_embed``).
+            ``"token"`` (``tok_embed``, EAP-IG's input node ``hook_embed``: the position embedding is
+            never ablated) or ``"split"`` (``tok_embed`` and ``pos_embed``).
         spans: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema` of ``tokens``: the circuit's spans.
+
+    Which reference quantity each ablation equals (a sender ``s``'s ablated write; ``reference`` the prompts
+    EAP-IG's ``intervention_dataloader`` or corrupted prompts hold):
+
+    - ``"resample"``: ``s``'s write in the run on ``reference``, pair by pair: EAP-IG's ``"patching"``
+      (MIB's), on any ``embedding`` (a pair's two runs add the same position embedding).
+    - ``"zero"``: 0: EAP-IG's ``"zero"`` with ``embedding="token"`` only; with ``"sum"`` the position
+      embedding is zeroed too, another number.
+    - ``"position_mean"``: ``s``'s mean over the ``reference`` batch at each position: EAP-IG's
+      ``"mean-positional"`` (MIB's) when its prompts are all of one length (its mean counts padded
+      positions), on any ``embedding`` (the position embedding's mean over a batch is itself).
+    - ``"mean"``: ``s``'s mean over the ``reference`` batch and every position. No EAP-IG intervention
+      is this: its ``"mean"`` (``compute_mean_activations(per_position=False)``) writes one vector for
+      every sender, the mean over all its graph's senders (the input, each head, each MLP) of each
+      prompt's write at its last position divided by the prompt's length, averaged over the prompts
+      (issue 61 measured a circuit's metric 0.24 under it against 0.65 under rs_interp's "mean").
 
     Warns:
         UserWarning: the circuit has no path from the embedding to the logits (its dangling edges,
@@ -107,21 +123,16 @@ def evaluate_circuit(
     """
     tokens, reference = check_ablation(model, tokens, ablation, reference, "evaluate_circuit")
     layout = edge_layout(model, embedding)
-    schema = resolve_spans(spans, tokens)
-    keep = mask(layout, circuit) if schema is None else positional_mask(layout, schema.names, circuit)
+    schema = pos.resolve_spans(spans, tokens)
+    keep = mask(layout, circuit) if schema is None else pos.positional_mask(layout, schema.names, circuit)
     require(model, "evaluate_circuit", also=("embedding",) if embedding != "sum" else ())
-    reaches = _reaches_logits(layout, keep) if schema is None else bool(positional_prune(layout, keep).any())
+    reaches = _reaches_logits(layout, keep) if schema is None else bool(pos.positional_prune(layout, keep).any())
     if keep.any() and not reaches:  # stacklevel 3: the caller's line, past the renamed() wrapper
         warnings.warn("this circuit has no path from the embedding to the logits: every path through it is cut, so it "
                       "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=3)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
         return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, ablation, embedding),
-                           "circuit run", masks=None if schema is None else _masks(schema))
-
-
-def _masks(schema: PositionSchema) -> torch.Tensor:
-    """(span, batch, pos, 1): where each span's positional edges act."""
-    return schema.one_hot().permute(2, 0, 1)[..., None]
+                           "circuit run", masks=None if schema is None else pos.span_masks(schema))
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,9 @@ class FaithfulnessCurve:
             counts them before its evaluation prunes to the end
             (:func:`rs_interp.circuits.selection.prune`), in MIB's edges, as floats. ``n_edges`` is
             the size of the circuit evaluated; the two differ where that one pass leaves dangling edges.
+        higher_is_better: the metric's direction the signed ranking used (:func:`rs_interp.metrics.direction`:
+            the argument, else the metric's own, else whether ``clean`` is above ``empty``).
+        direction_from: where it came from: ``"argument"``, ``"metric"`` or ``"clean and empty"``.
 
     Example:
         >>> import rs_interp
@@ -170,6 +184,8 @@ class FaithfulnessCurve:
     area_under: float
     area_from_1: float
     mib_counts: tuple[float, ...] | None = None
+    higher_is_better: bool | None = None
+    direction_from: str | None = None
 
     @property
     def cpr(self) -> float:
@@ -202,18 +218,6 @@ def _area(x: Sequence[float], y: Sequence[float]) -> float:
     return float(sum((x[i + 1] - x[i]) * (y[i] + y[i + 1]) / 2 for i in range(len(x) - 1)))
 
 
-def _check_fractions(fractions: object) -> list[float]:
-    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):
-        raise ValueError(f"fractions must be a sequence of numbers in (0, 1], got {fractions!r}")
-    fr = list(fractions)
-    if not fr or any(isinstance(f, bool) or not isinstance(f, (int, float)) for f in fr):
-        raise ValueError(f"fractions must be a non-empty sequence of numbers in (0, 1], got {fractions!r}")
-    fr = [float(f) for f in fr]
-    if any(not 0 < f <= 1 for f in fr) or any(b <= a for a, b in zip(fr, fr[1:])):
-        raise ValueError(f"fractions must increase within (0, 1], got {tuple(fractions)}")
-    return fr
-
-
 @renamed(method="ablation")
 def faithfulness_curve(
     model: Model,
@@ -226,7 +230,7 @@ def faithfulness_curve(
     ranking: Ranking = "absolute",
     ablation: Ablation = "resample",
     pruned: bool = True,
-    higher_is_better: bool = False,
+    higher_is_better: bool | None = None,
     progress: bool = True,
 ) -> FaithfulnessCurve:
     """The faithfulness of the circuits MIB evaluates from ``scores`` at each fraction (MIB's ten by
@@ -243,8 +247,11 @@ def faithfulness_curve(
             earlier rule; a circuit may then hold edges that reach nothing).
         higher_is_better: the metric's direction, for ``ranking="signed"``: MIB ranks the scores of
             the loss, largest first (:func:`rs_interp.tasks.mib_importances`), so with a logit or
-            probability difference (``True``) the smallest effects come first, with a loss
-            (``False``, the default) the largest. The absolute ranking is the same either way.
+            probability difference (``True``) the smallest effects come first, with a loss (``False``)
+            the largest. ``None`` (the default): the one rule, :func:`rs_interp.metrics.direction`, the
+            metric's own declaration (a task's metric: ``True``; :func:`rs_interp.next_token_loss`:
+            ``False``), else ``True`` when the clean run's metric is above the empty circuit's; the result
+            says which (``higher_is_better``, ``direction_from``). The absolute ranking is the same either way.
         progress: a progress bar over the circuits.
 
     Raises:
@@ -263,56 +270,57 @@ def faithfulness_curve(
         ((14, 29), 1.0)
     """
     tokens, reference = check_ablation(model, tokens, ablation, reference, "faithfulness_curve")
-    fr = _check_fractions(fractions)
-    if not isinstance(scores, (EdgeEffects, PositionalEdgeEffects)):
-        raise ValueError("scores must be edge scores (EdgeEffects, or PositionalEdgeEffects) of this model's edge layout")
+    fr = check_fractions(fractions)
+    if not isinstance(scores, (EdgeEffects, pos.PositionalEdgeEffects)):
+        raise ValueError("scores must be edge scores (EdgeEffects, or pos.PositionalEdgeEffects) of this model's edge layout")
     embedding = embedding_of(scores.layout)
     require(model, "faithfulness_curve", also=("embedding",) if embedding != "sum" else ())
-    if isinstance(scores, PositionalEdgeEffects):
-        _check_schema(scores, tokens)
     return _curves(model, tokens, metric, [(scores, ranking)], reference=reference, fractions=fr, ablation=ablation, pruned=pruned,
                    higher_is_better=higher_is_better, progress=progress)[0]
 
 
 def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequence[tuple[EdgeEffects, Ranking]], *,
             reference: torch.Tensor | None, fractions: list[float], ablation: Ablation, pruned: bool,
-            higher_is_better: bool, progress: bool) -> list[FaithfulnessCurve]:
+            higher_is_better: bool | None, progress: bool) -> list[FaithfulnessCurve]:
     """One :class:`FaithfulnessCurve` per ``(scores, ranking)`` of ``requests`` (checked arguments), sharing
     what they can: the ablated writes, the clean and the empty run are computed once, and each distinct
     circuit (by its kept edges) is run once, however many curves hold it (MIB's smallest sizes round to
     the empty circuit, the largest to the full graph, and methods that agree pick the same edges): the
     same forward pass gives the same number, so sharing changes nothing but the count of passes. Every
-    request's scores are on the same input senders (:func:`rs_interp.edge_layout`'s ``embedding``)."""
+    request's scores are on the same input senders (:func:`rs_interp.edge_layout`'s ``embedding``), and all edge
+    scores or all positional (:class:`rs_interp.circuits.positions.PositionalEdgeEffects`, with their spans).
+    The metric's direction (the signed ranking's) is settled by :func:`rs_interp.metrics.direction` from
+    the clean and the empty run before any circuit is chosen."""
+    if higher_is_better is not None and not isinstance(higher_is_better, bool):  # before any run
+        raise ValueError(f"higher_is_better must be True, False or None (from the metric), got {higher_is_better!r}")
     first = requests[0][0]
-    embedding = embedding_of(first.layout) if isinstance(first, (EdgeEffects, PositionalEdgeEffects)) else "sum"
+    embedding = embedding_of(first.layout) if isinstance(first, (EdgeEffects, pos.PositionalEdgeEffects)) else "sum"
     layout = edge_layout(model, embedding)
-    positional = isinstance(first, PositionalEdgeEffects)
-    kind = PositionalEdgeEffects if positional else EdgeEffects
+    positional = isinstance(first, pos.PositionalEdgeEffects)
+    kind = pos.PositionalEdgeEffects if positional else EdgeEffects
     for scores, _ranking in requests:
         if not isinstance(scores, kind) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
             raise ValueError(f"scores must be edge scores ({kind.__name__}) of this model's edge layout (all on the same input senders)")
         if positional and scores.spans != first.spans:
             raise ValueError("positional scores compared in one call must share their spans")
-    choose = positional_circuit_at if positional else circuit_at
-    pruner = positional_prune if positional else prune
-    chosen = [[choose(scores, f, ranking=ranking, pruned=False, higher_is_better=higher_is_better) for f in fractions]
-              for scores, ranking in requests]
-    circuits = [[pruner(layout, keep) if pruned else keep for keep in curve] for curve in chosen]
-    weights = positional_weights(layout, len(first.spans)) if positional else mib_weights(layout)
-    masks = _masks(_check_schema(first, tokens)) if positional else None
+    choose, pruner, weights, masks = pos.curve_rules(first, layout, tokens) if positional else (circuit_at, prune, mib_weights(layout), None)
     total = float(weights.sum())
-    key = lambda keep: bytes(keep.flatten().tolist())  # noqa: E731  (the kept edges, as bytes)
     nobody = torch.zeros_like(weights, dtype=torch.bool)
-    distinct: dict[bytes, torch.Tensor] = {}
-    for keep in (k for curve in circuits for k in curve):
-        if key(keep) != key(nobody):
-            distinct.setdefault(key(keep), keep)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
         ablated = ablated_writes(model, tokens, reference, ablation, embedding)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         empty = run_circuit(model, tokens, metric, layout, nobody, ablated, "empty circuit", masks=masks)
         if clean == empty:
             raise ValueError(f"the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
+        way = direction(metric, clean, empty, higher_is_better)
+        chosen = [[choose(scores, f, ranking=ranking, pruned=False, higher_is_better=way.higher_is_better)
+                   for f in fractions] for scores, ranking in requests]
+        circuits = [[pruner(layout, keep) if pruned else keep for keep in curve] for curve in chosen]
+        key = lambda keep: bytes(keep.flatten().tolist())  # noqa: E731  (the kept edges, as bytes)
+        distinct: dict[bytes, torch.Tensor] = {}
+        for keep in (k for curve in circuits for k in curve):
+            if key(keep) != key(nobody):
+                distinct.setdefault(key(keep), keep)
         value = {key(nobody): empty}
         for k, keep in bar(distinct.items(), desc="faithfulness curve", enabled=progress, unit="circuit"):
             value[k] = run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit of {int(keep.sum())} edges", masks=masks)
@@ -324,25 +332,18 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
                                      n_edges=tuple(int(float((weights * keep).sum())) for keep in curve), values=tuple(values),
                                      faithfulness=tuple(faith), clean=clean, empty=empty, area_under=_area(fractions, faith),
                                      area_from_1=_area(fractions, [abs(1 - f) for f in faith]),
-                                     mib_counts=_mib_counts(layout, picked)))
+                                     mib_counts=_mib_counts(layout, picked), higher_is_better=way.higher_is_better,
+                                     direction_from=way.source))
     return out
-
-
-def _check_schema(scores: PositionalEdgeEffects, tokens: torch.Tensor) -> PositionSchema:
-    """The positional scores' schema, checked to be one of ``tokens`` (a circuit's spans are positions of this run)."""
-    if scores.schema is None:
-        raise ValueError("positional scores without their schema cannot be evaluated: which positions each span holds is unknown")
-    return scores.schema.check(tokens)
 
 
 def _mib_counts(layout: EdgeLayout, chosen: list[torch.Tensor]) -> tuple[float, ...]:
     """What MIB's harness reports as each circuit's size: its edges after one pass of pruning (:func:`prune`;
     on the positional graph :func:`rs_interp.circuits.positions.positional_prune`)."""
-    if chosen and chosen[0].ndim == 3:
-        weights = positional_weights(layout, chosen[0].shape[-1])
-        return tuple(float((weights * positional_prune(layout, keep, passes=1)).sum()) for keep in chosen)
-    weights = mib_weights(layout)
-    return tuple(float((weights * prune(layout, keep, passes=1)).sum()) for keep in chosen)
+    positional = bool(chosen) and chosen[0].ndim == 3
+    weights = pos.positional_weights(layout, chosen[0].shape[-1]) if positional else mib_weights(layout)
+    pruner = pos.positional_prune if positional else prune
+    return tuple(float((weights * pruner(layout, keep, passes=1)).sum()) for keep in chosen)
 
 
 @dataclass(frozen=True)
@@ -373,13 +374,15 @@ class MIBScores:
 @renamed(method="ablation")
 def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Metric,
                scores: EdgeEffects | Mapping[str, EdgeEffects], *, reference: Int[torch.Tensor, "batch pos"] | None = None,
-               fractions: Sequence[float] = MIB_FRACTIONS, ablation: Ablation = "resample", higher_is_better: bool = False,
+               fractions: Sequence[float] = MIB_FRACTIONS, ablation: Ablation = "resample", higher_is_better: bool | None = None,
                progress: bool = True) -> MIBScores | dict[str, MIBScores]:
     """CPR and CMD as MIB's circuit track computes them: two :func:`faithfulness_curve` s, the edges
     ranked by signed score (CPR, the area under it) and by absolute score (CMD, the area between it and 1).
-    MIB's signed ranking is of the loss's scores: pass ``higher_is_better=True`` for a logit or
-    probability difference (MIB's metrics), so the CPR is the one MIB's evaluation gives on the
-    file :func:`rs_interp.tasks.write_mib` writes (:func:`faithfulness_curve`).
+    MIB's signed ranking is of the loss's scores, so it depends on the metric's direction: by default
+    (``higher_is_better=None``) the one rule of :func:`rs_interp.metrics.direction` (the metric's own
+    declaration, else the clean run against the empty circuit), which gives a logit or probability
+    difference ``True``, as :func:`rs_interp.tasks.write_mib` writes by default: the CPR is then the one
+    MIB's evaluation gives on that file. The curves say which direction was used (``signed.higher_is_better``).
 
     ``scores`` may be one result or a mapping name -> result (several methods compared): then a dict
     name -> :class:`MIBScores`, every curve computed together, each distinct circuit run once (the
@@ -402,11 +405,11 @@ def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Met
     """
     require(model, "mib_scores")
     tokens, reference = check_ablation(model, tokens, ablation, reference, "mib_scores")
-    fr = _check_fractions(fractions)
+    fr = check_fractions(fractions)
     named = dict(scores) if isinstance(scores, Mapping) else {None: scores}
     if not named:
         raise ValueError("scores is an empty mapping: pass at least one result")
-    embeddings = {embedding_of(s.layout) for s in named.values() if isinstance(s, (EdgeEffects, PositionalEdgeEffects))}
+    embeddings = {embedding_of(s.layout) for s in named.values() if isinstance(s, (EdgeEffects, pos.PositionalEdgeEffects))}
     if embeddings - {"sum"}:
         require(model, "mib_scores", also=("embedding",))
     requests = [(s, ranking) for s in named.values() for ranking in ("signed", "absolute")]

@@ -40,7 +40,7 @@ from .graph import EdgeLayout
 from .selection import fixpoint
 
 __all__ = ["PositionSchema", "PositionalEdgeEffects", "Positional", "resolve_spans", "positional_prune",
-           "positional_mask", "positional_circuit_at", "positional_weights"]
+           "positional_mask", "positional_circuit_at", "positional_weights", "span_masks", "schema_of", "curve_rules"]
 
 
 @dataclass(frozen=True)
@@ -327,3 +327,22 @@ def positional_circuit_at(scores: PositionalEdgeEffects, fraction: float, *, ran
     keep = torch.zeros_like(exists)
     keep[exists] = flat
     return positional_prune(scores.layout, keep) if pruned else keep
+
+
+def span_masks(schema: PositionSchema) -> torch.Tensor:
+    """(span, batch, pos, 1): where each span's positional edges act."""
+    return schema.one_hot().permute(2, 0, 1)[..., None]
+
+
+def schema_of(scores: PositionalEdgeEffects, tokens: torch.Tensor) -> PositionSchema:
+    """The positional scores' schema, checked to be one of ``tokens`` (a circuit's spans are positions of this run)."""
+    if scores.schema is None:
+        raise ValueError("positional scores without their schema cannot be evaluated: which positions each span holds is unknown")
+    return scores.schema.check(tokens)
+
+
+def curve_rules(scores: PositionalEdgeEffects, layout: EdgeLayout, tokens: torch.Tensor) -> tuple:
+    """What a faithfulness curve of positional scores uses: how it chooses a circuit (:func:`positional_circuit_at`),
+    prunes it (:func:`positional_prune`), counts it (:func:`positional_weights`), and the spans' masks."""
+    return (positional_circuit_at, positional_prune, positional_weights(layout, len(scores.spans)),
+            span_masks(schema_of(scores, tokens)))

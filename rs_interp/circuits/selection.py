@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Literal
 import torch
 
 from .._keywords import renamed
+from .._messages import few
 from ..labels import parse
 from .graph import EdgeEffects, EdgeLayout
 
@@ -160,6 +161,19 @@ def fixpoint(step: Callable[[torch.Tensor], torch.Tensor], keep: torch.Tensor, p
             passes -= 1
             if passes <= 0:
                 return keep
+
+
+def check_fractions(fractions: object) -> list[float]:
+    """A faithfulness curve's ``fractions``, checked: increasing numbers within (0, 1]."""
+    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):
+        raise ValueError(f"fractions must be a sequence of numbers in (0, 1], got {fractions!r}")
+    fr = list(fractions)
+    if not fr or any(isinstance(f, bool) or not isinstance(f, (int, float)) for f in fr):
+        raise ValueError(f"fractions must be a non-empty sequence of numbers in (0, 1], got {fractions!r}")
+    fr = [float(f) for f in fr]
+    if any(not 0 < f <= 1 for f in fr) or any(b <= a for a, b in zip(fr, fr[1:])):
+        raise ValueError(f"fractions must increase within (0, 1], got {few(fractions, 10)}")
+    return fr
 
 
 def mib_weights(layout: EdgeLayout) -> torch.Tensor:

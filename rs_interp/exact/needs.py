@@ -106,12 +106,22 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "scale.direct_logit_attribution": ("embedding", "stream", "z", "heads", "readout", "vocabulary"),
     "scale.logit_lens": ("readout", "stop at layer", "vocabulary"),
     "scale.lens_kl": ("readout", "vocabulary"),
+    "variables.interchange": ("rows",),
+    "variables.das": ("rows", "gradients"),
+    "variables.activations": ("rows",),
+    "head_affinity": ("heads", "values"),
+    "head_affinities": ("heads", "values"),
 }
 
 #: Identities a helper needs only for some arguments: ``{helper: {identity: "when"}}``.
 OPTIONAL: dict[str, dict[str, str]] = {
     "composition_scores": {"scores": "which='q' or 'k'"},
     "virtual_weight": {"scores": "which='q' or 'k'"},
+    "head_affinity": {"scores": "which='q' or 'k'"},
+    "head_affinities": {"scores": "which with 'q' or 'k'"},
+    **{name: {"stream": "a residual site", "input": "site blocks.0.hook_resid_pre", "z": "a head's site (hook_z)",
+              "mlp weights": "an MLP's neurons (hook_post)"}
+       for name in ("variables.interchange", "variables.das", "variables.activations")},
     "head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "scale.head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "features.attribution_graph": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
@@ -153,6 +163,8 @@ EXEMPT: dict[str, str] = {
     "features.estimate_graph": "reads the config's shapes only; nothing is run",
     "hooks.store_matching": "builds hooks that record activations; nothing is computed",
     "hooks.split_qkv_inputs": "routes the caller's own per-head input hooks; the caller's hooks say what they compute",
+    "variables.untrained_copy": "a copy of the model with its weights drawn afresh (the DAS control): the copy is "
+                                "certified when a helper uses it",
 }
 
 #: Configurations no identity can make exact for some helper: what each means (the certificate reads
@@ -183,6 +195,8 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "composition_scores": ("post-norm blocks",),
     "virtual_weight": ("post-norm blocks",),
     "copying_scores": ("post-norm blocks",),
+    "head_affinity": ("post-norm blocks",),
+    "head_affinities": ("post-norm blocks",),
     "features.attribution_graph": ("attention-only", "soft-capped logits"),
     "features.intervene": ("attention-only", "soft-capped logits"),
     "features.qk_attributions": ("attention-only", "parallel blocks", "soft-capped logits"),
