@@ -29,6 +29,9 @@ IDENTITIES: dict[str, str] = {
     "readers": "the heads' q, k, v inputs, the MLPs' inputs (hook_mlp_in) and the final stream are every reader "
                "of the stream: their gradients add up to the stream's; the run through the per-head inputs gives the "
                "model's own logits",
+    "head inputs": "moving one head's (or KV head's) q, k or v input (hook_{q,k,v}_input) changes only that "
+                   "head's q, k or v: no norm or hook across the heads carries it to another head (a q/k norm "
+                   "spanning the heads, OLMo-2's, is applied to each head's own copy)",
     "mlp reads": "each MLP reads ln2(resid_mid) (parallel blocks: ln2(resid_pre), or ln1(resid_pre) where one input norm "
                  "is shared), the norm as the model computes it: "
                  "what a transcoder reads at ln2.hook_normalized (with the gain and bias) or hook_resid_mid is the MLP's input",
@@ -46,9 +49,9 @@ IDENTITIES: dict[str, str] = {
     "source": "the log-probabilities are those of the checkpoint the model was loaded from (load_pretrained)",
 }
 
-_EDGES = ("stream", "z", "heads", "readers")
+_EDGES = ("stream", "z", "heads", "readers", "head inputs")
 _EVALUATED = (*_EDGES, "projections")  # a cut head's q/k/v is built by hand where hook_{q,k,v} are the projections
-_EDGE_ESTIMATES = ("stream", "z", "heads", "input", "readers", "projections", "gradients")
+_EDGE_ESTIMATES = ("stream", "z", "heads", "input", "readers", "projections", "gradients", "head inputs")
 _PATTERNS = ("z", "values")
 _GRAPH = ("embedding", "stream", "mlp reads", "mlp writes", "readout", "vocabulary")
 #: Relevance patching: the layers swept backwards by hand, each held at the run (no backward pass of the model).
@@ -89,7 +92,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "key_score_sensitivity": ("scores read",),
     "features.attribution_graph": (*_GRAPH, "gradients"),
     "features.intervene": _GRAPH,
-    "features.qk_attributions": _GRAPH + ("z", "heads", "values", "scores", "gradients"),
+    "features.qk_attributions": _GRAPH + ("z", "heads", "values", "scores", "head inputs", "gradients"),
     "features.top_attention": _GRAPH + ("z", "heads", "values"),
     "features.train_transcoder": ("mlp reads", "mlp writes"),
     "features.transcoder_metrics": ("mlp reads", "mlp writes"),
