@@ -232,7 +232,7 @@ def edge_relevance_patching(
     schema = resolve_spans(spans, tokens)
     _check_options(qk_fix, per_example, schema, ig_steps)
     alphas, weights, _ = quadrature(ig_steps, ig_rule if ig_steps is not None else "left", None)
-    cert = require(model, "edge_relevance_patching", also=("readers", "projections") if qk_fix else ())
+    cert = require(model, "edge_relevance_patching", also=("readers", "projections", "head inputs") if qk_fix else ())
     layout = edge_layout(model)
     dt = compute_dtype(model)
     points = sender_points(model)

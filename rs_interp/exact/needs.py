@@ -133,7 +133,7 @@ OPTIONAL: dict[str, dict[str, str]] = {
     "faithfulness_curve": {"embedding": "scores on embedding='token' or 'split'"},
     "features.qk_attributions": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
     "features.top_attention": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
-    "edge_relevance_patching": {"readers": "qk_fix=True", "projections": "qk_fix=True"},
+    "edge_relevance_patching": {"readers": "qk_fix=True", "projections": "qk_fix=True", "head inputs": "qk_fix=True"},
     "relevance_patching": {"readers": "qk_fix=True", "projections": "qk_fix=True"},
 }
 
