@@ -84,7 +84,8 @@ def _attn_back(model: Model, layer: int, box: dict, R: torch.Tensor, dt: torch.d
     return dz, dv, ln1.readout(du, ln1.scale(box[N.resid_pre(layer)].to(dt)))
 
 
-def sweep(model: Model, box: dict, g: torch.Tensor, dt: torch.dtype, emit: Callable[[int, str, torch.Tensor], None]) -> None:
+def sweep(model: Model, box: dict, g: torch.Tensor, dt: torch.dtype,
+          emit: Callable[[int, str, torch.Tensor], None]) -> None:
     """The relevance coefficients, last layer first: ``emit(layer, kind, t)`` with ``kind`` ``"logits"``, ``"mlp"``
     (column, batch, pos, d_model), ``"v"`` (the value readers', same), ``"z"`` and ``"dv"`` (at the heads' outputs and
     values), and ``"stream"`` (at the stream entering each layer, (batch, pos, d_model)). ``box``: the run's streams,
@@ -111,7 +112,8 @@ def sweep(model: Model, box: dict, g: torch.Tensor, dt: torch.dtype, emit: Calla
 
 
 def run_points(model: Model) -> set[str]:
-    """What :func:`sweep` reads from the run: each layer's stream in and its middle, pattern and ``z``, the final stream."""
+    """What :func:`sweep` reads from the run: each layer's stream in and its middle, pattern and ``z``, the final
+    stream."""
     L = model.cfg.n_layers
     names = {N.resid_pre(l) for l in range(L)} | {N.pattern(l) for l in range(L)} | {N.z(l) for l in range(L)}
     names |= {N.resid_mid(l) for l in range(L)} if not model.cfg.attn_only else set()

@@ -1,4 +1,5 @@
-"""Position-aware edges (PEAP, Haklay et al. 2025): the edge graph with a position, or a span of positions, on every edge.
+"""Position-aware edges (PEAP, Haklay et al. 2025): the edge graph with a position, or a span of positions, on every
+edge.
 
 **The positional graph.** A sender writes the residual stream at every position, and a receiver reads it at
 every position; the edge ``(s, r)`` of :mod:`rs_interp.circuits.graph` is the sum of its *positional edges*
@@ -73,9 +74,11 @@ class PositionSchema:
         if not isinstance(s, torch.Tensor) or s.ndim != 2 or s.dtype != torch.long:
             raise ValueError("span_of must be a (batch, pos) torch.long tensor")
         if bool(((s < 0) | (s >= len(names))).any()):
-            raise ValueError(f"span_of must give every position a span in [0, {len(names)}): every position is in exactly one span")
+            raise ValueError(f"span_of must give every position a span in [0, {len(names)}): every position is in "
+                             "exactly one span")
         if s.shape[1] > 1 and bool((s[:, 1:] < s[:, :-1]).any()):
-            raise ValueError("the spans must come in order along every row (span_of non-decreasing along the positions)")
+            raise ValueError("the spans must come in order along every row (span_of non-decreasing along the "
+                             "positions)")
 
     @property
     def n_spans(self) -> int:
@@ -99,7 +102,8 @@ class PositionSchema:
         for r in starts:
             r = list(r)
             if len(r) != len(names) or r[0] != 0 or any(b < a for a, b in zip(r, r[1:])) or r[-1] > width:
-                raise ValueError(f"each row's starts must be {len(names)} non-decreasing positions from 0 to at most {width}, got {r}")
+                raise ValueError(f"each row's starts must be {len(names)} non-decreasing positions from 0 to at most "
+                                 f"{width}, got {r}")
             row = torch.zeros(width, dtype=torch.long)
             for i, start in enumerate(r):
                 row[start:] = i
@@ -109,8 +113,8 @@ class PositionSchema:
     def check(self, tokens: torch.Tensor) -> "PositionSchema":
         """``self``, checked to be a schema of ``tokens`` (the same (batch, pos))."""
         if tuple(self.span_of.shape) != tuple(tokens.shape):
-            raise ValueError(f"the schema's span_of has shape {tuple(self.span_of.shape)}, the tokens {tuple(tokens.shape)}: "
-                             "a schema gives a span to every position of every row")
+            raise ValueError(f"the schema's span_of has shape {tuple(self.span_of.shape)}, the tokens "
+                             f"{tuple(tokens.shape)}: a schema gives a span to every position of every row")
         return self
 
     def one_hot(self, dtype: torch.dtype = torch.float64) -> Float[torch.Tensor, "batch pos span"]:
@@ -308,8 +312,8 @@ def positional_weights(layout: EdgeLayout, n_spans: int) -> torch.Tensor:
     return mib_weights(layout)[..., None].expand(-1, -1, n_spans)
 
 
-def positional_circuit_at(scores: PositionalEdgeEffects, fraction: float, *, ranking: str = "absolute", pruned: bool = True,
-                          higher_is_better: bool = False) -> torch.Tensor:
+def positional_circuit_at(scores: PositionalEdgeEffects, fraction: float, *, ranking: str = "absolute",
+                          pruned: bool = True, higher_is_better: bool = False) -> torch.Tensor:
     """The positional circuit at ``fraction`` of the positional edges (:func:`rs_interp.circuits.selection.circuit_at`
     on the positional graph: the best positional edges while their MIB count stays within ``int(fraction * N)``,
     then :func:`positional_prune`). A (sender, receiver, span) mask."""
@@ -337,7 +341,8 @@ def span_masks(schema: PositionSchema) -> torch.Tensor:
 def schema_of(scores: PositionalEdgeEffects, tokens: torch.Tensor) -> PositionSchema:
     """The positional scores' schema, checked to be one of ``tokens`` (a circuit's spans are positions of this run)."""
     if scores.schema is None:
-        raise ValueError("positional scores without their schema cannot be evaluated: which positions each span holds is unknown")
+        raise ValueError("positional scores without their schema cannot be evaluated: which positions each span holds "
+                         "is unknown")
     return scores.schema.check(tokens)
 
 

@@ -103,7 +103,8 @@ class EdgeRelevancePatching(EdgeEffects, Spread, Positional):
     per_span: Float[torch.Tensor, "sender receiver span"] | None = None
     schema: PositionSchema | None = None
 
-    #: :func:`rs_interp.fix_unreliable`'s screen for these scores: they have no second-order term, their flat edges are flagged.
+    #: :func:`rs_interp.fix_unreliable`'s screen for these scores: they have no second-order term, their flat edges
+    #: are flagged.
     default_screen: ClassVar[str] = "flat"
 
 
@@ -127,7 +128,8 @@ class RelevancePatching(Spread):
         >>> a, b = ri.induction_batch(4, seed=0).tokens, ri.induction_batch(4, seed=1).tokens
         >>> node = ri.relevance_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b)
         >>> edges = ri.edge_relevance_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b)
-        >>> abs(float(node.effect[0, 1]) - dict(zip(edges.layout.senders, edges.sender_totals().tolist()))["L0H1"]) < 1e-6
+        >>> totals = dict(zip(edges.layout.senders, edges.sender_totals().tolist()))
+        >>> abs(float(node.effect[0, 1]) - totals["L0H1"]) < 1e-6
         True
     """
 
@@ -149,15 +151,17 @@ class RelevancePatching(Spread):
 
 # --- edges --------------------------------------------------------------------------------------------
 
-def _check_options(qk_fix: object, per_example: object, schema: PositionSchema | None, ig_steps: int | None = None) -> None:
+def _check_options(qk_fix: object, per_example: object, schema: PositionSchema | None,
+                   ig_steps: int | None = None) -> None:
     for name, value in (("qk_fix", qk_fix), ("per_example", per_example)):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be True or False, got {value!r}")
     if qk_fix and ig_steps is not None:
         raise ValueError("the QK fix corrects the estimate at the run itself: it does not combine with ig_steps")
     if qk_fix and schema is not None:
-        raise ValueError("qk_fix recomputes a head's pattern with every position of a query or key input moved at once; "
-                         "per span it is not built: use positions without qk_fix (queries and keys are then 0, the AH-rule)")
+        raise ValueError("qk_fix recomputes a head's pattern with every position of a query or key input moved at "
+                         "once; per span it is not built: use positions without qk_fix (queries and keys are then 0, "
+                         "the AH-rule)")
 
 
 def _reader_labels(model: Model, layer: int, kind: str) -> list[str]:
@@ -239,11 +243,15 @@ def edge_relevance_patching(
     box, value, g = recorded_gradient(model, tokens, metric, run_points(model) | {RESID0} | {
         N.mlp_out(l) for l in range(model.cfg.n_layers) if not model.cfg.attn_only})
     run = {k: v for k, v in box.items() if points(k)}
-    ablated = {k: torch.zeros_like(v) for k, v in run.items()} if ablation == "zero" else ablated_writes(model, tokens, reference, ablation)
+    if ablation == "zero":
+        ablated = {k: torch.zeros_like(v) for k, v in run.items()}
+    else:
+        ablated = ablated_writes(model, tokens, reference, ablation)
     W = writes(model, ablated, run, dtype=torch.float64 if qk_fix else dt, frozen_norms=True)
     B = tokens.shape[0]
     spans = None if schema is None else schema.one_hot().to(W.device)
-    shares = torch.zeros(B if per_example else 1, len(layout.senders), len(layout.receivers), 1 if schema is None else schema.n_spans,
+    shares = torch.zeros(B if per_example else 1, len(layout.senders), len(layout.receivers),
+                         1 if schema is None else schema.n_spans,
                          dtype=torch.float64)
     column = {r: j for j, r in enumerate(layout.receivers)}
     upstream = layout.exists.sum(0).tolist()
@@ -261,10 +269,14 @@ def edge_relevance_patching(
 
     x_ref = ablated[RESID0].expand_as(box[RESID0])
     for alpha, weight[0] in zip(alphas, weights):  # the run itself (alpha 1), or the integrated-gradients points
-        at = (box, g) if alpha == 1.0 else recorded_gradient(model, tokens, metric, run_points(model), line=(alpha, x_ref))[::2]
+        if alpha == 1.0:
+            at = (box, g)
+        else:
+            at = recorded_gradient(model, tokens, metric, run_points(model), line=(alpha, x_ref))[::2]
         sweep(model, at[0], at[1], dt, emit)
     if qk_fix:
-        fixed = edge_qk_fix(model, layout, tokens, W, [grads_z], record(model, tokens, start_points(model, attention=True)), cert,
+        seen = record(model, tokens, start_points(model, attention=True))
+        fixed = edge_qk_fix(model, layout, tokens, W, [grads_z], seen, cert,
                             per_example, memory_budget, progress)[0]
         shares[..., 0] = torch.where(fixed.isnan(), shares[..., 0], fixed)
     gone = ~layout.exists
@@ -305,7 +317,8 @@ def relevance_patching(
 
     Args:
         reference, ablation: as in :func:`edge_relevance_patching`.
-        which: the node: ``"z"``, ``"q"``, ``"k"`` or ``"v"`` (per KV head for keys and values under grouped-query attention).
+        which: the node: ``"z"``, ``"q"``, ``"k"`` or ``"v"`` (per KV head for keys and values under grouped-query
+            attention).
         qk_fix: for ``which="q"`` or ``"k"``.
         per_example: keep each pair's share.
         progress: a progress bar (the QK fix's layers).
@@ -317,7 +330,8 @@ def relevance_patching(
         >>> import rs_interp as ri
         >>> model = ri.load_toy_model("induction-2l")
         >>> a, b = ri.induction_batch(4, seed=0).tokens, ri.induction_batch(4, seed=1).tokens
-        >>> relevance_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b, which="k").effect.abs().max().item()
+        >>> keys = relevance_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b, which="k")
+        >>> keys.effect.abs().max().item()
         0.0
     """
     tokens, reference = check_ablation(model, tokens, ablation, reference, "relevance_patching")
@@ -325,7 +339,8 @@ def relevance_patching(
         raise ValueError(f"which must be one of {NODES}, got {which!r}")
     _check_options(qk_fix, per_example, None)
     if qk_fix and which not in ("q", "k"):
-        raise ValueError(f"the QK fix recomputes the pattern after a query or key patch: which='q' or 'k', not {which!r}")
+        raise ValueError(f"the QK fix recomputes the pattern after a query or key patch: which='q' or 'k', "
+                         f"not {which!r}")
     cert = require(model, "relevance_patching", also=("readers", "projections") if qk_fix else ())
     cfg = model.cfg
     L, B, P = cfg.n_layers, tokens.shape[0], tokens.shape[1]
@@ -349,7 +364,12 @@ def relevance_patching(
         sweep(model, box, g, compute_dtype(model), emit)
     elif qk_fix:
         grads_z: dict[int, torch.Tensor] = {}
-        sweep(model, box, g, compute_dtype(model), lambda layer, k, t: grads_z.__setitem__(layer, t.to(torch.float64)) if k == "z" else None)
+
+        def keep(layer: int, k: str, t: torch.Tensor) -> None:
+            if k == "z":
+                grads_z[layer] = t.to(torch.float64)
+
+        sweep(model, box, g, compute_dtype(model), keep)
         ref = {name: torch.zeros_like(box[name]) for name in nodes} if ablation == "zero" else ablation_values(
             model, reference, ablation, lambda name: name in nodes)
         ref = {k: v.expand_as(box[k]) for k, v in ref.items()}
@@ -360,5 +380,6 @@ def relevance_patching(
     labels = tuple((kv_label if n != cfg.n_heads else head_label)(l, h) for l in range(L) for h in range(n))
     per_position = None if qk_fix else shares.sum(0)
     pairs = shares.sum(-1)
-    return RelevancePatching(effect=pairs.sum(0), effect_per_position=per_position, clean=value, labels=labels, which=which,
+    return RelevancePatching(effect=pairs.sum(0), effect_per_position=per_position, clean=value, labels=labels,
+                             which=which,
                              ablation=ablation, qk_fix=qk_fix, per_example=pairs if per_example else None)
