@@ -36,6 +36,7 @@ from typing import Iterable, Sequence
 import torch
 from jaxtyping import Bool, Float, Int
 
+from .._messages import few
 from ..labels import parse
 from .graph import EdgeLayout
 from .selection import fixpoint
@@ -242,7 +243,7 @@ def positional_mask(layout: EdgeLayout, spans: Sequence[str], circuit: Iterable[
             raise ValueError(f"a positional circuit's entries are (sender, receiver, span) triples, got {entry!r}")
         i, j = layout.index((entry[0], entry[1]))
         if entry[2] not in spans:
-            raise ValueError(f"{entry[2]!r} is not a span ({tuple(spans)})")
+            raise ValueError(f"{entry[2]!r} is not one of the spans ({few(spans, 4)}; all: the schema's names)")
         out[i, j, list(spans).index(entry[2])] = True
     return out
 
