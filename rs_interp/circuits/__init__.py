@@ -11,6 +11,8 @@ one list.
   options of :mod:`.atp_star` (the QK fix, GradDrop) and :mod:`.correction` (the Hessian correction,
   Gauss-Legendre EAP-IG, screen-flag-fix);
 - :mod:`.uncertainty`: per-pair shares, standard errors, reliability, the bootstrap, stability;
+- :mod:`.relevance`: relevance patching (RelP), LRP's coefficients in place of the gradients;
+- :mod:`.positions`: position-aware edges (per position or per span of a schema), their circuits;
 - :mod:`.path_patching`: the exact effect of each edge; :mod:`.acdc`: ACDC, exact edge by edge;
 - :mod:`.evaluation`: circuits, faithfulness and its curve;
 - :mod:`.ungrouped`: grouped-query attention with one key/value edge per query head, MIB's graph of it;
@@ -26,6 +28,8 @@ from .evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, evaluate_ci
 from .graph import EdgeEffects, EdgeLayout, edge_layout
 from .node_attribution import AttributionPatching, attribution_patching
 from .path_patching import PathPatching, path_patching
+from .positions import PositionalEdgeEffects, PositionSchema
+from .relevance import EdgeRelevancePatching, RelevancePatching, edge_relevance_patching, relevance_patching
 from .selection import top_edges
 from .uncertainty import Bootstrap, Stability, bootstrap, stability
 
@@ -34,6 +38,8 @@ __all__ = [
     "AttributionPatching", "attribution_patching",
     "EdgeAttributionPatching", "edge_attribution_patching",
     "PathPatching", "path_patching",
+    "EdgeRelevancePatching", "RelevancePatching", "edge_relevance_patching", "relevance_patching",
+    "PositionSchema", "PositionalEdgeEffects",
     "MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores", "top_edges",
     "ACDC", "acdc", "Fixed", "fix_unreliable", "Bootstrap", "Stability", "bootstrap", "stability",
 ]

@@ -22,11 +22,12 @@ inputs of the query heads that read it.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 import torch
 
 from .._keywords import renamed
+from .._messages import few
 from ..labels import parse
 from .graph import EdgeEffects, EdgeLayout
 
@@ -138,7 +139,7 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
             return out
         return [sender]
 
-    while True:
+    def step(keep: torch.Tensor) -> torch.Tensor:
         fed = {comp[j] for j in range(len(comp)) if bool(keep[:, j].any())}
         alive = []
         for i, s in enumerate(layout.senders):
@@ -148,7 +149,15 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
         live = {s for s, a in zip(layout.senders, alive) if a}
         live_kv = {f"L{parse(s).layer}KV{parse(s).index // group}" for s in live if parse(s).kind == "head" and n_kv}
         col_ok = torch.tensor([c == "logits" or c in live or c in live_kv for c in comp])
-        new = keep & torch.tensor(alive)[:, None] & col_ok[None, :]
+        return keep & torch.tensor(alive)[:, None] & col_ok[None, :]
+
+    return fixpoint(step, keep, passes)
+
+
+def fixpoint(step: Callable[[torch.Tensor], torch.Tensor], keep: torch.Tensor, passes: int | None) -> torch.Tensor:
+    """``step`` applied to ``keep`` until nothing changes, or ``passes`` times (a pruning's passes)."""
+    while True:
+        new = step(keep)
         if torch.equal(new, keep):
             return keep
         keep = new
@@ -156,6 +165,19 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
             passes -= 1
             if passes <= 0:
                 return keep
+
+
+def check_fractions(fractions: object) -> list[float]:
+    """A faithfulness curve's ``fractions``, checked: increasing numbers within (0, 1]."""
+    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):
+        raise ValueError(f"fractions must be a sequence of numbers in (0, 1], got {fractions!r}")
+    fr = list(fractions)
+    if not fr or any(isinstance(f, bool) or not isinstance(f, (int, float)) for f in fr):
+        raise ValueError(f"fractions must be a non-empty sequence of numbers in (0, 1], got {fractions!r}")
+    fr = [float(f) for f in fr]
+    if any(not 0 < f <= 1 for f in fr) or any(b <= a for a, b in zip(fr, fr[1:])):
+        raise ValueError(f"fractions must increase within (0, 1], got {few(fractions, 10)}")
+    return fr
 
 
 def mib_weights(layout: EdgeLayout) -> torch.Tensor:

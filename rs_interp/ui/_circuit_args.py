@@ -17,8 +17,9 @@ from ._args import count, seed, writable_dir
 
 __all__ = ["COMMAND_METHODS", "add_arguments", "check_arguments", "load_command_model", "command_task", "rs_checkpoint"]
 
-#: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching.
-COMMAND_METHODS = ("eap", "eap-ig", "exact")
+#: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching, relevance
+#: patching (RelP).
+COMMAND_METHODS = ("eap", "eap-ig", "exact", "relp")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -36,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--task", required=True, choices=TASK_NAMES, help="required: the task (" + ", ".join(TASK_NAMES) + ")")
     parser.add_argument("--method", default="eap", choices=COMMAND_METHODS,
                         help="edge scores: eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
-                             "patched pass per edge, for small models; GPT-2 small has 32,491 edges) (default: %(default)s)")
+                             "patched pass per edge, for small models; GPT-2 small has 32,491 edges), relp (relevance patching: "
+                             "LRP's coefficients in place of the gradients, one backward sweep) (default: %(default)s)")
     parser.add_argument("--out", required=True, metavar="DIR", help="required: the output directory (made if needed)")
     parser.add_argument("--size", type=_size, default=None, metavar="N|F",
                         help="the circuit's size: an edge count, or a fraction of the edges in (0, 1], then pruned to the "

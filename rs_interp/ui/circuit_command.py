@@ -51,7 +51,7 @@ __all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run
 
 #: The most edges the diagram draws (the top ones of a larger circuit; the page says so).
 _DRAWN = 400
-Method = Literal["eap", "eap-ig", "exact"]
+Method = Literal["eap", "eap-ig", "exact", "relp"]
 
 
 @dataclass(frozen=True)
@@ -156,8 +156,9 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
     Args:
         model: a TransformerLens model (``rs_interp.load_gpt2``, ``load_toy_model`` ...).
         task: a :class:`rs_interp.tasks.Task`; its corrupted prompts are the reference run.
-        method: ``"eap"``, ``"eap-ig"`` (``ig_steps`` steps) or ``"exact"`` (path patching: one
-            forward pass per edge, feasible on small models).
+        method: ``"eap"``, ``"eap-ig"`` (``ig_steps`` steps), ``"exact"`` (path patching: one
+            forward pass per edge, feasible on small models) or ``"relp"`` (relevance patching,
+            :func:`rs_interp.edge_relevance_patching`).
         out: the output directory (created).
         size: the circuit's size: an edge count, or a fraction of the edges (MIB's ``int(f * N)``); by
             default the smallest circuit on the faithfulness curve that recovers ``share`` of the metric.
@@ -221,6 +222,8 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         t0 = step("scoring edges")
         if method == "exact":
             scores = scale.path_patching(model, task, **kw)
+        elif method == "relp":
+            scores = scale.edge_relevance_patching(model, task, **kw)
         else:
             scores = scale.edge_attribution_patching(model, task, ig_steps=ig_steps if method == "eap-ig" else None, **kw)
         done("scores", t0)

@@ -124,13 +124,13 @@ def test_files_hold_what_a_direct_computation_gives(code_run):
     assert {tuple(t.split(":")[0].split(" -> ")) for t in drawn} == top
 
 
-@pytest.mark.parametrize("method", ["eap", "eap-ig", "exact"])
+@pytest.mark.parametrize("method", ["eap", "eap-ig", "exact", "relp"])
 def test_each_method_scores_as_its_helper(tmp_path, method):
     model = ri.load_toy_model("induction-2l")
     task = build_task("induction", n=6, seed=2)
     run = run_circuit(model, task, method=method, out=tmp_path, size=5, ig_steps=3, progress=False)
     kw = dict(tokens=task.clean, metric=task.metric(), reference=task.corrupted)
-    want = (ri.path_patching(model, **kw) if method == "exact" else
+    want = (ri.path_patching(model, **kw) if method == "exact" else ri.edge_relevance_patching(model, **kw) if method == "relp" else
             ri.edge_attribution_patching(model, ig_steps=3 if method == "eap-ig" else None, **kw))
     got = load_file(str(tmp_path / "scores.safetensors"))["effect"]
     assert torch.allclose(got.nan_to_num(0), want.effect.double().nan_to_num(0), atol=1e-9, rtol=1e-6)

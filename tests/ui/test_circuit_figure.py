@@ -151,3 +151,23 @@ def test_refusals():
         circuit_figure([("embed", "logits")], model, scores=_scores(ri.models.gpt2_config("small")))
     with pytest.raises(ValueError, match="max_edges"):
         circuit_figure(_scores(model.cfg), max_edges=0)
+
+
+def test_positional_edges_are_drawn_in_their_spans_columns():
+    """Issue 66: a positional score's top edges, each a line inside its span's column (x between the column's
+    borders), hover text ``s -> r @ span``, the spans named on the x axis."""
+    from rs_interp.circuits.induction_truth import period_spans
+
+    model = ri.load_toy_model("induction-2l")
+    a, b = ri.induction_batch(6, seed=0), ri.induction_batch(6, seed=1)
+    eap = ri.edge_attribution_patching(model, a.tokens, ri.next_token_loss(a.targets), reference=b.tokens,
+                                       spans=period_spans(a.periods, a.tokens.shape[1])).positional()
+    fig = circuit_figure(eap, max_edges=8)
+    lines = [t for t in fig.data if t.mode == "lines" and t.text]
+    want = {f"{s} -> {r} @ {u}" for (s, r, u), v in eap.top(8) if v != 0}
+    assert {t.text.split(":")[0] for t in lines} == want
+    step = fig.layout.xaxis.range[1] / len(eap.spans)  # the columns: [-0.8, n_spans * step]
+    for t in lines:
+        column = eap.spans.index(t.text.split(" @ ")[1].split(":")[0])
+        assert all(column * step - 0.9 <= x <= (column + 1) * step for x in t.x), t.text
+    assert list(fig.layout.xaxis.ticktext) == ["first period", "repeats"]
