@@ -307,6 +307,8 @@ def _tempered(model: Model, site: Site, options: DASOptions, done: float) -> lis
     scale = options.temper ** max(0.0, 1.0 - done / options.temper_until)
     if scale == 1.0:
         return []
+    # the queries, not hook_attn_scores: TransformerLens 4.3 fires that hook after the fact on native attention
+    # (a write there is not used); scaling q scales the scores, the mask applied after
     first = site.layer + (0 if site.hook.endswith("hook_resid_pre") else 1)
     names = [f"blocks.{layer}.attn.hook_q" for layer in range(first, model.cfg.n_layers)]
     missing = [name for name in names if name not in model.hook_dict]
