@@ -32,6 +32,7 @@ import torch
 from .. import _names as N
 from .._backend import Model, Stop, mlp_norm_name, pattern_after_attention, pre_norm, with_dtype
 from .._messages import few
+from .._state import warn_dropout
 from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
@@ -137,6 +138,7 @@ def quiet_model(model: Model) -> Iterator[None]:
     modes = [(m, m.training) for m in model.modules()]
     grads = [(p, p.requires_grad) for p in model.parameters()]
     grad_mode = torch.is_grad_enabled()
+    warn_dropout(model)
     try:
         model.eval()
         for p, _ in grads:
