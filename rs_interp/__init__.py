@@ -93,6 +93,10 @@ _WHERE: dict[str, str] = {
     "TunedLens": ".readouts.tuned_lens",
     "lens_kl": ".readouts.tuned_lens",
     "train_tuned_lens": ".readouts.tuned_lens",
+    "JacobianLens": ".readouts.jacobian_lens",
+    "JacobianLensReadings": ".readouts.jacobian_lens",
+    "fit_jacobian_lens": ".readouts.jacobian_lens",
+    "jacobian_lens": ".readouts.jacobian_lens",
     "ParameterCount": ".models.gpt2_sizes",
     "count_parameters": ".models.gpt2_sizes",
     "as_dtype": ".models.checkpoints",
@@ -151,6 +155,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     from .models.registry import load_toy_model
     from .models.training import Score, score_logits, score_model
     from .readouts.attribution import DirectLogitAttribution, direct_logit_attribution
+    from .readouts.jacobian_lens import JacobianLens, JacobianLensReadings, fit_jacobian_lens, jacobian_lens
     from .readouts.lens import LogitLensReadings, logit_lens
     from .readouts.paths import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
     from .readouts.second_order import SecondOrderAttribution, second_order_attribution
@@ -266,6 +271,10 @@ __all__ = [
     "train_tuned_lens",
     "TunedLens",
     "lens_kl",
+    "fit_jacobian_lens",
+    "JacobianLens",
+    "jacobian_lens",
+    "JacobianLensReadings",
     # what holds on a model
     "certify",
     "Certificate",

@@ -103,6 +103,8 @@ CALLS = {
     "logit_lens": ("mlp", lambda m, t, r, c: ri.logit_lens(m, t)),
     "lens_kl": ("mlp", lambda m, t, r, c: ri.lens_kl(m, t)),
     "train_tuned_lens": ("mlp", lambda m, t, r, c: ri.train_tuned_lens(m, t, steps=1, progress=False)),
+    "fit_jacobian_lens": ("mlp", lambda m, t, r, c: ri.fit_jacobian_lens(m, t, skip_first=1, progress=False)),
+    "jacobian_lens": ("mlp", lambda m, t, r, c: ri.jacobian_lens(m, t, c["jlens"])),
     "attribution_patching": ("mlp", lambda m, t, r, c: ri.attribution_patching(m, t, _metric, reference=r)),
     "edge_attribution_patching": ("mlp", lambda m, t, r, c: ri.edge_attribution_patching(m, t, _metric, reference=r)),
     "fix_unreliable": ("mlp", lambda m, t, r, c: ri.fix_unreliable(m, t, _metric, c["hessian"], reference=r)),
@@ -170,7 +172,8 @@ def clean():
     tcs = features.mlp_transcoders(model)
     return {"eap": ri.edge_attribution_patching(model, t, _metric, reference=r),
             "hessian": ri.edge_attribution_patching(model, t, _metric, reference=r, correction="hessian", per_example=True),
-            "tcs": tcs, "graph": features.attribution_graph(model, tcs, t[0])}
+            "tcs": tcs, "graph": features.attribution_graph(model, tcs, t[0]),
+            "jlens": ri.fit_jacobian_lens(model, t, skip_first=1, progress=False)}
 
 
 @pytest.mark.parametrize("helper", sorted(NEEDS))
