@@ -63,6 +63,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "train_tuned_lens": ("readout", "vocabulary"),
     "fit_jacobian_lens": ("readout", "gradients"),
     "jacobian_lens": ("readout", "stop at layer", "vocabulary"),
+    **{name: ("readout", "vocabulary") for name in (
+        "lens_vectors", "lens_steering_hooks", "lens_ablation_hooks", "lens_swap_hooks", "jspace_decomposition",
+        "jspace_occupancy", "jspace_variance", "coordinate_patch", "coordinate_patch_hooks")},
     "attribution_patching": ("z", "input", "gradients"),
     "edge_attribution_patching": _EDGE_ESTIMATES,
     "fix_unreliable": _EDGE_ESTIMATES,
