@@ -33,13 +33,18 @@ from .._backend import Model, Stop
 from .._budget import MEMORY_BUDGET
 from .._progress import bar
 from .._state import preserve_state
-from ..exact.certificate import require
+from ..exact.certificate import Certificate, require
 from ..exact.readout import compute_dtype
 from ..exact.validate import check_int_range, check_tokens
+from .jacobian_backward import by_hand, prompt_jacobians_by_hand
 from .jacobian_basis import stream_basis
 from .jacobian_lens import ESTIMATOR, MAX_SEQ_LEN, SKIP_FIRST, JacobianLens, atomic_save, check_metadata
 
-__all__ = ["fit_jacobian_lens"]
+__all__ = ["fit_jacobian_lens", "BACKWARDS"]
+
+#: How the backward passes are taken: the blocks' derivative written out where the certificate allows, else
+#: autograd (``"auto"``); autograd's graph always (``"autograd"``).
+BACKWARDS = ("auto", "autograd")
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,12 @@ class _Fit:
     batch_size: int
     d_model: int
     target_layer: int
+    by_hand: bool = False
+    memory_budget: int = MEMORY_BUDGET
 
     @classmethod
-    def of(cls, model: Model, source_layers, skip_first, max_seq_len, batch_size, memory_budget) -> "_Fit":
+    def of(cls, model: Model, source_layers, skip_first, max_seq_len, batch_size, memory_budget, backward,
+           cert: Certificate) -> "_Fit":
         L = model.cfg.n_layers
         if L < 2:
             raise ValueError("the Jacobian lens reads the blocks before the last: the model has one block")
@@ -68,7 +76,11 @@ class _Fit:
         if batch_size is None:
             batch_size = _batch_size(model, min(max_seq_len, model.cfg.n_ctx), memory_budget)
         batch_size = check_int_range("batch_size", batch_size, 1)
-        return cls(layers, skip_first, max_seq_len, min(batch_size, model.cfg.d_model), model.cfg.d_model, L - 1)
+        if backward not in BACKWARDS:
+            raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+        hand = backward == "auto" and by_hand(model, cert) is None
+        return cls(layers, skip_first, max_seq_len, min(batch_size, model.cfg.d_model), model.cfg.d_model, L - 1, hand,
+                   memory_budget)
 
 
 #: Cotangents per backward pass at most by default: more amortise the graph's walk no further on a CPU and
@@ -170,6 +182,13 @@ def _prompt_jacobians(model: Model, tokens: torch.Tensor, fit: _Fit, dt: torch.d
     return out
 
 
+def _prompt_term(model: Model, tokens: torch.Tensor, fit: _Fit, dt: torch.dtype) -> torch.Tensor:
+    if fit.by_hand:
+        return prompt_jacobians_by_hand(model, tokens, fit.source_layers, fit.skip_first, fit.batch_size, dt,
+                                        fit.memory_budget)
+    return _prompt_jacobians(model, tokens, fit, dt)
+
+
 def _metadata(model: Model, fit: _Fit, corpus: str | None, extra: dict | None, n_prompts: int, basis: str) -> dict:
     own = {"model_name": getattr(model.cfg, "model_name", None), "estimator": ESTIMATOR, "corpus": corpus,
            "n_prompts": n_prompts, "fit_dtype": str(compute_dtype(model)).removeprefix("torch."),
@@ -225,6 +244,7 @@ def fit_jacobian_lens(
     resume: bool = True,
     corpus: str | None = None,
     metadata: dict | None = None,
+    backward: str = "auto",
     progress: bool = True,
 ) -> JacobianLens:
     """Fit the Jacobian lens of ``model`` on ``prompts`` (the estimator of the module docstring).
@@ -247,6 +267,9 @@ def fit_jacobian_lens(
             there is continued from its ``next_idx``.
         corpus: a name of the prompts, kept in the provenance.
         metadata: more provenance (values ``torch.load(weights_only=True)`` reads back).
+        backward: ``"auto"``: each block's derivative written out where the certificate reads the blocks off the
+            weights (:mod:`rs_interp.readouts.jacobian_backward`: the same numbers, in fewer operations), autograd's
+            graph elsewhere; ``"autograd"``: autograd's graph always.
         progress: a bar over the prompts, with the time left.
 
     Raises:
@@ -261,8 +284,8 @@ def fit_jacobian_lens(
     >>> lens.n_prompts, lens.metadata["skip_first_positions"]
     (2, 4)
     """
-    require(model, "fit_jacobian_lens")
-    fit = _Fit.of(model, source_layers, skip_first, max_seq_len, batch_size, memory_budget)
+    cert = require(model, "fit_jacobian_lens")
+    fit = _Fit.of(model, source_layers, skip_first, max_seq_len, batch_size, memory_budget, backward, cert)
     check_int_range("checkpoint_every", checkpoint_every, 1)
     tokens = _prompt_tokens(model, prompts, fit.max_seq_len)
     dt = compute_dtype(model)
@@ -280,7 +303,7 @@ def fit_jacobian_lens(
                 warnings.warn(f"prompt {i} has {t.shape[1]} tokens, no valid position past skip_first={fit.skip_first} "
                               "and before the last: skipped", stacklevel=2)
             else:
-                S += _prompt_jacobians(model, t, fit, dt).to(torch.float64)
+                S += _prompt_term(model, t, fit, dt).to(torch.float64)
                 done += 1
             if path is not None and ((i + 1) % checkpoint_every == 0 or i + 1 == len(tokens)):
                 _write_checkpoint(path, S, done, i + 1, fit, lens_dt, meta | {"n_prompts": done})

@@ -63,7 +63,8 @@ def test_each_matrix_is_the_averaged_jacobian(variant):
     _check_against_brute_force(model, random_prompts(50), skip_first=2)
 
 
-@pytest.mark.parametrize("family", ["gemma2", pytest.param("gpt_neox", marks=pytest.mark.slow)])  # post-norm blocks, soft-capped logits, GQA; parallel blocks
+# gemma2: post-norm blocks, soft-capped logits, grouped-query attention; gpt_neox: parallel blocks
+@pytest.mark.parametrize("family", ["gemma2", pytest.param("gpt_neox", marks=pytest.mark.slow)])
 def test_each_matrix_is_the_averaged_jacobian_on_hugging_face_families(family, tmp_path):
     save_checkpoint(family, tmp_path)
     model = ri.load_pretrained(tmp_path, dtype=torch.float64)
