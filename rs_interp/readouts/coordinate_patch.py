@@ -71,6 +71,10 @@ class CoordinatePatch:
         residual_max_delta: how far ``patched - basis @ coordinates_after`` is from ``residual`` (enforced small).
         source_target_cosine: the cosine of the two atoms (|cos| >= 0.99 warns).
         basis_rank, basis_condition: the column-normalised frame's rank and condition number.
+
+    >>> patch = solve_coordinate_patch(torch.tensor([2.0, 1.0]), torch.eye(2), 0, 1, k=2)  # substitute
+    >>> patch.coordinates_before.tolist(), patch.coordinates_after.tolist(), patch.patched.tolist()
+    ([2.0, 1.0], [0.0, 2.0], [0.0, 2.0])
     """
 
     support_before: torch.Tensor

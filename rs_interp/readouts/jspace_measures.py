@@ -51,6 +51,10 @@ class JSpaceOccupancy:
         marginal_captured_variance: (max_atoms,) each step's gain of ``||proj_S x||^2 / ||x||^2``, real atoms.
         control_captured_variance: (max_atoms,) the same, averaged over random unit dictionaries of the same size.
         support: (max_atoms,) the atoms selected, in order.
+
+    >>> occ = estimate_occupancy(torch.tensor([2.0, 1.0, 0.0]), torch.eye(3), max_atoms=2, controls=2)
+    >>> occ.top(2)
+    [(0, 0.8), (1, 0.2)]
     """
 
     occupancy: int
@@ -144,6 +148,14 @@ class JSpaceVariance:
         median: per layer, the median over positions of ``||j_space_component||^2 / ||x||^2``.
         pooled: per layer, ``sum ||j_space_component||^2 / sum ||x||^2`` (the paper's fraction of total variance).
         per_position: per layer, every position's fraction.
+
+    >>> import rs_interp as ri
+    >>> model = ri.load_toy_model("induction-2l")
+    >>> toks = ri.induction_batch(1, seed=0).tokens[:, :10]
+    >>> lens = ri.fit_jacobian_lens(model, toks, skip_first=4, progress=False)
+    >>> profile = jspace_variance(model, lens, toks, k=3, skip_first=6, progress=False)
+    >>> profile.layers, len(profile.per_position[0])
+    ((0,), 4)
     """
 
     layers: tuple[int, ...]

@@ -44,9 +44,11 @@ __all__ = ["lens_vectors", "lens_steering_hooks", "lens_ablation_hooks", "lens_s
            "position_hook", "check_pair"]
 
 Token = int | str
-#: Two lens vectors whose |cosine| reaches these span an ill-conditioned pair: a swap between them warns, then is
-#: refused (inverting a near-collinear basis is hopeless); TransformerLens 4.3's thresholds.
-WARN_COSINE, REFUSE_COSINE = 0.99, 0.999
+#: Two lens vectors whose |cosine| reaches this span an ill-conditioned pair: a swap between them warns
+#: (TransformerLens 4.3's threshold).
+WARN_COSINE = 0.99
+#: ... and past this, is refused (inverting a near-collinear basis is hopeless).
+REFUSE_COSINE = 0.999
 
 
 def token_ids(model: Model, tokens: Token | Sequence[Token]) -> list[int]:
