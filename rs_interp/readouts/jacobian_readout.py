@@ -24,25 +24,20 @@ from ..exact.validate import check_int_range, check_tokens
 from ..labels import lens_label
 from .jacobian_basis import in_model_basis
 from .jacobian_lens import JacobianLens
-from .lens import read_points
+from .lens import LogitLensReadings, read_points
 
 __all__ = ["JacobianLensReadings", "jacobian_lens"]
 
 
 @dataclass(frozen=True)
-class JacobianLensReadings:
-    """What the Jacobian lens read (:func:`jacobian_lens`); the fields are :class:`rs_interp.LogitLensReadings`'s.
+class JacobianLensReadings(LogitLensReadings):
+    """What the Jacobian lens read (:func:`jacobian_lens`): :class:`rs_interp.LogitLensReadings`'s fields (``labels``,
+    ``target_probs``, ``top_tokens``, ``top_probs``, ``entropy``, ``log_probs``), at the reading points ``"embed"``
+    (read as the logit lens reads it: the reference fits no matrix there), ``"L{l}"`` after each source layer (through
+    ``J_l``) and the last block's ``"L{n-1}"`` (read as the model reads it), and which of them a matrix carried.
 
     Attributes:
-        labels: the reading points: ``"embed"`` (read as the logit lens reads it: the reference fits no matrix
-            there), ``"L{l}"`` after each source layer (through ``J_l``), and the last block's ``"L{n-1}"``
-            (read as the model reads it).
         transported: per point, whether a matrix ``J_l`` carried it.
-        target_probs: (point, batch, pos) probability of ``targets`` (NaN where a target is -1), or None.
-        top_tokens: (point, batch, pos, k) most probable token ids.
-        top_probs: (point, batch, pos, k) their probabilities.
-        entropy: (point, batch, pos) entropy in nats.
-        log_probs: (point, batch, pos, d_vocab) full log-distributions, only with ``full=True``.
 
     >>> import rs_interp as ri
     >>> model = ri.load_toy_model("induction-2l")
@@ -53,13 +48,7 @@ class JacobianLensReadings:
     (('embed', 'L0', 'L1'), (False, True, False), [2, 2, 2])
     """
 
-    labels: tuple[str, ...]
-    transported: tuple[bool, ...]
-    target_probs: torch.Tensor | None
-    top_tokens: torch.Tensor
-    top_probs: torch.Tensor
-    entropy: torch.Tensor
-    log_probs: torch.Tensor | None = None
+    transported: tuple[bool, ...] = ()
 
     def top(self, k: int = 5, *, position: int = -1, batch: int = 0) -> list[tuple[str, list[tuple[int, float]]]]:
         """Each reading point's ``k`` most probable tokens at one position:

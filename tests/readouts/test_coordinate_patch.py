@@ -12,7 +12,8 @@ import torch
 import rs_interp as ri
 from rs_interp.readouts.coordinate_patch import solve_coordinate_patch
 from rs_interp.readouts.jspace import dictionary, sparse_decomposition
-from tests.builders import TL4, make_variant
+from tests.builders import TL4
+from tests.readouts.test_jspace import fitted_model
 
 
 def _setup(seed=0):
@@ -58,9 +59,7 @@ def test_alpha_zero_changes_nothing_and_bad_edits_are_refused():
 
 @pytest.fixture(scope="module")
 def fitted():
-    model = make_variant("LN", "standard", False, n_layers=3, d_vocab=60)
-    tokens = torch.randint(0, 60, (2, 10), generator=torch.Generator().manual_seed(0))
-    return model, tokens, ri.fit_jacobian_lens(model, tokens, skip_first=2, progress=False)
+    return fitted_model()
 
 
 def test_the_hooks_patch_each_position_as_the_offline_patch(fitted):

@@ -74,11 +74,16 @@ def test_bad_inputs_are_refused():
         sparse_decomposition(torch.zeros(5, dtype=D.dtype), D)
 
 
-@pytest.fixture(scope="module")
-def fitted():
+def fitted_model():
+    """A float64 model of 3 layers and 60 tokens, two prompts of 10 and its lens (shared by the J-space tests)."""
     model = make_variant("LN", "standard", False, n_layers=3, d_vocab=60)
     tokens = torch.randint(0, 60, (2, 10), generator=torch.Generator().manual_seed(0))
     return model, tokens, ri.fit_jacobian_lens(model, tokens, skip_first=2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return fitted_model()
 
 
 def test_the_model_helpers_read_the_stream_and_the_lens_vectors(fitted):

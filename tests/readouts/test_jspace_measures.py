@@ -9,7 +9,7 @@ import torch
 import rs_interp as ri
 from rs_interp.readouts.jspace import dictionary, sparse_decomposition
 from rs_interp.readouts.jspace_measures import estimate_occupancy
-from tests.builders import make_variant
+from tests.readouts.test_jspace import fitted_model
 
 
 def test_occupancy_counts_the_atoms_a_sparse_activation_holds():
@@ -22,9 +22,7 @@ def test_occupancy_counts_the_atoms_a_sparse_activation_holds():
 
 @pytest.fixture(scope="module")
 def fitted():
-    model = make_variant("LN", "standard", False, n_layers=3, d_vocab=60)
-    tokens = torch.randint(0, 60, (2, 10), generator=torch.Generator().manual_seed(0))
-    return model, tokens, ri.fit_jacobian_lens(model, tokens, skip_first=2, progress=False)
+    return fitted_model()
 
 
 def test_the_fraction_of_variance_is_the_pooled_share_of_each_position(fitted):
