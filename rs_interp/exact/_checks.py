@@ -13,6 +13,7 @@ import torch
 from .. import _backend
 from .. import _names as N
 from .._backend import Model, attn_weight, logit_softcap
+from .._messages import clip
 from ..hooks import store_matching
 from .readout import d_vocab_out, readout
 
@@ -138,7 +139,7 @@ def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
                                  "checked: make it follow the shape it is given, or remove it (model.reset_hooks())")
                     raise
                 raise ValueError(f"the model's forward pass raises {type(err).__name__} on a probe batch "
-                                 f"({str(err)[:200]}): rs_interp cannot check or use it in dtype {model.cfg.dtype}; "
+                                 f"({clip(err, 160)}): rs_interp cannot check or use it in dtype {model.cfg.dtype}; "
                                  "try another dtype (e.g. torch.float32) or the other TransformerLens version") from err
     finally:
         for handle in handles:

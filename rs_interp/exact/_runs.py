@@ -1,7 +1,7 @@
 """The identities that need runs of their own, and :func:`measure`, which the certificate calls: the
 perturbed run with gradients (``z``, ``heads``, ``input``, ``readers``), the stacked and single-row runs
-(``rows``), and the runs from and to each layer (``start at layer``, ``stop at layer``). The identities
-read off the clean run are :mod:`rs_interp.exact._checks`."""
+(``rows``), the runs with one head's input moved (``head inputs``), and the runs from and to each layer
+(``start at layer``, ``stop at layer``). The identities read off the clean run are :mod:`rs_interp.exact._checks`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .._backend import Model, run_from
 from . import _checks as C
 from ._checks import MODEL_ERRORS, Identity, Missing, get, judge, rel
 from .postnorm import frozen_heads
-from .stream import Reader, reader_gradients, readers, watched, zero_leaf
+from .stream import Reader, reader_gradients, readers, routed, watched, zero_leaf
 
 __all__: list[str] = []
 
@@ -84,6 +84,51 @@ def _scores_read(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, 
         worst.see(rel(A, get(box, N.pattern(l))), f"layer {l}")
     return worst.gap, (f"the scores rs_interp reads do not give the pattern the run applies ({worst.where}): a hook on the "
                        "pattern, a soft-cap or mask after the hook, or a window: the scores read are not the run's")
+
+
+def _head_inputs(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
+    """For each of q, k and v, one pass through the per-head inputs (:func:`rs_interp.exact.stream.routed`) with
+    every layer's first head's (or KV head's) input moved and the stream entering each layer pinned to the clean
+    run's: every head that does not read the moved input must keep its output (``hook_z``) the clean run's. A norm
+    across the heads' queries after the split (OLMo-2's ``q_norm``, were it not applied to each head's own copy)
+    or a hook that reads across the heads moves them."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    g = torch.Generator().manual_seed(11)
+    worst = C._Worst()
+    for x in "qkv":
+        got: dict[int, torch.Tensor] = {}
+        slots: dict[int, int] = {}
+
+        def pin(l: int) -> Callable:  # keyed by layer: 4.x calls a hook by its alias
+            return lambda t, *, hook: get(box, N.resid_pre(l)).to(t.dtype)
+
+        def move(l: int) -> Callable:
+            def fn(t: torch.Tensor, *, hook) -> torch.Tensor:
+                slots[l] = t.shape[2]
+                d = torch.randn(t[:, :, 0].shape, generator=g, dtype=torch.float64).to(t.dtype)
+                d = d * float(t.detach().abs().mean())
+                t = t.clone()
+                t[:, :, 0] = t[:, :, 0] + d
+                return t
+            return fn
+
+        def keep(l: int) -> Callable:
+            return lambda t, *, hook: got.__setitem__(l, t.detach())
+
+        fwd = [(N.resid_pre(l), pin(l)) for l in range(L)] + [(N.qkv_input(l, x), move(l)) for l in range(L)]
+        fwd += [(N.z(l), keep(l)) for l in range(L)]
+        with torch.no_grad(), routed(model, fwd, split=True) as runnable, model.hooks(fwd_hooks=runnable):
+            model(tokens, return_type="logits")
+        for l in range(L):
+            n = slots.get(l)
+            if n is None or l not in got:
+                raise Missing(N.qkv_input(l, x) if n is None else N.z(l))
+            others = [h for h in range(H) if h // (H // n) != 0]  # the heads that read another input than slot 0's
+            if others:
+                worst.see(rel(got[l][:, :, others], get(box, N.z(l))[:, :, others]), f"layer {l}'s hook_{x}_input")
+    return worst.gap, (f"moving one head's input moves other heads' outputs ({worst.where}): something across "
+                       "the heads (a norm over every head's queries or keys, or a hook reading the heads together) "
+                       "carries it, so an edge into one head would move the others")
 
 
 def _backward_hooks(model: Model) -> list[tuple[dict, dict]]:
@@ -316,6 +361,7 @@ def measure(model: Model, tol: float) -> dict[str, Identity]:
         "readout": judge("readout", tol, lambda: C.readout_check(model, box)),
         "vocabulary": judge("vocabulary", tol, lambda: C.vocabulary(model, box)),
         "rows": judge("rows", tol, lambda: _rows(model)),
+        "head inputs": judge("head inputs", tol, lambda: _head_inputs(model, tokens, box)),
         "gradients": judge("gradients", tol, lambda: _gradients(model, tokens)),
         "start at layer": judge("start at layer", tol, lambda: _start(model, box)),
         "stop at layer": judge("stop at layer", tol, lambda: _stop(model, tokens, box)),

@@ -5,9 +5,11 @@ A transcoder of layer ``l`` reads the MLP's input ``x`` and writes an approximat
     f = act(x W_enc^T + b_enc)            (d_transcoder,)  the feature activations
     y = f W_dec + b_dec (+ x W_skip^T)    (d_model,)       the reconstruction
 
-with ``act`` ReLU, JumpReLU (``pre * (pre > threshold)``) or TopK (the ``k`` largest pre-activations
-kept, the rest 0). ``W_enc`` and ``W_dec`` are both (d_transcoder, d_model), as circuit-tracer stores
-them, so row ``i`` of each is feature ``i``'s input and output direction.
+with ``act`` ReLU, JumpReLU (``pre * (pre > threshold)``), TopK (circuit-tracer's: the ``k`` largest
+pre-activations kept, negative ones too, the rest 0) or ReLU-TopK (EleutherAI sparsify's ``"topk"``: the ``k``
+largest of ``relu(pre)``, so a pre-activation <= 0 is never active; where fewer than ``k`` are positive the two
+differ). ``W_enc`` and ``W_dec`` are both (d_transcoder, d_model), as circuit-tracer stores them, so row ``i`` of
+each is feature ``i``'s input and output direction.
 
 Files (circuit-tracer's per-layer transcoder set): a folder with ``layer_{i}.safetensors`` (``W_enc``,
 ``W_dec``, ``b_enc``, ``b_dec``, optional ``W_skip``, ``activation_function.threshold`` for JumpReLU,
@@ -30,6 +32,7 @@ norm's scale is frozen, which is what the attribution graph needs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -37,6 +40,8 @@ from typing import Iterator
 import torch
 from jaxtyping import Float
 
+from .._files import FileError, parsing, read_json, read_safetensors, read_text
+from .._messages import few
 from ..exact.certificate import require
 from . import _config
 
@@ -48,7 +53,11 @@ __all__ = ["Transcoder", "TranscoderSet", "load_transcoders", "mlp_transcoders",
 INPUT_POINTS = ("mlp.hook_in", "hook_resid_mid", "ln2.hook_normalized")
 #: Where it writes: the MLP's output (both names are the same point).
 OUTPUT_POINTS = ("mlp.hook_out", "hook_mlp_out")
-ACTIVATIONS = ("relu", "jumprelu", "topk")
+ACTIVATIONS = ("relu", "jumprelu", "topk", "relu_topk")
+#: The activations that keep the ``k`` largest (and so take a ``k``).
+TOPK_ACTIVATIONS = ("topk", "relu_topk")
+#: The activations circuit-tracer's files hold (its ``TopK`` keeps negative pre-activations: no ``relu_topk``).
+CIRCUIT_TRACER_ACTIVATIONS = ("relu", "jumprelu", "topk")
 
 #: The shipped transcoder sets, by model name, under ``rs_interp/toy_models/transcoders/``.
 SHIPPED_TRANSCODERS = ("code-2l",)
@@ -61,7 +70,8 @@ class Transcoder(torch.nn.Module):
     Args:
         d_model: width of the stream it reads and writes.
         d_transcoder: number of features.
-        activation: ``"relu"``, ``"jumprelu"`` (with per-feature ``threshold``) or ``"topk"`` (with ``k``).
+        activation: ``"relu"``, ``"jumprelu"`` (with per-feature ``threshold``), ``"topk"`` or ``"relu_topk"``
+            (with ``k``; module docstring).
         k: TopK's number of features kept per token.
         skip: whether it has a linear skip connection ``W_skip`` (d_model, d_model).
 
@@ -78,9 +88,9 @@ class Transcoder(torch.nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-        if activation == "topk" and (k is None or not 1 <= int(k) <= d_transcoder):
+        if activation in TOPK_ACTIVATIONS and (k is None or not 1 <= int(k) <= d_transcoder):
             raise ValueError(f"a TopK transcoder needs k in [1, {d_transcoder}], got {k!r}")
-        self.activation, self.k = activation, (int(k) if activation == "topk" else None)
+        self.activation, self.k = activation, (int(k) if activation in TOPK_ACTIVATIONS else None)
         z = lambda *shape: torch.nn.Parameter(torch.zeros(*shape, dtype=dtype))  # noqa: E731
         self.W_enc, self.b_enc = z(d_transcoder, d_model), z(d_transcoder)
         self.W_dec, self.b_dec = z(d_transcoder, d_model), z(d_model)
@@ -106,7 +116,9 @@ class Transcoder(torch.nn.Module):
         if self.activation == "jumprelu":
             return pre * (pre > self.threshold)
         kept = pre.topk(self.k, dim=-1).indices
-        return torch.zeros_like(pre).scatter(-1, kept, pre.gather(-1, kept))
+        top = torch.zeros_like(pre).scatter(-1, kept, pre.gather(-1, kept))
+        # relu(topk(pre)) is topk(relu(pre)): the k largest of relu(pre) are the k largest of pre, clipped at 0
+        return torch.relu(top) if self.activation == "relu_topk" else top
 
     def encode(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_transcoder"]:
         """The feature activations."""
@@ -148,10 +160,12 @@ class Transcoder(torch.nn.Module):
         """
         missing = {"W_enc", "W_dec", "b_enc", "b_dec"} - set(state)
         if missing:
-            raise ValueError(f"transcoder file lacks {sorted(missing)}")
+            raise ValueError(f"transcoder file lacks {few(sorted(missing))}")
+        if state["W_enc"].ndim != 2:
+            raise ValueError(f"W_enc must be (d_transcoder, d_model), got shape {tuple(state['W_enc'].shape)}")
         if activation is None:
             activation = "topk" if "k" in state else "jumprelu" if "activation_function.threshold" in state else "relu"
-        if activation == "topk" and k is None:
+        if activation in TOPK_ACTIVATIONS and k is None:
             k = int(state["k"]) if "k" in state else None
         d_transcoder, d_model = state["W_enc"].shape
         tc = cls(d_model, d_transcoder, activation=activation, k=k, skip="W_skip" in state, dtype=dtype)
@@ -223,10 +237,20 @@ class TranscoderSet:
         return TranscoderSet(tcs, self.input_point, self.output_point, self.scan)
 
     def config(self) -> dict:
-        """circuit-tracer's ``config.yaml`` of the set."""
+        """circuit-tracer's ``config.yaml`` of the set.
+
+        Raises:
+            ValueError: layers of different activations or ``k``; an activation circuit-tracer has not
+                (``relu_topk``, sparsify's: circuit-tracer's TopK would keep the negative pre-activations).
+        """
         kinds = {tc.activation for tc in self}
         if len(kinds) != 1 or len({tc.k for tc in self}) != 1:
             raise ValueError("circuit-tracer's config holds one activation (and one k) for every layer")
+        if not kinds <= set(CIRCUIT_TRACER_ACTIVATIONS):
+            raise ValueError(f"activation {sorted(kinds)[0]!r} (EleutherAI sparsify's TopK, the k largest of "
+                             "relu(pre)) has no circuit-tracer file: its TopK keeps the k largest pre-activations, "
+                             "negative ones too, so such a file would be another transcoder where fewer than k are "
+                             "positive")
         cfg = {"model_kind": "transcoder_set", "scan": self.scan, "feature_input_hook": self.input_point,
                "feature_output_hook": self.output_point, "activation": kinds.pop()}
         if self.transcoders[0].k is not None:
@@ -255,38 +279,45 @@ def load_transcoders(folder: str | Path, *, dtype: torch.dtype = torch.float32) 
     or the files the config's ``transcoders`` list names, relative to the folder).
 
     Raises:
-        ValueError: no config, a config that is not a per-layer set, a layer file missing, a
-            ``hf://`` path (nothing is downloaded here), an input or output point rs_interp cannot read.
+        rs_interp.FileError: (a ``ValueError``) no config, a config that is not a per-layer set or that rs_interp
+            cannot read, a layer file missing, truncated or malformed (a tensor missing or of the wrong shape),
+            an input or output point rs_interp cannot read; the file named.
+        ValueError: a ``hf://`` path (nothing is downloaded here).
 
     >>> import tempfile
     >>> folder = TranscoderSet((Transcoder(4, 8, activation="topk", k=2),)).save(tempfile.mkdtemp())
     >>> sorted(p.name for p in folder.iterdir()), load_transcoders(folder)[0].k
     (['config.yaml', 'layer_0.safetensors'], 2)
     """
-    from safetensors.torch import load_file
-
     folder = Path(folder)
-    if not (folder / "config.yaml").is_file():
-        raise ValueError(f"{folder} has no config.yaml (circuit-tracer's transcoder-set config)")
-    cfg = _config.loads((folder / "config.yaml").read_text())
+    config = folder / "config.yaml"
+    if not config.is_file():
+        raise FileError(f"transcoder folder {folder} has no config.yaml (circuit-tracer's transcoder-set config).", config)
+    with parsing(config, "transcoder config"):
+        cfg = _config.loads(read_text(config, "transcoder config"))
+        paths = [str(p) for p in cfg["transcoders"]] if "transcoders" in cfg else None
     if cfg.get("model_kind", "transcoder_set") != "transcoder_set":
-        raise ValueError(f"model_kind {cfg.get('model_kind')!r}: load_transcoders reads per-layer sets (cross-layer transcoders: rs_interp.features.load_clt)")
-    paths = [str(p) for p in cfg["transcoders"]] if "transcoders" in cfg else None
-    if paths is None:
-        n = len(list(folder.glob("layer_*.safetensors")))
-        paths = [f"layer_{i}.safetensors" for i in range(n)]
+        raise FileError(f"transcoder config {config}: model_kind {cfg.get('model_kind')!r}; load_transcoders reads "
+                        "per-layer sets (cross-layer transcoders: rs_interp.features.load_clt).", config)
+    if paths is None:  # layer_0 ... layer_{n-1}: a gap in the numbers is a file missing, not a shorter set
+        found = [m.group(1) for f in folder.glob("layer_*.safetensors") if (m := re.fullmatch(r"layer_(\d+)\.safetensors", f.name))]
+        paths = [f"layer_{i}.safetensors" for i in range(max(map(int, found), default=-1) + 1)]
     if not paths:
-        raise ValueError(f"{folder} holds no layer_{{i}}.safetensors")
+        raise FileError(f"transcoder folder {folder} holds no layer_{{i}}.safetensors.", folder)
     if any(p.startswith("hf://") for p in paths):
         raise ValueError("the config names hf:// files: download them first (rs_interp reads local files only)")
     files = [folder / p for p in paths]
-    missing = [str(f) for f in files if not f.is_file()]
+    missing = [f.name for f in files if not f.is_file()]
     if missing:
-        raise ValueError(f"transcoder files missing: {missing}")
-    activation = cfg.get("activation")
-    tcs = tuple(Transcoder.from_state(load_file(str(f)), activation=activation, k=cfg.get("k"), dtype=dtype) for f in files)
-    return TranscoderSet(tcs, cfg.get("feature_input_hook", "mlp.hook_in"), cfg.get("feature_output_hook", "mlp.hook_out"),
-                         str(cfg.get("scan", folder.name)))
+        raise FileError(f"transcoder folder {folder} is missing {few(missing)} (its layer files).", folder)
+    tcs = []
+    for f in files:
+        state = read_safetensors(f, "transcoder file")
+        with parsing(f, "transcoder file"):
+            tcs.append(Transcoder.from_state(state, activation=cfg.get("activation"), k=cfg.get("k"), dtype=dtype))
+    with parsing(config, "transcoder config"):  # its points, and layers of one width
+        return TranscoderSet(tuple(tcs), cfg.get("feature_input_hook", "mlp.hook_in"),
+                             cfg.get("feature_output_hook", "mlp.hook_out"), str(cfg.get("scan", folder.name)))
 
 
 def shipped_transcoders(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) -> TranscoderSet:
@@ -310,11 +341,9 @@ def shipped_metrics(name: str = "code-2l") -> dict:
     >>> m["settings"]["activation"], len(m["metrics"]["fvu"])
     ('topk', 2)
     """
-    import json
-
     if name not in SHIPPED_TRANSCODERS:
         raise ValueError(f"no transcoders are shipped for {name!r}; shipped: {SHIPPED_TRANSCODERS}")
-    return json.loads((_SHIPPED_ROOT / name / "metrics.json").read_text())
+    return read_json(_SHIPPED_ROOT / name / "metrics.json", "transcoder metrics")
 
 
 def mlp_transcoders(model) -> TranscoderSet:
