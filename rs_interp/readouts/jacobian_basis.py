@@ -23,6 +23,7 @@ from jaxtyping import Float
 from .. import _backend
 from .. import _names as N
 from .._backend import Model
+from .._messages import few
 from .._state import preserve_state
 from ..exact.readout import compute_dtype, final_norm_of
 from ..exact.stream import record
@@ -78,7 +79,7 @@ def in_model_basis(lens: JacobianLens, model: Model, helper: str) -> Float[torch
         raise ValueError(f"{helper}: the lens was fitted for d_model={lens.d_model}; the model has {cfg.d_model}: "
                          "another model")
     if max(lens.source_layers) >= cfg.n_layers - 1:
-        raise ValueError(f"{helper}: the lens has source layers {list(lens.source_layers)}; this "
+        raise ValueError(f"{helper}: the lens has source layers {few(lens.source_layers)}; this "
                          f"{cfg.n_layers}-layer model's are 0..{cfg.n_layers - 2} (the last block is read as it is): "
                          "another model")
     target = lens.metadata.get("target_layer", cfg.n_layers - 1)

@@ -31,6 +31,8 @@ from .. import _backend
 from .. import _names as N
 from .._backend import Model, Stop
 from .._budget import MEMORY_BUDGET
+from .._files import read_torch
+from .._messages import few
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import Certificate, require
@@ -155,8 +157,8 @@ def _forward(model: Model, tokens: torch.Tensor, fit: _Fit) -> tuple[torch.Tenso
     except Stop:
         pass
     if final not in box or any(n not in box for n in names):
-        raise ValueError(f"the Jacobian lens reads {', '.join(n for n in [*names, final] if n not in box)}, which the "
-                         "forward pass never reached")
+        missing = [n for n in [*names, final] if n not in box]
+        raise ValueError(f"the Jacobian lens reads {few(missing)}, which the forward pass never reached.")
     return box[final], [box[n] for n in names]
 
 
@@ -209,7 +211,7 @@ def _resume(path: Path, fit: _Fit, dt: torch.dtype) -> tuple[torch.Tensor, int, 
     Raises:
         ValueError: a checkpoint of other source layers, target layer, skipped positions or width.
     """
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_torch(path, "Jacobian lens fit checkpoint")
     for key, want in (("source_layers", list(fit.source_layers)), ("target_layer", fit.target_layer),
                       ("skip_first", fit.skip_first)):
         if key in state and state[key] != want:

@@ -55,6 +55,9 @@ from typing import Any, Sequence
 import torch
 from jaxtyping import Float
 
+from .._files import FileError, check_shape, parsing, read_torch
+from .._messages import few
+
 __all__ = ["JacobianLens", "SKIP_FIRST", "MAX_SEQ_LEN", "ESTIMATOR", "RAW", "CENTRED"]
 
 #: Leading positions left out of the estimator (the reference's ``SKIP_FIRST_N_POSITIONS``).
@@ -116,7 +119,7 @@ class JacobianLens:
     def matrix(self, layer: int) -> Float[torch.Tensor, "d_model d_model"]:
         """``J_layer`` (raises naming the fitted layers for another)."""
         if layer not in self.source_layers:
-            raise ValueError(f"layer {layer} is not one of this lens's source layers {list(self.source_layers)}")
+            raise ValueError(f"layer {layer} is not one of this lens's source layers {few(self.source_layers)}.")
         return self.jacobians[self.source_layers.index(layer)]
 
     def transport(self, x: Float[torch.Tensor, "... d_model"], layer: int) -> Float[torch.Tensor, "... d_model"]:
@@ -144,27 +147,35 @@ class JacobianLens:
         (``jacobian_sum`` and ``n_done``: the running sum, divided here by the prompts done).
 
         Raises:
-            ValueError: neither kind of file, or a checkpoint with no prompt done.
+            rs_interp.FileError: (a ``ValueError``) the file missing, truncated, not a PyTorch file, neither kind of
+                file, a checkpoint with no prompt done, or matrices that are not one square ``d_model`` per layer.
         """
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        meta = dict(payload.get("metadata") or {})
-        if "J" in payload:
-            layers = tuple(sorted(int(l) for l in payload["J"]))
-            J = torch.stack([_widened(payload["J"][l]) for l in sorted(payload["J"], key=int)])
-            return cls(J, layers, n_prompts=int(payload.get("n_prompts", 0)), metadata=meta)
-        if "jacobian_sum" in payload:
-            done = int(payload.get("n_done", 0))
-            if done <= 0 or not payload["jacobian_sum"]:
-                raise ValueError(f"{path} is a fit checkpoint with no prompt done (n_done={done}): nothing to average")
-            sums = payload["jacobian_sum"]
-            layers = tuple(sorted(int(l) for l in sums))
-            J = torch.stack([(sums[l].double() / done).to(_widened(sums[l]).dtype) for l in sorted(sums, key=int)])
-            for key in ("target_layer", "skip_first", "model_name", "corpus"):
-                if key in payload and key not in meta:
-                    meta[key] = payload[key]
-            return cls(J, layers, n_prompts=done, metadata=meta)
-        raise ValueError(f"{path} is neither a Jacobian lens file (a 'J' key) nor a fit checkpoint ('jacobian_sum'): "
-                         f"its keys are {sorted(payload)}")
+        what = "Jacobian lens file"
+        payload = read_torch(path, what)
+        with parsing(path, what):
+            if not isinstance(payload, dict):
+                raise FileError(f"{what} {path} holds a {type(payload).__name__}, not a lens's dictionary.", path)
+            meta = dict(payload.get("metadata") or {})
+            if "J" in payload:
+                return cls(_stacked(payload["J"], path, payload.get("d_model")), _layers(payload["J"]),
+                           n_prompts=int(payload.get("n_prompts", 0)), metadata=meta)
+            if "jacobian_sum" in payload:
+                return cls._from_checkpoint(payload, meta, path)
+        raise FileError(f"{what} {path} is neither a lens (a 'J' key) nor a fit checkpoint ('jacobian_sum'): its keys "
+                        f"are {few(sorted(map(str, payload)))}.", path)
+
+    @classmethod
+    def _from_checkpoint(cls, payload: dict, meta: dict, path: str | os.PathLike) -> "JacobianLens":
+        done = int(payload.get("n_done", 0))
+        if done <= 0 or not payload["jacobian_sum"]:
+            raise FileError(f"Jacobian lens file {path} is a fit checkpoint with no prompt done (n_done={done}): "
+                            "nothing to average.", path)
+        sums = payload["jacobian_sum"]
+        J = _stacked(sums, path, None)
+        for key in ("target_layer", "skip_first", "model_name", "corpus"):
+            if key in payload and key not in meta:
+                meta[key] = payload[key]
+        return cls((J.double() / done).to(J.dtype), _layers(sums), n_prompts=done, metadata=meta)
 
     @classmethod
     def merge(cls, lenses: Sequence["JacobianLens"]) -> "JacobianLens":
@@ -191,6 +202,22 @@ class JacobianLens:
         J = sum(lens.jacobians.double() * lens.n_prompts for lens in lenses) / total
         meta = dict(first.metadata) | ({"n_prompts": total} if first.metadata else {})
         return cls(J.to(first.jacobians.dtype), first.source_layers, n_prompts=total, metadata=meta)
+
+
+def _layers(matrices: dict) -> tuple[int, ...]:
+    return tuple(sorted(int(l) for l in matrices))
+
+
+def _stacked(matrices: dict, path: str | os.PathLike, d_model: int | None) -> torch.Tensor:
+    """The file's {layer: matrix} as (layer, d, d) in layer order, float64 if stored so, else float32; each checked
+    square of the same width (``d_model`` where the file says it)."""
+    if not matrices:
+        raise FileError(f"Jacobian lens file {path} holds no matrix.", path)
+    first = matrices[next(iter(matrices))]
+    d = int(d_model) if d_model is not None else int(first.shape[-1])
+    for layer, matrix in matrices.items():
+        check_shape(matrix, (d, d), f"J[{layer}]", path, "Jacobian lens file")
+    return torch.stack([_widened(matrices[l]) for l in sorted(matrices, key=int)])
 
 
 def _widened(matrix: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,7 @@ from jaxtyping import Float, Int
 
 from .. import _names as N
 from .._backend import Model
+from .._messages import few
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.readout import compute_dtype
@@ -284,7 +285,7 @@ def dictionary(model: Model, lens: JacobianLens, layer: int, helper: str = "jspa
 
 def layer_index(lens: JacobianLens, layer: int, helper: str) -> int:
     if layer not in lens.source_layers:
-        raise ValueError(f"{helper}: layer {layer} is not one of the lens's source layers {list(lens.source_layers)}")
+        raise ValueError(f"{helper}: layer {layer} is not one of the lens's source layers {few(lens.source_layers)}.")
     return lens.source_layers.index(layer)
 
 

@@ -34,6 +34,7 @@ from jaxtyping import Float
 
 from .. import _names as N
 from .._backend import Model
+from .._messages import few
 from ..exact.certificate import require
 from ..exact.readout import compute_dtype, d_vocab_out
 from ..exact.validate import check_int_range
@@ -90,7 +91,7 @@ def lens_vectors(model: Model, lens: JacobianLens, tokens: Token | Sequence[Toke
 
 def _vectors(model: Model, lens: JacobianLens, ids: list[int], layer: int, helper: str) -> torch.Tensor:
     if layer not in lens.source_layers:
-        raise ValueError(f"{helper}: layer {layer} is not one of the lens's source layers {list(lens.source_layers)}")
+        raise ValueError(f"{helper}: layer {layer} is not one of the lens's source layers {few(lens.source_layers)}.")
     J = in_model_basis(lens, model, helper)[lens.source_layers.index(layer)]
     return (J.T @ model.W_U.detach()[:, ids].to(J.dtype)).T
 
@@ -119,7 +120,7 @@ def _positions(positions: Sequence[int] | None, n: int) -> list[int] | None:
         return None
     out = [check_int_range("positions entry", p, -n, n - 1) % n for p in positions]
     if len(set(out)) != len(out):
-        raise ValueError(f"positions names a position twice (of {n}): {list(positions)}")
+        raise ValueError(f"positions names a position twice (of {n}): {few(positions)}.")
     return out
 
 

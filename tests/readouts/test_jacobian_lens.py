@@ -63,11 +63,14 @@ def test_the_reference_files_load(tmp_path):
     assert lens.n_prompts == 3 and lens.metadata["target_layer"] == 3
     assert torch.allclose(lens.matrix(0), J[0], atol=1e-6)
     torch.save({"jacobian_sum": {0: J[0]}, "n_done": 0, "next_idx": 0}, tmp_path / "empty.pt")
-    with pytest.raises(ValueError, match="no prompt done"):
+    with pytest.raises(ri.FileError, match="no prompt done"):
         ri.JacobianLens.load(tmp_path / "empty.pt")
     torch.save({"weights": 1}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match="neither a Jacobian lens file"):
+    with pytest.raises(ri.FileError, match="other.pt is neither a lens"):
         ri.JacobianLens.load(tmp_path / "other.pt")
+    torch.save({"J": {0: torch.zeros(8, 8), 1: torch.zeros(8, 7)}, "n_prompts": 1, "d_model": 8}, tmp_path / "bad.pt")
+    with pytest.raises(ri.FileError, match=r"tensor 'J\[1\]' has shape \(8, 7\), not \(8, 8\)"):
+        ri.JacobianLens.load(tmp_path / "bad.pt")
 
 
 def test_merge_of_slices_is_one_fit(fitted):
