@@ -105,6 +105,40 @@ def test_transformer_lens_reads_what_rs_interp_writes(fitted, tmp_path):
     assert all((from_ckpt.jacobians[l] - lens.matrix(l).float()).abs().max() <= 1e-6 for l in lens.source_layers)
 
 
+@needs_tl43
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_rs_interp_reads_what_transformer_lens_saves(tmp_path, dtype):
+    """Files written by TransformerLens 4.3's own ``JacobianLens.save`` (its fit's provenance, its fp16 default and
+    float32): the matrices as stored, bit for bit; the counts and provenance kept; the raw basis read off the
+    provenance; a merge of two of its files is their prompt-weighted mean; a file of its cut short is refused by
+    name."""
+    from transformer_lens.tools.analysis import JacobianLens as TLLens
+
+    g = torch.Generator().manual_seed(3)
+    meta = {"model_name": "m", "transformer_lens_fit": True, "corpus": "c", "target_layer": 3,
+            "processing": {"compatibility_mode": False, "weight_basis": "raw_huggingface"}}
+    parts = []
+    for i, n in enumerate((3, 5)):
+        J = {0: torch.randn(16, 16, generator=g), 2: torch.randn(16, 16, generator=g)}
+        TLLens(J, n_prompts=n, d_model=16, metadata=meta | {"n_prompts": n}).save(str(tmp_path / f"{i}.pt"),
+                                                                                  dtype=dtype)
+        ours = ri.JacobianLens.load(tmp_path / f"{i}.pt")
+        assert ours.source_layers == (0, 2) and ours.n_prompts == n and ours.basis == RAW
+        assert ours.metadata == meta | {"n_prompts": n}
+        assert all(torch.equal(ours.matrix(l), J[l].to(dtype).float()) for l in J)
+        parts.append(ours)
+    merged = ri.JacobianLens.merge(parts)
+    want = (3 * parts[0].jacobians.double() + 5 * parts[1].jacobians.double()) / 8
+    assert merged.n_prompts == 8 and (merged.jacobians.double() - want).abs().max() <= 1e-6 * want.abs().max()
+    theirs = TLLens.merge([TLLens.load(str(tmp_path / f"{i}.pt")) for i in range(2)])
+    assert all((merged.matrix(l).double() - theirs.jacobians[l].double()).abs().max() <= 1e-6 * want.abs().max()
+               for l in (0, 2))
+    data = (tmp_path / "0.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ri.FileError, match=r"cut\.pt"):
+        ri.JacobianLens.load(tmp_path / "cut.pt")
+
+
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gpt2")
