@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import rs_interp as ri
-from tests.builders import make_variant, variant_id
+from rs_interp import _backend
+from tests.builders import architecture_params, make_variant, variant_id
+from tests.hf_families import save_checkpoint
 
 
 @pytest.mark.parametrize("variant", [("LN", "standard", False), ("RMS", "rotary", False, "gqa")], ids=variant_id)
@@ -43,3 +45,45 @@ def test_the_readout_reads_the_transported_stream():
 
 
 # --- files ------------------------------------------------------------------------------------------------------
+
+
+def near_identity_lens(model, seed=0):
+    """A lens of random matrices ``I + 0.3 G / sqrt(d)`` at every source layer, in the model's basis."""
+    d, n = model.cfg.d_model, model.cfg.n_layers - 1
+    G = torch.randn(n, d, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return ri.JacobianLens(torch.eye(d, dtype=torch.float64) + 0.3 * G / d ** 0.5, tuple(range(n)), n_prompts=1)
+
+
+def read_by_the_model(model, tokens, layer, J):
+    """The brute force: the model's own log-probabilities with the last block's output replaced by ``J h_layer``
+    (plain hooks on the raw forward: its final norm, unembedding, logit scaling and soft-cap as they are)."""
+    _, cache = model.run_with_cache(tokens, names_filter=f"blocks.{layer}.hook_resid_post")
+    h = cache[f"blocks.{layer}.hook_resid_post"].double() @ J.T
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    return model.run_with_hooks(tokens, fwd_hooks=[(last, lambda t, hook: h.to(t.dtype))]).double().log_softmax(-1)
+
+
+def _check_readout_by_the_model(model, tokens, rel):
+    lens = near_identity_lens(model)
+    got = ri.jacobian_lens(model, tokens, lens, full=True)
+    for i, layer in enumerate(lens.source_layers):
+        want = read_by_the_model(model, tokens, layer, lens.matrix(layer))
+        assert (got.log_probs[1 + i].double() - want).abs().max() <= rel * want.abs().max(), layer
+
+
+@pytest.mark.parametrize("variant", [("RMSPre", "rotary", False, "gated"), (None, "standard", False)]
+                         + architecture_params([("LNPre", "standard", True, "gqa"), ("LN", "rotary", False, "parallel"),
+                                                ("RMS", "rotary", False, "qk_norm")]),
+                         ids=lambda v: variant_id(v) if isinstance(v, tuple) else None)
+def test_each_point_is_the_models_own_readout_of_the_transported_stream(variant):
+    model = make_variant(*variant, n_layers=3)
+    _check_readout_by_the_model(model, torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(2)), 1e-12)
+
+
+def test_a_post_norm_soft_capped_family_reads_as_the_model_does(tmp_path):
+    """gemma2 (post-norms, logits soft-capped, grouped-query attention), loaded from a Hugging Face checkpoint."""
+    save_checkpoint("gemma2", tmp_path)
+    model = ri.load_pretrained(tmp_path, dtype=torch.float64)
+    assert model.cfg.output_logits_soft_cap > 0
+    rel = 1e-12 if _backend.model_source(model) == "native" else 1e-6  # booted: some steps in float32 inside
+    _check_readout_by_the_model(model, torch.randint(1, 299, (2, 9), generator=torch.Generator().manual_seed(2)), rel)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from tests.builders import TL4, make_variant
+from tests.builders import TL4, architecture_params, make_variant, variant_id
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +125,90 @@ def test_transformer_lens_hooks_do_the_same(tmp_path):
         with bridge.hooks(fwd_hooks=tl + [("blocks.0.hook_out", lambda t, hook: out.__setitem__("tl", t))]):
             bridge(tokens)
         assert (around(model, tokens, mine, 0)[1] - out["tl"]).abs().max() <= 1e-4 * out["tl"].abs().max()
+
+
+# --- against a brute force on the raw forward, on variants beyond the fitted one -----------------------------------
+
+
+def edit_by_hand(model, lens, layer, kind, ids, positions, alpha, clean=None):
+    """One plain hook doing the edit from its definition, in float64: ``v_t = J^T W_U[:, t]``; steering adds ``alpha``
+    times the median norm of the streams edited along ``v / ||v||``; ablation removes the least-squares projection
+    onto the vectors' span; a swap solves the normal equations for the two coordinates (no pseudoinverse) and moves
+    them to their exchange (or a clean run's exchanged ones)."""
+    V = (lens.matrix(layer).double().T @ model.W_U.detach().double()[:, ids]).T  # (tokens, d_model)
+    d = V.shape[1]
+
+    def coords(x):  # (rows, d) -> (rows, tokens), from (V V^T) c = V x
+        return torch.linalg.solve(V @ V.T, V @ x.T).T
+
+    def fn(t, hook):
+        h = t.double().clone()
+        at = list(range(h.shape[1])) if positions is None else [p % h.shape[1] for p in positions]
+        x = h[:, at].reshape(-1, d)
+        if kind == "steer":
+            x = x + alpha * x.norm(dim=-1).median() * V[0] / V[0].norm()
+        elif kind == "ablate":
+            x = x - coords(x) @ V
+        else:
+            want = coords(x)[:, [1, 0]] if clean is None else coords(clean[:, at].double().reshape(-1, d))[:, [1, 0]]
+            x = x + alpha * (want - coords(x)) @ V
+        h[:, at] = x.reshape(h.shape[0], len(at), d)
+        return h.to(t.dtype)
+
+    return (f"blocks.{layer}.hook_resid_post", fn)
+
+
+EDITS = [("steer", [5], [2, -1], 1.5), ("ablate", [5, 6, 7], None, 1.0), ("swap", [3, 4], [1, 4, -2], 1.0),
+         ("swap", [3, 4], None, 2.0), ("clamp", [3, 4], [3, -1], 1.0)]
+
+
+def _helper_hooks(model, lens, kind, ids, layers, positions, alpha, clean):
+    if kind == "steer":
+        return ri.lens_steering_hooks(model, lens, ids[0], layers, alpha=alpha, positions=positions)
+    if kind == "ablate":
+        return ri.lens_ablation_hooks(model, lens, ids, layers, positions=positions)
+    return ri.lens_swap_hooks(model, lens, *ids, layers, alpha=alpha, positions=positions,
+                              clamp_to=clean if kind == "clamp" else None)
+
+
+def _check_edits_by_hand(model, tokens, rel):
+    from tests.readouts.test_jacobian_readout import near_identity_lens
+
+    lens = near_identity_lens(model, seed=4)
+    layers = list(lens.source_layers)
+    other = torch.randint(1, 50, tokens.shape, generator=torch.Generator().manual_seed(8))
+    _, clean = model.run_with_cache(other)
+    # a user's row-dependent hook left on the model: every run below goes through it
+    model.add_hook("blocks.0.hook_resid_pre", lambda t, hook: t * (1 + 0.1 * torch.arange(t.shape[0]))[:, None, None])
+    try:
+        plain = model(tokens)
+        for kind, ids, positions, alpha in EDITS:
+            with model.hooks(fwd_hooks=_helper_hooks(model, lens, kind, ids, layers, positions, alpha, clean)):
+                got = model(tokens)
+            hand = [edit_by_hand(model, lens, l, kind, ids, positions, alpha,
+                                 clean[f"blocks.{l}.hook_resid_post"] if kind == "clamp" else None) for l in layers]
+            want = model.run_with_hooks(tokens, fwd_hooks=hand)
+            assert (got.double() - want.double()).abs().max() <= rel * want.abs().max(), kind
+            assert (want - plain).abs().max() > 1e-3 * plain.abs().max(), kind  # the edit moved the logits
+    finally:
+        model.reset_hooks(including_permanent=False)
+
+
+@pytest.mark.parametrize("variant", [("RMS", "rotary", False, "gqa"), ("RMSPre", "rotary", False, "gated")]
+                         + architecture_params([("LNPre", "standard", True, "gqa"),
+                                                ("LN", "rotary", False, "parallel")]),
+                         ids=lambda v: variant_id(v) if isinstance(v, tuple) else None)
+def test_each_edit_is_its_definition_on_the_raw_forward(variant):
+    model = make_variant(*variant, n_layers=3)
+    _check_edits_by_hand(model, torch.randint(1, 50, (2, 10), generator=torch.Generator().manual_seed(2)), 1e-10)
+
+
+def test_each_edit_is_its_definition_on_a_post_norm_soft_capped_family(tmp_path):
+    """gemma2 (post-norms, logits soft-capped, grouped-query attention), loaded from a Hugging Face checkpoint."""
+    from rs_interp import _backend
+    from tests.hf_families import save_checkpoint
+
+    save_checkpoint("gemma2", tmp_path)
+    model = ri.load_pretrained(tmp_path, dtype=torch.float64)
+    rel = 1e-10 if _backend.model_source(model) == "native" else 1e-6  # booted: some steps in float32 inside
+    _check_edits_by_hand(model, torch.randint(1, 299, (2, 9), generator=torch.Generator().manual_seed(2)), rel)
