@@ -80,6 +80,7 @@ def test_each_point_is_the_models_own_readout_of_the_transported_stream(variant)
     _check_readout_by_the_model(model, torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(2)), 1e-12)
 
 
+@pytest.mark.slow  # a Hugging Face checkpoint written and loaded: seconds
 def test_a_post_norm_soft_capped_family_reads_as_the_model_does(tmp_path):
     """gemma2 (post-norms, logits soft-capped, grouped-query attention), loaded from a Hugging Face checkpoint."""
     save_checkpoint("gemma2", tmp_path)

@@ -203,6 +203,7 @@ def test_each_edit_is_its_definition_on_the_raw_forward(variant):
     _check_edits_by_hand(model, torch.randint(1, 50, (2, 10), generator=torch.Generator().manual_seed(2)), 1e-10)
 
 
+@pytest.mark.slow  # a Hugging Face checkpoint written and loaded: seconds
 def test_each_edit_is_its_definition_on_a_post_norm_soft_capped_family(tmp_path):
     """gemma2 (post-norms, logits soft-capped, grouped-query attention), loaded from a Hugging Face checkpoint."""
     from rs_interp import _backend
