@@ -71,10 +71,26 @@ def _check_readout_by_the_model(model, tokens, rel):
         assert (got.log_probs[1 + i].double() - want).abs().max() <= rel * want.abs().max(), layer
 
 
-@pytest.mark.parametrize("variant", [("RMSPre", "rotary", False, "gated"), (None, "standard", False)]
-                         + architecture_params([("LNPre", "standard", True, "gqa"), ("LN", "rotary", False, "parallel"),
-                                                ("RMS", "rotary", False, "qk_norm")]),
-                         ids=lambda v: variant_id(v) if isinstance(v, tuple) else None)
+#: variants beyond the fitted one, for the brute forces here and in test_lens_interventions.py
+BEYOND = [("RMSPre", "rotary", False, "gated"), (None, "standard", False), ("RMS", "rotary", False, "gqa")] \
+    + architecture_params([("LNPre", "standard", True, "gqa"), ("LN", "rotary", False, "parallel"),
+                           ("RMS", "rotary", False, "qk_norm")])
+
+
+def beyond_id(v):
+    return variant_id(v) if isinstance(v, tuple) else None
+
+
+def post_norm_soft_capped(folder, native_rel):
+    """gemma2 (post-norms, logits soft-capped, grouped-query attention) from a Hugging Face checkpoint in ``folder``,
+    float64, with the relative tolerance of a check: ``native_rel``, or 1e-6 booted (some steps in float32 inside)."""
+    save_checkpoint("gemma2", folder)
+    model = ri.load_pretrained(folder, dtype=torch.float64)
+    assert model.cfg.output_logits_soft_cap > 0
+    return model, native_rel if _backend.model_source(model) == "native" else 1e-6
+
+
+@pytest.mark.parametrize("variant", BEYOND, ids=beyond_id)
 def test_each_point_is_the_models_own_readout_of_the_transported_stream(variant):
     model = make_variant(*variant, n_layers=3)
     _check_readout_by_the_model(model, torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(2)), 1e-12)
@@ -82,9 +98,5 @@ def test_each_point_is_the_models_own_readout_of_the_transported_stream(variant)
 
 @pytest.mark.slow  # a Hugging Face checkpoint written and loaded: seconds
 def test_a_post_norm_soft_capped_family_reads_as_the_model_does(tmp_path):
-    """gemma2 (post-norms, logits soft-capped, grouped-query attention), loaded from a Hugging Face checkpoint."""
-    save_checkpoint("gemma2", tmp_path)
-    model = ri.load_pretrained(tmp_path, dtype=torch.float64)
-    assert model.cfg.output_logits_soft_cap > 0
-    rel = 1e-12 if _backend.model_source(model) == "native" else 1e-6  # booted: some steps in float32 inside
+    model, rel = post_norm_soft_capped(tmp_path, 1e-12)
     _check_readout_by_the_model(model, torch.randint(1, 299, (2, 9), generator=torch.Generator().manual_seed(2)), rel)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import rs_interp as ri
-from tests.builders import TL4, architecture_params, make_variant, variant_id
+from tests.builders import TL4, make_variant
+from tests.readouts.test_jacobian_readout import BEYOND, beyond_id, near_identity_lens, post_norm_soft_capped
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +173,6 @@ def _helper_hooks(model, lens, kind, ids, layers, positions, alpha, clean):
 
 
 def _check_edits_by_hand(model, tokens, rel):
-    from tests.readouts.test_jacobian_readout import near_identity_lens
-
     lens = near_identity_lens(model, seed=4)
     layers = list(lens.source_layers)
     other = torch.randint(1, 50, tokens.shape, generator=torch.Generator().manual_seed(8))
@@ -194,10 +193,7 @@ def _check_edits_by_hand(model, tokens, rel):
         model.reset_hooks(including_permanent=False)
 
 
-@pytest.mark.parametrize("variant", [("RMS", "rotary", False, "gqa"), ("RMSPre", "rotary", False, "gated")]
-                         + architecture_params([("LNPre", "standard", True, "gqa"),
-                                                ("LN", "rotary", False, "parallel")]),
-                         ids=lambda v: variant_id(v) if isinstance(v, tuple) else None)
+@pytest.mark.parametrize("variant", BEYOND, ids=beyond_id)
 def test_each_edit_is_its_definition_on_the_raw_forward(variant):
     model = make_variant(*variant, n_layers=3)
     _check_edits_by_hand(model, torch.randint(1, 50, (2, 10), generator=torch.Generator().manual_seed(2)), 1e-10)
@@ -205,11 +201,5 @@ def test_each_edit_is_its_definition_on_the_raw_forward(variant):
 
 @pytest.mark.slow  # a Hugging Face checkpoint written and loaded: seconds
 def test_each_edit_is_its_definition_on_a_post_norm_soft_capped_family(tmp_path):
-    """gemma2 (post-norms, logits soft-capped, grouped-query attention), loaded from a Hugging Face checkpoint."""
-    from rs_interp import _backend
-    from tests.hf_families import save_checkpoint
-
-    save_checkpoint("gemma2", tmp_path)
-    model = ri.load_pretrained(tmp_path, dtype=torch.float64)
-    rel = 1e-10 if _backend.model_source(model) == "native" else 1e-6  # booted: some steps in float32 inside
+    model, rel = post_norm_soft_capped(tmp_path, 1e-10)
     _check_edits_by_hand(model, torch.randint(1, 299, (2, 9), generator=torch.Generator().manual_seed(2)), rel)
