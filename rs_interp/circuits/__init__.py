@@ -18,6 +18,7 @@ one list.
 - :mod:`.ground_truth`, :mod:`.tracr`: models whose circuits are known, and how each method scores on them.
 """
 
+from .._lazy import attach
 from .acdc import ACDC, acdc
 from .correction import Fixed, fix_unreliable
 from .edge_attribution import EdgeAttributionPatching, edge_attribution_patching
@@ -36,3 +37,6 @@ __all__ = [
     "MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores", "top_edges",
     "ACDC", "acdc", "Fixed", "fix_unreliable", "Bootstrap", "Stability", "bootstrap", "stability",
 ]
+
+#: Every submodule answers as an attribute (``rs_interp.circuits.methods``), imported on first use.
+__getattr__, __dir__ = attach(__name__, {}, globals())

@@ -3,10 +3,11 @@
 Rows from the bottom: the embedding, then per layer its heads and its MLP, then the logits (an MLP
 shares its heads' row, to their right, in a parallel block). Every head and MLP of the model is a
 faint dot, so the circuit's place in the model stays visible; the nodes an edge of the circuit
-touches are drawn full and labelled. An edge runs from its sender to the receiving input: a head's
-query, key or value input enters it from the left, the middle or the right, in its own colour
-(q blue, k green, v red; MLP inputs purple, the logits grey). With scores, an edge's width grows
-with ``|effect|`` (five steps of ``sqrt(|effect| / largest)``) and a negative effect is dotted; hovering
+touches are drawn full and labelled. An edge runs from its sender to the receiving input and ends at
+its component: an edge into a head's query, key or value input comes in just below the head, from
+its left, its middle or its right (:data:`PORT_PIXELS` beside it, on a plot of :data:`PLOT_PIXELS`),
+and ends at the head, in its own colour (q blue, k green, v red; MLP inputs purple, the logits grey). With
+scores, an edge's width grows with ``|effect|`` (five steps of ``sqrt(|effect| / largest)``) and a negative effect is dotted; hovering
 an edge's middle shows its label and number.
 
 What the ACDC and EAP-IG repositories draw with graphviz, drawn with plotly (the project's figure
@@ -29,12 +30,17 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-__all__ = ["circuit_figure", "EDGE_COLOURS"]
+__all__ = ["circuit_figure", "EDGE_COLOURS", "PORT_PIXELS", "PLOT_PIXELS"]
 
 #: Colour of an edge by the input it enters.
 EDGE_COLOURS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#d62728", "mlp": "#9467bd", "logits": "#555555"}
 _KIND_NAMES = {"q": "into a query", "k": "into a key", "v": "into a value", "mlp": "into an MLP", "logits": "into the logits"}
 _WIDTHS = (0.8, 1.6, 2.6, 3.8, 5.2)  # five steps of |effect| / max
+#: How far beside its head a query or value edge comes in (pixels, on a plot area :data:`PLOT_PIXELS` wide).
+PORT_PIXELS = 8.0
+#: The plot area's width the port offsets are measured on (pixels: plotly's default figure, 700, less the
+#: margins; a wider page widens the offset with it).
+PLOT_PIXELS = 620.0
 
 
 def _parse(label: str) -> tuple[str, int, int]:
@@ -112,6 +118,8 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
     has_mlp = "MLP0" in layout.senders
     parallel = has_mlp and not bool(layout.exists[layout.senders.index("L0H0"), layout.receivers.index("MLP0")])
     centre = (H - 1) / 2
+    # the x axis spans H + 1.2 (parallel: + 2.4) units: a port's offset in units is PORT_PIXELS on PLOT_PIXELS
+    beside = PORT_PIXELS / PLOT_PIXELS * (H + (2.4 if parallel else 1.2))
 
     def place(label: str) -> tuple[float, float]:
         kind, layer, i = _parse(label)
@@ -126,14 +134,13 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
             return i * group + (group - 1) / 2, 2.0 * layer + 1
         return float(i), 2.0 * layer + 1
 
-    def port(receiver: str) -> tuple[float, float, str]:
+    def port(receiver: str) -> tuple[list[float], list[float], str]:
+        """The edge's last points: into a head's input, below the head (left, middle, right) and then the head."""
         x, y = place(receiver)
-        if receiver == "logits":
-            return x, y - 0.25, "logits"
-        if receiver.startswith("MLP"):
-            return x, y - 0.25, "mlp"
+        if receiver == "logits" or receiver.startswith("MLP"):
+            return [x], [y - 0.25], "logits" if receiver == "logits" else "mlp"
         kind = receiver[-1]
-        return x + {"q": -0.22, "k": 0.0, "v": 0.22}[kind], y - 0.22, kind
+        return [x + {"q": -beside, "k": 0.0, "v": beside}[kind], x], [y - 0.22, y], kind
 
     fig = go.Figure()
     # Every component, faint: the model around the circuit.
@@ -157,10 +164,10 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
             for s, r, v in members:
                 x0, y0 = place(s)
                 x1, y1, _ = port(r)
-                xs += [x0, x1, None]
-                ys += [y0 + (0.15 if s != "embed" else 0.0), y1, None]
-                mids_x.append((x0 + x1) / 2)
-                mids_y.append((y0 + y1) / 2)
+                xs += [x0, *x1, None]
+                ys += [y0 + (0.15 if s != "embed" else 0.0), *y1, None]
+                mids_x.append((x0 + x1[0]) / 2)
+                mids_y.append((y0 + y1[0]) / 2)
                 mids_text.append(f"{s} -> {r}" + (f": {v:.4g}" if scores is not None else ""))
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=_KIND_NAMES[kind], legendgroup=kind, showlegend=False,
                                      hoverinfo="skip", opacity=0.75,

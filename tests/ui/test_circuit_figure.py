@@ -38,18 +38,59 @@ def _kind(receiver: str) -> str:
 def _drawn(fig):
     """(sender, receiver, value, colour, width, dash) per edge: the line traces' segments in order,
     matched with the hover labels of the edges' midpoints (added in the same order)."""
+    return [d[:6] for d in _segments(fig)]
+
+
+def _segments(fig):
+    """As :func:`_drawn`, each edge with its points ``[(x, y), ...]`` last (a line trace's edges are separated by
+    None)."""
     labels = next(t for t in fig.data if t.name == "edges").text
     out, k = [], 0
     for t in fig.data:
         if t.mode != "lines" or t.x == (None,):
             continue
-        for _ in range(sum(x is not None for x in t.x) // 2):
+        points: list = []
+        for x, y in zip(t.x, t.y):
+            if x is not None:
+                points.append((x, y))
+                continue
             edge, _, value = labels[k].partition(": ")
             s, r = edge.split(" -> ")
-            out.append((s, r, float(value) if value else None, t.line.color, t.line.width, t.line.dash))
-            k += 1
+            out.append((s, r, float(value) if value else None, t.line.color, t.line.width, t.line.dash, points))
+            points, k = [], k + 1
     assert k == len(labels)
     return out
+
+
+@pytest.mark.parametrize("which", ["induction-2l", "gpt2-small", "gqa", "parallel"])
+def test_an_edge_into_a_head_ends_at_the_head(which):
+    """Issue 61: an edge into a query, key or value input ends at its head's (or KV head's) node, where the head reads
+    its input, coming in below it from the left, the middle or the right at most PORT_PIXELS beside it on a plot
+    PLOT_PIXELS wide (it ended 0.22 x-units beside the head, in empty space: ~80 px on a page with two heads). An edge
+    into an MLP or the logits ends just below its node."""
+    from rs_interp.ui.circuit_figure import PLOT_PIXELS, PORT_PIXELS
+
+    cfgs = _cfgs()
+    if which not in cfgs:
+        pytest.skip("TransformerLens 4.3's native models build no parallel block (checked on 3.x)")
+    scores = _scores(cfgs[which])
+    fig = circuit_figure(scores, max_edges=min(60, scores.layout.n_edges))
+    nodes = next(t for t in fig.data if t.name == "nodes")
+    at = {label: (x, y) for label, x, y in zip(nodes.text, nodes.x, nodes.y)}
+    per_unit = PLOT_PIXELS / (fig.layout.xaxis.range[1] - fig.layout.xaxis.range[0])  # pixels per x unit
+    seen = set()
+    for s, r, *_, points in _segments(fig):
+        node = r.split(".")[0]
+        if r in ("logits",) or r.startswith("MLP"):
+            assert points[-1][0] == at[node][0] and 0 < at[node][1] - points[-1][1] <= 0.25
+            continue
+        (xp, yp), end = points[-2], points[-1]
+        assert end == at[node], (s, r, points)  # the edge ends at its head
+        offset = (xp - end[0]) * per_unit
+        assert {"q": offset < 0, "k": offset == 0, "v": offset > 0}[r[-1]] and abs(offset) <= PORT_PIXELS + 1e-9
+        assert 0 < end[1] - yp <= 0.25  # it comes in from below
+        seen.add(r[-1])
+    assert seen == {"q", "k", "v"}
 
 
 @pytest.mark.parametrize("which", ["induction-2l", "gpt2-small", "gqa", "parallel"])

@@ -88,9 +88,9 @@ def faithfulness_section(ctx: Context) -> Section:
             s, seconds, flops = runs[method][0], runs[method][1], runs[method][2]
             passes = flops / forward
             rows.append(banded("faithfulness.cost_passes", f"{name}, {method}: cost in forward passes (matmul FLOPs / one forward's)",
-                               passes, theory=f"{passes / (runs[base][2] / forward):.2f} x EAP"))
+                               passes, note=f"{passes / (runs[base][2] / forward):.2f} x EAP's"))
             rows.append(banded("faithfulness.cost_seconds", f"{name}, {method}: seconds", seconds,
-                               theory=f"{seconds / runs[base][1]:.2f} x EAP"))
+                               note=f"{seconds / runs[base][1]:.2f} x EAP's"))
             extra[method] = {"passes": passes, "flops": flops, "seconds": seconds, "flops_vs_eap": flops / runs[base][2],
                              "seconds_vs_eap": seconds / runs[base][1]}
             if method == exact_name:

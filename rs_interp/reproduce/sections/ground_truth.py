@@ -103,7 +103,7 @@ def _method_rows(name: str, scores: dict[str, MethodScores], case: GroundTruthCa
         if n_eff < n_known:
             label += f" (vs the {n_eff} that carry effect: {_fmt(s.auroc_effective)})"
         if s.auroc is None:
-            rows.append(Row(label, "n/a", "undefined: every head is known", "n/a", None))
+            rows.append(Row(label, "n/a", "-", "n/a", None, note="undefined: every head is known"))
         elif method == _exact("edge") and c < K:  # the theory: every effective edge scores, the rest exactly 0
             theory = (1 + c / K) / 2
             rows.append(banded("ground_truth.exact_known", label, s.auroc, lo=theory - 1e-12, hi=theory + 1e-12,
@@ -134,7 +134,8 @@ def ground_truth_section(ctx: Context) -> Section:
                                "the evidence in the note), faithfulness", truth.faithfulness))
             weakest = min(truth.leave_one_out, key=truth.leave_one_out.get)
             rows.append(banded("ground_truth.induction_leave_one_out", f"{name}: the smallest loss without one edge ({weakest[0]} -> {weakest[1]})",
-                               truth.leave_one_out[weakest], theory=f">= {NECESSARY_EDGE:g} to stay"))
+                               truth.leave_one_out[weakest], theory=f">= {NECESSARY_EDGE:g}",
+                               note="for the edge to stay"))
             derived = (f"{name}'s circuit, derived (the theory proposes, the scores pick, the ablations keep): "
                        + "; ".join(f"{e[0]} -> {e[1]}: {why}" for e, why in truth.evidence.items())
                        + (". Dropped: " + ", ".join(f"{e[0]} -> {e[1]} ({d:.3f})" for e, d in truth.dropped.items()) if truth.dropped else "")
