@@ -5,7 +5,7 @@ Where the certificate vouches that each block is ``resid_mid = x + sum_h A_h (N1
 + act(N2(resid_mid) W_in + b_in) W_out + b_out`` (the identities ``stream``, ``heads``, ``values``, ``scores``, ``mlp
 reads``, ``mlp writes``, ``mlp weights``; parallel blocks read ``x`` in both), learned positions, no norm after a
 sublayer and an elementwise activation, the fit's cotangents are carried back through each block by its derivative
-written out (the pattern the model applied, the norms of :mod:`rs_interp.exact.norm`, the activation's derivative at
+written out (the pattern the model applied, the norms of ``rs_interp.exact.norm``, the activation's derivative at
 the run by autograd), a batch of cotangents at once, instead of through autograd's graph. The same derivative, in
 fewer operations:
 
