@@ -104,6 +104,23 @@ _WHERE: dict[str, str] = {
     "TunedLens": ".readouts.tuned_lens",
     "lens_kl": ".readouts.tuned_lens",
     "train_tuned_lens": ".readouts.tuned_lens",
+    "JacobianLens": ".readouts.jacobian_lens",
+    "JacobianLensReadings": ".readouts.jacobian_readout",
+    "fit_jacobian_lens": ".readouts.jacobian_fit",
+    "jacobian_lens": ".readouts.jacobian_readout",
+    "lens_vectors": ".readouts.lens_interventions",
+    "lens_steering_hooks": ".readouts.lens_interventions",
+    "lens_ablation_hooks": ".readouts.lens_interventions",
+    "lens_swap_hooks": ".readouts.lens_interventions",
+    "JSpaceDecomposition": ".readouts.jspace",
+    "jspace_decomposition": ".readouts.jspace",
+    "JSpaceOccupancy": ".readouts.jspace_measures",
+    "jspace_occupancy": ".readouts.jspace_measures",
+    "JSpaceVariance": ".readouts.jspace_measures",
+    "jspace_variance": ".readouts.jspace_measures",
+    "CoordinatePatch": ".readouts.coordinate_patch",
+    "coordinate_patch": ".readouts.coordinate_patch",
+    "coordinate_patch_hooks": ".readouts.coordinate_patch",
     "ParameterCount": ".models.gpt2_sizes",
     "count_parameters": ".models.gpt2_sizes",
     "as_dtype": ".models.checkpoints",
@@ -166,7 +183,14 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     from .models.registry import load_toy_model
     from .models.training import Score, score_logits, score_model
     from .readouts.attribution import DirectLogitAttribution, direct_logit_attribution
+    from .readouts.coordinate_patch import CoordinatePatch, coordinate_patch, coordinate_patch_hooks
+    from .readouts.jacobian_fit import fit_jacobian_lens
+    from .readouts.jacobian_lens import JacobianLens
+    from .readouts.jacobian_readout import JacobianLensReadings, jacobian_lens
+    from .readouts.jspace import JSpaceDecomposition, jspace_decomposition
+    from .readouts.jspace_measures import JSpaceOccupancy, JSpaceVariance, jspace_occupancy, jspace_variance
     from .readouts.lens import LogitLensReadings, logit_lens
+    from .readouts.lens_interventions import lens_ablation_hooks, lens_steering_hooks, lens_swap_hooks, lens_vectors
     from .readouts.paths import PathAttribution, PathExpansion, path_expansion, path_logit_attribution
     from .readouts.second_order import SecondOrderAttribution, second_order_attribution
     from .readouts.tuned_lens import TunedLens, lens_kl, train_tuned_lens
@@ -291,6 +315,23 @@ __all__ = [
     "train_tuned_lens",
     "TunedLens",
     "lens_kl",
+    "fit_jacobian_lens",
+    "JacobianLens",
+    "jacobian_lens",
+    "JacobianLensReadings",
+    "lens_vectors",
+    "lens_steering_hooks",
+    "lens_ablation_hooks",
+    "lens_swap_hooks",
+    "jspace_decomposition",
+    "JSpaceDecomposition",
+    "jspace_occupancy",
+    "JSpaceOccupancy",
+    "jspace_variance",
+    "JSpaceVariance",
+    "coordinate_patch",
+    "CoordinatePatch",
+    "coordinate_patch_hooks",
     # what holds on a model
     "certify",
     "Certificate",

@@ -129,6 +129,17 @@ def _tuned_lens(tmp: Path):
     return (lambda: ri.TunedLens.load(path)), {"config": tmp / "lens.json", "weights": tmp / "lens.safetensors"}
 
 
+def _jacobian_lens(tmp: Path, checkpoint: bool):
+    lens = ri.JacobianLens(torch.randn(2, 8, 8, generator=G), (0, 1), n_prompts=3, metadata={"corpus": "x"})
+    path = tmp / "lens.pt"
+    if checkpoint:  # the reference's fit checkpoint: the running sum and the prompts done
+        torch.save({"jacobian_sum": {0: 3 * lens.matrix(0), 1: 3 * lens.matrix(1)}, "n_done": 3, "next_idx": 3,
+                    "source_layers": [0, 1], "target_layer": 2, "skip_first": 16}, path)
+    else:
+        lens.save(path)
+    return (lambda: ri.JacobianLens.load(path)), {"weights": path}
+
+
 def _mib(tmp: Path, suffix: str):
     cfg = ri.models.make_attn_only(1, d_model=8, n_heads=2, d_head=4, d_vocab=16, n_ctx=8).cfg
     layout = ri.edge_layout(cfg)
@@ -157,6 +168,8 @@ def _tokenizer(tmp: Path):
 FORMATS = {"checkpoint": _checkpoint, "old checkpoint": _old_checkpoint, "gpt2 folder": _hf_gpt2,
            "hf folder": _hf_llama, "transcoders": _transcoders, "clt": _clt,
            "pchlenski": _pchlenski, "sparsify": _sparsify, "tuned lens": _tuned_lens,
+           "jacobian lens": lambda tmp: _jacobian_lens(tmp, False),
+           "jacobian checkpoint": lambda tmp: _jacobian_lens(tmp, True),
            "mib json": lambda tmp: _mib(tmp, ".json"), "mib pt": lambda tmp: _mib(tmp, ".pt"), "eap csv": _eap_csv,
            "tokenizer": _tokenizer}
 
@@ -207,6 +220,8 @@ CASES = [(fmt, c) for fmt, cs in {
     "pchlenski": ["missing weights", "truncated weights", "garbage weights"],
     "sparsify": ["truncated weights", "bad JSON", "wrong shape", "tensor missing", "missing weights"],
     "tuned lens": ["missing config", "missing weights", "truncated weights", "bad JSON", "wrong shape", "tensor missing"],
+    "jacobian lens": ["missing weights", "truncated weights", "garbage weights"],
+    "jacobian checkpoint": ["missing weights", "truncated weights", "garbage weights"],
     "mib json": ["missing config", "bad JSON"],
     "mib pt": ["missing weights", "truncated weights", "garbage weights"],
     "eap csv": ["not UTF-8", "no column", "label not an integer"],

@@ -110,6 +110,8 @@ CONFIGURATIONS = {  # each returns what the model has (named in the refusal), or
     "not plain ReLU MLPs": lambda cfg: (("gated " if getattr(cfg, "gated_mlp", False) else "") + f"act_fn {cfg.act_fn!r}"
                                         if not cfg.attn_only and (cfg.act_fn != "relu" or getattr(cfg, "gated_mlp", False))
                                         else None),
+    "bidirectional attention": lambda cfg: (f"attention_dir {cfg.attention_dir!r}"
+                                            if getattr(cfg, "attention_dir", "causal") != "causal" else None),
 }
 
 _CACHE = "_rs_interp_certificate"

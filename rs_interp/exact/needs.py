@@ -66,6 +66,11 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "logit_lens": ("readout", "stop at layer", "vocabulary"),
     "lens_kl": ("readout", "vocabulary"),
     "train_tuned_lens": ("readout", "vocabulary"),
+    "fit_jacobian_lens": ("readout", "gradients"),
+    "jacobian_lens": ("readout", "stop at layer", "vocabulary"),
+    **{name: ("readout", "vocabulary") for name in (
+        "lens_vectors", "lens_steering_hooks", "lens_ablation_hooks", "lens_swap_hooks", "jspace_decomposition",
+        "jspace_occupancy", "jspace_variance", "coordinate_patch", "coordinate_patch_hooks")},
     "attribution_patching": ("z", "input", "gradients"),
     "edge_attribution_patching": _EDGE_ESTIMATES,
     "fix_unreliable": _EDGE_ESTIMATES,
@@ -143,7 +148,8 @@ ADAPTS: dict[str, dict[str, str]] = {
            "start at layer": "every pass from the tokens instead of from the cached stream"}
     for name in ("head_ablation_scan", "path_patching", "scale.head_ablation_scan", "scale.path_patching", "fix_unreliable")
 } | {
-    "logit_lens": {"rows": "the batch read in one pass (memory_budget and batch_chunk then not applied)"},
+    name: {"rows": "the batch read in one pass (memory_budget and batch_chunk then not applied)"}
+    for name in ("logit_lens", "jacobian_lens")
 } | {
     name: {"rows": "the QK fix's patched copies one pass each instead of stacked along the batch",
            "scores": "the QK fix's patterns by the model's own attention instead of from the projections",
@@ -185,6 +191,8 @@ CONDITIONS: dict[str, str] = {
                         "(the norm after the sublayer): no product of weights alone is what one head passes on; and what "
                         "an MLP writes is the norm of its neurons' sum, which its neurons alone are not a transcoder of",
     "not plain ReLU MLPs": "the neurons of a gated or non-ReLU MLP are not a transcoder (train one: features.train_transcoder)",
+    "bidirectional attention": "the Jacobian lens's estimator sums d h_final[t'] / d h_l[t] over t' >= t by planting each "
+                               "backward pass's cotangent at every position at once, which only causal attention makes that sum",
 }
 
 #: The configurations of :data:`CONDITIONS` each helper refuses by name, before any measurement.
@@ -208,4 +216,5 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "features.transcoder_metrics": ("attention-only",),
     "features.train_clt": ("attention-only",),
     "features.mlp_transcoders": ("attention-only", "not plain ReLU MLPs", "post-norm blocks"),
+    "fit_jacobian_lens": ("bidirectional attention",),
 }

@@ -30,7 +30,7 @@ from .._backend import Model, logit_softcap, run_from
 from .._budget import MEMORY_BUDGET
 from .._keywords import renamed
 from .._state import preserve_state
-from ..exact.certificate import require
+from ..exact.certificate import Certificate, require
 from ..exact.readout import compute_dtype, d_vocab_out, final_norm_of, unembed_bias
 from ..exact.validate import check_int_range, check_targets, check_tokens
 from ..hooks import store
@@ -182,12 +182,34 @@ def logit_lens(
     """
     tokens = check_tokens(model, tokens)
     cert = require(model, "logit_lens")
+    return read_points(model, tokens, reading_points(model, sublayers), None, cert, targets=targets, k=k, full=full,
+                       batch_chunk=batch_chunk, row_chunk=row_chunk, vocab_tile=vocab_tile, memory_budget=memory_budget)
+
+
+def read_points(
+    model: Model,
+    tokens: torch.Tensor,
+    points: list[tuple[str, str]],
+    transports: dict[str, torch.Tensor] | None,
+    cert: Certificate,
+    *,
+    targets: torch.Tensor | None,
+    k: int,
+    full: bool,
+    batch_chunk: int | None,
+    row_chunk: int,
+    vocab_tile: int,
+    memory_budget: int,
+) -> LogitLensReadings:
+    """The lenses' one decoding: the stream at each reading point ``(label, hook name)``, first multiplied by
+    ``transports[hook name]`` (``x J^T``: the Jacobian lens's matrix, in the compute dtype) where given, read
+    as the model reads its final stream (:func:`logit_lens`; ``cert`` the model's certificate)."""
     cap = logit_softcap(model)
     V = d_vocab_out(model)
     check_int_range("k", k, 1, V)
     check_int_range("memory_budget", memory_budget, 1)
     if batch_chunk is None:
-        batch_chunk = _batch_chunk(model, tokens.shape[1], len(reading_points(model, sublayers)), memory_budget)
+        batch_chunk = _batch_chunk(model, tokens.shape[1], len(points), memory_budget)
     check_int_range("batch_chunk", batch_chunk, 1)
     if not cert.holds("rows"):  # a row's logits depend on its batch: read the batch in one pass, as the model runs it
         batch_chunk = tokens.shape[0]
@@ -195,7 +217,6 @@ def logit_lens(
     check_int_range("vocab_tile", vocab_tile, 1)
     if targets is not None:
         targets = check_targets(targets, tokens, V)  # -1: skip (NaN probability)
-    points = reading_points(model, sublayers)
     B, P = tokens.shape
     n_pts = len(points)
     dt = compute_dtype(model)  # float32 for half-precision models: softmax and entropy need the range
@@ -205,6 +226,12 @@ def logit_lens(
     target_probs = None if targets is None else torch.full((n_pts, B, P), float("nan"), dtype=dt)
     log_probs = torch.empty(n_pts, B, P, V, dtype=dt) if full else None
     names = {name for _, name in points}
+    moved = {name: J.to(dt) for name, J in (transports or {}).items()}
+
+    def stream(x: torch.Tensor, name: str) -> torch.Tensor:
+        x = x.to(dt)
+        return x if name not in moved else x @ moved[name].T
+
     with preserve_state(model), torch.no_grad():
         W_U = model.W_U.detach().to(dt)
         b_U = unembed_bias(model, dt)
@@ -218,7 +245,7 @@ def logit_lens(
             # Every reading point's rows decoded together: on short inputs one point alone is too
             # few rows to pay for reading W_U (the decoding is bound by memory below ~100 rows).
             nb = box[points[0][1]].shape[0]
-            flat = torch.cat([norm.apply(box.pop(name).reshape(nb * P, -1).to(dt)) for _, name in points])
+            flat = torch.cat([norm.apply(stream(box.pop(name).reshape(nb * P, -1), name)) for _, name in points])
             n = nb * P  # rows per reading point
             for r0 in range(0, flat.shape[0], row_chunk):
                 rows = torch.arange(r0, min(r0 + row_chunk, flat.shape[0]))
@@ -242,4 +269,4 @@ def logit_lens(
                     target_probs[ii[ok], bb[ok], pp[ok]] = tgt.cpu()[ok]
 
     return LogitLensReadings(labels=tuple(l for l, _ in points), target_probs=target_probs, top_tokens=top_tokens,
-                     top_probs=top_probs, entropy=entropy, log_probs=log_probs)
+                             top_probs=top_probs, entropy=entropy, log_probs=log_probs)

@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 
 from ..labels import head_label, head_labels
 from .circuit_figure import circuit_figure
+from .lens_figures import jacobian_lens_figure
 
 __all__ = [
     "faithfulness_figure",
@@ -26,6 +27,7 @@ __all__ = [
     "attention_figure",
     "path_contributions_figure",
     "logit_lens_figure",
+    "jacobian_lens_figure",
     "composition_heatmaps",
     "collapse_figure",
     "layernorm_figure",

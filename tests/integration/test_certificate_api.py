@@ -114,6 +114,17 @@ CALLS = {
     "logit_lens": ("mlp", lambda m, t, r, c: ri.logit_lens(m, t)),
     "lens_kl": ("mlp", lambda m, t, r, c: ri.lens_kl(m, t)),
     "train_tuned_lens": ("mlp", lambda m, t, r, c: ri.train_tuned_lens(m, t, steps=1, progress=False)),
+    "fit_jacobian_lens": ("mlp", lambda m, t, r, c: ri.fit_jacobian_lens(m, t, skip_first=1, progress=False)),
+    "jacobian_lens": ("mlp", lambda m, t, r, c: ri.jacobian_lens(m, t, c["jlens"])),
+    "lens_vectors": ("mlp", lambda m, t, r, c: ri.lens_vectors(m, c["jlens"], 3, 0)),
+    "lens_steering_hooks": ("mlp", lambda m, t, r, c: ri.lens_steering_hooks(m, c["jlens"], 3, [0])),
+    "lens_ablation_hooks": ("mlp", lambda m, t, r, c: ri.lens_ablation_hooks(m, c["jlens"], 3, [0])),
+    "lens_swap_hooks": ("mlp", lambda m, t, r, c: ri.lens_swap_hooks(m, c["jlens"], 3, 4, [0])),
+    "jspace_decomposition": ("mlp", lambda m, t, r, c: ri.jspace_decomposition(m, c["jlens"], t[0], 0, position=-1)),
+    "jspace_occupancy": ("mlp", lambda m, t, r, c: ri.jspace_occupancy(m, c["jlens"], t[0], 0, position=-1, controls=1)),
+    "jspace_variance": ("mlp", lambda m, t, r, c: ri.jspace_variance(m, c["jlens"], t, progress=False)),
+    "coordinate_patch": ("mlp", lambda m, t, r, c: ri.coordinate_patch(m, c["jlens"], t[0], 0, 3, 4, position=-1)),
+    "coordinate_patch_hooks": ("mlp", lambda m, t, r, c: ri.coordinate_patch_hooks(m, c["jlens"], 3, 4, [0], positions=[-1])),
     "attribution_patching": ("mlp", lambda m, t, r, c: ri.attribution_patching(m, t, _metric, reference=r)),
     "edge_attribution_patching": ("mlp", lambda m, t, r, c: ri.edge_attribution_patching(m, t, _metric, reference=r)),
     "fix_unreliable": ("mlp", lambda m, t, r, c: ri.fix_unreliable(m, t, _metric, c["hessian"], reference=r)),
@@ -192,7 +203,8 @@ def clean():
     tcs = features.mlp_transcoders(model)
     return {"eap": ri.edge_attribution_patching(model, t, _metric, reference=r),
             "hessian": ri.edge_attribution_patching(model, t, _metric, reference=r, correction="hessian", per_example=True),
-            "tcs": tcs, "graph": features.attribution_graph(model, tcs, t[0])}
+            "tcs": tcs, "graph": features.attribution_graph(model, tcs, t[0]),
+            "jlens": ri.fit_jacobian_lens(model, t, skip_first=1, progress=False)}
 
 
 @pytest.mark.parametrize("helper", sorted(NEEDS))
