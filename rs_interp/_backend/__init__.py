@@ -78,6 +78,7 @@ model_source = _impl.model_source
 projection_layers = _impl.projection_layers
 norm_affine = _impl.norm_affine
 logits_with_grad = _impl.logits_with_grad
+unembed_stored_transposed = _impl.unembed_stored_transposed
 other_version = _impl.other_version
 is_own_hook = _impl.is_own_hook
 mlp_modules = _impl.mlp_modules

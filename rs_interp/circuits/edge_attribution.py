@@ -213,7 +213,7 @@ def edge_attribution_patching(
     alphas, weights, seconds = quadrature(ig_steps, ig_rule, correction)
     check_options(ig_steps, qk_fix, grad_drop, correction, per_example)
     drops = [None] + (check_drop_layers(model) if grad_drop else [])
-    cert = require(model, "edge_attribution_patching")
+    cert = require(model, "edge_attribution_patching", adapts=qk_fix)  # the QK fix reads rows, scores, start at layer
     hessian = correction == "hessian"
     if hessian and _backend.has_post_norms(model):
         raise ValueError("correction='hessian' is not defined on post-norm blocks here: a head's edge writes through the "
