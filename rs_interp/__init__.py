@@ -88,6 +88,7 @@ _WHERE: dict[str, str] = {
     "load_gpt2": ".models.gpt2",
     "WeightsUnavailable": ".models.pretrained",
     "load_pretrained": ".models.pretrained",
+    "FileError": "._files",
     "LogitLensReadings": ".readouts.lens",
     "logit_lens": ".readouts.lens",
     "TunedLens": ".readouts.tuned_lens",
@@ -113,6 +114,7 @@ _WHERE: dict[str, str] = {
 if TYPE_CHECKING:  # the names, for type checkers and the documentation (which reads these imports)
     from . import features, hooks, models, scale, tasks
     from ._backend import Model
+    from ._files import FileError
     from .circuits.acdc import ACDC, acdc
     from .circuits.correction import Fixed, fix_unreliable
     from .circuits.edge_attribution import EdgeAttributionPatching, edge_attribution_patching
@@ -192,6 +194,7 @@ __all__ = [
     "load_pretrained",
     "WeightsUnavailable",
     "GPT2WeightsUnavailable",
+    "FileError",
     "as_dtype",
     "count_parameters",
     "ParameterCount",

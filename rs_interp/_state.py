@@ -8,6 +8,7 @@ from typing import Iterator
 import torch
 
 from ._backend import Model, set_flag
+from ._messages import few
 
 __all__: list[str] = []
 
@@ -26,7 +27,7 @@ def preserve_state(model: Model, **flags: bool) -> Iterator[Model]:
     saved = {name: getattr(model.cfg, name) for name in _FLAGS if hasattr(model.cfg, name)}
     unknown = set(flags) - set(saved)
     if unknown:
-        raise ValueError(f"unknown cfg flags {sorted(unknown)}")
+        raise ValueError(f"unknown cfg flags {few(sorted(unknown))}")
     # Every submodule's own flag: a model in train mode may hold a block in eval mode on purpose.
     modes, grad = [(m, m.training) for m in model.modules()], torch.is_grad_enabled()
     try:

@@ -1,4 +1,5 @@
-"""What the patching helpers measure: the one ``Metric`` type, the next-token loss, and ranking effects.
+"""What the patching helpers measure: the one ``Metric`` type, the next-token loss, a metric's direction,
+and ranking effects.
 
 A ``Metric`` is any function of the logits (batch, pos, d_vocab) returning a scalar tensor (a 0-d
 tensor; differentiable for attribution patching). :func:`next_token_loss` builds the usual one from
@@ -16,13 +17,14 @@ tensor; differentiable for attribution patching). :func:`next_token_loss` builds
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 
-__all__ = ["Metric", "next_token_loss"]
+__all__ = ["Metric", "next_token_loss", "Direction", "direction", "declared_direction", "declare_direction"]
 
 Metric = Callable[[Float[torch.Tensor, "batch pos d_vocab"]], Float[torch.Tensor, ""]]
 """A function of the logits (batch, pos, d_vocab) returning a scalar tensor: what
@@ -69,7 +71,77 @@ def next_token_loss(targets: Int[torch.Tensor, "batch pos"]) -> Metric:
         x = logits if logits.dtype == torch.float64 else logits.float()
         return F.cross_entropy(x.flatten(0, 1), targets.to(logits.device).flatten(), ignore_index=-1)
 
+    return declare_direction(metric, False)  # a loss: lower is better
+
+
+def declare_direction(metric: Metric, higher_is_better: bool) -> Metric:
+    """``metric`` itself, marked with its direction (``metric.higher_is_better``), which :func:`direction`
+    reads before anything else but an explicit argument: :func:`next_token_loss` declares ``False`` (a
+    loss), a task's :meth:`rs_interp.tasks.Task.metric` ``True`` (a logit or probability difference).
+
+    >>> m = declare_direction(lambda logits: logits[:, -1, 0].mean(), True)
+    >>> m.higher_is_better
+    True
+    """
+    if not isinstance(higher_is_better, bool):
+        raise ValueError(f"higher_is_better must be True or False, got {higher_is_better!r}")
+    metric.higher_is_better = higher_is_better  # type: ignore[attr-defined]
     return metric
+
+
+@dataclass(frozen=True)
+class Direction:
+    """A metric's direction, and where it was taken from (:func:`direction`).
+
+    Attributes:
+        higher_is_better: whether a larger metric means more of the behaviour (a logit difference: True;
+            a loss: False).
+        source: ``"argument"`` (given), ``"metric"`` (declared by the metric: :func:`declare_direction`) or
+            ``"clean and empty"`` (read from the runs: the clean run's metric above the empty circuit's).
+    """
+
+    higher_is_better: bool
+    source: str
+
+
+def declared_direction(metric: Metric, higher_is_better: bool | None = None) -> Direction | None:
+    """The direction :func:`direction` takes before any run: ``higher_is_better`` if given, else the metric's
+    declaration; None when neither says (then only the runs can).
+
+    Raises:
+        ValueError: ``higher_is_better`` not a bool or None.
+    """
+    if higher_is_better is not None:
+        if not isinstance(higher_is_better, bool):
+            raise ValueError(f"higher_is_better must be True, False or None (from the metric), got {higher_is_better!r}")
+        return Direction(higher_is_better, "argument")
+    declared = getattr(metric, "higher_is_better", None)
+    return Direction(declared, "metric") if isinstance(declared, bool) else None
+
+
+def direction(metric: Metric, clean: float, empty: float, higher_is_better: bool | None = None) -> Direction:
+    """The one rule for a metric's direction (MIB's signed ranking, CPR and the files it reads depend on it):
+    an explicit ``higher_is_better`` wins; else the metric's own declaration (:func:`declare_direction`:
+    :func:`next_token_loss` and a task's metric declare theirs); else it is read from the runs, higher is
+    better when the clean run's metric is above the empty circuit's (every edge ablated: under
+    ``"resample"`` the corrupted run), the direction in which faithfulness rises from 0 to 1.
+
+    Raises:
+        ValueError: ``higher_is_better`` not a bool or None; or nothing to read it from (no argument, no
+            declaration, and the clean run and the empty circuit give the same metric).
+
+    >>> direction(lambda x: x, clean=2.5, empty=0.5)
+    Direction(higher_is_better=True, source='clean and empty')
+    >>> direction(next_token_loss(torch.tensor([[1]])), clean=2.5, empty=0.5).source
+    'metric'
+    """
+    known = declared_direction(metric, higher_is_better)
+    if known is not None:
+        return known
+    if clean == empty:
+        raise ValueError(f"the metric's direction cannot be read from the runs: the clean run and the empty circuit both "
+                         f"give {clean:.6g}. Pass higher_is_better=True (a logit or probability difference) or False (a loss).")
+    return Direction(clean > empty, "clean and empty")
 
 
 def top_effects(labels: Sequence[str], effect: torch.Tensor, k: int) -> list[tuple[str, float]]:

@@ -26,8 +26,12 @@ import gzip
 import hashlib
 import json
 from importlib import resources
+from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
+
+from ._files import FileError, read_bytes
+from ._messages import clip
 
 __all__ = ["gpt2_tokenizer", "BPE_SHA256", "ENDOFTEXT", "GPT2_VOCAB_SIZE"]
 
@@ -48,18 +52,20 @@ def _read_verified(name: str) -> bytes:
     """The uncompressed bytes of one shipped BPE file, after its sha256 is checked.
 
     Raises:
-        ValueError: the file is missing, not gzip, or its bytes are not OpenAI's (the message names it).
+        rs_interp.FileError: (a ``ValueError``) the file is missing, not gzip, or its bytes are not OpenAI's
+            (the message names it).
     """
-    source = resources.files("rs_interp").joinpath("gpt2_bpe", name + ".gz")
+    source = Path(str(resources.files("rs_interp").joinpath("gpt2_bpe", name + ".gz")))
+    packed = read_bytes(source, "GPT-2's tokenizer file")  # missing: the install is incomplete
     try:
-        data = gzip.decompress(source.read_bytes())
-    except (OSError, EOFError) as err:  # missing (FileNotFoundError) or not gzip (BadGzipFile)
-        raise ValueError(f"GPT-2's {name} cannot be read from rs_interp/gpt2_bpe/{name}.gz ({err}): the rs_interp "
-                         "install is incomplete; reinstall it") from err
+        data = gzip.decompress(packed)
+    except (OSError, EOFError) as err:  # not gzip (BadGzipFile), cut short (EOFError)
+        raise FileError(f"GPT-2's tokenizer file {source} is not a whole gzip file ({clip(err, 80)}): the rs_interp "
+                        "install is damaged; reinstall it.", source) from err
     digest = hashlib.sha256(data).hexdigest()
     if digest != BPE_SHA256[name]:
-        raise ValueError(f"rs_interp/gpt2_bpe/{name}.gz holds bytes with sha256 {digest}, not GPT-2's "
-                         f"{BPE_SHA256[name]}: the file is damaged; reinstall rs_interp")
+        raise FileError(f"GPT-2's tokenizer file {source} holds bytes with sha256 {digest}, not GPT-2's: the file is "
+                        "damaged; reinstall rs_interp.", source)
     return data
 
 
@@ -80,7 +86,8 @@ def gpt2_tokenizer(*, add_bos_token: bool = True):
             model (its ``set_tokenizer`` would look for a BOS-adding one on the hub).
 
     Raises:
-        ValueError: a shipped BPE file is missing or damaged (its hash differs from GPT-2's).
+        rs_interp.FileError: (a ``ValueError``) a shipped BPE file is missing or damaged (its hash differs from
+            GPT-2's).
 
     Example:
         >>> tok = gpt2_tokenizer()

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .._messages import few
 from ..exact.norm import IDENTITY, Norm
 from . import config as _config
 from .common import (  # noqa: F401
@@ -166,7 +167,7 @@ def make_config(**fields: Any) -> ModelConfig:
     """
     unknown = set(fields) - config_fields()
     if unknown:
-        raise ValueError(f"unknown config fields for TransformerLens {TL_VERSION}: {sorted(unknown)}")
+        raise ValueError(f"unknown config fields for TransformerLens {TL_VERSION}: {few(sorted(unknown))}")
     return _impl.make_config(**fields)
 
 

@@ -17,6 +17,7 @@ from transformer_lens.model_bridge.generalized_components.position_embeddings_at
 from transformer_lens.model_bridge.sources.native.model import NativeAttention
 
 from .. import _names as N
+from .._messages import few
 from .common import PORTABLE_FIELDS, TL_VERSION
 
 __all__: list[str] = []
@@ -43,7 +44,7 @@ def _refuse_unbuilt(fields: dict[str, Any], known: frozenset[str]) -> None:
     base = ModelConfig(**{k: v for k, v in fields.items() if k not in extra})
     bad = {k: fields[k] for k in sorted(extra) if fields[k] != getattr(base, k, None)}
     if bad:
-        raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in bad.items())}: TransformerLens {TL_VERSION}'s native "
+        raise ValueError(f"{few((f'{k}={v!r}' for k, v in bad.items()), show=str)}: TransformerLens {TL_VERSION}'s native "
                          f"models do not build {'this' if len(bad) == 1 else 'these'} (they would be ignored); "
                          f"use TransformerLens 3.x")
 
@@ -170,4 +171,4 @@ def _tl3_init(model: Model, views_of: Callable, load: Callable) -> None:
     if state:
         loaded |= load(model, state, strict=False)
     if set(model.state_dict()) - loaded:
-        raise ValueError(f"the initialisation did not reach {sorted(set(model.state_dict()) - loaded)}")
+        raise ValueError(f"the initialisation did not reach {few(sorted(set(model.state_dict()) - loaded))}")

@@ -16,6 +16,7 @@ from transformer_lens import HookedTransformer as Model
 from transformer_lens import HookedTransformerConfig as ModelConfig
 
 from .. import _names as N
+from .._messages import few
 from .common import _HT_BUFFERS, norm_kind, set_flag
 
 __all__ = ["Model", "ModelConfig"]
@@ -59,7 +60,7 @@ def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
     missing = model.load_state_dict(state, strict=False).missing_keys
     params = {k for k in missing if not k.endswith(_HT_BUFFERS)}
     if params:
-        raise ValueError(f"missing parameters {sorted(params)[:5]}")
+        raise ValueError(f"missing parameters {few(sorted(params), 5)}")
 
 
 @contextlib.contextmanager

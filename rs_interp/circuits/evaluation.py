@@ -39,12 +39,13 @@ from jaxtyping import Int
 
 from .._backend import Model
 from .._keywords import renamed
+from .._messages import few
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.stream import mlp_flags
 from ..exact.validate import Ablation, check_ablation
-from ..metrics import Metric, metric_value
+from ..metrics import Metric, direction, metric_value
 from ._ablated_run import ablated_writes, run_circuit
 from .graph import EdgeEffects, EdgeLayout, Embedding, edge_layout, embedding_of
 from .selection import Ranking, circuit_at, mask, mib_weights, prune
@@ -76,11 +77,28 @@ def evaluate_circuit(
         circuit: ``(sender, receiver)`` edges to keep, labelled as :func:`rs_interp.edge_layout` does.
         reference: tokens of the reference run: the shape of ``tokens`` for ``"resample"``, as long
             as ``tokens`` for ``"position_mean"``, any shape for ``"mean"``; unused by ``"zero"``.
-        ablation: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring).
+        ablation: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring); below,
+            which of EAP-IG's ``evaluate_graph`` interventions each equals (hannamw/EAP-IG at 7af394a, the
+            commit MIB's circuit track pins).
         embedding: the graph's input senders (:func:`rs_interp.edge_layout`): ``"sum"`` (``embed``),
-            ``"token"`` (``tok_embed``, EAP-IG's input node: the position embedding is never
-            ablated, so zero and mean ablations are EAP-IG's ``evaluate_graph``'s) or ``"split"``
-            (``tok_embed`` and ``pos_embed``).
+            ``"token"`` (``tok_embed``, EAP-IG's input node ``hook_embed``: the position embedding is
+            never ablated) or ``"split"`` (``tok_embed`` and ``pos_embed``).
+
+    Which reference quantity each ablation equals (a sender ``s``'s ablated write; ``reference`` the prompts
+    EAP-IG's ``intervention_dataloader`` or corrupted prompts hold):
+
+    - ``"resample"``: ``s``'s write in the run on ``reference``, pair by pair: EAP-IG's ``"patching"``
+      (MIB's), on any ``embedding`` (a pair's two runs add the same position embedding).
+    - ``"zero"``: 0: EAP-IG's ``"zero"`` with ``embedding="token"`` only; with ``"sum"`` the position
+      embedding is zeroed too, another number.
+    - ``"position_mean"``: ``s``'s mean over the ``reference`` batch at each position: EAP-IG's
+      ``"mean-positional"`` (MIB's) when its prompts are all of one length (its mean counts padded
+      positions), on any ``embedding`` (the position embedding's mean over a batch is itself).
+    - ``"mean"``: ``s``'s mean over the ``reference`` batch and every position. No EAP-IG intervention
+      is this: its ``"mean"`` (``compute_mean_activations(per_position=False)``) writes one vector for
+      every sender, the mean over all its graph's senders (the input, each head, each MLP) of each
+      prompt's write at its last position divided by the prompt's length, averaged over the prompts
+      (issue 61 measured a circuit's metric 0.24 under it against 0.65 under rs_interp's "mean").
 
     Warns:
         UserWarning: the circuit has no path from the embedding to the logits (its dangling edges,
@@ -134,6 +152,9 @@ class FaithfulnessCurve:
             counts them before its evaluation prunes to the end
             (:func:`rs_interp.circuits.selection.prune`), in MIB's edges, as floats. ``n_edges`` is
             the size of the circuit evaluated; the two differ where that one pass leaves dangling edges.
+        higher_is_better: the metric's direction the signed ranking used (:func:`rs_interp.metrics.direction`:
+            the argument, else the metric's own, else whether ``clean`` is above ``empty``).
+        direction_from: where it came from: ``"argument"``, ``"metric"`` or ``"clean and empty"``.
 
     Example:
         >>> import rs_interp
@@ -158,6 +179,8 @@ class FaithfulnessCurve:
     area_under: float
     area_from_1: float
     mib_counts: tuple[float, ...] | None = None
+    higher_is_better: bool | None = None
+    direction_from: str | None = None
 
     @property
     def cpr(self) -> float:
@@ -198,7 +221,7 @@ def _check_fractions(fractions: object) -> list[float]:
         raise ValueError(f"fractions must be a non-empty sequence of numbers in (0, 1], got {fractions!r}")
     fr = [float(f) for f in fr]
     if any(not 0 < f <= 1 for f in fr) or any(b <= a for a, b in zip(fr, fr[1:])):
-        raise ValueError(f"fractions must increase within (0, 1], got {tuple(fractions)}")
+        raise ValueError(f"fractions must increase within (0, 1], got {few(fractions, 10)}")
     return fr
 
 
@@ -214,7 +237,7 @@ def faithfulness_curve(
     ranking: Ranking = "absolute",
     ablation: Ablation = "resample",
     pruned: bool = True,
-    higher_is_better: bool = False,
+    higher_is_better: bool | None = None,
     progress: bool = True,
 ) -> FaithfulnessCurve:
     """The faithfulness of the circuits MIB evaluates from ``scores`` at each fraction (MIB's ten by
@@ -231,8 +254,11 @@ def faithfulness_curve(
             earlier rule; a circuit may then hold edges that reach nothing).
         higher_is_better: the metric's direction, for ``ranking="signed"``: MIB ranks the scores of
             the loss, largest first (:func:`rs_interp.tasks.mib_importances`), so with a logit or
-            probability difference (``True``) the smallest effects come first, with a loss
-            (``False``, the default) the largest. The absolute ranking is the same either way.
+            probability difference (``True``) the smallest effects come first, with a loss (``False``)
+            the largest. ``None`` (the default): the one rule, :func:`rs_interp.metrics.direction`, the
+            metric's own declaration (a task's metric: ``True``; :func:`rs_interp.next_token_loss`:
+            ``False``), else ``True`` when the clean run's metric is above the empty circuit's; the result
+            says which (``higher_is_better``, ``direction_from``). The absolute ranking is the same either way.
         progress: a progress bar over the circuits.
 
     Raises:
@@ -262,38 +288,43 @@ def faithfulness_curve(
 
 def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequence[tuple[EdgeEffects, Ranking]], *,
             reference: torch.Tensor | None, fractions: list[float], ablation: Ablation, pruned: bool,
-            higher_is_better: bool, progress: bool) -> list[FaithfulnessCurve]:
+            higher_is_better: bool | None, progress: bool) -> list[FaithfulnessCurve]:
     """One :class:`FaithfulnessCurve` per ``(scores, ranking)`` of ``requests`` (checked arguments), sharing
     what they can: the ablated writes, the clean and the empty run are computed once, and each distinct
     circuit (by its kept edges) is run once, however many curves hold it (MIB's smallest sizes round to
     the empty circuit, the largest to the full graph, and methods that agree pick the same edges): the
     same forward pass gives the same number, so sharing changes nothing but the count of passes. Every
-    request's scores are on the same input senders (:func:`rs_interp.edge_layout`'s ``embedding``)."""
+    request's scores are on the same input senders (:func:`rs_interp.edge_layout`'s ``embedding``).
+    The metric's direction (the signed ranking's) is settled by :func:`rs_interp.metrics.direction` from
+    the clean and the empty run before any circuit is chosen."""
+    if higher_is_better is not None and not isinstance(higher_is_better, bool):  # before any run
+        raise ValueError(f"higher_is_better must be True, False or None (from the metric), got {higher_is_better!r}")
     embedding = embedding_of(requests[0][0].layout) if isinstance(requests[0][0], EdgeEffects) else "sum"
     layout = edge_layout(model, embedding)
     for scores, _ranking in requests:
         if not isinstance(scores, EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
             raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout (all on the same input senders)")
-    chosen = [[circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=higher_is_better) for f in fractions]
-              for scores, ranking in requests]
-    circuits = [[prune(layout, keep) if pruned else keep for keep in curve] for curve in chosen]
-    weights = mib_weights(layout)
-    total = float(weights.sum())
-    key = lambda keep: bytes(keep.flatten().tolist())  # noqa: E731  (the kept edges, as bytes)
     nobody = torch.zeros_like(layout.exists)
-    distinct: dict[bytes, torch.Tensor] = {}
-    for keep in (k for curve in circuits for k in curve):
-        if key(keep) != key(nobody):
-            distinct.setdefault(key(keep), keep)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
         ablated = ablated_writes(model, tokens, reference, ablation, embedding)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         empty = run_circuit(model, tokens, metric, layout, nobody, ablated, "empty circuit")
         if clean == empty:
             raise ValueError(f"the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
+        way = direction(metric, clean, empty, higher_is_better)
+        chosen = [[circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=way.higher_is_better)
+                   for f in fractions] for scores, ranking in requests]
+        circuits = [[prune(layout, keep) if pruned else keep for keep in curve] for curve in chosen]
+        key = lambda keep: bytes(keep.flatten().tolist())  # noqa: E731  (the kept edges, as bytes)
+        distinct: dict[bytes, torch.Tensor] = {}
+        for keep in (k for curve in circuits for k in curve):
+            if key(keep) != key(nobody):
+                distinct.setdefault(key(keep), keep)
         value = {key(nobody): empty}
         for k, keep in bar(distinct.items(), desc="faithfulness curve", enabled=progress, unit="circuit"):
             value[k] = run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit of {int(keep.sum())} edges")
+    weights = mib_weights(layout)
+    total = float(weights.sum())
     out = []
     for (_scores, ranking), curve, picked in zip(requests, circuits, chosen):
         values = [value[key(keep)] for keep in curve]
@@ -302,7 +333,8 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
                                      n_edges=tuple(int(float((weights * keep).sum())) for keep in curve), values=tuple(values),
                                      faithfulness=tuple(faith), clean=clean, empty=empty, area_under=_area(fractions, faith),
                                      area_from_1=_area(fractions, [abs(1 - f) for f in faith]),
-                                     mib_counts=_mib_counts(layout, picked)))
+                                     mib_counts=_mib_counts(layout, picked), higher_is_better=way.higher_is_better,
+                                     direction_from=way.source))
     return out
 
 
@@ -340,13 +372,15 @@ class MIBScores:
 @renamed(method="ablation")
 def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Metric,
                scores: EdgeEffects | Mapping[str, EdgeEffects], *, reference: Int[torch.Tensor, "batch pos"] | None = None,
-               fractions: Sequence[float] = MIB_FRACTIONS, ablation: Ablation = "resample", higher_is_better: bool = False,
+               fractions: Sequence[float] = MIB_FRACTIONS, ablation: Ablation = "resample", higher_is_better: bool | None = None,
                progress: bool = True) -> MIBScores | dict[str, MIBScores]:
     """CPR and CMD as MIB's circuit track computes them: two :func:`faithfulness_curve` s, the edges
     ranked by signed score (CPR, the area under it) and by absolute score (CMD, the area between it and 1).
-    MIB's signed ranking is of the loss's scores: pass ``higher_is_better=True`` for a logit or
-    probability difference (MIB's metrics), so the CPR is the one MIB's evaluation gives on the
-    file :func:`rs_interp.tasks.write_mib` writes (:func:`faithfulness_curve`).
+    MIB's signed ranking is of the loss's scores, so it depends on the metric's direction: by default
+    (``higher_is_better=None``) the one rule of :func:`rs_interp.metrics.direction` (the metric's own
+    declaration, else the clean run against the empty circuit), which gives a logit or probability
+    difference ``True``, as :func:`rs_interp.tasks.write_mib` writes by default: the CPR is then the one
+    MIB's evaluation gives on that file. The curves say which direction was used (``signed.higher_is_better``).
 
     ``scores`` may be one result or a mapping name -> result (several methods compared): then a dict
     name -> :class:`MIBScores`, every curve computed together, each distinct circuit run once (the

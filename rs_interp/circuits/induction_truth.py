@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .._backend import Model
+from .._messages import few
 from ..heads.composition import composition_scores
 from ..heads.copying import copying_scores
 from ..heads.roles import induction_scores, prev_token_scores
@@ -87,10 +88,10 @@ def induction_ground_truth(model: Model, batch: InductionBatch, *, tokens: torch
     P = [h for h in range(cfg.n_heads) if float(prev[h]) >= prev_token_head]
     I = [h for h in range(cfg.n_heads) if float(target[h]) >= induction_head]
     if not P:
-        raise ValueError(f"no previous-token head in layer 0 (weights on i-1: {[round(float(x), 3) for x in prev]}, "
+        raise ValueError(f"no previous-token head in layer 0 (weights on i-1: {few((round(float(x), 3) for x in prev), 12)}, "
                          f"threshold {prev_token_head})")
     if not I:
-        raise ValueError(f"no induction head in layer 1 (weights on i-p+1: {[round(float(x), 3) for x in target]}, "
+        raise ValueError(f"no induction head in layer 1 (weights on i-p+1: {few((round(float(x), 3) for x in target), 12)}, "
                          f"threshold {induction_head})")
     comp = {k: composition_scores(model, k).scores[0, :, 1, :] for k in "qkv"}
     copying = copying_scores(model)[1]

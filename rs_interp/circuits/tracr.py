@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import torch
 from jaxtyping import Float, Int
 
 from .._backend import Model
+from .._files import parsing, read_json
+from .._messages import few
 from ..models import checkpoints as _models
 from ..models.registry import load_toy_model, toy_model_path
 from .graph import depth, edge_layout  # noqa: F401  (depth: the docstring example)
@@ -306,7 +307,7 @@ def encode(name: str, inputs: Sequence[Sequence[Value]]) -> Int[torch.Tensor, "b
     ids = meta.token_id
     lengths = {len(x) for x in inputs}
     if len(lengths) != 1:
-        raise ValueError(f"inputs must be a non-empty list of sequences of one length, got lengths {sorted(lengths)}")
+        raise ValueError(f"inputs must be a non-empty list of sequences of one length, got lengths {few(sorted(lengths))}")
     (n,) = lengths
     if not 1 <= n <= meta.max_seq_len:
         raise ValueError(f"input length must be in [1, {meta.max_seq_len}] for {meta.name}, got {n}")
@@ -314,7 +315,7 @@ def encode(name: str, inputs: Sequence[Sequence[Value]]) -> Int[torch.Tensor, "b
     for x in inputs:
         unknown = [t for t in x if t not in meta.vocab]
         if unknown:
-            raise ValueError(f"tokens {unknown} are not in {meta.name}'s vocabulary {list(meta.vocab)}")
+            raise ValueError(f"tokens {few(unknown)} are not in {meta.name}'s vocabulary {few(meta.vocab, 8)}")
         rows.append([ids[meta.bos]] + [ids[t] for t in x])
     return torch.tensor(rows, dtype=torch.long)
 
@@ -350,8 +351,10 @@ _SHAPE_FIELDS = ("n_layers", "n_heads", "d_head", "d_model", "d_mlp", "d_vocab",
 @functools.lru_cache(maxsize=None)
 def _shape(program: str) -> tuple[int, ...]:
     path = toy_model_path(f"tracr-{program}")
-    config = json.loads(path.with_name(path.name + ".json").read_text())["config"]
-    return tuple(config[k] for k in _SHAPE_FIELDS)
+    path = path.with_name(path.name + ".json")
+    with parsing(path, "checkpoint config"):
+        config = read_json(path, "checkpoint config")["config"]
+        return tuple(config[k] for k in _SHAPE_FIELDS)
 
 
 def program_of(model: Model) -> str:

@@ -14,6 +14,7 @@ import torch
 from .. import _backend
 from .. import _names as N
 from .._backend import Model, Stop, attn_weight, logit_softcap
+from .._messages import clip
 from ..hooks import store_matching
 from .readout import compute_dtype, d_vocab_out, readout
 
@@ -133,7 +134,7 @@ def clean_run(model: Model, tokens: torch.Tensor, *, logits: bool = True) -> dic
                                  "checked: make it follow the shape it is given, or remove it (model.reset_hooks())")
                     raise
                 raise ValueError(f"the model's forward pass raises {type(err).__name__} on a probe batch "
-                                 f"({str(err)[:200]}): rs_interp cannot check or use it in dtype {model.cfg.dtype}; "
+                                 f"({clip(err, 160)}): rs_interp cannot check or use it in dtype {model.cfg.dtype}; "
                                  "try another dtype (e.g. torch.float32) or the other TransformerLens version") from err
     finally:
         for handle in handles:

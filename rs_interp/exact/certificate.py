@@ -38,6 +38,7 @@ import torch
 
 from .. import _backend
 from .._backend import Model
+from .._messages import LIMIT, clip, few
 from .._state import preserve_state
 from ._checks import Identity
 from ._fingerprint import HOOK_DICTS, Unfingerprintable, fingerprint
@@ -64,29 +65,26 @@ TOLERANCES: dict[tuple[torch.dtype, str], float] = {
     (torch.bfloat16, "booted"): 2.5e-2,
 }
 
-_HOOKED = "remove the hooks that change what they see (model.reset_hooks(), or the handles of PyTorch hooks) and call again"
-#: What to do where an identity fails, said in every refusal.
+_HOOKED = "remove the hooks that change what they see (model.reset_hooks())"
+#: What to do when an identity fails: the refusal's last sentence (kept short: a refusal holds at most
+#: rs_interp._messages.LIMIT characters; certify(model) shows the rest).
 REMEDIES: dict[str, str] = {
     "embedding": "a model that scales or normalises its embedding before block 0 has no exact split here",
-    "stream": f"{_HOOKED}; a norm after a sublayer that hook_attn_out or hook_mlp_out does not include has no exact split "
-              "of the stream here",
+    "stream": f"{_HOOKED}; a norm after a sublayer outside hook_attn_out/hook_mlp_out has no exact split",
     "z": f"{_HOOKED}; on a Hugging Face-booted bridge, try the other TransformerLens version",
-    "heads": f"{_HOOKED}; a norm after the attention other than the block's ln1_post makes a head's write other than z W_O",
+    "heads": f"{_HOOKED}; a norm after the attention other than ln1_post makes a head's write other than z W_O",
     "values": _HOOKED,
-    "scores": f"{_HOOKED}; query/key norms, soft-capped or biased scores and sliding windows have no reading of the score "
-              "from the weights alone: use an activation-based helper (attribution or path patching, key_score_sensitivity "
-              "reads the run)",
-    "scores read": f"{_HOOKED}; a soft-cap, mask or window applied after hook_attn_scores has no reading of the score here",
+    "scores": f"{_HOOKED}; for query/key norms, capped or biased scores or windows, use path patching",
+    "scores read": f"{_HOOKED}; a cap, mask or window after hook_attn_scores is not read",
     "projections": _HOOKED,
     "input": _HOOKED,
-    "readers": f"{_HOOKED}; otherwise the bridge reads the stream outside the graph's receivers: try the other "
-               "TransformerLens version",
+    "readers": f"{_HOOKED}; else try the other TransformerLens version",
     "mlp reads": _HOOKED,
-    "mlp writes": f"{_HOOKED}; a norm after the MLP other than the block's ln2_post is not one the feature graph reads",
-    "mlp weights": f"{_HOOKED}; train a transcoder instead (features.train_transcoder)",
+    "mlp writes": f"{_HOOKED}; the feature graph reads no norm after the MLP but ln2_post",
+    "mlp weights": f"{_HOOKED}; or train a transcoder (features.train_transcoder)",
     "readout": f"{_HOOKED}; a step after the unembedding rs_interp does not read has no exact split",
     "vocabulary": "make cfg.d_vocab_out the number of columns of W_U (model.cfg.d_vocab_out = model.W_U.shape[-1])",
-    "gradients": "remove the backward hooks (model.reset_hooks(), or the handles of register_full_backward_hook) and call again",
+    "gradients": "remove the backward hooks (model.reset_hooks(), or their handles)",
     "rows": "remove the hook that reads or edits the batch as a whole (by row index, or a batch statistic)",
     "start at layer": "nothing: the helpers that read it run every pass from the tokens instead",
     "stop at layer": "try the other TransformerLens version",
@@ -195,15 +193,19 @@ class Certificate:
         config = self.refused_configuration(helper)
         if not failed and config is not None:  # a measured failure first: its remedy may be the user's to apply
             has = self.details[self.configuration.index(config)]
-            return f"{helper} refuses this model: {config}, here {has} ({CONDITIONS[config]}); no identity can make it exact."
+            head, tail = f"{helper} refuses this model: {config}, here {clip(has, 80)} (", "); no identity can make it exact."
+            return head + clip(CONDITIONS[config], LIMIT - len(head) - len(tail)) + tail
         if not failed:
             return None
         first = failed[0]
-        more = f" ({', '.join(i.name for i in failed[1:])} fail too)" if failed[1:] else ""
-        gap = "could not be measured" if first.gap != first.gap else f"gap {first.gap:.3g} > tolerance {first.tolerance:.0e}"
-        hooked = f" Hooks are attached at {', '.join(self.hooks)}: they are part of the model certified." if self.hooks else ""
-        return (f"{helper} refuses this model: the identity '{first.name}' fails ({gap}: {first.why}){more}. "
-                f"What to do: {REMEDIES.get(first.name, _HOOKED)}. rs_interp.certify(model) shows every identity.{hooked}")
+        more = f" ({few((i.name for i in failed[1:]), show=str)} fail too)" if failed[1:] else ""
+        gap = "not measured" if first.gap != first.gap else f"gap {first.gap:.3g} > tolerance {first.tolerance:.0e}"
+        # a hook point by its first name (4.x's aliases follow " = ")
+        hooked = f" Hooks are attached at {few((h.split(' = ')[0] for h in self.hooks), 1, show=str)}." if self.hooks else ""
+        head = f"{helper} refuses this model: the identity '{first.name}' fails ({gap}: "
+        tail = f"){more}. What to do: {REMEDIES.get(first.name, _HOOKED)}.{hooked} All: rs_interp.certify(model)."
+        # the measured reason, as much of it as the limit leaves (the whole of it: certify(model))
+        return head + clip(first.why, max(50, LIMIT - len(head) - len(tail))) + tail
 
     def table(self) -> str:
         """Two text tables: every identity with its gap, tolerance and the helpers that need it; then every

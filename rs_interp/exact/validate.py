@@ -166,7 +166,9 @@ Ablation = Literal["zero", "mean", "position_mean", "resample"]
 :func:`rs_interp.head_ablation_scan`, :func:`rs_interp.evaluate_circuit`, :func:`rs_interp.acdc` and the faithfulness curves),
 one meaning per word: ``"zero"`` nothing; ``"mean"`` its mean over the batch *and* the positions of
 ``reference``; ``"position_mean"`` its mean over the batch of ``reference`` at each position;
-``"resample"`` its value in the run on ``reference``, sequence by sequence.
+``"resample"`` its value in the run on ``reference``, sequence by sequence. Which of EAP-IG's (and MIB's)
+interventions each equals on a circuit, and which not (EAP-IG's ``"mean"`` is another quantity):
+:func:`rs_interp.evaluate_circuit`.
 
 >>> import rs_interp as ri
 >>> model, batch = ri.load_toy_model("induction-2l"), ri.induction_batch(8, seed=0)

@@ -31,6 +31,7 @@ import torch
 
 from .. import _names as N
 from .._backend import Model, Stop, mlp_norm_name, pattern_after_attention, pre_norm, with_dtype
+from .._messages import few
 from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
@@ -52,7 +53,7 @@ def check_replacement(model: Model, transcoders: TranscoderSet, what: str) -> No
         raise ValueError(f"{what}: the transcoders read ln2.hook_normalized, and the model has no normalization")
     missing = [n for n in hook_names(model, transcoders) if n not in model.hook_dict]
     if missing:
-        raise ValueError(f"{what}: the model lacks the hook points {missing[:6]} (a Hugging Face-booted bridge of another layout?)")
+        raise ValueError(f"{what}: the model lacks the hook points {few(missing)} (a Hugging Face-booted bridge of another layout?)")
 
 
 def working_copy(model: Model) -> Model:

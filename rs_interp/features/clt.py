@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 
 from .._backend import Model
+from .._files import FileError, check_shape, need, parsing, read_safetensors, read_text
+from .._messages import few
 from .._progress import bar
 from . import _config
 from .transcoders import Transcoder, TranscoderSet
@@ -147,41 +149,50 @@ def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> Cross
     """Read circuit-tracer's cross-layer transcoder files from ``folder`` (module docstring).
 
     Raises:
-        ValueError: a file or tensor missing, or a config of another kind.
+        rs_interp.FileError: (a ``ValueError``) a file or tensor missing, a file truncated or malformed, a tensor
+            of the wrong shape, or a config of another kind; the file named.
 
     >>> import tempfile
     >>> folder = CrossLayerTranscoder.random(2, 4, 8, activation="jumprelu").save(tempfile.mkdtemp())
     >>> clt = load_clt(folder); clt[0].activation, tuple(clt.decoders[1].shape)
     ('jumprelu', (8, 1, 4))
     """
-    from safetensors.torch import load_file
-
     folder = Path(folder)
-    cfg = _config.loads((folder / "config.yaml").read_text()) if (folder / "config.yaml").is_file() else {}
+    config = folder / "config.yaml"
+    with parsing(config, "CLT config"):
+        cfg = _config.loads(read_text(config, "CLT config")) if config.is_file() else {}
     kind = cfg.get("model_kind", "cross_layer_transcoder")
     if kind != "cross_layer_transcoder":
-        raise ValueError(f"{folder}: model_kind {kind!r}, not a cross-layer transcoder (load_transcoders reads per-layer sets)")
+        raise FileError(f"CLT config {config}: model_kind {kind!r}, not a cross-layer transcoder (load_transcoders reads "
+                        "per-layer sets).", config)
     n = len(list(folder.glob("W_enc_*.safetensors")))
     if n == 0:
-        raise ValueError(f"{folder} holds no W_enc_{{i}}.safetensors (circuit-tracer's CLT layout)")
+        raise FileError(f"CLT folder {folder} holds no W_enc_{{i}}.safetensors (circuit-tracer's CLT layout).", folder)
     missing = [f for i in range(n) for f in (f"W_enc_{i}.safetensors", f"W_dec_{i}.safetensors") if not (folder / f).is_file()]
     if missing:
-        raise ValueError(f"CLT files missing: {missing}")
-    enc = [load_file(str(folder / f"W_enc_{i}.safetensors")) for i in range(n)]
-    dec = [load_file(str(folder / f"W_dec_{i}.safetensors"))[f"W_dec_{i}"] for i in range(n)]
-    for i, e in enumerate(enc):
-        lacking = {f"W_enc_{i}", f"b_enc_{i}", f"b_dec_{i}"} - set(e)
-        if lacking:
-            raise ValueError(f"W_enc_{i}.safetensors lacks {sorted(lacking)}")
+        raise FileError(f"CLT folder {folder} is missing {few(missing)}.", folder)
+    enc, dec = [], []
+    for i in range(n):
+        e_path, d_path = folder / f"W_enc_{i}.safetensors", folder / f"W_dec_{i}.safetensors"
+        enc.append(read_safetensors(e_path, "CLT encoder file"))
+        need(enc[i], [f"W_enc_{i}", f"b_enc_{i}", f"b_dec_{i}"], e_path, "CLT encoder file")
+        check_shape(enc[i][f"W_enc_{i}"], (enc[i][f"b_enc_{i}"].numel(), enc[i][f"b_dec_{i}"].numel()), f"W_enc_{i}", e_path,
+                    "CLT encoder file")
+        decoder = read_safetensors(d_path, "CLT decoder file")
+        need(decoder, [f"W_dec_{i}"], d_path, "CLT decoder file")  # (d_transcoder, the layers from i on, d_model)
+        check_shape(decoder[f"W_dec_{i}"], (*enc[i][f"W_enc_{i}"].shape[:1], n - i, enc[i][f"W_enc_{i}"].shape[1]), f"W_dec_{i}",
+                    d_path, "CLT decoder file")
+        dec.append(decoder[f"W_dec_{i}"])
     thresholds = [e.get(f"threshold_{i}") for i, e in enumerate(enc)]
     activation = cfg.get("activation", "jumprelu" if all(t is not None for t in thresholds) else "relu")
     activation = {"jump_relu": "jumprelu"}.get(activation, activation)
-    return CrossLayerTranscoder.from_tensors(
-        [e[f"W_enc_{i}"] for i, e in enumerate(enc)], [e[f"b_enc_{i}"] for i, e in enumerate(enc)], dec,
-        [e[f"b_dec_{i}"] for i, e in enumerate(enc)], activation=activation, k=cfg.get("k"),
-        threshold=[t.reshape(-1) for t in thresholds] if activation == "jumprelu" else None,
-        W_skip=[e.get(f"W_skip_{i}") for i, e in enumerate(enc)], input_point=cfg.get("feature_input_hook", "hook_resid_mid"),
-        output_point=cfg.get("feature_output_hook", "hook_mlp_out"), scan=str(cfg.get("scan", folder.name)), dtype=dtype)
+    with parsing(folder, "CLT folder"):  # a tensor of the wrong shape, a value rs_interp cannot read
+        return CrossLayerTranscoder.from_tensors(
+            [e[f"W_enc_{i}"] for i, e in enumerate(enc)], [e[f"b_enc_{i}"] for i, e in enumerate(enc)], dec,
+            [e[f"b_dec_{i}"] for i, e in enumerate(enc)], activation=activation, k=cfg.get("k"),
+            threshold=[t.reshape(-1) for t in thresholds] if activation == "jumprelu" else None,
+            W_skip=[e.get(f"W_skip_{i}") for i, e in enumerate(enc)], input_point=cfg.get("feature_input_hook", "hook_resid_mid"),
+            output_point=cfg.get("feature_output_hook", "hook_mlp_out"), scan=str(cfg.get("scan", folder.name)), dtype=dtype)
 
 
 def shipped_clt(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) -> CrossLayerTranscoder:

@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Callable, Literal
 
+from .._files import parsing, read_json
 from .graph import AttributionGraph
 
 __all__ = ["graph_json", "save_graph_json", "ExportConvention"]
@@ -149,7 +150,8 @@ def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = 
     path = folder / f"{slug}.json"
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False))
     index = folder / "graph-metadata.json"
-    listed = json.loads(index.read_text()) if index.is_file() else {"graphs": []}
-    listed["graphs"] = [g for g in listed["graphs"] if g.get("slug") != slug] + [data["metadata"]]
+    listed = read_json(index, "graph index") if index.is_file() else {"graphs": []}
+    with parsing(index, "graph index"):  # circuit-tracer's index: {"graphs": [metadata, ...]}
+        listed["graphs"] = [g for g in listed["graphs"] if g.get("slug") != slug] + [data["metadata"]]
     index.write_text(json.dumps(listed, indent=1, ensure_ascii=False))
     return path

@@ -22,7 +22,6 @@ and ``config.yaml``, or its CLT layout).
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import types
@@ -32,6 +31,8 @@ from typing import Sequence
 import torch
 
 from .. import _names as N
+from .._files import existing, loading, read_json, read_safetensors, reads
+from .._messages import few
 from .clt import CrossLayerTranscoder
 from .transcoders import Transcoder, TranscoderSet
 
@@ -59,11 +60,13 @@ def _field(cfg, name: str, default=None):
     return cfg.get(name, default) if isinstance(cfg, dict) else getattr(cfg, name, default)
 
 
+@reads("pchlenski transcoder files")
 def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtype = torch.float32) -> TranscoderSet:
     """Read pchlenski's GPT-2 transcoders (module docstring), one file a layer, in layer order.
 
     Raises:
-        ValueError: a file without ``cfg`` and ``state_dict``, a tensor missing, a config reading another
+        rs_interp.FileError: (a ``ValueError``, naming the file) a file missing, truncated or not a PyTorch file,
+            one without ``cfg`` and ``state_dict``, a tensor missing or of the wrong shape, a config reading another
             hook than ``blocks.{l}.ln2.hook_normalized`` for its place ``l``, or writing elsewhere than the MLP output.
 
     >>> import tempfile, os
@@ -76,13 +79,14 @@ def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtyp
     """
     out = []
     for l, f in enumerate(files):
-        data = torch.load(str(f), map_location="cpu", weights_only=False, pickle_module=_PICKLE)
+        with loading(existing(f, "pchlenski transcoder file"), "pchlenski transcoder file", "torch.load"):
+            data = torch.load(str(f), map_location="cpu", weights_only=False, pickle_module=_PICKLE)
         if not isinstance(data, dict) or "state_dict" not in data or "cfg" not in data:
             raise ValueError(f"{f}: not a transcoder_circuits file (a dict with 'cfg' and 'state_dict')")
         cfg, sd = data["cfg"], data["state_dict"]
         missing = {"W_enc", "b_enc", "W_dec", "b_dec", "b_dec_out"} - set(sd)
         if missing:
-            raise ValueError(f"{f}: the state dict lacks {sorted(missing)}")
+            raise ValueError(f"{f}: the state dict lacks {few(sorted(missing))}")
         hook = str(_field(cfg, "hook_point", ""))
         if hook != N.normalized(l, "ln2"):
             raise ValueError(f"{f}: reads {hook!r}; as layer {l} of the set it must read {N.normalized(l, 'ln2')}")
@@ -95,13 +99,15 @@ def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtyp
     return TranscoderSet(tuple(out), "ln2.hook_normalized", "mlp.hook_out", "pchlenski/gpt2-transcoders")
 
 
+@reads("sparsify transcoder folder")
 def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] | None = None,
                               dtype: torch.dtype = torch.float32) -> TranscoderSet:
     """Read EleutherAI sparsify's transcoders (module docstring) from ``folder``'s hook-point subfolders, in
     layer order (the first number in each name), or the ``hookpoints`` named.
 
     Raises:
-        ValueError: a coder that is not a transcoder (``transcode`` false: an autoencoder), not TopK, with a
+        rs_interp.FileError: (a ``ValueError``, naming the file or folder) a file missing, truncated or malformed,
+            a coder that is not a transcoder (``transcode`` false: an autoencoder), not TopK, with a
             post-encoder scale (not read), a tensor missing, or cross-layer targets past the last layer.
 
     >>> import tempfile, json, os
@@ -113,8 +119,6 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
     >>> tcs = load_sparsify_transcoders(d); tcs[0].k, tcs.input_point
     (2, 'mlp.hook_in')
     """
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     if hookpoints is None:
         subs = [p for p in folder.iterdir() if (p / "cfg.json").is_file()]
@@ -127,8 +131,8 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
     L = len(subs)
     enc, dec, b_dec, skips, k = [], [], [], [], None
     for l, sub in enumerate(subs):
-        cfg = json.loads((sub / "cfg.json").read_text())
-        sd = load_file(str(sub / "sae.safetensors"))
+        cfg = read_json(sub / "cfg.json", "sparsify config")
+        sd = read_safetensors(sub / "sae.safetensors", "sparsify transcoder file")
         if not cfg.get("transcode", False):
             raise ValueError(f"{sub}: transcode is false, a sparse autoencoder, not a transcoder")
         if cfg.get("activation", "topk") != "topk":
@@ -140,7 +144,7 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
         k = int(cfg["k"])
         lacking = {"encoder.weight", "encoder.bias"} - set(sd)
         if lacking:
-            raise ValueError(f"{sub}: sae.safetensors lacks {sorted(lacking)}")
+            raise ValueError(f"{sub}: sae.safetensors lacks {few(sorted(lacking))}")
         enc.append((sd["encoder.weight"], sd["encoder.bias"]))
         n_targets = int(cfg.get("n_targets", 0) or 0)
         if n_targets:

@@ -50,6 +50,7 @@ from .. import _names as N
 from .._backend import Model
 from .._format import Top
 from .._keywords import renamed
+from .._messages import few
 from ..exact.certificate import confirm
 from ..exact.postnorm import attn_frozen, attn_post
 from . import _conventions as C
@@ -181,7 +182,7 @@ class _GraphColumns:
         missing = [tuple(f) for f in graph.features.tolist() if tuple(f) not in index]
         if missing or len(features) != graph.n_active:
             raise ValueError(f"{what}: the graph's features are not these transcoders' active features on its prompt "
-                             f"({len(features)} active, the graph counted {graph.n_active}; e.g. {missing[:2]} inactive)")
+                             f"({len(features)} active, the graph counted {graph.n_active}; e.g. {few(missing, 2)} inactive)")
         self.selected = torch.tensor([index[tuple(f)] for f in graph.features.tolist()], dtype=torch.long)
         self.n_active = len(features)
         self.unselected = torch.ones(self.n_active, dtype=torch.bool)

@@ -30,6 +30,7 @@ norm's scale is frozen, which is what the attribution graph needs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -37,6 +38,8 @@ from typing import Iterator
 import torch
 from jaxtyping import Float
 
+from .._files import FileError, parsing, read_json, read_safetensors, read_text
+from .._messages import few
 from ..exact.certificate import require
 from . import _config
 
@@ -148,7 +151,9 @@ class Transcoder(torch.nn.Module):
         """
         missing = {"W_enc", "W_dec", "b_enc", "b_dec"} - set(state)
         if missing:
-            raise ValueError(f"transcoder file lacks {sorted(missing)}")
+            raise ValueError(f"transcoder file lacks {few(sorted(missing))}")
+        if state["W_enc"].ndim != 2:
+            raise ValueError(f"W_enc must be (d_transcoder, d_model), got shape {tuple(state['W_enc'].shape)}")
         if activation is None:
             activation = "topk" if "k" in state else "jumprelu" if "activation_function.threshold" in state else "relu"
         if activation == "topk" and k is None:
@@ -255,38 +260,45 @@ def load_transcoders(folder: str | Path, *, dtype: torch.dtype = torch.float32) 
     or the files the config's ``transcoders`` list names, relative to the folder).
 
     Raises:
-        ValueError: no config, a config that is not a per-layer set, a layer file missing, a
-            ``hf://`` path (nothing is downloaded here), an input or output point rs_interp cannot read.
+        rs_interp.FileError: (a ``ValueError``) no config, a config that is not a per-layer set or that rs_interp
+            cannot read, a layer file missing, truncated or malformed (a tensor missing or of the wrong shape),
+            an input or output point rs_interp cannot read; the file named.
+        ValueError: a ``hf://`` path (nothing is downloaded here).
 
     >>> import tempfile
     >>> folder = TranscoderSet((Transcoder(4, 8, activation="topk", k=2),)).save(tempfile.mkdtemp())
     >>> sorted(p.name for p in folder.iterdir()), load_transcoders(folder)[0].k
     (['config.yaml', 'layer_0.safetensors'], 2)
     """
-    from safetensors.torch import load_file
-
     folder = Path(folder)
-    if not (folder / "config.yaml").is_file():
-        raise ValueError(f"{folder} has no config.yaml (circuit-tracer's transcoder-set config)")
-    cfg = _config.loads((folder / "config.yaml").read_text())
+    config = folder / "config.yaml"
+    if not config.is_file():
+        raise FileError(f"transcoder folder {folder} has no config.yaml (circuit-tracer's transcoder-set config).", config)
+    with parsing(config, "transcoder config"):
+        cfg = _config.loads(read_text(config, "transcoder config"))
+        paths = [str(p) for p in cfg["transcoders"]] if "transcoders" in cfg else None
     if cfg.get("model_kind", "transcoder_set") != "transcoder_set":
-        raise ValueError(f"model_kind {cfg.get('model_kind')!r}: load_transcoders reads per-layer sets (cross-layer transcoders: rs_interp.features.load_clt)")
-    paths = [str(p) for p in cfg["transcoders"]] if "transcoders" in cfg else None
-    if paths is None:
-        n = len(list(folder.glob("layer_*.safetensors")))
-        paths = [f"layer_{i}.safetensors" for i in range(n)]
+        raise FileError(f"transcoder config {config}: model_kind {cfg.get('model_kind')!r}; load_transcoders reads "
+                        "per-layer sets (cross-layer transcoders: rs_interp.features.load_clt).", config)
+    if paths is None:  # layer_0 ... layer_{n-1}: a gap in the numbers is a file missing, not a shorter set
+        found = [m.group(1) for f in folder.glob("layer_*.safetensors") if (m := re.fullmatch(r"layer_(\d+)\.safetensors", f.name))]
+        paths = [f"layer_{i}.safetensors" for i in range(max(map(int, found), default=-1) + 1)]
     if not paths:
-        raise ValueError(f"{folder} holds no layer_{{i}}.safetensors")
+        raise FileError(f"transcoder folder {folder} holds no layer_{{i}}.safetensors.", folder)
     if any(p.startswith("hf://") for p in paths):
         raise ValueError("the config names hf:// files: download them first (rs_interp reads local files only)")
     files = [folder / p for p in paths]
-    missing = [str(f) for f in files if not f.is_file()]
+    missing = [f.name for f in files if not f.is_file()]
     if missing:
-        raise ValueError(f"transcoder files missing: {missing}")
-    activation = cfg.get("activation")
-    tcs = tuple(Transcoder.from_state(load_file(str(f)), activation=activation, k=cfg.get("k"), dtype=dtype) for f in files)
-    return TranscoderSet(tcs, cfg.get("feature_input_hook", "mlp.hook_in"), cfg.get("feature_output_hook", "mlp.hook_out"),
-                         str(cfg.get("scan", folder.name)))
+        raise FileError(f"transcoder folder {folder} is missing {few(missing)} (its layer files).", folder)
+    tcs = []
+    for f in files:
+        state = read_safetensors(f, "transcoder file")
+        with parsing(f, "transcoder file"):
+            tcs.append(Transcoder.from_state(state, activation=cfg.get("activation"), k=cfg.get("k"), dtype=dtype))
+    with parsing(config, "transcoder config"):  # its points, and layers of one width
+        return TranscoderSet(tuple(tcs), cfg.get("feature_input_hook", "mlp.hook_in"),
+                             cfg.get("feature_output_hook", "mlp.hook_out"), str(cfg.get("scan", folder.name)))
 
 
 def shipped_transcoders(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) -> TranscoderSet:
@@ -310,11 +322,9 @@ def shipped_metrics(name: str = "code-2l") -> dict:
     >>> m["settings"]["activation"], len(m["metrics"]["fvu"])
     ('topk', 2)
     """
-    import json
-
     if name not in SHIPPED_TRANSCODERS:
         raise ValueError(f"no transcoders are shipped for {name!r}; shipped: {SHIPPED_TRANSCODERS}")
-    return json.loads((_SHIPPED_ROOT / name / "metrics.json").read_text())
+    return read_json(_SHIPPED_ROOT / name / "metrics.json", "transcoder metrics")
 
 
 def mlp_transcoders(model) -> TranscoderSet:

@@ -25,6 +25,7 @@ from jaxtyping import Float, Int
 from .. import _backend
 from .. import _names as N
 from .._backend import Model, attn_weight, kv_groups, per_head_inputs
+from .._messages import few
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.postnorm import frozen_heads
@@ -119,7 +120,7 @@ def _kv_heads(heads: list[int], size: int, which: str, layer: int) -> list[int]:
     split = [g for g in kv if any(g * size + i not in heads for i in range(size))]
     if split:
         g = split[0]
-        raise ValueError(f"grouped-query attention: layer {layer}'s heads {[(layer, g * size + i) for i in range(size)]} share one "
+        raise ValueError(f"grouped-query attention: layer {layer}'s heads {few(((layer, g * size + i) for i in range(size)), 8)} share one "
                          f"{which} input (KV head {g}); heads must name all of them or none")
     return kv
 

@@ -10,8 +10,8 @@ whose log-probabilities are not the source's.
 
 from __future__ import annotations
 
+import contextlib
 import gc
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,8 @@ import torch
 
 from .. import _backend
 from .._backend import Model
+from .._files import FileError, loading, parsing, read_json, safetensors_metadata
+from .._messages import clip, few
 from ..exact.certificate import note_source
 
 __all__: list[str] = []
@@ -41,6 +43,72 @@ class Reference:
     log_probs: tuple[torch.Tensor, ...]
     flags: tuple[str, ...]
     windows: tuple[tuple[str, int], ...] = ()
+
+
+#: A Hugging Face folder's weights, as ``save_pretrained`` writes them: an index naming shards, or one file.
+_WEIGHTS = (("model.safetensors.index.json", True), ("model.safetensors", False),
+            ("pytorch_model.bin.index.json", True), ("pytorch_model.bin", False))
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The weight files of a local Hugging Face checkpoint folder: the shards its index names, or its one file.
+
+    Raises:
+        FileError: no weights, an index that is not JSON or names no shard, a shard it names missing.
+    """
+    for name, index in _WEIGHTS:
+        if not (folder / name).is_file():
+            continue
+        if not index:
+            return [folder / name]
+        with parsing(folder / name, "Hugging Face weight index"):
+            shards = sorted({str(v) for v in read_json(folder / name, "Hugging Face weight index")["weight_map"].values()})
+        missing = [f for f in shards if not (folder / f).is_file()]
+        if not shards or missing:
+            raise FileError(f"Hugging Face weight index {folder / name} names "
+                            f"{'no shard' if not shards else 'shards that are missing: ' + few(missing)}.", folder / name)
+        return [folder / f for f in shards]
+    raise FileError(f"Hugging Face checkpoint {folder} holds no weights (no model.safetensors, pytorch_model.bin or "
+                    "index of their shards).", folder)
+
+
+def check_folder(folder: Path) -> dict:
+    """The ``config.json`` of a local Hugging Face checkpoint folder, its files checked before transformers
+    reads them: the config a JSON object, the weights there, each safetensors file's header whole (a
+    truncated file is refused here, by name), the tokenizer's and generation's JSON files JSON objects. A pickled
+    ``.bin`` file is checked by transformers' reading it. A flipped byte inside a weight cannot be seen: a Hugging
+    Face folder stores no digest.
+
+    Raises:
+        FileError: a file missing, truncated or malformed (named).
+    """
+    config = read_json(folder / "config.json", "Hugging Face config")
+    for f in weight_files(folder):
+        if f.suffix == ".safetensors":
+            safetensors_metadata(f, "Hugging Face weights")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        if (folder / name).is_file():  # the JSON files beside them, read by transformers' and TransformerLens's loaders
+            read_json(folder / name, "Hugging Face file")
+    return config
+
+
+def _loaded(source: str, local: bool, dtype: torch.dtype):
+    """The Hugging Face model of ``source``, refused when its files do not hold every weight its config asks
+    for, in the shape it asks (transformers fills a missing or misshapen weight with a random one and warns)."""
+    from transformers import AutoModelForCausalLM
+
+    with loading(source, "Hugging Face checkpoint", "transformers") if local else contextlib.nullcontext():
+        hf, info = AutoModelForCausalLM.from_pretrained(source, local_files_only=local, dtype=dtype, output_loading_info=True,
+                                                        ignore_mismatched_sizes=True)
+    missing = sorted(info.get("missing_keys") or ())
+    shapes = sorted(str(m[0] if isinstance(m, (tuple, list)) else m) for m in info.get("mismatched_keys") or ())
+    if missing or shapes:
+        what = (f"lack {few(missing)}" if missing else "") + (" and " if missing and shapes else "") + \
+               (f"hold {few(shapes)} in another shape than the config's" if shapes else "")
+        files = f" ({few(f.name for f in weight_files(Path(source)))})" if local else ""
+        raise FileError(f"the weights of Hugging Face checkpoint {source}{files} {what}: the files are incomplete or do "
+                        "not belong to this config.json. Save the checkpoint again (save_pretrained).", source)
+    return hf.eval()
 
 
 def architecture(config: dict) -> str:
@@ -89,13 +157,15 @@ def reference(source: str, dtype: torch.dtype, *, local: bool) -> Reference:
 
     Raises:
         ValueError: transformers cannot run this family in ``dtype`` (named, with the dtype to use).
+        FileError: a local folder's file missing, truncated or malformed, or weights the config asks for
+            missing or misshapen (named).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    config = json.loads((Path(source) / "config.json").read_text()) if local else AutoConfig.from_pretrained(source).to_dict()
+    config = check_folder(Path(source)) if local else AutoConfig.from_pretrained(source).to_dict()
     arch = architecture(config)
     flags = tuple(f for f in _BIAS_FLAGS if config.get(f))
-    hf = AutoModelForCausalLM.from_pretrained(source, local_files_only=local, dtype=dtype).eval()
+    hf = _loaded(source, local, dtype)
     vocab = min(int(config.get("vocab_size") or hf.config.vocab_size), hf.get_input_embeddings().num_embeddings)
     n_ctx = int(config.get("max_position_embeddings") or config.get("n_positions") or config.get("seq_length") or 8)
     declared = windows(config)
@@ -109,7 +179,7 @@ def reference(source: str, dtype: torch.dtype, *, local: bool) -> Reference:
         hint = ("load it with dtype=torch.float32" if dtype_error else
                 "the checkpoint or transformers' implementation of this family does not run, so there is nothing to convert")
         raise ValueError(f"transformers' own {arch} fails on a probe batch in {dtype} ({type(err).__name__}: "
-                         f"{str(err)[:160]}): {hint}") from err
+                         f"{clip(err)}): {hint}") from err
     finally:
         del hf
         gc.collect()
@@ -119,7 +189,7 @@ def reference(source: str, dtype: torch.dtype, *, local: bool) -> Reference:
 def convert_error(arch: str, err: Exception) -> ValueError:
     """A ValueError naming the family, the installed version's failure and what to try."""
     what = (f"TransformerLens {_backend.TL_VERSION} does not support {arch}" if isinstance(err, NotImplementedError)
-            else f"TransformerLens {_backend.TL_VERSION} fails to load {arch} ({type(err).__name__}: {str(err)[:160]})")
+            else f"TransformerLens {_backend.TL_VERSION} fails to load {arch} ({type(err).__name__}: {clip(err)})")
     return ValueError(f"{what}: try {_backend.other_version()}")
 
 
@@ -139,7 +209,7 @@ def compare(model: Model, ref: Reference, dtype: torch.dtype) -> float:
                 ours = model(tokens.to(model.cfg.device), return_type="logits").to(torch.float64).log_softmax(-1)
         except Exception as err:
             raise ValueError(f"the converted {ref.architecture} fails on a probe batch of {tokens.shape[1]} tokens "
-                             f"({type(err).__name__}: {str(err)[:160]}); try {_backend.other_version()}") from err
+                             f"({type(err).__name__}: {clip(err)}); try {_backend.other_version()}") from err
         here = float((ours.cpu() - theirs).abs().max()) if ours.shape == theirs.shape else float("inf")
         if not here <= gap:
             gap, where = here, f"{tokens.shape[1]} tokens"

@@ -6,8 +6,9 @@ LayerNorm; the logits are exactly ``x_L W_U``. TransformerLens always carries va
 unembedding biases; we keep them at zero and out of the optimiser (see
 :func:`rs_interp.models.training.trainable_parameters`).
 
-Checkpoints are a safetensors file for the weights and a JSON file for the config: nothing is
-ever unpickled.
+Checkpoints are a safetensors file for the weights and a JSON file for the config, with a sha256 digest
+of every tensor and of the config beside it: nothing is ever unpickled, and a file changed after it
+was saved is refused, not read.
 
 >>> model = make_attn_only(2, seed=0)
 >>> model.cfg.n_heads, model.cfg.d_head, model.cfg.positional_embedding_type
@@ -21,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from .. import _backend
 from .._backend import Model, ModelConfig
+from .._files import FileError, digest, json_digest, read_json, read_safetensors
+from .._messages import clip, few
 from ..exact.validate import check_int_range
 
 __all__ = [
@@ -44,10 +46,12 @@ _CONFIG_SUFFIX = ".json"
 _WEIGHTS_SUFFIX = ".safetensors"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, truncated, corrupted or has an invalid config.
+class CheckpointError(FileError):
+    """A checkpoint is missing, truncated, corrupted (a tensor or the config differs from its digest) or has
+    an invalid config.
 
-    A ``ValueError``, so code that catches bad input catches it too.
+    A :class:`rs_interp.FileError` (the error of every file rs_interp reads), so a ``ValueError``: code that
+    catches bad input catches it too.
 
     >>> import tempfile
     >>> try:
@@ -151,28 +155,30 @@ _REQUIRED_FIELDS = {"n_layers": int, "d_model": int, "n_ctx": int, "d_head": int
 
 def _config_from_json(data: Any, where: Path) -> ModelConfig:
     if not isinstance(data, dict):
-        raise CheckpointError(f"config {where} must hold a JSON object, got {type(data).__name__}")
+        raise CheckpointError(f"checkpoint config {where}: 'config' holds a {type(data).__name__}, not a JSON object.", where)
     for key, typ in _REQUIRED_FIELDS.items():
         if key not in data:
-            raise CheckpointError(f"config {where} is missing the field {key!r}")
+            raise CheckpointError(f"checkpoint config {where} lacks the field {key!r}.", where)
         if isinstance(data[key], bool) or not isinstance(data[key], typ) or data[key] < 1:
-            raise CheckpointError(f"config {where}: field {key!r} must be a positive integer, got {data[key]!r}")
+            raise CheckpointError(f"checkpoint config {where}: field {key!r} must be a positive integer, not "
+                                  f"{clip(repr(data[key]), 40)}.", where)
     # The fields that define the function; hook flags and bookkeeping are ignored, and a field
     # that changes the function but that this version lacks is refused by name.
     try:
         fields = _backend.readable_fields(data)
     except ValueError as err:
-        raise CheckpointError(f"config {where}: {err}") from err
+        raise CheckpointError(f"checkpoint config {where}: {err}", where) from err
     if isinstance(fields.get("dtype"), str):
         dt = getattr(torch, fields["dtype"], None)
         if not isinstance(dt, torch.dtype):
-            raise CheckpointError(f"config {where}: unknown dtype {fields['dtype']!r}")
+            raise CheckpointError(f"checkpoint config {where}: unknown dtype {clip(repr(fields['dtype']), 40)}.", where)
         fields["dtype"] = dt
     fields["device"] = "cpu"
     try:
         return _backend.make_config(**fields)
     except Exception as err:  # TransformerLens raises assorted errors for inconsistent configs
-        raise CheckpointError(f"config {where} is not a valid config for TransformerLens {_backend.TL_VERSION}: {err}") from err
+        raise CheckpointError(f"checkpoint config {where} is not a valid config for TransformerLens {_backend.TL_VERSION} "
+                              f"({clip(err)}).", where) from err
 
 
 def _checkpoint_files(path: str | Path) -> tuple[Path, Path]:
@@ -188,9 +194,16 @@ def made_with() -> dict[str, str]:
     return {"torch": torch.__version__, "transformer_lens": _backend.TL_VERSION}
 
 
+def _digests(config: dict[str, Any], state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """What :func:`save_model` stores beside the config: the sha256 of the config and of every tensor."""
+    return {"algorithm": "sha256", "config": json_digest(config), "tensors": {k: digest(v) for k, v in sorted(state.items())}}
+
+
 def save_model(model: Model, path: str | Path, *, metadata: dict[str, Any] | None = None) -> Path:
     """Save ``model`` as ``path.json`` (config, plus ``metadata``) and ``path.safetensors``.
 
+    ``path.json`` also holds ``digests``: the sha256 of the config and of every tensor
+    (:func:`rs_interp._files.digest`: its dtype, shape and bytes), which :func:`load_model` checks.
     ``metadata["versions"]`` records the torch and TransformerLens versions it was saved with
     (:func:`made_with`), unless ``metadata`` already says.
 
@@ -202,24 +215,48 @@ def save_model(model: Model, path: str | Path, *, metadata: dict[str, Any] | Non
     cfg_path, w_path = _checkpoint_files(path)
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
     # Model's names and shapes under either version: one format for both.
-    save_file(_backend.portable_state(model), str(w_path))
-    payload = {"config": _config_to_json(model.cfg), "metadata": {"versions": made_with(), **(metadata or {})}}
+    state = _backend.portable_state(model)
+    save_file(state, str(w_path))
+    config = json.loads(json.dumps(_config_to_json(model.cfg)))  # as load_model will read it back
+    payload = {"config": config, "metadata": {"versions": made_with(), **(metadata or {})}, "digests": _digests(config, state)}
     cfg_path.write_text(json.dumps(payload, indent=2, sort_keys=True))
     return cfg_path.with_suffix("")
 
 
+def _payload(cfg_path: Path) -> dict[str, Any]:
+    payload = read_json(cfg_path, "checkpoint config")
+    if "config" not in payload:
+        raise CheckpointError(f"checkpoint config {cfg_path} has no 'config' field (save_model writes one).", cfg_path)
+    return payload
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
-    """The ``metadata`` dictionary stored beside a checkpoint (seeds, training settings, metrics)."""
+    """The ``metadata`` dictionary stored beside a checkpoint (seeds, training settings, metrics).
+
+    Raises:
+        CheckpointError: the JSON file is missing or malformed.
+    """
     cfg_path, _ = _checkpoint_files(path)
-    return dict(json.loads(cfg_path.read_text()).get("metadata", {}))
+    try:
+        return dict(_payload(cfg_path).get("metadata", {}))
+    except CheckpointError:
+        raise
+    except FileError as err:
+        raise CheckpointError(str(err), err.path) from err
 
 
 def load_model(path: str | Path) -> Model:
     """Load a checkpoint written by :func:`save_model`, validating both files.
 
+    The rule for digests: a checkpoint whose JSON holds ``digests`` (every one :func:`save_model` writes)
+    loads only if the config and every tensor match them, bit for bit. One saved before rs_interp recorded
+    digests has none: it loads with its config, tensor names and shapes checked, as before. A config edited
+    by hand no longer matches its digest; delete the ``digests`` entry to load it as such an older file.
+
     Raises:
-        CheckpointError: (a ``ValueError``) if a file is missing, the JSON config lacks or has
-            wrong fields, or the safetensors file is truncated, corrupted or does not match.
+        CheckpointError: (a ``ValueError``) if a file is missing, truncated or not JSON/safetensors, the
+            config or a tensor differs from its digest (the tensor named), the JSON config lacks or has
+            wrong fields, or the tensors do not match the config.
 
     >>> import tempfile, torch
     >>> model = make_attn_only(1)
@@ -229,33 +266,58 @@ def load_model(path: str | Path) -> Model:
     True
     """
     cfg_path, w_path = _checkpoint_files(path)
-    for p in (cfg_path, w_path):
+    try:
+        return _load(cfg_path, w_path)
+    except CheckpointError:
+        raise
+    except FileError as err:  # from the readers: the same message, as a checkpoint's error
+        raise CheckpointError(str(err), err.path) from err
+
+
+def _check_digests(digests: Any, config: Any, state: dict[str, torch.Tensor], cfg_path: Path, w_path: Path) -> None:
+    """Refuse a config or a tensor that differs from the digest :func:`save_model` stored (``digests``)."""
+    if not isinstance(digests, dict) or digests.get("algorithm") != "sha256" or not isinstance(digests.get("tensors"), dict):
+        raise CheckpointError(f"checkpoint config {cfg_path}: its 'digests' entry is malformed (save_model writes "
+                              "an algorithm, a config digest and one digest per tensor).", cfg_path)
+    if digests.get("config") != json_digest(config):
+        raise CheckpointError(f"checkpoint config {cfg_path}: the config does not match its sha256 digest (the file "
+                              "changed after it was saved). Restore it, or save the model again.", cfg_path)
+    listed = digests["tensors"]
+    if set(listed) != set(state):
+        odd = sorted(set(listed) ^ set(state))
+        raise CheckpointError(f"checkpoint weights {w_path}: its tensors differ from those whose digests {cfg_path.name} "
+                              f"lists ({few(odd)}). Restore the file, or save the model again.", w_path)
+    for name, tensor in state.items():
+        if listed[name] != digest(tensor):
+            raise CheckpointError(f"checkpoint weights {w_path}: tensor {name!r} does not match its sha256 digest in "
+                                  f"{cfg_path.name} (the file changed after it was saved). Restore it, or save the model "
+                                  "again.", w_path)
+
+
+def _load(cfg_path: Path, w_path: Path) -> Model:
+    for p, what in ((cfg_path, "config"), (w_path, "weights")):
         if not p.is_file():
-            raise CheckpointError(f"checkpoint file {p} does not exist (path={str(path)!r})")
-    try:
-        payload = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"config {cfg_path} is not valid JSON: {err}") from err
-    if not isinstance(payload, dict) or "config" not in payload:
-        raise CheckpointError(f"config {cfg_path} must be a JSON object with a 'config' field")
+            raise CheckpointError(f"checkpoint {what} {p} does not exist.", p)
+    payload = _payload(cfg_path)
+    state = read_safetensors(w_path, "checkpoint weights")
+    if "digests" in payload:
+        _check_digests(payload["digests"], payload["config"], state, cfg_path, w_path)
     cfg = _config_from_json(payload["config"], cfg_path)
-    try:
-        state = load_file(str(w_path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise CheckpointError(f"weights {w_path} are truncated or corrupted: {err}") from err
     model = build_model(cfg)
     # Buffers (masks, rotary tables) are rebuilt from the config; older checkpoints carry them.
     state = {k: v for k, v in state.items() if not k.endswith(_backend._HT_BUFFERS)}
     expected = _backend.expected_keys(model)
     missing, extra = set(expected) - set(state), set(state) - set(expected)
     if missing or extra:
-        raise CheckpointError(f"weights {w_path} do not match the config: missing {sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}")
+        raise CheckpointError(f"checkpoint weights {w_path} do not match the config: missing "
+                              f"{few(sorted(missing)) or 'none'}, unexpected {few(sorted(extra)) or 'none'}.", w_path)
     for k, v in state.items():
         if tuple(v.shape) != expected[k]:
-            raise CheckpointError(f"weights {w_path}: {k} has shape {tuple(v.shape)}, config wants {expected[k]}")
+            raise CheckpointError(f"checkpoint weights {w_path}: tensor {k!r} has shape {tuple(v.shape)}, the config "
+                                  f"wants {expected[k]}.", w_path)
     try:
         _backend.load_portable_state(model, state)
     except ValueError as err:
-        raise CheckpointError(f"weights {w_path}: {err}") from err
+        raise CheckpointError(f"checkpoint weights {w_path}: {err}", w_path) from err
     model.eval()
     return model

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from .._backend import Model, ModelConfig, make_config
+from .._files import loading, read_text
 from ..exact.validate import check_int_range, check_tokens
 from .checkpoints import build_model
 from .data import induction_batch
@@ -123,12 +124,27 @@ def train_code_tokenizer(corpus: CodeCorpus, vocab_size: int = CODE_VOCAB):
     return tok
 
 
-def load_code_tokenizer(model_path: str | Path):
-    """The tokenizer saved beside a ``code-2l`` checkpoint (``PATH.tokenizer.json``), a ``tokenizers.Tokenizer``."""
+def read_tokenizer(path: str | Path):
+    """The ``tokenizers.Tokenizer`` saved as ``path`` (its JSON).
+
+    Raises:
+        rs_interp.FileError: the file is missing, or not a tokenizer ``tokenizers`` can read (named).
+    """
     from tokenizers import Tokenizer
 
+    text = read_text(path, "tokenizer file")
+    with loading(path, "tokenizer file", "tokenizers"):
+        return Tokenizer.from_str(text)
+
+
+def load_code_tokenizer(model_path: str | Path):
+    """The tokenizer saved beside a ``code-2l`` checkpoint (``PATH.tokenizer.json``), a ``tokenizers.Tokenizer``.
+
+    Raises:
+        rs_interp.FileError: the file is missing, or not a tokenizer ``tokenizers`` can read (named).
+    """
     path = Path(model_path)
-    return Tokenizer.from_file(str(path.with_name(path.name + ".tokenizer.json")))
+    return read_tokenizer(path.with_name(path.name + ".tokenizer.json"))
 
 
 def encode_corpus(tokenizer, texts: tuple[str, ...]) -> torch.Tensor:

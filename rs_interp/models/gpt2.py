@@ -23,6 +23,8 @@ import torch
 
 from .. import _backend
 from .._backend import Model
+from .._files import FileError
+from .._messages import clip
 from ..tokenizers import gpt2_tokenizer
 from .checkpoints import build_model
 from .gpt2_sizes import _HF_NAMES, GPT2_SIZES, gpt2_config
@@ -56,6 +58,7 @@ def load_gpt2(
     Raises:
         GPT2WeightsUnavailable: the weights cannot be had; the message says which sources exist
             and how to provide one.
+        rs_interp.FileError: a file of a local checkpoint directory is missing, truncated or malformed (named).
 
     A local checkpoint directory (here a tiny random one; ``load_gpt2("random")`` builds GPT-2
     small itself, 124,439,808 parameters, in a few seconds):
@@ -89,7 +92,7 @@ def load_gpt2(
                                            center_unembed=cu, dtype=dtype)
         except Exception as err:  # network, cache and hub errors come in many types
             raise GPT2WeightsUnavailable(f"could not load {_HF_NAMES[size]!r} from the Hugging Face hub or cache "
-                                         f"({type(err).__name__}: {str(err)[:200]}). {_HOW}") from err
+                                         f"({type(err).__name__}: {clip(err)}). {_HOW}") from err
         return model.eval()
     path = Path(source)
     if not path.exists():
@@ -101,13 +104,14 @@ def find_pretrained_gpt2(*, fold_ln: bool = True) -> tuple[Model | None, str]:
     """Pretrained GPT-2 small if it is here, without waiting on the network.
 
     Tries ``$RS_INTERP_GPT2_PATH``, then the Hugging Face cache (looked up on disk first, so a
-    machine with no network and no cache answers at once). Returns ``(model, description)`` or ``(None, reason)``.
+    machine with no network and no cache answers at once). Returns ``(model, description)`` or ``(None, reason)``:
+    a folder that is not there and a folder with a broken file (:class:`rs_interp.FileError`) both give the reason.
     """
     path = os.environ.get(ENV_VAR)
     if path:
         try:
             return load_gpt2(path, fold_ln=fold_ln), f"pretrained weights from {path}"
-        except GPT2WeightsUnavailable as err:
+        except (GPT2WeightsUnavailable, FileError) as err:
             return None, str(err)
     if not _in_hf_cache(_HF_NAMES["small"]):
         return None, f"no pretrained GPT-2 weights here: {ENV_VAR} is unset and the Hugging Face cache has no 'gpt2'. {_HOW}"

@@ -16,7 +16,6 @@ the checkpoint's). GPT-2 directories go through :func:`rs_interp.load_gpt2`.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -24,6 +23,8 @@ import torch
 
 from .. import _backend
 from .._backend import Model
+from .._files import FileError, loading, parsing
+from .._messages import clip
 from ..tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
 from . import _source
 from .gpt2_sizes import gpt2_config
@@ -51,10 +52,8 @@ class WeightsUnavailable(RuntimeError):
 ENV_VAR = "RS_INTERP_GPT2_PATH"
 
 _GPT2_HOW = (
-    "GPT-2 weights can come from: source='hub' (needs network access or a Hugging Face cache that "
-    "already holds 'gpt2'), a local Hugging Face checkpoint directory with config.json and "
-    "model.safetensors (e.g. GPT2LMHeadModel.from_pretrained('gpt2').save_pretrained(DIR) on a machine "
-    f"with access; then pass DIR or set {ENV_VAR}=DIR), or source='random' for random weights."
+    "GPT-2's weights come from source='hub' (the network, or a Hugging Face cache holding 'gpt2'), a local "
+    f"checkpoint folder (pass it, or set {ENV_VAR}), or source='random'; how to save one: docs/capabilities/models.md."
 )
 
 
@@ -75,23 +74,29 @@ def _gpt2_from_dir(path: Path, *, fold_ln: bool, center_writing_weights: bool, c
 
     if not (path / "config.json").is_file():
         raise GPT2WeightsUnavailable(f"{path} is not a Hugging Face checkpoint directory (no config.json). {_GPT2_HOW}")
-    hf_cfg = GPT2Config.from_pretrained(str(path), local_files_only=True)
-    if hf_cfg.n_embd % hf_cfg.n_head:
-        raise GPT2WeightsUnavailable(f"{path}: n_embd {hf_cfg.n_embd} is not a multiple of n_head {hf_cfg.n_head}")
-    cfg = gpt2_config(
-        "small", model_name=path.name, n_layers=hf_cfg.n_layer, d_model=hf_cfg.n_embd, n_heads=hf_cfg.n_head,
-        d_head=hf_cfg.n_embd // hf_cfg.n_head, d_mlp=hf_cfg.n_inner or 4 * hf_cfg.n_embd, d_vocab=hf_cfg.vocab_size,
-        n_ctx=hf_cfg.n_positions, eps=hf_cfg.layer_norm_epsilon, act_fn=hf_cfg.activation_function, dtype=dtype,
-    )
+    _source.check_folder(path)  # a file missing, truncated or malformed: a FileError naming it
+    with parsing(path / "config.json", "Hugging Face config"):
+        hf_cfg = GPT2Config.from_pretrained(str(path), local_files_only=True)
+        if hf_cfg.n_embd % hf_cfg.n_head:
+            raise FileError(f"Hugging Face config {path / 'config.json'}: n_embd {hf_cfg.n_embd} is not a multiple of "
+                            f"n_head {hf_cfg.n_head}.", path / "config.json")
+        cfg = gpt2_config(
+            "small", model_name=path.name, n_layers=hf_cfg.n_layer, d_model=hf_cfg.n_embd, n_heads=hf_cfg.n_head,
+            d_head=hf_cfg.n_embd // hf_cfg.n_head, d_mlp=hf_cfg.n_inner or 4 * hf_cfg.n_embd, d_vocab=hf_cfg.vocab_size,
+            n_ctx=hf_cfg.n_positions, eps=hf_cfg.layer_norm_epsilon, act_fn=hf_cfg.activation_function, dtype=dtype,
+        )
     try:
         ref = _source.reference(str(path), dtype, local=True)
         model = _backend.gpt2_from_hf_dir(path, cfg, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                           center_unembed=center_unembed, dtype=dtype)
+    except FileError:
+        raise
     except (OSError, ValueError) as err:
-        raise GPT2WeightsUnavailable(f"could not read the weights in {path}: {err}. {_GPT2_HOW}") from err
+        raise GPT2WeightsUnavailable(f"could not read the weights in {path} ({clip(err)}). {_GPT2_HOW}") from err
     _source.compare(model, ref, dtype)
     has_tokenizer_files = any((path / f).is_file() for f in ("tokenizer.json", "vocab.json"))
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True) if has_tokenizer_files else None
+    with loading(path, "Hugging Face tokenizer in", "transformers"):
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True) if has_tokenizer_files else None
     if tokenizer is not None and len(tokenizer) >= cfg.d_vocab - 1:
         _backend.set_tokenizer(model, tokenizer)
     elif cfg.d_vocab == GPT2_VOCAB_SIZE:  # GPT-2's shape and no tokenizer of its own: GPT-2's (offline)
@@ -99,11 +104,8 @@ def _gpt2_from_dir(path: Path, *, fold_ln: bool, center_writing_weights: bool, c
     return model.eval()
 
 
-def _how(source: str) -> str:
-    return (f"Pass a local Hugging Face checkpoint directory (config.json, model.safetensors and the tokenizer, e.g. "
-            f"AutoModelForCausalLM.from_pretrained({source!r}).save_pretrained(DIR) and "
-            f"AutoTokenizer.from_pretrained({source!r}).save_pretrained(DIR) on a machine with access), or a hub name "
-            "with network access or a Hugging Face cache that holds it.")
+_HOW = ("Pass a local checkpoint folder (config.json, weights and tokenizer, as save_pretrained writes them), or a hub "
+        "name with the network or a Hugging Face cache holding it; how: docs/capabilities/models.md.")
 
 
 def load_pretrained(
@@ -123,8 +125,11 @@ def load_pretrained(
         dtype: parameter dtype (``torch.float64`` for the exact identities).
 
     Raises:
-        WeightsUnavailable: the directory holds no checkpoint or no tokenizer, or the name cannot be
-            fetched (no network and no cache); the message says how to provide the weights.
+        WeightsUnavailable: the directory holds no checkpoint (no ``config.json``) or no tokenizer, or the name
+            cannot be fetched (no network and no cache); the message says how to provide the weights.
+        rs_interp.FileError: a file of the directory is missing, truncated or malformed (``config.json`` not JSON,
+            a weight file or shard missing or cut short, weights the config asks for absent or in another shape,
+            which transformers would fill at random); the message names the file.
         ValueError: the installed TransformerLens cannot load the architecture, or its conversion does not
             compute the checkpoint's function (the log-probabilities of the loaded model and of the Hugging
             Face model differ on a probe batch beyond the dtype's tolerance), or transformers cannot run the
@@ -146,26 +151,26 @@ def load_pretrained(
     if local:
         config = path / "config.json"
         if not config.is_file():
-            raise WeightsUnavailable(f"{path} is not a Hugging Face checkpoint directory (no config.json). {_how('NAME')}")
-        model_type = json.loads(config.read_text()).get("model_type")
+            raise WeightsUnavailable(f"{path} is not a Hugging Face checkpoint directory (no config.json). {_HOW}")
+        model_type = _source.check_folder(path).get("model_type")  # a file missing or malformed: a FileError naming it
         if model_type == "gpt2":  # TransformerLens 3.9's own conversion cannot read a GPT-2 directory
             return _gpt2_from_dir(path, fold_ln=fold_ln, center_writing_weights=cww, center_unembed=cu, dtype=dtype)
         if not any((path / f).is_file() for f in _TOKENIZER_FILES):
             raise WeightsUnavailable(f"{path} holds no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); save it beside "
                                      f"the weights: AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR)")
     elif str(source).startswith(("/", ".", "~")) or str(source).count("/") > 1:
-        raise WeightsUnavailable(f"{str(source)!r} is neither a directory nor a hub name. {_how('NAME')}")
+        raise WeightsUnavailable(f"{str(source)!r} is neither a directory nor a hub name. {_HOW}")
     where = str(path.resolve() if local else source)
     try:
         ref = _source.reference(where, dtype, local=local)  # the source's own log-probabilities, the model freed after
     except ValueError:
         raise
-    except Exception as err:  # no network, no cache (many error types), unreadable files
-        raise WeightsUnavailable(f"could not load {str(source)!r} ({type(err).__name__}: {str(err)[:200]}). {_how(str(source))}") from err
+    except Exception as err:  # no network, no cache (many error types)
+        raise WeightsUnavailable(f"could not load {str(source)!r} ({type(err).__name__}: {clip(err)}). {_HOW}") from err
     try:
         model = _backend.from_hf(where, fold_ln=fold_ln, center_writing_weights=cww, center_unembed=cu, dtype=dtype)
     except OSError as err:
-        raise WeightsUnavailable(f"could not load {str(source)!r} ({type(err).__name__}: {str(err)[:200]}). {_how(str(source))}") from err
+        raise WeightsUnavailable(f"could not load {str(source)!r} ({type(err).__name__}: {clip(err)}). {_HOW}") from err
     except Exception as err:  # the architecture: TransformerLens's own error, named with what to try
         raise _source.convert_error(ref.architecture, err) from err
     _source.compare(model, ref, dtype)

@@ -139,9 +139,9 @@ class ShippedModel:
         """The shipped ``tokenizers.Tokenizer``, or ``None`` for a model that reads token ids directly."""
         if ".tokenizer.json" not in self.extra_files:
             return None
-        from tokenizers import Tokenizer
+        from .code_model import load_code_tokenizer
 
-        return Tokenizer.from_file(str(self.path.with_name(self.name + ".tokenizer.json")))
+        return load_code_tokenizer(self.path)
 
     def settings_for(self, seed: int | None = None) -> dict[str, Any]:
         """The recorded settings, with ``seed`` replaced if given."""
@@ -326,9 +326,9 @@ class TrainingCache:
             return trained
         tokenizer = None
         if (folder / "tokenizer.json").is_file():
-            from tokenizers import Tokenizer
+            from .code_model import read_tokenizer
 
-            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            tokenizer = read_tokenizer(folder / "tokenizer.json")
         return Trained(load_model(folder / "model"), read_metadata(folder / "model"), tokenizer)
 
 

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 from jaxtyping import Float, Int
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from .._backend import Model
+from .._files import check_shape, need, parsing, read_json, read_safetensors
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
@@ -79,10 +80,24 @@ class TunedLens:
 
     @classmethod
     def load(cls, path: str | Path) -> "TunedLens":
+        """Read ``path.safetensors`` and ``path.json`` as :meth:`save` writes them.
+
+        Raises:
+            rs_interp.FileError: a file missing, truncated or malformed, a tensor missing or of the wrong shape
+                (``weight`` (point, d_model, d_model), ``bias`` (point, d_model), one point per label); the file named.
+        """
         path = Path(path)
-        tensors = load_file(str(path.with_suffix(".safetensors")))
-        meta = json.loads(path.with_suffix(".json").read_text())
-        return cls(tuple(meta["labels"]), tensors["weight"], tensors["bias"], meta["metadata"])
+        weights, record = path.with_suffix(".safetensors"), path.with_suffix(".json")
+        meta = read_json(record, "tuned-lens record")
+        need(meta, ("labels", "metadata"), record, "tuned-lens record")
+        tensors = read_safetensors(weights, "tuned-lens weights")
+        need(tensors, ("weight", "bias"), weights, "tuned-lens weights")
+        with parsing(record, "tuned-lens record"):
+            labels = tuple(str(label) for label in meta["labels"])
+        d = tensors["bias"].shape[-1] if tensors["bias"].ndim else 0
+        check_shape(tensors["weight"], (len(labels), d, d), "weight", weights, "tuned-lens weights")
+        check_shape(tensors["bias"], (len(labels), d), "bias", weights, "tuned-lens weights")
+        return cls(labels, tensors["weight"], tensors["bias"], meta["metadata"])
 
 
 def _streams(model: Model, tokens: torch.Tensor) -> tuple[list[str], torch.Tensor, torch.Tensor]:

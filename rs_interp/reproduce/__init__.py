@@ -26,6 +26,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from .._lazy import attach
+from .._messages import few
 
 if TYPE_CHECKING:
     from ..models.registry import TrainingCache
@@ -92,7 +93,7 @@ def run_sections(ctx: Context, only: Iterable[str] | None = None, *,
     wanted = set(only) if only else set(SECTIONS)
     unknown = wanted - set(SECTIONS)
     if unknown:
-        raise ValueError(f"unknown sections {sorted(unknown)}; choose from {list(SECTIONS)}")
+        raise ValueError(f"unknown sections {few(sorted(unknown))}; choose from {few(SECTIONS, 20, show=str)}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     if jobs > 1 and ctx.retrain:

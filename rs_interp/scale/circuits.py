@@ -33,6 +33,7 @@ whole-batch estimates), ``per_example`` (one share per pair: as large as the dat
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -42,11 +43,12 @@ import torch
 from .. import circuits as _c
 from .._backend import Model
 from .._keywords import renamed
+from .._messages import few
 from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, _mib_counts
 from ..circuits.selection import circuit_at, mib_weights, prune
 from ..exact.certificate import require
 from ..heads import head_ablation as _h
-from ..metrics import metric_value
+from ..metrics import declared_direction, metric_value
 from .engine import Analysis, no_overrides, quiet, stream, weight_of
 from .pairs import Dataset
 from .sums import weighted
@@ -185,28 +187,49 @@ def _finish(v: dict) -> dict:
     if clean == empty:
         raise ValueError(f"over the dataset the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
     faith = tuple((x - empty) / (clean - empty) for x in v["values"])
+    # a direction no argument or metric gave (only an absolute ranking runs without one): the dataset's runs'
+    way = {} if v.get("higher_is_better") is not None else {"higher_is_better": clean > empty, "direction_from": "clean and empty"}
     return {"faithfulness": faith, "area_under": _area(v["fractions"], faith),
-            "area_from_1": _area(v["fractions"], [abs(1 - f) for f in faith])}
+            "area_from_1": _area(v["fractions"], [abs(1 - f) for f in faith])} | way
 
 
-_CURVE = weighted(FaithfulnessCurve, mean=("values", "clean", "empty"), same=("fractions", "ranking", "n_requested", "n_edges", "mib_counts"),
+_CURVE = weighted(FaithfulnessCurve, mean=("values", "clean", "empty"),
+                  same=("fractions", "ranking", "n_requested", "n_edges", "mib_counts", "higher_is_better", "direction_from"),
                   derived=("faithfulness", "area_under", "area_from_1"), finish=_finish)
+
+
+def _declared(metric: Any, options: dict, ranking: str) -> Any:
+    """The metric's direction every batch agrees on before any run (the argument's, else the metric's own:
+    :func:`rs_interp.metrics.declared_direction`), None where neither says: then the dataset's clean and
+    empty runs decide it (:func:`_finish`), which only an absolute ranking can wait for."""
+    way = declared_direction(metric, options.get("higher_is_better"))
+    if way is None and ranking == "signed":
+        raise ValueError("over a dataset the signed ranking needs the metric's direction before the batches run: pass "
+                         "higher_is_better=True (a logit or probability difference) or False (a loss), or a task's batches.")
+    return way
 
 
 def _curve_on(model: Any, batch: Any, scores: Any, options: dict) -> FaithfulnessCurve:
     """One batch's curve. A batch on which the clean run and the empty circuit give the same metric
     (faithfulness undefined on it alone) still has values that add up: they are measured circuit by
-    circuit with :func:`rs_interp.evaluate_circuit` (the same circuits, the same runs)."""
+    circuit with :func:`rs_interp.evaluate_circuit` (the same circuits, the same runs). The metric's
+    direction is the one every batch agrees on (:func:`_declared`), not each batch's own runs'."""
+    way = _declared(batch.metric, options, options.get("ranking", "absolute"))
+    if way is not None:
+        options = {**options, "higher_is_better": way.higher_is_better}
     try:
-        return _c.faithfulness_curve(model, batch.tokens, batch.metric, scores, reference=batch.reference, **options,
-                                     **quiet(_c.faithfulness_curve))
+        curve = _c.faithfulness_curve(model, batch.tokens, batch.metric, scores, reference=batch.reference, **options,
+                                      **quiet(_c.faithfulness_curve))
+        # the direction is the dataset's: the declared one, or left to the totals (an absolute ranking: unused here)
+        return dataclasses.replace(curve, higher_is_better=way and way.higher_is_better, direction_from=way and way.source)
     except ValueError as err:
         if "faithfulness is undefined" not in str(err) or set(options) - {"fractions", "ranking", "ablation", "pruned", "higher_is_better"}:
             raise
     fr = tuple(float(f) for f in options.get("fractions", MIB_FRACTIONS))
     ranking, ablation = options.get("ranking", "absolute"), options.get("ablation", "resample")
     layout, weights = scores.layout, mib_weights(scores.layout)
-    chosen = [circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=options.get("higher_is_better", False))
+    way = _declared(batch.metric, options, ranking)
+    chosen = [circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=bool(way and way.higher_is_better))
               for f in fr]
     keeps = [prune(layout, k) if options.get("pruned", True) else k for k in chosen]
     kw = dict(reference=batch.reference, ablation=ablation)
@@ -221,7 +244,8 @@ def _curve_on(model: Any, batch: Any, scores: Any, options: dict) -> Faithfulnes
     return FaithfulnessCurve(fractions=fr, ranking=ranking, n_requested=tuple(int(f * total) for f in fr),
                              n_edges=tuple(int(float((weights * k).sum())) for k in keeps), values=tuple(values),
                              faithfulness=(nan,) * len(fr), clean=clean, empty=empty, area_under=nan, area_from_1=nan,
-                             mib_counts=_mib_counts(layout, chosen))
+                             mib_counts=_mib_counts(layout, chosen), higher_is_better=way and way.higher_is_better,
+                             direction_from=way and way.source)
 
 
 def _edges(layout: Any, keep: torch.Tensor) -> list[tuple[str, str]]:
@@ -243,10 +267,14 @@ def faithfulness_curve(model: Model, data: Dataset, scores: _c.EdgeEffects, **op
     """:func:`rs_interp.faithfulness_curve` over a dataset: the circuits chosen once from ``scores``
     (the dataset's), each circuit's metric, the clean and the empty one summed over the batches,
     then the faithfulness and the areas from the totals. Arguments as :func:`attribution_patching`.
+    The metric's direction (``higher_is_better``) is the one rule of :func:`rs_interp.metrics.direction`
+    over the dataset: the argument, else the batches' metrics' declaration (a task's batches declare
+    theirs), else the dataset's clean run against its empty circuit, which only the absolute ranking can
+    wait for (the signed one chooses its circuits from it in every batch: it asks for ``higher_is_better=``).
 
     Raises:
         ValueError: ``ablation="mean"``/``"position_mean"``; the clean run and the empty circuit giving
-            the same metric over the dataset (faithfulness undefined).
+            the same metric over the dataset (faithfulness undefined); ``ranking="signed"`` with no direction.
     """
     require(model, "scale.faithfulness_curve")
     _rowwise(options.get("ablation", "resample"), "faithfulness_curve")
@@ -318,7 +346,7 @@ def metric_values(model: Model, data: Dataset, **options: Any) -> MetricValues:
     """
     run_kw, options = _split(options, "metric_values")
     if options:
-        raise ValueError(f"metric_values takes no options beyond {_STREAM}, got {sorted(options)}")
+        raise ValueError(f"metric_values takes no options beyond {_STREAM}, got {few(sorted(options))}")
 
     def run(model: Any, batch: Any) -> MetricValues:
         weight_of(batch, "metric_values")

@@ -24,6 +24,7 @@ import os
 
 import torch
 
+from .._messages import few
 from .sums import Sums, from_json, to_json
 
 __all__ = ["world", "rank_device", "rank_gpus", "reduce"]
@@ -119,7 +120,7 @@ def reduce(sums: Sums, fingerprint: dict[str, str]) -> Sums:
     for r, theirs in enumerate(every):
         differ = [k for k in sorted(fingerprint) if theirs["fingerprint"].get(k) != fingerprint[k]]
         if differ:
-            raise ValueError(f"rank {r} ran another {', '.join(differ)} than rank {dist.get_rank()}: the ranks of one streamed "
+            raise ValueError(f"rank {r} ran another {few(differ, show=str)} than rank {dist.get_rank()}: the ranks of one streamed "
                              "call must run the same analysis on the same model and dataset")
     have = [(r, o) for r, o in enumerate(every) if o["batches"]]
     if not have:

@@ -130,8 +130,8 @@ def _mean_of(scores: RowScores, rows: int) -> Metric:
     def metric(logits: torch.Tensor) -> torch.Tensor:
         s = scores(logits)
         if not isinstance(s, torch.Tensor) or tuple(s.shape) != (rows,):
-            raise ValueError(f"Batch.scores must return one score per row, shape ({rows},), got {_describe(s)}"
-                             + (f" of shape {tuple(s.shape)}" if isinstance(s, torch.Tensor) else ""))
+            shape = f" of shape {tuple(s.shape)}" if isinstance(s, torch.Tensor) else ""
+            raise ValueError(f"Batch.scores must return one score per row, shape ({rows},), got {_describe(s)}{shape}")
         return s.mean()
 
     return metric

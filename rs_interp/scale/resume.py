@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .._files import FileError, parsing, read_safetensors, safetensors_metadata
+from .._messages import clip, few
 from ..tasks.task import Task
 from .sums import Sums, from_json, to_json
 
@@ -94,22 +96,22 @@ def load(path: Path, fingerprint: dict[str, str], rank: int) -> tuple[Sums, int,
     """``(sums, done, digest)`` from the file at ``path``, written by the same run.
 
     Raises:
-        ValueError: not a resume file, or one written by another run (each differing item named).
+        rs_interp.FileError: (a ``ValueError``) the file missing, truncated or not a resume file.
+        ValueError: one written by another run (the differing items named).
     """
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            totals = {k: f.get_tensor(k) for k in f.keys()}
-    except (OSError, SafetensorError) as err:
-        raise ValueError(f"{path} is not a readable resume file: {err}") from err
+    meta = safetensors_metadata(path, "resume file")
+    totals = read_safetensors(path, "resume file")
     if meta.get("format") != _FORMAT:
-        raise ValueError(f"{path} is not an rs_interp.scale resume file")
-    theirs = json.loads(meta["fingerprint"])
+        raise FileError(f"resume file {path} is not an rs_interp.scale resume file.", path)
+    with parsing(path, "resume file"):
+        theirs = dict(json.loads(meta["fingerprint"]))
+        sums = Sums(totals, from_json(meta["fixed"]), int(meta["batches"]))
+        done, digest = int(meta["done"]), meta["digest"]
     mine = {**fingerprint, "rank": str(rank)}
     differ = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     if differ:
-        detail = "; ".join(f"{k}: file {str(theirs.get(k))[:100]!r}, this run {str(mine.get(k))[:100]!r}" for k in differ)
-        raise ValueError(f"{path} was written by another run ({detail}); delete it or pass another resume= path")
-    return Sums(totals, from_json(meta["fixed"]), int(meta["batches"])), int(meta["done"]), meta["digest"]
+        k = differ[0]
+        raise ValueError(f"resume file {path} was written by another run: {few(differ, show=str)} differ (e.g. {k}: file "
+                         f"{clip(theirs.get(k), 60)!r}, this run {clip(mine.get(k), 60)!r}). Delete it, or pass another "
+                         "resume= path.")
+    return sums, done, digest

@@ -32,6 +32,7 @@ from jaxtyping import Float
 
 from .._backend import Model
 from .._keywords import renamed
+from .._messages import few
 from ..exact.certificate import require
 from ..metrics import top_effects
 from ..readouts.attribution import direct_logit_attribution as _dla
@@ -150,7 +151,7 @@ def direct_logit_attribution(model: Model, data: Dataset, **options: Any) -> DLA
     require(model, "scale.direct_logit_attribution")
     run_kw, options = _split(options, "direct_logit_attribution")
     if options:
-        raise ValueError(f"direct_logit_attribution over a dataset takes no options beyond {_STREAM}, got {sorted(options)}")
+        raise ValueError(f"direct_logit_attribution over a dataset takes no options beyond {_STREAM}, got {few(sorted(options))}")
 
     def run(model: Any, batch: Any) -> Any:
         targets, contrast = _targets(batch, True)

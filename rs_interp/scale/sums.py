@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .._messages import clip, few
 from ..circuits.graph import EdgeLayout, edge_layout
 
 __all__ = ["Sums", "weighted", "to_json", "from_json"]
@@ -60,7 +61,7 @@ class Sums:
         fixed = from_json(to_json(fixed))  # the form a resume file or another rank gives back
         self.check(self.fixed, fixed, "this batch")
         if self.totals and set(parts) != set(self.totals):
-            raise ValueError(f"this batch's parts {sorted(parts)} differ from the earlier batches' {sorted(self.totals)}")
+            raise ValueError(f"this batch's parts {few(sorted(parts))} differ from the earlier batches' {few(sorted(self.totals))}")
         for name, value in parts.items():
             value = value.detach().to("cpu", torch.float64)
             if name in self.totals and self.totals[name].shape != value.shape:
@@ -81,8 +82,8 @@ class Sums:
             return
         for key in sorted(set(mine) | set(theirs)):
             if to_json(mine.get(key)) != to_json(theirs.get(key)):
-                raise ValueError(f"{key} differs between {who} ({to_json(theirs.get(key))[:120]}) and the earlier batches "
-                                 f"({to_json(mine.get(key))[:120]}): every batch must agree on it")
+                raise ValueError(f"{key} differs between {who} ({clip(to_json(theirs.get(key)), 100)}) and the earlier "
+                                 f"batches ({clip(to_json(mine.get(key)), 100)}): every batch must agree on it")
 
 
 def to_json(value: Any) -> str:

@@ -42,6 +42,7 @@ _WHERE: dict[str, str] = {
     "sva_task": ".sva",
     "MetricKind": ".task",
     "Task": ".task",
+    "NotSingleTokens": ".task",
 }
 
 if TYPE_CHECKING:
@@ -51,12 +52,12 @@ if TYPE_CHECKING:
     from .ioi import ioi_task
     from .mib import MIBGraph, from_mib_edge, mib_edge_names, mib_importances, read_mib, write_mib, write_mib_circuits
     from .sva import sva_task
-    from .task import MetricKind, Task
+    from .task import MetricKind, NotSingleTokens, Task
 
 __getattr__, __dir__ = attach(__name__, _WHERE, globals())
 
 __all__ = [
-    "Task", "MetricKind", "TASK_NAMES", "build_task",
+    "Task", "MetricKind", "NotSingleTokens", "TASK_NAMES", "build_task",
     "ioi_task", "greater_than_task", "sva_task", "induction_task",
     "write_eap_csv", "read_eap_csv", "MIBGraph", "write_mib", "read_mib", "write_mib_circuits",
     "mib_edge_names", "from_mib_edge", "mib_importances",

@@ -13,6 +13,8 @@ import csv
 from pathlib import Path
 from typing import Any, Sequence
 
+from .._files import FileError, read_csv
+from .._messages import clip, few
 from .greater_than import year_tokens
 from .sva import VERBS, verb_ids
 from .task import Task, pack, resolve_tokenizer
@@ -72,31 +74,32 @@ def read_eap_csv(path: str | Path, task: str, tokenizer: Any, *, prepend_bos: bo
         verbs: SVA's verb forms (as :func:`rs_interp.tasks.sva_task`).
 
     Raises:
-        ValueError: an unknown task, missing columns, a label that is not an integer in range, or a
-            pair of different token lengths (the row is named).
+        rs_interp.FileError: (a ``ValueError``) the file missing, not UTF-8 or not CSV, no rows, a column
+            missing, a label that is not an integer in range (the file and row named).
+        ValueError: an unknown task, or a pair of different token lengths (the row is named).
     """
     if task not in _COLUMNS:
         raise ValueError(f"task must be one of {sorted(_COLUMNS)}, got {task!r}")
     tok = resolve_tokenizer(tokenizer)
-    with Path(path).open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(path, "EAP-IG CSV")
     if not rows:
-        raise ValueError(f"{path}: no rows")
+        raise FileError(f"EAP-IG CSV {path} has no rows.", path)
     cols = _COLUMNS[task]
     if task == "greater-than" and "label" not in rows[0] and "correct_idx" in rows[0]:
         cols = ("correct_idx",)  # eap-ig-faithfulness's name for the same column
     missing = [c for c in ("clean", "corrupted", *cols) if c not in rows[0]]
     if missing:
-        raise ValueError(f"{path}: no column {', '.join(missing)} (a {task} CSV has clean, corrupted, {', '.join(cols)})")
+        raise FileError(f"EAP-IG CSV {path} has no column {few(missing, show=str)} (a {task} CSV has clean, corrupted, "
+                        f"{few(cols, show=str)}).", path)
 
     def integer(i: int, col: str, lo: int, hi: int) -> int:
         text = rows[i][col]
         try:
             value = int(text)
-        except ValueError:
-            raise ValueError(f"{path} row {i}: {col} is {text!r}, not an integer") from None
+        except (TypeError, ValueError):
+            raise FileError(f"EAP-IG CSV {path} row {i}: {col} is {clip(repr(text), 40)}, not an integer.", path) from None
         if not lo <= value < hi:
-            raise ValueError(f"{path} row {i}: {col} {value} is outside [{lo}, {hi})")
+            raise FileError(f"EAP-IG CSV {path} row {i}: {col} {value} is outside [{lo}, {hi}).", path)
         return value
 
     clean, corrupted = [r["clean"] for r in rows], [r["corrupted"] for r in rows]

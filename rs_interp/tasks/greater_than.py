@@ -106,7 +106,7 @@ def greater_than_task(tokenizer: Any, n: int = 32, *, seed: int = 0, prepend_bos
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     nouns = list(nouns)
-    single_tokens(tok, nouns, "nouns")
+    single_tokens(tok, nouns, "nouns", keyword="nouns")
     digits = year_tokens(tok)
     years = valid_years(tok)
     if not years:

@@ -106,9 +106,9 @@ def ioi_task(tokenizer: Any, n: int = 32, *, seed: int = 0, order: Literal["mixe
     names, places, objects = list(names), list(places), list(objects)
     if len(set(names)) < 5:
         raise ValueError(f"need at least 5 distinct names (IO, S and three for the corruption), got {len(set(names))}")
-    name_ids = dict(zip(names, single_tokens(tok, names, "names")))
-    single_tokens(tok, places, "places")
-    single_tokens(tok, objects, "objects")
+    name_ids = dict(zip(names, single_tokens(tok, names, "names", keyword="names")))
+    single_tokens(tok, places, "places", keyword="places")
+    single_tokens(tok, objects, "objects", keyword="objects")
     rng = random.Random(seed)
     clean, corrupted, answers, wrong = [], [], [], []
     for _ in range(n):

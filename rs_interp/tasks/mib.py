@@ -18,7 +18,8 @@ as rs_interp's methods report it, and ``B`` the batch size of MIB's data loader.
 writes that by default (``convention="mib"``, :func:`mib_importances`) and records the metric's
 direction and ``B`` in the file (a top-level ``"rs_interp"`` entry, which EAP-IG's loaders ignore);
 so MIB's ``evaluation.py``, ranking the largest scores first for its CPR, ranks the edges as
-:func:`rs_interp.mib_scores` does with ``higher_is_better=True``. ``convention="as given"`` writes
+:func:`rs_interp.mib_scores` does by default for such a metric (its direction from the metric or the runs:
+:func:`rs_interp.metrics.direction`). ``convention="as given"`` writes
 the effects as they are (rs_interp's files before this convention). :meth:`MIBGraph.effects` turns
 a file's scores back into effects of the metric.
 
@@ -48,6 +49,8 @@ from typing import Any, Iterable, Literal, Sequence
 
 import torch
 
+from .._files import FileError, need, parsing, read_json, read_torch
+from .._messages import few
 from .mib_names import _EDGE, _cfg_dict, _check_edge, _eap_index, _edges, _nodes, from_mib_edge, mib_edge_names  # noqa: F401
 
 __all__ = ["MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge", "mib_importances",
@@ -225,7 +228,7 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
         values = scores.effect[layout.exists].tolist()  # row-major, as edges() lists them
         bad = [f"{s} -> {r}" for (s, r), v in zip(edges, values) if math.isnan(v)]
         if bad:
-            raise ValueError(f"{len(bad)} edges have no score (NaN), e.g. {bad[:3]}: MIB needs a score for every edge")
+            raise ValueError(f"{len(bad)} edges have no score (NaN), e.g. {few(bad, 2, show=str)}: MIB needs a score for every edge")
     keep = set(edges) if circuit is None else {("embed" if e[0] == "tok_embed" else e[0], e[1]) for e in map(tuple, circuit)}
     for e in keep - set(edges):
         layout.index(e)  # raises naming an unknown label or a non-edge
@@ -262,6 +265,8 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
     """Read a MIB graph file (``.json`` or ``.pt``) onto the model's edge layout.
 
     Raises:
+        rs_interp.FileError: (a ``ValueError``) the file missing, truncated, not JSON or not a PyTorch file, or
+            lacking a graph's fields (named).
         ValueError: a file of another shape (its ``cfg``), an unknown edge name, an edge this model
             does not have (e.g. into an MLP of an attention-only model), an edge of the model the
             file lacks, or, under grouped-query attention, copies of one KV edge that disagree.
@@ -271,23 +276,26 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     layout = edge_layout(cfg)
     path = Path(path)
-    if path.suffix == ".json":
-        data = json.loads(path.read_text())
-        if not {"cfg", "edges"} <= set(data):
-            raise ValueError(f"{path}: a MIB graph JSON has 'cfg', 'nodes' and 'edges'")
-        file_cfg = data["cfg"]
-        entries = {name: (float(d["score"]) if d.get("score") is not None else float("nan"), bool(d["in_graph"]))
-                   for name, d in data["edges"].items()}
-        neurons = {n: torch.tensor(d["neurons"], dtype=torch.bool) for n, d in data.get("nodes", {}).items() if "neurons" in d} or None
-    elif path.suffix == ".pt":
-        data = torch.load(path, weights_only=True)
-        file_cfg = data["cfg"]
-        entries = None
-        neurons = None
-        if data.get("neurons_in_graph") is not None:
-            neurons = dict(zip(data["src_nodes"], data["neurons_in_graph"].bool()))
-    else:
+    if path.suffix not in (".json", ".pt"):
         raise ValueError(f"{path}: a MIB graph file is .json or .pt")
+    data = read_json(path, "MIB graph") if path.suffix == ".json" else read_torch(path, "MIB graph")
+    if not isinstance(data, dict):
+        raise FileError(f"MIB graph {path} holds a {type(data).__name__}, not a graph's dictionary.", path)
+    with parsing(path, "MIB graph"):
+        if path.suffix == ".json":
+            need(data, ("cfg", "edges"), path, "MIB graph")
+            file_cfg = data["cfg"]
+            entries = {name: (float(d["score"]) if d.get("score") is not None else float("nan"), bool(d["in_graph"]))
+                       for name, d in data["edges"].items()}
+            neurons = {n: torch.tensor(d["neurons"], dtype=torch.bool) for n, d in data.get("nodes", {}).items()
+                       if "neurons" in d} or None
+        else:
+            need(data, ("cfg", "src_nodes", "edges_scores", "edges_in_graph"), path, "MIB graph")
+            file_cfg, entries, neurons = data["cfg"], None, None
+            if data.get("neurons_in_graph") is not None:
+                neurons = dict(zip(data["src_nodes"], data["neurons_in_graph"].bool()))
+    if not isinstance(file_cfg, dict):
+        raise FileError(f"MIB graph {path}: its cfg is a {type(file_cfg).__name__}, not a dictionary.", path)
     mine = _cfg_dict(cfg)
     differ = {k: (file_cfg.get(k), v) for k, v in mine.items() if k != "d_model" and file_cfg.get(k) != v}
     if differ:
@@ -321,7 +329,7 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
         effect[i, j], member[edge] = score, inside
     absent = [e for e in cell if e not in member]
     if absent:
-        raise ValueError(f"{path} lacks {len(absent)} edges of this model, e.g. {absent[:3]}")
+        raise ValueError(f"{path} lacks {len(absent)} edges of this model, e.g. {few(absent, 2)}.")
     record = data.get("rs_interp") or {}
     return MIBGraph(EdgeEffects(layout, effect, float("nan")), frozenset(e for e, v in member.items() if v), dict(file_cfg),
                     dict(record), frozenset(n for n, (_, inside) in entries.items() if inside), neurons)
@@ -351,7 +359,7 @@ def write_mib_circuits(folder: str | Path, model_or_cfg: Any, scores: Any, *,
 
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     if any(not 0 < f <= 1 for f in fractions):
-        raise ValueError(f"fractions must lie in (0, 1], got {tuple(fractions)}")
+        raise ValueError(f"fractions must lie in (0, 1], got {few(fractions, 10)}")
     layout = edge_layout(cfg)
     if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
         raise ValueError("scores belong to another model's edge layout")

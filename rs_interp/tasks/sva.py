@@ -71,7 +71,8 @@ def verb_ids(tokenizer: Any, verbs: Sequence[tuple[str, str]] = VERBS) -> tuple[
         ValueError: naming the forms that are not single tokens.
     """
     tok = resolve_tokenizer(tokenizer)
-    return single_tokens(tok, [s for s, _ in verbs], "verbs"), single_tokens(tok, [p for _, p in verbs], "verbs")
+    return (single_tokens(tok, [s for s, _ in verbs], "verbs", keyword="verbs"),
+            single_tokens(tok, [p for _, p in verbs], "verbs", keyword="verbs"))
 
 
 def sva_task(tokenizer: Any, n: int = 32, *, seed: int = 0, prepend_bos: bool = True,

@@ -33,7 +33,10 @@ from typing import Any, Literal, Sequence
 import torch
 from jaxtyping import Float, Int
 
-__all__ = ["Task", "MetricKind"]
+from .._messages import few
+from ..metrics import declare_direction
+
+__all__ = ["Task", "MetricKind", "NotSingleTokens"]
 
 MetricKind = Literal["logit_diff", "prob_diff"]
 _KINDS = ("logit_diff", "prob_diff")
@@ -99,14 +102,15 @@ class Task:
             if t.shape[0] != B:
                 raise ValueError(f"Task.{field} has {t.shape[0]} rows, clean has {B}")
         if bool(((self.positions < 0) | (self.positions >= P)).any()):
-            raise ValueError(f"Task.positions must lie in [0, {P}), got {self.positions.tolist()[:8]}...")
+            raise ValueError(f"Task.positions must lie in [0, {P}), got {few(self.positions.tolist(), 8)}")
         for field in ("clean", "corrupted", "answers", "wrong"):
             if bool((getattr(self, field) < (-1 if field in ("answers", "wrong") else 0)).any()):
-                raise ValueError(f"Task.{field} holds negative ids" + (" other than the -1 padding" if field in ("answers", "wrong") else ""))
+                padding = " other than the -1 padding" if field in ("answers", "wrong") else ""
+                raise ValueError(f"Task.{field} holds negative ids{padding}")
         for field in ("answers", "wrong"):
             empty = ((getattr(self, field) >= 0).sum(1) == 0).nonzero().flatten().tolist()
             if empty:
-                raise ValueError(f"Task.{field} is empty in rows {empty[:8]}: every row needs at least one id")
+                raise ValueError(f"Task.{field} is empty in rows {few(empty, 8)}: every row needs at least one id")
         if self.kind not in _KINDS:
             raise ValueError(f"Task.kind must be one of {_KINDS}, got {self.kind!r}")
         for field in ("prompts", "corrupted_prompts"):
@@ -146,7 +150,9 @@ class Task:
         return side(self.answers) - side(self.wrong)
 
     def metric(self, kind: MetricKind | None = None):
-        """A :data:`rs_interp.Metric`: the mean of :meth:`scores` over the rows (``kind`` defaults to the task's).
+        """A :data:`rs_interp.Metric`: the mean of :meth:`scores` over the rows (``kind`` defaults to the task's),
+        declaring its direction, higher is better (both kinds are differences of the answers over the wrong
+        ones: :func:`rs_interp.metrics.declare_direction`), which the faithfulness curves and MIB's scores read.
 
         Example:
             >>> from rs_interp.tasks import induction_task
@@ -162,7 +168,7 @@ class Task:
         def metric(logits: Float[torch.Tensor, "batch pos d_vocab"]) -> Float[torch.Tensor, ""]:
             return self.scores(logits, kind).mean()
 
-        return metric
+        return declare_direction(metric, True)
 
     def digest(self) -> str:
         """sha256 of every tensor's bytes and every text: equal digests mean identical datasets.
@@ -231,22 +237,53 @@ def bos_id(tokenizer: Any) -> int:
     return int(bos)
 
 
-def single_tokens(tokenizer: Any, words: Sequence[str], what: str, *, prefix: str = " ") -> list[int]:
+class NotSingleTokens(ValueError):
+    """Words a task needs as one token each that are not, under the tokenizer given (a ``ValueError``).
+
+    The message shows a few; the attributes hold them all, for code (the command line words its own advice).
+
+    Attributes:
+        words: every such word (with its leading space, if any) and how many tokens it takes.
+        what: which of the task's lists (``"names"``, ``"nouns"``, ``"verbs"``, ``"two-digit years"``).
+        total: how many words that list holds.
+        keyword: the builder's argument that takes the list instead (``"names"``), or None (a list the
+            task fixes, such as the years: only another tokenizer helps).
+
+    >>> from rs_interp.tasks import ioi_task
+    >>> from rs_interp.models import SHIPPED_MODELS
+    >>> try:
+    ...     ioi_task(SHIPPED_MODELS["code-2l"].tokenizer(), 2)
+    ... except NotSingleTokens as err:
+    ...     print(err.what, err.keyword, len(err.words), err.total, list(err.words.items())[0])
+    names names 99 99 (' Michael', 5)
+    """
+
+    def __init__(self, words: dict[str, int], what: str, total: int, keyword: str | None):
+        shown = few((f"{w!r} -> {n} tokens" for w, n in words.items()), show=str)
+        advice = (f"Pass {keyword}= a list of words that are one token each" if keyword else
+                  "Use a tokenizer in which they are (GPT-2's is)")
+        super().__init__(f"{len(words)} of {total} {what} are not single tokens under this tokenizer: {shown}. {advice}; "
+                         "this error's .words holds them all.")
+        self.words, self.what, self.total, self.keyword = dict(words), what, total, keyword
+
+
+def single_tokens(tokenizer: Any, words: Sequence[str], what: str, *, prefix: str = " ",
+                  keyword: str | None = None) -> list[int]:
     """The one token id of ``prefix + word`` for each word.
 
     Raises:
-        ValueError: naming every word that is not a single token under this tokenizer.
+        NotSingleTokens: (a ``ValueError``) naming the words that are not single tokens under this tokenizer
+            (a few in the message, all in its ``words``), and ``keyword``, the builder's argument to pass others.
     """
-    ids, bad = [], []
+    ids, bad = [], {}
     for w in words:
         t = encode(tokenizer, prefix + w)
         if len(t) == 1:
             ids.append(t[0])
         else:
-            bad.append(f"{prefix + w!r} -> {len(t)} tokens")
+            bad[prefix + w] = len(t)
     if bad:
-        raise ValueError(f"{len(bad)} of {len(words)} {what} are not single tokens under this tokenizer: {', '.join(bad)}; "
-                         f"pass {what.replace(' ', '_')}= lists whose entries are")
+        raise NotSingleTokens(bad, what, len(words), keyword)
     return ids
 
 

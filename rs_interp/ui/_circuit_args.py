@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._messages import few
 from ._args import count, seed, writable_dir
 
-__all__ = ["COMMAND_METHODS", "add_arguments", "check_arguments", "load_command_model"]
+__all__ = ["COMMAND_METHODS", "add_arguments", "check_arguments", "load_command_model", "command_task"]
 
 #: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching.
 COMMAND_METHODS = ("eap", "eap-ig", "exact")
@@ -148,3 +149,22 @@ def _gpt2_cached() -> bool:
 
     have = lambda f: isinstance(try_to_load_from_cache("gpt2", f), str)  # noqa: E731
     return have("config.json") and (have("model.safetensors") or have("pytorch_model.bin"))
+
+
+def command_task(args: argparse.Namespace, tokenizer: Any, model: Any) -> Any:
+    """``--task``'s task for ``--model``, its refusal said in the command line's terms: a task whose words are not
+    single tokens under the model's tokenizer names the options that change it (the builders' keywords, such as
+    ``names=``, are Python's; the command takes none).
+
+    Raises:
+        ValueError: the task cannot be built for this model (named with the options to change).
+    """
+    from ..tasks import NotSingleTokens, build_task
+
+    try:
+        return build_task(args.task, tokenizer, n=args.n, seed=args.seed, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
+    except NotSingleTokens as err:
+        shown = few((f"{w!r} -> {n} tokens" for w, n in err.words.items()), 2, show=str)
+        raise ValueError(f"--task {args.task} needs {err.what} that are one token each under the tokenizer of --model "
+                         f"{args.model}, and {len(err.words)} of its {err.total} are not ({shown}). Choose another --task "
+                         "(induction reads no words) or --model; a task of your own words: docs/capabilities/tasks.md.") from None

@@ -39,7 +39,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
 from ..labels import edge_string
-from ._circuit_args import COMMAND_METHODS, add_arguments, check_arguments, load_command_model
+from ._circuit_args import COMMAND_METHODS, add_arguments, check_arguments, command_task, load_command_model
 
 __all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_command_model", "COMMAND_METHODS"]
 
@@ -231,7 +231,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
                                            "receivers": list(layout.receivers), "top_edges": [[list(e), v] for e, v in top],
                                            "tensors": "scores.safetensors: effect (sender, receiver) float64, NaN off "
                                                       "the graph; exists (sender, receiver) bool"})
-        write_mib(files["mib"], model, scores=scores, higher_is_better=True, batch_size=batch_size)  # tasks: logit/prob differences
+        write_mib(files["mib"], model, scores=scores, higher_is_better=curve.higher_is_better, batch_size=batch_size)  # the task's
         _write_json(files["curve"], {**settings, **asdict(curve)})
         _write_json(files["circuit"], {**settings, "size": len(circuit), "requested": n, "reaches_logits": bool(circuit),
                                        "fraction": len(circuit) / layout.n_edges, "value": value,
@@ -260,7 +260,8 @@ def _on_the_curve(curve: Any, scores: Any, kept: Any, n: int) -> float | None:
     from ..circuits.selection import circuit_at, prune
 
     for f, requested, value in zip(curve.fractions, curve.n_requested, curve.values):
-        if requested == n and torch.equal(prune(scores.layout, circuit_at(scores, f, ranking=curve.ranking, pruned=False)), kept):
+        chosen = circuit_at(scores, f, ranking=curve.ranking, pruned=False, higher_is_better=bool(curve.higher_is_better))
+        if requested == n and torch.equal(prune(scores.layout, chosen), kept):
             return value
     return None
 
@@ -344,14 +345,13 @@ def run_command(args: argparse.Namespace) -> list[str]:
     """
     check_arguments(args)  # before torch: a bad argument costs a second, not a model load
     from ..scale import rank_device, world
-    from ..tasks import build_task
 
     me, _ = world()  # under torchrun: this rank (the process group joined); else 0
     model, tokenizer, what = load_command_model(args.model)
     device = rank_device()  # each rank's model on its own device: cuda:LOCAL_RANK where there is CUDA
     if device.type != "cpu":
         model = model.to(device, print_details=False)
-    task = build_task(args.task, tokenizer, n=args.n, seed=args.seed, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
+    task = command_task(args, tokenizer, model)  # a refusal in the command line's terms
     run = run_circuit(model, task, method=args.method, out=args.out, size=args.size, ig_steps=args.ig_steps,
                       model_name=what, progress=not args.quiet, batch_size=getattr(args, "batch_size", None))
     if me != 0:  # rank 0 reports; every rank computed the same numbers

@@ -86,7 +86,7 @@ def _gpt2(args: argparse.Namespace) -> int:
     else:
         model, source = find_pretrained_gpt2()
         if model is None:
-            raise RuntimeError(source + " Or run with --weights random for a structure-only run.")
+            raise RuntimeError(f"{source} Or run with --weights random for a structure-only run.")
     kind = "random" if args.weights == "random" else "pretrained"
     print(f"GPT-2 small, {kind} weights: {source}")
     pc = count_parameters(model)

@@ -137,6 +137,52 @@ def test_faithfulness_curve_is_mibs(ranking, higher_is_better):
         getattr(curve, wrong)
 
 
+def _logit_diff(logits):
+    """A logit difference (MIB's kind of metric), declaring no direction."""
+    return (logits[:, -1, 3] - logits[:, -1, 5]).mean()
+
+
+def test_one_default_direction_rs_interp_and_mibs_reading_of_its_file_agree(tmp_path):
+    """Issue 61 item 5: with every default, the same logit-difference scores give one CPR in rs_interp and in
+    MIB's reading of the file rs_interp writes (MIB ranks a file's scores largest first: the curve of those
+    scores, signed, ranked as a loss's: higher_is_better=False). Before, the defaults disagreed (mib_scores
+    ranked as for a loss, write_mib wrote MIB's convention): the explicit False below is that old default."""
+    model, toks, ref = _setup()
+    eap = ri.edge_attribution_patching(model, toks, _logit_diff, reference=ref)
+    ours = ri.mib_scores(model, toks, _logit_diff, eap, reference=ref, progress=False)
+    path = ri.tasks.write_mib(tmp_path / "importances.json", model, scores=eap)
+    theirs = ri.faithfulness_curve(model, toks, _logit_diff, ri.tasks.read_mib(path, model).scores, reference=ref,
+                                   ranking="signed", higher_is_better=False, progress=False)
+    assert ours.signed.clean > ours.signed.empty  # so the rule reads: higher is better
+    assert (ours.signed.higher_is_better, ours.signed.direction_from) == (True, "clean and empty")
+    assert ours.cpr == pytest.approx(theirs.area_under, abs=1e-12)
+    old = ri.mib_scores(model, toks, _logit_diff, eap, reference=ref, higher_is_better=False, progress=False)
+    assert old.signed.direction_from == "argument" and abs(old.cpr - ours.cpr) > 1e-3  # the disagreement the issue measured
+
+
+def test_the_direction_comes_from_the_argument_then_the_metric_then_the_runs():
+    """The one rule (rs_interp.metrics.direction): an explicit argument wins over the metric's declaration
+    (a task's metric: True; next_token_loss: False), which wins over the clean and empty runs; stated in the curve."""
+    from rs_interp.metrics import declare_direction
+
+    model, toks, ref = _setup()
+    eap = ri.edge_attribution_patching(model, toks, _logit_diff, reference=ref)
+    kw = dict(reference=ref, ranking="signed", fractions=(0.1, 0.5, 1.0), progress=False)
+    by_runs = ri.faithfulness_curve(model, toks, _logit_diff, eap, **kw)
+    flipped = declare_direction(lambda logits: _logit_diff(logits), False)  # declared against what the runs say
+    declared = ri.faithfulness_curve(model, toks, flipped, eap, **kw)
+    given = ri.faithfulness_curve(model, toks, flipped, eap, higher_is_better=True, **kw)
+    assert (by_runs.higher_is_better, by_runs.direction_from) == (True, "clean and empty")
+    assert (declared.higher_is_better, declared.direction_from) == (False, "metric")
+    assert (given.higher_is_better, given.direction_from) == (True, "argument")
+    assert given.values == by_runs.values and declared.values != by_runs.values
+    loss = ri.next_token_loss(ri.next_token_targets(toks))
+    assert ri.faithfulness_curve(model, toks, loss, eap, **kw).direction_from == "metric"
+    assert ri.tasks.induction_task(2, seed=0).metric().higher_is_better is True and loss.higher_is_better is False
+    with pytest.raises(ValueError, match="higher_is_better must be True, False or None"):
+        ri.faithfulness_curve(model, toks, _logit_diff, eap, higher_is_better=1, **kw)
+
+
 def test_mib_scores_of_several_results_are_each_ones_own():
     """Several methods' curves computed together (each distinct circuit run once) give, to the bit,
     what one call per method gives; an empty mapping is refused."""

@@ -15,6 +15,7 @@ import torch
 
 import rs_interp as ri
 from rs_interp import features, scale
+from rs_interp._messages import LIMIT
 from rs_interp.exact.certificate import ADAPTS, CONDITIONS, EXEMPT, IDENTITIES, NEEDS, OPTIONAL, REFUSES
 from tests.builders import make_variant
 from tests.mutations import MUTATIONS
@@ -185,3 +186,4 @@ def test_each_helper_refuses_naming_a_broken_identity_it_needs(helper, clean):
         call(model, t, r, clean)
     # named first, or among the failures its mutation also causes (3.x: a backward hook fails readers too)
     assert re.search(rf"the identity '{identity}' fails|\(([a-z ]+, )*{identity}(, [a-z ]+)* fail too\)", str(refused.value))
+    assert len(str(refused.value)) <= LIMIT, f"{len(str(refused.value))}: {refused.value}"  # issue 61 item 4: sized for its reader

@@ -273,6 +273,28 @@ def test_a_batch_on_which_faithfulness_is_undefined_still_adds_up():
     assert gap(numbers(streamed, "curve"), numbers(one, "curve")) < 1e-10 and streamed.n_edges == one.n_edges
 
 
+def test_the_metrics_direction_over_a_dataset():
+    """Issue 61 item 5 over a dataset: a task's batches declare their direction (the curve says "metric"); a
+    bare batch metric takes the dataset's clean and empty totals for an absolute ranking (as one call on the
+    concatenated batch reads its own), and the signed ranking, which chooses its circuits in every batch,
+    asks for it rather than let each batch decide."""
+    model, task = case("4l")
+    eap, fr = one_call("4l", "eap"), (0.1, 0.5, 1.0)
+    from_task = scale.faithfulness_curve(model, task, eap, fractions=fr, batch_size=BATCH, progress=False)
+    assert (from_task.higher_is_better, from_task.direction_from) == (True, "metric")
+    diff = lambda lg: (lg[:, -1, 3] - lg[:, -1, 4]).mean()  # noqa: E731
+    data = [scale.Batch(task.clean[i:i + 8], task.corrupted[i:i + 8], metric=diff, weight=8) for i in (0, 8)]
+    streamed = scale.faithfulness_curve(model, data, eap, fractions=fr, progress=False)
+    one = ri.faithfulness_curve(model, task.clean[:16], diff, eap, reference=task.corrupted[:16], fractions=fr)
+    assert (streamed.higher_is_better, streamed.direction_from) == (one.higher_is_better, one.direction_from)
+    assert one.direction_from == "clean and empty"
+    with pytest.raises(ValueError, match="signed ranking needs the metric's direction"):
+        scale.mib_scores(model, data, eap, fractions=fr, progress=False)
+    given = scale.mib_scores(model, data, eap, fractions=fr, higher_is_better=one.higher_is_better, progress=False)
+    mine = ri.mib_scores(model, task.clean[:16], diff, eap, reference=task.corrupted[:16], fractions=fr, progress=False)
+    assert given.cpr == pytest.approx(mine.cpr, abs=1e-9) and given.signed.direction_from == "argument"
+
+
 def test_refusals_name_their_reason(monkeypatch):
     model, task = case("4l")
     with pytest.raises(ValueError, match="no metric=.*does not say what it averages over"):

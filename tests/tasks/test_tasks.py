@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import rs_interp as ri
+from rs_interp._messages import LIMIT
 from rs_interp.tasks import (
     MIBGraph,
     Task,
@@ -198,8 +199,15 @@ def test_refuses_a_tokenizer_whose_words_are_not_single_tokens(name):
 
 
 def test_refusals_name_the_words(tok):
-    with pytest.raises(ValueError, match=r"1 of 6 names .* ' Bartholomew' -> \d tokens"):
+    with pytest.raises(ValueError, match=r"1 of 6 names .* ' Bartholomew' -> \d tokens. Pass names= a list") as err:
         ioi_task(tok, 2, names=["Mary", "John", "Tom", "James", "Anna", "Bartholomew"])
+    assert isinstance(err.value, ri.tasks.NotSingleTokens) and list(err.value.words) == [" Bartholomew"]
+    code_tok = ri.models.SHIPPED_MODELS["code-2l"].tokenizer()
+    with pytest.raises(ri.tasks.NotSingleTokens) as every:  # issue 61 item 4: 99 names, a few shown, all in .words
+        ioi_task(code_tok, 2)
+    message = str(every.value)
+    assert len(every.value.words) == 99 and "and 96 more" in message and len(message) <= LIMIT, message
+    assert message.endswith("this error's .words holds them all.")
     with pytest.raises(ValueError, match="at least 5 distinct names"):
         ioi_task(tok, 2, names=["Mary", "John", "Tom", "Anna"])
     with pytest.raises(ValueError, match="unknown task 'docstring'"):

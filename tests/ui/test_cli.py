@@ -86,6 +86,20 @@ def test_gpt2_without_weights_is_one_clean_line(tmp_path):
     assert "RS_INTERP_GPT2_PATH" in r.stderr and "--weights random" in r.stderr
 
 
+def test_a_task_refusal_is_one_short_line_in_the_command_lines_terms(tmp_path, capsys):
+    """Issue 61 item 4's measured case: ``rs-interp circuit --model code-2l --task ioi`` printed one 2,408-character
+    line listing all 99 names, advising ``names=`` (a keyword the command lacks) and ending mid-sentence. Now: one
+    line within the limit, naming the options that change it, a few of the words, and a whole last sentence."""
+    from rs_interp._messages import LIMIT
+
+    assert main(["circuit", "--model", "code-2l", "--task", "ioi", "--out", str(tmp_path / "o"), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip()
+    message = err.removeprefix("rs-interp: error: ")
+    assert "\n" not in err and len(message) <= LIMIT, (len(message), message)
+    assert "--task ioi" in message and "--model code-2l" in message and "99 of its 99" in message
+    assert "' Michael' -> 5 tokens" in message and "names=" not in message and message.endswith(".")
+
+
 @pytest.mark.slow
 def test_reproduce_retrain_matches_the_shipped_models(tmp_path, train_cache):
     """--retrain rebuilds both toy models from the recorded seed: the table is the shipped one's, within
