@@ -96,6 +96,9 @@ batch, pos = int(batch), int(sys.argv[10]) if row in ("lens", "dla") else int(po
 src_l, src_h = (int(v) for v in sys.argv[7].split("."))
 component, n_keep = sys.argv[8], int(sys.argv[9])
 warnings.filterwarnings("ignore")
+for name in ("attribution_patching", "edge_attribution_patching", "path_patching", "logit_lens", "direct_logit_attribution",
+             "composition_scores", "evaluate_circuit"):
+    getattr(ri, name)  # imported before the timing, as TransformerLens's tools are above
 native = row in ("node", "lens", "dla", "composition")
 model = ri.load_gpt2("random", size="small") if native else ri.load_gpt2(hf_path, fold_ln=False)
 L, H = model.cfg.n_layers, model.cfg.n_heads
