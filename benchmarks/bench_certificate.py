@@ -22,7 +22,8 @@ no faster than the depth, first calls at least 3x TransformerLens's ``attributio
 ``all_composition_scores``. On a shared machine the seconds are the load's (the load average is printed); the
 ratios are measured side by side in one process.
 
-Usage: OMP_NUM_THREADS=1 python benchmarks/bench_certificate.py [--parts small sizes tl] [--sizes small medium large xl] [--reps 3]
+Usage: OMP_NUM_THREADS=1 python benchmarks/bench_certificate.py [--parts small sizes tl]
+    [--sizes small medium large xl] [--reps 3]
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def _small(reps: int) -> dict:
         cached.append(time.perf_counter() - start)
     ratio = statistics.median(f / c for f, c in zip(firsts, cached))
     out["composition first / cached"] = ratio
-    print(f"  composition_scores(model, 'k'): first {statistics.median(firsts):.2f} s, cached {statistics.median(cached):.2f} s, "
+    first, again = statistics.median(firsts), statistics.median(cached)
+    print(f"  composition_scores(model, 'k'): first {first:.2f} s, cached {again:.2f} s, "
           f"first / cached {ratio:.2f} (target <= 1.5)", flush=True)
     return out
 
@@ -155,13 +157,15 @@ def _sizes(sizes: list[str]) -> dict:
     for size in sizes:
         done = subprocess.run([sys.executable, "-c", _SIZE_CHILD, size], capture_output=True, text=True)
         if done.returncode:
-            print(f"  {size}: failed ({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode})", flush=True)
+            why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode
+            print(f"  {size}: failed ({why})", flush=True)
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
         out[size] = r
         print(f"  {size:<7} {r['layers']:>3} layers {r['params'] / 1e9:5.2f} B params: certify {r['certify']:7.2f} s "
-              f"({r['certify'] / r['layers']:.3f} s a layer; cached {r['cached']:.2f} s), forward 8 x 64 {r['forward']:7.2f} s, "
-              f"certify / forward {r['certify'] / r['forward']:.2f}; peak {r['peak'] / 2**30:.1f} GiB; failed {r['failed']}", flush=True)
+              f"({r['certify'] / r['layers']:.3f} s a layer; cached {r['cached']:.2f} s), "
+              f"forward 8 x 64 {r['forward']:7.2f} s, certify / forward {r['certify'] / r['forward']:.2f}; "
+              f"peak {r['peak'] / 2**30:.1f} GiB; failed {r['failed']}", flush=True)
     return out
 
 

@@ -96,8 +96,8 @@ batch, pos = int(batch), int(sys.argv[10]) if row in ("lens", "dla") else int(po
 src_l, src_h = (int(v) for v in sys.argv[7].split("."))
 component, n_keep = sys.argv[8], int(sys.argv[9])
 warnings.filterwarnings("ignore")
-for name in ("attribution_patching", "edge_attribution_patching", "path_patching", "logit_lens", "direct_logit_attribution",
-             "composition_scores", "evaluate_circuit"):
+for name in ("attribution_patching", "edge_attribution_patching", "path_patching", "logit_lens",
+             "direct_logit_attribution", "composition_scores", "evaluate_circuit"):
     getattr(ri, name)  # imported before the timing, as TransformerLens's tools are above
 native = row in ("node", "lens", "dla", "composition")
 model = ri.load_gpt2("random", size="small") if native else ri.load_gpt2(hf_path, fold_ln=False)
@@ -119,7 +119,7 @@ layout = ri.edge_layout(model)
 if row == "faithfulness":  # one pair; the circuit: our edge estimate's top edges on it (untimed, both sides)
     clean, corrupt = clean[:1], corrupt[:1]
     circuit = sorted(ri.top_edges(ri.edge_attribution_patching(model, corrupt, metric, reference=clean), n_keep))
-    model.__dict__.pop("_rs_interp_certificate", None)  # the timed first call measures the certificate, as a user's does
+    model.__dict__.pop("_rs_interp_certificate", None)  # the timed first call measures it, as a user's does
 dests = [(l, h) for l in range(src_l + 1, L) for h in range(H)]
 direct_edges = [(f"L{src_l}H{src_h}", f"L{l}H{h}.{component}") for l, h in dests]
 try:  # the peak from here on: loading (a checkpoint's copies) must not count (resets ru_maxrss too)
@@ -351,8 +351,8 @@ def main() -> None:
           f"GPT-2 small, random weights; {args.batch} pairs x {args.pos} tokens (faithfulness: the first pair; "
           f"lens and DLA: {args.batch} x {args.lens_pos}); "
           f"load average {os.getloadavg()[0]:.1f} at the start")
-    head = (f"{'row':<34} {'model':<6} {'ours first':>10} {'ours warm':>9} {'TL first':>8} {'TL warm':>8} {'speed-up first':>14} "
-            f"{'warm':>6} {'ours peak':>9} {'TL peak':>9}  max |diff| (max |value|)")
+    head = (f"{'row':<34} {'model':<6} {'ours first':>10} {'ours warm':>9} {'TL first':>8} {'TL warm':>8} "
+            f"{'speed-up first':>14} {'warm':>6} {'ours peak':>9} {'TL peak':>9}  max |diff| (max |value|)")
     print(head)
     print("-" * len(head))
     hf_path = hf_checkpoint()
@@ -374,11 +374,12 @@ def main() -> None:
             ok = ~a.isnan()
             diff, scale = float((a[ok] - b[ok]).abs().max()), float(a[ok].abs().max())
             for side in (ours, theirs):
-                notes.update({k: v for k, v in side.items() if k not in ("seconds", "first", "warm", "peak_extra_bytes")})
+                timing = ("seconds", "first", "warm", "peak_extra_bytes")
+                notes.update({k: v for k, v in side.items() if k not in timing})
             check_labels(notes)
             gb = lambda r: f"{max(r['peak_extra_bytes'], 0) / 2**30:7.2f} GB"  # noqa: E731
-            print(f"{name:<34} {model:<6} {ours['first']:10.2f} {ours['warm']:9.2f} {theirs['first']:8.2f} {theirs['warm']:8.2f} "
-                  f"{theirs['first'] / ours['first']:13.1f}x {theirs['warm'] / ours['warm']:5.1f}x "
+            print(f"{name:<34} {model:<6} {ours['first']:10.2f} {ours['warm']:9.2f} {theirs['first']:8.2f} "
+                  f"{theirs['warm']:8.2f} {theirs['first'] / ours['first']:13.1f}x {theirs['warm'] / ours['warm']:5.1f}x "
                   f"{gb(ours)} {gb(theirs)}  {diff:.1e} ({scale:.2g})", flush=True)
     finally:
         shutil.rmtree(hf_path, ignore_errors=True)

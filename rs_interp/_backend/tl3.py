@@ -341,8 +341,9 @@ def unembed_stored_transposed(model: Model) -> Iterator[None]:
 
     Remove when: TransformerLens 3.x is no longer supported (or its ``Unembed`` stops copying ``W_U``).
     """
-    W = getattr(getattr(model, "unembed", None), "W_U", None)
-    if type(getattr(model, "unembed", None)).__name__ != "Unembed" or not isinstance(W, torch.nn.Parameter) or W.T.is_contiguous():
+    unembed = getattr(model, "unembed", None)
+    W = getattr(unembed, "W_U", None)
+    if type(unembed).__name__ != "Unembed" or not isinstance(W, torch.nn.Parameter) or W.T.is_contiguous():
         yield
         return
     saved = W.data

@@ -98,7 +98,8 @@ class _Worst:
 
 
 def _normed(model: Model, l: int, name: str, x: torch.Tensor) -> torch.Tensor:
-    """Layer ``l``'s norm ``name`` (``"ln1"``, ``"ln2"``) of ``x`` in the compute dtype (:func:`rs_interp._backend.pre_norm`)."""
+    """Layer ``l``'s norm ``name`` (``"ln1"``, ``"ln2"``) of ``x`` in the compute dtype
+    (:func:`rs_interp._backend.pre_norm`)."""
     dt = compute_dtype(model)
     return _backend.pre_norm(model, l, name).to(dt).apply(x.to(dt))
 
@@ -149,6 +150,11 @@ def _stop(t: torch.Tensor, *, hook) -> None:
     raise Stop
 
 
+def _first(out) -> torch.Tensor:
+    """A module's tensor (the first of a tuple), detached."""
+    return (out[0] if isinstance(out, tuple) else out).detach()
+
+
 def _score_hooks(model: Model, box: dict[str, torch.Tensor]) -> list[tuple[str, Callable]]:
     """:func:`rs_interp._backend.score_hooks` of every layer, into ``box["scores read L"]``; one that raises, or
     whose hook point is absent, is recorded (``"scores read error"``, ``"scores read missing"``), so that it fails
@@ -181,12 +187,13 @@ def _module_captures(model: Model, box: dict[str, torch.Tensor]) -> list:
     for l, block in enumerate(model.blocks):
         if getattr(block, "mlp", None) is None:
             continue
-        mlp, writes = _backend.mlp_modules(model, l)  # where a bridge's MLP is read (OPT's fc1/fc2, BLOOM's out-projection)
+        # where a bridge's MLP is read (OPT's fc1/fc2, BLOOM's out-projection)
+        mlp, writes = _backend.mlp_modules(model, l)
         handles.append(mlp.register_forward_pre_hook(
-            lambda mod, args, kwargs, l=l: box.__setitem__(f"mlp_in {l}", (args[0] if args else next(iter(kwargs.values()))).detach()),
+            lambda mod, args, kwargs, l=l: box.__setitem__(f"mlp_in {l}", _first(args or tuple(kwargs.values()))),
             with_kwargs=True))
         handles.append(writes.register_forward_hook(
-            lambda mod, args, out, l=l: box.__setitem__(f"mlp_out {l}", (out[0] if isinstance(out, tuple) else out).detach()),
+            lambda mod, args, out, l=l: box.__setitem__(f"mlp_out {l}", _first(out)),
             prepend=True))  # ahead of any hook of the caller's: the module's own output
         point = points.get(N.mlp_out(l))
         if point is not None:  # a PyTorch hook on the point, ahead of every other: the value entering it
@@ -229,7 +236,8 @@ def _per_query_head(t: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _weights(model: Model, l: int, which: str, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``W_{which}``, ``b_{which}`` of layer ``l`` in the compute dtype, one per head of the hook (query or KV heads)."""
+    """``W_{which}``, ``b_{which}`` of layer ``l`` in the compute dtype, one per head of the hook (query or KV
+    heads)."""
     cfg, attn = model.cfg, model.blocks[l].attn
     W, b = attn_weight(attn, f"W_{which.upper()}", cfg.n_heads), attn_weight(attn, f"b_{which.upper()}", cfg.n_heads)
     if heads != cfg.n_heads:
@@ -258,7 +266,8 @@ def values(model: Model, box: dict) -> tuple[float, str]:
     for l in range(cfg.n_layers):
         v = get(box, N.v(l))
         v_hand = _projected(model, box, l, "v", v.shape[2])
-        z_hand = torch.einsum("bhqk,bkhd->bqhd", get(box, N.pattern(l)).to(v_hand.dtype), _per_query_head(v.to(v_hand.dtype), cfg.n_heads))
+        pattern, v_heads = get(box, N.pattern(l)).to(v_hand.dtype), _per_query_head(v.to(v_hand.dtype), cfg.n_heads)
+        z_hand = torch.einsum("bhqk,bkhd->bqhd", pattern, v_heads)
         worst.see(rel(v, v_hand), f"layer {l}: hook_v = ln1(resid_pre) W_V + b_V")
         worst.see(rel(get(box, N.z(l)), z_hand), f"layer {l}: z = pattern v")
     return worst.gap, f"a head's output is not its pattern applied to its values as rs_interp reads them ({worst.where})"
@@ -297,8 +306,9 @@ def scores_read(model: Model, box: dict) -> tuple[float, str]:
         P = s.shape[-1]
         A = s.masked_fill(torch.ones(P, P, dtype=torch.bool, device=s.device).triu(1), float("-inf")).softmax(-1)
         worst.see(rel(A, get(box, N.pattern(l))), f"layer {l}")
-    return worst.gap, (f"the scores rs_interp reads do not give the pattern the run applies ({worst.where}): a hook on the "
-                       "pattern, a soft-cap or mask after the hook, or a window: the scores read are not the run's")
+    return worst.gap, (f"the scores rs_interp reads do not give the pattern the run applies ({worst.where}): "
+                       "a hook on the pattern, a soft-cap or mask after the hook, or a window: "
+                       "the scores read are not the run's")
 
 
 def projections(model: Model, box: dict, layers: set[int]) -> tuple[float, str]:

@@ -20,6 +20,7 @@ import torch
 from .. import _backend
 from .. import _names as N
 from .._backend import Model, Stop, run_from
+from .._messages import clip
 from . import _checks as C
 from ._checks import MODEL_ERRORS, Identity, Missing, get, judge, rel
 from .postnorm import frozen_heads
@@ -69,7 +70,7 @@ def _start(model: Model, box: dict) -> tuple[float, str]:
 def _stop(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
     L, worst = model.cfg.n_layers, C._Worst()
     with torch.no_grad():
-        for l in sorted({min(L // 2, 1), L}):  # the helpers run to the end (the lenses, the scan's readout); a layer inside too
+        for l in sorted({min(L // 2, 1), L}):  # the helpers run to the end (the lenses, the scan's readout); one inside
             want = get(box, N.resid_pre(l) if l < L else N.final_stream(L))
             worst.see(rel(run_from(model, tokens, stop=l), want), f"stop_at_layer={l}")
     return worst.gap, (f"running to a layer does not return the stream there ({worst.where}): the lenses and the scan's "
@@ -170,7 +171,8 @@ def _moving(g: torch.Generator, box: dict[str, torch.Tensor], name: str, watch: 
     """A hook moving a head's z by a seeded random amount (about half its mean size), recording the moved z
     under ``name`` (the name asked: 4.x hands a hook its canonical name); ``watch`` is called with its gradient."""
     def fn(z: torch.Tensor, *, hook) -> torch.Tensor:
-        d = torch.randn(z.shape, generator=g, dtype=torch.float64).to(z.dtype) * (0.5 * float(z.detach().abs().mean()) + 1e-3)
+        d = torch.randn(z.shape, generator=g, dtype=torch.float64).to(z.dtype)
+        d = d * (0.5 * float(z.detach().abs().mean()) + 1e-3)
         out = z + d
         box[name] = out.detach()
         return out if watch is None else watched(out, watch)
@@ -199,7 +201,8 @@ def _moved_run(model: Model, tokens: torch.Tensor, logits: bool) -> dict[str, to
     ``attn_out`` of every layer, and (with ``logits``) the logits; else ended after the last ``attn_out``."""
     L, box = model.cfg.n_layers, {}
     g = torch.Generator().manual_seed(1)
-    fwd = [(N.z(l), _moving(g, box, N.z(l))) for l in range(L)] + [(N.attn_out(l), _keep(box, N.attn_out(l))) for l in range(L)]
+    fwd = [(N.z(l), _moving(g, box, N.z(l))) for l in range(L)]
+    fwd += [(N.attn_out(l), _keep(box, N.attn_out(l))) for l in range(L)]
     _absent(model, fwd)
     if not logits:
         fwd.append((N.attn_out(L - 1), _stop_here))
@@ -258,16 +261,20 @@ def _gradient_run(model: Model, tokens: torch.Tensor, wanted: list[Reader]) -> d
         _absent(model, hooks)
         with reader_gradients(model, wanted, on_grad, dt, extra=hooks) as runnable, model.hooks(fwd_hooks=runnable):
             logits = model(tokens, return_type="logits")
-            R = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(logits.device, logits.dtype)
+            R = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+            R = R.to(logits.device, logits.dtype)
             (logits * R).sum().div(R.numel()).backward(inputs=[leaf])
     return {"grads": grads, "by_reader": by_reader, "fired": fired, "logits": logits.detach()}
 
 
 def _failed(err: Exception) -> str:
-    return f"the model has no hook point {err.args[0]}" if isinstance(err, Missing) else f"{type(err).__name__}: {str(err)[:200]}"
+    if isinstance(err, Missing):
+        return f"the model has no hook point {err.args[0]}"
+    return f"{type(err).__name__}: {clip(err, 200)}"
 
 
-def _gradient_identities(model: Model, tokens: torch.Tensor, tol: float, moved: Callable[[], dict]) -> dict[str, Identity]:
+def _gradient_identities(model: Model, tokens: torch.Tensor, tol: float,
+                         moved: Callable[[], dict]) -> dict[str, Identity]:
     """``z``, ``input`` and ``readers`` from one backward pass (:func:`_gradient_run`) through every reader's
     input (per head: what patching adds a value to); where those inputs cannot be read, ``z`` and ``input``
     from the run without them. ``readers`` also compares the run's logits with ``moved()``'s, the model's
@@ -301,7 +308,8 @@ def _gradient_identities(model: Model, tokens: torch.Tensor, tol: float, moved: 
         return (0.0 if "pre0" in grads else float("inf")), f"{N.RESID0} is not on the forward path: no gradient reaches it"
 
     def complete() -> tuple[float, str]:
-        split = rel(run["logits"], get(moved(), "logits"))  # e.g. a hook on a q/k/v projection module the split inputs bypass
+        # e.g. a hook on a q/k/v projection module the split inputs bypass
+        split = rel(run["logits"], get(moved(), "logits"))
         if split > tol:
             return split, ("the run through the per-head inputs (hook_q_input ... hook_v_input) gives other logits than the "
                            "model's own run: something the model computes on the way to q, k, v (a hook or a replaced "
@@ -327,9 +335,10 @@ def _gradient_identities(model: Model, tokens: torch.Tensor, tol: float, moved: 
         return worst, (f"the receivers' gradients miss the stream's at {where}: some reader of the stream is not one of the "
                        "graph's receivers (a norm after a sublayer, an input the hooks do not see)")
 
+    unread = f"the receivers cannot be read: {readers_failed}"
     return {"z": judge("z", tol, z_on_path), "input": judge("input", tol, input_on_path),
             "readers": (judge("readers", tol, complete) if readers_failed is None
-                        else Identity("readers", False, float("nan"), tol, f"the receivers cannot be read: {readers_failed}"))}
+                        else Identity("readers", False, float("nan"), tol, unread))}
 
 
 #: Each measurement and the identities it yields, all at once (``source`` is the loader's:
@@ -392,7 +401,8 @@ def _yielded(model: Model, probe: _Probe, measurement: str, tol: float, names: s
         return {"heads": judge("heads", tol, lambda: _heads(model, probe.moved()))}
     if measurement == "gradient":
         return _gradient_identities(model, tokens, tol, probe.moved)
-    single = {"rows": ("rows", lambda: _rows(model)), "backward hooks": ("gradients", lambda: _gradients(model, tokens)),
+    single = {"rows": ("rows", lambda: _rows(model)),
+              "backward hooks": ("gradients", lambda: _gradients(model, tokens)),
               "from a layer": ("start at layer", lambda: _start(model, box)),
               "to a layer": ("stop at layer", lambda: _stop(model, tokens, box))}
     name, fn = single[measurement]

@@ -162,8 +162,8 @@ class Certificate:
             if identity.name == name:
                 return identity
         if name in IDENTITIES:
-            raise KeyError(f"the identity {name!r} was not measured for this certificate (require(model, helper, also=...) "
-                           "measures the identities a call reads; rs_interp.certify(model) measures every one)")
+            raise KeyError(f"the identity {name!r} was not measured for this certificate (require(model, "
+                           "helper, also=...) measures what a call reads; rs_interp.certify(model) measures all)")
         raise KeyError(f"no identity {name!r}; one of {list(IDENTITIES)}")
 
     def measured(self) -> tuple[str, ...]:
@@ -224,7 +224,7 @@ class Certificate:
         fails = set(self.failed())
         unmeasured = [n for n in IDENTITIES if n not in self.measured()]
         if unmeasured:
-            lines.append(f"{'':<15} not measured: {', '.join(unmeasured)} (rs_interp.certify(model) measures every one)")
+            lines.append(f"{'':<15} not measured: {', '.join(unmeasured)} (rs_interp.certify(model) measures all)")
         for helper in NEEDS:
             failed = [n for n in NEEDS[helper] if n in fails]
             config = self.refused_configuration(helper)
@@ -299,6 +299,14 @@ def require(model: Model, helper: str, *, also: tuple[str, ...] = (), adapts: bo
     return cert
 
 
+def _source(model: Model, tol: float) -> Identity:
+    """``source``: what :func:`note_source` recorded (the loader's measurement), or not applicable."""
+    noted = model.__dict__.get(_SOURCE)
+    if noted is None:
+        return Identity("source", None, float("nan"), tol)
+    return Identity("source", noted[0] <= noted[1], noted[0], noted[1], "the model is not its checkpoint's function")
+
+
 def _measured(model: Model, names: tuple[str, ...], *, refresh: bool = False) -> Certificate:
     """The model's certificate with at least ``names`` measured: the cached one where its key still holds
     and it has them, else the cached identities (key unchanged) and the missing ones measured now."""
@@ -319,11 +327,9 @@ def _measured(model: Model, names: tuple[str, ...], *, refresh: bool = False) ->
     if wanted:
         with preserve_state(model, **mlp_flags(model)):
             have |= {n: i for n, i in measure(model, tol, wanted).items() if n not in have}
-    noted = model.__dict__.get(_SOURCE)
-    have.setdefault("source", Identity("source", None, float("nan"), tol) if noted is None
-                    else Identity("source", noted[0] <= noted[1], noted[0], noted[1], "the model is not its checkpoint's function"))
-    cert = Certificate(identities=tuple(have[name] for name in IDENTITIES if name in have), source=_backend.model_source(model),
-                       dtype=model.cfg.dtype, hooks=hooks, **_configuration(model))
+    have.setdefault("source", _source(model, tol))
+    cert = Certificate(identities=tuple(have[name] for name in IDENTITIES if name in have),
+                       source=_backend.model_source(model), dtype=model.cfg.dtype, hooks=hooks, **_configuration(model))
     if key is not None:
         model.__dict__[_CACHE] = (key, cert)
     return cert
