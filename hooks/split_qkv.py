@@ -30,7 +30,10 @@ def split_qkv_inputs(model: Any, fwd_hooks: Sequence[tuple[str | Callable[[str],
     attention above) the per-head inputs are emulated: formed from the stream entering ``ln1``, passed to your hooks,
     normalised and projected per head in place of the model's own projection, giving
     HookedTransformer's numbers; your hooks on ``attn.hook_{q,k,v}`` and on ``ln1``'s
-    ``hook_scale``/``hook_normalized`` act as on 3.x. Other hooks pass through unchanged;
+    ``hook_scale``/``hook_normalized`` act as on 3.x. A query or key norm spanning the heads (OLMo-2's,
+    OLMoE's) is applied to each head's own copy, so editing head ``h``'s slice moves head ``h``'s query
+    (key) alone, ``slice_h(q_norm(x' W_Q))`` (TransformerLens's own split normalises the heads' concatenation:
+    one head's edit would move them all). Other hooks pass through unchanged;
     nothing stays attached afterwards, also when the body raises.
 
     Args:

@@ -57,6 +57,9 @@ _WHERE: dict[str, str] = {
     "CompositionScores": ".heads.composition",
     "composition_scores": ".heads.composition",
     "virtual_weight": ".heads.composition",
+    "HeadAffinity": ".heads.affinity",
+    "head_affinity": ".heads.affinity",
+    "head_affinities": ".heads.affinity",
     "copying_scores": ".heads.copying",
     "InductionBatch": ".models.data",
     "induction_batch": ".models.data",
@@ -76,6 +79,7 @@ _WHERE: dict[str, str] = {
     "tasks": ".tasks",
     "scale": ".scale",
     "models": ".models",
+    "variables": ".variables",
     "gpt2_tokenizer": ".tokenizers",
     "head_label": ".labels",
     "head_labels": ".labels",
@@ -112,7 +116,7 @@ _WHERE: dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # the names, for type checkers and the documentation (which reads these imports)
-    from . import features, hooks, models, scale, tasks
+    from . import features, hooks, models, scale, tasks, variables
     from ._backend import Model
     from ._files import FileError
     from .circuits.acdc import ACDC, acdc
@@ -128,6 +132,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     from .exact.certificate import Certificate, certify
     from .exact.validate import Ablation
     from .heads.ablation import run_with_key_input, run_with_query_input
+    from .heads.affinity import HeadAffinity, head_affinities, head_affinity
     from .heads.composition import CompositionScores, composition_scores, virtual_weight
     from .heads.copying import copying_scores
     from .heads.head_ablation import HeadAblationScan, ablate_heads, head_ablation_scan
@@ -214,6 +219,9 @@ __all__ = [
     "composition_scores",
     "CompositionScores",
     "virtual_weight",
+    "head_affinity",
+    "head_affinities",
+    "HeadAffinity",
     "run_with_key_input",
     "run_with_query_input",
     "ablate_heads",
@@ -278,6 +286,8 @@ __all__ = [
     "scale",
     # feature circuits
     "features",
+    # causal variables: interchange interventions, DAS, causal models and pair sets
+    "variables",
     "gpt2_tokenizer",
     # hook factories
     "hooks",

@@ -93,6 +93,12 @@ def stop_returns_another_stream(model):
     model.forward = forward
 
 
+def norm_across_heads(model):
+    """A hook that normalises every head's query together (one RMS over the heads and their dimensions, as OLMo-2's
+    q_norm over n_heads * d_head does): one head's input then moves every head's query."""
+    model.add_hook("blocks.1.attn.hook_q", lambda t, hook: t / t.pow(2).mean((-2, -1), keepdim=True).add(1e-6).sqrt())
+
+
 def scaled(name, factor):
     return lambda model: model.add_hook(name, lambda t, hook: t * factor)
 
@@ -109,6 +115,7 @@ MUTATIONS = {
     "projections": scaled("blocks.1.attn.hook_q", 2.0),
     "input": lambda m: wrap(m, "blocks.0.hook_resid_pre", OFF_PATH),
     "readers": mlp_in_off_path,
+    "head inputs": norm_across_heads,
     "mlp reads": scaled("blocks.1.ln2.hook_normalized", 2.0),
     "mlp writes": scaled("blocks.1.hook_mlp_out", 2.0),
     "mlp weights": scaled("blocks.1.mlp.hook_post", 0.5),

@@ -32,7 +32,7 @@ def test_the_top_level_holds_no_maintainer_name():
     shared = set(rs_interp.models.__all__) & set(rs_interp.__all__)
     assert shared == NOTEBOOK_MODELS_NAMES
     assert {"models", "tasks", "features", "scale", "hooks"} <= set(rs_interp.__all__)
-    assert len(rs_interp.__all__) == len(set(rs_interp.__all__)) == len(rs_interp._WHERE) == 85
+    assert len(rs_interp.__all__) == len(set(rs_interp.__all__)) == len(rs_interp._WHERE) == 89
     assert set(rs_interp._DEPRECATED) & set(rs_interp.__all__) == set()
 
 

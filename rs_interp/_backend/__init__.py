@@ -11,19 +11,23 @@ the analyses import :data:`Model` and call the few functions here where the two 
   the installed version's module is chosen once, here;
 - :mod:`.emulation`: the hooks 4.3's native attention lacks (per-head q/k/v inputs, attention
   scores, the final stream), each with the condition under which it can be removed.
+- :mod:`.head_copies`: a query or key norm spanning the heads (OLMo-2, OLMoE) applied to each head's
+  own copy while the per-head inputs are on, so that one head's input moves that head's query alone.
 
 The public face of the per-head inputs is :func:`rs_interp.hooks.split_qkv_inputs`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from .._messages import few
 from ..exact.norm import IDENTITY, Norm
 from . import config as _config
+from . import head_copies
 from .common import (  # noqa: F401
     _HT_BUFFERS,
     HOOK_FLAGS,
@@ -40,8 +44,11 @@ from .common import (  # noqa: F401
 
 if TL_MAJOR >= 4:
     from . import tl4 as _impl
+    from ._tl4_readers import seen_head_inputs, spanning_norms
 else:
     from . import tl3 as _impl
+    from .tl3 import _seen_head_inputs as seen_head_inputs  # (3.x's: no 4.x twin)
+    from .tl3 import _spanning_norms as spanning_norms
 
 __all__ = ["TL_VERSION", "TL_MAJOR", "Model", "ModelConfig", "transformer_lens_version"]
 
@@ -60,7 +67,6 @@ ModelConfig = _impl.ModelConfig
 GATED_B_IN_AFTER_PRODUCT = TL_MAJOR == 3
 portable_state = _impl.portable_state
 load_portable_state = _impl.load_portable_state
-per_head_inputs = _impl.per_head_inputs
 score_hooks = _impl.score_hooks
 apply_rotary = _impl.apply_rotary
 attn_scale = _impl.attn_scale
@@ -76,7 +82,6 @@ build_model = _impl.build_model
 reinitialise = _impl.reinitialise
 config_fields = _impl.config_fields
 model_source = _impl.model_source
-projection_layers = _impl.projection_layers
 norm_affine = _impl.norm_affine
 logits_with_grad = _impl.logits_with_grad
 unembed_stored_transposed = _impl.unembed_stored_transposed
@@ -107,6 +112,21 @@ def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:
     return per_query_head(w, n_heads, -3 if name.startswith("W_") else -2)
 
 
+@contextlib.contextmanager
+def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterator[list[tuple[Any, Callable]]]:
+    """Per-head query, key and value inputs (``blocks.L.hook_{q,k,v}_input``) for the block: the version's
+    (TransformerLens's own where the layer has them, switched on and restored; emulated on 4.x's native
+    attention), with a query or key norm spanning the heads (OLMo-2's, OLMoE's) applied to each head's own copy
+    (:mod:`.head_copies`). Yields ``fwd`` ready for ``model.hooks``.
+
+    Raises:
+        ValueError: on 4.x, a hooked layer's attention has no per-head inputs and none are emulated (named).
+    """
+    with _impl.per_head_inputs(model, fwd) as runnable, \
+            head_copies.per_head_copies(spanning_norms(model), lambda box: seen_head_inputs(model, box)):
+        yield runnable
+
+
 def has_qk_norm(model: Model) -> bool:
     """Whether each head normalises its queries and keys before the score: ``use_qk_norm``, or a
     Hugging Face attention with ``q_norm`` (Qwen3, OLMo-2 ... booted on 4.x, whose config does not say)."""
@@ -115,17 +135,19 @@ def has_qk_norm(model: Model) -> bool:
 
 
 def qk_norm_spans_heads(model: Model) -> bool:
-    """Whether a query or key norm normalises across the heads (OLMo-2's ``q_norm``/``k_norm`` over all
-    ``n_heads * d_head`` dimensions, on either version), so that moving one head's query (or key) input
-    moves every head's normalised query: a per-head patch must then move that head's input alone."""
-    for block in model.blocks:
-        for holder in (getattr(block.attn, "original_component", None), block.attn):
-            for name in ("q_norm", "k_norm"):
-                norm = getattr(holder, name, None) if holder is not None else None
-                w = getattr(norm, "weight", getattr(norm, "w", None)) if norm is not None else None
-                if isinstance(w, torch.Tensor) and w.shape[-1] > model.cfg.d_head:
-                    return True
-    return False
+    """Whether a query or key norm normalises across the heads (OLMo-2's and OLMoE's ``q_norm``/``k_norm`` over
+    all ``n_heads * d_head`` dimensions, on either version), after ``hook_q``/``hook_k``: patching one head's
+    ``hook_q`` then moves every head's normalised query. The per-head inputs apply such a norm to each head's
+    own copy (:mod:`.head_copies`), so moving one head's input moves that head's query alone."""
+    return bool(spanning_norms(model))
+
+
+def projection_layers(model: Model) -> set[int]:
+    """The layers whose ``hook_{q,k,v}`` hold ``ln1(resid_pre) W + b`` per head and are read so (a gradient there
+    taken back through ``W`` by hand, a head's moved input projected there): the version's, less the layers with a
+    query or key norm spanning the heads after ``hook_q``/``hook_k`` (a head's input then reaches every head's
+    query through the norm: those layers are read through their per-head inputs, :mod:`.head_copies`)."""
+    return _impl.projection_layers(model) - {n.layer for n in spanning_norms(model)}
 
 
 def norm_of(model: Model, module: torch.nn.Module | None) -> Norm:
@@ -298,3 +320,17 @@ def pre_norm(model: Model, layer: int, name: str) -> Norm:
                          f"{name!r} before its {'attention' if name == 'ln1' else 'MLP'} (nor one shared input norm 'ln1' of a "
                          "parallel block, nor a norm after each sublayer)")
     return norm_of(model, module)
+
+
+def stream_writes(model: Model, name: str) -> tuple[str, ...]:
+    """Where a change of the residual stream at hook point ``name`` is written so that every later reader sees
+    it. 3.x's stream hooks are the stream. 4.3's ``hook_resid_mid`` is an alias of ``ln2.hook_in``: what it
+    returns is the MLP's input only, and the block adds the stream it passes on apart from it (measured: a
+    change written there alone never reaches the next block), so a change there is also written at
+    ``hook_resid_post``. Removable when the bridge's ``hook_resid_mid`` is the stream itself."""
+    from .. import _names as N
+
+    layer = N.layer_of(name)
+    if TL_MAJOR >= 4 and layer is not None and name == N.resid_mid(layer):
+        return (name, N.resid_post(layer))
+    return (name,)

@@ -22,6 +22,10 @@ kinds of bridge read it elsewhere:
   (:func:`rs_interp._backend.emulation.qkv_input_hooks`), the projection replaced at ``hook_{q,k,v}``
   before anything after it (rotary, the score) runs.
 
+And one reads a head's input into every head's query: *a query or key norm spanning the heads* (OLMo-2, OLMoE),
+applied by the fork to the concatenation of each head's own projection. Routed (:func:`spanning_norms`,
+:func:`seen_head_inputs`): each head's own copy of the norm (:mod:`.head_copies`).
+
 Two bridges also hide where an MLP reads and writes (the certificate's ``mlp reads``/``mlp writes`` and the
 feature graph read them; :func:`mlp_modules`):
 
@@ -41,8 +45,9 @@ helpers switch on for the call; off, the model runs as booted.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from transformer_lens.hook_points import HookPoint
@@ -52,6 +57,7 @@ from transformer_lens.model_bridge.generalized_components.bloom_mlp import Bloom
 from transformer_lens.model_bridge.generalized_components.linear import LinearBridge
 
 from ..exact.norm import Norm
+from . import head_copies
 from ._tl4_native import has_split_inputs, is_native_attention
 
 __all__: list[str] = []
@@ -203,3 +209,51 @@ def deep_copy(model: Any) -> Any:
         if hasattr(block, "_teardown_capture_hooks"):
             block._teardown_capture_hooks()
     return out
+
+
+def spanning_norms(model: Any) -> list[head_copies.SpanningNorm]:
+    """The query and key norms that span the heads (OLMo-2's and OLMoE's ``q_norm``/``k_norm`` over every head's
+    ``d_head``, the bridge's ``attn.q_norm``/``attn.k_norm``), each with the Hugging Face projection it follows
+    (``q_proj``/``k_proj``) and the bridge's own norm (its ``forward``: the bridge computes the norm itself, in the
+    stream's dtype, rather than calling the Hugging Face module)."""
+    out = []
+    for l, block in enumerate(model.blocks):
+        attn = block.attn
+        for which in "qk":
+            norm, proj = attn._modules.get(f"{which}_norm"), attn._modules.get(which)
+            if not head_copies.spans(norm, model.cfg.d_head) or getattr(proj, "original_component", None) is None:
+                continue
+            linear = proj.original_component
+
+            def project(u: torch.Tensor, linear: torch.nn.Module = linear) -> torch.Tensor:
+                return torch.nn.functional.linear(u, linear.weight, linear.bias)
+
+            out.append(head_copies.SpanningNorm(l, which, norm, project, norm.forward))  # forward: no hook on itself
+    return out
+
+
+@contextlib.contextmanager
+def seen_head_inputs(model: Any, box: dict) -> Iterator[None]:
+    """Record in ``box`` each spanning layer's query and key inputs, (batch, pos, head, d_model) as the bridge's
+    split-input fork projects them (after its ``ln1``), by wrapping that bridge's ``_project_per_head_qkv``
+    for the block. Remove when: TransformerLens >= 4.4 (or whichever release first does) normalises a query or
+    key norm spanning the heads per head under ``use_split_qkv_input`` (then :mod:`.head_copies` goes too)."""
+    wrapped = []
+    for l in sorted({n.layer for n in spanning_norms(model)}):
+        attn = model.blocks[l].attn
+        own = attn._project_per_head_qkv
+        kinds = {id(attn._modules[x]): x for x in "qk" if x in attn._modules}
+
+        def project(linear_bridge: Any, input_4d: torch.Tensor, *args: Any, own: Callable = own, kinds: dict = kinds,
+                    layer: int = l) -> torch.Tensor:
+            if id(linear_bridge) in kinds:
+                box[(layer, kinds[id(linear_bridge)])] = input_4d
+            return own(linear_bridge, input_4d, *args)
+
+        attn.__dict__["_project_per_head_qkv"] = project
+        wrapped.append(attn)
+    try:
+        yield
+    finally:
+        for attn in wrapped:
+            attn.__dict__.pop("_project_per_head_qkv", None)

@@ -17,6 +17,7 @@ from transformer_lens import HookedTransformerConfig as ModelConfig
 
 from .. import _names as N
 from .._messages import few
+from . import head_copies
 from .common import _HT_BUFFERS, norm_kind, set_flag
 
 __all__ = ["Model", "ModelConfig"]
@@ -73,6 +74,50 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
         yield list(fwd)
     finally:
         set_flag(model, "use_split_qkv_input", saved)
+
+
+def _spanning_norms(model: Model) -> list[head_copies.SpanningNorm]:
+    """The query and key norms that span the heads (3.9's OLMo-2, OLMo-3 and OLMoE attention: ``q_norm`` over
+    ``n_heads * d_head``, ``k_norm`` over the KV heads'), each with the layer's own projection (``W_Q``,
+    the KV heads' ``_W_K`` under grouped-query attention) and the module's own arithmetic."""
+    out = []
+    for l, block in enumerate(model.blocks):
+        attn = block.attn
+        for which in "qk":
+            norm = getattr(attn, f"{which}_norm", None)
+            if not head_copies.spans(norm, model.cfg.d_head):
+                continue
+            W = getattr(attn, f"_W_{which.upper()}", None) if which == "k" else None
+            W = getattr(attn, f"W_{which.upper()}") if W is None else W  # (head or KV head, d_model, d_head)
+            b = getattr(attn, f"_b_{which.upper()}", None) if which == "k" else None
+            b = getattr(attn, f"b_{which.upper()}") if b is None else b
+
+            def project(u: torch.Tensor, W: torch.Tensor = W, b: torch.Tensor = b) -> torch.Tensor:
+                return (torch.einsum("...m,jmd->...jd", u, W.to(u.dtype)) + b.to(u.dtype)).flatten(-2)
+
+            out.append(head_copies.SpanningNorm(l, which, norm, project, norm.forward))  # forward: no hook on itself
+    return out
+
+
+@contextlib.contextmanager
+def _seen_head_inputs(model: Model, box: dict) -> Iterator[None]:
+    """Record in ``box`` each spanning layer's query and key inputs, (batch, pos, head, d_model) as the
+    projection reads them (after ``ln1``), from the attention's own call (its keyword arguments)."""
+    def seen(layer: int) -> Callable:
+        def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            for which, name in (("q", "query_input"), ("k", "key_input")):
+                u = kwargs.get(name)
+                if isinstance(u, torch.Tensor) and u.dim() == 4:
+                    box[(layer, which)] = u
+        return hook
+
+    handles = [model.blocks[l].attn.register_forward_pre_hook(seen(l), with_kwargs=True)
+               for l in sorted({n.layer for n in _spanning_norms(model)})]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def run_from_layer(model: Model, x: torch.Tensor, start: int) -> torch.Tensor:

@@ -13,8 +13,10 @@ and linearises after it only: for head ``h`` whose query or key input is patched
 ``hook_z``, the patched copies stacked along the batch, every sender of a layer in one pass where the
 memory budget allows. Nodes: a head's ``hook_q`` (or ``hook_k``) set to the reference run's. Edges:
 ``w_s`` added to the receiver's input (a key/value head's patch moves every query head that reads it).
-Where a query or key norm spans the heads (OLMo-2), each node's and each receiver's input is moved on a
-copy of its own, so no other head's patch reaches its normalised query through the norm.
+Where a query or key norm spans the heads (OLMo-2, OLMoE), each node's ``hook_q`` (before the norm) is patched on
+a copy of its own, so no other head's patch reaches its normalised query through the norm; an edge moves every
+head's input on one copy, which the per-head inputs normalise per head (``rs_interp._backend.head_copies``):
+head ``h``'s query is ``slice_h(q_norm((x + w_s) W_Q))``, the receiver's definition.
 Exact where the metric is linear in the head's output (tested to 1e-9 against exact patching).
 
 **GradDrop.** A node whose direct and indirect effects cancel gets a gradient near 0. GradDrop runs
@@ -183,19 +185,16 @@ def edge_qk_fix(model: Model, layout: EdgeLayout, tokens: torch.Tensor, delta: t
     out = [torch.full((B if per_example else 1, S, R), float("nan"), dtype=torch.float64) for _ in grads]
     upstream = layout.exists.sum(0).tolist()
     fast = _backend.projection_layers(model) if cert.holds("scores") else set()
-    alone = _backend.qk_norm_spans_heads(model)  # _by_replicas moves one head's input per copy (never by hand: scores fail)
     for l in bar(range(cfg.n_layers), desc="QK fix", enabled=progress, unit="layer"):
         cols = {x: [j for j, r in enumerate(layout.receivers) if r.startswith(f"L{l}") and r.endswith(f".{x}")] for x in "qk"}
         senders = list(range(upstream[cols["q"][0]]))
         chunks = _by_hand(model, l, box, delta, senders, budget) if l in fast else _by_replicas(model, tokens, l, box, delta, senders,
                                                                                                  budget, cert)
-        for reps, dz in chunks:  # dz: (replica, batch, pos, head, d_head), replica (sender, "q" or "k"[, the slot moved])
+        for reps, dz in chunks:  # dz: (replica, batch, pos, head, d_head), replica (sender, "q" or "k")
             for g_set, buf in zip(grads, out):
                 per_head = torch.einsum("rbphd,bphd->rbh", dz, g_set[l])  # each replica's change of the metric, per head
-                for m, (i, x, *slot) in enumerate(reps):
+                for m, (i, x) in enumerate(reps):
                     for j in cols[x]:
-                        if alone and parse(layout.receivers[j]).index != slot[0]:  # another head's (or KV head's) input moved
-                            continue
                         value = per_head[m][:, _heads_of(layout.receivers[j], H, len(cols["k"]))].sum(-1)
                         buf[:, i, j] = value if per_example else value.sum()
     return out
@@ -205,28 +204,27 @@ def _by_replicas(model: Model, tokens: torch.Tensor, l: int, box: dict, delta: t
                  cert: Certificate) -> Iterator[tuple[list, torch.Tensor]]:
     """Layer ``l``'s ``z' - z`` per (sender, q or k): ``w_s`` added to every head's query (or key)
     input of a copy of the run (:func:`_replica_z`: stacked where rows hold), the model's own pass ended
-    at ``hook_z``."""
+    at ``hook_z``. Each head's output is then the one with its own input moved alone: a head's q, k and v
+    depend on its own inputs only (the certificate's ``head inputs``; a norm spanning the heads is applied
+    to each head's own copy, ``rs_interp._backend.head_copies``)."""
     cfg = model.cfg
     B, P = tokens.shape
     # per copy: the per-head query, key and value inputs and their normalised copies (a dozen
     # (head, d_model) tensors in flight under the split-input fork) and a block's transients
     per_copy = B * P * cfg.d_model * (12 * cfg.n_heads + 8) * torch.finfo(cfg.dtype).bits // 8
     per_pass = max(2, budget // max(1, per_copy))
-    # where a query or key norm spans the heads, moving every head's input would move each head's normalised
-    # query through the others': then one copy per (sender, q or k, head or KV head), that one input moved alone
-    slots = {"q": cfg.n_heads, "k": _backend.kv_groups(cfg)} if _backend.qk_norm_spans_heads(model) else {"q": 1, "k": 1}
-    reps_all = [(i, x, s) for i in senders for x in "qk" for s in range(slots[x])]
+    reps_all = [(i, x) for i in senders for x in "qk"]
     for c in range(0, len(reps_all), per_pass - 1):
         reps = reps_all[c : c + per_pass - 1]
         n = len(reps) + 1  # replica 0: the run itself, subtracted from the same pass's copies
-        adds = {x: torch.zeros(n * B, P, slots[x], cfg.d_model, dtype=torch.float64) for x in "qk"}
-        for m, (i, x, s) in enumerate(reps, start=1):
-            adds[x][m * B : (m + 1) * B, :, s] = delta[i]
+        adds = {x: torch.zeros(n * B, P, cfg.d_model, dtype=torch.float64) for x in "qk"}
+        for m, (i, x) in enumerate(reps, start=1):
+            adds[x][m * B : (m + 1) * B] = delta[i]
 
         def make(m0: int, m1: int, adds: dict = adds) -> list:
             def patch(x: str) -> Callable:
                 def fn(t: torch.Tensor, *, hook) -> torch.Tensor:  # a per-head input (batch, pos, head or kv_head, d_model)
-                    return t + adds[x][m0 * B : m1 * B].to(t.dtype)  # one slot: broadcast over every head
+                    return t + adds[x][m0 * B : m1 * B, :, None, :].to(t.dtype)  # broadcast over every head
                 return fn
             return [(N.qkv_input(l, x), patch(x)) for x in "qk"]
 

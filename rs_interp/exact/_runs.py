@@ -1,7 +1,8 @@
 """The identities that need runs of their own, and :func:`measure`, which the certificate calls: the
 run with every head's z moved (``heads``, and the reference of ``readers``), the run with gradients
-(``z``, ``input``, ``readers``: one backward pass), the stacked and single-row runs (``rows``), each
-block run from its cached input (``start at layer``) and the runs to a layer (``stop at layer``). The
+(``z``, ``input``, ``readers``: one backward pass), the stacked and single-row runs (``rows``), the runs with
+one head's input moved (``head inputs``), each block run from its cached input (``start at layer``) and the
+runs to a layer (``stop at layer``). The
 identities read off the clean run are :mod:`rs_interp.exact._checks`.
 
 :func:`measure` measures only what it is asked for, each measurement once: :data:`MEASUREMENTS` says which
@@ -25,7 +26,7 @@ from . import _checks as C
 from ._checks import MODEL_ERRORS, Identity, Missing, get, judge, rel
 from .postnorm import frozen_heads
 from .readout import compute_dtype
-from .stream import Reader, reader_gradients, readers, watched, zero_leaf
+from .stream import Reader, reader_gradients, readers, routed, watched, zero_leaf
 
 __all__: list[str] = []
 
@@ -102,6 +103,55 @@ def _rows(model: Model) -> tuple[float, str]:
     return worst.gap, (f"a row's logits depend on the other rows of its batch ({worst.where} differs): a hook that reads or "
                        "edits the batch as a whole (one prompt by index, a batch mean) is attached; helpers that stack "
                        "passes along the batch run one pass per ablation or edge instead")
+
+
+def _head_inputs(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
+    """For each of q, k and v, one pass through the per-head inputs (:func:`rs_interp.exact.stream.routed`) with
+    every layer's first head's (or KV head's) input moved and the stream entering each layer pinned to the clean
+    run's: every head that does not read the moved input must keep its output (``hook_z``) the clean run's. A norm
+    across the heads' queries after the split (OLMo-2's ``q_norm``, were it not applied to each head's own copy)
+    or a hook that reads across the heads moves them. Each pass ends after the last layer's attention."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    g = torch.Generator().manual_seed(11)
+    worst = C._Worst()
+    for x in "qkv":
+        got: dict[int, torch.Tensor] = {}
+        slots: dict[int, int] = {}
+
+        def pin(l: int) -> Callable:  # keyed by layer: 4.x calls a hook by its alias
+            return lambda t, *, hook: get(box, N.resid_pre(l)).to(t.dtype)
+
+        def move(l: int) -> Callable:
+            def fn(t: torch.Tensor, *, hook) -> torch.Tensor:
+                slots[l] = t.shape[2]
+                d = torch.randn(t[:, :, 0].shape, generator=g, dtype=torch.float64).to(t.dtype)
+                d = d * float(t.detach().abs().mean())
+                t = t.clone()
+                t[:, :, 0] = t[:, :, 0] + d
+                return t
+            return fn
+
+        def keep(l: int) -> Callable:
+            return lambda t, *, hook: got.__setitem__(l, t.detach())
+
+        fwd = [(N.resid_pre(l), pin(l)) for l in range(L)] + [(N.qkv_input(l, x), move(l)) for l in range(L)]
+        fwd += [(N.z(l), keep(l)) for l in range(L)]
+        with torch.no_grad(), routed(model, fwd, split=True) as runnable:
+            with model.hooks(fwd_hooks=[*runnable, (N.attn_out(L - 1), _stop_here)]):
+                try:
+                    model(tokens, return_type="logits")
+                except Stop:
+                    pass
+        for l in range(L):
+            n = slots.get(l)
+            if n is None or l not in got:
+                raise Missing(N.qkv_input(l, x) if n is None else N.z(l))
+            others = [h for h in range(H) if h // (H // n) != 0]  # the heads that read another input than slot 0's
+            if others:
+                worst.see(rel(got[l][:, :, others], get(box, N.z(l))[:, :, others]), f"layer {l}'s hook_{x}_input")
+    return worst.gap, (f"moving one head's input moves other heads' outputs ({worst.where}): something across "
+                       "the heads (a norm over every head's queries or keys, or a hook reading the heads together) "
+                       "carries it, so an edge into one head would move the others")
 
 
 def _backward_hooks(model: Model) -> list[tuple[dict, dict]]:
@@ -350,6 +400,7 @@ MEASUREMENTS: dict[str, tuple[str, ...]] = {
     "z moved": ("heads",),
     "gradient": ("z", "input", "readers"),
     "rows": ("rows",),
+    "head inputs": ("head inputs",),
     "backward hooks": ("gradients",),
     "from a layer": ("start at layer",),
     "to a layer": ("stop at layer",),
@@ -402,6 +453,7 @@ def _yielded(model: Model, probe: _Probe, measurement: str, tol: float, names: s
     if measurement == "gradient":
         return _gradient_identities(model, tokens, tol, probe.moved)
     single = {"rows": ("rows", lambda: _rows(model)),
+              "head inputs": ("head inputs", lambda: _head_inputs(model, tokens, box)),
               "backward hooks": ("gradients", lambda: _gradients(model, tokens)),
               "from a layer": ("start at layer", lambda: _start(model, box)),
               "to a layer": ("stop at layer", lambda: _stop(model, tokens, box))}

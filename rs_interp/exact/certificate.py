@@ -79,6 +79,7 @@ REMEDIES: dict[str, str] = {
     "projections": _HOOKED,
     "input": _HOOKED,
     "readers": f"{_HOOKED}; else try the other TransformerLens version",
+    "head inputs": f"{_HOOKED}; a norm or hook across the heads has no per-head reading",
     "mlp reads": _HOOKED,
     "mlp writes": f"{_HOOKED}; the feature graph reads no norm after the MLP but ln2_post",
     "mlp weights": f"{_HOOKED}; or train a transcoder (features.train_transcoder)",

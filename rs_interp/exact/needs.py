@@ -29,6 +29,9 @@ IDENTITIES: dict[str, str] = {
     "readers": "the heads' q, k, v inputs, the MLPs' inputs (hook_mlp_in) and the final stream are every reader "
                "of the stream: their gradients add up to the stream's; the run through the per-head inputs gives the "
                "model's own logits",
+    "head inputs": "moving one head's (or KV head's) q, k or v input (hook_{q,k,v}_input) changes only that "
+                   "head's q, k or v: no norm or hook across the heads carries it to another head (a q/k norm "
+                   "spanning the heads, OLMo-2's, is applied to each head's own copy)",
     "mlp reads": "each MLP reads ln2(resid_mid) (parallel blocks: ln2(resid_pre), or ln1(resid_pre) where one input norm "
                  "is shared), the norm as the model computes it: "
                  "what a transcoder reads at ln2.hook_normalized (with the gain and bias) or hook_resid_mid is the MLP's input",
@@ -46,9 +49,9 @@ IDENTITIES: dict[str, str] = {
     "source": "the log-probabilities are those of the checkpoint the model was loaded from (load_pretrained)",
 }
 
-_EDGES = ("stream", "z", "heads", "readers")
+_EDGES = ("stream", "z", "heads", "readers", "head inputs")
 _EVALUATED = (*_EDGES, "projections")  # a cut head's q/k/v is built by hand where hook_{q,k,v} are the projections
-_EDGE_ESTIMATES = ("stream", "z", "heads", "input", "readers", "projections", "gradients")
+_EDGE_ESTIMATES = ("stream", "z", "heads", "input", "readers", "projections", "gradients", "head inputs")
 _PATTERNS = ("z", "values")
 _GRAPH = ("embedding", "stream", "mlp reads", "mlp writes", "readout", "vocabulary")
 
@@ -85,7 +88,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "key_score_sensitivity": ("scores read",),
     "features.attribution_graph": (*_GRAPH, "gradients"),
     "features.intervene": _GRAPH,
-    "features.qk_attributions": _GRAPH + ("z", "heads", "values", "scores", "gradients"),
+    "features.qk_attributions": _GRAPH + ("z", "heads", "values", "scores", "head inputs", "gradients"),
     "features.top_attention": _GRAPH + ("z", "heads", "values"),
     "features.train_transcoder": ("mlp reads", "mlp writes"),
     "features.transcoder_metrics": ("mlp reads", "mlp writes"),
@@ -101,12 +104,22 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "scale.direct_logit_attribution": ("embedding", "stream", "z", "heads", "readout", "vocabulary"),
     "scale.logit_lens": ("readout", "stop at layer", "vocabulary"),
     "scale.lens_kl": ("readout", "vocabulary"),
+    "variables.interchange": ("rows",),
+    "variables.das": ("rows", "gradients"),
+    "variables.activations": ("rows",),
+    "head_affinity": ("heads", "values"),
+    "head_affinities": ("heads", "values"),
 }
 
 #: Identities a helper needs only for some arguments: ``{helper: {identity: "when"}}``.
 OPTIONAL: dict[str, dict[str, str]] = {
     "composition_scores": {"scores": "which='q' or 'k'"},
     "virtual_weight": {"scores": "which='q' or 'k'"},
+    "head_affinity": {"scores": "which='q' or 'k'"},
+    "head_affinities": {"scores": "which with 'q' or 'k'"},
+    **{name: {"stream": "a residual site", "input": "site blocks.0.hook_resid_pre", "z": "a head's site (hook_z)",
+              "mlp weights": "an MLP's neurons (hook_post)"}
+       for name in ("variables.interchange", "variables.das", "variables.activations")},
     "head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "scale.head_ablation_scan": {"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
     "features.attribution_graph": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
@@ -146,6 +159,8 @@ EXEMPT: dict[str, str] = {
     "features.estimate_graph": "reads the config's shapes only; nothing is run",
     "hooks.store_matching": "builds hooks that record activations; nothing is computed",
     "hooks.split_qkv_inputs": "routes the caller's own per-head input hooks; the caller's hooks say what they compute",
+    "variables.untrained_copy": "a copy of the model with its weights drawn afresh (the DAS control): the copy is "
+                                "certified when a helper uses it",
 }
 
 #: Configurations no identity can make exact for some helper: what each means (the certificate reads
@@ -176,6 +191,8 @@ REFUSES: dict[str, tuple[str, ...]] = {
     "composition_scores": ("post-norm blocks",),
     "virtual_weight": ("post-norm blocks",),
     "copying_scores": ("post-norm blocks",),
+    "head_affinity": ("post-norm blocks",),
+    "head_affinities": ("post-norm blocks",),
     "features.attribution_graph": ("attention-only", "soft-capped logits"),
     "features.intervene": ("attention-only", "soft-capped logits"),
     "features.qk_attributions": ("attention-only", "parallel blocks", "soft-capped logits"),

@@ -8,16 +8,19 @@
   ``f = relu((x - b_dec) W_enc + b_enc)``, ``y = f W_dec + b_dec_out``; in rs_interp's terms
   ``W_enc^T``, ``b_enc - b_dec W_enc``, ``W_dec``, ``b_dec_out``, reading ``ln2.hook_normalized``.
   The config's class is not needed: it is read as a plain record.
-- **EleutherAI's sparsify** transcoders: a folder a hook point (``layers.{l}.mlp`` ...) with ``cfg.json``
-  (``d_in``, ``k``, ``transcode``, ``skip_connection``, ``n_targets``) and ``sae.safetensors``
-  (``encoder.weight`` (latents, d_in), ``encoder.bias``; ``W_dec`` (latents, d_in) and ``b_dec``, or for a
-  cross-layer coder ``W_decs.{j}`` and ``b_decs.{j}``, its decoder into the MLP output ``j`` layers on;
-  ``W_skip``). TopK: ``f = topk(x W_enc^T + b_enc)``. A cross-layer coder becomes a
-  :class:`~rs_interp.features.CrossLayerTranscoder` (each layer's ``b_dec`` the sum of the ``b_decs`` that
-  reach it).
+- **EleutherAI's sparsify** transcoders (its ``SparseCoder.save_to_disk``, on main and on its ``clt`` branch): a
+  folder a hook point (``layers.{l}.mlp`` ...) with ``cfg.json`` (every field of its ``SparseCoderConfig``, and
+  ``d_in``) and ``sae.safetensors`` (``encoder.weight`` (latents, d_in), ``encoder.bias``; ``W_dec`` (latents,
+  d_in), ``b_dec``, ``W_skip``, ``post_enc``, or for a cross-layer coder ``W_decs.{j}``, ``b_decs.{j}``,
+  ``W_skips.{j}``, ``post_encs.{j}``, its writes into the MLP output ``j`` layers on; ``post_enc_scale(s)``,
+  ``in_norm``, ``out_norm`` where the config asks). TopK is sparsify's: ``f = topk(relu(x W_enc^T + b_enc))``,
+  the activation ``relu_topk`` (circuit-tracer's TopK keeps negative pre-activations: where fewer than ``k`` are
+  positive the two differ, so such a set has no circuit-tracer file). A cross-layer coder becomes a
+  :class:`~rs_interp.features.CrossLayerTranscoder`, each layer's writes summed as sparsify's cross-layer runner
+  sums them. Every field and tensor is read or refused by name (:func:`_read_coder`).
 
 :func:`convert_to_circuit_tracer` writes either as circuit-tracer's files (per-layer ``layer_{i}.safetensors``
-and ``config.yaml``, or its CLT layout).
+and ``config.yaml``, or its CLT layout), sparsify's TopK refused by name.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import pickle
 import re
 import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -60,14 +64,19 @@ def _field(cfg, name: str, default=None):
     return cfg.get(name, default) if isinstance(cfg, dict) else getattr(cfg, name, default)
 
 
+#: The tensors transcoder_circuits' ``SparseAutoencoder.save_model`` writes for a transcoder (its ``state_dict``).
+_PCHLENSKI_TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec", "b_dec_out")
+
+
 @reads("pchlenski transcoder files")
 def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtype = torch.float32) -> TranscoderSet:
     """Read pchlenski's GPT-2 transcoders (module docstring), one file a layer, in layer order.
 
     Raises:
         rs_interp.FileError: (a ``ValueError``, naming the file) a file missing, truncated or not a PyTorch file,
-            one without ``cfg`` and ``state_dict``, a tensor missing or of the wrong shape, a config reading another
-            hook than ``blocks.{l}.ln2.hook_normalized`` for its place ``l``, or writing elsewhere than the MLP output.
+            one without ``cfg`` and ``state_dict``, an autoencoder (``is_transcoder`` false), a tensor
+            missing or one it does not read (named), a config reading another hook than
+            ``blocks.{l}.ln2.hook_normalized`` for its place ``l``, or writing elsewhere than the MLP output.
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp(); path = os.path.join(d, "t0.pt")
@@ -84,9 +93,15 @@ def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtyp
         if not isinstance(data, dict) or "state_dict" not in data or "cfg" not in data:
             raise ValueError(f"{f}: not a transcoder_circuits file (a dict with 'cfg' and 'state_dict')")
         cfg, sd = data["cfg"], data["state_dict"]
-        missing = {"W_enc", "b_enc", "W_dec", "b_dec", "b_dec_out"} - set(sd)
+        if _field(cfg, "is_transcoder", True) is False:
+            raise ValueError(f"{f}: is_transcoder is false, a sparse autoencoder, not a transcoder")
+        missing = set(_PCHLENSKI_TENSORS) - set(sd)
         if missing:
             raise ValueError(f"{f}: the state dict lacks {few(sorted(missing))}")
+        extra = sorted(set(sd) - set(_PCHLENSKI_TENSORS))
+        if extra:
+            raise ValueError(f"{f}: the state dict holds {few(extra)}, which rs_interp does not read "
+                             "(transcoder_circuits' SparseAutoencoder saves W_enc, b_enc, W_dec, b_dec, b_dec_out)")
         hook = str(_field(cfg, "hook_point", ""))
         if hook != N.normalized(l, "ln2"):
             raise ValueError(f"{f}: reads {hook!r}; as layer {l} of the set it must read {N.normalized(l, 'ln2')}")
@@ -99,16 +114,146 @@ def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtyp
     return TranscoderSet(tuple(out), "ln2.hook_normalized", "mlp.hook_out", "pchlenski/gpt2-transcoders")
 
 
+#: Every field sparsify's ``SparseCoderConfig`` writes to ``cfg.json`` (on main, and on its ``clt`` branch: the
+#: cross-layer fields), and ``d_in``: what each means for a coder's function is read or refused in :func:`_read_coder`.
+SPARSIFY_CONFIG = frozenset({
+    "d_in", "activation", "expansion_factor", "normalize_decoder", "num_latents", "k", "multi_topk", "skip_connection",
+    "transcode", "n_targets", "n_sources", "normalize_io", "divide_cross_layer", "train_post_encoder",
+    "post_encoder_scale", "coalesce_topk", "topk_coalesced"})
+#: The tensors sparsify's ``SparseCoder`` saves (its ``state_dict``): one per coder, or one per target ``j``.
+_SPARSIFY_TENSOR = re.compile(r"(encoder\.weight|encoder\.bias|W_dec|b_dec|W_skip|post_enc|post_enc_scale|in_norm"
+                              r"|out_norm)|(W_decs|b_decs|W_skips|post_encs|post_enc_scales)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class _Coder:
+    """One hook point's sparsify coder as rs_interp reads it (float64): the encoder with the input norm folded in,
+    per target ``j`` the decoder (post-encoder scale folded in), its bias and skip (input norm folded in), the
+    output norm's scale and whether earlier layers' writes into this layer are divided by their number."""
+
+    W_enc: torch.Tensor
+    b_enc: torch.Tensor
+    k: int
+    targets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    out_scale: float
+    divide: bool
+
+
+def _refuse_unknown(sub: Path, cfg: dict, sd: dict[str, torch.Tensor], n_targets: int) -> None:
+    unknown = sorted(set(cfg) - SPARSIFY_CONFIG)
+    if unknown:
+        raise ValueError(f"{sub}/cfg.json: {few(unknown)}, fields rs_interp does not read (not sparsify's "
+                         "SparseCoderConfig's)")
+    for key in sd:
+        m = _SPARSIFY_TENSOR.fullmatch(key)
+        if m is None or (m.group(3) is not None and int(m.group(3)) >= max(n_targets, 1)):
+            raise ValueError(f"{sub}/sae.safetensors: tensor {key!r}, which rs_interp does not read (a sparsify coder "
+                             f"with {n_targets} targets saves encoder.*, W_dec(s), b_dec(s), W_skip(s), post_enc(s), "
+                             "post_enc_scale(s), in_norm, out_norm)")
+
+
+def _refuse_settings(sub: Path, cfg: dict) -> None:
+    if not cfg.get("transcode", False):
+        raise ValueError(f"{sub}: transcode is false, a sparse autoencoder, not a transcoder")
+    if cfg.get("activation", "topk") != "topk":
+        raise ValueError(f"{sub}: activation {cfg.get('activation')!r}; rs_interp reads sparsify's TopK coders "
+                         "(groupmax, the largest of each of k groups, is not read)")
+    if cfg.get("coalesce_topk", "none") not in ("none", None):
+        raise ValueError(f"{sub}: coalesce_topk {cfg['coalesce_topk']!r}, the top k chosen across the layers' latents "
+                         "together, which no per-layer encoder of rs_interp's computes (only 'none' is read)")
+
+
+def _tensor(sd: dict[str, torch.Tensor], sub: Path, key: str, shape: tuple[int, ...]) -> torch.Tensor:
+    if key not in sd:
+        raise ValueError(f"{sub}: sae.safetensors lacks {key!r}")
+    if tuple(sd[key].shape) != shape:
+        raise ValueError(f"{sub}: {key} has shape {tuple(sd[key].shape)}, expected {shape}")
+    return sd[key].to(torch.float64)
+
+
+def _nonzero(sd: dict[str, torch.Tensor], key: str) -> bool:
+    return key in sd and bool(sd[key].ne(0).any())
+
+
+def _target(sub: Path, cfg: dict, sd: dict[str, torch.Tensor], j: int, s_in: float, n_latents: int) -> tuple:
+    """Target ``j``'s ``(decoder, bias, skip)``: the post-encoder scale folded into the decoder (``a * scale`` on the
+    active latents: a scaled decoder row), the input norm into the skip (which reads the normalised input)."""
+    multi = int(cfg.get("n_targets", 0) or 0) > 0
+    W, b, skip, pe, scale = ((f"W_decs.{j}", f"b_decs.{j}", f"W_skips.{j}", f"post_encs.{j}", f"post_enc_scales.{j}")
+                             if multi else ("W_dec", "b_dec", "W_skip", "post_enc", "post_enc_scale"))
+    if _nonzero(sd, pe):
+        raise ValueError(f"{sub}: {pe} is nonzero, a post-encoder bias added to each active latent before its decoder "
+                         "(a feature's write (a + b) W_dec is no multiple of its decoder row): no transcoder of "
+                         "rs_interp's (nor circuit-tracer's) computes it")
+    if j > 0 and _nonzero(sd, skip):
+        raise ValueError(f"{sub}: {skip} is nonzero, a skip from this layer's input into the output {j} layers on, "
+                         "which rs_interp's cross-layer transcoders (as circuit-tracer's) do not have (a skip within a "
+                         "layer only)")
+    d = int(cfg["d_in"])
+    decoder = _tensor(sd, sub, W, (n_latents, d))
+    if cfg.get("post_encoder_scale", False):
+        decoder = _tensor(sd, sub, scale, (n_latents,))[:, None] * decoder
+    return decoder, _tensor(sd, sub, b, (d,)), s_in * _tensor(sd, sub, skip, (d, d)) if skip in sd and j == 0 else None
+
+
+def _read_coder(sub: Path) -> _Coder:
+    """One hook point's coder (EleutherAI sparsify's ``SparseCoder``, main at 9d3b136 and its ``clt`` branch at
+    d7f7368): ``a = topk(relu(x' W_enc^T + b_enc))`` of ``x' = x sqrt(d_in) / in_norm`` (``normalize_io``); for target
+    ``j`` the write ``(a + post_encs[j]) * post_enc_scales[j]`` (on the active latents) through ``W_decs[j]`` plus
+    ``b_decs[j]`` and ``x' W_skips[j]^T``; the target's sum times ``out_norm / sqrt(d_in)``.
+
+    Raises:
+        ValueError: a field or tensor it does not read (named), a setting no transcoder of rs_interp's computes
+            (an autoencoder, groupmax, coalesced top-k), a nonzero post-encoder bias (it adds to each active latent
+            before the decoder: a feature's write is then no multiple of its decoder row), a nonzero skip from this
+            layer's input into a later layer's output, a tensor missing.
+    """
+    cfg = read_json(sub / "cfg.json", "sparsify config")
+    sd = read_safetensors(sub / "sae.safetensors", "sparsify transcoder file")
+    n = int(cfg.get("n_targets", 0) or 0)
+    _refuse_unknown(sub, cfg, sd, n)
+    _refuse_settings(sub, cfg)
+    d_in, norm = int(cfg["d_in"]), bool(cfg.get("normalize_io", False))
+    if not norm and ({"in_norm", "out_norm"} & set(sd)):
+        raise ValueError(f"{sub}: in_norm/out_norm saved but normalize_io is false")
+    s_in = d_in**0.5 / float(_tensor(sd, sub, "in_norm", (1,))) if norm else 1.0
+    out_scale = float(_tensor(sd, sub, "out_norm", (1,))) / d_in**0.5 if norm else 1.0
+    n_latents = int(sd["encoder.weight"].shape[0]) if "encoder.weight" in sd else 0
+    W_enc = _tensor(sd, sub, "encoder.weight", (n_latents, d_in))
+    targets = [_target(sub, cfg, sd, j, s_in, n_latents) for j in range(max(n, 1))]
+    return _Coder(s_in * W_enc, _tensor(sd, sub, "encoder.bias", (n_latents,)), int(cfg["k"]), targets, out_scale,
+                  bool(cfg.get("divide_cross_layer", False)))
+
+
+def _into(coders: list[_Coder], m: int) -> tuple[list[tuple[int, float]], torch.Tensor, torch.Tensor | None]:
+    """Layer ``m``'s output as sparsify's cross-layer runner sums it: ``[(source l, its weight)]`` (``out_scale`` of
+    ``m``; an earlier source's write divided by their number where ``m`` divides), the bias and the skip, scaled."""
+    c = coders[m]
+    earlier = [l for l in range(m) if m - l < len(coders[l].targets)]
+    div = max(1, len(earlier)) if c.divide else 1
+    weights = [(l, c.out_scale / div) for l in earlier] + [(m, c.out_scale)]
+    bias = torch.zeros(c.W_enc.shape[1], dtype=torch.float64)
+    for l, w in weights:
+        bias = bias + w * coders[l].targets[m - l][1]
+    skip = c.targets[0][2]
+    return weights, bias, None if skip is None else c.out_scale * skip
+
+
 @reads("sparsify transcoder folder")
 def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] | None = None,
                               dtype: torch.dtype = torch.float32) -> TranscoderSet:
     """Read EleutherAI sparsify's transcoders (module docstring) from ``folder``'s hook-point subfolders, in
-    layer order (the first number in each name), or the ``hookpoints`` named.
+    layer order (the first number in each name), or the ``hookpoints`` named: each coder's activation
+    ``relu_topk`` (sparsify's TopK, the ``k`` largest of ``relu(pre)``), its input and output norms and
+    post-encoder scales folded into the weights, a cross-layer coder's writes into each layer summed as
+    sparsify's cross-layer runner sums them (``divide_cross_layer`` included).
 
     Raises:
-        rs_interp.FileError: (a ``ValueError``, naming the file or folder) a file missing, truncated or malformed,
-            a coder that is not a transcoder (``transcode`` false: an autoencoder), not TopK, with a
-            post-encoder scale (not read), a tensor missing, or cross-layer targets past the last layer.
+        rs_interp.FileError: (a ``ValueError``, naming the file or folder) a file missing, truncated or malformed;
+            a field or tensor rs_interp does not read, named; a coder that is not a transcoder
+            (``transcode`` false: an autoencoder), not TopK (groupmax), with coalesced top-k, a nonzero
+            post-encoder bias or a nonzero skip into a later layer (:func:`_read_coder`); a tensor missing;
+            layers of different ``k``; cross-layer targets past the last layer.
 
     >>> import tempfile, json, os
     >>> from safetensors.torch import save_file
@@ -116,8 +261,8 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
     >>> _ = open(os.path.join(d, "layers.0.mlp", "cfg.json"), "w").write(json.dumps({"d_in": 4, "k": 2, "transcode": True}))
     >>> save_file({"encoder.weight": torch.ones(8, 4), "encoder.bias": torch.zeros(8), "W_dec": torch.ones(8, 4),
     ...            "b_dec": torch.zeros(4)}, os.path.join(d, "layers.0.mlp", "sae.safetensors"))
-    >>> tcs = load_sparsify_transcoders(d); tcs[0].k, tcs.input_point
-    (2, 'mlp.hook_in')
+    >>> tcs = load_sparsify_transcoders(d); tcs[0].k, tcs[0].activation, tcs.input_point
+    (2, 'relu_topk', 'mlp.hook_in')
     """
     folder = Path(folder)
     if hookpoints is None:
@@ -128,51 +273,30 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
         subs = [folder / h for h in hookpoints]
     if not subs:
         raise ValueError(f"{folder} holds no hook-point folder with a cfg.json (sparsify's layout)")
-    L = len(subs)
-    enc, dec, b_dec, skips, k = [], [], [], [], None
-    for l, sub in enumerate(subs):
-        cfg = read_json(sub / "cfg.json", "sparsify config")
-        sd = read_safetensors(sub / "sae.safetensors", "sparsify transcoder file")
-        if not cfg.get("transcode", False):
-            raise ValueError(f"{sub}: transcode is false, a sparse autoencoder, not a transcoder")
-        if cfg.get("activation", "topk") != "topk":
-            raise ValueError(f"{sub}: activation {cfg.get('activation')!r}; rs_interp reads sparsify's TopK coders")
-        if any(key.startswith("post_enc") for key in sd) or cfg.get("post_encoder_scale"):
-            raise ValueError(f"{sub}: a post-encoder scale, which rs_interp does not read")
-        if k is not None and cfg["k"] != k:
-            raise ValueError(f"{sub}: k {cfg['k']}, the others {k} (one k for the set)")
-        k = int(cfg["k"])
-        lacking = {"encoder.weight", "encoder.bias"} - set(sd)
-        if lacking:
-            raise ValueError(f"{sub}: sae.safetensors lacks {few(sorted(lacking))}")
-        enc.append((sd["encoder.weight"], sd["encoder.bias"]))
-        n_targets = int(cfg.get("n_targets", 0) or 0)
-        if n_targets:
-            if l + n_targets > L:
-                raise ValueError(f"{sub}: {n_targets} targets from layer {l} pass the last layer ({L - 1})")
-            dec.append(torch.stack([sd[f"W_decs.{j}"] for j in range(n_targets)], 1))
-            b_dec.append([sd.get(f"b_decs.{j}", torch.zeros(sd["encoder.weight"].shape[1])) for j in range(n_targets)])
-        else:
-            dec.append(sd["W_dec"][:, None])
-            b_dec.append([sd["b_dec"]])
-        skips.append(sd.get("W_skip"))
-    widths = {d.shape[1] for d in dec}
-    if widths == {1}:
-        tcs = tuple(Transcoder.from_state({"W_enc": W, "b_enc": b, "W_dec": D[:, 0], "b_dec": bd[0]} | ({"W_skip": s} if s is not None else {}),
-                                          activation="topk", k=k, dtype=dtype)
-                    for (W, b), D, bd, s in zip(enc, dec, b_dec, skips))
-        return TranscoderSet(tcs, "mlp.hook_in", "mlp.hook_out", f"sparsify/{folder.name}")
-    # cross-layer: pad each source's decoders to every later layer (zeros past its targets), sum the biases into each layer
-    d_model = enc[0][0].shape[1]
-    decoders, out_bias = [], [torch.zeros(d_model, dtype=torch.float64) for _ in range(L)]
-    for l, (D, bd) in enumerate(zip(dec, b_dec)):
-        full = torch.zeros(D.shape[0], L - l, d_model, dtype=D.dtype)
-        full[:, : D.shape[1]] = D
-        decoders.append(full)
-        for j, b in enumerate(bd):
-            out_bias[l + j] += b.to(torch.float64)
-    return CrossLayerTranscoder.from_tensors([W for W, _ in enc], [b for _, b in enc], decoders, out_bias, activation="topk", k=k,
-                                             W_skip=skips, input_point="mlp.hook_in", scan=f"sparsify/{folder.name}", dtype=dtype)
+    coders = [_read_coder(sub) for sub in subs]
+    L = len(coders)
+    for l, (sub, c) in enumerate(zip(subs, coders)):
+        if l + len(c.targets) > L:
+            raise ValueError(f"{sub}: {len(c.targets)} targets from layer {l} pass the last layer ({L - 1})")
+        if c.k != coders[0].k:
+            raise ValueError(f"{sub}: k {c.k}, the others {coders[0].k} (one k for the set)")
+    into = [_into(coders, m) for m in range(L)]
+    d_model = coders[0].W_enc.shape[1]
+    decoders = [torch.zeros(c.W_enc.shape[0], L - l, d_model, dtype=torch.float64) for l, c in enumerate(coders)]
+    for m, (weights, _, _) in enumerate(into):
+        for l, w in weights:
+            decoders[l][:, m - l] = w * coders[l].targets[m - l][0]
+    k, scan = coders[0].k, f"sparsify/{folder.name}"
+    if all(len(c.targets) == 1 for c in coders):
+        states = [{"W_enc": c.W_enc, "b_enc": c.b_enc, "W_dec": D[:, 0], "b_dec": bias}
+                  | ({"W_skip": skip} if skip is not None else {})
+                  for c, D, (_, bias, skip) in zip(coders, decoders, into)]
+        tcs = tuple(Transcoder.from_state(state, activation="relu_topk", k=k, dtype=dtype) for state in states)
+        return TranscoderSet(tcs, "mlp.hook_in", "mlp.hook_out", scan)
+    return CrossLayerTranscoder.from_tensors([c.W_enc for c in coders], [c.b_enc for c in coders], decoders,
+                                             [bias for _, bias, _ in into], activation="relu_topk", k=k,
+                                             W_skip=[skip for _, _, skip in into], input_point="mlp.hook_in", scan=scan,
+                                             dtype=dtype)
 
 
 def convert_to_circuit_tracer(transcoders: TranscoderSet, folder: str | Path) -> Path:

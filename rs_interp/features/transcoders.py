@@ -5,9 +5,11 @@ A transcoder of layer ``l`` reads the MLP's input ``x`` and writes an approximat
     f = act(x W_enc^T + b_enc)            (d_transcoder,)  the feature activations
     y = f W_dec + b_dec (+ x W_skip^T)    (d_model,)       the reconstruction
 
-with ``act`` ReLU, JumpReLU (``pre * (pre > threshold)``) or TopK (the ``k`` largest pre-activations
-kept, the rest 0). ``W_enc`` and ``W_dec`` are both (d_transcoder, d_model), as circuit-tracer stores
-them, so row ``i`` of each is feature ``i``'s input and output direction.
+with ``act`` ReLU, JumpReLU (``pre * (pre > threshold)``), TopK (circuit-tracer's: the ``k`` largest
+pre-activations kept, negative ones too, the rest 0) or ReLU-TopK (EleutherAI sparsify's ``"topk"``: the ``k``
+largest of ``relu(pre)``, so a pre-activation <= 0 is never active; where fewer than ``k`` are positive the two
+differ). ``W_enc`` and ``W_dec`` are both (d_transcoder, d_model), as circuit-tracer stores them, so row ``i`` of
+each is feature ``i``'s input and output direction.
 
 Files (circuit-tracer's per-layer transcoder set): a folder with ``layer_{i}.safetensors`` (``W_enc``,
 ``W_dec``, ``b_enc``, ``b_dec``, optional ``W_skip``, ``activation_function.threshold`` for JumpReLU,
@@ -51,7 +53,11 @@ __all__ = ["Transcoder", "TranscoderSet", "load_transcoders", "mlp_transcoders",
 INPUT_POINTS = ("mlp.hook_in", "hook_resid_mid", "ln2.hook_normalized")
 #: Where it writes: the MLP's output (both names are the same point).
 OUTPUT_POINTS = ("mlp.hook_out", "hook_mlp_out")
-ACTIVATIONS = ("relu", "jumprelu", "topk")
+ACTIVATIONS = ("relu", "jumprelu", "topk", "relu_topk")
+#: The activations that keep the ``k`` largest (and so take a ``k``).
+TOPK_ACTIVATIONS = ("topk", "relu_topk")
+#: The activations circuit-tracer's files hold (its ``TopK`` keeps negative pre-activations: no ``relu_topk``).
+CIRCUIT_TRACER_ACTIVATIONS = ("relu", "jumprelu", "topk")
 
 #: The shipped transcoder sets, by model name, under ``rs_interp/toy_models/transcoders/``.
 SHIPPED_TRANSCODERS = ("code-2l",)
@@ -64,7 +70,8 @@ class Transcoder(torch.nn.Module):
     Args:
         d_model: width of the stream it reads and writes.
         d_transcoder: number of features.
-        activation: ``"relu"``, ``"jumprelu"`` (with per-feature ``threshold``) or ``"topk"`` (with ``k``).
+        activation: ``"relu"``, ``"jumprelu"`` (with per-feature ``threshold``), ``"topk"`` or ``"relu_topk"``
+            (with ``k``; module docstring).
         k: TopK's number of features kept per token.
         skip: whether it has a linear skip connection ``W_skip`` (d_model, d_model).
 
@@ -81,9 +88,9 @@ class Transcoder(torch.nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-        if activation == "topk" and (k is None or not 1 <= int(k) <= d_transcoder):
+        if activation in TOPK_ACTIVATIONS and (k is None or not 1 <= int(k) <= d_transcoder):
             raise ValueError(f"a TopK transcoder needs k in [1, {d_transcoder}], got {k!r}")
-        self.activation, self.k = activation, (int(k) if activation == "topk" else None)
+        self.activation, self.k = activation, (int(k) if activation in TOPK_ACTIVATIONS else None)
         z = lambda *shape: torch.nn.Parameter(torch.zeros(*shape, dtype=dtype))  # noqa: E731
         self.W_enc, self.b_enc = z(d_transcoder, d_model), z(d_transcoder)
         self.W_dec, self.b_dec = z(d_transcoder, d_model), z(d_model)
@@ -109,7 +116,9 @@ class Transcoder(torch.nn.Module):
         if self.activation == "jumprelu":
             return pre * (pre > self.threshold)
         kept = pre.topk(self.k, dim=-1).indices
-        return torch.zeros_like(pre).scatter(-1, kept, pre.gather(-1, kept))
+        top = torch.zeros_like(pre).scatter(-1, kept, pre.gather(-1, kept))
+        # relu(topk(pre)) is topk(relu(pre)): the k largest of relu(pre) are the k largest of pre, clipped at 0
+        return torch.relu(top) if self.activation == "relu_topk" else top
 
     def encode(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_transcoder"]:
         """The feature activations."""
@@ -156,7 +165,7 @@ class Transcoder(torch.nn.Module):
             raise ValueError(f"W_enc must be (d_transcoder, d_model), got shape {tuple(state['W_enc'].shape)}")
         if activation is None:
             activation = "topk" if "k" in state else "jumprelu" if "activation_function.threshold" in state else "relu"
-        if activation == "topk" and k is None:
+        if activation in TOPK_ACTIVATIONS and k is None:
             k = int(state["k"]) if "k" in state else None
         d_transcoder, d_model = state["W_enc"].shape
         tc = cls(d_model, d_transcoder, activation=activation, k=k, skip="W_skip" in state, dtype=dtype)
@@ -228,10 +237,20 @@ class TranscoderSet:
         return TranscoderSet(tcs, self.input_point, self.output_point, self.scan)
 
     def config(self) -> dict:
-        """circuit-tracer's ``config.yaml`` of the set."""
+        """circuit-tracer's ``config.yaml`` of the set.
+
+        Raises:
+            ValueError: layers of different activations or ``k``; an activation circuit-tracer has not
+                (``relu_topk``, sparsify's: circuit-tracer's TopK would keep the negative pre-activations).
+        """
         kinds = {tc.activation for tc in self}
         if len(kinds) != 1 or len({tc.k for tc in self}) != 1:
             raise ValueError("circuit-tracer's config holds one activation (and one k) for every layer")
+        if not kinds <= set(CIRCUIT_TRACER_ACTIVATIONS):
+            raise ValueError(f"activation {sorted(kinds)[0]!r} (EleutherAI sparsify's TopK, the k largest of "
+                             "relu(pre)) has no circuit-tracer file: its TopK keeps the k largest pre-activations, "
+                             "negative ones too, so such a file would be another transcoder where fewer than k are "
+                             "positive")
         cfg = {"model_kind": "transcoder_set", "scan": self.scan, "feature_input_hook": self.input_point,
                "feature_output_hook": self.output_point, "activation": kinds.pop()}
         if self.transcoders[0].k is not None:

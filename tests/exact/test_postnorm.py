@@ -348,29 +348,41 @@ def test_the_feature_graph_is_the_frozen_replacement(model):
 
 
 def test_the_qk_fix_moves_the_query_by_the_jacobian_write(model, tokens):
-    """The QK-fixed edge L0H1 -> L1H0.q is ``dm/dz . (z' - z)`` for head L1H0, ``z'`` its output with the layer's
-    query input read from ``x + J_P(r0) (d W_O)`` (the Jacobian write), that head's alone (the receiver's input, as
-    edge attribution patching and path patching move it): on 4.x the norm before the query written out and applied to
-    the moved stream, q_proj's output of head 0 recomputed from it at the Hugging Face module; on 3.x the write added to
-    head 0's ``hook_q_input`` (TransformerLens's own per-head inputs); the pattern recomputed by the model's own
-    attention. (Under OLMo-2's query norm, which spans the heads, moving every head's input instead gives another
-    number: 0.01578 against 0.01509 on the float64 checkpoint.)"""
+    """The QK-fixed edge L0H1 -> L1H0.q is ``dm/dz . (z' - z)`` for head L1H0, ``z'`` its output with its query read
+    from ``x + J_P(r0) (d W_O)`` (the Jacobian write), that head's alone (the receiver's input, as edge attribution
+    patching and path patching move it): the norm before the query written out and applied to the moved stream,
+    head 0's slice of the query recomputed from it, the pattern recomputed by the model's own attention. Under
+    OLMo-2's query norm, which spans the heads (issue 60), head 0's query is ``slice_0(q_norm((x + w) W_Q))``: the
+    model's own norm of every head's projection of the moved input, put back at the norm's output (before issue 60
+    the QK fix moved head 0's projection alone before the norm: 0.01509 against 0.01578 on the float64 checkpoint);
+    elsewhere on 4.x q_proj's head-0 slice recomputed, on 3.x the write added to head 0's ``hook_q_input``."""
     toks, ref = tokens
     fixed = ri.edge_attribution_patching(model, toks, metric, reference=ref, qk_fix=True)
     r, dW = _head_change(model, toks, ref, 0, 1)
     _, w = torch.func.jvp(written_norm(model, _post(model, 0)), (r,), (dW,))
-    if _backend.TL_MAJOR >= 4:
-        x = _record(model, toks, ["blocks.1.hook_resid_pre"])["blocks.1.hook_resid_pre"].to(torch.float64)
-        ln1 = _ln1(model, 1)
-        moved = (x + w) if ln1 is None else written_norm(model, ln1)(x + w)
-        q_proj = model.blocks[1].attn.original_component.q_proj
-        d_head = model.cfg.d_head
-
+    attn, d_head = model.blocks[1].attn, model.cfg.d_head
+    x = _record(model, toks, ["blocks.1.hook_resid_pre"])["blocks.1.hook_resid_pre"].to(torch.float64)
+    ln1 = _ln1(model, 1)
+    moved = (x + w) if ln1 is None else written_norm(model, ln1)(x + w)
+    q_norm = getattr(attn, "q_norm", None)
+    gain = None if q_norm is None else q_norm.w if _backend.TL_MAJOR == 3 else q_norm.original_component.weight
+    module = None
+    if gain is not None and gain.shape[-1] > d_head:  # OLMo-2's: one norm over every head's query
+        if _backend.TL_MAJOR >= 4:
+            q_all = attn._modules["q"].original_component(moved)  # q_proj itself (an nn.Linear)
+        else:
+            q_all = (torch.einsum("bpm,hmd->bphd", moved, attn.W_Q.detach()) + attn.b_Q.detach()).flatten(-2)
+        new = q_norm.forward(q_all)  # the model's own norm of every head's projection of the moved input
+        module, head_0 = q_norm, lambda mod, args: new
+    elif _backend.TL_MAJOR >= 4:
+        module = attn.original_component.q_proj
+        head_0 = lambda mod, args: torch.nn.functional.linear(moved.to(args[0].dtype), mod.weight, mod.bias)  # noqa: E731
+    if module is not None:
         def head_0_moved(mod, args, out):
             out = out.clone()
-            out[..., :d_head] = torch.nn.functional.linear(moved.to(args[0].dtype), mod.weight, mod.bias)[..., :d_head]
+            out[..., :d_head] = head_0(mod, args)[..., :d_head].to(out.dtype)
             return out
-        handle = q_proj.register_forward_hook(head_0_moved)
+        handle = module.register_forward_hook(head_0_moved)
         try:
             z_moved = _record(model, toks, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"][:, :, 0].to(torch.float64)
         finally:

@@ -1,7 +1,9 @@
-"""Other libraries' transcoder files (issue 54 item 5): files written here in pchlenski's and sparsify's layouts
-from random weights, read, and compared with each format's own formula written out by hand; then converted to
-circuit-tracer's files and read back; a graph made with the read set is exact (its doubling test is the
-per-layer or cross-layer one, here the row sums)."""
+"""Other libraries' transcoder files (issue 54 item 5, issue 60): files written here as each format's owner writes
+them (pchlenski's transcoder_circuits, EleutherAI sparsify on main and on its clt branch, circuit-tracer), read, and
+compared with the owner's own encode and decode (each written line by line from the owner's code, cited where it
+stands) at 1e-12 in float64; converted to circuit-tracer's files and read back where circuit-tracer holds the
+activation; a graph made with the read set is exact (its doubling test, here the row sums). Every field and tensor
+an owner's saver writes that the reader does not compute is refused by name."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import types
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
-from rs_interp.features import CrossLayerTranscoder, attribution_graph, load_clt, load_transcoders
+from rs_interp.features import CrossLayerTranscoder, attribution_graph, load_transcoders
 from rs_interp.features.formats import convert_to_circuit_tracer, load_pchlenski_transcoders, load_sparsify_transcoders
 from tests.features.test_transcoders import relu_model
 
@@ -52,6 +54,16 @@ def _pchlenski_files(tmp_path, *, as_object: bool, hook=None):
     return files, raw
 
 
+def pchlenski_forward(sd, x):
+    """(feature_acts, sae_out) of transcoder_circuits' ``SparseAutoencoder.forward`` for a transcoder (jacobdunefsky/
+    transcoder_circuits at 8721ff06b64889e8cc50bb1c5e869c7f72b8303d, sae_training/sparse_autoencoder.py, lines 105-131;
+    its repository states no licence, so these lines are written again, not copied: the same operations in order)."""
+    sae_in = x - sd["b_dec"]
+    hidden_pre = torch.einsum("...i,is->...s", sae_in, sd["W_enc"]) + sd["b_enc"]
+    feature_acts = torch.nn.functional.relu(hidden_pre)
+    return feature_acts, torch.einsum("...s,so->...o", feature_acts, sd["W_dec"]) + sd["b_dec_out"]
+
+
 @pytest.mark.parametrize("as_object", [True, False], ids=["pickled-config", "dict-config"])
 def test_pchlenskis_transcoders(tmp_path, as_object):
     files, raw = _pchlenski_files(tmp_path, as_object=as_object)
@@ -59,9 +71,9 @@ def test_pchlenskis_transcoders(tmp_path, as_object):
     assert tcs.input_point == "ln2.hook_normalized" and len(tcs) == L
     x = torch.randn(7, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     for tc, sd in zip(tcs, raw):
-        s = {k: v.double() for k, v in sd.items()}
-        by_hand = torch.relu((x - s["b_dec"]) @ s["W_enc"] + s["b_enc"]) @ s["W_dec"] + s["b_dec_out"]
-        assert torch.allclose(tc(x), by_hand, atol=1e-12, rtol=0)
+        acts, out = pchlenski_forward({k: v.double() for k, v in sd.items()}, x)
+        assert torch.allclose(tc.encode(x), acts, atol=1e-12, rtol=0)
+        assert torch.allclose(tc(x), out, atol=1e-12, rtol=0)
     back = load_transcoders(convert_to_circuit_tracer(tcs, tmp_path / "ct"), dtype=torch.float64)
     assert back.input_point == "ln2.hook_normalized" and torch.equal(back[1].W_enc, tcs[1].W_enc)
     model = relu_model("LN", seed=3, n_layers=L, d_model=D)
@@ -74,73 +86,297 @@ def test_pchlenskis_transcoders(tmp_path, as_object):
         load_pchlenski_transcoders(bad)
 
 
-def _sparsify_folder(folder, n_targets: int | None, *, skip=False, k=4):
-    g = torch.Generator().manual_seed(2)
+def test_pchlenski_keys_it_does_not_read_are_refused_by_name(tmp_path):
+    files, _ = _pchlenski_files(tmp_path, as_object=False)
+    data = torch.load(files[1], weights_only=False)
+    torch.save({"cfg": data["cfg"], "state_dict": data["state_dict"] | {"W_gate": torch.zeros(2)}}, files[1])
+    with pytest.raises(ValueError, match="holds 'W_gate', which rs_interp does not read"):
+        load_pchlenski_transcoders(files)
+    torch.save({"cfg": data["cfg"] | {"is_transcoder": False}, "state_dict": data["state_dict"]}, files[1])
+    with pytest.raises(ValueError, match="is_transcoder is false"):
+        load_pchlenski_transcoders(files)
+
+
+# --- circuit-tracer's files, as its own code writes and computes ----------------------------------------------------
+#
+# decoderesearch/circuit-tracer (MIT licence) at 4bb8c0ea10bde09727e14565ec8469656880da53: the lines below follow
+# circuit_tracer/transcoder/single_layer_transcoder.py (``SingleLayerTranscoder.to_safetensors``, ``encode``,
+# ``decode``, ``compute_skip``; ``load_transcoder_set`` keeps ``k`` in the config) and
+# circuit_tracer/transcoder/activation_functions.py (``TopK.forward``, ``jumprelu.forward``).
+
+def circuit_tracer_write(path, W_enc, W_dec, b_enc, b_dec, *, threshold=None, W_skip=None):
+    """``SingleLayerTranscoder.to_safetensors``: the state dict it saves (a TopK's ``k`` in config.yaml)."""
+    state_dict = {"W_enc": W_enc, "W_dec": W_dec, "b_enc": b_enc, "b_dec": b_dec}
+    if threshold is not None:
+        state_dict["activation_function.threshold"] = threshold
+    if W_skip is not None:
+        state_dict["W_skip"] = W_skip
+    save_file(state_dict, str(path))
+
+
+def circuit_tracer_forward(sd, x, activation, k=None):
+    """(acts, reconstruction): ``encode`` (``F.linear`` then the activation) and ``decode`` (``acts @ W_dec + b_dec``,
+    plus ``input_acts @ W_skip.T``)."""
+    pre = torch.nn.functional.linear(x, sd["W_enc"], sd["b_enc"])
+    if activation == "topk":
+        _, indices = torch.topk(pre, k=k, dim=-1)
+        gate = torch.zeros_like(pre)
+        gate.scatter_(dim=-1, index=indices, value=1)
+        acts = pre * gate
+    elif activation == "jumprelu":
+        acts = pre * (pre > sd["activation_function.threshold"])
+    else:
+        acts = torch.nn.functional.relu(pre)
+    out = acts @ sd["W_dec"] + sd["b_dec"]
+    return acts, out if "W_skip" not in sd else out + x @ sd["W_skip"].T
+
+
+@pytest.mark.parametrize("activation", ["relu", "jumprelu", "topk"])
+def test_circuit_tracers_files_are_read_as_it_computes_them(tmp_path, activation):
+    g = torch.Generator().manual_seed(4)
+    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64) * 0.3  # noqa: E731
+    folder = tmp_path / "ct"
+    folder.mkdir()
     raw = []
-    for l in range(L):
-        sub = folder / f"layers.{l}.mlp"
-        sub.mkdir(parents=True)
-        sd = {"encoder.weight": torch.randn(W, D, generator=g) * 0.3, "encoder.bias": torch.randn(W, generator=g) * 0.1}
-        cfg = {"d_in": D, "k": k, "transcode": True, "skip_connection": skip, "expansion_factor": W // D, "activation": "topk"}
-        if n_targets:
-            t = min(n_targets, L - l)
-            cfg["n_targets"] = t
-            for j in range(t):
-                sd[f"W_decs.{j}"] = torch.randn(W, D, generator=g) * 0.3
-                sd[f"b_decs.{j}"] = torch.randn(D, generator=g) * 0.2
-        else:
-            sd["W_dec"], sd["b_dec"] = torch.randn(W, D, generator=g) * 0.3, torch.randn(D, generator=g) * 0.2
-        if skip:
-            sd["W_skip"] = torch.randn(D, D, generator=g) * 0.1
-        (sub / "cfg.json").write_text(json.dumps(cfg))
-        save_file(sd, str(sub / "sae.safetensors"))
+    for layer in range(L):
+        sd = {"W_enc": r(W, D), "W_dec": r(W, D), "b_enc": r(W) - 0.3, "b_dec": r(D)}
+        sd |= {"activation_function.threshold": r(W).abs()} if activation == "jumprelu" else {}
+        sd |= {"W_skip": r(D, D)} if activation != "relu" else {}
+        circuit_tracer_write(folder / f"layer_{layer}.safetensors", **{k.split(".")[-1]: v for k, v in sd.items()})
         raw.append(sd)
-    return raw
+    (folder / "config.yaml").write_text("model_kind: transcoder_set\nscan: test\nfeature_input_hook: mlp.hook_in\n"
+                                        f"feature_output_hook: mlp.hook_out\nactivation: {activation}\n"
+                                        + ("k: 4\n" if activation == "topk" else ""))
+    tcs = load_transcoders(folder, dtype=torch.float64)
+    x = torch.randn(7, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for tc, sd in zip(tcs, raw):
+        acts, out = circuit_tracer_forward(sd, x, activation, k=4)
+        assert torch.allclose(tc.encode(x), acts, atol=1e-12, rtol=0)
+        assert torch.allclose(tc(x), out, atol=1e-12, rtol=0)
 
 
-def _topk(pre, k):
-    idx = pre.topk(k, -1).indices
-    return torch.zeros_like(pre).scatter(-1, idx, pre.gather(-1, idx))
+# --- EleutherAI sparsify, as its own code writes and computes ---------------------------------------------------
+#
+# The lines below follow EleutherAI/sparsify (MIT licence) line by line, as the minimal part needed here (sparsify
+# is no dependency of rs_interp's; its package imports a trainer, datasets and GPU kernels):
+# - main at 9d3b136c9217565af11089081444770e0d31673d, sparsify/sparse_coder.py (``SparseCoder.__init__``'s
+#   parameters, ``save_to_disk``, ``encode``, ``decode``, ``forward``'s skip), sparsify/fused_encoder.py
+#   (``FusedEncoder.forward``: ``relu(linear)`` then ``topk``), sparsify/config.py (``SparseCoderConfig``);
+# - the clt branch at d7f7368ec229cebd8975ff21561459655c0b375a, sparsify/sparse_coder.py (``SparseCoder.__init__``'s
+#   ``W_decs``, ``b_decs``, ``W_skips``, ``in_norm``/``out_norm``, ``post_encs``, ``post_enc_scales``;
+#   ``normalize_input``, ``denormalize_output``, ``decode(index)``, ``MidDecoder.current_latent_acts`` and
+#   ``__call__``), sparsify/runner.py (``CrossLayerRunner.decode`` without coalescing), sparsify/config.py.
+# Checked against that code itself (run from the two commits' sources on CPU): the reader's activations and outputs
+# equal sparsify's to 3e-16 (main) and 2.4e-15 (clt, outputs of size 10).
+
+_MAIN_CONFIG = dict(activation="topk", expansion_factor=32, normalize_decoder=True, num_latents=0, k=32,
+                    multi_topk=False, skip_connection=False, transcode=False)
+_CLT_CONFIG = _MAIN_CONFIG | dict(n_targets=0, n_sources=0, normalize_io=False, divide_cross_layer=False,
+                                  train_post_encoder=True, post_encoder_scale=False, coalesce_topk="none",
+                                  topk_coalesced=True)
+
+
+class SparsifyCoder(torch.nn.Module):
+    """sparsify's ``SparseCoder`` (either commit): its parameters under its names, its encoder and decoders."""
+
+    def __init__(self, d_in, cfg):
+        super().__init__()
+        self.cfg, self.d_in = cfg, d_in
+        self.num_latents = cfg["num_latents"] or d_in * cfg["expansion_factor"]
+        self.multi_target = cfg.get("n_targets", 0) > 0 and cfg["transcode"]
+        z = lambda *shape: torch.nn.Parameter(torch.zeros(*shape, dtype=torch.float64))  # noqa: E731
+        self.encoder = torch.nn.Linear(d_in, self.num_latents, dtype=torch.float64)
+        n = cfg.get("n_targets", 0)
+        if self.multi_target:
+            self.W_decs = torch.nn.ParameterList([z(self.num_latents, d_in) for _ in range(n)])
+            self.b_decs = torch.nn.ParameterList([z(d_in) for _ in range(n)])
+            if cfg["skip_connection"]:
+                self.W_skips = torch.nn.ParameterList([z(d_in, d_in) for _ in range(n)])
+        else:
+            self.W_dec, self.b_dec = z(self.num_latents, d_in), z(d_in)
+            self.W_skip = z(d_in, d_in) if cfg["skip_connection"] else None
+        if cfg.get("normalize_io"):
+            self.register_buffer("in_norm", torch.ones(1, dtype=torch.float64))
+            self.register_buffer("out_norm", torch.ones(1, dtype=torch.float64))
+        if "n_targets" in cfg:  # the clt branch
+            if self.multi_target:
+                self.post_encs = torch.nn.ParameterList([z(self.num_latents) for _ in range(n)])
+            else:
+                self.post_enc = z(self.num_latents)
+            if cfg["post_encoder_scale"]:
+                ones = lambda: torch.nn.Parameter(torch.ones(self.num_latents, dtype=torch.float64))  # noqa: E731
+                if self.multi_target:
+                    self.post_enc_scales = torch.nn.ParameterList([ones() for _ in range(n)])
+                else:
+                    self.post_enc_scale = ones()
+
+    def save_to_disk(self, path):
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(path / "sae.safetensors"))
+        (path / "cfg.json").write_text(json.dumps({**self.cfg, "d_in": self.d_in}))
+
+    def normalize_input(self, x):
+        return x * (x.shape[-1] ** 0.5 / self.in_norm) if self.cfg.get("normalize_io") else x
+
+    def denormalize_output(self, x):
+        return x * (self.out_norm / (x.shape[-1] ** 0.5)) if self.cfg.get("normalize_io") else x
+
+    def encode(self, x):
+        """(top_acts, top_indices): FusedEncoder.forward, ``relu`` of the linear map, then ``topk``."""
+        pre = torch.nn.functional.relu(torch.nn.functional.linear(self.normalize_input(x), self.encoder.weight,
+                                                                  self.encoder.bias))
+        return torch.topk(pre, self.cfg["k"], dim=-1, sorted=False)
+
+    def decode(self, acts, indices, index=0):
+        W = self.W_decs[index] if self.multi_target else self.W_dec
+        b = self.b_decs[index] if self.multi_target else self.b_dec
+        return torch.nn.functional.embedding_bag(indices, W, per_sample_weights=acts, mode="sum") + b
+
+    def write(self, x, acts, indices, index):
+        """MidDecoder.__call__'s ``sae_out`` before denormalising: the latents with their post-encoder terms
+        (current_latent_acts), decoded for target ``index``, plus that target's skip of the normalised input."""
+        if "n_targets" in self.cfg:
+            pe = self.post_encs[index] if self.multi_target else self.post_enc
+            acts = acts + pe[indices]
+            if self.cfg["post_encoder_scale"]:
+                acts = acts * (self.post_enc_scales[index] if self.multi_target else self.post_enc_scale)[indices]
+        out = self.decode(acts, indices, index)
+        skip = self.W_skips[index] if hasattr(self, "W_skips") else getattr(self, "W_skip", None)
+        return out if skip is None else out + self.normalize_input(x) @ skip.mT
+
+
+def sparsify_outputs(coders, xs):
+    """Every layer's output as CrossLayerRunner.decode sums it (no coalescing): at layer ``m``, the earlier coders
+    still writing (their ``index``-th target), divided by their number where ``m``'s ``divide_cross_layer``, plus its
+    own write, denormalised by ``m``."""
+    alive, outs = {}, []
+    for m, coder in enumerate(coders):
+        alive[m] = (coder, xs[m], *coder.encode(xs[m]), 0)
+        earlier = 0
+        for l in [l for l in alive if l != m]:
+            c, x, acts, idx, index = alive[l]
+            earlier = earlier + c.write(x, acts, idx, index)
+        divide = max(1, len(alive) - 1) if coder.cfg.get("divide_cross_layer") else 1
+        outs.append(coder.denormalize_output(coder.write(xs[m], alive[m][2], alive[m][3], 0) + earlier / divide))
+        for l in list(alive):
+            c, x, acts, idx, index = alive[l]
+            if index + 1 >= max(c.cfg.get("n_targets", 0), 1):
+                del alive[l]
+            else:
+                alive[l] = (c, x, acts, idx, index + 1)
+    return outs
+
+
+def _coders(folder, branch, *, L=3, k=4, skip=True, **cfg):
+    """Random coders of ``branch`` saved by its ``save_to_disk``: every tensor drawn, the encoder bias negative
+    (fewer than k pre-activations positive), every skip and post-encoder term zero but where ``cfg`` asks."""
+    g = torch.Generator().manual_seed(2)
+    coders = []
+    for l in range(L):
+        base = dict(_MAIN_CONFIG if branch == "main" else _CLT_CONFIG, transcode=True, k=k, expansion_factor=W // D,
+                    skip_connection=skip)
+        extra = {key: (min(v, L - l) if key == "n_targets" else v) for key, v in cfg.items() if not key.startswith("_")}
+        coder = SparsifyCoder(D, base | extra)
+        with torch.no_grad():
+            for name, p in list(coder.named_parameters()) + list(coder.named_buffers()):
+                if name.startswith(("post_encs", "post_enc")) and "scale" not in name:
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * cfg.get("_post_enc", 0.0))
+                elif "norm" in name or "scale" in name:
+                    p.copy_(0.5 + torch.rand(p.shape, generator=g, dtype=torch.float64))
+                elif name.startswith("W_skips.") and not name.endswith(".0"):
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * cfg.get("_cross_skip", 0.0))
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.3)
+            coder.encoder.bias.sub_(0.8)
+        coder.save_to_disk(folder / f"layers.{l}.mlp")
+        coders.append(coder)
+    return coders
+
+
+def _dense(coder, x):
+    acts, idx = coder.encode(x)
+    return torch.zeros(*x.shape[:-1], coder.num_latents, dtype=torch.float64).scatter(-1, idx, acts)
+
+
+def _inputs(L, n=9):
+    return [torch.randn(n, D, dtype=torch.float64, generator=torch.Generator().manual_seed(10 + l)) for l in range(L)]
 
 
 @pytest.mark.parametrize("skip", [False, True])
-def test_sparsifys_per_layer_transcoders(tmp_path, skip):
-    raw = _sparsify_folder(tmp_path / "sp", None, skip=skip)
+def test_sparsifys_topk_is_the_k_largest_of_relu(tmp_path, skip):
+    """sparsify (main): ``topk(relu(x W^T + b))``; with a negative encoder bias fewer than k pre-activations are
+    positive in some rows, where circuit-tracer's TopK (the reader before issue 60) kept negative ones: activations
+    and outputs the owner's to 1e-12."""
+    coders = _coders(tmp_path / "sp", "main", skip=skip)
     tcs = load_sparsify_transcoders(tmp_path / "sp", dtype=torch.float64)
-    x = torch.randn(5, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    for tc, sd in zip(tcs, raw):
-        s = {k: v.double() for k, v in sd.items()}
-        by_hand = _topk(x @ s["encoder.weight"].T + s["encoder.bias"], 4) @ s["W_dec"] + s["b_dec"]
-        if skip:
-            by_hand = by_hand + x @ s["W_skip"].T
-        assert torch.allclose(tc(x), by_hand, atol=1e-12, rtol=0)
-    back = load_transcoders(convert_to_circuit_tracer(tcs, tmp_path / "ct"), dtype=torch.float64)
-    assert back[0].k == 4 and torch.equal(back[0].W_dec, tcs[0].W_dec)
+    assert {tc.activation for tc in tcs} == {"relu_topk"} and len(tcs) == 3
+    xs = _inputs(3)
+    short = 0
+    for l, (tc, coder) in enumerate(zip(tcs, coders)):
+        pre = xs[l] @ coder.encoder.weight.T + coder.encoder.bias
+        short += int(((pre > 0).sum(-1) < coder.cfg["k"]).sum())
+        assert torch.allclose(tc.encode(xs[l]), _dense(coder, xs[l]), atol=1e-12, rtol=0)
+        assert torch.allclose(tc(xs[l]), sparsify_outputs([coder], [xs[l]])[0], atol=1e-12, rtol=0)
+    assert short > 0, "some rows have fewer than k positive pre-activations (the case the ReLU decides)"
+    with pytest.raises(ValueError, match="relu_topk.*no circuit-tracer file"):
+        convert_to_circuit_tracer(tcs, tmp_path / "ct")
 
 
-def test_sparsifys_cross_layer_transcoders(tmp_path):
-    raw = _sparsify_folder(tmp_path / "clt", 2)
+@pytest.mark.parametrize("setting", ["plain", "normalised io, divided, scaled"])
+def test_sparsifys_cross_layer_coders_are_read_as_its_runner_sums_them(tmp_path, setting):
+    """sparsify's clt branch: two targets a layer (three layers), each target's own skip ``W_skips.0`` and bias, the
+    saver's ``post_encs`` (zeros, as untrained), and (second case) input/output norms, divided cross-layer writes and
+    post-encoder scales, all folded: the read coder's activations and every layer's output equal the owner's."""
+    norms = dict(normalize_io=True, divide_cross_layer=True, post_encoder_scale=True) if setting != "plain" else {}
+    coders = _coders(tmp_path / "clt", "clt", n_targets=2, **norms)
     clt = load_sparsify_transcoders(tmp_path / "clt", dtype=torch.float64)
-    assert isinstance(clt, CrossLayerTranscoder)
-    x = [torch.randn(5, D, dtype=torch.float64, generator=torch.Generator().manual_seed(l)) for l in range(L)]
-    acts = [_topk(x[l] @ raw[l]["encoder.weight"].double().T + raw[l]["encoder.bias"].double(), 4) for l in range(L)]
-    for m, y in enumerate(clt.reconstruct(x)):  # output m: every source l <= m through its decoder j = m - l, plus its bias
-        by_hand = sum(acts[l] @ raw[l][f"W_decs.{m - l}"].double() + raw[l][f"b_decs.{m - l}"].double() for l in range(m + 1))
-        assert torch.allclose(y, by_hand, atol=1e-12, rtol=0)
-    back = load_clt(convert_to_circuit_tracer(clt, tmp_path / "ct"), dtype=torch.float64)
-    for a, b in zip(clt.decoders, back.decoders):
-        assert torch.equal(a, b)
-    model = relu_model("LN", seed=3, n_layers=L, d_model=D)
-    g = attribution_graph(model, back, torch.arange(8), max_logits=3)
+    assert isinstance(clt, CrossLayerTranscoder) and clt[0].W_skip is not None
+    xs = _inputs(3)
+    for l, coder in enumerate(coders):
+        assert torch.allclose(clt[l].encode(xs[l]), _dense(coder, xs[l]), atol=1e-12, rtol=0)
+    for m, (got, want) in enumerate(zip(clt.reconstruct(xs), sparsify_outputs(coders, xs))):
+        assert torch.allclose(got, want, atol=1e-12, rtol=0), m
+    model = relu_model("LN", seed=3, n_layers=3, d_model=D)
+    g = attribution_graph(model, clt, torch.arange(8), max_logits=3)
     rows = g.target_nodes()
     assert torch.allclose(g.rows().sum(1) + g.bias[rows], g.values[rows], atol=1e-9, rtol=0)
 
 
-def test_sparsify_refusals(tmp_path):
-    _sparsify_folder(tmp_path / "a", None)
-    cfg = tmp_path / "a" / "layers.1.mlp" / "cfg.json"
-    cfg.write_text(json.dumps(json.loads(cfg.read_text()) | {"transcode": False}))
-    with pytest.raises(ValueError, match="autoencoder"):
+def test_circuit_tracers_topk_is_read_as_circuit_tracers(tmp_path):
+    """A set written as circuit-tracer's keeps its TopK (negative pre-activations kept): not sparsify's."""
+    from tests.features.test_transcoders import random_transcoders
+
+    tcs = random_transcoders(2, D, W, activation="topk", k=4)
+    back = load_transcoders(convert_to_circuit_tracer(tcs, tmp_path / "ct"), dtype=torch.float64)
+    assert back[0].activation == "topk"
+
+
+@pytest.mark.parametrize("what, cfg, match", [
+    ("a nonzero post-encoder bias", dict(n_targets=2, _post_enc=0.3), "post_encs.0 is nonzero"),
+    ("a nonzero skip into a later layer", dict(n_targets=2, _cross_skip=0.3), "W_skips.1 is nonzero"),
+    ("groupmax", dict(activation="groupmax"), "groupmax"),
+    ("coalesced top-k", dict(coalesce_topk="concat"), "coalesce_topk 'concat'"),
+    ("an autoencoder", dict(transcode=False), "autoencoder"),
+])
+def test_what_sparsify_writes_and_rs_interp_does_not_compute_is_refused_by_name(tmp_path, what, cfg, match):
+    _coders(tmp_path / "sp", "clt", **cfg)
+    with pytest.raises(ValueError, match=match):
+        load_sparsify_transcoders(tmp_path / "sp")
+
+
+def test_unknown_fields_and_tensors_are_refused_by_name(tmp_path):
+    _coders(tmp_path / "a", "main", L=2)
+    sub = tmp_path / "a" / "layers.1.mlp"
+    cfg = json.loads((sub / "cfg.json").read_text())
+    (sub / "cfg.json").write_text(json.dumps(cfg | {"signed": True}))
+    with pytest.raises(ValueError, match="'signed', fields rs_interp does not read"):
         load_sparsify_transcoders(tmp_path / "a")
+    (sub / "cfg.json").write_text(json.dumps(cfg))
+    sd = load_file(str(sub / "sae.safetensors"))
+    save_file(sd | {"W_gate": torch.zeros(2)}, str(sub / "sae.safetensors"))
+    with pytest.raises(ValueError, match="tensor 'W_gate', which rs_interp does not read"):
+        load_sparsify_transcoders(tmp_path / "a")
+    save_file(sd, str(sub / "sae.safetensors"))
     with pytest.raises(ValueError, match="no hook-point folder"):
-        load_sparsify_transcoders(tmp_path / "a" / "layers.1.mlp")
+        load_sparsify_transcoders(sub)

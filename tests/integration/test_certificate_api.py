@@ -94,6 +94,16 @@ def _task_batch(tokens, reference):
     return [scale.Batch(tokens=tokens, reference=reference, metric=_metric, weight=1, targets=tokens.roll(-1, 1))]
 
 
+def _pairs(tokens, reference):
+    """A pair set of the two batches, interchanged and read at the last position (rs_interp.variables)."""
+    from rs_interp.variables import PairSet
+
+    n, last = tokens.shape[0], torch.full((tokens.shape[0],), tokens.shape[1] - 1)
+    return PairSet(base=tokens, source=reference, labels=torch.zeros(n, dtype=torch.long),
+                   base_labels=torch.ones(n, dtype=torch.long), read=last, candidates=torch.tensor([[1, 2]] * n),
+                   base_positions=last, source_positions=last)
+
+
 #: helper -> (the model it runs on, a call of it). Models: "mlp" (LN, MLPs with ReLU), "attn" (attention-only, no norm),
 #: "rotary" (attention-only, rotary). The call gets (model, tokens, reference, clean): clean results of the same shapes.
 CALLS = {
@@ -145,6 +155,14 @@ CALLS = {
     "scale.direct_logit_attribution": ("mlp", lambda m, t, r, c: scale.direct_logit_attribution(m, _task_batch(t, r), progress=False)),
     "scale.logit_lens": ("mlp", lambda m, t, r, c: scale.logit_lens(m, _task_batch(t, r), progress=False)),
     "scale.lens_kl": ("mlp", lambda m, t, r, c: scale.lens_kl(m, _task_batch(t, r), progress=False)),
+    "variables.interchange": ("mlp", lambda m, t, r, c: ri.variables.interchange(
+        m, _pairs(t, r), "blocks.1.hook_resid_pre", torch.eye(m.cfg.d_model, dtype=m.cfg.dtype)[:, :2], progress=False)),
+    "variables.das": ("mlp", lambda m, t, r, c: ri.variables.das(
+        m, _pairs(t, r), "blocks.1.hook_resid_pre", ri.variables.DASOptions(rank=2, epochs=1), test=_pairs(t, r),
+        controls=(), progress=False)),
+    "variables.activations": ("mlp", lambda m, t, r, c: ri.variables.activations(m, t, "blocks.1.hook_resid_pre")),
+    "head_affinity": ("mlp", lambda m, t, r, c: ri.head_affinity(m, "v")),
+    "head_affinities": ("mlp", lambda m, t, r, c: ri.head_affinities(m)),
 }
 
 _BASES = {

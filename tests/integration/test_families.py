@@ -292,18 +292,23 @@ def test_every_helper_is_exact_or_refuses_by_name(loaded, tokens, helper):
         row[helper] = "-"
         pytest.skip(f"{family}: the load is refused by name (test_load_is_the_checkpoint_or_refused_by_name)")
     toks, ref = tokens
-    cert = ri.certify(model)
     needs = NEEDS[helper] + (NEEDS["direct_logit_attribution"] if helper == "second_order_attribution" else ())
+    row[helper] = _exact_or_refused(family, helper, lambda: HELPERS[helper](model, toks, ref), ri.certify(model), needs,
+                                    "soft-cap")
+
+
+def _exact_or_refused(family: str, helper: str, call, cert, needs: tuple[str, ...], excuse: str) -> str:
+    """``"exact"`` where ``call`` answers (and every identity ``needs`` holds), ``"refused: ..."`` where it raises a
+    ValueError naming an identity the certificate says fails (or ``excuse``, a configuration refused by name)."""
     try:
-        HELPERS[helper](model, toks, ref)
+        call()
     except ValueError as err:
         named = [n for n in cert.failed() if f"'{n}'" in str(err)]
-        assert named or "soft-cap" in str(err), f"{family}, {helper}: refused without naming a failing identity: {err}"
-        assert "soft-cap" in str(err) or not cert.holds(*needs), f"{family}, {helper}: refused although every identity it needs holds"
-        row[helper] = "refused: " + (", ".join(named) or "soft-cap")
-        return
+        assert named or excuse in str(err), f"{family}, {helper}: refused without naming a failing identity: {err}"
+        assert excuse in str(err) or not cert.holds(*needs), f"{family}, {helper}: refused although every identity it needs holds"
+        return "refused: " + (", ".join(named) or excuse)
     assert cert.holds(*needs), f"{family}, {helper}: returned a number although {set(cert.failed()) & set(needs)} fail"
-    row[helper] = "exact"
+    return "exact"
 
 
 #: Edge attribution patching, path patching and circuit evaluation: the docs' "edge methods".
@@ -345,6 +350,48 @@ def test_the_docs_table_says_what_was_measured(table):
     if not measured:
         pytest.skip("no family was measured in this session (run the whole module)")
     assert {k: docs.get(k) for k in measured} == measured
+
+
+# --- causal variables (issue 63): interchange and head affinities, exact or refused by name -----------------
+
+def _interchange(model, toks, ref):
+    from rs_interp.variables import PairSet, Site, interchange, random_basis
+    from tests.variables.test_interchange import brute_force
+
+    last = torch.full((toks.shape[0],), toks.shape[1] - 1)
+    pairs = PairSet(base=toks, source=ref, labels=torch.zeros(len(toks), dtype=torch.long),
+                    base_labels=torch.ones(len(toks), dtype=torch.long), read=last, candidates=torch.tensor([[1, 2]] * 3),
+                    base_positions=last - 2, source_positions=last)
+    for site in (Site("blocks.1.hook_resid_pre"), Site("blocks.1.attn.hook_z", 2)):
+        basis = random_basis(site.width(model), 3, seed=0, dtype=model.cfg.dtype)
+        got = interchange(model, pairs, site, basis, progress=False)
+        with torch.no_grad():
+            want = brute_force(model, pairs, site, basis).to(torch.float64)
+        _close(float((got.logits.to(torch.float64) - want).abs().max()), 0.0, model, str(site))
+
+
+def _affinity(model, toks, ref):
+    from tests.heads.test_affinity import brute_force
+
+    got, want = ri.head_affinity(model, "v").scores, brute_force(model, "v")
+    mask = ~want.isnan()
+    _close(float((got.to(torch.float64)[mask] - want[mask]).abs().max()), 0.0, model, "OV affinity")
+
+
+#: The helpers of issue 63, with their brute forces (not in HELPERS: the docs' table of families reads those).
+VARIABLES = {"variables.interchange": _interchange, "head_affinity": _affinity}
+
+
+@pytest.mark.parametrize("helper", list(VARIABLES))
+def test_causal_variable_helpers_are_exact_or_refuse_by_name(loaded, tokens, helper):
+    """As the core helpers above: the number of a brute force written apart, or a ValueError naming an identity
+    the certificate says fails (or post-norm blocks, which head affinities refuse as the composition scores do)."""
+    family, model, _, _ = loaded
+    if model is None:
+        pytest.skip(f"{family}: the load is refused by name (test_load_is_the_checkpoint_or_refused_by_name)")
+    toks, ref = tokens
+    needs = NEEDS[helper] + (("stream", "z") if helper.startswith("variables") else ())
+    _exact_or_refused(family, helper, lambda: VARIABLES[helper](model, toks, ref), ri.certify(model), needs, "post-norm")
 
 
 # --- the feature graph (issue 52), on the ten families its must-show names ---------------------------

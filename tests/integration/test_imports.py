@@ -97,7 +97,7 @@ def test_no_import_circle():
 #: top-level modules, the common substrate), the analyses, the user-facing layer. The theory lab sits
 #: beside the analyses and reads the core; the reproduction and the case study are apart (they read
 #: everything; only the command line reads the reproduction).
-ANALYSES = ("readouts", "heads", "circuits", "features", "models", "tasks", "scale")
+ANALYSES = ("readouts", "heads", "circuits", "features", "models", "tasks", "scale", "variables")
 APART = ("reproduce", "finance")
 #: role -> the roles it may import.
 MAY_IMPORT = {
