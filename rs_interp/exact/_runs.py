@@ -324,11 +324,19 @@ def _failed(err: Exception) -> str:
 
 
 def _gradient_identities(model: Model, tokens: torch.Tensor, tol: float,
-                         moved: Callable[[], dict]) -> dict[str, Identity]:
+                         moved: Callable[[], dict], with_readers: bool = True) -> dict[str, Identity]:
     """``z``, ``input`` and ``readers`` from one backward pass (:func:`_gradient_run`) through every reader's
     input (per head: what patching adds a value to); where those inputs cannot be read, ``z`` and ``input``
     from the run without them. ``readers`` also compares the run's logits with ``moved()``'s, the model's
-    own run with the same z moved (:func:`_moved_run`)."""
+    own run with the same z moved (:func:`_moved_run`). Without ``with_readers``, ``z`` and ``input`` only,
+    from the model's own run (no per-head copies of the stream, no run with z moved to compare with)."""
+    if not with_readers:
+        try:
+            run = _gradient_run(model, tokens, [])
+        except (Missing, *MODEL_ERRORS) as err:
+            return {name: Identity(name, False, float("nan"), tol, f"the run with gradients failed: {_failed(err)}")
+                    for name in ("z", "input")}
+        return _on_path(run["grads"], model.cfg.n_layers, tol)
     cfg, L = model.cfg, model.cfg.n_layers
     wanted = readers(model, projected=False)
     points = model.hook_dict  # (a bridge builds it at each read)
@@ -346,16 +354,6 @@ def _gradient_identities(model: Model, tokens: torch.Tensor, tol: float,
             return {name: Identity(name, False, float("nan"), tol, f"the run with gradients failed: {_failed(err2)}")
                     for name in ("z", "input", "readers")}
     grads, by_reader, fired = run["grads"], run["by_reader"], run["fired"]
-
-    def z_on_path() -> tuple[float, str]:
-        # on the path iff its gradient is computed at all (0 is a gradient: a head nothing downstream reads)
-        for l in range(L):
-            if N.z(l) not in grads:
-                return float("inf"), f"{N.z(l)} is not on the forward path: no gradient reaches it"
-        return 0.0, ""
-
-    def input_on_path() -> tuple[float, str]:
-        return (0.0 if "pre0" in grads else float("inf")), f"{N.RESID0} is not on the forward path: no gradient reaches it"
 
     def complete() -> tuple[float, str]:
         # e.g. a hook on a q/k/v projection module the split inputs bypass
@@ -386,13 +384,29 @@ def _gradient_identities(model: Model, tokens: torch.Tensor, tol: float,
                        "graph's receivers (a norm after a sublayer, an input the hooks do not see)")
 
     unread = f"the receivers cannot be read: {readers_failed}"
-    return {"z": judge("z", tol, z_on_path), "input": judge("input", tol, input_on_path),
-            "readers": (judge("readers", tol, complete) if readers_failed is None
-                        else Identity("readers", False, float("nan"), tol, unread))}
+    return {**_on_path(grads, L, tol), "readers": (judge("readers", tol, complete) if readers_failed is None
+                                                   else Identity("readers", False, float("nan"), tol, unread))}
+
+
+def _on_path(grads: dict[str, torch.Tensor], L: int, tol: float) -> dict[str, Identity]:
+    """``z`` and ``input`` from a backward pass's gradients: each on the path iff its gradient is computed at all
+    (0 is a gradient: a head nothing downstream reads)."""
+    def z_on_path() -> tuple[float, str]:
+        for l in range(L):
+            if N.z(l) not in grads:
+                return float("inf"), f"{N.z(l)} is not on the forward path: no gradient reaches it"
+        return 0.0, ""
+
+    def input_on_path() -> tuple[float, str]:
+        return (0.0 if "pre0" in grads else float("inf")), f"{N.RESID0} is not on the forward path: no gradient reaches it"
+
+    return {"z": judge("z", tol, z_on_path), "input": judge("input", tol, input_on_path)}
 
 
 #: Each measurement and the identities it yields, all at once (``source`` is the loader's:
-#: :func:`rs_interp.exact.certificate.note_source`). Every identity is yielded by exactly one.
+#: :func:`rs_interp.exact.certificate.note_source`), but the clean run's checks and ``readers`` (the gradient run
+#: through every receiver's per-head input, and the run with z moved beside it), only where asked for. Every
+#: identity is yielded by exactly one.
 MEASUREMENTS: dict[str, tuple[str, ...]] = {
     "clean run": ("embedding", "stream", "values", "scores", "scores read", "projections", "mlp reads", "mlp writes",
                   "mlp weights"),
@@ -415,11 +429,11 @@ class _Probe:
     """One measuring call's probe batch and its runs, each made once and only as far as it is read: the clean
     run (:func:`rs_interp.exact._checks.clean_run`) and the run with z moved (:func:`_moved_run`)."""
 
-    def __init__(self, model: Model, measurements: set[str]) -> None:
+    def __init__(self, model: Model, measurements: set[str], reads_logits: bool) -> None:
         self.model, self.tokens = model, C.probe(model)
         self.box = C.clean_run(model, self.tokens, logits=bool(measurements & _READ_LOGITS))
         self._moved: dict | None = None
-        self._moved_logits = "gradient" in measurements
+        self._moved_logits = reads_logits
 
     def moved(self) -> dict[str, torch.Tensor]:
         """The run with z moved (a failure of it raised again at each read, each identity failing by it)."""
@@ -450,8 +464,8 @@ def _yielded(model: Model, probe: _Probe, measurement: str, tol: float, names: s
                 "vocabulary": judge("vocabulary", tol, lambda: C.vocabulary(model, box))}
     if measurement == "z moved":
         return {"heads": judge("heads", tol, lambda: _heads(model, probe.moved()))}
-    if measurement == "gradient":
-        return _gradient_identities(model, tokens, tol, probe.moved)
+    if measurement == "gradient":  # the receivers' per-head copies only where readers is asked for
+        return _gradient_identities(model, tokens, tol, probe.moved, with_readers="readers" in names)
     single = {"rows": ("rows", lambda: _rows(model)),
               "head inputs": ("head inputs", lambda: _head_inputs(model, tokens, box)),
               "backward hooks": ("gradients", lambda: _gradients(model, tokens)),
@@ -475,7 +489,7 @@ def measure(model: Model, tol: float, names: tuple[str, ...] | None = None) -> d
     unembeddings = bool(measurements & _READ_LOGITS) + sum(_UNEMBEDDINGS.get(m, 0) for m in runs)
     # 3.x copies W_U at each unembedding: stored transposed (one copy) where more than two runs reach it
     with _backend.unembed_stored_transposed(model) if unembeddings > 2 else contextlib.nullcontext():
-        probe = _Probe(model, measurements)
+        probe = _Probe(model, measurements, reads_logits="readers" in names)
         if model.cfg.n_layers == 0:  # nothing to read: every identity is vacuous
             return {k: Identity(k, None, float("nan"), tol) for m in measurements for k in MEASUREMENTS[m]}
         out: dict[str, Identity] = {}
