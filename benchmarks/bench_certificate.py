@@ -9,8 +9,8 @@ Parts (``--parts``, default all three):
   for typical helpers' first calls (the time spent in the certificate inside the helper's own call); then
   ``composition_scores(model, "k")``'s first call against its cached call. The median of ``--reps``.
 - ``sizes``: GPT-2 small, medium, large and xl (``--sizes``), each in its own subprocess: ``certify(model)``'s
-  first measurement and a forward pass of 8 x 64 tokens timed in that process, their ratio, the seconds per
-  layer, and the process's peak memory (xl: 1.5 B parameters, 6.2 GB in float32).
+  first measurement and a forward pass of 8 x 64 tokens timed in that process (CPU seconds: one thread, so
+  the process's own work whatever the load), their ratio, the seconds per layer, and the process's peak memory (xl: 1.5 B parameters, 6.2 GB in float32).
 - ``tl``: first calls beside TransformerLens's on the same inputs: ``benchmarks/bench_tl_tools.py``'s rows
   ``node`` (node attribution patching against ``attribution_patch``) and ``composition`` (K, Q and V
   composition of every pair against ``all_composition_scores``), each side in a fresh subprocess, its first
@@ -23,7 +23,7 @@ no faster than the depth, first calls at least 3x TransformerLens's ``attributio
 ratios are measured side by side in one process.
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/bench_certificate.py [--parts small sizes tl]
-    [--sizes small medium large xl] [--reps 3]
+    [--sizes small medium large xl] [--reps 3] [--helpers attribution_patching ...]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class _Timed:
         setattr(certificate, self.name, timed)
 
 
-def _small(reps: int) -> dict:
+def _small(reps: int, helpers: list[str] | None = None) -> dict:
     import torch
 
     import rs_interp as ri
@@ -95,7 +95,8 @@ def _small(reps: int) -> dict:
     forward()
     timer = _Timed()
     calls = {"certify(model): the whole table": lambda: ri.certify(model)}
-    calls |= {name: (lambda fn=fn: fn(ri, model, tokens, reference, metric)) for name, fn in HELPERS.items()}
+    calls |= {name: (lambda fn=fn: fn(ri, model, tokens, reference, metric)) for name, fn in HELPERS.items()
+              if helpers is None or name.split()[0] in helpers}
     out: dict = {"forwards": {}, "seconds": {}}
     for name, call in calls.items():
         ratios, seconds = [], []
@@ -131,21 +132,21 @@ _SIZE_CHILD = r"""
 import json, resource, sys, time, torch
 import rs_interp as ri
 size = sys.argv[1]
-start = time.perf_counter()
+start = time.process_time()
 model = ri.load_gpt2("random", size=size)
-load = time.perf_counter() - start
+load = time.process_time() - start
 batch = torch.randint(0, model.cfg.d_vocab, (8, 64), generator=torch.Generator().manual_seed(0))
 with torch.no_grad():
     model(batch[:1, :8])  # kernels warmed up: the forward below is the batch's own
-    start = time.perf_counter()
+    start = time.process_time()
     model(batch)
-    forward = time.perf_counter() - start
-start = time.perf_counter()
+    forward = time.process_time() - start
+start = time.process_time()
 cert = ri.certify(model)
-first = time.perf_counter() - start
-start = time.perf_counter()
+first = time.process_time() - start
+start = time.process_time()
 ri.certify(model)
-cached = time.perf_counter() - start
+cached = time.process_time() - start
 print(json.dumps({"layers": model.cfg.n_layers, "params": sum(p.numel() for p in model.parameters()), "load": load,
                   "forward": forward, "certify": first, "cached": cached, "failed": list(cert.failed()),
                   "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
@@ -174,6 +175,8 @@ def main() -> None:
     ap.add_argument("--parts", nargs="+", default=["small", "sizes", "tl"], choices=["small", "sizes", "tl"])
     ap.add_argument("--sizes", nargs="+", default=["small", "medium", "large", "xl"])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--helpers", nargs="*", default=None, help="the helpers timed in 'small' (default all of HELPERS; "
+                    "by their first word, e.g. attribution_patching composition_scores; none: the whole table only)")
     args = ap.parse_args()
     import torch
 
@@ -183,7 +186,7 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f} at the start")
     if "small" in args.parts:
         print("GPT-2 small's shape: the certificate's first measurement, in forward passes of 8 x 64 tokens (no grad)")
-        _small(args.reps)
+        _small(args.reps, args.helpers)
     if "sizes" in args.parts:
         print("The whole certificate's first measurement on GPT-2's sizes (random weights), each in its own process")
         _sizes(args.sizes)
