@@ -162,11 +162,12 @@ def _reason(err: Exception) -> str:
 
 
 @contextlib.contextmanager
-def parsing(path: str | Path, what: str) -> Iterator[None]:
+def parsing(path: str | Path, what: str, *, files: Iterable[str] = ()) -> Iterator[None]:
     """For the duration, what goes wrong while the contents of ``path`` are taken apart (a missing key, a
     value of the wrong type, a tensor of the wrong shape: ``KeyError``, ``IndexError``, ``TypeError``,
     ``AttributeError``, ``RuntimeError`` or a ``ValueError``; an ``OSError`` of a file the block opens) is a
-    :class:`FileError` naming the file; a ``FileError`` passes as it is.
+    :class:`FileError` naming the file; a ``FileError`` passes as it is, and so does a refusal that already
+    names ``path`` or one of ``files`` (the files a list's ``path`` abbreviates).
 
     >>> try:
     ...     with parsing("t.pt", "transcoder file"):
@@ -182,7 +183,7 @@ def parsing(path: str | Path, what: str) -> Iterator[None]:
     except OSError as err:  # a file inside a folder, opened by the code in the block
         raise FileError(f"{what} {path} cannot be read ({err.strerror or type(err).__name__}: {err.filename}).", path) from err
     except (KeyError, IndexError, TypeError, AttributeError, RuntimeError, ValueError) as err:
-        if isinstance(err, ValueError) and str(path) in str(err):
+        if isinstance(err, ValueError) and any(str(f) in str(err) for f in (str(path), *files)):
             raise FileError(str(err), path) from err  # a refusal that already names the file
         raise FileError(f"{what} {path} is malformed: {_reason(err).rstrip('.')}.", path) from err
 
@@ -204,7 +205,8 @@ def reads(what: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
         @functools.wraps(fn)
         def reader(source: Any, *args: Any, **kwargs: Any) -> T:
             where = few(map(str, source), 2) if isinstance(source, (list, tuple)) else str(source)
-            with parsing(where, what):
+            files = tuple(map(str, source)) if isinstance(source, (list, tuple)) else ()
+            with parsing(where, what, files=files):
                 return fn(source, *args, **kwargs)
         return reader
     return decorate

@@ -7,8 +7,8 @@ the analyses import :data:`Model` and call the few functions here where the two 
 
 - :mod:`.common`: what both share (the version, the portable config fields, hook flags set
   through the model's own setters: :func:`set_flag`);
-- :mod:`.tl3`: what 3.x needs; :mod:`.tl4`: what 4.x needs, each the same set of functions;
-  the installed version's module is chosen once, here;
+- :mod:`.tl3`: what 3.x needs; :mod:`.tl4`: what 4.x needs, each implementing the declared contract
+  (:class:`.contract.Backend`); the installed version's module is chosen once, here;
 - :mod:`.emulation`: the hooks 4.3's native attention lacks (per-head q/k/v inputs, attention
   scores, the final stream), each with the condition under which it can be removed.
 - :mod:`.head_copies`: a query or key norm spanning the heads (OLMo-2, OLMoE) applied to each head's
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from .._messages import few
-from ..exact.norm import IDENTITY, Norm
+from .._norm import IDENTITY, Norm
 from . import config as _config
 from . import head_copies
 from .common import (  # noqa: F401
@@ -41,14 +41,14 @@ from .common import (  # noqa: F401
     per_query_head,
     set_flag,
 )
+from .contract import Backend
 
 if TL_MAJOR >= 4:
-    from . import tl4 as _impl
-    from ._tl4_readers import seen_head_inputs, spanning_norms
+    from . import tl4 as _version
 else:
-    from . import tl3 as _impl
-    from .tl3 import _seen_head_inputs as seen_head_inputs  # (3.x's: no 4.x twin)
-    from .tl3 import _spanning_norms as spanning_norms
+    from . import tl3 as _version
+#: The installed version's module, read only through its contract (:class:`.contract.Backend`).
+_impl: Backend = _version
 
 __all__ = ["TL_VERSION", "TL_MAJOR", "Model", "ModelConfig", "transformer_lens_version"]
 
@@ -89,6 +89,8 @@ other_version = _impl.other_version
 is_own_hook = _impl.is_own_hook
 mlp_modules = _impl.mlp_modules
 pattern_after_attention = _impl.pattern_after_attention
+spanning_norms = _impl.spanning_norms
+seen_head_inputs = _impl.seen_head_inputs
 
 
 def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:
@@ -262,7 +264,7 @@ def _post_norm_names(model: Model) -> tuple[str, str]:
     """Where a block keeps its norms after the sublayers: ``ln1_post``/``ln2_post`` (Gemma-2/3 on both versions,
     OLMo-2 on 4.x); 3.x's OLMo-2 conversion (its ``POST_NORM_ARCHITECTURES``) puts them at ``ln1``/``ln2``,
     with no norm before the sublayers."""
-    if TL_MAJOR == 3 and getattr(model.cfg, "original_architecture", None) in _impl._post_norm_architectures():
+    if getattr(model.cfg, "original_architecture", None) in _impl.post_norm_architectures():
         return ("ln1", "ln2")
     return POST_NORMS
 

@@ -56,7 +56,7 @@ from transformer_lens.model_bridge.generalized_components.bloom_block import Blo
 from transformer_lens.model_bridge.generalized_components.bloom_mlp import BloomMLPBridge
 from transformer_lens.model_bridge.generalized_components.linear import LinearBridge
 
-from ..exact.norm import Norm
+from .._norm import Norm
 from . import head_copies
 from ._tl4_native import has_split_inputs, is_native_attention
 

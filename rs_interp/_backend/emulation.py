@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from .. import _names as N
-from ..exact.norm import Norm
+from .._norm import Norm
 from .common import HookName, Stop, logit_softcap, per_query_head, qkv_input_target
 
 __all__ = ["qkv_input_hooks", "score_hooks", "final_stream"]

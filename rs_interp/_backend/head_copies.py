@@ -17,8 +17,8 @@ attention), every head's projection of ``u_h`` by the model's own weights, the m
 and its slice ``h``. Where every head reads the same input this is the model's own query, exactly; moving
 ``u_h`` moves head ``h``'s query alone, by the definition. The certificate's ``head inputs`` measures it.
 
-Each version says how it sees ``u_h`` and names the modules (:class:`SpanningNorm`): ``spanning_norms`` and
-``seen_head_inputs`` of :mod:`._tl4_readers`, and of :mod:`.tl3` (``_spanning_norms``, ``_seen_head_inputs``).
+Each version says how it sees ``u_h`` and names the modules (:class:`SpanningNorm`): the contract's
+``spanning_norms`` and ``seen_head_inputs`` (:class:`.contract.Backend`; 4.x's in :mod:`._tl4_readers`).
 """
 
 from __future__ import annotations

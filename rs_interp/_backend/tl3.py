@@ -1,7 +1,7 @@
 """What TransformerLens 3.x needs: ``HookedTransformer`` has every hook and flag rs_interp uses.
 
-Every function here has a twin of the same name and signature in :mod:`.tl4`; the package picks
-one module at import (:mod:`rs_interp._backend`).
+Its public functions are the backend's contract (:class:`.contract.Backend`), each with a twin of the same
+signature in :mod:`.tl4`; the package picks one module at import (:mod:`rs_interp._backend`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from .. import _names as N
 from .._messages import few
 from . import head_copies
 from .common import _HT_BUFFERS, norm_kind, set_flag
-
-__all__ = ["Model", "ModelConfig"]
 
 
 def config_fields() -> frozenset[str]:
@@ -76,7 +74,7 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
         set_flag(model, "use_split_qkv_input", saved)
 
 
-def _spanning_norms(model: Model) -> list[head_copies.SpanningNorm]:
+def spanning_norms(model: Model) -> list[head_copies.SpanningNorm]:
     """The query and key norms that span the heads (3.9's OLMo-2, OLMo-3 and OLMoE attention: ``q_norm`` over
     ``n_heads * d_head``, ``k_norm`` over the KV heads'), each with the layer's own projection (``W_Q``,
     the KV heads' ``_W_K`` under grouped-query attention) and the module's own arithmetic."""
@@ -100,7 +98,7 @@ def _spanning_norms(model: Model) -> list[head_copies.SpanningNorm]:
 
 
 @contextlib.contextmanager
-def _seen_head_inputs(model: Model, box: dict) -> Iterator[None]:
+def seen_head_inputs(model: Model, box: dict) -> Iterator[None]:
     """Record in ``box`` each spanning layer's query and key inputs, (batch, pos, head, d_model) as the
     projection reads them (after ``ln1``), from the attention's own call (its keyword arguments)."""
     def seen(layer: int) -> Callable:
@@ -112,7 +110,7 @@ def _seen_head_inputs(model: Model, box: dict) -> Iterator[None]:
         return hook
 
     handles = [model.blocks[l].attn.register_forward_pre_hook(seen(l), with_kwargs=True)
-               for l in sorted({n.layer for n in _spanning_norms(model)})]
+               for l in sorted({n.layer for n in spanning_norms(model)})]
     try:
         yield
     finally:
@@ -223,7 +221,7 @@ def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_
             state = loading.get_pretrained_state_dict(str(link), cfg, hf_model=hf_model, dtype=dtype)
             if (cfg.output_logits_soft_cap or -1) > 0:  # a shift of the logits before a soft-cap is not one after it
                 processing["center_unembed"] = False  # (4.x drops it too, with a warning)
-            if cfg.original_architecture in _post_norm_architectures():  # norms after the sublayers, at ln1/ln2 (OLMo-2):
+            if cfg.original_architecture in post_norm_architectures():  # norms after the sublayers, at ln1/ln2:
                 processing.update(fold_ln=False, center_writing_weights=False)  # nothing to fold into the next weights
             model = Model(cfg, move_to_device=False)
             tables = {n: b.clone() for n, b in model.named_buffers() if "rotary" in n}
@@ -247,7 +245,7 @@ def _linked_checkpoint(source, folder):
     return folder
 
 
-def _post_norm_architectures() -> frozenset[str]:
+def post_norm_architectures() -> frozenset[str]:
     """3.x's architectures whose blocks normalise only their sublayers' outputs (``POST_NORM_ARCHITECTURES``)."""
     try:
         from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES

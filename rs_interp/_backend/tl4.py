@@ -4,7 +4,8 @@ rs_interp's own 4.x models are TransformerLens-native bridges (``boot_native``, 
 standard and rotary positions only); GPT-2 checkpoints boot the Hugging Face model. Attention is recognised
 per layer by type: a layer whose bridge has TransformerLens's split-input fork (the classes
 ``set_use_split_qkv_input`` accepts) uses it; a layer over ``NativeAttention`` gets the emulations of
-:mod:`.emulation`. Every function has a twin in :mod:`.tl3`.
+:mod:`.emulation`. Its public functions, and the readers it takes from :mod:`._tl4_readers`, are the
+backend's contract (:class:`.contract.Backend`), each with a twin in :mod:`.tl3`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from transformer_lens import TransformerBridge as Model
 from transformer_lens import TransformerBridgeConfig as ModelConfig
 
 from .. import _names as N
-from ..exact.norm import Norm
+from .._norm import Norm
 from . import _tl4_readers, emulation
 from ._tl4_native import (
     _compatible,
@@ -35,9 +36,8 @@ from ._tl4_native import (
     has_split_inputs,
     is_native_attention,
 )
+from ._tl4_readers import mlp_modules, pattern_after_attention, seen_head_inputs, spanning_norms  # noqa: F401
 from .common import _HT_BUFFERS, KV_WEIGHTS, PORTABLE_FIELDS, TL_VERSION, norm_kind, qkv_input_target, set_flag
-
-__all__ = ["Model", "ModelConfig"]
 
 NATIVE_POSITIONS = ("standard", "rotary")
 
@@ -404,20 +404,15 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     return model(tokens, return_type="logits")
 
 
-def pattern_after_attention(model: Model, layer: int) -> bool:
-    """Whether an edit at ``attn.hook_pattern`` is discarded (:func:`._tl4_readers.pattern_after_attention`)."""
-    return _tl4_readers.pattern_after_attention(model, layer)
-
-
-def mlp_modules(model: Model, layer: int) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The modules an MLP's input and own output are read at (:func:`._tl4_readers.mlp_modules`)."""
-    return _tl4_readers.mlp_modules(model, layer)
-
-
 def is_own_hook(fn: Callable) -> bool:
     """Whether a PyTorch hook is the bridge's, transformers' or :mod:`._tl4_readers`'s own wiring (the first two added on
     first use), not a user's: left out of the certificate's key. Remove when: both wire at construction."""
     return getattr(fn, "__module__", "").startswith(_tl4_readers.OWN_HOOK_MODULES)
+
+
+def post_norm_architectures() -> frozenset[str]:
+    """None: 4.x keeps the norms after the sublayers at ``ln1_post``/``ln2_post`` for every family."""
+    return frozenset()
 
 
 def other_version() -> str:

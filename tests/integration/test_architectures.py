@@ -152,7 +152,7 @@ def test_a_shared_input_is_replaced_whole_or_refused(pair, tokens):
         assert (a - b).abs().max() <= 1e-12
         q = ri.run_with_query_input(gqa, toks, layer=2, heads=[(2, 1)])  # queries stay per head
         assert (q - ri.run_with_query_input(mha, toks, layer=2, heads=[(2, 1)])).abs().max() <= 1e-12
-    with pytest.raises(ValueError, match=r"grouped-query attention: layer 2's heads \[\(2, 2\), \(2, 3\)\] share one k input"):
+    with pytest.raises(ValueError, match=r"grouped-query attention: layer 2's heads \(2, 2\), \(2, 3\) share one k input \(KV head 1\)"):
         ri.run_with_key_input(gqa, toks, layer=2, heads=[(2, 3)])
 
 

@@ -40,6 +40,8 @@ HELPERS = {
     "positional_scores": lambda m: ri.positional_scores(m, 0),
     "key_score_sensitivity": lambda m: ri.key_score_sensitivity(m, _batch().tokens),
     "composition_scores": lambda m: ri.composition_scores(m, "k", baseline=True),
+    "head_affinity": lambda m: ri.head_affinity(m, "k"),
+    "head_affinities": lambda m: ri.head_affinities(m, which=("q", "v")),
     "path_expansion": lambda m: ri.path_expansion(m, _batch().tokens),
     "path_logit_attribution": lambda m: ri.path_logit_attribution(m, _batch().tokens, targets=_batch().targets),
     "direct_logit_attribution": lambda m: ri.direct_logit_attribution(m, _batch().tokens, targets=_batch().tokens),
@@ -176,8 +178,11 @@ class _Injected(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("name", sorted(set(HELPERS) - {"composition_scores", "copying_scores", "virtual_weight", "count_parameters", "positional_scores",
-                                                        "as_dtype", "save_model", "edge_layout", "ungroup_gqa"}))
+_WEIGHTS_ONLY = {"composition_scores", "head_affinity", "head_affinities", "copying_scores", "virtual_weight",
+                 "count_parameters", "positional_scores", "as_dtype", "save_model", "edge_layout", "ungroup_gqa"}
+
+
+@pytest.mark.parametrize("name", sorted(set(HELPERS) - _WEIGHTS_ONLY))
 def test_helper_cleans_up_after_a_failing_hook(name):
     """A user hook that raises mid-forward: the error propagates and nothing of the helper's stays."""
     model = _model_for(name)
@@ -480,6 +485,9 @@ def _tensor_pairs(a, b):
         return [(a, b)]
     if isinstance(a, tuple):
         return [p for x, y in zip(a, b) for p in _tensor_pairs(x, y)]
+    if isinstance(a, dict):  # results by name (head_affinities)
+        assert a.keys() == b.keys()
+        return [p for k in a for p in _tensor_pairs(a[k], b[k])]
     if hasattr(a, "__dataclass_fields__"):
         return [p for k in a.__dataclass_fields__ for p in _tensor_pairs(getattr(a, k), getattr(b, k))]
     if isinstance(a, float):

@@ -18,9 +18,10 @@ import time
 
 import torch
 
-from ... import SHIPPED_MODELS, as_dtype, edge_attribution_patching, load_toy_model, next_token_loss
+from ... import as_dtype, edge_attribution_patching, load_toy_model, next_token_loss
 from ...features import attribution_graph, intervene, shipped_metrics, shipped_transcoders
 from ...features.figures import graph_figure
+from ...models import SHIPPED_MODELS
 from ..context import Context, Row, Section, banded
 from .code import IDENTIFIERS
 
@@ -49,14 +50,14 @@ def features_section(ctx: Context) -> Section:
     tcs = shipped_transcoders("code-2l")
     tokens, answer, span = _prompt(tokenizer, IDENTIFIERS[0])
     start = time.perf_counter()
-    graph = attribution_graph(model, tcs, tokens, targets=[answer])
+    graph = attribution_graph(model, tcs, tokens, targets=[answer], progress=ctx.progress)
     seconds = time.perf_counter() - start
     pruned = graph.prune(0.8, 0.98)
     scores = graph.scores()
     counts = pruned.counts()
     # exactness, in float64
     m64, t64 = as_dtype(model, torch.float64), tcs.to(torch.float64)
-    g64 = attribution_graph(m64, t64, tokens, targets=[answer])
+    g64 = attribution_graph(m64, t64, tokens, targets=[answer], progress=ctx.progress)
     rows = torch.cat([torch.arange(g64.n_features), torch.tensor([g64.n_nodes - 1])])
     identity = float((g64.adjacency[rows].sum(1) + g64.bias[rows] - g64.values[rows]).abs().max())
     top = g64.influence()[: g64.n_features].topk(min(N_CHECKED, g64.n_features)).indices.tolist()
