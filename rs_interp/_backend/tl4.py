@@ -394,9 +394,10 @@ def norm_affine(model: Model, norm: torch.nn.Module) -> tuple[str | None, torch.
     return norm_kind(center, gain, bias), gain, bias, eps
 
 
-def unembed_stored_transposed(model: Model) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def unembed_stored_transposed(model: Model) -> Iterator[None]:
     """Nothing to do: 4.x's unembedding does not copy ``W_U`` per call (3.x's does: :mod:`.tl3`)."""
-    return contextlib.nullcontext()
+    yield
 
 
 def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
