@@ -157,7 +157,8 @@ def main() -> int:
         for method in args.methods:
             out = top / f"{spec}-{method}"
             run = _child(["-m", "rs_interp.ui.cli", "circuit", "--model", spec, "--task", task, "--method", method,
-                          "--out", str(out), "--quiet"], top / f"{spec}-{method}.txt")
+                          "--out", str(out), "--size", "0.01", "--quiet"],  # MIB's size: no bisection
+                         top / f"{spec}-{method}.txt")
             requested = json.loads((out / "circuit.json").read_text())["requested"]
             cost = json.loads(_child(["-c", _PASSES, spec, task, str(out), str(requested)], top / f"{spec}-{method}.passes.txt")["last"])
             counts = _counts(method, out)

@@ -54,6 +54,12 @@ _WHERE: dict[str, str] = {
     "stability": ".circuits.uncertainty",
     "Fixed": ".circuits.correction",
     "fix_unreliable": ".circuits.correction",
+    "EdgeRelevancePatching": ".circuits.relevance",
+    "edge_relevance_patching": ".circuits.relevance",
+    "RelevancePatching": ".circuits.relevance",
+    "relevance_patching": ".circuits.relevance",
+    "PositionSchema": ".circuits.positions",
+    "PositionalEdgeEffects": ".circuits.positions",
     "CompositionScores": ".heads.composition",
     "composition_scores": ".heads.composition",
     "virtual_weight": ".heads.composition",
@@ -126,6 +132,8 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation (which r
     from .circuits.graph import EdgeEffects, EdgeLayout, edge_layout
     from .circuits.node_attribution import AttributionPatching, attribution_patching
     from .circuits.path_patching import PathPatching, path_patching
+    from .circuits.positions import PositionalEdgeEffects, PositionSchema
+    from .circuits.relevance import EdgeRelevancePatching, RelevancePatching, edge_relevance_patching, relevance_patching
     from .circuits.selection import top_edges
     from .circuits.uncertainty import Bootstrap, Stability, bootstrap, stability
     from .circuits.ungrouped import ungroup_gqa
@@ -253,6 +261,12 @@ __all__ = [
     "Stability",
     "acdc",
     "ACDC",
+    "edge_relevance_patching",
+    "EdgeRelevancePatching",
+    "relevance_patching",
+    "RelevancePatching",
+    "PositionSchema",
+    "PositionalEdgeEffects",
     "attention_patterns",
     "prev_token_scores",
     "find_prev_token_head",

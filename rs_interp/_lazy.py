@@ -52,7 +52,8 @@ def attach(package: str, where: Mapping[str, str], namespace: dict[str, Any],
             module, _, attr = new.rpartition(".")
             warnings.warn(f"{package}.{name} is now {new}: the old name goes in a later release", category, stacklevel=2)
             return getattr(importlib.import_module(module), attr)
-        if name not in moved and name not in where and "__path__" not in namespace:  # a module: it has no submodules
+        if name not in moved and name not in where and ("__path__" not in namespace or name.startswith("__")):
+            # a module has no submodules; a dunder (__all__, __wrapped__ ...) is never one
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module = moved.get(name) or where.get(name, "." + name)
         with warnings.catch_warnings():

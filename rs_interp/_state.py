@@ -1,9 +1,11 @@
-"""Leave a model as it was found: hooks, config flags, training mode, grad mode."""
+"""Leave a model as it was found: hooks, config flags, training mode, grad mode; and say once when a model in
+training mode has dropout, which every helper turns off (it computes in eval mode)."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import warnings
+from typing import Any, Iterator
 
 import torch
 
@@ -11,6 +13,11 @@ from ._backend import Model, set_flag
 from ._messages import few
 
 __all__: list[str] = []
+
+#: Said once (Python's default filter shows a warning once per place it is raised from: this module's one line).
+DROPOUT_WARNING = ("This model is in training mode and its dropout is active ({where}): rs_interp computes every "
+                   "helper in eval mode, dropout off, and restores the mode after, so the numbers are the eval-mode "
+                   "model's. Call model.eval() first to silence this; it is said once.")
 
 _FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_z", "use_attn_in", "use_hook_mlp_in")
 
@@ -30,6 +37,7 @@ def preserve_state(model: Model, **flags: bool) -> Iterator[Model]:
         raise ValueError(f"unknown cfg flags {few(sorted(unknown))}")
     # Every submodule's own flag: a model in train mode may hold a block in eval mode on purpose.
     modes, grad = [(m, m.training) for m in model.modules()], torch.is_grad_enabled()
+    warn_dropout(model)
     try:
         for name, value in flags.items():
             set_flag(model, name, value)  # through the model's own setter (the bridge's updates cloned configs)
@@ -41,3 +49,15 @@ def preserve_state(model: Model, **flags: bool) -> Iterator[Model]:
         for module, mode in modes:
             module.training = mode
         torch.set_grad_enabled(grad)
+
+
+def warn_dropout(model: Any) -> None:
+    """Warn (once: :data:`DROPOUT_WARNING`) when a submodule in training mode would drop activations: a
+    ``torch.nn.Dropout`` of ``p > 0``, or an attention module whose ``attention_dropout`` rate is above 0 (Hugging
+    Face's attention classes, which a TransformerLens 4 bridge runs, pass it to the attention kernel)."""
+    for name, m in model.named_modules():
+        rate = m.p if isinstance(m, torch.nn.modules.dropout._DropoutNd) else getattr(m, "attention_dropout", 0.0)
+        if m.training and isinstance(rate, float) and rate > 0:
+            where = f"{name or 'the model'}, p = {rate:g}"
+            warnings.warn(DROPOUT_WARNING.format(where=where), UserWarning, stacklevel=1)
+            return

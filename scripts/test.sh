@@ -13,7 +13,8 @@
 #       4,000-step retraining, ~18 minutes): `pytest -m full`.
 #       3.x-only paths (shortformer and alibi variants) are fast tests: they run here.
 # The two passes run side by side, one thread each (2 cores), the 3.x pass's output goes to a log
-# printed when both are done, then one closing line for both.
+# printed when both are done (meanwhile a line on stderr each minute says how far it is: scripts/_progress.sh),
+# then one closing line for both.
 # ruff (lint and import order) runs first, once.
 # The cross-version records (tests marked cross_version, run first by tests/conftest.py): the 3.x pass
 # records, the 4.x pass waits for the records and compares.
@@ -26,6 +27,7 @@ cd "$(dirname "$0")/.."
 # its cache, which a PYTHONDONTWRITEBYTECODE environment would forbid (every import, in every test's
 # subprocess, would compile again: `import torch` 6.4 s instead of 3.7 s).
 unset PYTHONDONTWRITEBYTECODE
+source scripts/_progress.sh
 bash scripts/setup_browser.sh
 if [ -n "${RS_INTERP_TL:-}" ]; then versions="$RS_INTERP_TL"; else versions="3 4"; fi
 export RS_INTERP_CROSS_DIR="${RS_INTERP_CROSS_DIR:-$(mktemp -d -t rs_interp_cross.XXXXXX)}"
@@ -72,6 +74,8 @@ if [ "$versions" = "3 4" ]; then
   export RS_INTERP_DOCS_SETUP="$logs/docs3"
   OMP_NUM_THREADS=1 pass 3 "(not slow or tl3 or docs) and not full and not reference" "$@" > "$logs/tl3.log" 2>&1 &
   pid3=$!
+  pass_progress "$pid3" "$logs/tl3.log" 3.x &
+  progress3=$!
   (sleep 30; rc=0; RS_INTERP_TL=3 RS_INTERP_DOCS_ONLY=1 bash scripts/setup_env.sh > "$RS_INTERP_DOCS_SETUP.log" 2>&1 || rc=$?
    echo $rc > "$RS_INTERP_DOCS_SETUP.rc") &
   wait "$setup4" || { cat "$logs/setup4.log" >&2; kill "$pid3"; exit 1; }
@@ -80,6 +84,7 @@ if [ "$versions" = "3 4" ]; then
   # The 4.x pass's cross-version comparisons wait for the 3.x records (written at the 3.x pass's start).
   OMP_NUM_THREADS=1 RS_INTERP_CROSS_WAIT=900 pass 4 "(slow or not slow) and not full and not docs and not reference" "$@" || rc=$?
   wait $pid3 || rc=$?
+  wait $progress3 || true
   echo "== the 3.x pass's output:"
   cat "$logs/tl3.log"
 else

@@ -32,7 +32,7 @@ def test_the_top_level_holds_no_maintainer_name():
     shared = set(rs_interp.models.__all__) & set(rs_interp.__all__)
     assert shared == NOTEBOOK_MODELS_NAMES
     assert {"models", "tasks", "features", "scale", "hooks"} <= set(rs_interp.__all__)
-    assert len(rs_interp.__all__) == len(set(rs_interp.__all__)) == len(rs_interp._WHERE) == 89
+    assert len(rs_interp.__all__) == len(set(rs_interp.__all__)) == len(rs_interp._WHERE) == 95
     assert set(rs_interp._DEPRECATED) & set(rs_interp.__all__) == set()
 
 
@@ -60,6 +60,23 @@ def test_an_unknown_name_is_an_attribute_error_without_a_warning():
         for module in (rs_interp, rs_interp.models, importlib.import_module("rs_interp.models.training")):
             with pytest.raises(AttributeError, match="has no attribute 'nosuch'"):
                 module.nosuch  # noqa: B018
+
+
+@pytest.mark.parametrize("new", sorted(set(rs_interp._MOVED.values())))
+def test_a_moved_module_answers_at_its_new_place(new):
+    """Issue 61: ``ri.ui.plots`` answers, as ``from rs_interp.ui import plots`` does, also where nothing imported the
+    module yet: the attribute Python sets on the package at the import is removed first, so the package's own
+    ``__getattr__`` answers (it did not exist: an AttributeError); a dunder or a missing name stays an
+    AttributeError."""
+    package_name, name = new.strip(".").split(".")
+    module = importlib.import_module("rs_interp" + new)
+    package = getattr(rs_interp, package_name)
+    delattr(package, name)  # as in a fresh interpreter: no attribute until asked for
+    try:
+        assert getattr(package, name) is module and name in dir(package)
+    finally:
+        setattr(package, name, module)
+    assert not hasattr(package, "nosuch") and not hasattr(package, "__wrapped__")
 
 
 def _sources() -> dict[str, str]:

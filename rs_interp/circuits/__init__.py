@@ -11,6 +11,8 @@ one list.
   options of :mod:`.atp_star` (the QK fix, GradDrop) and :mod:`.correction` (the Hessian correction,
   Gauss-Legendre EAP-IG, screen-flag-fix);
 - :mod:`.uncertainty`: per-pair shares, standard errors, reliability, the bootstrap, stability;
+- :mod:`.relevance`: relevance patching (RelP), LRP's coefficients in place of the gradients;
+- :mod:`.positions`: position-aware edges (per position or per span of a schema), their circuits;
 - :mod:`.path_patching`: the exact effect of each edge; :mod:`.acdc`: ACDC, exact edge by edge;
 - :mod:`.evaluation`: circuits, faithfulness and its curve;
 - :mod:`.ungrouped`: grouped-query attention with one key/value edge per query head, MIB's graph of it;
@@ -18,6 +20,7 @@ one list.
 - :mod:`.ground_truth`, :mod:`.tracr`: models whose circuits are known, and how each method scores on them.
 """
 
+from .._lazy import attach
 from .acdc import ACDC, acdc
 from .correction import Fixed, fix_unreliable
 from .edge_attribution import EdgeAttributionPatching, edge_attribution_patching
@@ -25,6 +28,8 @@ from .evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, evaluate_ci
 from .graph import EdgeEffects, EdgeLayout, edge_layout
 from .node_attribution import AttributionPatching, attribution_patching
 from .path_patching import PathPatching, path_patching
+from .positions import PositionalEdgeEffects, PositionSchema
+from .relevance import EdgeRelevancePatching, RelevancePatching, edge_relevance_patching, relevance_patching
 from .selection import top_edges
 from .uncertainty import Bootstrap, Stability, bootstrap, stability
 
@@ -33,6 +38,11 @@ __all__ = [
     "AttributionPatching", "attribution_patching",
     "EdgeAttributionPatching", "edge_attribution_patching",
     "PathPatching", "path_patching",
+    "EdgeRelevancePatching", "RelevancePatching", "edge_relevance_patching", "relevance_patching",
+    "PositionSchema", "PositionalEdgeEffects",
     "MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores", "top_edges",
     "ACDC", "acdc", "Fixed", "fix_unreliable", "Bootstrap", "Stability", "bootstrap", "stability",
 ]
+
+#: Every submodule answers as an attribute (``rs_interp.circuits.methods``), imported on first use.
+__getattr__, __dir__ = attach(__name__, {}, globals())

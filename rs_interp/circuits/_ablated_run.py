@@ -33,8 +33,10 @@ def ablated_writes(model: Model, tokens: torch.Tensor, reference: torch.Tensor |
 
 
 def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: EdgeLayout, keep: torch.Tensor,
-                 ablated: dict[str, torch.Tensor], what: str) -> float:
-    """The metric with every edge outside ``keep`` (sender, receiver) ablated, in one forward pass.
+                 ablated: dict[str, torch.Tensor], what: str, masks: torch.Tensor | None = None) -> float:
+    """The metric with every edge outside ``keep`` (sender, receiver) ablated, in one forward pass; with
+    ``masks`` (span, batch, pos, 1), ``keep`` is (sender, receiver, span): a positional edge outside it is
+    ablated at its span's positions only (:mod:`rs_interp.circuits.positions`).
 
     A head's q, k or v input is moved one of two ways, chosen per layer (the same numbers either way, to
     float64 rounding: tests/circuits/test_evaluation.py checks both against a brute force):
@@ -54,7 +56,8 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
       inputs ``hook_{q,k,v}_input`` (:func:`rs_interp._backend.per_head_inputs`), the value added there.
     """
     cfg = model.cfg
-    cut = (layout.exists & ~keep).to(torch.float64)  # (sender, receiver): edges to ablate
+    exists = layout.exists if masks is None else layout.exists[..., None]
+    cut = (exists & ~keep).to(torch.float64)  # (sender, receiver[, span]): edges to ablate
     column = {r: j for j, r in enumerate(layout.receivers)}
     inputs = [INPUT_POINTS[s] for s in layout.senders if s in INPUT_POINTS]  # the input senders' hooks, in order
     device = ablated[inputs[0]].device
@@ -66,6 +69,18 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
     diffs = _Differences(moves)
     stream: dict[int, torch.Tensor] = {}
     is_z = N.every(N.z)
+    span_masks = None if masks is None else masks.to(device=device, dtype=torch.float64)
+
+    def moved_by(col: torch.Tensor) -> torch.Tensor | None:
+        """The sum of the cut senders' differences of one receiver: ``col`` (sender,) or, per span, (sender, span)."""
+        if col.ndim == 1:
+            return diffs.sum(col) if bool(col.any()) else None
+        out = None
+        for u in range(col.shape[1]):
+            if bool(col[:, u].any()):
+                part = diffs.sum(col[:, u]) * span_masks[u]
+                out = part if out is None else out + part
+        return out
 
     def sender(name: str, layer: int | None):
         def fn(t: torch.Tensor, *, hook) -> None:
@@ -86,14 +101,14 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
 
         def fn(t: torch.Tensor, *, hook) -> torch.Tensor | None:
             n = diffs.filled
-            w = cut[:n, cols] * moves[:n, None]  # (upstream sender, receiver): the cuts that move something
+            w = cut[:n, cols] * (moves[:n, None] if cut.ndim == 2 else moves[:n, None, None])  # the cuts that move something
             if not bool(w.any()):
                 return None  # nothing cut into these receivers: their input is the run's own
             if t.ndim == 4:  # per-head inputs
-                parts = [diffs.sum(w[:, j]) if bool(w[:, j].any()) else None for j in range(w.shape[1])]
+                parts = [moved_by(w[:, j]) for j in range(w.shape[1])]
                 zero = torch.zeros_like(next(x for x in parts if x is not None))  # a head with nothing cut: an exact 0
                 return t + torch.stack([zero if x is None else x for x in parts], 2).to(t.dtype)
-            return t + diffs.sum(w[:, 0]).to(t.dtype)
+            return t + moved_by(w[:, 0]).to(t.dtype)
 
         return fn
 
@@ -108,8 +123,8 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
 
         def fn(t: torch.Tensor, *, hook) -> torch.Tensor | None:
             n = diffs.filled
-            w = cut[:n, cols] * moves[:n, None]  # (upstream sender, receiver): the cuts that move something
-            live = [h for h, a in enumerate(w.any(0).tolist()) if a]
+            w = cut[:n, cols] * (moves[:n, None] if cut.ndim == 2 else moves[:n, None, None])  # the cuts that move something
+            live = [h for h, a in enumerate(w.reshape(n, len(cols), -1).any(2).any(0).tolist()) if a]
             if not live:
                 return None  # no cut edge into this layer's kind: the model's own projection stands
             groups: dict[tuple[int, ...], list[int]] = {}  # heads with the same column of cut read the same input
@@ -123,7 +138,7 @@ def run_circuit(model: Model, tokens: torch.Tensor, metric: Metric, layout: Edge
             # cut alone, never on how the other heads group: cutting an edge that carries exactly
             # nothing leaves every other value unchanged to the bit (ACDC at threshold 0 relies on it).
             for hs in groups.values():
-                moved = x.to(dt) + diffs.sum(w[:, hs[0]]).to(dt)
+                moved = x.to(dt) + moved_by(w[:, hs[0]]).to(dt)
                 normed = norm.apply(moved)
                 for h in hs:
                     out[:, :, h] = (normed @ W[h].to(dt) + b[h].to(dt)).to(t.dtype)

@@ -23,7 +23,7 @@ import torch
 from .. import _backend
 from .. import _names as N
 from .._backend import Model
-from ..exact.postnorm import attn_post, linearised_heads, patched_heads
+from ..exact.postnorm import attn_post, frozen_changes, linearised_heads, patched_heads
 from ..exact.stream import RESID0, record, zero_leaf  # noqa: F401  (record: the circuit methods read it here)
 from ..exact.validate import check_int_range, check_tokens
 from ..metrics import Metric
@@ -78,16 +78,17 @@ def n_senders(model: Model) -> int:
 
 
 def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], *, patched: bool = False,
-           at: dict[str, torch.Tensor] | None = None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+           at: dict[str, torch.Tensor] | None = None, dtype: torch.dtype = torch.float64, frozen_norms: bool = False) -> torch.Tensor:
     """(sender, batch, pos, d_model) in ``dtype`` (default float64; the edge estimate's contraction asks
     for its own): each sender's ``write_ref - write``, in the graph's order, written into one buffer (the
     heads' writes by one batched product per layer). On a post-norm block a head's change passes the norm
     after the attention (:mod:`rs_interp.exact.postnorm`), always formed in float64 (then cast): to first
     order, its Jacobian at the run (the gradient methods), or ``patched``, the exact change of what the
     attention adds to the stream when only that head is patched (path patching). ``at``: the heads' outputs
-    of the pass whose Jacobian is taken (an integrated-gradients point; default the run's)."""
+    of the pass whose Jacobian is taken (an integrated-gradients point; default the run's). ``frozen_norms``: the
+    post-norm's scale held at the run's (:func:`rs_interp.exact.postnorm.frozen_changes`: relevance patching)."""
     if dtype != torch.float64 and _backend.has_post_norms(model):
-        return writes(model, ref, run, patched=patched, at=at).to(dtype)
+        return writes(model, ref, run, patched=patched, at=at, frozen_norms=frozen_norms).to(dtype)
     cfg = model.cfg
     shape = ref[RESID0].shape
     out = torch.empty(n_senders(model), *shape, dtype=dtype, device=ref[RESID0].device)
@@ -100,6 +101,7 @@ def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tens
         H = W_O.shape[0]
         if attn_post(model, l, torch.float64).kind is not None:
             out[i : i + H] = (patched_heads(model, l, run[z], delta, torch.float64) if patched
+                              else frozen_changes(model, l, run[z], delta, torch.float64) if frozen_norms
                               else linearised_heads(model, l, (run if at is None else at)[z], delta, torch.float64))
         else:
             torch.bmm(delta.flatten(0, 1).transpose(0, 1), W_O, out=out[i : i + H].view(H, -1, shape[-1]))
@@ -109,6 +111,21 @@ def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tens
             torch.sub(ref[m].to(dtype), run[m].to(dtype), out=out[i])
             i += 1
     return out
+
+
+def contract(W: torch.Tensor, G: torch.Tensor, *, per_example: bool, spans: torch.Tensor | None) -> torch.Tensor:
+    """``W . G``: the writes ``W`` (sender, batch, pos, d_model) against the coefficients ``G`` (column, batch, pos,
+    d_model), (batch or 1, sender, column, span or 1) in float64: one product per batch row (summing its pos *
+    d_model terms in ``W``'s dtype) or, with ``spans`` (batch, pos, span) one-hot, per (row, position), each
+    position's d_model terms, added into its span in float64; rows summed unless ``per_example``."""
+    k, c, B = W.shape[0], G.shape[0], W.shape[1]
+    if spans is None:
+        out = torch.bmm(W.reshape(k, B, -1).transpose(0, 1), G.reshape(c, B, -1).permute(1, 2, 0)).to(torch.float64)[..., None]
+    else:
+        P = W.shape[2]
+        per = torch.bmm(W.reshape(k, B * P, -1).transpose(0, 1), G.reshape(c, B * P, -1).permute(1, 2, 0)).to(torch.float64)
+        out = torch.einsum("bpkc,bps->bkcs", per.view(B, P, k, c), spans.to(torch.float64))
+    return out if per_example else out.sum(0, keepdim=True)
 
 
 IGRule = Literal["left", "right"]

@@ -52,17 +52,22 @@ import torch
 from jaxtyping import Bool
 
 from .. import _backend
+from .. import _names as N
 from .._backend import Model
 from .._budget import MEMORY_BUDGET
 from .._progress import bar
 from ..exact.certificate import require
-from ..exact.stream import RESID0
+from ..exact.readout import final_norm_of
+from ..exact.stream import RESID0, reader_weight
 from ..exact.validate import check_int_range
+from ..labels import parse
 from ..metrics import Metric
-from ._substrate import IG_RULES, backward, ig_alphas, needs_gradients, scalar_metric, scalar_metric_value
-from .graph import EdgeEffects
+from ._substrate import IG_RULES, backward, check_pair, ig_alphas, needs_gradients, scalar_metric, scalar_metric_value
+from .graph import EdgeEffects, edge_layout
+from .uncertainty import FLAT
 
-__all__ = ["CORRECTIONS", "RULES", "Fixed", "gauss_points", "quadrature", "run_passes", "clean_metric", "fix_unreliable"]
+__all__ = ["CORRECTIONS", "RULES", "Fixed", "gauss_points", "quadrature", "run_passes", "clean_metric", "fix_unreliable",
+           "moving_edges"]
 
 #: The corrections an estimate takes (``correction=``): None, or ``"hessian"``.
 CORRECTIONS = (None, "hessian")
@@ -204,11 +209,19 @@ class Fixed(EdgeEffects):
 
 
 def fix_unreliable(model: Model, tokens: torch.Tensor, metric: Metric, scores, *, reference: torch.Tensor,
-                   threshold: float = 0.5, memory_budget: int = MEMORY_BUDGET, progress: bool = True):
+                   threshold: float = 0.5, screen: str | None = None, memory_budget: int = MEMORY_BUDGET, progress: bool = True):
     """Screen, flag, fix (Zhang & Wang 2026): the edges of a Hessian-corrected estimate whose
     reliability is below ``threshold`` (:meth:`rs_interp.circuits.uncertainty.Spread.reliability`:
     the second-order term outweighs the first, or both vanish) patched exactly
     (:func:`rs_interp.path_patching` on those edges alone), the others kept.
+
+    ``screen="flat"`` (the default for relevance patching's scores, :func:`rs_interp.edge_relevance_patching`,
+    which have no second-order term; any edge estimate takes it) flags the *flat* edges instead: the estimate
+    vanishes (at most ``FLAT`` of the largest: a saturated softmax, a discretising MLP's plateau, a query or key
+    under the AH-rule) while the sender's change does move what the receiver reads (its input after its norm,
+    projected by its weights: :func:`moving_edges`): there a first-order number says nothing, and the patch is
+    measured instead (``threshold`` unused). ``screen="reliability"`` (the default for a Hessian-corrected
+    estimate) is the rule above.
 
     Returns a :class:`Fixed`: ``effect`` the exact effect on the flagged edges and the corrected
     estimate elsewhere, ``fixed`` which were patched, ``screen`` the estimate it started from. The
@@ -229,14 +242,19 @@ def fix_unreliable(model: Model, tokens: torch.Tensor, metric: Metric, scores, *
         True
     """
     from .path_patching import path_patching
-
     require(model, "fix_unreliable")
-    if not isinstance(scores, EdgeEffects) or getattr(scores, "first_order", None) is None:
-        raise ValueError("fix_unreliable flags by the reliability of a Hessian-corrected estimate: "
-                         "pass edge_attribution_patching(..., correction='hessian')")
+    if screen not in (None, "flat", "reliability"):
+        raise ValueError(f"screen must be 'flat', 'reliability' or None (by the estimate), got {screen!r}")
+    screen = screen or getattr(type(scores), "default_screen", "reliability")
+    if not isinstance(scores, EdgeEffects) or (screen == "reliability" and getattr(scores, "first_order", None) is None):
+        raise ValueError("fix_unreliable flags by the reliability of a Hessian-corrected estimate, or by the flat edges of "
+                         "an estimate (screen='flat', relevance patching's default): pass edge_attribution_patching(..., "
+                         "correction='hessian'), or an edge estimate with screen='flat'")
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
         raise ValueError(f"threshold must be a number in [0, 1], got {threshold!r}")
     layout = scores.layout
+    if screen == "flat":
+        return _fix_flat(model, tokens, metric, scores, reference, memory_budget, progress)
     flagged = (scores.reliability() < threshold) & layout.exists
     effect = scores.effect.clone()
     if bool(flagged.any()):
@@ -246,3 +264,57 @@ def fix_unreliable(model: Model, tokens: torch.Tensor, metric: Metric, scores, *
             raise ValueError("scores must be an estimate of this model's edge graph")
         effect[flagged] = exact.effect[flagged]
     return Fixed(layout=layout, effect=effect, clean=scores.clean, fixed=flagged, screen=scores, threshold=float(threshold))
+
+
+def _fix_flat(model: Model, tokens: torch.Tensor, metric: Metric, scores, reference: torch.Tensor, memory_budget: int,
+              progress: bool):
+    """RelP's screen (:func:`fix_unreliable`): its flat edges that move their receiver, patched exactly; one run and
+    one reference run shared by the screen and the patches."""
+    from .._state import preserve_state
+    from ..exact.stream import mlp_flags
+    from .path_patching import measure, prepare
+
+    layout = scores.layout
+    if layout.receivers != edge_layout(model).receivers:
+        raise ValueError("scores must be an estimate of this model's edge graph")
+    flat = (scores.effect.abs() <= FLAT * float(scores.effect.nan_to_num(0).abs().max())) & layout.exists
+    effect = scores.effect.clone()
+    cert = require(model, "path_patching")
+    with preserve_state(model, **mlp_flags(model)), torch.no_grad():
+        tokens, reference = check_pair(model, tokens, reference)
+        run = prepare(model, tokens, reference, metric) if bool(flat.any()) else None
+        flagged = moving_edges(model, run, flat) if run is not None else flat
+        items = [(i, j, None) for i, j in flagged.nonzero().tolist()]
+        for (i, j, _), moved in (measure(model, tokens, metric, run, items, cert, memory_budget, progress) if items else {}).items():
+            effect[i, j] = moved
+    return Fixed(layout=layout, effect=effect, clean=scores.clean, fixed=flagged, screen=scores, threshold=0.0)
+
+
+def moving_edges(model: Model, run, candidates: torch.Tensor) -> torch.Tensor:
+    """(sender, receiver): which of the ``candidates`` edges move what their receiver reads when patched: the sender's
+    exact change ``w_s`` (``run``: :func:`rs_interp.circuits.path_patching.prepare`) moves the receiver's input after its
+    norm, projected by its weights (a head's ``N1(x + w_s) W - N1(x) W``, an MLP's by ``W_in``, the logits' by ``W_U``),
+    by more than ``FLAT`` of that projection's own size. Where it does not, the receiver computes what it did: the
+    edge's exact effect is 0, and a screen need not patch it."""
+    out = torch.zeros_like(candidates)
+    cfg = model.cfg
+    L = cfg.n_layers
+    parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
+    layout = edge_layout(model)
+    for i, j in candidates.nonzero().tolist():
+        c = parse(layout.receivers[j])
+        if c.kind == "logits":
+            norm, x, M = final_norm_of(model), run.box[N.final_stream(L)], model.W_U.detach()
+        elif c.kind == "mlp":
+            norm = _backend.pre_norm(model, c.layer, "ln2")
+            x, M = run.box[N.resid_pre(c.layer) if parallel else N.resid_mid(c.layer)], model.blocks[c.layer].mlp.W_in.detach()
+        else:
+            n = _backend.kv_groups(cfg) if c.kind == "kv_head" else cfg.n_heads
+            norm, x = _backend.pre_norm(model, c.layer, "ln1"), run.box[N.resid_pre(c.layer)]
+            M = reader_weight(model, c.layer, f"W_{c.input.upper()}", n)[c.index]
+        norm = norm.to(torch.float64)
+        x, M = x.to(torch.float64), M.to(torch.float64)
+        base = norm.apply(x) @ M
+        moved = norm.apply(x + run.delta[i]) @ M - base
+        out[i, j] = float(moved.abs().max()) > FLAT * max(float(base.abs().max()), 1e-300)
+    return out

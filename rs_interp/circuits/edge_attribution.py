@@ -48,17 +48,18 @@ from ..exact.readout import compute_dtype
 from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, start_points
 from ..hooks import store_matching
 from ..metrics import Metric
-from ._substrate import IGRule, check_pair, outside_inference_mode, record, sender_points, writes
+from ._substrate import IGRule, check_pair, contract, outside_inference_mode, record, sender_points, writes
 from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix, z_gradients
 from .correction import clean_metric, quadrature, run_passes
 from .graph import EdgeEffects, edge_layout
+from .positions import Positional, PositionSchema, resolve_spans
 from .uncertainty import Spread
 
 __all__ = ["EdgeAttributionPatching", "edge_attribution_patching"]
 
 
 @dataclass(frozen=True)
-class EdgeAttributionPatching(EdgeEffects, Spread):
+class EdgeAttributionPatching(EdgeEffects, Spread, Positional):
     """Edge-level estimates on the model's edge graph (:class:`rs_interp.EdgeEffects`: ``layout``,
     ``effect`` (sender, receiver), NaN where there is no edge, ``clean``, ``.edge(s, r)``, ``.top(k)``).
 
@@ -70,6 +71,9 @@ class EdgeAttributionPatching(EdgeEffects, Spread):
         per_example: (batch, sender, receiver) each pair's share (they sum to ``effect``), with
             ``per_example=True``; else None. ``.stderr()``, ``.error_bar()``, ``.reliability()``:
             :class:`rs_interp.circuits.uncertainty.Spread`.
+        per_span: (sender, receiver, span) each span's share (they sum to ``effect``), with ``spans=``;
+            else None (:meth:`positional`: the positional edges).
+        schema: the :class:`rs_interp.circuits.positions.PositionSchema` of ``per_span``.
 
     Example:
         >>> import rs_interp
@@ -91,6 +95,8 @@ class EdgeAttributionPatching(EdgeEffects, Spread):
     correction: str | None = None
     first_order: Float[torch.Tensor, "sender receiver"] | None = None
     per_example: Float[torch.Tensor, "batch sender receiver"] | None = None
+    per_span: Float[torch.Tensor, "sender receiver span"] | None = None
+    schema: PositionSchema | None = None
 
 
 def check_options(ig_steps: int | None, qk_fix: bool, grad_drop: bool, correction: str | None, per_example: bool) -> None:
@@ -106,16 +112,19 @@ def check_options(ig_steps: int | None, qk_fix: bool, grad_drop: bool, correctio
                          "bootstrap the plain or QK-fixed estimate instead")
 
 
-def _contract(buf: torch.Tensor, W: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+def _contract(buf: torch.Tensor, W: torch.Tensor, G: torch.Tensor, spans: torch.Tensor | None = None) -> torch.Tensor:
     """``W . G`` (rows of ``W`` against rows of ``G``, over batch * pos * d_model), (batch or 1, sender,
     column) as ``buf``'s first axis asks: one product per batch row in ``W``'s dtype (sums of pos *
-    d_model terms), their results added in float64."""
+    d_model terms), their results added in float64. With ``spans`` (batch, pos, span) one-hot, (batch or 1,
+    sender, column, span): each position's d_model terms added into its span (:func:`._substrate.contract`)."""
+    if spans is not None:
+        return contract(W, G.view(G.shape[0], *W.shape[1:]), per_example=buf.shape[0] > 1, spans=spans)
     k, c, B = W.shape[0], G.shape[0], W.shape[1]
     per_row = torch.bmm(W.reshape(k, B, -1).transpose(0, 1), G.reshape(c, B, -1).permute(1, 2, 0)).to(torch.float64)
     return per_row if buf.shape[0] > 1 else per_row.sum(0, keepdim=True)
 
 
-def _flush(pending: list, rows: list[torch.Tensor]) -> None:
+def _flush(pending: list, rows: list[torch.Tensor], spans: torch.Tensor | None = None) -> None:
     """One product for the gradients gathered (one layer's readers, one pass and phase): the senders
     upstream of all of them (a prefix of the writes) against every column at once, then the few
     senders only some of them read, each reader alone. ``pending``: (buf, weight, W, G, cols, k), the
@@ -126,10 +135,10 @@ def _flush(pending: list, rows: list[torch.Tensor]) -> None:
     k0 = min(p[5] for p in pending)
     G = rows[0][: sum(p[3].shape[0] for p in pending)]
     cols = [j for p in pending for j in p[4]]
-    buf[:, :k0, cols] += weight * _contract(buf, W[:k0], G)
+    buf[:, :k0, cols] += weight * _contract(buf, W[:k0], G, spans)
     for _, _, _, g, c, k in pending:
         if k > k0:
-            buf[:, k0:k, c] += weight * _contract(buf, W[k0:k], g)
+            buf[:, k0:k, c] += weight * _contract(buf, W[k0:k], g, spans)
     pending.clear()
 
 
@@ -146,6 +155,7 @@ def edge_attribution_patching(
     grad_drop: bool = False,
     correction: str | None = None,
     per_example: bool = False,
+    spans: str | PositionSchema | None = None,
     memory_budget: int = MEMORY_BUDGET,
     progress: bool = True,
 ) -> EdgeAttributionPatching:
@@ -184,6 +194,8 @@ def edge_attribution_patching(
         correction: ``"hessian"``, the second-order term at each point, one more backward pass
             through each (:mod:`rs_interp.circuits.correction`).
         per_example: keep each pair's share of every estimate (``per_example``, for error bars).
+        spans: ``"each"`` (every position its own span) or a :class:`rs_interp.circuits.positions.PositionSchema`:
+            also each span's share of every edge, ``per_span``, summing to ``effect`` (:mod:`rs_interp.circuits.positions`).
         memory_budget: bytes one chunk of the QK fix's patched patterns (or stacked pass) may use (roughly).
         progress: a progress bar over the passes.
 
@@ -212,6 +224,10 @@ def edge_attribution_patching(
     tokens, reference = check_pair(model, tokens, reference)
     alphas, weights, seconds = quadrature(ig_steps, ig_rule, correction)
     check_options(ig_steps, qk_fix, grad_drop, correction, per_example)
+    schema = resolve_spans(spans, tokens)
+    if schema is not None and (qk_fix or grad_drop):
+        raise ValueError("spans= splits a sum over positions; the QK fix (a pattern recomputed with every position moved) "
+                         "and GradDrop (a sum of magnitudes) are not such sums: compute them without positions")
     drops = [None] + (check_drop_layers(model) if grad_drop else [])
     cert = require(model, "edge_attribution_patching", adapts=qk_fix)  # the QK fix reads rows, scores, start at layer
     hessian = correction == "hessian"
@@ -222,7 +238,8 @@ def edge_attribution_patching(
                          "or integrated-gradients estimate, or path patching (exact)")
     layout = edge_layout(model)
     B = tokens.shape[0]
-    shape = (B if per_example else 1, len(layout.senders), len(layout.receivers))
+    shape = (B if per_example else 1, len(layout.senders), len(layout.receivers)) + (() if schema is None else (schema.n_spans,))
+    spans = None if schema is None else schema.one_hot()
     first = [torch.zeros(shape, dtype=torch.float64) for _ in drops]
     second = torch.zeros(shape, dtype=torch.float64)
     column = {r: j for j, r in enumerate(layout.receivers)}
@@ -263,7 +280,7 @@ def edge_attribution_patching(
                 built[0] = now_pass()
             now = (reader.layer, state["drop"], state["point"], state["phase"])
             if now != key[0]:
-                _flush(pending, grads)
+                _flush(pending, grads, spans)
                 key[0] = now
                 if here and built[0] != now_pass():  # post-norm heads: the Jacobian at this pass's point
                     stack[0] = writes(model, ref, run, at=here, dtype=dt)
@@ -287,7 +304,7 @@ def edge_attribution_patching(
             with reader_gradients(model, wanted, on_grad, dt, extra=drop_hooks(model, layer)) as hooks:
                 value = run_passes(model, tokens, metric, fwd + hooks, alphas=alphas, hessian=hessian, x_ref=ref[RESID0],
                                    state=state, progress=progress)
-            _flush(pending, grads)
+            _flush(pending, grads, spans)
             key[0] = None
         value = clean_metric(model, tokens, metric, value)
         if qk_fix:
@@ -296,6 +313,11 @@ def edge_attribution_patching(
             for buf, fix in zip(first, fixed):
                 buf.copy_(torch.where(fix.isnan(), buf, fix))
     gone = ~layout.exists
+    per_span = None
+    if schema is not None:  # each span's share: the sum over spans is the estimate (summed last, in float64)
+        per_span = (first[0] + second).sum(0)
+        per_span[gone] = float("nan")
+        first, second = [f.sum(-1) for f in first], second.sum(-1)
     if grad_drop:
         effect, shares, first_order = combine_drops([f[0] for f in first], model.cfg.n_layers), None, None
     elif hessian:
@@ -310,4 +332,4 @@ def edge_attribution_patching(
         shares[:, gone] = float("nan")
     return EdgeAttributionPatching(layout=layout, effect=effect, clean=value, ig_steps=ig_steps, ig_rule=ig_rule, qk_fix=qk_fix,
                                    grad_drop=grad_drop, correction=correction, first_order=first_order,
-                                   per_example=shares if per_example else None)
+                                   per_example=shares if per_example else None, per_span=per_span, schema=schema)

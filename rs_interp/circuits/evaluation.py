@@ -39,16 +39,16 @@ from jaxtyping import Int
 
 from .._backend import Model
 from .._keywords import renamed
-from .._messages import few
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.stream import mlp_flags
 from ..exact.validate import Ablation, check_ablation
 from ..metrics import Metric, direction, metric_value
+from . import positions as pos
 from ._ablated_run import ablated_writes, run_circuit
 from .graph import EdgeEffects, EdgeLayout, Embedding, edge_layout, embedding_of
-from .selection import Ranking, circuit_at, mask, mib_weights, prune
+from .selection import Ranking, check_fractions, circuit_at, mask, mib_weights, prune
 
 __all__ = ["MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores"]
 
@@ -70,11 +70,13 @@ def evaluate_circuit(
     reference: Int[torch.Tensor, "batch pos"] | None = None,
     ablation: Ablation = "resample",
     embedding: Embedding = "sum",
+    spans: str | pos.PositionSchema | None = None,
 ) -> float:
     """``metric`` of the run with every edge outside ``circuit`` ablated (module docstring).
 
     Args:
-        circuit: ``(sender, receiver)`` edges to keep, labelled as :func:`rs_interp.edge_layout` does.
+        circuit: ``(sender, receiver)`` edges to keep, labelled as :func:`rs_interp.edge_layout` does (with ``spans``,
+            ``(sender, receiver, span)``: one outside is ablated at its span's positions only).
         reference: tokens of the reference run: the shape of ``tokens`` for ``"resample"``, as long
             as ``tokens`` for ``"position_mean"``, any shape for ``"mean"``; unused by ``"zero"``.
         ablation: what an ablated edge carries (:data:`rs_interp.Ablation`, module docstring); below,
@@ -83,6 +85,7 @@ def evaluate_circuit(
         embedding: the graph's input senders (:func:`rs_interp.edge_layout`): ``"sum"`` (``embed``),
             ``"token"`` (``tok_embed``, EAP-IG's input node ``hook_embed``: the position embedding is
             never ablated) or ``"split"`` (``tok_embed`` and ``pos_embed``).
+        spans: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema` of ``tokens``: the circuit's spans.
 
     Which reference quantity each ablation equals (a sender ``s``'s ablated write; ``reference`` the prompts
     EAP-IG's ``intervention_dataloader`` or corrupted prompts hold):
@@ -120,14 +123,16 @@ def evaluate_circuit(
     """
     tokens, reference = check_ablation(model, tokens, ablation, reference, "evaluate_circuit")
     layout = edge_layout(model, embedding)
-    keep = mask(layout, circuit)
+    schema = pos.resolve_spans(spans, tokens)
+    keep = mask(layout, circuit) if schema is None else pos.positional_mask(layout, schema.names, circuit)
     require(model, "evaluate_circuit", also=("embedding",) if embedding != "sum" else ())
-    if keep.any() and not _reaches_logits(layout, keep):  # stacklevel 3: the caller's line, past the renamed() wrapper
+    reaches = _reaches_logits(layout, keep) if schema is None else bool(pos.positional_prune(layout, keep).any())
+    if keep.any() and not reaches:  # stacklevel 3: the caller's line, past the renamed() wrapper
         warnings.warn("this circuit has no path from the embedding to the logits: every path through it is cut, so it "
                       "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=3)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
         return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, ablation, embedding),
-                           "circuit run")
+                           "circuit run", masks=None if schema is None else pos.span_masks(schema))
 
 
 @dataclass(frozen=True)
@@ -213,18 +218,6 @@ def _area(x: Sequence[float], y: Sequence[float]) -> float:
     return float(sum((x[i + 1] - x[i]) * (y[i] + y[i + 1]) / 2 for i in range(len(x) - 1)))
 
 
-def _check_fractions(fractions: object) -> list[float]:
-    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):
-        raise ValueError(f"fractions must be a sequence of numbers in (0, 1], got {fractions!r}")
-    fr = list(fractions)
-    if not fr or any(isinstance(f, bool) or not isinstance(f, (int, float)) for f in fr):
-        raise ValueError(f"fractions must be a non-empty sequence of numbers in (0, 1], got {fractions!r}")
-    fr = [float(f) for f in fr]
-    if any(not 0 < f <= 1 for f in fr) or any(b <= a for a, b in zip(fr, fr[1:])):
-        raise ValueError(f"fractions must increase within (0, 1], got {few(fractions, 10)}")
-    return fr
-
-
 @renamed(method="ablation")
 def faithfulness_curve(
     model: Model,
@@ -277,9 +270,9 @@ def faithfulness_curve(
         ((14, 29), 1.0)
     """
     tokens, reference = check_ablation(model, tokens, ablation, reference, "faithfulness_curve")
-    fr = _check_fractions(fractions)
-    if not isinstance(scores, EdgeEffects):
-        raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
+    fr = check_fractions(fractions)
+    if not isinstance(scores, (EdgeEffects, pos.PositionalEdgeEffects)):
+        raise ValueError("scores must be edge scores (EdgeEffects, or pos.PositionalEdgeEffects) of this model's edge layout")
     embedding = embedding_of(scores.layout)
     require(model, "faithfulness_curve", also=("embedding",) if embedding != "sum" else ())
     return _curves(model, tokens, metric, [(scores, ranking)], reference=reference, fractions=fr, ablation=ablation, pruned=pruned,
@@ -294,27 +287,35 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
     circuit (by its kept edges) is run once, however many curves hold it (MIB's smallest sizes round to
     the empty circuit, the largest to the full graph, and methods that agree pick the same edges): the
     same forward pass gives the same number, so sharing changes nothing but the count of passes. Every
-    request's scores are on the same input senders (:func:`rs_interp.edge_layout`'s ``embedding``).
+    request's scores are on the same input senders (:func:`rs_interp.edge_layout`'s ``embedding``), and all edge
+    scores or all positional (:class:`rs_interp.circuits.positions.PositionalEdgeEffects`, with their spans).
     The metric's direction (the signed ranking's) is settled by :func:`rs_interp.metrics.direction` from
     the clean and the empty run before any circuit is chosen."""
     if higher_is_better is not None and not isinstance(higher_is_better, bool):  # before any run
         raise ValueError(f"higher_is_better must be True, False or None (from the metric), got {higher_is_better!r}")
-    embedding = embedding_of(requests[0][0].layout) if isinstance(requests[0][0], EdgeEffects) else "sum"
+    first = requests[0][0]
+    embedding = embedding_of(first.layout) if isinstance(first, (EdgeEffects, pos.PositionalEdgeEffects)) else "sum"
     layout = edge_layout(model, embedding)
+    positional = isinstance(first, pos.PositionalEdgeEffects)
+    kind = pos.PositionalEdgeEffects if positional else EdgeEffects
     for scores, _ranking in requests:
-        if not isinstance(scores, EdgeEffects) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
-            raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout (all on the same input senders)")
-    nobody = torch.zeros_like(layout.exists)
+        if not isinstance(scores, kind) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
+            raise ValueError(f"scores must be edge scores ({kind.__name__}) of this model's edge layout (all on the same input senders)")
+        if positional and scores.spans != first.spans:
+            raise ValueError("positional scores compared in one call must share their spans")
+    choose, pruner, weights, masks = pos.curve_rules(first, layout, tokens) if positional else (circuit_at, prune, mib_weights(layout), None)
+    total = float(weights.sum())
+    nobody = torch.zeros_like(weights, dtype=torch.bool)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
         ablated = ablated_writes(model, tokens, reference, ablation, embedding)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
-        empty = run_circuit(model, tokens, metric, layout, nobody, ablated, "empty circuit")
+        empty = run_circuit(model, tokens, metric, layout, nobody, ablated, "empty circuit", masks=masks)
         if clean == empty:
             raise ValueError(f"the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
         way = direction(metric, clean, empty, higher_is_better)
-        chosen = [[circuit_at(scores, f, ranking=ranking, pruned=False, higher_is_better=way.higher_is_better)
+        chosen = [[choose(scores, f, ranking=ranking, pruned=False, higher_is_better=way.higher_is_better)
                    for f in fractions] for scores, ranking in requests]
-        circuits = [[prune(layout, keep) if pruned else keep for keep in curve] for curve in chosen]
+        circuits = [[pruner(layout, keep) if pruned else keep for keep in curve] for curve in chosen]
         key = lambda keep: bytes(keep.flatten().tolist())  # noqa: E731  (the kept edges, as bytes)
         distinct: dict[bytes, torch.Tensor] = {}
         for keep in (k for curve in circuits for k in curve):
@@ -322,9 +323,7 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
                 distinct.setdefault(key(keep), keep)
         value = {key(nobody): empty}
         for k, keep in bar(distinct.items(), desc="faithfulness curve", enabled=progress, unit="circuit"):
-            value[k] = run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit of {int(keep.sum())} edges")
-    weights = mib_weights(layout)
-    total = float(weights.sum())
+            value[k] = run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit of {int(keep.sum())} edges", masks=masks)
     out = []
     for (_scores, ranking), curve, picked in zip(requests, circuits, chosen):
         values = [value[key(keep)] for keep in curve]
@@ -339,9 +338,12 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
 
 
 def _mib_counts(layout: EdgeLayout, chosen: list[torch.Tensor]) -> tuple[float, ...]:
-    """What MIB's harness reports as each circuit's size: its edges after one pass of pruning (:func:`prune`)."""
-    weights = mib_weights(layout)
-    return tuple(float((weights * prune(layout, keep, passes=1)).sum()) for keep in chosen)
+    """What MIB's harness reports as each circuit's size: its edges after one pass of pruning (:func:`prune`;
+    on the positional graph :func:`rs_interp.circuits.positions.positional_prune`)."""
+    positional = bool(chosen) and chosen[0].ndim == 3
+    weights = pos.positional_weights(layout, chosen[0].shape[-1]) if positional else mib_weights(layout)
+    pruner = pos.positional_prune if positional else prune
+    return tuple(float((weights * pruner(layout, keep, passes=1)).sum()) for keep in chosen)
 
 
 @dataclass(frozen=True)
@@ -403,11 +405,11 @@ def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Met
     """
     require(model, "mib_scores")
     tokens, reference = check_ablation(model, tokens, ablation, reference, "mib_scores")
-    fr = _check_fractions(fractions)
+    fr = check_fractions(fractions)
     named = dict(scores) if isinstance(scores, Mapping) else {None: scores}
     if not named:
         raise ValueError("scores is an empty mapping: pass at least one result")
-    embeddings = {embedding_of(s.layout) for s in named.values() if isinstance(s, EdgeEffects)}
+    embeddings = {embedding_of(s.layout) for s in named.values() if isinstance(s, (EdgeEffects, pos.PositionalEdgeEffects))}
     if embeddings - {"sum"}:
         require(model, "mib_scores", also=("embedding",))
     requests = [(s, ranking) for s in named.values() for ranking in ("signed", "absolute")]

@@ -74,6 +74,7 @@ __all__ = [
     "score_methods",
     "missed",
     "faithfulness",
+    "counted_flops",
 ]
 
 #: A score at most this fraction of a method's largest counts as 0 (:func:`magnitudes`).
@@ -145,6 +146,8 @@ class GroundTruthCase:
             changes when the edge alone is patched (:func:`edge_classes`).
         inert: the other known edges, each with why it carries nothing under the patch.
         metric_description: what ``metric`` is, in words.
+        spans: the spans the positional methods score (``"each"``, or a
+            :class:`rs_interp.circuits.positions.PositionSchema` of ``tokens``).
     """
 
     name: str
@@ -156,6 +159,7 @@ class GroundTruthCase:
     effective: frozenset[tuple[str, str]]
     inert: Mapping[tuple[str, str], str]
     metric_description: str
+    spans: Any = "each"
 
 
 def as_float64(model: Model) -> Model:
@@ -260,6 +264,7 @@ class MethodScores:
         auroc: AUROC of :func:`magnitudes` of ``scores``, the known items against the others (None:
             one class is empty).
         auroc_effective: the same with the known items that carry no effect left out.
+        flops: the matmul FLOPs of the method's run (PyTorch's count; forward, backward and patched passes alike).
     """
 
     method: str
@@ -269,20 +274,52 @@ class MethodScores:
     effective: tuple[bool, ...]
     auroc: float | None
     auroc_effective: float | None
+    flops: int | None = None
 
 
 def _scored(method: str, items: Sequence[str], values: Sequence[float], known: Sequence[bool],
-            effective: Sequence[bool]) -> MethodScores:
+            effective: Sequence[bool], flops: int | None = None) -> MethodScores:
     mags = magnitudes(values)
     keep = [e or not k for k, e in zip(known, effective)]  # leave out the known items that carry nothing
     return MethodScores(method, tuple(items), tuple(float(v) for v in values), tuple(known), tuple(effective),
-                        auroc(mags, known), auroc([m for m, k in zip(mags, keep) if k], [e for e, k in zip(effective, keep) if k]))
+                        auroc(mags, known), auroc([m for m, k in zip(mags, keep) if k], [e for e, k in zip(effective, keep) if k]),
+                        flops)
 
 
-def score_methods(case: GroundTruthCase, *, progress: bool = True) -> dict[str, MethodScores]:
+class _Global:
+    """FlopCounterMode's module tracker, replaced: every FLOP counted as the whole call's. Its own tracker registers
+    PyTorch's global module hooks, which are part of the certificate's key (:func:`rs_interp.certify`), so every
+    counted call would measure the model's certificate again (a second of CPU on a toy model). PyTorch 2.13's
+    ``FlopCounterMode.mod_tracker``; remove when its counter can run without module tracking."""
+
+    parents = {"Global"}
+
+    def __enter__(self) -> "_Global":
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        return None
+
+
+def counted_flops(fn) -> tuple[Any, int]:
+    """``fn()`` and the matmul FLOPs it ran (PyTorch's FlopCounterMode, forward and backward passes alike), counted
+    without module hooks (:class:`_Global`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    counter.mod_tracker = _Global()
+    with counter:
+        out = fn()
+    return out, int(counter.get_total_flops())
+
+
+def score_methods(case: GroundTruthCase, *, progress: bool = True, counted: Iterable[str] = ()) -> dict[str, MethodScores]:
     """Every registered method's scores on ``case`` (:data:`rs_interp.circuits.methods.METHODS`) and
     their AUROCs, keyed by method name: the edge methods over every edge of the layout, the node
-    methods over every head."""
+    methods over every head, the positional methods over every positional edge (``"s -> r @ span"``; a
+    positional edge is known, or carries effect, when its edge does: the known circuits say nothing of positions).
+    The methods whose keys are in ``counted`` have their matmul FLOPs counted (``flops``; counting slows a run)."""
+    counted = set(counted)
     model, tokens, reference, metric = case.model, case.tokens, case.reference, case.metric
     layout = edge_layout(model)
     edges = layout.edges()
@@ -291,14 +328,20 @@ def score_methods(case: GroundTruthCase, *, progress: bool = True) -> dict[str, 
     known, effective = known_heads(model, case.known), known_heads(model, case.effective)
     out = {}
     for name, method in METHODS.items():
-        result = method.run(model, tokens, metric, reference=reference, progress=progress)
-        if method.level == "edge":
+        kw = {"spans": case.spans} if method.level == "positional" else {}
+        run = lambda: method.run(model, tokens, metric, reference=reference, progress=progress, **kw)  # noqa: E731
+        result, flops = counted_flops(run) if method.key in counted else (run(), None)
+        if method.level == "positional":
+            triples = result.edges()
+            out[name] = _scored(name, tuple(f"{edge_string((s, r))} @ {u}" for s, r, u in triples), result.effect[result.exists].tolist(),
+                                [(s, r) in case.known for s, r, _ in triples], [(s, r) in case.effective for s, r, _ in triples], flops)
+        elif method.level == "edge":
             out[name] = _scored(name, items, result.effect[layout.exists].tolist(), [e in case.known for e in edges],
-                                [e in case.effective for e in edges])
+                                [e in case.effective for e in edges], flops)
         else:
             by_label = dict(zip(result.labels, result.effect.flatten().tolist()))
             out[name] = _scored(name, heads, [by_label[h] for h in heads], [h in known for h in heads],
-                                [h in effective for h in heads])
+                                [h in effective for h in heads], flops)
     return out
 
 

@@ -22,8 +22,19 @@ from ..models.data import InductionBatch
 from .evaluation import evaluate_circuit
 from .graph import edge_layout
 from .ground_truth import GroundTruthCase, as_float64, receiver_response
+from .positions import PositionSchema
 
-__all__ = ["InductionGroundTruth", "induction_ground_truth", "induction_case"]
+__all__ = ["InductionGroundTruth", "induction_ground_truth", "induction_case", "period_spans"]
+
+
+def period_spans(periods: torch.Tensor, width: int) -> PositionSchema:
+    """The spans of repeated random sequences: each row's first period (its tokens seen once) and the repeats (where
+    induction predicts), aligned across rows of different periods.
+
+    >>> period_spans(torch.tensor([2, 3]), 5).span_of.tolist()
+    [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1]]
+    """
+    return PositionSchema(("first period", "repeats"), (torch.arange(width)[None] >= periods[:, None]).long())
 
 
 @dataclass(frozen=True)
@@ -157,5 +168,5 @@ def induction_case(model: Model, batch: InductionBatch, *, n_pairs: int, referen
     response = receiver_response(model, tokens, reference, sorted(truth.edges))
     inert = {e: f"{e[1]}'s output does not move when it is patched" for e, moved in response.items() if moved <= 1e-9}
     case = GroundTruthCase("induction-2l", model, tokens, reference, metric, truth.edges, truth.edges - set(inert), inert,
-                           "the loss on the induction targets")
+                           "the loss on the induction targets", spans=period_spans(batch.periods[:n_pairs], tokens.shape[1]))
     return case, truth

@@ -3,13 +3,17 @@ expected values and the benchmarks read.
 
 A method is a name, a key (its entries in ``rs_interp.reproduce.expected``), a level (``"edge"``: it
 scores every edge of the graph, an :class:`rs_interp.EdgeEffects`; ``"node"``: every head, a result
-with ``labels`` and ``effect``) and a callable ``run(model, tokens, metric, *, reference, progress)``
+with ``labels`` and ``effect``; ``"positional"``: every positional edge, a
+:class:`rs_interp.circuits.positions.PositionalEdgeEffects`, its ``run`` also taking ``spans=``, ``"each"`` or a
+schema of the run's tokens) and a callable ``run(model, tokens, metric, *, reference, progress)``
 (``shares``: it also takes ``per_example=True``, each pair's share for error bars).
 Adding a method is its module, one entry here (or :func:`registered` for the duration, as a test
 does), the export, its test and its reference entry.
 
->>> [m.key for m in METHODS.values()]
+>>> [m.key for m in METHODS.values()][:14]
 ['EAP', 'EAP-IG', 'exact', 'AtP', 'scan', 'EAP-QK', 'AtP*', 'EAP-H', 'EAP-H2', 'EAP-IG-G2', 'EAP-H-fix', 'ACDC', 'AtP-GD', 'AtP-H']
+>>> [m.key for m in METHODS.values()][14:]
+['RelP', 'RelP-QK', 'RelP-IG-G2', 'RelP-fix', 'EAP-IG-G2-fix', 'EAP-pos', 'EAP-IG-pos', 'RelP-pos', 'exact-pos']
 >>> METHODS["exact path patching"].exact, METHODS["EAP"].level
 (True, 'edge')
 """
@@ -27,6 +31,7 @@ from .edge_attribution import edge_attribution_patching
 from .graph import edge_layout
 from .node_attribution import attribution_patching
 from .path_patching import path_patching
+from .relevance import edge_relevance_patching
 
 __all__ = ["Method", "METHODS", "IG_STEPS", "HESSIAN_STEPS", "GAUSS_STEPS", "ACDC_FRACTION", "registered"]
 
@@ -55,7 +60,7 @@ class Method:
 
     name: str
     key: str
-    level: Literal["edge", "node"]
+    level: Literal["edge", "node", "positional"]
     run: Callable[..., Any]
     exact: bool = False
     shares: bool = False
@@ -86,6 +91,27 @@ def _acdc(model, tokens, metric, *, reference, progress=False):
     return acdc(model, tokens, metric, reference=reference, threshold=ACDC_FRACTION * abs(full - empty), progress=progress)
 
 
+def _relp(**options):
+    def run(model, tokens, metric, *, reference, progress=False, per_example=False):
+        return edge_relevance_patching(model, tokens, metric, reference=reference, per_example=per_example, progress=progress, **options)
+    return run
+
+
+def _flat_fixed(estimate):
+    """``estimate``'s flat edges patched exactly (:func:`rs_interp.fix_unreliable`, ``screen="flat"``)."""
+    def run(model, tokens, metric, *, reference, progress=False):
+        scores = estimate(model, tokens, metric, reference=reference, progress=progress)
+        return fix_unreliable(model, tokens, metric, scores, reference=reference, screen="flat", progress=progress)
+    return run
+
+
+def _positional(fn, **options):
+    """``fn``'s positional edges (``spans="each"`` unless the caller gives a schema)."""
+    def run(model, tokens, metric, *, reference, progress=False, spans="each"):
+        return fn(model, tokens, metric, reference=reference, progress=progress, spans=spans, **options).positional()
+    return run
+
+
 def _exact(model, tokens, metric, *, reference, progress=False):
     return path_patching(model, tokens, metric, reference=reference, progress=progress)
 
@@ -112,6 +138,16 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method(f"ACDC (threshold {ACDC_FRACTION:g} of clean - empty)", "ACDC", "edge", _acdc, exact=True),
     Method("attribution patching, GradDrop (heads)", "AtP-GD", "node", _nodes(grad_drop=True)),
     Method("attribution patching, Hessian-corrected (heads)", "AtP-H", "node", _nodes(correction="hessian"), shares=True),
+    Method("RelP", "RelP", "edge", _relp(), shares=True),
+    Method("RelP, QK fix", "RelP-QK", "edge", _relp(qk_fix=True), shares=True),
+    Method(f"RelP-IG, Gauss-Legendre (m = {GAUSS_STEPS})", "RelP-IG-G2", "edge", _relp(ig_steps=GAUSS_STEPS), shares=True),
+    Method("RelP, flat edges patched", "RelP-fix", "edge", _flat_fixed(_relp())),
+    Method(f"EAP-IG, Gauss-Legendre (m = {GAUSS_STEPS}), flat edges patched", "EAP-IG-G2-fix", "edge",
+           _flat_fixed(_edges(ig_steps=GAUSS_STEPS, ig_rule="gauss"))),
+    Method("EAP (positions)", "EAP-pos", "positional", _positional(edge_attribution_patching)),
+    Method(f"EAP-IG (m = {IG_STEPS}, positions)", "EAP-IG-pos", "positional", _positional(edge_attribution_patching, ig_steps=IG_STEPS)),
+    Method("RelP (positions)", "RelP-pos", "positional", _positional(edge_relevance_patching)),
+    Method("exact path patching (positions)", "exact-pos", "positional", _positional(path_patching), exact=True),
 )}
 
 

@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 from jaxtyping import Int
 
+from .. import _names as N
 from .._backend import Model, run_from
 from .._budget import MEMORY_BUDGET, stacked_copies
 from .._progress import bar
@@ -39,14 +40,20 @@ from ..hooks import store_matching
 from ..metrics import Metric, metric_value
 from ._substrate import check_pair, record, sender_points, writes
 from .graph import EdgeEffects, EdgeLayout, edge_layout
+from .positions import Positional, PositionSchema, resolve_spans
 
 __all__ = ["PathPatching", "path_patching"]
 
 
 @dataclass(frozen=True)
-class PathPatching(EdgeEffects):
+class PathPatching(EdgeEffects, Positional):
     """Measured edge effects (:class:`rs_interp.EdgeEffects`: ``layout``, ``effect`` (sender,
     receiver), NaN where there is no edge or it was not asked for, ``clean``, ``.edge``, ``.top``).
+
+    Attributes:
+        per_span: (sender, receiver, span) with ``spans=``: each edge patched at one span's positions
+            alone (exact; these need not add up to ``effect``, the edge patched at every position at once).
+        schema: the :class:`rs_interp.circuits.positions.PositionSchema` of ``per_span``.
 
     Example:
         >>> import rs_interp
@@ -58,6 +65,80 @@ class PathPatching(EdgeEffects):
         >>> abs(pp.clean - float(metric(model(a)).detach())) < 1e-5
         True
     """
+
+    per_span: torch.Tensor | None = None
+    schema: PositionSchema | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What every patched pass of one run shares: the run's metric, its stream entering each layer (and what a pass
+    started there reads: :func:`rs_interp.exact.stream.start_points`, the middle of each block and the final stream too),
+    and each sender's exact write change (sender, batch, pos, d_model), float64 (:func:`._substrate.writes` ``patched``)."""
+
+    clean: float
+    box: dict
+    delta: torch.Tensor
+
+
+def prepare(model: Model, tokens: torch.Tensor, reference: torch.Tensor, metric: Metric) -> Prepared:
+    """One no-grad pass on ``reference`` and one on ``tokens`` (:class:`Prepared`); the caller holds ``preserve_state``."""
+    points = sender_points(model)
+    L = model.cfg.n_layers
+    starts = start_points(model)
+    streams = {N.resid_mid(l) for l in range(L)} | {N.final_stream(L)}
+    ref = record(model, reference, points)
+    run: dict[str, torch.Tensor] = {}
+    box: dict[str, torch.Tensor] = {}
+    with model.hooks(fwd_hooks=store_matching(run, model, points) + store_matching(box, model, lambda n: starts(n) or n in streams)):
+        clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
+    return Prepared(clean, box, writes(model, ref, run, patched=True))
+
+
+def measure(model: Model, tokens: torch.Tensor, metric: Metric, run: Prepared, items: list, cert, memory_budget: int, progress: bool,
+            schema: PositionSchema | None = None) -> dict[tuple, float]:
+    """The exact change of the metric for each item ``(sender row, receiver column, span index or None)``: the sender's
+    write change added to the receiver's input alone (at the span's positions only). The items into one receiver layer
+    share a pass, stacked along the batch where the certificate's ``rows`` holds (as many as ``memory_budget``
+    allows), each pass started at that layer where ``start at layer`` holds (else from the tokens)."""
+    cfg = model.cfg
+    layout = edge_layout(model)
+    B, P = tokens.shape
+    from_layer = cert.holds("start at layer")
+    per_pass = stacked_copies(model, B, P, memory_budget) if cert.holds("rows") else 1
+    delta = run.delta
+    masks = None if schema is None else schema.one_hot(delta.dtype).permute(2, 0, 1)[..., None]  # (span, batch, pos, 1)
+    by_layer: dict[int, list[tuple[int, int, int | None]]] = {}
+    for item in items:
+        by_layer.setdefault(receiver_hook(layout.receivers[item[1]], cfg.n_layers)[0], []).append(item)
+    jobs = [(layer, edges[i : i + per_pass]) for layer, edges in sorted(by_layer.items()) for i in range(0, len(edges), per_pass)]
+    out = {}
+    for layer, pairs in bar(jobs, desc="path patching", enabled=progress, unit="pass"):
+        k = len(pairs)
+        targets: dict[str, list[tuple[int, int | None, torch.Tensor]]] = {}  # hook -> (replica, head index, what is added)
+        for i, (row, j, u) in enumerate(pairs):
+            _, name, index = receiver_hook(layout.receivers[j], cfg.n_layers)
+            targets.setdefault(name, []).append((i, index, delta[row] if u is None else delta[row] * masks[u]))
+
+        def patch_of(entries: list[tuple[int, int | None, torch.Tensor]]):
+            def patch(t: torch.Tensor, *, hook) -> torch.Tensor:
+                t = t.clone()
+                for i, index, add in entries:
+                    if index is None:
+                        t[i * B : (i + 1) * B] += add.to(t.dtype)
+                    else:  # a per-head input (batch, pos, head or kv_head, d_model)
+                        t[i * B : (i + 1) * B, :, index] += add.to(t.dtype)
+                return t
+            return patch
+
+        x, start, spe = stacked_start(model, tokens, run.box, layer, k, from_layer)
+        # always split (3.x's per-head inputs on for every pass: the numbers do not depend on the receivers' kind)
+        with routed(model, [(name, patch_of(e)) for name, e in targets.items()], split=True) as runnable, model.hooks(fwd_hooks=runnable):
+            logits = run_from(model, x, start=start, spe=spe)
+        for i, (row, j, u) in enumerate(pairs):
+            what = f"edge {layout.senders[row]} -> {layout.receivers[j]}" + ("" if u is None else f" at span {schema.names[u]}")
+            out[(row, j, u)] = metric_value(metric(logits[i * B : (i + 1) * B]), what) - run.clean
+    return out
 
 
 def _wanted(layout: EdgeLayout, edges: Sequence[tuple[str, str]] | None) -> torch.Tensor:
@@ -80,6 +161,7 @@ def path_patching(
     *,
     reference: Int[torch.Tensor, "batch pos"],
     edges: Sequence[tuple[str, str]] | None = None,
+    spans: str | PositionSchema | None = None,
     memory_budget: int = MEMORY_BUDGET,
     progress: bool = True,
 ) -> PathPatching:
@@ -90,6 +172,8 @@ def path_patching(
         metric: a :data:`rs_interp.Metric` (a scalar function of the logits).
         reference: tokens of the reference run, the shape of ``tokens``.
         edges: the edges to measure (default: all); the others are NaN.
+        spans: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema`: also each edge patched at
+            each span alone (``per_span``; one more patched pass per edge and span).
         memory_budget: bytes one stacked pass may use (roughly); at least one edge per pass.
         progress: a progress bar over the passes.
 
@@ -107,55 +191,23 @@ def path_patching(
         (2, 29)
     """
     tokens, reference = check_pair(model, tokens, reference)
+    schema = resolve_spans(spans, tokens)
     check_int_range("memory_budget", memory_budget, 1)
     cert = require(model, "path_patching")
-    # Each pass starts at the receiver's layer from the clean stream cached there, where running
-    # from a layer reproduces the model (the certificate's "start at layer"); else from the tokens.
-    from_layer = cert.holds("start at layer")
-    cfg = model.cfg
     layout = edge_layout(model)
     wanted = _wanted(layout, edges)
-    B, P = tokens.shape
-    # Several edges per pass, stacked along the batch, where each row is computed on its own (the
-    # certificate's "rows": a hook reading the batch as a whole would see the stack); else one per pass.
-    per_pass = stacked_copies(model, B, P, memory_budget) if cert.holds("rows") else 1
     effect = torch.full(wanted.shape, float("nan"), dtype=torch.float64)
-    points = sender_points(model)
+    per_span = None if schema is None else torch.full((*wanted.shape, schema.n_spans), float("nan"), dtype=torch.float64)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        ref = record(model, reference, points)
-        run: dict[str, torch.Tensor] = {}
-        box: dict[str, torch.Tensor] = {}
-        with model.hooks(fwd_hooks=store_matching(run, model, points) + store_matching(box, model, start_points(model))):
-            clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
-        delta = writes(model, ref, run, patched=True)  # (sender, batch, pos, d_model), float64
-        # The edges into one receiver layer share a pass: replica i carries edge (rows[i], cols[i]), its
-        # sender's write added to its receiver's input alone; each pass starts at that layer.
-        by_layer: dict[int, list[tuple[int, int]]] = {}
-        for row, j in wanted.nonzero().tolist():
-            by_layer.setdefault(receiver_hook(layout.receivers[j], cfg.n_layers)[0], []).append((row, j))
-        jobs = [(layer, edges[i : i + per_pass]) for layer, edges in sorted(by_layer.items()) for i in range(0, len(edges), per_pass)]
-        for layer, pairs in bar(jobs, desc="path patching", enabled=progress, unit="pass"):
-            k = len(pairs)
-            targets: dict[str, list[tuple[int, int | None, int]]] = {}  # hook -> (replica, head index, sender row)
-            for i, (row, j) in enumerate(pairs):
-                _, name, index = receiver_hook(layout.receivers[j], cfg.n_layers)
-                targets.setdefault(name, []).append((i, index, row))
-
-            def patch_of(entries: list[tuple[int, int | None, int]]):
-                def patch(t: torch.Tensor, *, hook) -> torch.Tensor:
-                    t = t.clone()
-                    for i, index, row in entries:
-                        if index is None:
-                            t[i * B : (i + 1) * B] += delta[row].to(t.dtype)
-                        else:  # a per-head input (batch, pos, head or kv_head, d_model)
-                            t[i * B : (i + 1) * B, :, index] += delta[row].to(t.dtype)
-                    return t
-                return patch
-
-            x, start, spe = stacked_start(model, tokens, box, layer, k, from_layer)
-            # always split (3.x's per-head inputs on for every pass: the numbers do not depend on the receivers' kind)
-            with routed(model, [(name, patch_of(e)) for name, e in targets.items()], split=True) as runnable, model.hooks(fwd_hooks=runnable):
-                logits = run_from(model, x, start=start, spe=spe)
-            for i, (row, j) in enumerate(pairs):
-                effect[row, j] = metric_value(metric(logits[i * B : (i + 1) * B]), f"edge {layout.senders[row]} -> {layout.receivers[j]}") - clean
-    return PathPatching(layout=layout, effect=effect, clean=clean)
+        run = prepare(model, tokens, reference, metric)
+        # every edge patched at every position, then (with a schema) at each span alone
+        items = [(row, j, None) for row, j in wanted.nonzero().tolist()]
+        if schema is not None:
+            items += [(row, j, u) for row, j in wanted.nonzero().tolist() for u in range(schema.n_spans)]
+        for (row, j, u), moved in measure(model, tokens, metric, run, items, cert, memory_budget, progress, schema).items():
+            if u is None:
+                effect[row, j] = moved
+            else:
+                per_span[row, j, u] = moved
+    clean = run.clean
+    return PathPatching(layout=layout, effect=effect, clean=clean, per_span=per_span, schema=schema)

@@ -22,18 +22,23 @@ inputs of the query heads that read it.
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 import torch
 
 from .._keywords import renamed
+from .._messages import few
 from ..labels import parse
 from .graph import EdgeEffects, EdgeLayout
 
-__all__ = ["Ranking", "RANKINGS", "rank", "top_edges", "mask", "prune", "mib_weights", "circuit_at"]
+__all__ = ["Ranking", "RANKINGS", "RECOVERED_SHARE", "rank", "top_edges", "mask", "prune", "mib_weights", "circuit_at",
+           "smallest_recovering"]
 
 Ranking = Literal["absolute", "signed"]
 RANKINGS = ("absolute", "signed")
+#: The share of the metric a default circuit recovers: :func:`circuit_at` without a fraction (and ``rs-interp
+#: circuit`` without ``--size``) takes the smallest circuit on the faithfulness curve whose faithfulness reaches it.
+RECOVERED_SHARE = 0.8
 
 
 def rank(scores: EdgeEffects, ranking: Ranking = "absolute") -> list[int]:
@@ -134,7 +139,7 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
             return out
         return [sender]
 
-    while True:
+    def step(keep: torch.Tensor) -> torch.Tensor:
         fed = {comp[j] for j in range(len(comp)) if bool(keep[:, j].any())}
         alive = []
         for i, s in enumerate(layout.senders):
@@ -144,7 +149,15 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
         live = {s for s, a in zip(layout.senders, alive) if a}
         live_kv = {f"L{parse(s).layer}KV{parse(s).index // group}" for s in live if parse(s).kind == "head" and n_kv}
         col_ok = torch.tensor([c == "logits" or c in live or c in live_kv for c in comp])
-        new = keep & torch.tensor(alive)[:, None] & col_ok[None, :]
+        return keep & torch.tensor(alive)[:, None] & col_ok[None, :]
+
+    return fixpoint(step, keep, passes)
+
+
+def fixpoint(step: Callable[[torch.Tensor], torch.Tensor], keep: torch.Tensor, passes: int | None) -> torch.Tensor:
+    """``step`` applied to ``keep`` until nothing changes, or ``passes`` times (a pruning's passes)."""
+    while True:
+        new = step(keep)
         if torch.equal(new, keep):
             return keep
         keep = new
@@ -152,6 +165,19 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
             passes -= 1
             if passes <= 0:
                 return keep
+
+
+def check_fractions(fractions: object) -> list[float]:
+    """A faithfulness curve's ``fractions``, checked: increasing numbers within (0, 1]."""
+    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Iterable):
+        raise ValueError(f"fractions must be a sequence of numbers in (0, 1], got {fractions!r}")
+    fr = list(fractions)
+    if not fr or any(isinstance(f, bool) or not isinstance(f, (int, float)) for f in fr):
+        raise ValueError(f"fractions must be a non-empty sequence of numbers in (0, 1], got {fractions!r}")
+    fr = [float(f) for f in fr]
+    if any(not 0 < f <= 1 for f in fr) or any(b <= a for a, b in zip(fr, fr[1:])):
+        raise ValueError(f"fractions must increase within (0, 1], got {few(fractions, 10)}")
+    return fr
 
 
 def mib_weights(layout: EdgeLayout) -> torch.Tensor:
@@ -163,25 +189,56 @@ def mib_weights(layout: EdgeLayout) -> torch.Tensor:
     return layout.exists.to(torch.float64) * w[None, :]
 
 
-def circuit_at(scores: EdgeEffects, fraction: float, *, ranking: Ranking = "absolute", pruned: bool = True,
-               higher_is_better: bool = False) -> torch.Tensor:
+def circuit_at(scores: EdgeEffects, fraction: float | None = None, *, ranking: Ranking | None = None,
+               pruned: bool = True, higher_is_better: bool | None = None, curve: Any = None,
+               share: float = RECOVERED_SHARE) -> torch.Tensor:
     """The circuit MIB evaluates at ``fraction`` of the edges: the best edges of ``scores`` (in rank
     order, while their MIB count stays within ``int(fraction * N)``, ``N`` the graph's MIB count),
     dangling edges pruned (``pruned=True``, as MIB does). A (sender, receiver) mask.
 
+    Without a ``fraction``, the default circuit of a faithfulness ``curve`` of these scores: the smallest
+    circuit on it whose faithfulness reaches ``share`` of the metric (:data:`RECOVERED_SHARE`, 80%), at the
+    curve's fraction, in its ranking and its metric's direction (:func:`smallest_recovering`; ``curve`` a
+    :class:`~rs_interp.FaithfulnessCurve`, typed ``Any`` here: evaluation reads this module).
+
     MIB ranks the scores of the *loss* (:func:`rs_interp.tasks.mib_importances`): by signed score,
     the edges whose patching raises the loss most come first. ``higher_is_better=True`` (a logit or
     probability difference) ranks ``-effect`` so, the smallest effect first; ``False`` (the
-    default: the metric is a loss) ranks ``effect``, the largest first. ``|effect|`` ranks the same
-    either way.
+    default, ``None``, with no curve: the metric is a loss) ranks ``effect``, the largest first. ``|effect|``
+    ranks the same either way. With a ``curve``, ``None`` is the curve's own direction.
+
+    ``ranking``: ``"absolute"`` by default (the curve's own without a fraction).
 
     Raises:
-        ValueError: ``fraction`` not a number in [0, 1]; ``higher_is_better`` not a bool.
+        ValueError: ``fraction`` not a number in [0, 1]; ``higher_is_better`` not a bool or None, or not the
+            direction of the ``curve`` taken from; neither a ``fraction`` nor a ``curve``, or no circuit on the
+            curve recovering ``share``.
+
+    Example:
+        >>> import rs_interp as ri
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> a, b = ri.induction_batch(8, seed=0).tokens, ri.induction_batch(8, seed=1).tokens
+        >>> loss = ri.next_token_loss(ri.next_token_targets(a))
+        >>> eap = ri.edge_attribution_patching(model, a, loss, reference=b)
+        >>> curve = ri.faithfulness_curve(model, a, loss, eap, reference=b)
+        >>> k = smallest_recovering(curve)
+        >>> torch.equal(circuit_at(eap, curve=curve), circuit_at(eap, curve.fractions[k])), curve.faithfulness[k] >= 0.8
+        (True, True)
     """
+    if fraction is None:
+        if curve is None:
+            raise ValueError("circuit_at needs a fraction of the edges, or curve= (a faithfulness curve of these "
+                             f"scores) to take the smallest circuit on it that recovers {share:.0%} of the metric.")
+        k = smallest_recovering(curve, share)
+        fraction, ranking, higher_is_better = curve.fractions[k], curve.ranking, _curve_direction(
+            curve, higher_is_better)
+    ranking = "absolute" if ranking is None else ranking
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
         raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
+    if higher_is_better is None:
+        higher_is_better = False  # the metric is a loss, as MIB ranks it
     if not isinstance(higher_is_better, bool):
-        raise ValueError(f"higher_is_better must be True or False, got {higher_is_better!r}")
+        raise ValueError(f"higher_is_better must be True, False or None, got {higher_is_better!r}")
     if higher_is_better and ranking == "signed":
         scores = EdgeEffects(scores.layout, -scores.effect, -scores.clean)
     layout = scores.layout
@@ -195,3 +252,34 @@ def circuit_at(scores: EdgeEffects, fraction: float, *, ranking: Ranking = "abso
     taken = order[: int((weights[order].cumsum(0) <= budget).sum())]
     keep[rows[taken], cols[taken]] = True
     return prune(layout, keep) if pruned else keep
+
+
+def _curve_direction(curve: Any, higher_is_better: bool | None) -> bool | None:
+    """The metric's direction of the circuits on ``curve``: its own, which an explicit ``higher_is_better`` must
+    agree with (the signed ranking's circuits differ by direction; the absolute ranking's do not)."""
+    own = getattr(curve, "higher_is_better", None)
+    if own is None or higher_is_better is None or curve.ranking != "signed":
+        return own if higher_is_better is None else higher_is_better
+    if higher_is_better != own:
+        raise ValueError(f"higher_is_better={higher_is_better} disagrees with the curve's signed ranking, which took "
+                         f"higher_is_better={own} (from {getattr(curve, 'direction_from', None) or 'its metric'}); "
+                         "leave it out to take the curve's circuits.")
+    return own
+
+
+def smallest_recovering(curve: Any, share: float = RECOVERED_SHARE) -> int:
+    """The index into ``curve`` (a :class:`~rs_interp.FaithfulnessCurve`) of its smallest circuit (fewest edges
+    kept, then the smaller fraction) whose faithfulness reaches ``share`` (faithfulness 1: the metric of the full model; 0: of the empty circuit).
+
+    Raises:
+        ValueError: ``share`` not a number in (0, 1]; no circuit on the curve reaching it (the message gives
+            the best there is).
+    """
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"share must be a number in (0, 1], the part of the metric a circuit recovers, got {share!r}.")
+    reach = [k for k, f in enumerate(curve.faithfulness) if f == f and f >= share]
+    if not reach:
+        best = max((f for f in curve.faithfulness if f == f), default=float("nan"))
+        raise ValueError(f"No circuit on this faithfulness curve recovers {share:.0%} of the metric (the best: "
+                         f"{best:.3f}). Add the fraction 1.0 to its fractions, or ask for a lower share.")
+    return min(reach, key=lambda k: (curve.n_edges[k], curve.fractions[k]))

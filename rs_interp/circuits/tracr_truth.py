@@ -19,6 +19,7 @@ from . import tracr as _tracr
 from ._substrate import record, sender_points, writes
 from .graph import edge_layout
 from .ground_truth import GroundTruthCase, as_float64, receiver_response
+from .positions import PositionSchema
 
 __all__ = ["tracr_metric", "edge_classes", "tracr_case"]
 
@@ -137,6 +138,8 @@ def tracr_case(name: str, *, n_pairs: int = 64, seed: int = 0) -> GroundTruthCas
     classes = edge_classes(model, meta.name, tokens, reference)
     what = ("log-probability of the correct output, summed over the output positions" if meta.output == "categorical"
             else "the output value, summed over the output positions")
+    # the positional methods' spans: the BOS (what tracr's selectors fall back to) and the input's tokens
+    spans = PositionSchema(("BOS", "tokens"), (torch.arange(tokens.shape[1]) >= 1).long().expand_as(tokens).clone())
     return GroundTruthCase(f"tracr-{meta.name}", model, tokens, reference, tracr_metric(meta.name, inputs),
                            _tracr.ground_truth_edges(meta.name), frozenset(e for e, (k, _) in classes.items() if k == "effect"),
-                           {e: _inert_reason(e, k, c) for e, (k, c) in sorted(classes.items()) if k != "effect"}, what)
+                           {e: _inert_reason(e, k, c) for e, (k, c) in sorted(classes.items()) if k != "effect"}, what, spans=spans)

@@ -12,3 +12,8 @@ to stay exact.
 - :mod:`rs_interp.exact.stream`: the stream's readers and senders, and their gradients.
 - :mod:`rs_interp.exact.validate`: the arguments every helper checks (tokens, targets, ablations, weights).
 """
+
+from .._lazy import attach
+
+#: Every submodule answers as an attribute (``rs_interp.exact.needs``), imported on first use.
+__getattr__, __dir__ = attach(__name__, {}, globals())

@@ -54,6 +54,8 @@ _EVALUATED = (*_EDGES, "projections")  # a cut head's q/k/v is built by hand whe
 _EDGE_ESTIMATES = ("stream", "z", "heads", "input", "readers", "projections", "gradients", "head inputs")
 _PATTERNS = ("z", "values")
 _GRAPH = ("embedding", "stream", "mlp reads", "mlp writes", "readout", "vocabulary")
+#: Relevance patching: the layers swept backwards by hand, each held at the run (no backward pass of the model).
+_RELEVANCE = ("stream", "z", "heads", "values", "mlp reads", "mlp writes", "mlp weights", "readout")
 
 #: The identities each helper relies on: it refuses, naming the first that fails.
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -67,6 +69,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "attribution_patching": ("z", "input", "gradients"),
     "edge_attribution_patching": _EDGE_ESTIMATES,
     "fix_unreliable": _EDGE_ESTIMATES,
+    "edge_relevance_patching": _RELEVANCE,
+    "relevance_patching": _RELEVANCE,
     "path_patching": _EDGES,
     "evaluate_circuit": _EVALUATED,
     "faithfulness_curve": _EVALUATED,
@@ -96,6 +100,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "features.mlp_transcoders": ("mlp reads", "mlp writes", "mlp weights"),
     "scale.attribution_patching": ("z", "input", "gradients"),
     "scale.edge_attribution_patching": _EDGE_ESTIMATES,
+    "scale.edge_relevance_patching": _RELEVANCE,
     "scale.path_patching": _EDGES,
     "scale.evaluate_circuit": _EVALUATED,
     "scale.faithfulness_curve": _EVALUATED,
@@ -128,6 +133,8 @@ OPTIONAL: dict[str, dict[str, str]] = {
     "faithfulness_curve": {"embedding": "scores on embedding='token' or 'split'"},
     "features.qk_attributions": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
     "features.top_attention": {"mlp weights": "exact transcoders (features.mlp_transcoders)"},
+    "edge_relevance_patching": {"readers": "qk_fix=True", "projections": "qk_fix=True", "head inputs": "qk_fix=True"},
+    "relevance_patching": {"readers": "qk_fix=True", "projections": "qk_fix=True"},
 }
 
 #: Identities a helper reads as an option, with what it does where one fails (it still answers, exactly).
@@ -142,7 +149,7 @@ ADAPTS: dict[str, dict[str, str]] = {
            "scores": "the QK fix's patterns by the model's own attention instead of from the projections",
            "start at layer": "the QK fix's passes from the tokens instead of from the cached stream"}
     for name in ("edge_attribution_patching", "attribution_patching", "scale.edge_attribution_patching",
-                 "scale.attribution_patching")
+                 "scale.attribution_patching", "edge_relevance_patching", "relevance_patching")
 }
 
 #: Public functions that take a model and rely on no identity, each with why.

@@ -32,7 +32,7 @@ import torch
 from .._backend import Model, attn_weight, post_norms
 from .norm import Norm
 
-__all__ = ["frozen_heads", "linearised_heads", "patched_heads", "raw_output", "attn_post", "attn_frozen"]
+__all__ = ["frozen_heads", "frozen_changes", "linearised_heads", "patched_heads", "raw_output", "attn_post", "attn_frozen"]
 
 
 def attn_post(model: Model, layer: int, dt: torch.dtype) -> Norm:
@@ -64,6 +64,15 @@ def frozen_heads(model: Model, layer: int, z: torch.Tensor, dt: torch.dtype) -> 
     if post.bias is not None:
         bias = bias + post.bias
     return post.linear(per_head, scale), bias
+
+
+def frozen_changes(model: Model, layer: int, z: torch.Tensor, delta: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    """(head, batch, pos, d_model): each head's change ``delta`` (batch, pos, head, d_head) of its output as the
+    frozen convention writes it, ``P_lin(delta_h W_O^h) = gain * c(delta_h W_O^h) / s``, ``s`` the post-norm's scale on
+    the run whose heads output ``z`` (relevance patching's convention: the norm's scale held at the run's)."""
+    post, scale = attn_frozen(model, layer, z, dt)
+    moved = torch.einsum("bphd,hdm->hbpm", delta.to(dt), model.blocks[layer].attn.W_O.detach().to(dt))
+    return moved if post.kind is None else post.linear(moved, scale)
 
 
 def linearised_heads(model: Model, layer: int, z: torch.Tensor, delta: torch.Tensor, dt: torch.dtype) -> torch.Tensor:

@@ -8,6 +8,7 @@
 (2, 8)
 """
 
+from .._lazy import attach
 from .attribution import attribution_graph
 from .clt import SHIPPED_CLTS, CrossLayerTranscoder, TrainedCLT, load_clt, shipped_clt, train_clt
 from .estimate import GraphEstimate, estimate_graph
@@ -50,3 +51,6 @@ __all__ = [
     "transcoder_metrics",
     "TranscoderMetrics",
 ]
+
+#: Every submodule answers as an attribute (``rs_interp.features.export``), imported on first use.
+__getattr__, __dir__ = attach(__name__, {}, globals())

@@ -120,16 +120,18 @@ def resolve(model, tokens: torch.Tensor, convention: str, zero_positions, prepen
 
 
 def frozen_outputs(tcs, clean, zero: Sequence[int]):
-    """``outputs(l, x)`` of the frozen run with every node off: each MLP writes its transcoder's ``b_dec`` and
-    skip, and at the zeroed positions what the clean run's MLP output held beyond its skip (the zeroed features'
-    writes, the error and ``b_dec``: constants of the replacement model, credited to no node)."""
+    """``outputs(l, xs)`` of the frozen run with every node off: each MLP writes its transcoder's ``b_dec`` and
+    the skips into it (from ``xs``, this run's inputs), and at the zeroed positions what the clean run's MLP output
+    held beyond its skips (the zeroed features' writes, the error and ``b_dec``: constants of the replacement model,
+    credited to no node)."""
     if not zero:
-        return lambda l, x: tcs[l].b_dec + tcs[l].skip(x)
+        return lambda l, xs: tcs[l].b_dec + tcs.skip_into(l, xs)
     idx = torch.tensor(list(zero), dtype=torch.long)
 
-    def outputs(l: int, x: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x) + tcs[l].b_dec + tcs[l].skip(x)
-        out[idx] = clean.outputs[l][idx].to(out.dtype) - tcs[l].skip(clean.inputs[l][idx]) + tcs[l].skip(x[idx])
+    def outputs(l: int, xs: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.zeros_like(xs[l]) + tcs[l].b_dec + tcs.skip_into(l, xs)
+        at = lambda inputs: {i: x[idx] for i, x in enumerate(inputs[: l + 1])}  # noqa: E731
+        out[idx] = clean.outputs[l][idx].to(out.dtype) - tcs.skip_into(l, at(clean.inputs)) + tcs.skip_into(l, at(xs))
         return out
 
     return outputs

@@ -2,12 +2,14 @@
 
 Under the freezes of circuit-tracer's replacement model, every attention pattern and every norm's
 scale is held at its value in the clean run, and every MLP's output is held at its clean value
-(except through the transcoder's linear skip): the map from the token embeddings and the MLP
+(except through the transcoders' linear skips into it: its own layer's and, in a cross-layer transcoder, earlier
+layers', :meth:`~rs_interp.features.TranscoderSet.skips_into`): the map from the token embeddings and the MLP
 outputs to every transcoder input and to the final stream is then *linear*. Two ways of running it:
 
 - :func:`grad_forward`: the model's own forward pass with the patterns and scales detached and each
-  MLP output cut from its input (``skip(x) + (out - skip(x)).detach()``): a backward pass from a
-  transcoder input (or the final stream) then gives that linear map's transpose, exactly;
+  MLP output cut from its input (``skip + (out - skip).detach()``, ``skip`` the skips' write from this run's
+  inputs): a backward pass from a transcoder input (or the final stream) then gives that linear map's transpose,
+  exactly;
 - :func:`frozen_forward`: the model's own forward pass with the patterns and scales *replaced* by
   their clean values and each MLP output replaced by what the caller says: an intervention in the
   frozen model (linear in what is changed, so a graph entry predicts it exactly).
@@ -32,6 +34,7 @@ import torch
 from .. import _names as N
 from .._backend import Model, Stop, mlp_norm_name, pattern_after_attention, pre_norm, with_dtype
 from .._messages import few
+from .._state import warn_dropout
 from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
@@ -137,6 +140,7 @@ def quiet_model(model: Model) -> Iterator[None]:
     modes = [(m, m.training) for m in model.modules()]
     grads = [(p, p.requires_grad) for p in model.parameters()]
     grad_mode = torch.is_grad_enabled()
+    warn_dropout(model)
     try:
         model.eval()
         for p, _ in grads:
@@ -189,19 +193,19 @@ def clean_run(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor) ->
 
 
 def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, tokens: torch.Tensor, *,
-                   outputs: Callable[[int, torch.Tensor], torch.Tensor],
+                   outputs: Callable[[int, list[torch.Tensor]], torch.Tensor],
                    embed: torch.Tensor | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Run the frozen model: patterns and scales at their clean values, the token embeddings
     ``embed`` (pos, d_model; default the clean ones), and layer ``l``'s MLP output
-    ``outputs(l, x)`` for its transcoder input ``x`` in this run. Returns the transcoder inputs
-    (per layer, (pos, d_model)) and the logits (pos, d_vocab)."""
+    ``outputs(l, xs)`` for the transcoder inputs ``xs`` of layers ``0..l`` in this run. Returns the transcoder
+    inputs (per layer, (pos, d_model)) and the logits (pos, d_vocab)."""
     box: dict[str, torch.Tensor] = {}
 
     def freeze(t: torch.Tensor, hook) -> torch.Tensor:
         return clean.frozen[hook.name].to(t.dtype)
 
     def set_out(l: int):  # the full shape: a broadcast (a bias alone) breaks a model's in-place add after it (Falcon's)
-        return lambda t, hook: torch.zeros_like(t) + outputs(l, box[f"in{l}"])[None].to(t.dtype)
+        return lambda t, hook: torch.zeros_like(t) + outputs(l, [box[f"in{i}"] for i in range(l + 1)])[None].to(t.dtype)
 
     routed = {n for n, _ in pattern_hooks(model, clean.frozen)}  # there, hook_pattern's edit would be discarded (and warned)
     is_pattern = N.every(N.pattern)
@@ -252,12 +256,13 @@ def grad_forward(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor,
 
     def cut(l: int):
         def hook(t: torch.Tensor, hook) -> torch.Tensor:
-            x = box[f"in{l}"]
-            if transcoders[l].W_skip is None:
+            skips = transcoders.skips_into(l)
+            if not skips:
                 out = t.detach().requires_grad_(True)  # a leaf: the MLP's output, cut from its input
-            else:
-                s = transcoders[l].skip(x.to(transcoders.dtype)).to(t.dtype)
-                out = s + (t - s).detach()  # only the skip's linear path stays
+            else:  # the skips read this run's inputs (this layer's, and earlier ones' in a cross-layer transcoder)
+                xs = {src: box[f"in{src}"].to(transcoders.dtype) for src, _ in skips}
+                s = transcoders.skip_into(l, xs).to(t.dtype)
+                out = s + (t - s).detach()  # only the skips' linear paths stay
             box[f"out{l}"] = out
             return out
         return hook

@@ -2,10 +2,11 @@
 exact in the local replacement model, on TransformerLens 3 and 4.
 
 In the local replacement model of one prompt (attention patterns and norm scales frozen at their
-values in the run, each MLP's output cut from its input except through its transcoder's linear
-skip), every transcoder input and the final stream are linear in what is written into the stream:
-the token embeddings, each active feature's write ``a_s W_dec[s]`` and each error vector
-(the MLP output minus its reconstruction), plus a constant. So a target's value
+values in the run, each MLP's output cut from its input except through the transcoders' linear
+skips into it), every transcoder input and the final stream are linear in what is written into the stream:
+the token embeddings, each active feature's write ``a_s W_dec[s]`` (with a post-encoder bias ``c``,
+``(a_s + c_s) W_dec[s]``: :mod:`.transcoders`) and each error vector (the MLP output minus its
+reconstruction), plus a constant. So a target's value
 
     t = sum_s A[t, s] + bias_t,       A[t, s] = write_s . J_{t <- s}^T v_t
 
@@ -202,23 +203,37 @@ def attribution_graph(
 def active_nodes(tcs: TranscoderSet, clean: R.Clean, zero: Sequence[int] = ()):
     """The feature nodes of a clean run: every active feature (layer, pos, index) and its activation
     (numbered layer by layer, then by position); and the error vectors (layer, pos, d_model). At the
-    positions ``zero`` (circuit-tracer's ``zero_positions``) no feature is a node and the error vectors are 0."""
+    positions ``zero`` (circuit-tracer's ``zero_positions``) no feature is a node and the error vectors are 0.
+    Active: a nonzero activation; in a layer with a post-encoder bias, every selected feature (it writes ``c W_dec``
+    even at activation 0)."""
     feats, acts_list = [], []
     L, (P, d) = len(tcs), clean.embed.shape
     recon = torch.zeros(L, P, d, dtype=clean.embed.dtype)  # each MLP output's reconstruction, from every layer writing to it
     with torch.no_grad():
         for l, tc in enumerate(tcs):
-            acts = tc.encode(clean.inputs[l])
+            x = clean.inputs[l]
+            acts = tc.encode(x)
             acts[list(zero)] = 0.0
-            pos, idx = acts.nonzero(as_tuple=True)
+            if tc.post_bias is None:
+                active = acts
+            else:  # every selected feature is a node (zeros included): it writes c W_dec
+                active = tc.selected(x).index_fill_(0, torch.tensor(list(zero), dtype=torch.long), False)
+            pos, idx = active.nonzero(as_tuple=True)
             feats.append(torch.stack([torch.full_like(pos, l), pos, idx], 1))
             acts_list.append(acts[pos, idx])
-            for out, W in tcs.writes_from(l):
-                recon[out] += acts @ W
+            for (out, W), v in zip(tcs.writes_from(l), _post_values(tcs, l, acts, active)):
+                recon[out] += v @ W
             del acts
-        errors = torch.stack([clean.outputs[l] - (recon[l] + tc.b_dec + tc.skip(clean.inputs[l])) for l, tc in enumerate(tcs)])
+        errors = torch.stack([clean.outputs[l] - (recon[l] + tc.b_dec + tcs.skip_into(l, clean.inputs))
+                              for l, tc in enumerate(tcs)])
         errors[:, list(zero)] = 0.0
     return torch.cat(feats), torch.cat(acts_list), errors
+
+
+def _post_values(tcs: TranscoderSet, layer: int, acts: torch.Tensor, active: torch.Tensor) -> list[torch.Tensor]:
+    """What each of ``layer``'s decoders reads: ``acts`` plus the post-encoder bias on the ``active`` (selected, not
+    zeroed) features."""
+    return [acts if c is None else acts + active.to(acts.dtype) * c for c in tcs.post_biases_from(layer)]
 
 
 class Rows:
@@ -228,10 +243,11 @@ class Rows:
         self.run, self.P, self.L = run, P, L
         self.errors, self.embed = errors, embed
         self.activations, self.tcs, self.index = activations, tcs, features[:, 2]
-        self.into: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(L)]  # per output layer: (source layer, decoder)
+        # per output layer: (source layer, decoder, post-encoder bias or None)
+        self.into: list[list[tuple[int, torch.Tensor, torch.Tensor | None]]] = [[] for _ in range(L)]
         for src in range(L):
-            for out, W in tcs.writes_from(src):
-                self.into[out].append((src, W))
+            for (out, W), c in zip(tcs.writes_from(src), tcs.post_biases_from(src)):
+                self.into[out].append((src, W, c))
         # per layer: the feature nodes' columns, grouped by position for one small matmul per position
         self.groups = []
         for l in range(L):
@@ -278,9 +294,11 @@ class Rows:
             if g is None:
                 continue
             g = g[:, 0].to(row.dtype)  # (B, pos, d_model)
-            for src, W_dec in self.into[l]:  # every layer whose features write into this MLP output
+            for src, W_dec, c in self.into[l]:  # every layer whose features write into this MLP output
                 for p, cols in self.groups[src]:  # the writes a W_dec[i] of one position, made here (never all at once)
-                    row[:, cols] += g[:, p] @ (self.activations[cols, None] * W_dec[self.index[cols]]).T
+                    a = self.activations[cols] if c is None else self.activations[cols] + c[self.index[cols]]
+                    a = a[:, None]
+                    row[:, cols] += g[:, p] @ (a * W_dec[self.index[cols]]).T
             row[:, err0 + l * self.P : err0 + (l + 1) * self.P] = (g * self.errors[l]).sum(-1)
         if grads[-1] is not None:
             row[:, err0 + self.L * self.P :] = (grads[-1][:, 0].to(row.dtype) * self.embed).sum(-1)

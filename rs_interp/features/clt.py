@@ -4,15 +4,27 @@ output of that layer *and every later one* (Ameisen et al. 2025; circuit-tracer'
 With ``x_l`` the transcoder input of layer ``l`` (as for per-layer transcoders, :mod:`.transcoders`):
 
     a_l = act(x_l W_enc[l]^T + b_enc[l])                                 (d_transcoder,)
-    y_hat_m = sum_{l <= m} a_l W_dec[l][:, m - l] + b_dec[m] (+ x_m W_skip[m]^T)
+    y_hat_m = sum_{l <= m} (a_l + c[l][:, m - l] s_l) W_dec[l][:, m - l] + b_dec[m]
+              + sum_{l <= m} x_l W_skip[l][m - l]^T
 
 ``W_dec[l]`` is (d_transcoder, n_layers - l, d_model): feature ``i`` of layer ``l`` writes
-``a W_dec[l][i, m - l]`` into MLP output ``m``. An attribution graph with a CLT has the same nodes as
-with per-layer transcoders; a feature's column holds its direct effect through every output it
-writes to, and an error node of layer ``m`` is MLP output ``m`` minus ``y_hat_m``. Everything else
-(the freezes, the rows, the checks) is the per-layer graph's: :class:`CrossLayerTranscoder` is a
-:class:`~rs_interp.features.TranscoderSet` whose layer ``l`` holds the encoder, ``b_dec[l]``, the skip
-and the decoder into its own layer, and whose :meth:`~CrossLayerTranscoder.writes_from` adds the rest.
+``a W_dec[l][i, m - l]`` into MLP output ``m``. Two optional terms (EleutherAI sparsify's cross-layer coders
+have both): ``skips[l]`` (n_layers - l, d_model, d_model), ``W_skip[l][j]`` the linear skip from layer ``l``'s
+input into MLP output ``l + j`` (``j = 0`` the layer's own ``W_skip``; without ``skips``, that one only), and
+``post_biases[l]`` (d_transcoder, n_layers - l), the post-encoder bias ``c`` a *selected* feature (``s_l``:
+:meth:`~rs_interp.features.Transcoder.selected`) adds to its activation in its write into ``l + j``.
+
+An attribution graph with a CLT has the same nodes as with per-layer transcoders (with post-encoder biases: every
+selected feature, zeros among a TopK's picks included, since each writes ``c W_dec``); a feature's column holds its
+direct effect through every output it writes to, its write into ``m`` being ``(a + c[:, m - l]) W_dec[l][:, m - l]``,
+and an error node of layer ``m`` is MLP output ``m`` minus ``y_hat_m``. A skip, within a layer or across layers, is
+a linear path of the replacement model, as a same-layer skip is in circuit-tracer's: no node, the graph attributes
+through it (a source moving ``x_l`` moves every output ``l`` skips into), and what it carries of the constant
+part is in the bias. Everything else (the freezes, the rows, the checks) is the per-layer graph's:
+:class:`CrossLayerTranscoder` is a :class:`~rs_interp.features.TranscoderSet` whose layer ``l`` holds the encoder,
+``b_dec[l]``, the skip, the post-encoder bias and the decoder into its own layer, and whose
+:meth:`~CrossLayerTranscoder.writes_from`, :meth:`~CrossLayerTranscoder.post_biases_from` and
+:meth:`~CrossLayerTranscoder.skips_into` add the rest. circuit-tracer's files hold neither term (``save`` refuses).
 
 Files (circuit-tracer's CLT layout): a folder with ``W_enc_{i}.safetensors`` (``W_enc_{i}``
 (d_transcoder, d_model), ``b_enc_{i}``, ``b_dec_{i}``, ``threshold_{i}`` for JumpReLU), ``W_dec_{i}.safetensors``
@@ -49,11 +61,14 @@ _SHIPPED_ROOT = Path(__file__).resolve().parents[1] / "toy_models" / "transcoder
 @dataclass(frozen=True)
 class CrossLayerTranscoder(TranscoderSet):
     """A cross-layer transcoder (module docstring): per layer a :class:`~rs_interp.features.Transcoder`
-    (encoder, ``b_dec``, skip; its ``W_dec`` the decoder into its own layer) and ``decoders[l]``
-    (d_transcoder, n_layers - l, d_model) into its own layer and every later one.
+    (encoder, ``b_dec``, skip, post-encoder bias; its ``W_dec`` the decoder into its own layer) and ``decoders[l]``
+    (d_transcoder, n_layers - l, d_model) into its own layer and every later one; optionally ``skips[l]``
+    (n_layers - l, d_model, d_model) and ``post_biases[l]`` (d_transcoder, n_layers - l) (each empty: none; a
+    layer's entry None: none from that layer).
 
     Raises:
-        ValueError: decoders of the wrong shapes, or a layer's ``W_dec`` that is not ``decoders[l][:, 0]``.
+        ValueError: decoders, skips or post-encoder biases of the wrong shapes, or a layer's ``W_dec``, ``W_skip``
+            or ``post_bias`` that is not ``decoders[l][:, 0]``, ``skips[l][0]`` or ``post_biases[l][:, 0]``.
 
     >>> clt = CrossLayerTranscoder.random(2, 4, 8)
     >>> len(clt), clt.n_outputs(0), clt.n_outputs(1), clt.config()["model_kind"]
@@ -61,17 +76,27 @@ class CrossLayerTranscoder(TranscoderSet):
     """
 
     decoders: tuple[torch.Tensor, ...] = field(default=())
+    skips: tuple[torch.Tensor | None, ...] = field(default=())
+    post_biases: tuple[torch.Tensor | None, ...] = field(default=())
 
     def __post_init__(self) -> None:
         super().__post_init__()
         L = len(self.transcoders)
-        if len(self.decoders) != L:
-            raise ValueError(f"a cross-layer transcoder of {L} layers needs {L} decoders, got {len(self.decoders)}")
+        for name in ("decoders",) + tuple(n for n in ("skips", "post_biases") if getattr(self, n)):
+            if len(getattr(self, name)) != L:
+                raise ValueError(f"a cross-layer transcoder of {L} layers needs {L} {name}, "
+                                 f"got {len(getattr(self, name))}")
         for l, (tc, W) in enumerate(zip(self.transcoders, self.decoders)):
-            if tuple(W.shape) != (tc.d_transcoder, L - l, tc.d_model):
-                raise ValueError(f"decoder {l}: shape {tuple(W.shape)}, expected {(tc.d_transcoder, L - l, tc.d_model)}")
-            if not torch.equal(tc.W_dec.detach(), W[:, 0].to(tc.W_dec.dtype)):
-                raise ValueError(f"layer {l}'s W_dec is not its decoder into its own layer (decoders[{l}][:, 0])")
+            _check_part(f"decoder {l}", W, (tc.d_transcoder, L - l, tc.d_model), tc.W_dec, W[:, 0],
+                        f"W_dec (decoders[{l}][:, 0])")
+            if self.skips:
+                S = self.skips[l]
+                _check_part(f"skips[{l}]", S, (L - l, tc.d_model, tc.d_model), tc.W_skip, S if S is None else S[0],
+                            f"W_skip (skips[{l}][0])")
+            if self.post_biases:
+                c = self.post_biases[l]
+                _check_part(f"post_biases[{l}]", c, (tc.d_transcoder, L - l), tc.post_bias, c if c is None else c[:, 0],
+                            f"post_bias (post_biases[{l}][:, 0])")
 
     def n_outputs(self, layer: int) -> int:
         return len(self) - layer
@@ -80,20 +105,45 @@ class CrossLayerTranscoder(TranscoderSet):
         """Every MLP output the features of ``layer`` write to: ``(layer + j, decoders[layer][:, j])``."""
         return [(layer + j, self.decoders[layer][:, j]) for j in range(len(self) - layer)]
 
+    def post_biases_from(self, layer: int) -> list[torch.Tensor | None]:
+        """Beside each of :meth:`writes_from`'s writes, the post-encoder bias ``post_biases[layer][:, j]``
+        (None: none)."""
+        c = self.post_biases[layer] if self.post_biases else None
+        return [None if c is None else c[:, j] for j in range(len(self) - layer)]
+
+    def skips_into(self, layer: int) -> list[tuple[int, torch.Tensor]]:
+        """Every skip into MLP output ``layer``: its own transcoder's ``W_skip``, then each earlier layer ``l``'s
+        ``skips[l][layer - l]``."""
+        if not self.skips:
+            return TranscoderSet.skips_into(self, layer)
+        return [(l, self.skips[l][layer - l]) for l in [layer, *range(layer)] if self.skips[l] is not None]
+
     def to(self, dtype: torch.dtype) -> "CrossLayerTranscoder":
         tcs = TranscoderSet.to(self, dtype).transcoders
-        return CrossLayerTranscoder(tcs, self.input_point, self.output_point, self.scan, tuple(W.detach().to(dtype) for W in self.decoders))
+        cast = lambda ts: tuple(None if t is None else t.detach().to(dtype) for t in ts)  # noqa: E731
+        return CrossLayerTranscoder(tcs, self.input_point, self.output_point, self.scan, cast(self.decoders),
+                                    cast(self.skips), cast(self.post_biases))
 
     def reconstruct(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Every layer's ``y_hat`` from every layer's input ``x_l`` (each (..., d_model))."""
+        """Every layer's ``y_hat`` from every layer's input ``x_l`` (each (..., d_model)): the module docstring's
+        sum."""
         acts = [tc.encode(x) for tc, x in zip(self, inputs)]
-        out = [tc.b_dec + tc.skip(x) for tc, x in zip(self, inputs)]
+        out = [tc.b_dec + self.skip_into(m, inputs) for m, tc in enumerate(self)]
         for l in range(len(self)):
-            for m, W in self.writes_from(l):
-                out[m] = out[m] + acts[l] @ W
+            for (m, W), c in zip(self.writes_from(l), self.post_biases_from(l)):
+                out[m] = out[m] + self[l].with_post_bias(acts[l], inputs[l], c) @ W
         return out
 
     def config(self) -> dict:
+        """circuit-tracer's CLT config (:meth:`TranscoderSet.config`).
+
+        Raises:
+            ValueError: what :meth:`TranscoderSet.config` refuses; a skip across layers (circuit-tracer's CLT
+                files hold a skip within a layer only).
+        """
+        if any(S is not None and len(S) > 1 and bool(S[1:].ne(0).any()) for S in self.skips):
+            raise ValueError("a skip from one layer's input into a later layer's output (skips[l][j], j > 0) has no "
+                             "circuit-tracer file: its CLT files hold a skip within a layer only (W_skip_{i})")
         cfg = TranscoderSet.config(self)
         return cfg | {"model_kind": "cross_layer_transcoder"}
 
@@ -120,9 +170,16 @@ class CrossLayerTranscoder(TranscoderSet):
     @classmethod
     def from_tensors(cls, W_enc, b_enc, decoders, b_dec, *, activation: str = "relu", k: int | None = None,
                      threshold=None, W_skip=None, input_point: str = "mlp.hook_in", output_point: str = "mlp.hook_out",
-                     scan: str = "rs_interp-clt", dtype: torch.dtype = torch.float32) -> "CrossLayerTranscoder":
+                     scan: str = "rs_interp-clt", dtype: torch.dtype = torch.float32, skips=None,
+                     post_biases=None) -> "CrossLayerTranscoder":
         """A CLT from per-layer lists: ``W_enc[l]`` (d_transcoder, d_model), ``b_enc[l]``, ``decoders[l]``
-        (d_transcoder, n_layers - l, d_model), ``b_dec[l]`` (d_model), ``threshold[l]`` (JumpReLU), ``W_skip[l]``."""
+        (d_transcoder, n_layers - l, d_model), ``b_dec[l]`` (d_model), ``threshold[l]`` (JumpReLU), ``W_skip[l]``;
+        or ``skips[l]`` (n_layers - l, d_model, d_model) into its own and every later layer (``W_skip`` then left
+        None); ``post_biases[l]`` (d_transcoder, n_layers - l) (class docstring). An entry None: none."""
+        if skips is not None and W_skip is not None:
+            raise ValueError("give W_skip (a skip within each layer) or skips (into every later layer too), not both")
+        if skips is not None:
+            W_skip = [None if S is None else S[0] for S in skips]
         tcs = []
         for l in range(len(W_enc)):
             state = {"W_enc": W_enc[l], "b_enc": b_enc[l], "W_dec": decoders[l][:, 0], "b_dec": b_dec[l]}
@@ -130,8 +187,12 @@ class CrossLayerTranscoder(TranscoderSet):
                 state["activation_function.threshold"] = threshold[l]
             if W_skip is not None and W_skip[l] is not None:
                 state["W_skip"] = W_skip[l]
+            if post_biases is not None and post_biases[l] is not None:
+                state["post_bias"] = post_biases[l][:, 0]
             tcs.append(Transcoder.from_state({n: t.detach() for n, t in state.items()}, activation=activation, k=k, dtype=dtype))
-        return cls(tuple(tcs), input_point, output_point, scan, tuple(d.detach().to(dtype) for d in decoders))
+        cast = lambda ts: () if ts is None else tuple(None if t is None else t.detach().to(dtype)  # noqa: E731
+                                                      for t in ts)
+        return cls(tuple(tcs), input_point, output_point, scan, cast(decoders), cast(skips), cast(post_biases))
 
     @classmethod
     def random(cls, n_layers: int, d_model: int, d_transcoder: int, *, seed: int = 0, activation: str = "relu",
@@ -143,6 +204,17 @@ class CrossLayerTranscoder(TranscoderSet):
         return cls.from_tensors([r(W, d) for _ in range(L)], [r(W) - scale for _ in range(L)], [r(W, L - l, d) for l in range(L)],
                                 [r(d) for _ in range(L)], activation=activation, k=k,
                                 threshold=[r(W).abs() for _ in range(L)] if activation == "jumprelu" else None, dtype=dtype)
+
+
+def _check_part(name: str, whole: torch.Tensor | None, shape: tuple[int, ...], own: torch.Tensor | None,
+                own_part: torch.Tensor | None, what: str) -> None:
+    """``whole`` (a layer's decoders, skips or post-encoder biases; None: none) of ``shape``, its part into its own
+    layer ``own_part`` equal to the layer transcoder's ``own`` (both None, or both equal)."""
+    if whole is not None and tuple(whole.shape) != shape:
+        raise ValueError(f"{name}: shape {tuple(whole.shape)}, expected {shape}")
+    differ = own is not None and own_part is not None and not torch.equal(own.detach(), own_part.to(own.dtype))
+    if (own is None) != (own_part is None) or differ:
+        raise ValueError(f"{name}: the layer's {what} is not its part into its own layer")
 
 
 def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> CrossLayerTranscoder:

@@ -33,7 +33,7 @@ from typing import Callable, Literal
 from .._files import parsing, read_json
 from .graph import AttributionGraph
 
-__all__ = ["graph_json", "save_graph_json", "ExportConvention"]
+__all__ = ["graph_json", "save_graph_json", "graph_files", "ExportConvention"]
 
 #: Whose node ids and prompt text :func:`graph_json` writes (module docstring).
 ExportConvention = Literal["circuit-tracer", "rs_interp"]
@@ -147,11 +147,26 @@ def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = 
     folder.mkdir(parents=True, exist_ok=True)
     data = graph_json(graph, slug=slug, node_threshold=node_threshold, edge_threshold=edge_threshold, decode=decode,
                       convention=convention, prompt=prompt)
-    path = folder / f"{slug}.json"
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False))
-    index = folder / "graph-metadata.json"
-    listed = read_json(index, "graph index") if index.is_file() else {"graphs": []}
-    with parsing(index, "graph index"):  # circuit-tracer's index: {"graphs": [metadata, ...]}
+    for name, content in graph_files(data, folder).items():
+        (folder / name).write_text(json.dumps(content, indent=1, ensure_ascii=False))
+    return folder / f"{slug}.json"
+
+
+def graph_files(data: dict, folder: str | Path | None = None) -> dict[str, dict]:
+    """The files circuit-tracer's local server reads for the graph ``data`` (:func:`graph_json`): ``{slug}.json``
+    and ``graph-metadata.json``, its index (``{"graphs": [metadata, ...]}``, the one in ``folder`` with this slug's
+    entry replaced, as circuit-tracer's ``add_graph_metadata`` does). Name -> JSON data; nothing written.
+
+    Raises:
+        rs_interp.FileError: ``folder``'s index is not a graph index (the message names it).
+
+    >>> files = graph_files({"metadata": {"slug": "g"}, "qParams": {}, "nodes": [], "links": []})
+    >>> sorted(files), files["graph-metadata.json"]
+    (['g.json', 'graph-metadata.json'], {'graphs': [{'slug': 'g'}]})
+    """
+    slug = data["metadata"]["slug"]
+    index = Path(folder) / "graph-metadata.json" if folder is not None else None
+    listed = read_json(index, "graph index") if index is not None and index.is_file() else {"graphs": []}
+    with parsing(index or "graph-metadata.json", "graph index"):  # circuit-tracer's index: {"graphs": [...]}
         listed["graphs"] = [g for g in listed["graphs"] if g.get("slug") != slug] + [data["metadata"]]
-    index.write_text(json.dumps(listed, indent=1, ensure_ascii=False))
-    return path
+    return {f"{slug}.json": data, "graph-metadata.json": listed}

@@ -17,7 +17,9 @@
   the activation ``relu_topk`` (circuit-tracer's TopK keeps negative pre-activations: where fewer than ``k`` are
   positive the two differ, so such a set has no circuit-tracer file). A cross-layer coder becomes a
   :class:`~rs_interp.features.CrossLayerTranscoder`, each layer's writes summed as sparsify's cross-layer runner
-  sums them. Every field and tensor is read or refused by name (:func:`_read_coder`).
+  sums them, skips into later layers (``W_skips.{j > 0}``) included. A post-encoder bias (``post_enc(s)``, added to
+  each latent the TopK selects, zeros among them) is kept as the transcoders' ``post_bias``. Every field and tensor
+  is read or refused by name (:func:`_read_coder`).
 
 :func:`convert_to_circuit_tracer` writes either as circuit-tracer's files (per-layer ``layer_{i}.safetensors``
 and ``config.yaml``, or its CLT layout), sparsify's TopK refused by name.
@@ -126,15 +128,26 @@ _SPARSIFY_TENSOR = re.compile(r"(encoder\.weight|encoder\.bias|W_dec|b_dec|W_ski
 
 
 @dataclass(frozen=True)
+class _Target:
+    """One target ``j`` of a sparsify coder (float64): its decoder (post-encoder scale folded in), bias, skip (input
+    norm folded in; None: none) and post-encoder bias (None: none, or all zero)."""
+
+    decoder: torch.Tensor
+    bias: torch.Tensor
+    skip: torch.Tensor | None
+    post_bias: torch.Tensor | None
+
+
+@dataclass(frozen=True)
 class _Coder:
     """One hook point's sparsify coder as rs_interp reads it (float64): the encoder with the input norm folded in,
-    per target ``j`` the decoder (post-encoder scale folded in), its bias and skip (input norm folded in), the
-    output norm's scale and whether earlier layers' writes into this layer are divided by their number."""
+    its targets (:class:`_Target`), the output norm's scale and whether earlier layers' writes into this layer are
+    divided by their number."""
 
     W_enc: torch.Tensor
     b_enc: torch.Tensor
     k: int
-    targets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    targets: list[_Target]
     out_scale: float
     divide: bool
 
@@ -152,7 +165,12 @@ def _refuse_unknown(sub: Path, cfg: dict, sd: dict[str, torch.Tensor], n_targets
                              "post_enc_scale(s), in_norm, out_norm)")
 
 
-def _refuse_settings(sub: Path, cfg: dict) -> None:
+def _refuse_settings(sub: Path, cfg: dict, sd: dict[str, torch.Tensor]) -> None:
+    # sparsify's own load_state_dict (strict) refuses a tensor its config does not make: so does rs_interp, by name
+    for flag, prefix in (("skip_connection", "W_skip"), ("post_encoder_scale", "post_enc_scale")):
+        extra = sorted(key for key in sd if key.startswith(prefix))
+        if extra and not cfg.get(flag, False):
+            raise ValueError(f"{sub}: {few(extra)} saved but {flag} is false (sparsify would not load it)")
     if not cfg.get("transcode", False):
         raise ValueError(f"{sub}: transcode is false, a sparse autoencoder, not a transcoder")
     if cfg.get("activation", "topk") != "topk":
@@ -175,44 +193,44 @@ def _nonzero(sd: dict[str, torch.Tensor], key: str) -> bool:
     return key in sd and bool(sd[key].ne(0).any())
 
 
-def _target(sub: Path, cfg: dict, sd: dict[str, torch.Tensor], j: int, s_in: float, n_latents: int) -> tuple:
-    """Target ``j``'s ``(decoder, bias, skip)``: the post-encoder scale folded into the decoder (``a * scale`` on the
-    active latents: a scaled decoder row), the input norm into the skip (which reads the normalised input)."""
+def _target(sub: Path, cfg: dict, sd: dict[str, torch.Tensor], j: int, s_in: float, n_latents: int) -> _Target:
+    """Target ``j``: the post-encoder scale folded into the decoder (``(a + c) * scale`` on the selected latents: a
+    scaled decoder row), the input norm into the skip (which reads the normalised input); the post-encoder bias
+    ``c`` kept where nonzero (all zero: none, the transcoder of the files sparsify writes untrained)."""
     multi = int(cfg.get("n_targets", 0) or 0) > 0
     W, b, skip, pe, scale = ((f"W_decs.{j}", f"b_decs.{j}", f"W_skips.{j}", f"post_encs.{j}", f"post_enc_scales.{j}")
                              if multi else ("W_dec", "b_dec", "W_skip", "post_enc", "post_enc_scale"))
-    if _nonzero(sd, pe):
-        raise ValueError(f"{sub}: {pe} is nonzero, a post-encoder bias added to each active latent before its decoder "
-                         "(a feature's write (a + b) W_dec is no multiple of its decoder row): no transcoder of "
-                         "rs_interp's (nor circuit-tracer's) computes it")
-    if j > 0 and _nonzero(sd, skip):
-        raise ValueError(f"{sub}: {skip} is nonzero, a skip from this layer's input into the output {j} layers on, "
-                         "which rs_interp's cross-layer transcoders (as circuit-tracer's) do not have (a skip within a "
-                         "layer only)")
     d = int(cfg["d_in"])
     decoder = _tensor(sd, sub, W, (n_latents, d))
     if cfg.get("post_encoder_scale", False):
         decoder = _tensor(sd, sub, scale, (n_latents,))[:, None] * decoder
-    return decoder, _tensor(sd, sub, b, (d,)), s_in * _tensor(sd, sub, skip, (d, d)) if skip in sd and j == 0 else None
+    post = _tensor(sd, sub, pe, (n_latents,)) if _nonzero(sd, pe) else None
+    skip_W = s_in * _tensor(sd, sub, skip, (d, d)) if skip in sd else None
+    return _Target(decoder, _tensor(sd, sub, b, (d,)), skip_W, post)
 
 
 def _read_coder(sub: Path) -> _Coder:
     """One hook point's coder (EleutherAI sparsify's ``SparseCoder``, main at 9d3b136 and its ``clt`` branch at
     d7f7368): ``a = topk(relu(x' W_enc^T + b_enc))`` of ``x' = x sqrt(d_in) / in_norm`` (``normalize_io``); for target
-    ``j`` the write ``(a + post_encs[j]) * post_enc_scales[j]`` (on the active latents) through ``W_decs[j]`` plus
-    ``b_decs[j]`` and ``x' W_skips[j]^T``; the target's sum times ``out_norm / sqrt(d_in)``.
+    ``j`` the write ``(a + post_encs[j]) * post_enc_scales[j]`` (on the ``k`` latents ``topk`` selects, zeros among
+    them where fewer than ``k`` are positive: ``MidDecoder.current_latent_acts``) through ``W_decs[j]`` plus
+    ``b_decs[j]`` and ``x' W_skips[j]^T``; the target's sum times ``out_norm / sqrt(d_in)``. The post-encoder biases
+    are read as saved: the function the coder computed when trained and saved. (sparsify's own
+    ``SparseCoder.load_state``, at d7f7368 and in EleutherAI/clt-training at a1d8ef7, replaces a multi-target coder's
+    saved ``post_encs.{j}`` by fresh zeros: it tests for a key ``"post_encs"`` that no saver writes; a coder loaded
+    by it computes as if they were zero.)
 
     Raises:
         ValueError: a field or tensor it does not read (named), a setting no transcoder of rs_interp's computes
-            (an autoencoder, groupmax, coalesced top-k), a nonzero post-encoder bias (it adds to each active latent
-            before the decoder: a feature's write is then no multiple of its decoder row), a nonzero skip from this
-            layer's input into a later layer's output, a tensor missing.
+            (an autoencoder, groupmax, coalesced top-k), a tensor its config does not make (a skip without
+            ``skip_connection``, post-encoder scales without ``post_encoder_scale``: sparsify would not load it),
+            a tensor missing.
     """
     cfg = read_json(sub / "cfg.json", "sparsify config")
     sd = read_safetensors(sub / "sae.safetensors", "sparsify transcoder file")
     n = int(cfg.get("n_targets", 0) or 0)
     _refuse_unknown(sub, cfg, sd, n)
-    _refuse_settings(sub, cfg)
+    _refuse_settings(sub, cfg, sd)
     d_in, norm = int(cfg["d_in"]), bool(cfg.get("normalize_io", False))
     if not norm and ({"in_norm", "out_norm"} & set(sd)):
         raise ValueError(f"{sub}: in_norm/out_norm saved but normalize_io is false")
@@ -225,18 +243,42 @@ def _read_coder(sub: Path) -> _Coder:
                   bool(cfg.get("divide_cross_layer", False)))
 
 
-def _into(coders: list[_Coder], m: int) -> tuple[list[tuple[int, float]], torch.Tensor, torch.Tensor | None]:
+def _into(coders: list[_Coder], m: int) -> tuple[list[tuple[int, float]], torch.Tensor]:
     """Layer ``m``'s output as sparsify's cross-layer runner sums it: ``[(source l, its weight)]`` (``out_scale`` of
-    ``m``; an earlier source's write divided by their number where ``m`` divides), the bias and the skip, scaled."""
+    ``m``; an earlier source's write, its skip's included, divided by their number where ``m`` divides), and the
+    bias, scaled."""
     c = coders[m]
     earlier = [l for l in range(m) if m - l < len(coders[l].targets)]
     div = max(1, len(earlier)) if c.divide else 1
     weights = [(l, c.out_scale / div) for l in earlier] + [(m, c.out_scale)]
     bias = torch.zeros(c.W_enc.shape[1], dtype=torch.float64)
     for l, w in weights:
-        bias = bias + w * coders[l].targets[m - l][1]
-    skip = c.targets[0][2]
-    return weights, bias, None if skip is None else c.out_scale * skip
+        bias = bias + w * coders[l].targets[m - l].bias
+    return weights, bias
+
+
+def _cross_layer(coders: list[_Coder], into: list[list[tuple[int, float]]]) -> tuple[list, list | None, list | None]:
+    """Per source layer ``l``, from sparsify's coders and each output's weights (:func:`_into`): the decoders
+    (d_transcoder, L - l, d_model) scaled as the runner scales them, the skips (L - l, d, d; None unless a skip into
+    a later layer is nonzero: the layer's own then stands as its ``W_skip``) and the post-encoder biases
+    (d_transcoder, L - l; None unless one is nonzero)."""
+    L, d = len(coders), coders[0].W_enc.shape[1]
+    crossing = any(t.skip is not None and bool(t.skip.ne(0).any()) for c in coders for t in c.targets[1:])
+    posting = any(t.post_bias is not None for c in coders for t in c.targets)
+    decoders = [torch.zeros(c.W_enc.shape[0], L - l, d, dtype=torch.float64) for l, c in enumerate(coders)]
+    skips = [torch.zeros(L - l, d, d, dtype=torch.float64) if crossing and c.targets[0].skip is not None else None
+             for l, c in enumerate(coders)]
+    posts = [torch.zeros(c.W_enc.shape[0], L - l, dtype=torch.float64) for l, c in enumerate(coders)]
+    for m, weights in enumerate(into):
+        for l, w in weights:
+            target = coders[l].targets[m - l]
+            decoders[l][:, m - l] = w * target.decoder
+            if target.skip is not None and skips[l] is not None:
+                skips[l][m - l] = w * target.skip
+            if target.post_bias is not None:
+                posts[l][:, m - l] = target.post_bias  # (a + c) (w W): the weight scales the decoder, not c
+    posts = [c if bool(c.ne(0).any()) else None for c in posts]  # a layer with none: its nodes as without any
+    return decoders, skips if crossing else None, posts if posting else None
 
 
 @reads("sparsify transcoder folder")
@@ -246,14 +288,15 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
     layer order (the first number in each name), or the ``hookpoints`` named: each coder's activation
     ``relu_topk`` (sparsify's TopK, the ``k`` largest of ``relu(pre)``), its input and output norms and
     post-encoder scales folded into the weights, a cross-layer coder's writes into each layer summed as
-    sparsify's cross-layer runner sums them (``divide_cross_layer`` included).
+    sparsify's cross-layer runner sums them (``divide_cross_layer`` included), its post-encoder biases kept as
+    the transcoders' ``post_bias`` (added to each selected latent) and its skips into later layers as the
+    cross-layer transcoder's ``skips``.
 
     Raises:
         rs_interp.FileError: (a ``ValueError``, naming the file or folder) a file missing, truncated or malformed;
             a field or tensor rs_interp does not read, named; a coder that is not a transcoder
-            (``transcode`` false: an autoencoder), not TopK (groupmax), with coalesced top-k, a nonzero
-            post-encoder bias or a nonzero skip into a later layer (:func:`_read_coder`); a tensor missing;
-            layers of different ``k``; cross-layer targets past the last layer.
+            (``transcode`` false: an autoencoder), not TopK (groupmax), with coalesced top-k (:func:`_read_coder`);
+            a tensor missing; layers of different ``k``; cross-layer targets past the last layer.
 
     >>> import tempfile, json, os
     >>> from safetensors.torch import save_file
@@ -281,22 +324,21 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
         if c.k != coders[0].k:
             raise ValueError(f"{sub}: k {c.k}, the others {coders[0].k} (one k for the set)")
     into = [_into(coders, m) for m in range(L)]
-    d_model = coders[0].W_enc.shape[1]
-    decoders = [torch.zeros(c.W_enc.shape[0], L - l, d_model, dtype=torch.float64) for l, c in enumerate(coders)]
-    for m, (weights, _, _) in enumerate(into):
-        for l, w in weights:
-            decoders[l][:, m - l] = w * coders[l].targets[m - l][0]
+    decoders, skips, posts = _cross_layer(coders, [weights for weights, _ in into])
+    # each layer's own skip, scaled by its output norm (the cross-layer ones in skips)
+    own = [None if c.targets[0].skip is None else c.out_scale * c.targets[0].skip for c in coders]
     k, scan = coders[0].k, f"sparsify/{folder.name}"
     if all(len(c.targets) == 1 for c in coders):
         states = [{"W_enc": c.W_enc, "b_enc": c.b_enc, "W_dec": D[:, 0], "b_dec": bias}
                   | ({"W_skip": skip} if skip is not None else {})
-                  for c, D, (_, bias, skip) in zip(coders, decoders, into)]
+                  | ({"post_bias": c.targets[0].post_bias} if c.targets[0].post_bias is not None else {})
+                  for c, D, (_, bias), skip in zip(coders, decoders, into, own)]
         tcs = tuple(Transcoder.from_state(state, activation="relu_topk", k=k, dtype=dtype) for state in states)
         return TranscoderSet(tcs, "mlp.hook_in", "mlp.hook_out", scan)
     return CrossLayerTranscoder.from_tensors([c.W_enc for c in coders], [c.b_enc for c in coders], decoders,
-                                             [bias for _, bias, _ in into], activation="relu_topk", k=k,
-                                             W_skip=[skip for _, _, skip in into], input_point="mlp.hook_in", scan=scan,
-                                             dtype=dtype)
+                                             [bias for _, bias in into], activation="relu_topk", k=k,
+                                             W_skip=own if skips is None else None, skips=skips, post_biases=posts,
+                                             input_point="mlp.hook_in", scan=scan, dtype=dtype)
 
 
 def convert_to_circuit_tracer(transcoders: TranscoderSet, folder: str | Path) -> Path:

@@ -2,12 +2,16 @@
 token's embedding, run, and compare each target's change with what the graph predicts.
 
 In the **frozen** run (attention patterns and norm scales at their values in the clean run, every
-MLP's output at its clean value except for its transcoder's skip path and the change made), each
+MLP's output at its clean value except for the transcoders' skip paths into it and the change made), each
 target moves by exactly ``sum_s A[t, s] (factor_s - 1)``: the graph's direct effects, since the
 frozen model is linear in the nodes' writes. In the **live** run (``frozen=False``) attention,
 norms and MLPs respond, and the graph's direct effects are only a first-order prediction: the gap
 measures the indirect effects and the nonlinearity. A changed feature's write is
-``(new - current activation) W_dec`` added to its MLP's output, as circuit-tracer does.
+``(new - current activation) W_dec`` added to its MLP's output, as circuit-tracer does. A feature with a
+post-encoder bias ``c`` (:mod:`.transcoders`) writes ``(a + c) W_dec`` (per output, a cross-layer one's ``c``
+per output): ``scale`` scales that write, its value ``a + c`` (the live run adds ``factor (a + c) - (a' + c s')``,
+``a'`` and ``s'`` its activation and selection there); ``value`` is refused for it (its write would not move
+along its graph column).
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ class Intervention:
         return Top((self.labels[int(i)], float(self.actual[i]), float(self.predicted[i])) for i in idx)
 
 
-def _factors(graph: AttributionGraph, nodes: Sequence[int], scale, value) -> list[tuple[int, float]]:
+def _factors(graph: AttributionGraph, transcoders: TranscoderSet, nodes: Sequence[int], scale,
+             value) -> list[tuple[int, float]]:
     if (scale is None) == (value is None):
         raise ValueError("give exactly one of scale (any node) and value (feature nodes: the new activation)")
     kinds = graph.kinds()
@@ -82,6 +87,10 @@ def _factors(graph: AttributionGraph, nodes: Sequence[int], scale, value) -> lis
         if value is not None:
             if kinds[n] != "feature":
                 raise ValueError(f"value sets a feature's activation; node {n} is a {kinds[n]} node (use scale)")
+            if transcoders[int(graph.features[n, 0])].post_bias is not None:
+                raise ValueError(f"node {n}'s transcoder adds a post-encoder bias c to its activation a: a new "
+                                 "activation moves its write (a + c) W_dec off its graph column; use scale (it scales "
+                                 "a + c)")
             out.append((n, float(value) / float(graph.activations[n])))
         else:
             out.append((n, float(scale)))
@@ -96,7 +105,8 @@ def intervene(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
 
     Raises:
         ValueError: a node that is not a feature, error or token node, or an error node at one of the graph's
-            ``zero_positions``; both or neither of scale and value.
+            ``zero_positions``; both or neither of scale and value; ``value`` for a feature whose transcoder has a
+            post-encoder bias (module docstring).
 
     >>> import torch
     >>> from rs_interp import load_toy_model
@@ -109,7 +119,7 @@ def intervene(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
     """
     R.check_replacement(model, transcoders, "features.intervene")
     model = R.working_copy(model)
-    changes = _factors(graph, nodes, scale, value)
+    changes = _factors(graph, transcoders, nodes, scale, value)
     dt = model.cfg.dtype
     tcs = R.working_set(transcoders, dt)
     tokens = graph.tokens[None]
@@ -133,10 +143,13 @@ def intervene(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
                 embed[p] = embed[p] * factor
         if frozen:
             for l, p, f, factor in feature_sets:
-                for out, W in tcs.writes_from(l):  # its own MLP's output (and, cross-layer, every later one)
-                    writes[out, p] += (factor - 1.0) * float(graph.activations[graph.feature_node(l, p, f)]) * W[f]
+                a = float(graph.activations[graph.feature_node(l, p, f)])
+                # its own MLP's output (and, cross-layer, every later one): its write (a, or a + c) scaled
+                for (out, W), c in zip(tcs.writes_from(l), tcs.post_biases_from(l)):
+                    writes[out, p] += (factor - 1.0) * (a if c is None else a + float(c[f])) * W[f]
             inputs, logits = R.frozen_forward(model, tcs, clean, tokens, embed=embed,
-                                              outputs=lambda l, x: clean.outputs[l] + tcs[l].skip(x) - tcs[l].skip(clean.inputs[l]) + writes[l])
+                                              outputs=lambda l, xs: clean.outputs[l] + tcs.skip_into(l, xs)
+                                              - tcs.skip_into(l, clean.inputs) + writes[l])
         else:
             inputs, logits = _live_run(model, tcs, tokens, embed, writes, feature_sets, graph)
         after = _targets(graph, tcs, inputs, logits)
@@ -159,27 +172,37 @@ def _targets(graph: AttributionGraph, tcs: TranscoderSet, inputs, logits) -> tor
 
 def _live_run(model, tcs, tokens, embed, writes, feature_sets, graph):
     """The model's own forward, nothing frozen: each changed feature's write is its new activation
-    minus its current one (on this run's input), times its decoder row, added to its MLP's output."""
+    minus its current one (on this run's input), times its decoder row, added to its MLP's output (with a
+    post-encoder bias ``c``: ``factor (a + c) - (a' + c s')``, module docstring)."""
     box: dict[str, torch.Tensor] = {}
-    by_layer: dict[int, list[tuple[int, int, float]]] = {}
+    by_layer: dict[int, list[tuple[int, int, float, float]]] = {}
     for l, p, f, factor in feature_sets:
-        by_layer.setdefault(l, []).append((p, f, factor * float(graph.activations[graph.feature_node(l, p, f)])))
+        a = float(graph.activations[graph.feature_node(l, p, f)])
+        by_layer.setdefault(l, []).append((p, f, factor * a, factor))
 
     def read(l: int):
         return lambda t, hook: box.__setitem__(l, R.finish_input(model, tcs, l, t)[0])
 
     changed: dict[tuple[int, int, int], torch.Tensor] = {}  # each changed feature's new minus current activation
+    chosen: dict[tuple[int, int, int], torch.Tensor] = {}  # with a post-encoder bias: whether this run selects it
+
+    def change(src: int, p: int, f: int, factor: float, c: torch.Tensor | None) -> torch.Tensor:
+        if c is None:
+            return changed[(src, p, f)]
+        return changed[(src, p, f)] + (factor - chosen[(src, p, f)]) * c[f]
 
     def out(l: int):
         def hook(t: torch.Tensor, hook) -> torch.Tensor:
             extra = writes[l].clone()
-            for p, f, new in by_layer.get(l, []):
+            for p, f, new, _ in by_layer.get(l, []):
                 changed[(l, p, f)] = new - tcs[l].encode(box[l][p])[f]
+                if tcs[l].post_bias is not None:
+                    chosen[(l, p, f)] = tcs[l].selected(box[l][p])[f].to(changed[(l, p, f)].dtype)
             for src in by_layer:
-                for target, W in tcs.writes_from(src):
+                for (target, W), c in zip(tcs.writes_from(src), tcs.post_biases_from(src)):
                     if target == l:  # the changes of layer src's features reach this MLP output
-                        for p, f, _ in by_layer[src]:
-                            extra[p] += changed[(src, p, f)] * W[f]
+                        for p, f, _, factor in by_layer[src]:
+                            extra[p] += change(src, p, f, factor, c) * W[f]
             return t + extra[None].to(t.dtype)
         return hook
 

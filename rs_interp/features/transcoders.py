@@ -11,6 +11,10 @@ largest of ``relu(pre)``, so a pre-activation <= 0 is never active; where fewer 
 differ). ``W_enc`` and ``W_dec`` are both (d_transcoder, d_model), as circuit-tracer stores them, so row ``i`` of
 each is feature ``i``'s input and output direction.
 
+A **post-encoder bias** ``c`` (sparsify's ``post_enc``; none by default): ``y = (f + c s) W_dec + b_dec (+ ...)``,
+``s`` 1 on the features selected (:meth:`Transcoder.selected`; TopK: the ``k`` picked by ``torch.topk``, zeros
+among them where fewer than ``k`` are positive). No circuit-tracer file holds it.
+
 Files (circuit-tracer's per-layer transcoder set): a folder with ``layer_{i}.safetensors`` (``W_enc``,
 ``W_dec``, ``b_enc``, ``b_dec``, optional ``W_skip``, ``activation_function.threshold`` for JumpReLU,
 ``k`` for TopK) and a ``config.yaml`` (``model_kind: transcoder_set``, ``feature_input_hook``,
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 
 from .._files import FileError, parsing, read_json, read_safetensors, read_text
 from .._messages import few
@@ -74,6 +78,7 @@ class Transcoder(torch.nn.Module):
             (with ``k``; module docstring).
         k: TopK's number of features kept per token.
         skip: whether it has a linear skip connection ``W_skip`` (d_model, d_model).
+        post_bias: whether it has a post-encoder bias ``post_bias`` (d_transcoder,) (module docstring).
 
     Raises:
         ValueError: an unknown activation, or TopK without a ``k`` in ``[1, d_transcoder]``.
@@ -84,7 +89,7 @@ class Transcoder(torch.nn.Module):
     """
 
     def __init__(self, d_model: int, d_transcoder: int, *, activation: str = "relu", k: int | None = None,
-                 skip: bool = False, dtype: torch.dtype = torch.float32) -> None:
+                 skip: bool = False, dtype: torch.dtype = torch.float32, post_bias: bool = False) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -96,6 +101,7 @@ class Transcoder(torch.nn.Module):
         self.W_dec, self.b_dec = z(d_transcoder, d_model), z(d_model)
         self.threshold = z(d_transcoder) if activation == "jumprelu" else None
         self.W_skip = z(d_model, d_model) if skip else None
+        self.post_bias = z(d_transcoder) if post_bias else None
 
     @property
     def d_model(self) -> int:
@@ -124,6 +130,25 @@ class Transcoder(torch.nn.Module):
         """The feature activations."""
         return self.activate(self.pre_activation(x))
 
+    def selected(self, x: Float[torch.Tensor, "... d_model"]) -> Bool[torch.Tensor, "... d_transcoder"]:
+        """The features a post-encoder bias is added to: ``pre > 0`` (ReLU), ``pre > threshold`` (JumpReLU), the ``k``
+        chosen (ReLU-TopK: sparsify's own ``torch.topk(relu(pre), k, sorted=False)``, its picks among zeros too)."""
+        pre = self.pre_activation(x)
+        if self.activation == "relu":
+            return pre > 0
+        if self.activation == "jumprelu":
+            return pre > self.threshold
+        kept = (torch.relu(pre) if self.activation == "relu_topk" else pre).topk(self.k, dim=-1, sorted=False).indices
+        return torch.zeros_like(pre, dtype=torch.bool).scatter(-1, kept, True)
+
+    def with_post_bias(self, acts: Float[torch.Tensor, "... d_transcoder"], x: torch.Tensor | None,
+                       post_bias: torch.Tensor | None) -> Float[torch.Tensor, "... d_transcoder"]:
+        """What a decoder reads: the activations ``acts`` of the input ``x``, plus ``post_bias`` (None: none) on the
+        selected features (module docstring)."""
+        if post_bias is not None and x is None:
+            raise ValueError("this transcoder has a post-encoder bias: decode needs the input x (what is selected)")
+        return acts if post_bias is None else acts + self.selected(x).to(acts.dtype) * post_bias
+
     def skip(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"] | float:
         """The skip connection's write ``x W_skip^T`` (0 without one)."""
         return 0.0 if self.W_skip is None else x @ self.W_skip.T
@@ -133,7 +158,8 @@ class Transcoder(torch.nn.Module):
         """The reconstruction from activations (and, with a skip connection, the input ``x``)."""
         if self.W_skip is not None and x is None:
             raise ValueError("this transcoder has a skip connection: decode needs the input x too")
-        return acts @ self.W_dec + self.b_dec + (self.skip(x) if x is not None else 0.0)
+        skip = self.skip(x) if x is not None else 0.0
+        return self.with_post_bias(acts, x, self.post_bias) @ self.W_dec + self.b_dec + skip
 
     def forward(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
         return self.decode(self.encode(x), x)
@@ -147,6 +173,8 @@ class Transcoder(torch.nn.Module):
             out["k"] = torch.tensor(self.k)
         if self.W_skip is not None:
             out["W_skip"] = self.W_skip.detach().contiguous()
+        if self.post_bias is not None:  # rs_interp's name: no circuit-tracer file holds it (config refuses)
+            out["post_bias"] = self.post_bias.detach().contiguous()
         return out
 
     @classmethod
@@ -168,7 +196,8 @@ class Transcoder(torch.nn.Module):
         if activation in TOPK_ACTIVATIONS and k is None:
             k = int(state["k"]) if "k" in state else None
         d_transcoder, d_model = state["W_enc"].shape
-        tc = cls(d_model, d_transcoder, activation=activation, k=k, skip="W_skip" in state, dtype=dtype)
+        tc = cls(d_model, d_transcoder, activation=activation, k=k, skip="W_skip" in state, dtype=dtype,
+                 post_bias="post_bias" in state)
         names = {"activation_function.threshold": "threshold"}
         with torch.no_grad():
             for key, value in state.items():
@@ -231,6 +260,20 @@ class TranscoderSet:
         A per-layer set: its own MLP's output only (a cross-layer transcoder: every later one too)."""
         return [(layer, self.transcoders[layer].W_dec)]
 
+    def post_biases_from(self, layer: int) -> list[torch.Tensor | None]:
+        """Beside each of :meth:`writes_from`'s writes, the post-encoder bias ``c`` of its ``(a + c s) W`` (or None)."""
+        return [self.transcoders[layer].post_bias]
+
+    def skips_into(self, layer: int) -> list[tuple[int, torch.Tensor]]:
+        """The linear skips into MLP output ``layer``: ``(source layer, W (d_model, d_model))``, each writing
+        ``x_source W^T``. A per-layer set: its own transcoder's ``W_skip`` (a cross-layer one: earlier layers' too)."""
+        return [] if self.transcoders[layer].W_skip is None else [(layer, self.transcoders[layer].W_skip)]
+
+    def skip_into(self, layer: int, inputs) -> torch.Tensor | float:
+        """The skips' write into MLP output ``layer`` from the transcoder inputs ``inputs[l]`` (a list or mapping
+        holding each source layer's, (..., d_model)): ``sum_l x_l W^T`` over :meth:`skips_into` (0 without one)."""
+        return sum((inputs[src] @ W.T for src, W in self.skips_into(layer)), 0.0)
+
     def to(self, dtype: torch.dtype) -> "TranscoderSet":
         """A copy in ``dtype`` (e.g. float64 for the exact checks)."""
         tcs = tuple(Transcoder.from_state(tc.state(), activation=tc.activation, k=tc.k, dtype=dtype) for tc in self)
@@ -241,9 +284,13 @@ class TranscoderSet:
 
         Raises:
             ValueError: layers of different activations or ``k``; an activation circuit-tracer has not
-                (``relu_topk``, sparsify's: circuit-tracer's TopK would keep the negative pre-activations).
+                (``relu_topk``, sparsify's: circuit-tracer's TopK would keep the negative pre-activations); a
+                post-encoder bias (circuit-tracer's transcoders write ``a W_dec``).
         """
         kinds = {tc.activation for tc in self}
+        if any(tc.post_bias is not None for tc in self):
+            raise ValueError("a post-encoder bias (sparsify's post_enc: (a + c) W_dec on the selected features) has no "
+                             "circuit-tracer file: its transcoders write a W_dec")
         if len(kinds) != 1 or len({tc.k for tc in self}) != 1:
             raise ValueError("circuit-tracer's config holds one activation (and one k) for every layer")
         if not kinds <= set(CIRCUIT_TRACER_ACTIVATIONS):

@@ -7,3 +7,8 @@
 
 The public names are ``rs_interp``'s (``rs_interp.logit_lens``, ...); importing this package loads nothing heavy.
 """
+
+from .._lazy import attach
+
+#: Every submodule answers as an attribute (``rs_interp.readouts.lens``), imported on first use.
+__getattr__, __dir__ = attach(__name__, {}, globals())

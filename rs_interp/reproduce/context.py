@@ -20,7 +20,12 @@ __all__ = ["Row", "Section", "Context", "banded"]
 
 @dataclass(frozen=True)
 class Row:
-    """One measured quantity: its value, the theory's value and the accepted band."""
+    """One measured quantity: its value, the theory's value and the accepted band.
+
+    ``theory`` holds only a value the theory gives (a number, a bound, an exact ratio; ``-`` where it gives
+    none); what stands beside the value otherwise (an estimate, a cost relative to EAP, what a band means in
+    words) is the ``note``.
+    """
 
     label: str
     value: float | int | str
@@ -28,6 +33,7 @@ class Row:
     band: str
     ok: bool | None  # None: reported, no band
     per_seed: tuple[tuple[int, Any, bool | None, str], ...] = ()  # (seed, value, ok, label) with several seeds
+    note: str = ""
 
     def formatted(self) -> str:
         v = self.value
@@ -55,22 +61,25 @@ class Section:
     #: the registry entry's cost, ``{"cpu_seconds", "wall_seconds"}`` (set by :func:`rs_interp.reproduce.run_sections`;
     #: an entry that builds several tables gives each the same, the entry's)
     cost: dict[str, float] = field(default_factory=dict)
+    #: files to write beside ``report.html``: name -> JSON data (the feature graph in circuit-tracer's format)
+    files: dict[str, Any] = field(default_factory=dict)
 
 
 def banded(key: str, label: str, value: float, *, lo: float | None = None, hi: float | None = None,
-           theory: str | None = None) -> Row:
+           theory: str | None = None, note: str | None = None) -> Row:
     """The row of quantity ``key`` of :data:`~rs_interp.reproduce.expected.EXPECTED`; ``lo``/``hi``
-    replace a bound measured at run time (a baseline of the same run), ``theory`` a value that
-    depends on the run (e.g. the estimate beside an exact value)."""
+    replace a bound measured at run time (a baseline of the same run), ``theory`` a theory value that
+    depends on the run, ``note`` what stands beside the value (e.g. the estimate beside an exact value)."""
     exp = EXPECTED[key]
     if lo is not None or hi is not None:
-        exp = Expected(exp.theory, lo if lo is not None else exp.lo, hi if hi is not None else exp.hi)
-    return Row(label, float(value), theory or exp.theory, exp.band, exp.holds(float(value)))
+        exp = Expected(exp.theory, lo if lo is not None else exp.lo, hi if hi is not None else exp.hi, exp.note)
+    return Row(label, float(value), theory or exp.theory, exp.band, exp.holds(float(value)),
+               note=exp.note if note is None else note)
 
 
-def exact_row(label: str, value: Any, expected: Any, theory: str | None = None) -> Row:
+def exact_row(label: str, value: Any, expected: Any, theory: str | None = None, note: str = "") -> Row:
     """A row that must equal ``expected`` exactly (a count, a label, a flag)."""
-    return Row(label, value, theory or str(expected), f"= {expected}", value == expected)
+    return Row(label, value, theory or str(expected), f"= {expected}", value == expected, note=note)
 
 
 @dataclass

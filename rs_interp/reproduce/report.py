@@ -1,4 +1,9 @@
-"""The writers of ``rs-interp reproduce``: the text tables, ``results.json`` and a self-contained ``report.html``."""
+"""The writers of ``rs-interp reproduce``: the text tables, ``results.json`` and a self-contained ``report.html``.
+
+``report.html`` opens with what it reproduces (:data:`THEORY`, with a link to the documentation's map of the
+theory's parts to the sections, where the documentation is at hand) and how to read a row and its band; each table
+shows its banded rows, the rows reported without a band folded below them.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,14 @@ from . import _mean
 from .context import Row, Section
 from .expected import UNBANDED
 
-__all__ = ["format_table", "format_cost", "section_costs", "write_results", "write_report"]
+__all__ = ["format_table", "format_cost", "section_costs", "write_results", "write_report", "write_files", "THEORY",
+           "docs_map_link"]
+
+#: The theory the main job reproduces, and its GPT-2 module.
+THEORY = "The Transformer Block and the Residual Stream"
+THEORY_GPT2 = "The Full Block & the Residual Stream"
+#: The documentation page that maps the theory's parts to the sections, and its anchor.
+DOCS_MAP = ("capabilities/reproduction", "what-is-reproduced-and-where")
 
 
 #: The widest each column of the text table gets (measure, ours, theory, band, within band): longer
@@ -39,7 +51,8 @@ def format_table(section: Section) -> str:
     past the width of its column
     """
     head = ("measure", "ours", "theory", "band", "")
-    rows = [head] + [(r.label, r.formatted(), r.theory, _band_cell(r, "-"), _mark(r)) for r in section.rows]
+    rows = [head] + [(r.label + (f" [{r.note}]" if r.note else ""), r.formatted(), r.theory, _band_cell(r, "-"),
+                      _mark(r)) for r in section.rows]
     cells = [[textwrap.wrap(c, cap, break_on_hyphens=False) or [""] for c, cap in zip(r, COLUMN_WIDTHS)] for r in rows]
     widths = [max(len(line) for r in cells for line in r[i]) for i in range(len(head))]
     lines = [f"== {section.title}"]
@@ -73,6 +86,8 @@ def _mark(row: Row) -> str:
 
 def _band_json(row: Row) -> dict[str, Any]:
     out = {"measure": row.label, "value": row.value, "theory": row.theory, "band": row.band, "ok": row.ok}
+    if row.note:
+        out["note"] = row.note
     if row.per_seed:
         out["per_seed"] = [{"seed": s, "value": v, "ok": ok} | ({"measure": label} if label != row.label else {})
                            for s, v, ok, label in row.per_seed]
@@ -181,6 +196,8 @@ body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;ma
 table{border-collapse:collapse;margin:0.5em 0 1em}td,th{border-bottom:1px solid #ddd;padding:4px 10px;text-align:left}
 th{background:#f4f4f4}.ok{color:#0a7a2f;font-weight:600}.out{color:#b00020;font-weight:700}
 section{margin-bottom:2.5em}.fig{min-height:420px}.note{color:#555;font-size:0.9em}
+#about{background:#f7f7fb;border:1px solid #e2e2ee;border-radius:6px;padding:0.5em 1.2em}
+details{margin:0 0 1em}summary{cursor:pointer;color:#444}td.beside{color:#555}
 .seed{display:inline-block;width:0.8em;height:0.8em;margin-right:2px;border-radius:2px}
 """
 
@@ -194,24 +211,80 @@ def _strip(row: Row) -> str:
     return cells + (f" {html.escape(_within_text(row))} within band" if row.within else " reported")
 
 
-def _section_html(section: Section, fig_ids: list[str]) -> str:
-    mark = {True: '<span class="ok">&#10003; within band</span>', False: '<span class="out">&#10007; outside band</span>', None: "reported"}
-    rows = "".join(
+_HEAD = "<tr><th>measure</th><th>ours</th><th>theory</th><th>band</th><th></th><th>beside it</th></tr>"
+
+
+def _banded(row: Row) -> bool:
+    """Whether a row is judged against a band (over several seeds: for at least one seed)."""
+    return row.within is not None if row.per_seed else row.ok is not None
+
+
+def _rows_html(rows: list[Row]) -> str:
+    mark = {True: '<span class="ok">&#10003; within band</span>',
+            False: '<span class="out">&#10007; outside band</span>', None: "reported"}
+    return "".join(
         f"<tr><td>{html.escape(r.label)}</td><td>{html.escape(r.formatted())}</td><td>{html.escape(r.theory)}</td>"
-        f"<td>{html.escape(_band_cell(r, '—'))}</td><td>{_strip(r) if r.per_seed else mark[r.ok]}</td></tr>" for r in section.rows)
+        f"<td>{html.escape(_band_cell(r, '—'))}</td><td>{_strip(r) if r.per_seed else mark[r.ok]}</td>"
+        f"<td class='beside'>{html.escape(r.note)}</td></tr>" for r in rows)
+
+
+def _section_html(section: Section, fig_ids: list[str]) -> str:
+    """A section: its banded rows, then the rows reported without a band folded (``<details>``), notes, figures."""
+    banded = [r for r in section.rows if _banded(r)]
+    reported = [r for r in section.rows if not _banded(r)]
+    table = f"<table>{_HEAD}{_rows_html(banded)}</table>" if banded else ""
+    if reported:
+        table += (f"<details{'' if banded else ' open'}><summary>{len(reported)} row{'s' if len(reported) > 1 else ''} "
+                  f"reported without a band</summary><table>{_HEAD}{_rows_html(reported)}</table></details>")
     figs = "".join(f'<div class="fig" id="{fid}"></div>' for fid in fig_ids)
     note = f'<p class="note">{html.escape(section.notes)}</p>' if section.notes else ""
-    return (f'<section id="{section.key}"><h2>{html.escape(section.title)}</h2>'
-            f"<table><tr><th>measure</th><th>ours</th><th>theory</th><th>band</th><th></th></tr>{rows}</table>"
-            f"{note}{figs}</section>")
+    if section.files:
+        links = ", ".join(f'<a href="{html.escape(name)}">{html.escape(name)}</a>' for name in section.files)
+        note += f'<p class="note">Written beside this page: {links}.</p>'
+    return f'<section id="{section.key}"><h2>{html.escape(section.title)}</h2>{table}{note}{figs}</section>'
 
 
-def write_report(sections: list[Section], path: Path, *, title: str = "rs_interp: the residual stream, reproduced",
-                 elapsed: float | None = None) -> Path:
+def docs_map_link() -> str | None:
+    """Where the documentation's map of the theory's parts to the sections is, as a link: the built site's page
+    (``build/site/``, as ``scripts/build_docs.sh`` builds it) or else its Markdown source, in the clone rs_interp
+    runs from; None for an install without the documentation (a wheel)."""
+    root = Path(__file__).resolve().parents[2]
+    page, anchor = DOCS_MAP
+    built, source = root / "build" / "site" / f"{page}.html", root / "docs" / f"{page}.md"
+    for candidate, suffix in ((built, f"#{anchor}"), (source, "")):
+        if candidate.is_file():
+            return candidate.as_uri() + suffix
+    return None
+
+
+def _about(docs_link: str | None) -> str:
+    """The page's opening: what is reproduced, from which theory, and how to read a row and its band."""
+    where = (f'<a href="{html.escape(docs_link)}">the map of its parts to these sections</a>' if docs_link
+             else "the map of its parts to these sections (the documentation's page \"The theory, reproduced\")")
+    return ('<section id="about"><p>This page reproduces, offline, the tables of <strong><em>'
+            f"{html.escape(THEORY)}</em></strong> (the block and residual stream theory) and of its GPT-2 module "
+            f"<em>{html.escape(THEORY_GPT2)}</em>: attention's contraction and the skip (Theorem 1, Proposition 2), "
+            "LayerNorm's geometry (Proposition 3, Corollary 1), the identity path (Theorem 2), the path expansion "
+            "(Theorem 3, Propositions 4 and 5), the induction-head experiments, the finance case study and GPT-2's "
+            f"parameter counts; beyond the theory, circuit discovery and its ground truth, and a GPT-2-shaped model "
+            f"trained here. See {where}.</p>"
+            "<p><strong>How to read a row.</strong> <em>ours</em> is what rs_interp measured (on the shipped models, "
+            "or those retrained with --retrain or --seeds); "
+            "<em>theory</em> is the theory's own value where it gives one (from its NumPy reference implementation, "
+            "with its own initialisation), - where it gives none; <em>band</em> is the range the row is held to "
+            "(ours is judged, not the theory's digits): &#10003; within band, &#10007; outside. <em>Beside it</em> "
+            "says what else stands beside the value (an estimate, a cost relative to EAP, what a band means in words). "
+            "Rows without a band are reported, not judged: each table folds them below its banded rows.</p></section>")
+
+
+def write_report(sections: list[Section], path: Path, *, title: str = f"{THEORY}: reproduced by rs_interp",
+                 elapsed: float | None = None, docs_link: str | None = None) -> Path:
     """One self-contained HTML page: plotly's JavaScript embedded once, no network request.
 
     Figures are drawn from inline JSON with ``Plotly.newPlot``; the page references nothing
-    outside itself (no CDN, no fonts, no MathJax).
+    outside itself (no CDN, no fonts, no MathJax). It opens with what is reproduced, from which theory,
+    and how to read a band; ``docs_link`` is where the documentation's map of the theory's parts to the
+    sections is (default: :func:`docs_map_link`).
     """
     body, scripts = [], []
     for section in sections:
@@ -237,7 +310,9 @@ def write_report(sections: list[Section], path: Path, *, title: str = "rs_interp
     seeds = max((len(r.per_seed) for s in sections for r in s.rows), default=0)
     over = (f" over {seeds} seeds (a row counts as within band when every seed is; the strip shows each seed)" if seeds
             else " with the shipped models (one seed; `rs-interp reproduce --seeds N` retrains over N seeds)")
-    summary = (f"<p>{n_ok} rows within band, {n_out} outside{over}; theory values from the NumPy reference implementation.</p>"
+    summary = (_about(docs_link or docs_map_link())
+               + f"<p>{n_ok} rows within band, {n_out} outside{over}; theory values from the NumPy reference "
+               "implementation.</p>"
                f"<p>Computed with {html.escape(describe_environment())}.</p>")
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body><h1>{html.escape(title)}</h1>{summary}"
@@ -245,6 +320,18 @@ def write_report(sections: list[Section], path: Path, *, title: str = "rs_interp
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def write_files(sections: list[Section], folder: Path) -> list[Path]:
+    """Write every section's files (:attr:`Section.files`: name -> JSON data) into ``folder``, beside ``report.html``;
+    their paths."""
+    paths = []
+    for section in sections:
+        for name, content in section.files.items():
+            path = folder / name
+            path.write_text(json.dumps(_jsonable(content), indent=1, ensure_ascii=False), encoding="utf-8")
+            paths.append(path)
+    return paths
 
 
 def _json_default(o: Any) -> Any:

@@ -44,6 +44,7 @@ _WHERE: dict[str, str] = {
     "MetricValues": ".circuits",
     "attribution_patching": ".circuits",
     "edge_attribution_patching": ".circuits",
+    "edge_relevance_patching": ".circuits",
     "evaluate_circuit": ".circuits",
     "faithfulness_curve": ".circuits",
     "head_ablation_scan": ".circuits",
@@ -67,6 +68,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation
         MetricValues,
         attribution_patching,
         edge_attribution_patching,
+        edge_relevance_patching,
         evaluate_circuit,
         faithfulness_curve,
         head_ablation_scan,
@@ -83,7 +85,7 @@ __getattr__, __dir__ = attach(__name__, _WHERE, globals())
 
 __all__ = [
     "Batch", "Dataset", "RowScores", "batches", "n_batches",
-    "attribution_patching", "edge_attribution_patching", "head_ablation_scan", "path_patching", "evaluate_circuit",
+    "attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan", "path_patching", "evaluate_circuit",
     "faithfulness_curve", "mib_scores", "metric_values", "MetricValues",
     "direct_logit_attribution", "DLASummary", "logit_lens", "LensSummary", "lens_kl",
     "stream", "Analysis", "world", "rank_device", "rank_gpus",

@@ -53,7 +53,8 @@ from .engine import Analysis, no_overrides, quiet, stream, weight_of
 from .pairs import Dataset
 from .sums import weighted
 
-__all__ = ["attribution_patching", "edge_attribution_patching", "head_ablation_scan", "path_patching", "evaluate_circuit",
+__all__ = ["attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan", "path_patching",
+           "evaluate_circuit",
            "faithfulness_curve", "mib_scores", "metric_values", "MetricValues"]
 
 _ROW_COUPLED = ("mean", "position_mean")
@@ -73,6 +74,9 @@ def _estimate_options(options: dict, helper: str) -> None:
         raise ValueError(f"{helper}: grad_drop=True scores the sum over layers of |the estimate on the whole batch|, and "
                          "|a + b| is not |a| + |b|: no sum over batches gives one call's result. Stream the plain or QK-fixed "
                          f"estimate, or call rs_interp.{helper} with grad_drop=True on the whole dataset at once")
+    if options.get("spans") is not None:
+        raise ValueError(f"{helper}: spans= gives each batch's rows their own spans; streamed, the batches' schemas are not "
+                         f"carried (not built): call rs_interp.{helper} with spans= on the pairs whose positions you need")
     if options.get("per_example"):
         raise ValueError(f"{helper}: per_example=True keeps one share per pair, a result as large as the dataset, which the "
                          f"streamed helpers exist to avoid holding; call rs_interp.{helper} with per_example=True on the pairs "
@@ -129,6 +133,26 @@ def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c
     rule = weighted(_c.EdgeAttributionPatching, mean=("effect", "clean", "first_order"),
                     same=("layout", "ig_steps", "ig_rule", "qk_fix", "grad_drop", "correction"))
     return stream(_metric_analysis("edge attribution patching", _c.edge_attribution_patching, rule, options), model, data, **run_kw)
+
+
+def edge_relevance_patching(model: Model, data: Dataset, **options: Any) -> _c.EdgeRelevancePatching:
+    """:func:`rs_interp.edge_relevance_patching` (RelP; with ``qk_fix``, ``ig_steps``) over a dataset; arguments as
+    :func:`attribution_patching`. A RelP estimate is linear in the metric's gradient, each batch's row by row, so the
+    dataset's is the batches' weighted mean.
+
+    Example:
+        >>> import rs_interp as ri
+        >>> from rs_interp.tasks import induction_task
+        >>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> relp = edge_relevance_patching(model, task, batch_size=2, progress=False)
+        >>> relp.layout.n_edges, relp.ablation
+        (29, 'resample')
+    """
+    require(model, "scale.edge_relevance_patching")
+    run_kw, options = _split(options, "edge_relevance_patching")
+    _estimate_options(options, "edge_relevance_patching")
+    rule = weighted(_c.EdgeRelevancePatching, mean=("effect", "clean"), same=("layout", "ablation", "qk_fix"))
+    return stream(_metric_analysis("relevance patching", _c.edge_relevance_patching, rule, options), model, data, **run_kw)
 
 
 @renamed(method="ablation")

@@ -6,6 +6,8 @@
 - ``tasks.greater_than``: greater-than (Hanna et al. 2023), ACDC's prompt and year filter, "01";
 - ``tasks.sva``: subject-verb agreement, same-length singular/plural pairs;
 - ``tasks.induction``: repeated random sequences (:func:`rs_interp.induction_batch`);
+- ``tasks.prompts``: your own task from your own prompt pairs and answers (:func:`prompt_task`), and which
+  words are one token for a model (:func:`word_pieces`, :func:`one_token_words`);
 - ``tasks.eap_csv``: EAP-IG's task CSV; ``tasks.mib``: the MIB circuit track's graph files.
 
 Every builder is seeded (the same seed, the same task byte for byte) and refuses, naming the words,
@@ -39,6 +41,9 @@ _WHERE: dict[str, str] = {
     "write_mib": ".mib",
     "write_mib_circuits": ".mib",
     "ioi_task": ".ioi",
+    "one_token_words": ".prompts",
+    "prompt_task": ".prompts",
+    "word_pieces": ".prompts",
     "sva_task": ".sva",
     "MetricKind": ".task",
     "Task": ".task",
@@ -51,6 +56,7 @@ if TYPE_CHECKING:
     from .induction import induction_task
     from .ioi import ioi_task
     from .mib import MIBGraph, from_mib_edge, mib_edge_names, mib_importances, read_mib, write_mib, write_mib_circuits
+    from .prompts import one_token_words, prompt_task, word_pieces
     from .sva import sva_task
     from .task import MetricKind, NotSingleTokens, Task
 
@@ -58,7 +64,7 @@ __getattr__, __dir__ = attach(__name__, _WHERE, globals())
 
 __all__ = [
     "Task", "MetricKind", "NotSingleTokens", "TASK_NAMES", "build_task",
-    "ioi_task", "greater_than_task", "sva_task", "induction_task",
+    "ioi_task", "greater_than_task", "sva_task", "induction_task", "prompt_task", "word_pieces", "one_token_words",
     "write_eap_csv", "read_eap_csv", "MIBGraph", "write_mib", "read_mib", "write_mib_circuits",
     "mib_edge_names", "from_mib_edge", "mib_importances",
 ]

@@ -23,7 +23,12 @@ from typing import Any, Sequence
 
 from .task import Task, encode, pack, resolve_tokenizer, single_tokens
 
-__all__ = ["greater_than_task", "valid_years", "year_tokens", "NOUNS", "TEMPLATE"]
+__all__ = ["greater_than_task", "valid_years", "year_tokens", "NOUNS", "TEMPLATE", "GREATER_THAN_SPANS"]
+
+#: The position schema of a greater-than prompt (``task.spans``; PEAP's, Haklay et al. 2025, for this template):
+#: ``"The"``, the noun, ``" lasted from the year"``, the start year's century ``XX1`` and its last two digits ``YY``,
+#: ``" to"``, the end year's century ``XX2`` (where the answer is read), and the right padding.
+GREATER_THAN_SPANS = ("prefix", "noun", "context", "XX1", "YY", "to", "XX2", "pad")
 
 #: ACDC's prompt: a noun, the start year, and the end year's century.
 TEMPLATE = "The {noun} lasted from the year {year} to {century}"
@@ -112,14 +117,16 @@ def greater_than_task(tokenizer: Any, n: int = 32, *, seed: int = 0, prepend_bos
     if not years:
         raise ValueError("no start year splits into ' YY' + 'yy' under this tokenizer: the task cannot be built")
     rng = random.Random(seed)
-    clean, corrupted, answers, wrong, label = [], [], [], [], []
+    clean, corrupted, answers, wrong, label, segments = [], [], [], [], [], []
     for _ in range(n):
         noun, year = rng.choice(nouns), rng.choice(years)
         yy, century = year % 100, year // 100
         clean.append(TEMPLATE.format(noun=noun, year=year, century=century))
+        segments.append([("prefix", "The"), ("noun", f" {noun}"), ("context", " lasted from the year"), ("XX1", f" {century}"),
+                         ("YY", f"{yy:02d}"), ("to", " to"), ("XX2", f" {century}")])
         corrupted.append(TEMPLATE.format(noun=noun, year=f"{century}01", century=century))
         answers.append(digits[yy + 1:])
         wrong.append(digits[: yy + 1])
         label.append(yy)
     return pack(tok, "greater-than", clean, corrupted, answers, wrong, kind="prob_diff", prepend_bos=prepend_bos,
-                seed=seed, label=label)
+                seed=seed, label=label, segments=segments, span_names=GREATER_THAN_SPANS)

@@ -28,7 +28,31 @@ from typing import Any, Literal, Sequence
 
 from .task import Task, pack, resolve_tokenizer, single_tokens
 
-__all__ = ["ioi_task", "IOI_TEMPLATES", "NAMES", "PLACES", "OBJECTS"]
+__all__ = ["ioi_task", "IOI_TEMPLATES", "NAMES", "PLACES", "OBJECTS", "IOI_SPANS"]
+
+#: The position schema of an IOI prompt (``task.spans``), in order: the words before the first name, the first name
+#: (IO in ABBA, S in BABA), ``" and"``, the second name, the words up to the subject's repeat, the repeat (S2), the
+#: words after it, the last token (``" to"``, where the answer is read), and the right padding.
+IOI_SPANS = ("prefix", "first name", "and", "second name", "context", "S2", "action", "end", "pad")
+
+
+def _segments(template: str, values: dict[str, str]) -> list[tuple[str, str]]:
+    """The prompt of ``template`` filled with ``values`` as (span, text) segments of :data:`IOI_SPANS` (a name with its
+    leading space; the last word ``" to"`` its own span)."""
+    import re
+
+    out, span, text = [], "prefix", ""
+    after = {"first": "and", "second": "context", "s2": "action"}
+    for piece in re.split(r"(\{\w+\})", template):
+        field = piece[1:-1] if piece.startswith("{") else None
+        if field in after:
+            out.append((span, text.removesuffix(" ")))
+            out.append(({"first": "first name", "second": "second name", "s2": "S2"}[field], " " + values[field]))
+            span, text = after[field], ""
+        else:
+            text += piece.format(**values) if field else piece
+    out += [(span, text.removesuffix(" to")), ("end", " to")]
+    return [(s, t) for s, t in out if t]
 
 #: Wang et al.'s fifteen templates, ``{first} and {second}`` the two names of the first clause
 #: (BABA: S then IO; ABBA: IO then S), ``{s2}`` the subject's repeat; each stops before the IO.
@@ -83,7 +107,8 @@ def ioi_task(tokenizer: Any, n: int = 32, *, seed: int = 0, order: Literal["mixe
         names, places, objects: the word lists; each entry must be one token with a leading space.
 
     Returns:
-        A :class:`Task` named ``"ioi"``: answers the IO's id, wrong the S's, ``kind="logit_diff"``.
+        A :class:`Task` named ``"ioi"``: answers the IO's id, wrong the S's, ``kind="logit_diff"``; ``spans`` the
+        prompts' position schema (:data:`IOI_SPANS`).
 
     Raises:
         ValueError: words that are not single tokens (all named), fewer than five names, ``n < 1``,
@@ -110,7 +135,7 @@ def ioi_task(tokenizer: Any, n: int = 32, *, seed: int = 0, order: Literal["mixe
     single_tokens(tok, places, "places", keyword="places")
     single_tokens(tok, objects, "objects", keyword="objects")
     rng = random.Random(seed)
-    clean, corrupted, answers, wrong = [], [], [], []
+    clean, corrupted, answers, wrong, segments = [], [], [], [], []
     for _ in range(n):
         template = IOI_TEMPLATES[rng.randrange(len(IOI_TEMPLATES))]
         abba = rng.random() < 0.5 if order == "mixed" else order == "ABBA"
@@ -119,10 +144,12 @@ def ioi_task(tokenizer: Any, n: int = 32, *, seed: int = 0, order: Literal["mixe
         words = dict(place=rng.choice(places), object=rng.choice(objects))
         first, second = (io, s) if abba else (s, io)
         clean.append(template.format(first=first, second=second, s2=s, **words))
+        segments.append(_segments(template, dict(first=first, second=second, s2=s, **words)))
         if corruption == "abc":
             corrupted.append(template.format(first=c, second=d, s2=e, **words))
         else:
             corrupted.append(template.format(first=first, second=second, s2=c, **words))
         answers.append([name_ids[io]])
         wrong.append([name_ids[s]])
-    return pack(tok, "ioi", clean, corrupted, answers, wrong, kind="logit_diff", prepend_bos=prepend_bos, seed=seed)
+    return pack(tok, "ioi", clean, corrupted, answers, wrong, kind="logit_diff", prepend_bos=prepend_bos, seed=seed,
+                segments=segments, span_names=IOI_SPANS)

@@ -26,7 +26,22 @@ from typing import Any, Sequence
 
 from .task import Task, encode, pack, resolve_tokenizer, single_tokens
 
-__all__ = ["sva_task", "SVA_TEMPLATES", "SUBJECTS", "VERBS"]
+__all__ = ["sva_task", "SVA_TEMPLATES", "SUBJECTS", "VERBS", "SVA_SPANS"]
+
+#: The position schema of an SVA prompt (``task.spans``): ``"The"``, the subject, the words between it and the
+#: attractor (``" near the"``, ``" that the"`` ...), the attractor, a relative clause's verb, and the right padding;
+#: a construction without an attractor leaves those spans empty.
+SVA_SPANS = ("prefix", "subject", "connector", "attractor", "verb", "pad")
+
+
+def _segments(template: str, subj: str, attr: str, rel: str) -> list[tuple[str, str]]:
+    """The prompt of ``template`` as (span, text) segments of :data:`SVA_SPANS`."""
+    out = [("prefix", "The"), ("subject", f" {subj}")]
+    rest = template.removeprefix("The {subj}")
+    if rest:
+        connector, _, tail = rest.partition(" {attr}")
+        out += [("connector", connector), ("attractor", f" {attr}")] + ([("verb", f" {rel}")] if tail else [])
+    return out
 
 #: The constructions: ``{subj}`` the subject, ``{attr}`` an attractor noun, ``{rel}`` a relative
 #: clause's verb agreeing with the attractor; each stops before the main verb.
@@ -112,7 +127,7 @@ def sva_task(tokenizer: Any, n: int = 32, *, seed: int = 0, prepend_bos: bool = 
     if not subjects:
         raise ValueError("subjects is empty")
     rng = random.Random(seed)
-    clean, corrupted, answers, wrong, label = [], [], [], [], []
+    clean, corrupted, answers, wrong, label, segments = [], [], [], [], [], []
     for _ in range(100 * n):
         if len(clean) == n:
             break
@@ -124,10 +139,11 @@ def sva_task(tokenizer: Any, n: int = 32, *, seed: int = 0, prepend_bos: bool = 
         if len(encode(tok, c)) != len(encode(tok, x)):
             continue  # eap-ig-faithfulness's rule: only pairs of equal token length
         clean.append(c), corrupted.append(x), label.append(int(is_plural))
+        segments.append(_segments(template, subj[is_plural], attr[attr_plural], rel))
         answers.append(plural if is_plural else singular)
         wrong.append(singular if is_plural else plural)
     if len(clean) < n:
         raise ValueError(f"only {len(clean)} of {n} subject-verb pairs were as long in tokens as their corruption "
                          f"within {100 * n} draws: pass subjects= whose two forms tokenize alike")
     return pack(tok, "sva", clean, corrupted, answers, wrong, kind="prob_diff", prepend_bos=prepend_bos, seed=seed,
-                label=label)
+                label=label, segments=segments, span_names=SVA_SPANS)

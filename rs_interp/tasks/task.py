@@ -60,6 +60,9 @@ class Task:
         prompts: the clean texts (no BOS), or None for token-id tasks (induction).
         corrupted_prompts: the corrupted texts, or None.
         seed: the seed the rows were drawn with (None for a task read from a file).
+        spans: the task's position schema (:class:`rs_interp.circuits.positions.PositionSchema` of ``clean``: the
+            subject, the verb, the end ...), aligning prompts of different lengths for position-aware edges
+            (``spans=task.spans``); None where the builder gives none.
 
     Raises:
         ValueError: shapes or ids that do not fit together (the message says which).
@@ -84,6 +87,7 @@ class Task:
     prompts: tuple[str, ...] | None = None
     corrupted_prompts: tuple[str, ...] | None = None
     seed: int | None = None
+    spans: Any = None
 
     def __post_init__(self) -> None:
         for field in ("clean", "corrupted", "answers", "wrong"):
@@ -117,6 +121,8 @@ class Task:
             texts = getattr(self, field)
             if texts is not None and len(texts) != B:
                 raise ValueError(f"Task.{field} has {len(texts)} texts for {B} rows")
+        if self.spans is not None and tuple(self.spans.span_of.shape) != (B, P):
+            raise ValueError(f"Task.spans gives spans to {tuple(self.spans.span_of.shape)} positions, clean has {(B, P)}")
 
     def __len__(self) -> int:
         return self.clean.shape[0]
@@ -289,7 +295,8 @@ def single_tokens(tokenizer: Any, words: Sequence[str], what: str, *, prefix: st
 
 def pack(tokenizer: Any, name: str, clean: Sequence[str], corrupted: Sequence[str], answers: Sequence[Sequence[int]],
          wrong: Sequence[Sequence[int]], *, kind: MetricKind, prepend_bos: bool, seed: int | None,
-         label: Sequence[int] | None = None) -> Task:
+         label: Sequence[int] | None = None, segments: Sequence[Sequence[tuple[str, str]]] | None = None,
+         span_names: Sequence[str] = ()) -> Task:
     """Tokenize the paired texts into a :class:`Task` (right-padded, BOS first if asked).
 
     Raises:
@@ -313,8 +320,36 @@ def pack(tokenizer: Any, name: str, clean: Sequence[str], corrupted: Sequence[st
     def matrix(rows: Sequence[Sequence[int]], fill: int, w: int) -> torch.Tensor:
         return torch.tensor([list(r) + [fill] * (w - len(r)) for r in rows], dtype=torch.long)
 
-    return Task(name, clean=matrix(rows_c, pad, width), corrupted=matrix(rows_x, pad, width),
+    spans = None if segments is None else segment_spans(tokenizer, span_names, segments, clean, prepend_bos, width)
+    return Task(name, clean=matrix(rows_c, pad, width), corrupted=matrix(rows_x, pad, width), spans=spans,
                 answers=matrix(answers, -1, max(map(len, answers))), wrong=matrix(wrong, -1, max(map(len, wrong))),
                 positions=torch.tensor([len(r) - 1 for r in rows_c], dtype=torch.long), kind=kind,
                 label=None if label is None else torch.tensor(list(label), dtype=torch.long),
                 prompts=tuple(clean), corrupted_prompts=tuple(corrupted), seed=seed)
+
+
+def segment_spans(tokenizer: Any, names: Sequence[str], segments: Sequence[Sequence[tuple[str, str]]], texts: Sequence[str],
+                  prepend_bos: bool, width: int) -> Any:
+    """A task's position schema from each row's segments, ``(span name, text)`` in order, whose texts make the row's
+    prompt: each segment's tokens in its span (the BOS in the first span), the right padding in the last (``"pad"``).
+
+    Raises:
+        ValueError: a row whose segments do not tokenize to its prompt's tokens (a token across two segments), or
+            whose segments do not make its text (each named).
+    """
+    from ..circuits.positions import PositionSchema
+
+    rows = []
+    for i, (parts, text) in enumerate(zip(segments, texts)):
+        if "".join(t for _, t in parts) != text:
+            raise ValueError(f"row {i}: its segments do not make its prompt {text!r}")
+        ids, tokens = [names.index(parts[0][0])] * int(prepend_bos), []
+        for span, t in parts:
+            piece = encode(tokenizer, t)
+            ids += [names.index(span)] * len(piece)
+            tokens += piece
+        if tokens != encode(tokenizer, text):
+            raise ValueError(f"row {i}: the segments of {text!r} tokenize apart otherwise than together: a token runs "
+                             "across two spans")
+        rows.append(ids + [len(names) - 1] * (width - len(ids)))
+    return PositionSchema(tuple(names), torch.tensor(rows, dtype=torch.long))

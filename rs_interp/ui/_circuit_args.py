@@ -15,10 +15,11 @@ from typing import Any
 from .._messages import few
 from ._args import count, seed, writable_dir
 
-__all__ = ["COMMAND_METHODS", "add_arguments", "check_arguments", "load_command_model", "command_task"]
+__all__ = ["COMMAND_METHODS", "add_arguments", "check_arguments", "load_command_model", "command_task", "rs_checkpoint"]
 
-#: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching.
-COMMAND_METHODS = ("eap", "eap-ig", "exact")
+#: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching, relevance
+#: patching (RelP).
+COMMAND_METHODS = ("eap", "eap-ig", "exact", "relp")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -30,15 +31,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="required: gpt2 (pretrained: $RS_INTERP_GPT2_PATH or the Hugging Face cache), gpt2-random, a shipped "
-                             "model's name (" + ", ".join(SHIPPED) + "), or a Hugging Face checkpoint directory")
+                             "model's name (" + ", ".join(SHIPPED) + "), a Hugging Face checkpoint directory, or an "
+                             "rs_interp checkpoint (rs_interp.models.save_model's or rs-interp train's: PATH of PATH.json and "
+                             "PATH.safetensors, or the folder holding one)")
     parser.add_argument("--task", required=True, choices=TASK_NAMES, help="required: the task (" + ", ".join(TASK_NAMES) + ")")
     parser.add_argument("--method", default="eap", choices=COMMAND_METHODS,
                         help="edge scores: eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
-                             "patched pass per edge, for small models; GPT-2 small has 32,491 edges) (default: %(default)s)")
+                             "patched pass per edge, for small models; GPT-2 small has 32,491 edges), relp (relevance patching: "
+                             "LRP's coefficients in place of the gradients, one backward sweep) (default: %(default)s)")
     parser.add_argument("--out", required=True, metavar="DIR", help="required: the output directory (made if needed)")
-    parser.add_argument("--size", type=_size, default=0.01, metavar="N|F",
+    parser.add_argument("--size", type=_size, default=None, metavar="N|F",
                         help="the circuit's size: an edge count, or a fraction of the edges in (0, 1], then pruned to the "
-                             "edges on a path from the embedding to the logits (default: %(default)s)")
+                             "edges on a path from the embedding to the logits (default: the smallest circuit on the "
+                             "faithfulness curve that recovers --share of the metric)")
+    parser.add_argument("--share", type=_share, default=None, metavar="F",
+                        help="without --size, the share of the metric the circuit recovers: its faithfulness, in "
+                             "(0, 1] (default: 0.8, rs_interp.circuits.selection.RECOVERED_SHARE)")
     parser.add_argument("--n", type=count, default=32, metavar="N", help="prompt pairs (default: %(default)s)")
     parser.add_argument("--seed", type=seed, default=0, help="the task's seed (default: %(default)s)")
     parser.add_argument("--ig-steps", type=count, default=5, metavar="M", help="EAP-IG's steps (default: %(default)s)")
@@ -50,18 +58,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def _in_unit(text: str, what: str, not_a_number: str, outside: str) -> float:
+    """A number in (0, 1], checked at parse time; the two refusals' wordings given."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: {not_a_number}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: {outside}")
+    return value
+
+
+def _share(text: str) -> float:
+    """A share of the metric in (0, 1], checked at parse time."""
+    return _in_unit(text, "share", "a number in (0, 1]", "a share lies in (0, 1]")
+
+
 def _size(text: str) -> int | float:
     """An edge count (an integer >= 1) or a fraction of the edges in (0, 1], checked at parse time."""
     try:
-        value: int | float = int(text)
+        value = int(text)
     except ValueError:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid size {text!r}: an edge count or a fraction in (0, 1]") from None
-        if not 0 < value <= 1:
-            raise argparse.ArgumentTypeError(f"invalid size {text!r}: a fraction lies in (0, 1] (an edge count is an integer)")
-        return value
+        return _in_unit(text, "size", "an edge count or a fraction in (0, 1]",
+                        "a fraction lies in (0, 1] (an edge count is an integer)")
     if value < 1:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}: an edge count is at least 1")
     return value
@@ -87,9 +106,26 @@ def _check_spec(spec: str) -> None:
     """Refuse a ``--model`` that is none of the accepted forms (light: the registry's names, a folder test)."""
     from ..models.registry import SHIPPED_MODELS
 
-    if spec not in ("gpt2", "gpt2-random") and spec not in SHIPPED_MODELS and not Path(spec).is_dir():
-        raise ValueError(f"--model {spec!r} is not gpt2, gpt2-random, a shipped model ({', '.join(SHIPPED_MODELS)}) "
-                         "or a checkpoint directory")
+    if spec not in ("gpt2", "gpt2-random") and spec not in SHIPPED_MODELS and not Path(spec).is_dir() \
+            and rs_checkpoint(spec) is None:
+        raise ValueError(f"--model {spec!r} is not gpt2, gpt2-random, a shipped model ({', '.join(SHIPPED_MODELS)}), "
+                         "a checkpoint directory or an rs_interp checkpoint (PATH of PATH.json and PATH.safetensors)")
+
+
+def rs_checkpoint(spec: str | Path) -> Path | None:
+    """The rs_interp checkpoint ``spec`` names (:func:`rs_interp.models.save_model`'s ``PATH.json`` and
+    ``PATH.safetensors``), as the ``PATH`` :func:`rs_interp.models.load_model` takes: ``spec`` itself (with or
+    without either suffix), or the one such pair in the folder ``spec`` (a folder with a Hugging Face
+    ``config.json`` is Hugging Face's); None otherwise. Light: reads file names only."""
+    path = Path(spec)
+    if path.suffix in (".json", ".safetensors"):
+        path = path.with_suffix("")
+    if path.with_name(path.name + ".json").is_file() and path.with_name(path.name + ".safetensors").is_file():
+        return path
+    if path.is_dir() and not (path / "config.json").is_file():
+        found = sorted(w.with_suffix("") for w in path.glob("*.safetensors") if w.with_suffix(".json").is_file())
+        return found[0] if len(found) == 1 else None
+    return None
 
 
 def load_command_model(spec: str) -> tuple[Any, Any, str]:
@@ -103,6 +139,7 @@ def load_command_model(spec: str) -> tuple[Any, Any, str]:
 
     from ..tokenizers import GPT2_VOCAB_SIZE, gpt2_tokenizer
 
+    saved = None if spec in ("gpt2", "gpt2-random") or spec in ri.models.SHIPPED_MODELS else rs_checkpoint(spec)
     if spec == "gpt2":
         source = _gpt2_source()
         model = ri.load_gpt2(source)
@@ -112,11 +149,19 @@ def load_command_model(spec: str) -> tuple[Any, Any, str]:
         model, what = ri.load_gpt2("random"), "GPT-2 small, random weights (every number here is from random weights)"
     elif spec in ri.models.SHIPPED_MODELS:
         model, what = ri.load_toy_model(spec), f"{spec} (shipped toy model)"
+    elif saved is not None:
+        from ..models.checkpoints import load_model
+
+        model, what = load_model(saved), f"rs_interp checkpoint {saved}"
     elif Path(spec).is_dir():
         model, what = ri.load_pretrained(spec), f"checkpoint {spec}"
     else:
         _check_spec(spec)  # raises: none of the accepted forms
     tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None and saved is not None and saved.with_name(saved.name + ".tokenizer.json").is_file():
+        from ..models.code_model import load_code_tokenizer
+
+        tokenizer = load_code_tokenizer(saved)  # saved beside it (rs-interp train code-2l)
     if tokenizer is None and spec in ri.models.SHIPPED_MODELS:
         tokenizer = ri.models.SHIPPED_MODELS[spec].tokenizer()
     if tokenizer is None and model.cfg.d_vocab == GPT2_VOCAB_SIZE:
@@ -166,5 +211,6 @@ def command_task(args: argparse.Namespace, tokenizer: Any, model: Any) -> Any:
     except NotSingleTokens as err:
         shown = few((f"{w!r} -> {n} tokens" for w, n in err.words.items()), 2, show=str)
         raise ValueError(f"--task {args.task} needs {err.what} that are one token each under the tokenizer of --model "
-                         f"{args.model}, and {len(err.words)} of its {err.total} are not ({shown}). Choose another --task "
-                         "(induction reads no words) or --model; a task of your own words: docs/capabilities/tasks.md.") from None
+                         f"{args.model}, and {len(err.words)} of its {err.total} are not ({shown}). Choose another "
+                         "--task (induction reads no words) or --model; a task of your own words, in a notebook: "
+                         "rs_interp.tasks.prompt_task (docs/capabilities/own-task.md).") from None

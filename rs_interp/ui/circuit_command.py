@@ -4,7 +4,9 @@
 
 The steps, each with a progress bar: score every edge of the model's graph on the task (EAP, EAP-IG
 or exact path patching, the corrupted prompts as the reference run); the faithfulness curve of the
-top edges at MIB's ten sizes; the circuit at the chosen size, evaluated; then the files, in ``out``:
+top edges at MIB's ten sizes; the circuit, evaluated: at the size asked for, or by default the smallest
+circuit on the curve that recovers a share of the metric (80%: faithfulness 0.8 or more; the curve's
+points refined by bisection between the last below and the first at or above it); then the files, in ``out``:
 
 - ``scores.safetensors`` (``effect``: (sender, receiver) float64, NaN off the graph; ``exists``)
   and ``scores.json`` (the labels of its rows and columns, the run's settings, the top edges);
@@ -23,6 +25,9 @@ top edges at MIB's ten sizes; the circuit at the chosen size, evaluated; then th
 >>> run = run_circuit(model, induction_task(8, seed=0), method="eap", out=tempfile.mkdtemp(), size=8, progress=False)
 >>> run.requested, run.size, run.reaches_logits, sorted(run.files)[:3]   # 8 asked for, 7 on a path to the logits
 (8, 7, True, ['circuit', 'curve', 'diagram'])
+>>> run = run_circuit(model, induction_task(8, seed=0), method="eap", out=tempfile.mkdtemp(), progress=False)
+>>> run.share, run.faithfulness >= 0.8, run.size < run.n_edges   # the default: the smallest recovering 80%
+(0.8, True, True)
 """
 
 from __future__ import annotations
@@ -40,12 +45,13 @@ from typing import Any, Literal, Mapping
 
 from ..labels import edge_string
 from ._circuit_args import COMMAND_METHODS, add_arguments, check_arguments, command_task, load_command_model
+from ._circuit_choice import chosen, smallest_circuit
 
 __all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_command_model", "COMMAND_METHODS"]
 
 #: The most edges the diagram draws (the top ones of a larger circuit; the page says so).
 _DRAWN = 400
-Method = Literal["eap", "eap-ig", "exact"]
+Method = Literal["eap", "eap-ig", "exact", "relp"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,11 @@ class CircuitRun:
         requested: the top edges asked for (``--size``), before pruning.
         reaches_logits: whether any of them lies on a path to the logits (False: the circuit is empty,
             its faithfulness 0; a larger size is needed).
+        share: the share of the metric the default circuit recovers (it is the smallest circuit on the
+            faithfulness curve whose faithfulness reaches it); None where a size was asked for.
+        bisection: ``(requested, edges, faithfulness)`` of each circuit evaluated between the curve's points
+            to find the default circuit, in the order evaluated.
+        edges: the circuit's edges, ``("L0H1", "L1H0.k")``, in the graph's order.
     """
 
     model: str
@@ -89,6 +100,15 @@ class CircuitRun:
     seconds: Mapping[str, float]
     requested: int = 0
     reaches_logits: bool = True
+    share: float | None = None
+    bisection: tuple[tuple[int, int, float], ...] = ()
+    edges: tuple[tuple[str, str], ...] = ()
+
+    def diagram(self) -> Any:
+        """The circuit diagram written to ``files["diagram"]``, a ``plotly`` figure (a notebook shows it)."""
+        import plotly.io
+
+        return plotly.io.read_json(self.files["diagram"])
 
 
 def _circuit_size(size: int | float, total: int) -> int:
@@ -115,9 +135,18 @@ def _check(model: Any, task: Any) -> None:
         raise ValueError(f"the {task.name} task's prompts have {task.clean.shape[1]} tokens, more than the model's n_ctx {cfg.n_ctx}")
 
 
-def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike, size: int | float = 0.01,
+def _model_label(cfg: Any) -> str:
+    """The model's ``cfg.model_name``, or its shape where that is the backend's placeholder (TransformerLens 3 calls a
+    model built from a config ``"custom"``, 4's bridges ``"native"``)."""
+    name = str(getattr(cfg, "model_name", "") or "")
+    if name in ("", "custom", "native"):
+        return f"a model of {cfg.n_layers} layers, {cfg.n_heads} heads, d_model {cfg.d_model}"
+    return name
+
+
+def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike, size: int | float | None = None,
                 ig_steps: int = 5, model_name: str | None = None, progress: bool = True,
-                batch_size: int | None = None) -> CircuitRun:
+                batch_size: int | None = None, share: float | None = None) -> CircuitRun:
     """Score, curve, circuit, files (module docstring).
 
     Every step streams over the task (:mod:`rs_interp.scale`): ``batch_size`` pairs at a time, and under
@@ -127,15 +156,19 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
     Args:
         model: a TransformerLens model (``rs_interp.load_gpt2``, ``load_toy_model`` ...).
         task: a :class:`rs_interp.tasks.Task`; its corrupted prompts are the reference run.
-        method: ``"eap"``, ``"eap-ig"`` (``ig_steps`` steps) or ``"exact"`` (path patching: one
-            forward pass per edge, feasible on small models).
+        method: ``"eap"``, ``"eap-ig"`` (``ig_steps`` steps), ``"exact"`` (path patching: one
+            forward pass per edge, feasible on small models) or ``"relp"`` (relevance patching,
+            :func:`rs_interp.edge_relevance_patching`).
         out: the output directory (created).
-        size: the circuit's size: an edge count, or a fraction of the edges (MIB's ``int(f * N)``).
+        size: the circuit's size: an edge count, or a fraction of the edges (MIB's ``int(f * N)``); by
+            default the smallest circuit on the faithfulness curve that recovers ``share`` of the metric.
         ig_steps: EAP-IG's interpolation steps.
         model_name: how the page and the files describe the model (default: its ``cfg.model_name``).
         progress: progress bars (on stderr) over the steps and within the long ones (rank 0's).
         batch_size: pairs per batch (default: the whole task on one process, an even share of it per rank
             under ``torchrun``).
+        share: without a ``size``, the share of the metric (faithfulness) the circuit must recover (default
+            :data:`rs_interp.circuits.selection.RECOVERED_SHARE`, 0.8).
 
     Raises:
         ValueError: an unknown method, a size outside the graph, a task the model cannot read (ids
@@ -150,7 +183,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
 
     from .. import scale
     from .._progress import bar
-    from ..circuits.selection import mask, prune
+    from ..circuits.selection import RECOVERED_SHARE, mask, prune
     from ..tasks.mib import write_mib
     from .circuit_figure import circuit_figure
     from .plots import faithfulness_figure
@@ -159,7 +192,11 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         raise ValueError(f"method must be one of {', '.join(COMMAND_METHODS)}, got {method!r}")
     _check(model, task)
     layout = ri.edge_layout(model)
-    n = _circuit_size(size, layout.n_edges)
+    n = None if size is None else _circuit_size(size, layout.n_edges)
+    share = RECOVERED_SHARE if share is None else share
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"share must be a number in (0, 1], the part of the metric the circuit recovers, "
+                         f"got {share!r}")
     me, world = scale.world()
     lead = me == 0  # the rank that writes the files and draws the bars
     if batch_size is None:
@@ -169,7 +206,7 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         out.mkdir(parents=True, exist_ok=True)
         if not os.access(out, os.W_OK):
             raise OSError(f"{out} is not a writable directory")
-    name = model_name or str(getattr(model.cfg, "model_name", "model"))
+    name = model_name or _model_label(model.cfg)
     kw = dict(batch_size=batch_size, progress=progress)
     seconds: dict[str, float] = {}
     with bar(total=4, desc=f"circuit ({task.name}, {method})", enabled=progress and lead, unit="step") as steps:
@@ -185,6 +222,8 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         t0 = step("scoring edges")
         if method == "exact":
             scores = scale.path_patching(model, task, **kw)
+        elif method == "relp":
+            scores = scale.edge_relevance_patching(model, task, **kw)
         else:
             scores = scale.edge_attribution_patching(model, task, ig_steps=ig_steps if method == "eap-ig" else None, **kw)
         done("scores", t0)
@@ -195,18 +234,22 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
 
         t0 = step("the circuit")
         rank = {e: k for k, e in enumerate(layout.edges())}
-        # the top n edges, pruned to those on a path from the embedding to the logits (as MIB and the
-        # faithfulness curve do): an edge into a component that reaches nothing carries nothing out
-        kept = prune(layout, mask(layout, ri.top_edges(scores, n)))
-        circuit = [e for e in layout.edges() if kept[layout.index(e)]]
-        value = _on_the_curve(curve, scores, kept, n)  # the curve ran it when it is one of its circuits (the default size's is)
-        if value is None:
-            value = scale.evaluate_circuit(model, task, circuit, **kw)
         # the full circuit is the clean run, the empty one the corrupted run (resample ablation)
         runs = scale.metric_values(model, task, **kw)
         full, empty = runs.clean, runs.corrupted
         if full == empty:
             raise ValueError(f"the {task.name} metric is {full} on the clean and on the corrupted prompts: faithfulness is undefined")
+        bisection: tuple = ()
+        if n is None:  # the smallest circuit on the curve that recovers the share
+            n, kept, value, bisection = smallest_circuit(model, task, scores, curve, share, (full, empty), kw)
+        else:
+            # the top n edges, pruned to those on a path from the embedding to the logits (as MIB and the
+            # faithfulness curve do): an edge into a component that reaches nothing carries nothing out
+            kept = prune(layout, mask(layout, ri.top_edges(scores, n)))
+            value = _on_the_curve(curve, scores, kept, n)  # the curve ran it when it is one of its circuits
+        circuit = [e for e in layout.edges() if kept[layout.index(e)]]
+        if value is None:
+            value = scale.evaluate_circuit(model, task, circuit, **kw)
         faith = (value - empty) / (full - empty)
         done("circuit", t0)
 
@@ -220,7 +263,8 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         run = CircuitRun(model=name, task=task.name, method=method, n_prompts=len(task), clean=full, corrupted=empty,
                          n_edges=layout.n_edges, size=len(circuit), fraction=len(circuit) / layout.n_edges, value=value,
                          faithfulness=faith, **_areas(curve), top_edges=top, files=MappingProxyType(files),
-                         seconds=MappingProxyType(seconds), requested=n, reaches_logits=bool(circuit))
+                         seconds=MappingProxyType(seconds), requested=n, reaches_logits=bool(circuit),
+                         share=share if size is None else None, bisection=bisection, edges=tuple(circuit))
         if not lead:  # every rank holds the numbers; rank 0 writes them
             return run
         save_file({"effect": scores.effect.to(torch.float64).contiguous(), "exists": layout.exists.contiguous()},
@@ -234,6 +278,8 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         write_mib(files["mib"], model, scores=scores, higher_is_better=curve.higher_is_better, batch_size=batch_size)  # the task's
         _write_json(files["curve"], {**settings, **asdict(curve)})
         _write_json(files["circuit"], {**settings, "size": len(circuit), "requested": n, "reaches_logits": bool(circuit),
+                                       "chosen": chosen(run), "share": run.share,
+                                       "bisection": [list(b) for b in bisection],
                                        "fraction": len(circuit) / layout.n_edges, "value": value,
                                        "faithfulness": faith, "full": full, "empty": empty,
                                        "edges": [[s, r, scores.edge(s, r)] for s, r in circuit]})
@@ -304,8 +350,7 @@ def _write_page(path: Path, run: CircuitRun, task: Any, diagram: Any, curve_fig:
     rows = [("model", run.model), ("task", f"{run.task} ({run.n_prompts} prompt pairs, metric {task.kind})"),
             ("method", run.method), ("metric on the clean prompts", f"{run.clean:.6g}"),
             ("metric on the corrupted prompts", f"{run.corrupted:.6g}"), ("edges in the graph", f"{run.n_edges:,}"),
-            ("circuit", f"{run.size:,} edges ({100 * run.fraction:.3g}%): the top {run.requested:,} by |score|, pruned to "
-                        "those on a path from the embedding to the logits"
+            ("circuit", f"{run.size:,} edges ({100 * run.fraction:.3g}%): {chosen(run)}"
                         + ("" if run.reaches_logits else "; none of them reaches the logits, so the circuit is empty "
                                                          "(faithfulness 0): ask for a larger --size")),
             ("circuit's metric", f"{run.value:.6g}"),
@@ -353,12 +398,17 @@ def run_command(args: argparse.Namespace) -> list[str]:
         model = model.to(device, print_details=False)
     task = command_task(args, tokenizer, model)  # a refusal in the command line's terms
     run = run_circuit(model, task, method=args.method, out=args.out, size=args.size, ig_steps=args.ig_steps,
-                      model_name=what, progress=not args.quiet, batch_size=getattr(args, "batch_size", None))
+                      model_name=what, progress=not args.quiet, batch_size=getattr(args, "batch_size", None),
+                      share=getattr(args, "share", None))
     if me != 0:  # rank 0 reports; every rank computed the same numbers
         return []
     lines = [f"{run.task} on {run.model}, {run.method}: metric {run.clean:.4g} clean, {run.corrupted:.4g} corrupted",
              f"curve: area under {run.area_under:.4f}, from 1 {run.area_from_1:.4f}; circuit of {run.size} edges "
              f"({100 * run.fraction:.3g}%; the top {run.requested} pruned to what reaches the logits): faithfulness {run.faithfulness:.4f}"]
+    if run.share is not None:
+        refined = f"; the curve refined by bisection, {len(run.bisection)} more circuits" if run.bisection else ""
+        lines.append(f"the circuit is the smallest on the faithfulness curve that recovers {run.share:.0%} of the "
+                     f"metric (faithfulness >= {run.share:g}{refined}); --size N or F asks for another size")
     if not run.reaches_logits:
         lines.append(f"none of the top {run.requested} edges lies on a path from the embedding to the logits: the circuit is "
                      "empty; ask for a larger --size")

@@ -3,15 +3,21 @@
 Rows from the bottom: the embedding, then per layer its heads and its MLP, then the logits (an MLP
 shares its heads' row, to their right, in a parallel block). Every head and MLP of the model is a
 faint dot, so the circuit's place in the model stays visible; the nodes an edge of the circuit
-touches are drawn full and labelled. An edge runs from its sender to the receiving input: a head's
-query, key or value input enters it from the left, the middle or the right, in its own colour
-(q blue, k green, v red; MLP inputs purple, the logits grey). With scores, an edge's width grows
-with ``|effect|`` (five steps of ``sqrt(|effect| / largest)``) and a negative effect is dotted; hovering
+touches are drawn full and labelled. An edge runs from its sender to the receiving input and ends at
+its component: an edge into a head's query, key or value input comes in just below the head, from
+its left, its middle or its right (:data:`PORT_PIXELS` beside it, on a plot of :data:`PLOT_PIXELS`),
+and ends at the head, in its own colour (q blue, k green, v red; MLP inputs purple, the logits grey). With
+scores, an edge's width grows with ``|effect|`` (five steps of ``sqrt(|effect| / largest)``) and a negative effect is dotted; hovering
 an edge's middle shows its label and number.
 
 What the ACDC and EAP-IG repositories draw with graphviz, drawn with plotly (the project's figure
 library: offline, no system binary): readable for GPT-2 small's 32,491-edge graph cut to a few
 hundred edges.
+
+Position-aware edges (a :class:`rs_interp.circuits.positions.PositionalEdgeEffects`) are drawn with one column per
+span, left to right, the model's layers in every column: a positional edge runs inside its span's column (the
+sender's write at those positions into the receiver's input there); a head's key or value input at one span feeds
+the head at that span and the later ones (PEAP's crossing edges, kept inside the head).
 
 >>> import rs_interp as ri
 >>> model = ri.load_toy_model("induction-2l")
@@ -29,12 +35,17 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-__all__ = ["circuit_figure", "EDGE_COLOURS"]
+__all__ = ["circuit_figure", "EDGE_COLOURS", "PORT_PIXELS", "PLOT_PIXELS"]
 
 #: Colour of an edge by the input it enters.
 EDGE_COLOURS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#d62728", "mlp": "#9467bd", "logits": "#555555"}
 _KIND_NAMES = {"q": "into a query", "k": "into a key", "v": "into a value", "mlp": "into an MLP", "logits": "into the logits"}
 _WIDTHS = (0.8, 1.6, 2.6, 3.8, 5.2)  # five steps of |effect| / max
+#: How far beside its head a query or value edge comes in (pixels, on a plot area :data:`PLOT_PIXELS` wide).
+PORT_PIXELS = 8.0
+#: The plot area's width the port offsets are measured on (pixels: plotly's default figure, 700, less the
+#: margins; a wider page widens the offset with it).
+PLOT_PIXELS = 620.0
 
 
 def _parse(label: str) -> tuple[str, int, int]:
@@ -57,7 +68,8 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
 
     Args:
         circuit: an :class:`rs_interp.EdgeEffects` (its top ``max_edges`` edges by ``|effect|`` are
-            drawn, weighted by it), or an iterable of ``(sender, receiver)`` edges.
+            drawn, weighted by it), an iterable of ``(sender, receiver)`` edges, or a
+            :class:`rs_interp.circuits.positions.PositionalEdgeEffects` (its top positional edges, one column per span).
         model_or_layout: for an edge set, the model, its config or its :class:`rs_interp.EdgeLayout`
             (taken from ``scores`` or ``circuit`` when they carry one).
         scores: for an edge set, an :class:`rs_interp.EdgeEffects` whose numbers weight the edges
@@ -76,7 +88,11 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
         ['into a key', 'into a value', 'into the logits']
     """
     from ..circuits.graph import EdgeEffects, EdgeLayout, edge_layout
+    from ..circuits.positions import PositionalEdgeEffects
     from ..circuits.selection import top_edges
+
+    if isinstance(circuit, PositionalEdgeEffects):
+        return _positional_figure(circuit, max_edges, title)
 
     if not isinstance(max_edges, int) or max_edges < 1:
         raise ValueError(f"max_edges must be a positive integer, got {max_edges!r}")
@@ -112,6 +128,8 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
     has_mlp = "MLP0" in layout.senders
     parallel = has_mlp and not bool(layout.exists[layout.senders.index("L0H0"), layout.receivers.index("MLP0")])
     centre = (H - 1) / 2
+    # the x axis spans H + 1.2 (parallel: + 2.4) units: a port's offset in units is PORT_PIXELS on PLOT_PIXELS
+    beside = PORT_PIXELS / PLOT_PIXELS * (H + (2.4 if parallel else 1.2))
 
     def place(label: str) -> tuple[float, float]:
         kind, layer, i = _parse(label)
@@ -126,14 +144,13 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
             return i * group + (group - 1) / 2, 2.0 * layer + 1
         return float(i), 2.0 * layer + 1
 
-    def port(receiver: str) -> tuple[float, float, str]:
+    def port(receiver: str) -> tuple[list[float], list[float], str]:
+        """The edge's last points: into a head's input, below the head (left, middle, right) and then the head."""
         x, y = place(receiver)
-        if receiver == "logits":
-            return x, y - 0.25, "logits"
-        if receiver.startswith("MLP"):
-            return x, y - 0.25, "mlp"
+        if receiver == "logits" or receiver.startswith("MLP"):
+            return [x], [y - 0.25], "logits" if receiver == "logits" else "mlp"
         kind = receiver[-1]
-        return x + {"q": -0.22, "k": 0.0, "v": 0.22}[kind], y - 0.22, kind
+        return [x + {"q": -beside, "k": 0.0, "v": beside}[kind], x], [y - 0.22, y], kind
 
     fig = go.Figure()
     # Every component, faint: the model around the circuit.
@@ -157,10 +174,10 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
             for s, r, v in members:
                 x0, y0 = place(s)
                 x1, y1, _ = port(r)
-                xs += [x0, x1, None]
-                ys += [y0 + (0.15 if s != "embed" else 0.0), y1, None]
-                mids_x.append((x0 + x1) / 2)
-                mids_y.append((y0 + y1) / 2)
+                xs += [x0, *x1, None]
+                ys += [y0 + (0.15 if s != "embed" else 0.0), *y1, None]
+                mids_x.append((x0 + x1[0]) / 2)
+                mids_y.append((y0 + y1[0]) / 2)
                 mids_text.append(f"{s} -> {r}" + (f": {v:.4g}" if scores is not None else ""))
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=_KIND_NAMES[kind], legendgroup=kind, showlegend=False,
                                      hoverinfo="skip", opacity=0.75,
@@ -191,4 +208,70 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
     fig.update_layout(title=title or f"Circuit: {what}", height=160 + 34 * len(rows), plot_bgcolor="#ffffff",
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0, title_text=f"edges{width_note}"),
                       margin=dict(l=60, r=20, t=90, b=30))
+    return fig
+
+
+def _positional_figure(scores: Any, max_edges: int, title: str | None) -> go.Figure:
+    """The top ``max_edges`` positional edges of ``scores`` by ``|effect|``, one column of the model per span (module docstring)."""
+    if not isinstance(max_edges, int) or max_edges < 1:
+        raise ValueError(f"max_edges must be a positive integer, got {max_edges!r}")
+    layout, spans = scores.layout, scores.spans
+    picked = [(e, v) for e, v in scores.top(min(max_edges, scores.n_edges)) if v != 0 and not math.isnan(v)]
+    L = max((_parse(s)[1] for s in layout.senders), default=-1) + 1
+    H = sum(1 for s in layout.senders if s.startswith("L0H"))
+    has_mlp = "MLP0" in layout.senders
+    step = H + 1.5  # one span's column: its heads, then a gap
+    top = max((abs(v) for _, v in picked), default=1.0) or 1.0
+
+    def place(label: str, u: int) -> tuple[float, float]:
+        kind, layer, i = _parse(label)
+        x0 = u * step
+        centre = x0 + (H - 1) / 2
+        if kind in ("embed", "logits"):
+            return centre, 0.0 if kind == "embed" else 2.0 * L + 1
+        if kind == "mlp":
+            return centre, 2.0 * layer + 2
+        if kind == "kv":
+            group = H // sum(1 for r in layout.receivers if r.startswith(f"L{layer}KV") and r.endswith(".k"))
+            return x0 + i * group + (group - 1) / 2, 2.0 * layer + 1
+        return x0 + i, 2.0 * layer + 1
+
+    def kind_of(receiver: str) -> str:
+        return "logits" if receiver == "logits" else "mlp" if receiver.startswith("MLP") else receiver[-1]
+
+    fig = go.Figure()
+    faint = [(c, u) for u in range(len(spans)) for c in layout.senders if c != "embed"]  # the model in every span's column
+    fig.add_trace(go.Scatter(x=[place(c, u)[0] for c, u in faint], y=[place(c, u)[1] for c, u in faint], mode="markers",
+                             marker=dict(size=6, color="#dddddd", symbol=["square" if c.startswith("MLP") else "circle" for c, _ in faint]),
+                             hoverinfo="text", text=[f"{c} @ {spans[u]}" for c, u in faint], showlegend=False, name="components"))
+    for u in range(1, len(spans)):  # the columns' borders
+        fig.add_vline(x=u * step - 0.9, line=dict(color="#eeeeee", width=1))
+    for kind in EDGE_COLOURS:
+        members = [(e, v) for e, v in picked if kind_of(e[1]) == kind]
+        for (s, r, u), v in members:
+            x0, y0 = place(s, spans.index(u))
+            x1, y1 = place(r.split(".")[0] if r not in ("logits",) else r, spans.index(u))
+            x1 += {"q": -0.22, "k": 0.0, "v": 0.22}.get(kind, 0.0)
+            width = _WIDTHS[min(4, max(0, math.ceil(5 * math.sqrt(abs(v) / top)) - 1))]
+            fig.add_trace(go.Scatter(x=[x0, x1], y=[y0 + 0.15, y1 - 0.22], mode="lines", hoverinfo="text", opacity=0.75,
+                                     text=f"{s} -> {r} @ {u}: {v:.4g}", showlegend=False, legendgroup=kind,
+                                     line=dict(color=EDGE_COLOURS[kind], width=width, dash="dot" if v < 0 else "solid")))
+        if members:
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=_KIND_NAMES[kind], legendgroup=kind,
+                                     line=dict(color=EDGE_COLOURS[kind], width=_WIDTHS[2])))
+    nodes = sorted({(s, u) for (s, _, u), _ in picked} | {(r.split(".")[0], u) for (_, r, u), _ in picked})
+    fig.add_trace(go.Scatter(x=[place(n, spans.index(u))[0] for n, u in nodes], y=[place(n, spans.index(u))[1] for n, u in nodes],
+                             mode="markers+text", text=[n for n, _ in nodes], textposition="middle right", textfont=dict(size=9),
+                             marker=dict(size=10, color="#ffffff", line=dict(color="#222222", width=1.5)), hoverinfo="text",
+                             showlegend=False, name="nodes"))
+    split = has_mlp
+    rows = [0.0] + [y for l in range(L) for y in ((2.0 * l + 1, 2.0 * l + 2) if split else (2.0 * l + 1,))] + [2.0 * L + 1]
+    names = ["embed"] + [t for l in range(L) for t in ((f"L{l}", f"MLP{l}") if split else (f"L{l}",))] + ["logits"]
+    fig.update_yaxes(tickvals=rows, ticktext=names, range=[-0.8, 2 * L + 1.8], showgrid=False, zeroline=False)
+    fig.update_xaxes(tickvals=[u * step + (H - 1) / 2 for u in range(len(spans))], ticktext=list(spans), showgrid=False,
+                     zeroline=False, range=[-0.8, len(spans) * step])
+    fig.update_layout(title=title or f"Circuit by position: the top {len(picked)} of {scores.n_edges} positional edges by |effect|",
+                      height=160 + 34 * len(rows), width=max(700, 90 * len(spans) * max(H, 2)), plot_bgcolor="#ffffff",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0, title_text="edges; width: |effect|"),
+                      margin=dict(l=60, r=20, t=90, b=40))
     return fig

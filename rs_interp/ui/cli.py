@@ -22,7 +22,7 @@ def _log(msg: str) -> None:
 
 def _reproduce(args: argparse.Namespace) -> int:
     from ..reproduce import run_seeds
-    from ..reproduce.report import describe_environment, format_cost, format_table, write_report, write_results
+    from ..reproduce.report import describe_environment, format_cost, format_table, write_files, write_report, write_results
 
     out = _writable_dir(args.out)
     print(f"rs-interp reproduce on {describe_environment()}\n", flush=True)
@@ -43,6 +43,7 @@ def _reproduce(args: argparse.Namespace) -> int:
                     printed.add(s.key)
                     print(format_table(s) + "\n", flush=True)
         write_results(done, out / "results.json", elapsed=time.perf_counter() - start)
+        write_files(done, out)
         write_report(done, out / "report.html")
 
     sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log, cache=cache,
@@ -53,9 +54,11 @@ def _reproduce(args: argparse.Namespace) -> int:
             print(format_table(s) + "\n", flush=True)
     print(format_cost(sections, elapsed=elapsed) + "\n", flush=True)
     write_results(sections, out / "results.json", elapsed=elapsed)
+    beside = write_files(sections, out)
     write_report(sections, out / "report.html", elapsed=elapsed)
     n_out = sum(r.ok is False for s in sections for r in s.rows)
-    print(f"wrote {out / 'results.json'} and {out / 'report.html'}; {n_out} row(s) outside their band")
+    also = f" (beside it: {', '.join(p.name for p in beside)})" if beside else ""
+    print(f"wrote {out / 'results.json'} and {out / 'report.html'}{also}; {n_out} row(s) outside their band")
     return 0
 
 

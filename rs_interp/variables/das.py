@@ -30,8 +30,8 @@ accuracy clearly beats both.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -56,6 +56,8 @@ __all__ = ["DASOptions", "DASFit", "DAS", "das", "CONTROLS"]
 
 #: The training losses of :class:`DASOptions`.
 LOSSES = ("cross_entropy", "squared")
+#: The learning-rate schedules of :class:`DASOptions`.
+SCHEDULES = ("constant", "linear", "cosine")
 #: The controls :func:`das` can train, by name.
 CONTROLS = ("arbitrary labels", "untrained model")
 
@@ -78,9 +80,22 @@ class DASOptions:
             larger margin, which a subspace can buy by mixing in other directions that differ with the label
             (a variable's parents, tracr's selector-width scalar): on such models it does not recover the
             variable's subspace (measured: docs/capabilities/variables.md); the squared error is least there.
+        schedule: the learning rate over the steps: ``"constant"`` (TransformerLens's), or decayed to 0 at the
+            last step, ``"linear"`` or ``"cosine"``. Adam's steps are normalised, so near an exact answer the
+            smallest gradient moves the basis by about ``lr``: on a model as sharp as tracr's (softmax
+            coldness in the hundreds) a constant rate walks off the answer it found; a decay lets it settle.
+        restarts: how many starts to train (the seeds ``seed``, ``seed + 1``, ...; each its own initial
+            basis and batch order), keeping the one whose mean loss over the training pairs, once trained, is
+            least (the training pairs only: never the held-out pairs). The controls get the same restarts.
+        temper: the scale of every later attention's queries at the first step (in ``(0, 1]``; 1: none),
+            raised geometrically to 1 by ``temper_until`` of the steps and 1 after: cold attention (tracr's)
+            has a loss flat away from the answer and a cliff next to it; softened, its gradients reach further.
+            The accuracies are of the untouched model.
+        temper_until: the fraction of the steps over which ``temper`` anneals to 1, in ``(0, 1]``.
 
     Raises:
-        ValueError: a rank, epoch count, batch size below 1, or a learning rate that is not positive.
+        ValueError: a rank, epoch count, batch size or restart count below 1, a learning rate that is not
+            positive, an unknown loss or schedule, a ``temper`` or ``temper_until`` outside ``(0, 1]``.
     """
 
     rank: int
@@ -91,15 +106,26 @@ class DASOptions:
     seed: int = 0
     micro_batch_size: int | None = None
     loss: Literal["cross_entropy", "squared"] = "cross_entropy"
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    restarts: int = 1
+    temper: float = 1.0
+    temper_until: float = 0.75
 
     def __post_init__(self) -> None:
-        for name in ("rank", "epochs", "batch_size") + (("micro_batch_size",) if self.micro_batch_size else ()):
+        counts = ("rank", "epochs", "batch_size", "restarts") + (("micro_batch_size",) if self.micro_batch_size else ())
+        for name in counts:
             object.__setattr__(self, name, check_int_range(name, getattr(self, name), 1))
         object.__setattr__(self, "seed", as_int("seed", self.seed))
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        for name in ("temper", "temper_until"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value <= 1):
+                raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -111,12 +137,14 @@ class DASFit:
         losses: the mean training loss of each optimisation step.
         train_accuracy: its interchange accuracy on the training pairs.
         accuracy: its interchange accuracy on the held-out pairs.
+        restart: which start was kept (``DASOptions.restarts``; 0: the first, from ``init`` where given).
     """
 
     basis: Float[torch.Tensor, "width rank"]
     losses: tuple[float, ...]
     train_accuracy: float
     accuracy: float
+    restart: int = 0
 
 
 @dataclass(frozen=True)
@@ -219,7 +247,7 @@ def _squared(pairs: PairSet, logits: torch.Tensor, rows: torch.Tensor, target: t
 class _Swap:
     """The interchange with the trainable basis (read at every call, so gradients reach its parameter)."""
 
-    def __init__(self, subspace: OrthogonalBasis, strength: float) -> None:
+    def __init__(self, subspace: Callable[[], torch.Tensor], strength: float) -> None:
         self.subspace, self.strength = subspace, strength
 
     def __call__(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
@@ -237,6 +265,7 @@ def _train(model: Model, pairs: PairSet, site: Site, labels: torch.Tensor, optio
     swap, rng, losses = _Swap(subspace, options.strength), np.random.default_rng(options.seed), []
     flags = [p.requires_grad for p in model.parameters()]
     steps = options.epochs * math.ceil(len(pairs) / options.batch_size)
+    rates = _rates(options, steps)
     model.requires_grad_(False)
     try:
         with torch.enable_grad(), bar(total=steps, desc=f"DAS ({what})", enabled=progress) as progress_bar:
@@ -244,12 +273,15 @@ def _train(model: Model, pairs: PairSet, site: Site, labels: torch.Tensor, optio
                 order = torch.as_tensor(rng.permutation(len(pairs)))
                 for start in range(0, len(order), options.batch_size):
                     batch = order[start:start + options.batch_size]
+                    if rates is not None:
+                        optimizer.param_groups[0]["lr"] = rates[len(losses)]
                     optimizer.zero_grad()
                     total = 0.0
-                    for rows in _parts(pairs, batch, micro):
-                        loss = _loss(model, pairs, site, swap, rows, acts, labels, len(batch), options.loss)
-                        loss.backward()
-                        total += loss.item() * len(batch)
+                    with model.hooks(fwd_hooks=_tempered(model, site, options, len(losses) / steps)):
+                        for rows in _parts(pairs, batch, micro):
+                            loss = _loss(model, pairs, site, swap, rows, acts, labels, len(batch), options.loss)
+                            loss.backward()
+                            total += loss.item() * len(batch)
                     optimizer.step()
                     losses.append(total / len(batch))
                     progress_bar.update(1)
@@ -258,6 +290,40 @@ def _train(model: Model, pairs: PairSet, site: Site, labels: torch.Tensor, optio
             p.requires_grad_(flag)
     with torch.no_grad():
         return subspace().detach(), tuple(losses)
+
+
+def _rates(options: DASOptions, steps: int) -> list[float] | None:
+    """Each step's learning rate (None: ``lr`` throughout, the optimizer left as TransformerLens leaves it)."""
+    if options.schedule == "constant":
+        return None
+    if options.schedule == "linear":
+        return [options.lr * (1 - k / steps) for k in range(steps)]
+    return [options.lr * 0.5 * (1 + math.cos(math.pi * k / steps)) for k in range(steps)]
+
+
+def _tempered(model: Model, site: Site, options: DASOptions, done: float) -> list:
+    """The hooks scaling the queries of every attention after the site by the temperature at ``done`` (the
+    fraction of the steps taken): ``temper`` raised geometrically to 1 by ``temper_until``; none at 1."""
+    scale = options.temper ** max(0.0, 1.0 - done / options.temper_until)
+    if scale == 1.0:
+        return []
+    # the queries, not hook_attn_scores: TransformerLens 4.3 fires that hook after the fact on native attention
+    # (a write there is not used); scaling q scales the scores, the mask applied after
+    first = site.layer + (0 if site.hook.endswith("hook_resid_pre") else 1)
+    names = [f"blocks.{layer}.attn.hook_q" for layer in range(first, model.cfg.n_layers)]
+    missing = [name for name in names if name not in model.hook_dict]
+    if missing:
+        raise ValueError(f"temper scales the queries of every later attention, but the model lacks {few(missing)}")
+    return [(name, lambda q, hook: q * scale) for name in names]
+
+
+def _final_loss(model: Model, pairs: PairSet, site: Site, basis: torch.Tensor, options: DASOptions) -> float:
+    """The mean training loss of a learned basis over every training pair (how restarts are compared)."""
+    micro = options.micro_batch_size or options.batch_size
+    acts, swap = _source_activations(model, pairs, site, micro), _Swap(lambda: basis, options.strength)
+    with torch.no_grad():
+        return sum(float(_loss(model, pairs, site, swap, rows, acts, pairs.labels, len(pairs), options.loss))
+                   for rows in chunks(pairs, micro))
 
 
 def _parts(pairs: PairSet, batch: torch.Tensor, micro: int) -> list[torch.Tensor]:
@@ -271,11 +337,20 @@ def _parts(pairs: PairSet, batch: torch.Tensor, micro: int) -> list[torch.Tensor
 
 def _fit(model: Model, train: PairSet, test: PairSet, site: Site, options: DASOptions, base: torch.Tensor,
          progress: bool, what: str) -> DASFit:
-    basis, losses = _train(model, train, site, train.labels, options, base, progress, what)
+    """Train from each start (``options.restarts``), keep the least final training loss, score it."""
+    runs = []
+    for r in range(options.restarts):
+        start = base if r == 0 else completed(None, base.shape[0], options.rank,
+                                              torch.Generator().manual_seed(options.seed + r))
+        basis, losses = _train(model, train, site, train.labels, replace(options, seed=options.seed + r), start,
+                               progress, what)
+        final = _final_loss(model, train, site, basis, options) if options.restarts > 1 else 0.0
+        runs.append((final, r, basis, losses))
+    _, restart, basis, losses = min(runs, key=lambda run: (run[0], run[1]))
     swap = SubspaceInterchange(basis)
     return DASFit(basis=basis, losses=losses,
                   train_accuracy=interchange(model, train, site, swap, progress=False).accuracy,
-                  accuracy=interchange(model, test, site, swap, progress=False).accuracy)
+                  accuracy=interchange(model, test, site, swap, progress=False).accuracy, restart=restart)
 
 
 def das(model: Model, pairs: PairSet, site: Site | str | tuple[str, int], options: DASOptions, *, test: PairSet,

@@ -322,12 +322,35 @@ def _z_gradient(model, toks, l):
     return torch.autograd.grad(metric(logits), e)[0]
 
 
-def test_the_qk_fix_moves_each_receivers_query_or_key_by_the_definition(model, runs, tokens):
-    """The QK-fixed edge ``s -> r`` is ``sum (z' - z) . dm/dz`` over the heads reading ``r``, ``z'`` layer 1's output
-    with ``r``'s input moved by ``w_s`` alone (the brute force's norm of the moved input, taken at the head)."""
+def _relevance_at_z(model, toks, l):
+    """RelP's coefficient at layer ``l``'s ``z`` (rs_interp's sweep of LRP's rules, checked against the rules' brute
+    force in tests/circuits/test_relevance.py)."""
+    from rs_interp.circuits._lrp import recorded_gradient, run_points, sweep
+
+    box, _, g = recorded_gradient(model, toks, metric, run_points(model))
+    R = {}
+
+    def keep(layer, kind, t):
+        if kind == "z":
+            R[layer] = t.to(torch.float64)
+
+    sweep(model, box, g, torch.float64, keep)
+    return R[l]
+
+
+@pytest.mark.parametrize("method", ["EAP", "RelP"])
+def test_the_qk_fix_moves_each_receivers_query_or_key_by_the_definition(model, runs, tokens, method):
+    """The QK-fixed edge ``s -> r`` is ``sum (z' - z) . dm/dz`` over the heads reading ``r`` (RelP: its coefficient at
+    ``z`` in place of ``dm/dz``), ``z'`` layer 1's output with ``r``'s input moved by ``w_s`` alone (the brute
+    force's norm of the moved input, taken at the head). RelP's fails without the copies (issue 66 after issue 60)."""
     toks, ref = tokens
-    got = ri.edge_attribution_patching(model, toks, metric, reference=ref, qk_fix=True, progress=False)
-    dz = _z_gradient(model, toks, 1)
+    fn = ri.edge_attribution_patching if method == "EAP" else ri.edge_relevance_patching
+    if method == "RelP" and not ri.certify(model).holds("mlp weights"):  # OLMoE: RelP's rules need the MLP by hand
+        with pytest.raises(ValueError, match="the identity 'mlp weights' fails"):
+            fn(model, toks, metric, reference=ref, qk_fix=True, progress=False)
+        return
+    got = fn(model, toks, metric, reference=ref, qk_fix=True, progress=False)
+    dz = _z_gradient(model, toks, 1) if method == "EAP" else _relevance_at_z(model, toks, 1)
     z = runs["run"][("z", 1)].to(torch.float64)
     H, group = model.cfg.n_heads, model.cfg.n_heads // _backend.kv_groups(model.cfg)
     for s in _senders(model):
@@ -382,7 +405,9 @@ def test_without_the_copies_the_identity_fails_and_helpers_refuse_by_name(model,
         for call in (lambda: ri.path_patching(model, toks, metric, reference=ref, edges=edges, progress=False),
                      lambda: ri.edge_attribution_patching(model, toks, metric, reference=ref, progress=False),
                      lambda: ri.evaluate_circuit(model, toks, metric, [("embed", "logits")], reference=ref),
-                     lambda: ri.acdc(model, toks, metric, reference=ref, threshold=0.1, progress=False)):
+                     lambda: ri.acdc(model, toks, metric, reference=ref, threshold=0.1, progress=False),
+                     *([lambda: ri.edge_relevance_patching(model, toks, metric, reference=ref, qk_fix=True)]
+                       if cert.holds("mlp weights") else [])):  # RelP refuses OLMoE's MoE by 'mlp weights' first
             with pytest.raises(ValueError, match="the identity 'head inputs' fails"):
                 call()
     finally:

@@ -159,6 +159,9 @@ def test_every_registered_method_runs(toy2_f64, small_batch):
         result = method.run(toy2_f64, toks, m, reference=ref, **kw)
         if method.level == "edge":
             assert bool(result.effect[layout.exists].isfinite().all()) and bool(result.effect[~layout.exists].isnan().all()), name
+        elif method.level == "positional":  # every positional edge scored (spans: each position), NaN off the graph
+            assert result.effect.shape == (*layout.exists.shape, toks.shape[1]), name
+            assert bool(result.effect[result.exists].isfinite().all()) and bool(result.effect[~result.exists].isnan().all()), name
         else:
             assert len(result.labels) == result.effect.numel() == 4 and bool(result.effect.isfinite().all()), name
         if method.shares:

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from rs_interp.features import CrossLayerTranscoder, attribution_graph, intervene, load_clt, shipped_clt, train_clt
 from tests.builders import make_variant
-from tests.features.test_graph import Frozen, _rows
+from tests.features.test_graph import Frozen, _rows, assert_columns
 from tests.features.test_transcoders import random_transcoders, relu_model
 
 TOL = 1e-9
@@ -34,23 +34,17 @@ def test_a_clt_graph_passes_the_doubling_test(norm, pos, activation, cap):
         y = clt[m].b_dec + sum(clt[l].encode(bf.x[l]) @ clt.decoders[l][:, m - l] for l in range(m + 1))
         assert torch.allclose(recon[m], y, atol=TOL, rtol=0)
         assert torch.allclose(g.errors[m], bf.out[m] - y, atol=TOL, rtol=0)
-    kinds = g.kinds()
     feats = [n for n in range(g.n_features) if int(g.features[n, 0]) < 2][:10]
     assert len(feats) >= 5
-    for n in feats + [g.error_node(0, 4), g.error_node(1, 8), g.token_node(3)]:
+
+    def write(n):
         out_delta = torch.zeros(3, 9, 16, dtype=torch.float64)
-        embed_delta = torch.zeros(9, 16, dtype=torch.float64)
-        if kinds[n] == "feature":
-            l, p, f = g.features[n].tolist()
-            for m in range(l, 3):  # the feature writes to its own MLP output and every later one
-                out_delta[m, p] = g.activations[n] * clt.decoders[l][f, m - l]
-        elif kinds[n] == "error":
-            l, p = divmod(n - g.n_features, 9)
-            out_delta[l, p] = g.errors[l, p]
-        else:
-            embed_delta[n - g.token_node(0)] = bf.embed[n - g.token_node(0)]
-        moved = bf.targets(g, *bf.run(embed_delta=embed_delta, out_delta=out_delta))
-        assert torch.allclose(moved - base, g.adjacency[rows, n], atol=TOL, rtol=0), g.labels()[n]
+        l, p, f = g.features[n].tolist()
+        for m in range(l, 3):  # the feature writes to its own MLP output and every later one
+            out_delta[m, p] = g.activations[n] * clt.decoders[l][f, m - l]
+        return out_delta
+
+    assert_columns(bf, g, feats + [g.error_node(0, 4), g.error_node(1, 8), g.token_node(3)], write, base, TOL)
     assert torch.allclose(g.adjacency[rows].sum(1) + g.bias[rows] + g.unselected[rows], base, atol=TOL, rtol=0)
     # the library's own intervention moves the targets as the columns say (frozen), cross-layer writes included
     iv = intervene(model, clt, g, feats[:3], scale=3.0)

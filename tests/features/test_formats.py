@@ -15,9 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rs_interp.features import CrossLayerTranscoder, attribution_graph, load_transcoders
+from rs_interp.features import CrossLayerTranscoder, attribution_graph, intervene, load_transcoders, qk_attributions
 from rs_interp.features.formats import convert_to_circuit_tracer, load_pchlenski_transcoders, load_sparsify_transcoders
-from tests.features.test_transcoders import relu_model
+from tests.features.test_graph import Frozen, _rows, assert_columns
+from tests.features.test_transcoders import _mlp_input, relu_model
 
 D, W, L = 16, 24, 2
 
@@ -233,32 +234,43 @@ class SparsifyCoder(torch.nn.Module):
         b = self.b_decs[index] if self.multi_target else self.b_dec
         return torch.nn.functional.embedding_bag(indices, W, per_sample_weights=acts, mode="sum") + b
 
-    def write(self, x, acts, indices, index):
+    def write(self, x, acts, indices, index, *, keep=None, skips_only=False):
         """MidDecoder.__call__'s ``sae_out`` before denormalising: the latents with their post-encoder terms
-        (current_latent_acts), decoded for target ``index``, plus that target's skip of the normalised input."""
+        (current_latent_acts), decoded for target ``index``, plus that target's skip of the normalised input.
+        Test-side options: ``keep`` (a mask like ``acts``) drops the selected latents it is False at (their writes,
+        post-encoder terms included, are then the difference); ``skips_only``: the skip term alone."""
         if "n_targets" in self.cfg:
             pe = self.post_encs[index] if self.multi_target else self.post_enc
             acts = acts + pe[indices]
             if self.cfg["post_encoder_scale"]:
                 acts = acts * (self.post_enc_scales[index] if self.multi_target else self.post_enc_scale)[indices]
-        out = self.decode(acts, indices, index)
+        out = self.decode(acts if keep is None else acts * keep, indices, index)
         skip = self.W_skips[index] if hasattr(self, "W_skips") else getattr(self, "W_skip", None)
+        out = torch.zeros_like(out) if skips_only else out
         return out if skip is None else out + self.normalize_input(x) @ skip.mT
 
 
-def sparsify_outputs(coders, xs):
+def sparsify_outputs(coders, xs, *, drop=None, skips_only=False):
     """Every layer's output as CrossLayerRunner.decode sums it (no coalescing): at layer ``m``, the earlier coders
     still writing (their ``index``-th target), divided by their number where ``m``'s ``divide_cross_layer``, plus its
-    own write, denormalised by ``m``."""
+    own write, denormalised by ``m``. Test-side: ``drop=(l, p, f)`` without latent ``f`` of layer ``l`` at row ``p``
+    (if selected there); ``skips_only``: the skips' terms alone (SparsifyCoder.write)."""
     alive, outs = {}, []
+
+    def write(l, c, x, acts, idx, index):
+        keep = None
+        if drop is not None and drop[0] == l:
+            keep = torch.ones_like(acts)
+            keep[drop[1]] = (idx[drop[1]] != drop[2]).to(acts.dtype)
+        return c.write(x, acts, idx, index, keep=keep, skips_only=skips_only)
+
     for m, coder in enumerate(coders):
         alive[m] = (coder, xs[m], *coder.encode(xs[m]), 0)
         earlier = 0
         for l in [l for l in alive if l != m]:
-            c, x, acts, idx, index = alive[l]
-            earlier = earlier + c.write(x, acts, idx, index)
+            earlier = earlier + write(l, *alive[l])
         divide = max(1, len(alive) - 1) if coder.cfg.get("divide_cross_layer") else 1
-        outs.append(coder.denormalize_output(coder.write(xs[m], alive[m][2], alive[m][3], 0) + earlier / divide))
+        outs.append(coder.denormalize_output(write(m, *alive[m]) + earlier / divide))
         for l in list(alive):
             c, x, acts, idx, index = alive[l]
             if index + 1 >= max(c.cfg.get("n_targets", 0), 1):
@@ -288,7 +300,7 @@ def _coders(folder, branch, *, L=3, k=4, skip=True, **cfg):
                     p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * cfg.get("_cross_skip", 0.0))
                 else:
                     p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.3)
-            coder.encoder.bias.sub_(0.8)
+            coder.encoder.bias.sub_(cfg.get("_bias", 0.8))
         coder.save_to_disk(folder / f"layers.{l}.mlp")
         coders.append(coder)
     return coders
@@ -343,6 +355,102 @@ def test_sparsifys_cross_layer_coders_are_read_as_its_runner_sums_them(tmp_path,
     assert torch.allclose(g.rows().sum(1) + g.bias[rows], g.values[rows], atol=1e-9, rtol=0)
 
 
+class SparsifyFrozen(Frozen):
+    """tests/features/test_graph.py's brute-force frozen replacement model with sparsify's coders themselves: the
+    skips' writes (sparsify's own sum of them, cross-layer ones included) follow the run's inputs, a feature's
+    pre-activation is its coder's encoder on the normalised input; nothing of rs_interp's transcoders is used."""
+
+    def __init__(self, model, coders, tokens):
+        self.coders = coders
+        super().__init__(model, None, tokens)
+
+    def skip(self, l, xs):
+        return sparsify_outputs(self.coders[: l + 1], [xs[i] for i in range(l + 1)], skips_only=True)[l]
+
+    def pre(self, l, x, f):
+        c = self.coders[l]
+        return (c.normalize_input(x) @ c.encoder.weight[f] + c.encoder.bias[f]).detach()
+
+
+@pytest.mark.parametrize("n_targets", [0, 2], ids=["per-layer", "cross-layer"])
+def test_sparsifys_post_encoder_biases_and_skips_into_later_layers(tmp_path, n_targets):
+    """sparsify's clt branch with every term nonzero: post-encoder biases (``post_enc``, ``post_encs.{j}``, added
+    to each *selected* latent, zeros among a ReLU-TopK's picks included), skips into later layers
+    (``W_skips.{j > 0}``), norms, divided writes and post-encoder scales. The read set's activations and outputs are
+    the owner's (1e-12); the graph made with it is exact by a brute force built from sparsify's coders alone: its
+    values, errors, and the columns of features (a selected one at activation 0 among them: it writes ``c W_dec``),
+    error and token nodes (through the skips into later layers); the rows plus bias sum to the values; the library's
+    frozen intervention moves the targets as the columns say."""
+    coders = _coders(tmp_path / "sp", "clt", n_targets=n_targets, normalize_io=True, divide_cross_layer=True,
+                     post_encoder_scale=True, _post_enc=0.5, _cross_skip=0.3, _bias=4.0)
+    tcs = load_sparsify_transcoders(tmp_path / "sp", dtype=torch.float64)
+    assert isinstance(tcs, CrossLayerTranscoder) == (n_targets > 0) and tcs[1].post_bias is not None
+    xs = _inputs(3)
+    for l, coder in enumerate(coders):
+        assert torch.allclose(tcs[l].encode(xs[l]), _dense(coder, xs[l]), atol=1e-12, rtol=0)
+    recon = tcs.reconstruct(xs) if n_targets else [tc(x) for tc, x in zip(tcs, xs)]
+    for m, (got, want) in enumerate(zip(recon, sparsify_outputs(coders, xs))):
+        assert torch.allclose(got, want, atol=1e-12, rtol=0), m
+    with pytest.raises(ValueError, match="no circuit-tracer file"):
+        convert_to_circuit_tracer(tcs, tmp_path / "ct")
+
+    model = relu_model("LN", seed=3, n_layers=3, d_model=D)
+    tokens = torch.arange(8)
+    g = attribution_graph(model, tcs, tokens, max_logits=3)
+    bf = SparsifyFrozen(model, coders, tokens)
+    base = bf.targets(g, *bf.run())
+    rows = _rows(g)
+    assert torch.allclose(g.values[rows], base, atol=1e-9, rtol=0)
+    full = sparsify_outputs(coders, bf.x)
+    assert torch.allclose(g.errors, torch.stack(bf.out) - torch.stack(full), atol=1e-9, rtol=0)
+    at_zero = (g.activations == 0).nonzero()[:, 0].tolist()
+    assert at_zero, "some selected latent at activation 0 (fewer than k positive): its write is its post_enc's alone"
+    feats = at_zero[:3] + [n for n in range(g.n_features) if int(g.features[n, 0]) < 2 and g.activations[n] > 0][:4]
+    def write(n):  # a feature's write into every output: sparsify's outputs with and without it
+        return torch.stack(full) - torch.stack(sparsify_outputs(coders, bf.x, drop=g.features[n].tolist()))
+
+    nodes = feats + [g.error_node(0, 4), g.error_node(1, 7), g.token_node(2), g.token_node(6)]
+    assert_columns(bf, g, nodes, write, base, 1e-9)
+    assert torch.allclose(g.adjacency[rows].sum(1) + g.bias[rows] + g.unselected[rows], base, atol=1e-9, rtol=0)
+    assert intervene(model, tcs, g, feats[:4], scale=3.0).gap < 1e-9
+    with pytest.raises(ValueError, match="post-encoder bias"):
+        intervene(model, tcs, g, feats[:1], value=1.0)
+    # live: the feature's write in this run, (a' + c s') W_dec by sparsify's own sums, replaced by 3 (a + c) W_dec
+    n = at_zero[0]
+    live = intervene(model, tcs, g, [n], scale=3.0, frozen=False)
+    assert torch.allclose(live.after, _sparsify_live(bf, coders, g, g.features[n].tolist(), 3.0), atol=1e-9, rtol=0)
+    assert float((live.after - base).abs().max()) > 1e-3
+    # position 0 zeroed (circuit-tracer's convention): rows checked as built, the frozen intervention exact
+    z = attribution_graph(model, tcs, tokens, max_logits=3, zero_positions=[0])
+    zeros = [m for m in range(z.n_features) if z.activations[m] == 0][:2]
+    assert zeros and intervene(model, tcs, z, zeros, scale=2.0).gap < 1e-9
+    # the QK tables: each query's and key's parts (post-encoder writes, skips into later layers) sum to the run's
+    for a in qk_attributions(model, tcs, z, k=2):
+        assert abs(float(a.table.sum()) - a.score) < 1e-9
+
+
+def _sparsify_live(bf, coders, graph, feature, factor):
+    """The targets of the model's own run (nothing frozen) where sparsify's latent ``feature`` (layer, pos, index)
+    writes ``factor`` times its clean write: each MLP output plus that minus its write in this run, both by
+    :func:`sparsify_outputs` with and without it, on the clean and on this run's inputs."""
+    model, L = bf.model, len(coders)
+    box, scales = {}, {}
+    write = lambda xs, m: (sparsify_outputs(coders[: m + 1], xs[: m + 1])[m]  # noqa: E731
+                           - sparsify_outputs(coders[: m + 1], xs[: m + 1], drop=feature)[m])
+
+    def mlp_out(t, hook):
+        m = int(hook.name.split(".")[1])
+        box[m] = _mlp_input(model, m, box[("r", m)], scales[m])[0]  # this run's MLP input, its own scale
+        return t + (factor * write(bf.x, m) - write([box[i] for i in range(m + 1)], m))[None]
+
+    hooks = ([(f"blocks.{k}.hook_resid_mid", lambda t, hook, k=k: box.__setitem__(("r", k), t)) for k in range(L)]
+             + [(f"blocks.{k}.ln2.hook_scale", lambda t, hook, k=k: scales.__setitem__(k, t)) for k in range(L)]
+             + [(f"blocks.{k}.hook_mlp_out", mlp_out) for k in range(L)])
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        logits = model(bf.tokens)[0]
+    return bf.targets(graph, [box[k] for k in range(L)], logits)
+
+
 def test_circuit_tracers_topk_is_read_as_circuit_tracers(tmp_path):
     """A set written as circuit-tracer's keeps its TopK (negative pre-activations kept): not sparsify's."""
     from tests.features.test_transcoders import random_transcoders
@@ -353,8 +461,6 @@ def test_circuit_tracers_topk_is_read_as_circuit_tracers(tmp_path):
 
 
 @pytest.mark.parametrize("what, cfg, match", [
-    ("a nonzero post-encoder bias", dict(n_targets=2, _post_enc=0.3), "post_encs.0 is nonzero"),
-    ("a nonzero skip into a later layer", dict(n_targets=2, _cross_skip=0.3), "W_skips.1 is nonzero"),
     ("groupmax", dict(activation="groupmax"), "groupmax"),
     ("coalesced top-k", dict(coalesce_topk="concat"), "coalesce_topk 'concat'"),
     ("an autoencoder", dict(transcode=False), "autoencoder"),
@@ -380,3 +486,15 @@ def test_unknown_fields_and_tensors_are_refused_by_name(tmp_path):
     save_file(sd, str(sub / "sae.safetensors"))
     with pytest.raises(ValueError, match="no hook-point folder"):
         load_sparsify_transcoders(sub)
+
+
+@pytest.mark.parametrize("key, flag", [("W_skip", "skip_connection"), ("post_enc_scale", "post_encoder_scale")])
+def test_a_tensor_its_config_does_not_make_is_refused_by_name(tmp_path, key, flag):
+    """sparsify's own strict load refuses a tensor its config makes no parameter for: so does the reader, naming
+    both (it would otherwise be read or dropped on a guess)."""
+    _coders(tmp_path / "a", "clt", L=1, skip=False)
+    sub = tmp_path / "a" / "layers.0.mlp"
+    sd = load_file(str(sub / "sae.safetensors"))
+    save_file(sd | {key: torch.zeros(D, D) if key == "W_skip" else torch.ones(D)}, str(sub / "sae.safetensors"))
+    with pytest.raises(ValueError, match=f"'{key}' saved but {flag} is false"):
+        load_sparsify_transcoders(tmp_path / "a")

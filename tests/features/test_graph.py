@@ -41,7 +41,7 @@ class Frozen:
 
     def run(self, *, embed_delta=None, out_delta=None):
         """Targets' inputs (per layer, (pos, d_model)) and logits (pos, vocab) of the frozen run."""
-        model, tcs, box = self.model, self.tcs, {}
+        model, box = self.model, {}
         frozen = [n for n in self.cache if n.endswith(("attn.hook_pattern", "hook_scale"))]
         hooks = [(n, lambda t, hook: self.cache[hook.name]) for n in frozen]
         if embed_delta is not None:
@@ -50,15 +50,23 @@ class Frozen:
             hooks.append((f"blocks.{l}.hook_resid_mid", lambda t, hook, l=l: box.__setitem__(l, self.mlp_in(l, t)[0])))
 
             def out(t, hook, l=l):
-                new = self.out[l] + tcs[l].skip(box[l]) - tcs[l].skip(self.x[l])
+                new = self.out[l] + self.skip(l, box) - self.skip(l, self.x)
                 return (new + (0 if out_delta is None else out_delta[l]))[None]
             hooks.append((f"blocks.{l}.hook_mlp_out", out))
         with torch.no_grad(), model.hooks(fwd_hooks=hooks):
             logits = model(self.tokens)[0]
         return [box[l] for l in range(model.cfg.n_layers)], logits
 
+    def skip(self, l, xs):
+        """What the skip paths write into MLP output ``l`` from the inputs ``xs`` (indexed by layer)."""
+        return self.tcs[l].skip(xs[l])
+
+    def pre(self, l, x, f):
+        """Feature ``f``'s pre-activation at layer ``l``'s input ``x`` (d_model,)."""
+        return x @ self.tcs[l].W_enc[f] + self.tcs[l].b_enc[f]
+
     def targets(self, graph, xs, logits):
-        pre = [xs[l][p] @ self.tcs[l].W_enc[f] + self.tcs[l].b_enc[f] for l, p, f in graph.features.tolist()]
+        pre = [self.pre(l, xs[l][p], f) for l, p, f in graph.features.tolist()]
         last = logits[graph.position]
         return torch.cat([torch.stack(pre) if pre else last[:0], (last - (last.mean() if graph.centered else 0))[graph.logit_tokens]])
 
@@ -80,6 +88,24 @@ def node_write(bf, graph, tcs, n, zeroed=()):
     else:
         embed_delta[n - graph.token_node(0)] = bf.embed[n - graph.token_node(0)]
     return embed_delta, out_delta
+
+
+def assert_columns(bf, graph, nodes, feature_write, base, tol):
+    """Doubling each of ``nodes``' write in the brute force ``bf`` (a :class:`Frozen`) moves the targets from
+    ``base`` by the node's column of ``graph``: a feature's write given by ``feature_write(n)`` ((layer, pos,
+    d_model), every MLP output it writes to), an error node's its error vector, a token's its embedding."""
+    kinds, (L, P, d) = graph.kinds(), graph.errors.shape
+    for n in nodes:
+        out_delta, embed_delta = torch.zeros(L, P, d, dtype=torch.float64), torch.zeros(P, d, dtype=torch.float64)
+        if kinds[n] == "feature":
+            out_delta = feature_write(n)
+        elif kinds[n] == "error":
+            l, p = divmod(n - graph.n_features, P)
+            out_delta[l, p] = graph.errors[l, p]
+        else:
+            embed_delta[n - graph.token_node(0)] = bf.embed[n - graph.token_node(0)]
+        moved = bf.targets(graph, *bf.run(embed_delta=embed_delta, out_delta=out_delta))
+        assert torch.allclose(moved - base, graph.adjacency[_rows(graph), n], atol=tol, rtol=0), graph.labels()[n]
 
 
 def _rows(graph):

@@ -534,3 +534,50 @@ def test_the_feature_graph_is_the_frozen_replacement_or_refused_by_name(graph_mo
         assert gap <= _tol(model) * max(1.0, float(moved.abs().max())), f"{family}: node {g.labels()[n]}: {gap}"
         gap = float((intervene(model, tcs, g, [n], scale=2.0).actual - moved).abs().max())  # the library's frozen run
         assert gap <= _tol(model) * max(1.0, float(moved.abs().max())), f"{family}: intervene on {g.labels()[n]}: {gap}"
+
+
+def _bias_free_copy(model):
+    """A copy of ``model`` with every bias zero (attention, MLP, norms, unembedding): parameters named ``bias`` or ``b_*``,
+    and the unembedding's bias where a bridge keeps it as a buffer (OPT's, GPT-Neo's, GPT-BigCode's on 4.x)."""
+    copy = ri.as_dtype(model, model.cfg.dtype)
+    with torch.no_grad():
+        for name, p in [*copy.named_parameters(), *((n, b) for n, b in copy.named_buffers() if n.startswith("unembed."))]:
+            leaf = name.rsplit(".", 1)[-1]
+            if (leaf == "bias" or leaf.startswith("b_")) and p.is_floating_point():
+                p.zero_()
+    return copy
+
+
+def test_relevance_patching_is_conserved_or_refused_by_name(loaded, tokens):
+    """Issue 66: relevance patching on each family's bias-free copy conserves relevance (rs_interp.circuits.relevance):
+    with zero ablation, the edges crossing every layer boundary sum to ``-g . logits`` (``g`` the metric's gradient at
+    the logits before any soft-cap); or it refuses, naming an identity that fails on the model."""
+    family, model, _, _ = loaded
+    if model is None:
+        pytest.skip(f"{family}: the load is refused by name")
+    from rs_interp.circuits.graph import depth
+
+    copy = _bias_free_copy(model)
+    toks, _ = tokens
+    cert = ri.certify(copy)
+    try:
+        relp = ri.edge_relevance_patching(copy, toks, metric, ablation="zero")
+    except ValueError as err:
+        named = [n for n in cert.failed() if f"'{n}'" in str(err)]
+        assert named and not cert.holds(*NEEDS["edge_relevance_patching"]), f"{family}: {err}"
+        print(f"\n{family}: relevance patching refused ({', '.join(named)})")
+        return
+    assert cert.holds(*NEEDS["edge_relevance_patching"])
+    with torch.enable_grad():
+        logits = copy(toks).detach().to(torch.float64).requires_grad_(True)
+        (g,) = torch.autograd.grad(metric(logits), logits)
+    cap = _backend.logit_softcap(copy)
+    if cap is not None:  # the identity is in the logits before the cap
+        g, logits = g * (1 - (logits / cap) ** 2), cap * torch.atanh(logits / cap)
+    total = -float((g * logits.detach()).sum())
+    parallel = bool(getattr(copy.cfg, "parallel_attn_mlp", False))
+    ds = torch.tensor([depth(s, parallel=parallel) for s in relp.layout.senders])
+    dr = torch.tensor([depth(r, parallel=parallel) for r in relp.layout.receivers])
+    for l in range(copy.cfg.n_layers + 1):
+        crossing = (ds[:, None] < 2 * l + 1) & (dr[None, :] >= 2 * l + 1)
+        _close(float(relp.effect[crossing].sum()), total, copy, f"{family}: the edges crossing layer {l}'s boundary")

@@ -120,6 +120,90 @@ def test_report_renders_in_headless_chromium(report_dir, tmp_path):
     assert (tmp_path / "report.png").stat().st_size > 10_000
 
 
+def _theory_value(text: str) -> bool:
+    """A theory cell holds a value: numbers, bounds, exact ratios, a quoted token, True or False, ``-``; no word
+    (issue 61: cost ratios like "1.85 x EAP" and words like "lower is better" were in it)."""
+    bare = re.sub(r"'[^']*'|\bTrue\b|\bFalse\b|\d+(\.\d+)?e[-+]?\d+", "", text)
+    return not re.search(r"[A-Za-z]{2,}", bare)
+
+
+def test_the_page_opens_with_the_theory_and_folds_the_unbanded_rows(tmp_path):
+    """Issue 61: report.html opens with what it reproduces, from which theory (its title, a link to the docs' map of
+    the theory's parts to the sections) and how to read a band; a table shows its banded rows and folds the rest
+    (<details>), each row's note in its own column; a section's files are linked."""
+    import html as html_module
+
+    from rs_interp.reproduce.context import Row, Section
+    from rs_interp.reproduce.report import THEORY, docs_map_link, write_report
+
+    rows = (Row("judged", 1.0, "1", "<= 2", True), Row("reported", 2.0, "-", "report", None, note="1.85 x EAP's"),
+            Row("also reported", 3.0, "0.5", "report", None), Row("judged too", 4.0, "-", ">= 5", False))
+    section = Section("s", "A section", rows, {}, files={"graph.json": {"links": []}})
+    page = write_report([section], tmp_path / "report.html", docs_link="map.html#where").read_text()
+    opening = page.split('<section id="s">')[0]
+    assert f"<title>{THEORY}: reproduced by rs_interp</title>" in page and f"<em>{THEORY}</em>" in opening
+    assert '<a href="map.html#where">the map of its parts to these sections</a>' in opening
+    assert "How to read a row" in opening and "within band" in opening and "outside" in opening
+    body = page.split('<section id="s">')[1].split("</section>")[0]
+    shown, folded = body.split("<details>")
+    assert "judged" in shown and "judged too" in shown and "reported" not in shown.split("</tr>", 1)[1]
+    assert "<summary>2 rows reported without a band</summary>" in folded
+    assert "also reported" in folded and "<td class='beside'>1.85 x EAP&#x27;s</td>" in folded
+    assert '<a href="graph.json">graph.json</a>' in body
+    link = docs_map_link()  # this clone has the docs: the built page or its Markdown source
+    assert link is not None and link.startswith("file://") and "reproduction" in link
+    assert html_module.escape(link) in write_report([section], tmp_path / "again.html").read_text()
+
+
+def test_every_expected_theory_is_a_value():
+    from rs_interp.reproduce.expected import EXPECTED
+
+    assert [k for k, e in EXPECTED.items() if not _theory_value(e.theory)] == []
+    assert not _theory_value("1.85 x EAP") and not _theory_value("lower is better") and _theory_value("' Paris'")
+    assert _theory_value("(1 + 2/13) / 2 = 0.5769") and _theory_value("5.4e-9 (1.07e-8 / 1.997)")
+    assert _theory_value("True")
+
+
+@pytest.mark.slow
+def test_the_report_holds_only_theory_values_and_folds_the_unbanded_rows(report_dir):
+    data = json.loads((report_dir / "results.json").read_text())
+    assert [(k, r["measure"], r["theory"]) for k, rows in data["bands"].items() for r in rows
+            if not _theory_value(r["theory"])] == []
+    page = (report_dir / "report.html").read_text()
+    discovery = page.split('<section id="faithfulness">')[1].split("</section>")[0]
+    unbanded = sum(r["ok"] is None for r in data["bands"]["faithfulness"])
+    assert len(data["bands"]["faithfulness"]) - unbanded <= 4 and unbanded > 100  # 130 rows, 128 without a band
+    assert f"<summary>{unbanded} rows reported without a band</summary>" in discovery
+    assert discovery.split("<details>")[0].count("<tr>") == len(data["bands"]["faithfulness"]) - unbanded + 1
+
+
+@pytest.mark.slow
+def test_the_feature_graph_is_beside_the_report_in_circuit_tracers_format(report_dir):
+    """Issue 61: the main job writes its feature graph beside report.html as circuit-tracer's graph JSON, links
+    included, with the index circuit-tracer's local server reads (its frontend fetches ./data/graph-metadata.json and
+    ./graph_data/{slug}.json from the folder): the fields and types of circuit-tracer's own pydantic models
+    (circuit_tracer/frontend/graph_models.py: Metadata, QParams, Node, Link, Model), every link between two nodes."""
+    from rs_interp.reproduce.sections.features import GRAPH_SLUG
+
+    data = json.loads((report_dir / f"{GRAPH_SLUG}.json").read_text())
+    index = json.loads((report_dir / "graph-metadata.json").read_text())
+    assert index == {"graphs": [data["metadata"]]} and data["metadata"]["slug"] == GRAPH_SLUG
+    types = {"metadata": {"slug": str, "scan": str, "transcoder_list": list, "prompt_tokens": list, "prompt": str,
+                          "node_threshold": float, "schema_version": int},
+             "qParams": {"pinnedIds": list, "supernodes": list, "linkType": str, "clickedId": str, "sg_pos": str}}
+    for part, fields in types.items():
+        assert {k: type(data[part][k]) for k in fields} == fields
+    node = {"node_id": str, "feature": int, "layer": str, "ctx_idx": int, "feature_type": str, "token_prob": float,
+            "is_target_logit": bool, "run_idx": int, "reverse_ctx_idx": int, "jsNodeId": str, "clerp": str}
+    assert all({k: type(n[k]) for k in node} == node for n in data["nodes"])
+    ids = {n["node_id"] for n in data["nodes"]}
+    assert len(ids) == len(data["nodes"]) and len(data["links"]) > 100
+    assert all(set(link) == {"source", "target", "weight"} and link["source"] in ids and link["target"] in ids
+               for link in data["links"])
+    page = (report_dir / "report.html").read_text()
+    assert f'<a href="{GRAPH_SLUG}.json">' in page and f"{len(data['links'])} links" in page
+
+
 def test_the_registry_is_the_one_list():
     """The CLI's --only choices, the report's order and these tests all read rs_interp.reproduce.SECTIONS."""
     from rs_interp.reproduce import SECTIONS as REGISTRY

@@ -69,6 +69,35 @@ def test_every_pair_is_as_long_in_tokens(tok, tasks, name):
         assert int(task.positions[i]) == len(tc)  # the prompt's last token
 
 
+def _span(task, row, name):
+    """The token ids of one span of one row."""
+    where = task.spans.span_of[row] == task.spans.index(name)
+    return task.clean[row][where].tolist()
+
+
+def test_the_spans_align_the_prompts_roles(tok, tasks):
+    """Issue 66: each task's position schema puts every row's words in their span, whatever the row's length:
+    IOI's names (IO and S in the first clause, S2), greater-than's years, SVA's subject; the last span is the padding,
+    and every row's read position (``positions``) is its last non-padding token."""
+    ioi, gt, sva = tasks["ioi"], tasks["greater-than"], tasks["sva"]
+    for task in (ioi, gt, sva):
+        assert task.spans.names[-1] == "pad" and tuple(task.spans.span_of.shape) == tuple(task.clean.shape)
+        last = task.spans.span_of[torch.arange(len(task)), task.positions]
+        assert bool((last != task.spans.n_spans - 1).all())
+        assert bool((task.spans.span_of.gather(1, (task.positions + 1).clamp(max=task.clean.shape[1] - 1)[:, None])[:, 0]
+                     == task.spans.n_spans - 1)[task.positions + 1 < task.clean.shape[1]].all())
+    for b in range(len(ioi)):
+        io, s = int(ioi.answers[b, 0]), int(ioi.wrong[b, 0])
+        assert sorted(_span(ioi, b, "first name") + _span(ioi, b, "second name")) == sorted([io, s])
+        assert _span(ioi, b, "S2") == [s] and _span(ioi, b, "and") == _ids(tok, " and") and _span(ioi, b, "end") == _ids(tok, " to")
+    lengths = {int(p) for p in ioi.positions}
+    assert len(lengths) > 1  # prompts of several lengths, aligned by their spans
+    for b in range(len(gt)):
+        assert tok.decode(_span(gt, b, "YY")) == f"{int(gt.label[b]):02d}" and _span(gt, b, "XX1") == _span(gt, b, "XX2")
+    for b in range(len(sva)):
+        assert tok.decode(_span(sva, b, "subject")).strip() in {w for pair in sva_module.SUBJECTS for w in pair}
+
+
 def test_ioi_words_are_single_tokens(tok):
     for words in (ioi_module.NAMES, ioi_module.PLACES, ioi_module.OBJECTS):
         assert all(len(_ids(tok, " " + w)) == 1 for w in words)

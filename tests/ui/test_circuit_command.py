@@ -5,6 +5,7 @@ one a direct computation gives, and the page drawn by headless Chromium (a scree
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
 import subprocess
@@ -16,6 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 import rs_interp as ri
+from rs_interp import scale
+from rs_interp.circuits.selection import RECOVERED_SHARE
 from rs_interp.tasks import build_task, read_mib
 from rs_interp.ui.circuit_command import add_arguments, load_command_model, run_circuit, run_command
 from tests.browser import ALL_DRAWN, offline_page, remote
@@ -121,13 +124,13 @@ def test_files_hold_what_a_direct_computation_gives(code_run):
     assert {tuple(t.split(":")[0].split(" -> ")) for t in drawn} == top
 
 
-@pytest.mark.parametrize("method", ["eap", "eap-ig", "exact"])
+@pytest.mark.parametrize("method", ["eap", "eap-ig", "exact", "relp"])
 def test_each_method_scores_as_its_helper(tmp_path, method):
     model = ri.load_toy_model("induction-2l")
     task = build_task("induction", n=6, seed=2)
     run = run_circuit(model, task, method=method, out=tmp_path, size=5, ig_steps=3, progress=False)
     kw = dict(tokens=task.clean, metric=task.metric(), reference=task.corrupted)
-    want = (ri.path_patching(model, **kw) if method == "exact" else
+    want = (ri.path_patching(model, **kw) if method == "exact" else ri.edge_relevance_patching(model, **kw) if method == "relp" else
             ri.edge_attribution_patching(model, ig_steps=3 if method == "eap-ig" else None, **kw))
     got = load_file(str(tmp_path / "scores.safetensors"))["effect"]
     assert torch.allclose(got.nan_to_num(0), want.effect.double().nan_to_num(0), atol=1e-9, rtol=1e-6)
@@ -169,11 +172,11 @@ def test_refusals(tmp_path):
 
 
 def test_a_circuit_that_cannot_reach_the_logits_is_said_so(tmp_path):
-    """code-2l's default size is one edge: pruned to what reaches the logits, and where nothing does,
+    """On code-2l, a size of 0.01 is one edge: pruned to what reaches the logits, and where nothing does,
     the circuit is empty (faithfulness 0) and the page and the files say so."""
     model = ri.load_toy_model("code-2l")
     task = build_task("induction", n=4, seed=0, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
-    run = run_circuit(model, task, method="eap", out=tmp_path, progress=False)
+    run = run_circuit(model, task, method="eap", out=tmp_path, progress=False, size=0.01)
     eap = ri.edge_attribution_patching(model, task.clean, task.metric(), reference=task.corrupted)
     layout = ri.edge_layout(model)
     want = _on_a_path(layout, ri.top_edges(eap, run.requested))
@@ -183,6 +186,54 @@ def test_a_circuit_that_cannot_reach_the_logits_is_said_so(tmp_path):
         # the empty circuit against the curve's empty run: two float32 passes of the same circuit (3e-8 apart on 3.x)
         assert run.faithfulness == pytest.approx(0.0, abs=1e-6) and "none of them reaches the logits" in page
     assert json.loads((tmp_path / "circuit.json").read_text())["reaches_logits"] == bool(want)
+
+
+def test_the_default_circuit_is_the_smallest_that_recovers_80_percent(tmp_path):
+    """Issue 61 item 3: with no --size, code-2l's induction circuit is the smallest on the faithfulness curve
+    whose faithfulness reaches 0.8, said so on the command line, the page and in circuit.json; checked against
+    every size's faithfulness computed apart (one circuit per edge budget, the curve's own choice of circuit):
+    it recovers the share, and one edge fewer does not."""
+    parser = add_arguments(argparse.ArgumentParser(prog="rs-interp circuit"))
+    argv = ["--model", "code-2l", "--task", "induction", "--out", str(tmp_path), "--n", "16", "--seed", "1", "--quiet"]
+    lines = run_command(parser.parse_args(argv))
+    circuit = json.loads((tmp_path / "circuit.json").read_text())
+    assert 0.5 < circuit["faithfulness"] and circuit["share"] == 0.8 and circuit["size"] < 46
+    assert "the smallest on the faithfulness curve that recovers 80% of the metric" in lines[2]
+    assert f"faithfulness {circuit['faithfulness']:.4f}" in lines[1]
+    assert "the smallest circuit on the faithfulness curve that recovers 80% of the metric" in circuit["chosen"]
+    assert circuit["chosen"] in html.unescape((tmp_path / "report.html").read_text())
+    model = ri.load_toy_model("code-2l")
+    task = build_task("induction", n=16, seed=1, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
+    scores = scale.edge_attribution_patching(model, task, batch_size=16, progress=False)
+    n = scores.layout.n_edges
+    every = scale.faithfulness_curve(model, task, scores, fractions=tuple((k + 0.5) / n for k in range(n)),
+                                     batch_size=16, progress=False)
+    faith = dict(zip(every.n_requested, every.faithfulness))
+    k = circuit["requested"]
+    assert faith[k] == pytest.approx(circuit["faithfulness"], abs=1e-5) and faith[k] >= 0.8 > faith[k - 1]
+    assert k == min(j for j, f in faith.items() if f >= 0.8)  # on this task the first crossing is the only one
+    assert circuit["size"] == every.n_edges[k]
+
+
+@pytest.mark.parametrize("form", ["folder", "path", "json file"])
+def test_model_takes_an_rs_interp_checkpoint(tmp_path, form):
+    """Issue 61: --model takes rs_interp's own checkpoints (save_model's PATH.json + PATH.safetensors, as
+    rs-interp train writes them, its tokenizer beside them) as well as Hugging Face folders: named by the folder,
+    the PATH, or a file; the model is the one saved, its tokenizer the one saved beside it."""
+    model = ri.load_toy_model("code-2l")
+    saved = ri.models.save_model(model, tmp_path / "ckpt" / "code")
+    ri.models.SHIPPED_MODELS["code-2l"].tokenizer().save(str(tmp_path / "ckpt" / "code.tokenizer.json"))
+    spec = {"folder": tmp_path / "ckpt", "path": saved, "json file": saved.with_name("code.json")}[form]
+    loaded, tokenizer, what = load_command_model(str(spec))
+    assert what == f"rs_interp checkpoint {saved}" and tokenizer.encode("self").ids == [286]
+    tokens = torch.randint(0, 2048, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens), model(tokens))
+    if form == "folder":
+        out = tmp_path / "out"
+        argv = ["--model", str(spec), "--task", "induction", "--out", str(out), "--n", "4", "--size", "6", "--quiet"]
+        assert run_command(add_arguments(argparse.ArgumentParser(prog="rs-interp circuit")).parse_args(argv))
+        assert json.loads((out / "summary.json").read_text())["model"] == what
 
 
 _REFUSE = """
@@ -226,7 +277,9 @@ def test_help_lists_every_default(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["circuit", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for default in ("(default: eap)", "(default: 0.01)", "(default: 32)", "(default: 0)", "(default: 5)", "(default: the whole task"):
+    for default in ("(default: eap)", "(default: 32)", "(default: 0)", "(default: 5)", "(default: the whole task",
+                    f"(default: {RECOVERED_SHARE}, rs_interp.circuits.selection.RECOVERED_SHARE)",
+                    "(default: the smallest circuit on the faithfulness curve that recovers --share"):
         assert default in text, default
     for required in ("--model", "--task", "--out"):
         assert f"{required}" in text

@@ -38,18 +38,59 @@ def _kind(receiver: str) -> str:
 def _drawn(fig):
     """(sender, receiver, value, colour, width, dash) per edge: the line traces' segments in order,
     matched with the hover labels of the edges' midpoints (added in the same order)."""
+    return [d[:6] for d in _segments(fig)]
+
+
+def _segments(fig):
+    """As :func:`_drawn`, each edge with its points ``[(x, y), ...]`` last (a line trace's edges are separated by
+    None)."""
     labels = next(t for t in fig.data if t.name == "edges").text
     out, k = [], 0
     for t in fig.data:
         if t.mode != "lines" or t.x == (None,):
             continue
-        for _ in range(sum(x is not None for x in t.x) // 2):
+        points: list = []
+        for x, y in zip(t.x, t.y):
+            if x is not None:
+                points.append((x, y))
+                continue
             edge, _, value = labels[k].partition(": ")
             s, r = edge.split(" -> ")
-            out.append((s, r, float(value) if value else None, t.line.color, t.line.width, t.line.dash))
-            k += 1
+            out.append((s, r, float(value) if value else None, t.line.color, t.line.width, t.line.dash, points))
+            points, k = [], k + 1
     assert k == len(labels)
     return out
+
+
+@pytest.mark.parametrize("which", ["induction-2l", "gpt2-small", "gqa", "parallel"])
+def test_an_edge_into_a_head_ends_at_the_head(which):
+    """Issue 61: an edge into a query, key or value input ends at its head's (or KV head's) node, where the head reads
+    its input, coming in below it from the left, the middle or the right at most PORT_PIXELS beside it on a plot
+    PLOT_PIXELS wide (it ended 0.22 x-units beside the head, in empty space: ~80 px on a page with two heads). An edge
+    into an MLP or the logits ends just below its node."""
+    from rs_interp.ui.circuit_figure import PLOT_PIXELS, PORT_PIXELS
+
+    cfgs = _cfgs()
+    if which not in cfgs:
+        pytest.skip("TransformerLens 4.3's native models build no parallel block (checked on 3.x)")
+    scores = _scores(cfgs[which])
+    fig = circuit_figure(scores, max_edges=min(60, scores.layout.n_edges))
+    nodes = next(t for t in fig.data if t.name == "nodes")
+    at = {label: (x, y) for label, x, y in zip(nodes.text, nodes.x, nodes.y)}
+    per_unit = PLOT_PIXELS / (fig.layout.xaxis.range[1] - fig.layout.xaxis.range[0])  # pixels per x unit
+    seen = set()
+    for s, r, *_, points in _segments(fig):
+        node = r.split(".")[0]
+        if r in ("logits",) or r.startswith("MLP"):
+            assert points[-1][0] == at[node][0] and 0 < at[node][1] - points[-1][1] <= 0.25
+            continue
+        (xp, yp), end = points[-2], points[-1]
+        assert end == at[node], (s, r, points)  # the edge ends at its head
+        offset = (xp - end[0]) * per_unit
+        assert {"q": offset < 0, "k": offset == 0, "v": offset > 0}[r[-1]] and abs(offset) <= PORT_PIXELS + 1e-9
+        assert 0 < end[1] - yp <= 0.25  # it comes in from below
+        seen.add(r[-1])
+    assert seen == {"q", "k", "v"}
 
 
 @pytest.mark.parametrize("which", ["induction-2l", "gpt2-small", "gqa", "parallel"])
@@ -110,3 +151,23 @@ def test_refusals():
         circuit_figure([("embed", "logits")], model, scores=_scores(ri.models.gpt2_config("small")))
     with pytest.raises(ValueError, match="max_edges"):
         circuit_figure(_scores(model.cfg), max_edges=0)
+
+
+def test_positional_edges_are_drawn_in_their_spans_columns():
+    """Issue 66: a positional score's top edges, each a line inside its span's column (x between the column's
+    borders), hover text ``s -> r @ span``, the spans named on the x axis."""
+    from rs_interp.circuits.induction_truth import period_spans
+
+    model = ri.load_toy_model("induction-2l")
+    a, b = ri.induction_batch(6, seed=0), ri.induction_batch(6, seed=1)
+    eap = ri.edge_attribution_patching(model, a.tokens, ri.next_token_loss(a.targets), reference=b.tokens,
+                                       spans=period_spans(a.periods, a.tokens.shape[1])).positional()
+    fig = circuit_figure(eap, max_edges=8)
+    lines = [t for t in fig.data if t.mode == "lines" and t.text]
+    want = {f"{s} -> {r} @ {u}" for (s, r, u), v in eap.top(8) if v != 0}
+    assert {t.text.split(":")[0] for t in lines} == want
+    step = fig.layout.xaxis.range[1] / len(eap.spans)  # the columns: [-0.8, n_spans * step]
+    for t in lines:
+        column = eap.spans.index(t.text.split(" @ ")[1].split(":")[0])
+        assert all(column * step - 0.9 <= x <= (column + 1) * step for x in t.x), t.text
+    assert list(fig.layout.xaxis.ticktext) == ["first period", "repeats"]

@@ -44,7 +44,8 @@ def ablation_section(ctx: Context) -> Section:
     rows = [
         banded("ablation.clean_loss", "clean loss (nats)", scan.clean),
         _single_prev_head_row(float(scan.effect[0, ph]), ph, float(prev[0, [h for h in range(model.cfg.n_heads) if h != ph]].max())),
-        exact_row("the costliest single head", top_label, head_label(0, ph), theory="the prev-token head"),
+        exact_row("the costliest single head", top_label, head_label(0, ph), theory="-",
+                  note="the theory: the previous-token head"),
     ]
     rows += [banded("ablation.other_layer0_rise", f"head {head_label(0, h)} mean-ablated: loss rise", float(scan.effect[0, h]))
              for h in range(model.cfg.n_heads) if h != ph]
@@ -78,7 +79,8 @@ def estimate_vs_exact(model, tokens: torch.Tensor, reference: torch.Tensor, metr
         rho = _spearman(exact, estimate)
         results[name] = {"exact": exact.tolist(), "estimate": estimate.tolist(), "spearman": rho}
         rows.append(banded("attribution_patching.spearman", f"{name}: rank correlation, estimate vs exact ({len(labels)} heads)", rho))
-        rows += [banded("attribution_patching.head", f"{name}: head {lab} exact / estimate", float(e), theory=f"{float(s):.3g} (estimate)")
+        rows += [banded("attribution_patching.head", f"{name}: head {lab} exact / estimate", float(e),
+                        note=f"estimate {float(s):.3g}")
                  for lab, e, s in zip(labels, exact.flatten(), estimate.flatten())]
         figures.append(estimate_vs_exact_figure(labels, exact.flatten().tolist(), estimate.flatten().tolist(), title=f"{title}: {name}"))
     return rows, results, figures

@@ -126,9 +126,9 @@ def _prompt_analysis(model, tokenizer, ih: int) -> tuple[list[Row], dict, tuple]
                float(p[-1].mean()), lo=10 * float(p[0].mean())),
         exact_row(f"the head with the largest direct logit attribution to the completion, mean over prompts: {top} "
                   f"(MLP 0: {float(by_comp[dla.labels.index('MLP0')]):.2f}, {top}: {float(by_comp[dla.labels.index(top)]):.2f})",
-                  top[:2], "L1", theory="a layer-1 head"),
-        Row(f"induction head {head_label(1, ih)}: its largest source (second order)", top_src, "the token it copies",
-            "W_E or MLP0", top_src in ("W_E", "MLP0")),
+                  top[:2], "L1", theory="-", note="a layer-1 head"),
+        Row(f"induction head {head_label(1, ih)}: its largest source (second order)", top_src, "-",
+            "W_E or MLP0", top_src in ("W_E", "MLP0"), note="the token it copies"),
     ]
     results = {"prompt_lens": dict(zip(labels, p.mean(1).tolist())), "prompt_dla": dict(zip(dla.labels, by_comp.tolist())),
                "second_order_sources": dict(zip(so.sources, src.tolist()))}

@@ -12,7 +12,10 @@ import time
 import torch
 
 from ...circuits.evaluation import mib_scores
+from ...circuits.ground_truth import counted_flops
+from ...circuits.induction_truth import period_spans
 from ...circuits.methods import METHODS
+from ...circuits.positions import PositionSchema
 from ...circuits.uncertainty import Z95, bootstrap
 from ...metrics import next_token_loss
 from ...models.code_model import repeated_tokens
@@ -23,35 +26,39 @@ from .code import _repeat_targets
 
 #: Clean/corrupt pairs per model.
 N_PAIRS = 32
+#: The models whose positional edges are patched exactly (one patched pass per edge and span): code-2l's, 46 edges in
+#: two spans on 32 pairs of 64 tokens, would add a third of this section's time to the main job.
+EXACT_POSITIONS = ("induction-2l",)
 #: The bootstrap's resamples and the top set it compares.
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_TOP = 200, 10
 
 
 def _cases(ctx: Context) -> dict[str, tuple]:
-    """Per model: (model, tokens, reference, metric), the metric the loss on what induction predicts."""
+    """Per model: (model, tokens, reference, metric, spans), the metric the loss on what induction predicts, the spans
+    those of the positional methods: a sequence's first period and its repeats (code-2l: its two halves)."""
     toy = ctx.model("induction-2l")
     tokens, targets = ctx.batch.tokens[:N_PAIRS], ctx.batch.targets[:N_PAIRS]
-    cases = {"induction-2l": (toy, tokens, induction_batch(N_PAIRS, seed=ctx.seed + 13).tokens, next_token_loss(targets))}
+    cases = {"induction-2l": (toy, tokens, induction_batch(N_PAIRS, seed=ctx.seed + 13).tokens, next_token_loss(targets),
+                              period_spans(ctx.batch.periods[:N_PAIRS], tokens.shape[1]))}
     code, _ = ctx.code_model()
     half = code.cfg.n_ctx // 2
     clean = repeated_tokens(code.cfg.d_vocab, n=N_PAIRS, half=half, seed=ctx.seed + 41)
     corrupt = repeated_tokens(code.cfg.d_vocab, n=N_PAIRS, half=half, seed=ctx.seed + 42)
-    cases["code-2l"] = (code, clean, corrupt, next_token_loss(_repeat_targets(clean, half)))
+    halves = PositionSchema(("first half", "second half"), (torch.arange(clean.shape[1]) >= half).long().expand_as(clean).clone())
+    cases["code-2l"] = (code, clean, corrupt, next_token_loss(_repeat_targets(clean, half)), halves)
     return cases
 
 
 def _flops(fn) -> int:
-    """The matmul FLOPs ``fn()`` runs (forward and backward passes alike), counted by PyTorch."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return int(counter.get_total_flops())
+    """The matmul FLOPs ``fn()`` runs (forward and backward passes alike), counted by PyTorch
+    (:func:`rs_interp.circuits.ground_truth.counted_flops`: without module hooks, so the model is not certified again)."""
+    return counted_flops(fn)[1]
 
 
-def _run(ctx: Context, method, model, tokens, reference, metric) -> tuple:
+def _run(ctx: Context, method, model, tokens, reference, metric, spans=None) -> tuple:
     """The method's scores (with per-pair shares where it has them), its seconds and its FLOPs."""
     kw = {"per_example": True} if method.shares else {}
+    kw |= {"spans": spans} if method.level == "positional" else {}
     flops = _flops(lambda: method.run(model, tokens, metric, reference=reference, **kw))  # also the untimed warm-up
     start = time.perf_counter()
     scores = method.run(model, tokens, metric, reference=reference, progress=ctx.progress, **kw)
@@ -66,13 +73,41 @@ def _error_bar(scores) -> torch.Tensor | None:
         return None
 
 
+def _positional(ctx: Context, name: str, model, tokens, reference, metric, spans, scores: dict, eap_run: tuple) -> tuple[list, dict]:
+    """The positional methods of the registry on one model: MIB's curves of their positional edges (CPR, CMD), their cost
+    beside EAP's, and, for the first-order ones, their positional edges summed against the same estimate without
+    positions (the identity of :mod:`rs_interp.circuits.positions`)."""
+    methods = {n: m for n, m in METHODS.items() if m.level == "positional" and (not m.exact or name in EXACT_POSITIONS)}
+    runs = {n: _run(ctx, m, model, tokens, reference, metric, spans) for n, m in methods.items()}
+    mib = mib_scores(model, tokens, metric, {n: r[0] for n, r in runs.items()}, reference=reference, progress=ctx.progress)
+    plain = {m.key: n for n, m in METHODS.items() if m.level == "edge"}
+    rows, out = [], {}
+    what = " / ".join(spans.names)
+    for method, m in mib.items():
+        flops, seconds = runs[method][2], runs[method][1]
+        rows.append(banded("faithfulness.cpr", f"{name}, {method}: CPR (positional edges, spans {what})", m.cpr))
+        rows.append(banded("faithfulness.cmd", f"{name}, {method}: CMD (positional edges, spans {what})", m.cmd))
+        rows.append(banded("faithfulness.cost_passes", f"{name}, {method}: cost (matmul FLOPs) beside EAP's", flops / eap_run[2],
+                           theory=f"{flops / eap_run[2]:.2f} x EAP"))
+        out[method] = {"cpr": m.cpr, "cmd": m.cmd, "flops_vs_eap": flops / eap_run[2], "seconds": seconds,
+                       "faithfulness": m.absolute.faithfulness, "n_edges": m.absolute.n_edges, "spans": list(spans.names)}
+        twin = plain.get(METHODS[method].key.removesuffix("-pos"))
+        if twin is not None and not METHODS[method].exact:
+            whole = scores[twin].effect.nan_to_num(0)
+            gap = float((runs[method][0].total().effect.nan_to_num(0) - whole).abs().max()) / max(float(whole.abs().max()), 1e-300)
+            rows.append(banded("faithfulness.positions_sum", f"{name}, {method}: its positional edges summed over the spans against "
+                               f"{twin} (largest gap, relative to its largest edge)", gap, theory="0 (a sum over positions)"))
+            out[method]["sum_gap"] = gap
+    return rows, out
+
+
 def faithfulness_section(ctx: Context) -> Section:
     """Every edge method of the registry on the induction toy and code-2l: faithfulness curves, cost, error bars."""
     rows, results, figures = [], {}, []
     edge_methods = {name: m for name, m in METHODS.items() if m.level == "edge"}
     exact_name = next(name for name, m in edge_methods.items() if m.exact)
     base = "EAP"
-    for name, (model, tokens, reference, metric) in _cases(ctx).items():
+    for name, (model, tokens, reference, metric, spans) in _cases(ctx).items():
         runs = {method: _run(ctx, m, model, tokens, reference, metric) for method, m in edge_methods.items()}
         scores = {method: r[0] for method, r in runs.items()}
         forward = _flops(lambda: model(tokens, return_type="logits"))
@@ -88,9 +123,9 @@ def faithfulness_section(ctx: Context) -> Section:
             s, seconds, flops = runs[method][0], runs[method][1], runs[method][2]
             passes = flops / forward
             rows.append(banded("faithfulness.cost_passes", f"{name}, {method}: cost in forward passes (matmul FLOPs / one forward's)",
-                               passes, theory=f"{passes / (runs[base][2] / forward):.2f} x EAP"))
+                               passes, note=f"{passes / (runs[base][2] / forward):.2f} x EAP's"))
             rows.append(banded("faithfulness.cost_seconds", f"{name}, {method}: seconds", seconds,
-                               theory=f"{seconds / runs[base][1]:.2f} x EAP"))
+                               note=f"{seconds / runs[base][1]:.2f} x EAP's"))
             extra[method] = {"passes": passes, "flops": flops, "seconds": seconds, "flops_vs_eap": flops / runs[base][2],
                              "seconds_vs_eap": seconds / runs[base][1]}
             if method == exact_name:
@@ -117,12 +152,14 @@ def faithfulness_section(ctx: Context) -> Section:
                 extra[method]["unreliable"] = flagged
         rows.append(banded("faithfulness.full_circuit", f"{name}: the circuit of every edge, faithfulness",
                            curves[exact_name].faithfulness[-1]))
+        pos_rows, positional = _positional(ctx, name, model, tokens, reference, metric, spans, scores, runs[base])
+        rows += pos_rows
         results[name] = {"n_edges": layout.n_edges, "clean": curves[exact_name].clean, "empty": curves[exact_name].empty,
                          "forward_flops": forward,
                          "curves": {m: {"fractions": s.absolute.fractions, "faithfulness": s.absolute.faithfulness,
                                         "faithfulness_signed": s.signed.faithfulness, "n_edges": s.absolute.n_edges,
                                         "cpr": s.cpr, "cmd": s.cmd} | extra[m] for m, s in mib.items()},
-                         "top_exact": [[list(e), v] for e, v in scores[exact_name].top(5)]}
+                         "top_exact": [[list(e), v] for e, v in scores[exact_name].top(5)], "positional": positional}
         figures.append(faithfulness_figure(curves, title=f"{name}: faithfulness of the top edges ({N_PAIRS} pairs)"))
     notes = ("Faithfulness (m(circuit) - m(empty)) / (m(clean) - m(empty)) as MIB computes it (int(f N) edges at each fraction f, "
              "dangling edges pruned; CPR from the edges ranked by signed score, CMD by |score|; the figure: by |score|), "

@@ -20,6 +20,7 @@ import torch
 
 from ... import as_dtype, edge_attribution_patching, load_toy_model, next_token_loss
 from ...features import attribution_graph, intervene, shipped_metrics, shipped_transcoders
+from ...features.export import graph_files, graph_json
 from ...features.figures import graph_figure
 from ...models import SHIPPED_MODELS
 from ..context import Context, Row, Section, banded
@@ -29,6 +30,8 @@ from .code import IDENTIFIERS
 IG_STEPS = 5
 #: Features doubled in the frozen-intervention check (the most influential).
 N_CHECKED = 8
+#: The graph's name in circuit-tracer's files, written beside report.html (``{GRAPH_SLUG}.json``).
+GRAPH_SLUG = "code-2l-repeated-identifier"
 
 
 def _prompt(tokenizer, ident: str) -> tuple[torch.Tensor, int, slice]:
@@ -76,11 +79,12 @@ def features_section(ctx: Context) -> Section:
     p = float(graph.logit_probabilities[0])
     rows_out = [
         Row(f"shipped transcoders ({metrics['settings']['d_transcoder']} {metrics['settings']['activation']} features a layer): "
-            "FVU per layer on held-out windows", ", ".join(f"{v:.3f}" for v in m["fvu"]), "lower is better", "report", None),
+            "FVU per layer on held-out windows", ", ".join(f"{v:.3f}" for v in m["fvu"]), "-", "report", None,
+            note="lower is better"),
         Row("L0 (active features a token) / dead fraction, per layer",
             ", ".join(f"{a:.1f} / {d:.3f}" for a, d in zip(m["l0"], m["dead_fraction"])), "-", "report", None),
         Row(f"replacement model: KL(model || replacement) a token; loss {m['loss']:.3f} -> {m['replacement_loss']:.3f} nats",
-            m["kl"], "0 for a perfect replacement", "report", None),
+            m["kl"], "-", "report", None, note="0 for a perfect replacement"),
         Row(f"graph of {IDENTIFIERS[0]!r} ({len(tokens)} tokens, P(completion) = {p:.3f}): feature / error / token / logit nodes",
             f"{graph.n_features} / {graph.n_layers * graph.n_pos} / {graph.n_pos} / {graph.n_logits}", "-", "report", None),
         Row("edges (nonzero) before pruning", int((graph.adjacency != 0).sum()), "-", "report", None),
@@ -93,7 +97,8 @@ def features_section(ctx: Context) -> Section:
                "largest |change - graph entry|", frozen_gap),
         Row("live model (nothing frozen): the top feature doubled, largest |change - graph entry| (indirect effects)",
             live.gap, "> 0", "report", None),
-        Row("float32 graph against float64, largest |entry difference|", f32_gap, "rounding", "report", None),
+        Row("float32 graph against float64, largest |entry difference|", f32_gap, "-", "report", None,
+            note="float32 rounding"),
         Row(f"time of the float32 graph ({len(tokens)} tokens)", round(seconds, 2), "-", "report", None),
     ]
     results = {"transcoders": metrics["metrics"], "prompt": [decode(t) for t in tokens], "answer": decode(answer),
@@ -125,6 +130,7 @@ def features_section(ctx: Context) -> Section:
     eap_top = [(" -> ".join(lab) if isinstance(lab, tuple) else str(lab), w) for lab, w in eap.top(5)]
     results["top_nodes"] = [(labels[i], float(share[i])) for i in order]
     results["into_logit"] = into
+    data = graph_json(graph, slug=GRAPH_SLUG, decode=decode, prompt=tokenizer.decode(tokens.tolist()))
     notes = ("The most influential feature and error nodes (share of the total influence): "
              + "; ".join(f"{labels[i]} ({float(share[i]):.3f})" for i in order)
              + ". The largest kept edges into the completion's logit: " + "; ".join(f"{lab} {w:+.3f}" for lab, w in into)
@@ -132,6 +138,10 @@ def features_section(ctx: Context) -> Section:
              "randomised, its largest edges: " + "; ".join(f"{lab} {w:+.3f}" for lab, w in eap_top)
              + ". The graph's edges are exact direct effects in the frozen model (attention patterns and norm scales fixed, "
              "features in place of the MLPs); EAP-IG's estimate what patching an edge does in the live model: two views of one "
-             "behaviour, features inside the MLPs against heads and edges between components.")
+             "behaviour, features inside the MLPs against heads and edges between components."
+             f" The pruned graph, {len(data['nodes'])} nodes and {len(data['links'])} links, is beside this page as "
+             "circuit-tracer's graph JSON "
+             f"({GRAPH_SLUG}.json and its index graph-metadata.json): circuit-tracer's viewer opens it "
+             "(circuit_tracer.frontend.local_server.serve(data_dir=the output folder)).")
     return Section("features", "Feature circuits: an attribution graph of code-2l completing a repeated identifier",
-                   tuple(rows_out), results, figures=(fig,), notes=notes)
+                   tuple(rows_out), results, figures=(fig,), notes=notes, files=graph_files(data))

@@ -31,9 +31,10 @@ def finance_section(ctx: Context) -> Section:
     rows.append(banded("finance.filing_model_induction", "filing-trained model: largest weight on i-p+1 (repeated random symbols)",
                        res.diagnostics["filing_model_induction"]))
     rows.append(Row("queries: seen / unseen", f"{res.n_queries['seen']} / {res.n_queries['unseen']}", "269 / 336", UNBANDED, None))
-    demo = {r: f"{sum(v)} of {len(v)}" for r, v in res.demo.items()}
+    demo = {r: f"{sum(v)}/{len(v)}" for r, v in res.demo.items()}
     for r in READERS:
-        rows.append(Row(f"demo filing: {r}", demo[r], "11 of 12" if r == "induction model, two layers" else "0", UNBANDED, None))
+        theory = "11/12" if r == "induction model, two layers" else "0"
+        rows.append(Row(f"demo filing: {r}, queries completed", demo[r], theory, UNBANDED, None))
     results = {"seen": res.seen, "unseen": res.unseen, "n_queries": res.n_queries, "diagnostics": res.diagnostics,
                "demo": {"queries": list(res.demo_queries), "completed": {r: v for r, v in res.demo.items()}}}
     return Section("finance", "Finance case study: completing company names by induction", tuple(rows), results,
