@@ -84,6 +84,7 @@ config_fields = _impl.config_fields
 model_source = _impl.model_source
 norm_affine = _impl.norm_affine
 logits_with_grad = _impl.logits_with_grad
+unembed_stored_transposed = _impl.unembed_stored_transposed
 other_version = _impl.other_version
 is_own_hook = _impl.is_own_hook
 mlp_modules = _impl.mlp_modules

@@ -100,6 +100,11 @@ class Backend(Protocol):
     def logits_with_grad(self, model: Model, tokens: torch.Tensor) -> torch.Tensor:
         """``model(tokens)``'s logits, with gradients."""
 
+    @contextlib.contextmanager
+    def unembed_stored_transposed(self, model: Model) -> Iterator[None]:
+        """``W_U`` stored so that the unembedding copies nothing per call, for the duration (the same values and
+        logits; restored after): 3.x's copies ``W_U.T`` at every call, 4.x's nothing to do."""
+
     def is_own_hook(self, fn: Callable) -> bool:
         """Whether a PyTorch hook is the version's own wiring rather than a user's."""
 

@@ -374,6 +374,29 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     return unembed.hook_out(torch.nn.functional.linear(box["x"], unembed.W_U.T, unembed.b_U))
 
 
+@contextlib.contextmanager
+def unembed_stored_transposed(model: Model) -> Iterator[None]:
+    """``W_U`` stored column-major for the duration (the same values; restored after): 3.9's ``Unembed``
+    passes ``W_U.T.contiguous()`` to ``F.linear``, a copy of the whole (d_vocab, d_model) matrix at every
+    call, which on the certificate's small probe runs costs as much as the blocks (GPT-2 small, 16 tokens);
+    stored so that ``W_U.T`` is contiguous, that copy is ``W_U.T`` itself: the model's own forward, the same
+    weight tensor handed to ``F.linear``, the same logits to the bit.
+
+    Remove when: TransformerLens 3.x is no longer supported (or its ``Unembed`` stops copying ``W_U``).
+    """
+    unembed = getattr(model, "unembed", None)
+    W = getattr(unembed, "W_U", None)
+    if type(unembed).__name__ != "Unembed" or not isinstance(W, torch.nn.Parameter) or W.T.is_contiguous():
+        yield
+        return
+    saved = W.data
+    W.data = saved.T.contiguous().T
+    try:
+        yield
+    finally:
+        W.data = saved
+
+
 def pattern_after_attention(model: Model, layer: int) -> bool:
     """Whether an edit at ``attn.hook_pattern`` is discarded: never on 3.x (every attention computes through it)."""
     return False

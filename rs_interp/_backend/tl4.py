@@ -394,6 +394,12 @@ def norm_affine(model: Model, norm: torch.nn.Module) -> tuple[str | None, torch.
     return norm_kind(center, gain, bias), gain, bias, eps
 
 
+@contextlib.contextmanager
+def unembed_stored_transposed(model: Model) -> Iterator[None]:
+    """Nothing to do: 4.x's unembedding does not copy ``W_U`` per call (3.x's does: :mod:`.tl3`)."""
+    yield
+
+
 def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     """``model(tokens)``'s logits, with gradients (the bridge's own path)."""
     return model(tokens, return_type="logits")

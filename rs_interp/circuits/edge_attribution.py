@@ -229,7 +229,7 @@ def edge_attribution_patching(
         raise ValueError("spans= splits a sum over positions; the QK fix (a pattern recomputed with every position moved) "
                          "and GradDrop (a sum of magnitudes) are not such sums: compute them without positions")
     drops = [None] + (check_drop_layers(model) if grad_drop else [])
-    cert = require(model, "edge_attribution_patching")
+    cert = require(model, "edge_attribution_patching", adapts=qk_fix)  # the QK fix reads rows, scores, start at layer
     hessian = correction == "hessian"
     if hessian and _backend.has_post_norms(model):
         raise ValueError("correction='hessian' is not defined on post-norm blocks here: a head's edge writes through the "

@@ -166,7 +166,7 @@ def attribution_patching(
         raise ValueError(f"the QK fix recomputes the attention softmax after a query or key patch: which='q' or 'k', not {which!r} "
                          "(nothing nonlinear lies between a head's value or output and its z)")
     drops = [None] + (check_drop_layers(model) if grad_drop else [])
-    cert = require(model, "attribution_patching")
+    cert = require(model, "attribution_patching", adapts=qk_fix)  # the QK fix reads rows, scores, start at layer
     cfg = model.cfg
     L, P, B = cfg.n_layers, tokens.shape[1], tokens.shape[0]
     n = kv_groups(cfg) if which in ("k", "v") else cfg.n_heads

@@ -1,7 +1,8 @@
 """The identities read off one clean run of the probe batch (:func:`clean_run`), each a relative gap of
 the model's own activations against what rs_interp computes from them by hand (the norms by
-:mod:`rs_interp.exact.norm`, in float64). The runs of their own (gradients, rows, from and to a layer) are
-:mod:`rs_interp.exact._runs`."""
+:mod:`rs_interp.exact.norm`), in the dtype the model computes in (:func:`rs_interp.exact.readout.compute_dtype`:
+float32 for a half-precision model; the gap itself in float64). The runs of their own (gradients, rows, from
+and to a layer) are :mod:`rs_interp.exact._runs`."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import torch
 
 from .. import _backend
 from .. import _names as N
-from .._backend import Model, attn_weight, logit_softcap
+from .._backend import Model, Stop, attn_weight, logit_softcap
 from .._messages import clip
 from ..hooks import store_matching
-from .readout import d_vocab_out, readout
+from .readout import compute_dtype, d_vocab_out, readout
 
 __all__: list[str] = []
 
@@ -97,41 +98,36 @@ class _Worst:
 
 
 def _normed(model: Model, l: int, name: str, x: torch.Tensor) -> torch.Tensor:
-    """Layer ``l``'s norm ``name`` (``"ln1"``, ``"ln2"``) of ``x`` in float64 (:func:`rs_interp._backend.pre_norm`)."""
-    return _backend.pre_norm(model, l, name).to(torch.float64).apply(x.to(torch.float64))
+    """Layer ``l``'s norm ``name`` (``"ln1"``, ``"ln2"``) of ``x`` in the compute dtype
+    (:func:`rs_interp._backend.pre_norm`)."""
+    dt = compute_dtype(model)
+    return _backend.pre_norm(model, l, name).to(dt).apply(x.to(dt))
 
 
-def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+def clean_run(model: Model, tokens: torch.Tensor, *, logits: bool = True) -> dict[str, torch.Tensor]:
     """The probe's activations: every hook point the identities read (as it leaves the point, after any
     hook on it), each MLP's input and output as its module sees them (``mlp_in L``, ``mlp_out L``: the
     output before any hook on the module) and ``hook_mlp_out`` as it enters its point (``mlp_write L``,
-    before any hook on it), and the logits."""
+    before any hook on it), each layer's scores as the helpers read them (``scores read L``:
+    :func:`rs_interp._backend.score_hooks`, which only record), and the logits. Without ``logits`` the run
+    ends at the final stream (:class:`rs_interp._backend.Stop`): the same activations, no unembedding."""
     wanted = (N.EMBED, N.POS_EMBED, N.resid_pre, N.resid_mid, N.attn_out, N.mlp_in, N.mlp_out, N.resid_post, N.z, N.q, N.k, N.v,
               N.pattern)
     box: dict[str, torch.Tensor] = {}
     if model.cfg.attn_only:  # hook_mlp_in exists but may not be switched on
         wanted = tuple(w for w in wanted if w is not N.mlp_in)
-    handles = []
     attached = sorted(n for n, hp in model.hook_dict.items() if hp._forward_hooks or hp._forward_pre_hooks)  # the caller's
+    fwd = store_matching(box, model, N.every(*wanted))
+    fwd += _score_hooks(model, box)
+    if not logits and model.cfg.n_layers:
+        fwd.append((N.final_stream(model.cfg.n_layers), _stop))
+    handles = _module_captures(model, box)
     try:
-        if not model.cfg.attn_only:
-            for l, block in enumerate(model.blocks):
-                if getattr(block, "mlp", None) is None:
-                    continue
-                mlp, writes = _backend.mlp_modules(model, l)  # where a bridge's MLP is read (OPT's fc1/fc2, BLOOM's out-projection)
-                handles.append(mlp.register_forward_pre_hook(
-                    lambda mod, args, kwargs, l=l: box.__setitem__(f"mlp_in {l}", (args[0] if args else next(iter(kwargs.values()))).detach()),
-                    with_kwargs=True))
-                handles.append(writes.register_forward_hook(
-                    lambda mod, args, out, l=l: box.__setitem__(f"mlp_out {l}", (out[0] if isinstance(out, tuple) else out).detach()),
-                    prepend=True))  # ahead of any hook of the caller's: the module's own output
-                point = model.hook_dict.get(N.mlp_out(l))
-                if point is not None:  # a PyTorch hook on the point, ahead of every other: the value entering it
-                    handles.append(point.register_forward_hook(
-                        lambda mod, args, out, l=l: box.__setitem__(f"mlp_write {l}", out.detach()), prepend=True))
-        with torch.no_grad(), model.hooks(fwd_hooks=store_matching(box, model, N.every(*wanted))):
+        with torch.no_grad(), model.hooks(fwd_hooks=fwd):
             try:
-                logits = model(tokens, return_type="logits")
+                box["logits"] = model(tokens, return_type="logits")
+            except Stop:
+                pass
             except MODEL_ERRORS as err:
                 if attached:  # the caller's hooks may be the error: theirs propagates, with where it happened
                     err.add_note(f"rs_interp: raised on the certificate's probe batch {tuple(tokens.shape)} with hooks attached "
@@ -147,8 +143,63 @@ def clean_run(model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     for key, t in box.items():  # a bridge's flattened region (OPT's fc1/fc2, (batch * pos, ...)): a view, the same numbers
         if key.startswith(("mlp_in ", "mlp_out ", "mlp_write ")) and t.dim() == 2 and tokens.dim() == 2 and t.shape[0] == tokens.numel():
             box[key] = t.view(*tokens.shape, t.shape[-1])
-    box["logits"] = logits
     return box
+
+
+def _stop(t: torch.Tensor, *, hook) -> None:
+    raise Stop
+
+
+def _first(out) -> torch.Tensor:
+    """A module's tensor (the first of a tuple), detached."""
+    return (out[0] if isinstance(out, tuple) else out).detach()
+
+
+def _score_hooks(model: Model, box: dict[str, torch.Tensor]) -> list[tuple[str, Callable]]:
+    """:func:`rs_interp._backend.score_hooks` of every layer, into ``box["scores read L"]``; one that raises, or
+    whose hook point is absent, is recorded (``"scores read error"``, ``"scores read missing"``), so that it fails
+    ``scores read`` alone (:func:`scores_read`) and the clean run goes on."""
+    def guarded(fn: Callable) -> Callable:
+        def hook(t: torch.Tensor, *, hook) -> None:
+            try:
+                fn(t, hook=hook)
+            except MODEL_ERRORS as err:
+                box.setdefault("scores read error", err)
+        return hook
+
+    out, points = [], model.hook_dict  # (a bridge builds hook_dict at each read)
+    for l in range(model.cfg.n_layers):
+        for name, fn in _backend.score_hooks(model, l, box, f"scores read {l}"):
+            if name in points:
+                out.append((name, guarded(fn)))
+            else:
+                box.setdefault("scores read missing", name)
+    return out
+
+
+def _module_captures(model: Model, box: dict[str, torch.Tensor]) -> list:
+    """PyTorch hooks recording each MLP's input and output as its module sees them and ``hook_mlp_out`` as it
+    enters its point (:func:`clean_run`); their handles, for the caller to remove."""
+    handles: list = []
+    if model.cfg.attn_only:
+        return handles
+    points = model.hook_dict  # (a bridge builds it at each read)
+    for l, block in enumerate(model.blocks):
+        if getattr(block, "mlp", None) is None:
+            continue
+        # where a bridge's MLP is read (OPT's fc1/fc2, BLOOM's out-projection)
+        mlp, writes = _backend.mlp_modules(model, l)
+        handles.append(mlp.register_forward_pre_hook(
+            lambda mod, args, kwargs, l=l: box.__setitem__(f"mlp_in {l}", _first(args or tuple(kwargs.values()))),
+            with_kwargs=True))
+        handles.append(writes.register_forward_hook(
+            lambda mod, args, out, l=l: box.__setitem__(f"mlp_out {l}", _first(out)),
+            prepend=True))  # ahead of any hook of the caller's: the module's own output
+        point = points.get(N.mlp_out(l))
+        if point is not None:  # a PyTorch hook on the point, ahead of every other: the value entering it
+            handles.append(point.register_forward_hook(
+                lambda mod, args, out, l=l: box.__setitem__(f"mlp_write {l}", out.detach()), prepend=True))
+    return handles
 
 
 def embedding(model: Model, box: dict) -> tuple[float, str]:
@@ -185,28 +236,38 @@ def _per_query_head(t: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _weights(model: Model, l: int, which: str, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``W_{which}``, ``b_{which}`` of layer ``l`` in float64, one per head of the hook (query or KV heads)."""
+    """``W_{which}``, ``b_{which}`` of layer ``l`` in the compute dtype, one per head of the hook (query or KV
+    heads)."""
     cfg, attn = model.cfg, model.blocks[l].attn
     W, b = attn_weight(attn, f"W_{which.upper()}", cfg.n_heads), attn_weight(attn, f"b_{which.upper()}", cfg.n_heads)
     if heads != cfg.n_heads:
         W, b = W[:: cfg.n_heads // heads], b[:: cfg.n_heads // heads]
-    return W.detach().to(torch.float64), b.detach().to(torch.float64)
+    dt = compute_dtype(model)
+    return W.detach().to(dt), b.detach().to(dt)
 
 
-def _projected(model: Model, box: dict, l: int, which: str, heads: int, x: torch.Tensor) -> torch.Tensor:
-    W, b = _weights(model, l, which, heads)
-    if which != "v" and model.cfg.positional_embedding_type == "shortformer":
-        x = x + get(box, N.POS_EMBED).to(torch.float64)  # shortformer: queries and keys read the positions too
-    return torch.einsum("bpm,hmd->bphd", x, W) + b
+def _projected(model: Model, box: dict, l: int, which: str, heads: int) -> torch.Tensor:
+    """``ln1(resid_pre) W + b`` of layer ``l`` for ``which`` (q, k or v), by hand, one per head of the hook; kept in
+    ``box`` (``values``, ``scores`` and ``projections`` read the same ones)."""
+    key = f"by hand {which} {l} {heads}"
+    if key not in box:
+        x = box.get(f"by hand ln1 {l}")
+        if x is None:
+            x = box[f"by hand ln1 {l}"] = _normed(model, l, "ln1", get(box, N.resid_pre(l)))
+        W, b = _weights(model, l, which, heads)
+        if which != "v" and model.cfg.positional_embedding_type == "shortformer":
+            x = x + get(box, N.POS_EMBED).to(x.dtype)  # shortformer: queries and keys read the positions too
+        box[key] = torch.einsum("bpm,hmd->bphd", x, W) + b
+    return box[key]
 
 
 def values(model: Model, box: dict) -> tuple[float, str]:
     cfg, worst = model.cfg, _Worst()
     for l in range(cfg.n_layers):
-        x = _normed(model, l, "ln1", get(box, N.resid_pre(l)))
         v = get(box, N.v(l))
-        v_hand = _projected(model, box, l, "v", v.shape[2], x)
-        z_hand = torch.einsum("bhqk,bkhd->bqhd", get(box, N.pattern(l)).to(torch.float64), _per_query_head(v.to(torch.float64), cfg.n_heads))
+        v_hand = _projected(model, box, l, "v", v.shape[2])
+        pattern, v_heads = get(box, N.pattern(l)).to(v_hand.dtype), _per_query_head(v.to(v_hand.dtype), cfg.n_heads)
+        z_hand = torch.einsum("bhqk,bkhd->bqhd", pattern, v_heads)
         worst.see(rel(v, v_hand), f"layer {l}: hook_v = ln1(resid_pre) W_V + b_V")
         worst.see(rel(get(box, N.z(l)), z_hand), f"layer {l}: z = pattern v")
     return worst.gap, f"a head's output is not its pattern applied to its values as rs_interp reads them ({worst.where})"
@@ -218,12 +279,11 @@ def scores(model: Model, box: dict) -> tuple[float, str]:
         return float("inf"), ("the model normalises its queries and keys (use_qk_norm, or a q_norm in the attention): "
                               "the score is not a bilinear form of the stream, so no reading of it from the weights is the model's")
     for l in range(cfg.n_layers):
-        x = _normed(model, l, "ln1", get(box, N.resid_pre(l)))
-        q = _projected(model, box, l, "q", cfg.n_heads, x)
-        k = _projected(model, box, l, "k", get(box, N.k(l)).shape[2], x)
+        q = _projected(model, box, l, "q", cfg.n_heads)
+        k = _projected(model, box, l, "k", get(box, N.k(l)).shape[2])
         if cfg.positional_embedding_type == "rotary":
-            q = _backend.apply_rotary(model, l, q.to(cfg.dtype)).to(torch.float64)
-            k = _backend.apply_rotary(model, l, k.to(cfg.dtype)).to(torch.float64)
+            q = _backend.apply_rotary(model, l, q.to(cfg.dtype)).to(q.dtype)
+            k = _backend.apply_rotary(model, l, k.to(cfg.dtype)).to(k.dtype)
         s = torch.einsum("bqhd,bkhd->bhqk", q, _per_query_head(k, cfg.n_heads)) / _backend.attn_scale(model, l)
         P = s.shape[-1]
         A = s.masked_fill(torch.ones(P, P, dtype=torch.bool, device=s.device).triu(1), float("-inf")).softmax(-1)
@@ -233,13 +293,30 @@ def scores(model: Model, box: dict) -> tuple[float, str]:
                        "a sliding window), so a reading of the score from the weights alone is not the model's")
 
 
+def scores_read(model: Model, box: dict) -> tuple[float, str]:
+    """Every layer's scores as :func:`rs_interp._backend.score_hooks` reads them (recorded in the clean run),
+    softmaxed under the causal mask, against the pattern the run applies."""
+    if "scores read missing" in box:
+        raise Missing(box["scores read missing"])
+    if "scores read error" in box:
+        raise box["scores read error"]
+    worst = _Worst()
+    for l in range(model.cfg.n_layers):
+        s = get(box, f"scores read {l}").to(compute_dtype(model))
+        P = s.shape[-1]
+        A = s.masked_fill(torch.ones(P, P, dtype=torch.bool, device=s.device).triu(1), float("-inf")).softmax(-1)
+        worst.see(rel(A, get(box, N.pattern(l))), f"layer {l}")
+    return worst.gap, (f"the scores rs_interp reads do not give the pattern the run applies ({worst.where}): "
+                       "a hook on the pattern, a soft-cap or mask after the hook, or a window: "
+                       "the scores read are not the run's")
+
+
 def projections(model: Model, box: dict, layers: set[int]) -> tuple[float, str]:
     worst = _Worst()
     for l in sorted(layers):
-        x = _normed(model, l, "ln1", get(box, N.resid_pre(l)))
         for which in "qkv":
             got = get(box, N.projection(l, which))
-            worst.see(rel(got, _projected(model, box, l, which, got.shape[2], x)), f"layer {l}'s hook_{which}")
+            worst.see(rel(got, _projected(model, box, l, which, got.shape[2])), f"layer {l}'s hook_{which}")
     return worst.gap, (f"a projection is not ln1(resid_pre) W + b ({worst.where}): a head's q/k/v built or differentiated by hand "
                          "(edge estimates, circuit evaluation) would miss what changes it")
 
@@ -261,7 +338,8 @@ def mlp_writes(model: Model, box: dict) -> tuple[float, str]:
         written = get(box, N.mlp_out(l))
         worst.see(rel(written, get(box, f"mlp_write {l}")), f"layer {l}: a hook on hook_mlp_out")
         post = _backend.post_norms(model, l)[1]  # post-norm blocks: the norm after the MLP, as the model computes it
-        own = post.to(torch.float64).apply(get(box, f"mlp_out {l}").to(torch.float64))
+        dt = compute_dtype(model)
+        own = post.to(dt).apply(get(box, f"mlp_out {l}").to(dt))
         worst.see(rel(written, own), f"layer {l}: between the MLP module and hook_mlp_out")
     return worst.gap, (f"what enters the stream is not the MLP's own output ({worst.where} changes it; or a norm after the "
                        "MLP): a feature's write through a transcoder would miss that change")
@@ -276,16 +354,16 @@ def _act(cfg) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def mlp_weights(model: Model, box: dict) -> tuple[float, str]:
-    cfg, worst = model.cfg, _Worst()
+    cfg, worst, dt = model.cfg, _Worst(), compute_dtype(model)
     act = _act(cfg)
     for l in range(cfg.n_layers):
         mlp = model.blocks[l].mlp
-        x = get(box, f"mlp_in {l}").to(torch.float64)
+        x = get(box, f"mlp_in {l}").to(dt)
         # a bridge over a bias-free Hugging Face MLP (Llama's) has no b_in / b_out: zero
-        w = {n: (p.detach().to(torch.float64) if (p := getattr(mlp, n, None)) is not None else 0.0)
+        w = {n: (p.detach().to(dt) if (p := getattr(mlp, n, None)) is not None else 0.0)
              for n in ("W_in", "b_in", "W_out", "b_out")}
         if getattr(cfg, "gated_mlp", False):
-            gate = act(x @ mlp.W_gate.detach().to(torch.float64))
+            gate = act(x @ mlp.W_gate.detach().to(dt))
             hidden = (gate * (x @ w["W_in"]) + w["b_in"] if _backend.GATED_B_IN_AFTER_PRODUCT
                       else gate * (x @ w["W_in"] + w["b_in"]))
         else:
@@ -296,8 +374,8 @@ def mlp_weights(model: Model, box: dict) -> tuple[float, str]:
 
 
 def readout_by_hand(model: Model, final: torch.Tensor) -> torch.Tensor:
-    """``softcap(final_norm(final) W_U + b_U)`` in float64, the norm by hand."""
-    return readout(model, final, torch.float64)
+    """``softcap(final_norm(final) W_U + b_U)`` in the compute dtype, the norm by hand."""
+    return readout(model, final, compute_dtype(model))
 
 
 def readout_check(model: Model, box: dict) -> tuple[float, str]:

@@ -1,33 +1,69 @@
 """The identities that need runs of their own, and :func:`measure`, which the certificate calls: the
-perturbed run with gradients (``z``, ``heads``, ``input``, ``readers``), the stacked and single-row runs
-(``rows``), the runs with one head's input moved (``head inputs``), and the runs from and to each layer
-(``start at layer``, ``stop at layer``). The identities read off the clean run are :mod:`rs_interp.exact._checks`."""
+run with every head's z moved (``heads``, and the reference of ``readers``), the run with gradients
+(``z``, ``input``, ``readers``: one backward pass), the stacked and single-row runs (``rows``), the runs with
+one head's input moved (``head inputs``), each block run from its cached input (``start at layer``) and the
+runs to a layer (``stop at layer``). The
+identities read off the clean run are :mod:`rs_interp.exact._checks`.
+
+:func:`measure` measures only what it is asked for, each measurement once: :data:`MEASUREMENTS` says which
+identities each one yields (a run of its own yields all of them at once; the clean run's checks are computed by
+hand one by one, only those asked for), and the clean run is shared by every measurement that reads it in one
+call (ended at the final stream where nothing asked for reads the logits). Nothing is computed in float64 that
+the model does not compute in float64 (the gaps themselves are taken in float64)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
 
 from .. import _backend
 from .. import _names as N
-from .._backend import Model, run_from
+from .._backend import Model, Stop, run_from
+from .._messages import clip
 from . import _checks as C
 from ._checks import MODEL_ERRORS, Identity, Missing, get, judge, rel
 from .postnorm import frozen_heads
+from .readout import compute_dtype
 from .stream import Reader, reader_gradients, readers, routed, watched, zero_leaf
 
 __all__: list[str] = []
 
 
 def _start(model: Model, box: dict) -> tuple[float, str]:
-    """The run from each layer's clean stream to the logits, as the helpers call it
-    (:func:`rs_interp._backend.run_from`: on 4.x the blocks from that layer alone), against the full run."""
-    worst = C._Worst()
+    """Each block run from its clean input as the helpers start a run there (:func:`rs_interp._backend.run_from`:
+    on 4.x the blocks from that layer alone), ended after that block (:class:`Stop` at its ``hook_resid_post``),
+    against the clean run's stream after it; from the last layer, to the logits, against the full run's.
+
+    A run from layer ``l`` is block ``l``, then the run from ``l + 1``, each as started here: the blocks one at a
+    time reproduce every run from a layer, at the cost of one forward pass in all (one full run per layer costs
+    ``L / 2`` of them). What a started run does differently (ALiBi or a rotary table built at the pass's start,
+    the embedding and its hooks skipped) acts on the block it starts at, which is checked."""
+    worst, L = C._Worst(), model.cfg.n_layers
     spe = box.get(N.POS_EMBED) if model.cfg.positional_embedding_type == "shortformer" else None
-    with torch.no_grad():
-        for l in range(model.cfg.n_layers):
-            worst.see(rel(run_from(model, get(box, N.resid_pre(l)), start=l, spe=spe), box["logits"]), f"from layer {l}")
+    got: dict[str, torch.Tensor] = {}
+    at: list[int] = [-1]  # the layer the current run starts at
+
+    def grab(l: int) -> Callable:
+        def fn(t: torch.Tensor, *, hook) -> None:
+            if l == at[0]:  # (4.3's own start_at_layer runs the blocks before it too, on input it discards)
+                got["x"] = t.detach()
+                raise Stop
+        return fn
+
+    with torch.no_grad(), model.hooks(fwd_hooks=[(N.resid_post(l), grab(l)) for l in range(L - 1)]):
+        for l in range(L - 1):
+            got.clear()
+            at[0] = l
+            try:
+                run_from(model, get(box, N.resid_pre(l)), start=l, spe=spe)
+            except Stop:
+                pass
+            worst.see(rel(get(got, "x"), get(box, N.resid_post(l))), f"from layer {l}")
+        at[0] = -1
+        worst.see(rel(run_from(model, get(box, N.resid_pre(L - 1)), start=L - 1, spe=spe), get(box, "logits")),
+                  f"from layer {L - 1}")
     return worst.gap, (f"running from a layer does not reproduce the full run ({worst.where}): TransformerLens's start_at_layer "
                        "misses a step of this architecture (the scan and path patching then run every pass from the tokens)")
 
@@ -35,7 +71,7 @@ def _start(model: Model, box: dict) -> tuple[float, str]:
 def _stop(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
     L, worst = model.cfg.n_layers, C._Worst()
     with torch.no_grad():
-        for l in sorted({L // 2, L}):  # the helpers run to the end (the lenses, the scan's readout); one layer inside too
+        for l in sorted({min(L // 2, 1), L}):  # the helpers run to the end (the lenses, the scan's readout); one inside
             want = get(box, N.resid_pre(l) if l < L else N.final_stream(L))
             worst.see(rel(run_from(model, tokens, stop=l), want), f"stop_at_layer={l}")
     return worst.gap, (f"running to a layer does not return the stream there ({worst.where}): the lenses and the scan's "
@@ -69,29 +105,12 @@ def _rows(model: Model) -> tuple[float, str]:
                        "passes along the batch run one pass per ablation or edge instead")
 
 
-def _scores_read(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
-    """Every layer's scores as :func:`rs_interp._backend.score_hooks` reads them, softmaxed under the causal
-    mask, against the pattern the run applies."""
-    got: dict[str, torch.Tensor] = {}
-    hooks = [h for l in range(model.cfg.n_layers) for h in _backend.score_hooks(model, l, got, f"s {l}")]
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        model(tokens, return_type="logits")
-    worst = C._Worst()
-    for l in range(model.cfg.n_layers):
-        s = get(got, f"s {l}").to(torch.float64)
-        P = s.shape[-1]
-        A = s.masked_fill(torch.ones(P, P, dtype=torch.bool, device=s.device).triu(1), float("-inf")).softmax(-1)
-        worst.see(rel(A, get(box, N.pattern(l))), f"layer {l}")
-    return worst.gap, (f"the scores rs_interp reads do not give the pattern the run applies ({worst.where}): a hook on the "
-                       "pattern, a soft-cap or mask after the hook, or a window: the scores read are not the run's")
-
-
 def _head_inputs(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
     """For each of q, k and v, one pass through the per-head inputs (:func:`rs_interp.exact.stream.routed`) with
     every layer's first head's (or KV head's) input moved and the stream entering each layer pinned to the clean
     run's: every head that does not read the moved input must keep its output (``hook_z``) the clean run's. A norm
     across the heads' queries after the split (OLMo-2's ``q_norm``, were it not applied to each head's own copy)
-    or a hook that reads across the heads moves them."""
+    or a hook that reads across the heads moves them. Each pass ends after the last layer's attention."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     g = torch.Generator().manual_seed(11)
     worst = C._Worst()
@@ -117,8 +136,12 @@ def _head_inputs(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, 
 
         fwd = [(N.resid_pre(l), pin(l)) for l in range(L)] + [(N.qkv_input(l, x), move(l)) for l in range(L)]
         fwd += [(N.z(l), keep(l)) for l in range(L)]
-        with torch.no_grad(), routed(model, fwd, split=True) as runnable, model.hooks(fwd_hooks=runnable):
-            model(tokens, return_type="logits")
+        with torch.no_grad(), routed(model, fwd, split=True) as runnable:
+            with model.hooks(fwd_hooks=[*runnable, (N.attn_out(L - 1), _stop_here)]):
+                try:
+                    model(tokens, return_type="logits")
+                except Stop:
+                    pass
         for l in range(L):
             n = slots.get(l)
             if n is None or l not in got:
@@ -194,115 +217,147 @@ def _gradients(model: Model, tokens: torch.Tensor) -> tuple[float, str]:
                        "something other than the model's function")
 
 
-def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, Identity]:
-    """The perturbed run: every head's z moved (the heads identity then shows it is on the forward path),
-    and the gradient of a random linear function of the logits at every reader and every resid_pre."""
-    cfg, L = model.cfg, model.cfg.n_layers
+def _moving(g: torch.Generator, box: dict[str, torch.Tensor], name: str, watch: Callable | None = None) -> Callable:
+    """A hook moving a head's z by a seeded random amount (about half its mean size), recording the moved z
+    under ``name`` (the name asked: 4.x hands a hook its canonical name); ``watch`` is called with its gradient."""
+    def fn(z: torch.Tensor, *, hook) -> torch.Tensor:
+        d = torch.randn(z.shape, generator=g, dtype=torch.float64).to(z.dtype)
+        d = d * (0.5 * float(z.detach().abs().mean()) + 1e-3)
+        out = z + d
+        box[name] = out.detach()
+        return out if watch is None else watched(out, watch)
+    return fn
+
+
+def _keep(box: dict[str, torch.Tensor], name: str) -> Callable:
+    def fn(t: torch.Tensor, *, hook) -> None:
+        box[name] = t.detach()
+    return fn
+
+
+def _stop_here(t: torch.Tensor, *, hook) -> None:
+    raise Stop
+
+
+def _absent(model: Model, hooks: list[tuple[str, Callable]]) -> None:
+    points = model.hook_dict  # (a bridge builds it at each read)
+    absent = sorted({n for n, _ in hooks if n not in points})
+    if absent:
+        raise Missing(absent[0])
+
+
+def _moved_run(model: Model, tokens: torch.Tensor, logits: bool) -> dict[str, torch.Tensor]:
+    """The probe run with every head's z moved (seed 1, layer by layer), no gradients: the moved z and
+    ``attn_out`` of every layer, and (with ``logits``) the logits; else ended after the last ``attn_out``."""
+    L, box = model.cfg.n_layers, {}
     g = torch.Generator().manual_seed(1)
-    box: dict[str, torch.Tensor] = {}
+    fwd = [(N.z(l), _moving(g, box, N.z(l))) for l in range(L)]
+    fwd += [(N.attn_out(l), _keep(box, N.attn_out(l))) for l in range(L)]
+    _absent(model, fwd)
+    if not logits:
+        fwd.append((N.attn_out(L - 1), _stop_here))
+    with torch.no_grad(), model.hooks(fwd_hooks=fwd):
+        try:
+            box["logits"] = model(tokens, return_type="logits")
+        except Stop:
+            pass
+    return box
+
+
+def _heads(model: Model, moved: dict[str, torch.Tensor]) -> tuple[float, str]:
+    worst, where, dt = 0.0, "", compute_dtype(model)
+    for l in range(model.cfg.n_layers):
+        per_head, bias = frozen_heads(model, l, get(moved, N.z(l)), dt)  # z W_O (post-norm: scale frozen)
+        gap = rel(get(moved, N.attn_out(l)), per_head.sum(0) + bias)
+        if gap > worst:
+            worst, where = gap, f"layer {l}"
+    post = " through the post-attention norm, its scale frozen," if _backend.has_post_norms(model) else ""
+    return worst, (f"the heads' z W_O + b_O{post} are not attn_out ({where}): a head's write is not what its z says "
+                   "(a norm after the attention that rs_interp does not read?)")
+
+
+def _gradient_run(model: Model, tokens: torch.Tensor, wanted: list[Reader]) -> dict:
+    """The run with every head's z moved as in :func:`_moved_run` and one backward pass of a random linear
+    function of the logits (seed 2) to a zero leaf at the embedding: the gradient at every head's z and every
+    ``resid_pre`` (``"grads"``, in the compute dtype), the summed gradients of ``wanted``'s readers per layer
+    (``"by_reader"``: the layer's readers, or ``logits``), which reader kinds fired, and the logits."""
+    cfg, L, dt = model.cfg, model.cfg.n_layers, compute_dtype(model)
     grads: dict[str, torch.Tensor] = {}
     by_reader: dict[tuple[int, str], torch.Tensor] = {}
-    fired: set[str] = set()
+    fired: set = set()
 
-    def perturb(name: str) -> Callable:  # keyed by the name asked (4.x hands a hook its canonical name)
-        def fn(z: torch.Tensor, *, hook) -> torch.Tensor:
-            d = torch.randn(z.shape, generator=g, dtype=torch.float64).to(z.dtype) * (0.5 * float(z.detach().abs().mean()) + 1e-3)
-            out = z + d
-            box[name] = out.detach()
-
-            def save(grad: torch.Tensor) -> None:
-                grads[name] = grad.detach().to(torch.float64)
-            return watched(out, save)
-        return fn
-
-    def keep(name: str) -> Callable:
-        def fn(t: torch.Tensor, *, hook) -> None:
-            box[name] = t.detach()
+    def save(name: str) -> Callable:
+        def fn(grad: torch.Tensor) -> None:
+            grads[name] = grad.detach().to(dt)
         return fn
 
     def watch(name: str) -> Callable:
         def fn(t: torch.Tensor, *, hook) -> torch.Tensor:
-            def save(grad: torch.Tensor) -> None:
-                grads[name] = grad.detach().to(torch.float64)
-            return watched(t, save)
+            return watched(t, save(name))
         return fn
 
     def on_grad(reader: Reader, fill: Callable[[torch.Tensor], None]) -> None:
-        buf = torch.empty(len(reader.labels), tokens.numel() * cfg.d_model, dtype=torch.float64)
+        buf = torch.empty(len(reader.labels), tokens.numel() * cfg.d_model, dtype=dt)
         fill(buf)
-        G = buf.T
-        fired.add(reader.kind)
-        fired.add((reader.layer, reader.kind))
+        fired.update((reader.kind, (reader.layer, reader.kind)))
         key = (reader.layer, "logits" if reader.kind == "logits" else "layer")
-        total = G.sum(1)
-        by_reader[key] = by_reader.get(key, 0) + total
+        by_reader[key] = by_reader.get(key, 0) + buf.sum(0)
 
+    g, box = torch.Generator().manual_seed(1), {}
+    with torch.enable_grad():
+        leaf, at_embed = zero_leaf(model)
+        hooks = [at_embed] + [(N.z(l), _moving(g, box, N.z(l), save(N.z(l)))) for l in range(L)]
+        hooks += [(N.resid_pre(l), watch(f"pre{l}")) for l in range(L)]
+        _absent(model, hooks)
+        with reader_gradients(model, wanted, on_grad, dt, extra=hooks) as runnable, model.hooks(fwd_hooks=runnable):
+            logits = model(tokens, return_type="logits")
+            R = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+            R = R.to(logits.device, logits.dtype)
+            (logits * R).sum().div(R.numel()).backward(inputs=[leaf])
+    return {"grads": grads, "by_reader": by_reader, "fired": fired, "logits": logits.detach()}
+
+
+def _failed(err: Exception) -> str:
+    if isinstance(err, Missing):
+        return f"the model has no hook point {err.args[0]}"
+    return f"{type(err).__name__}: {clip(err, 200)}"
+
+
+def _gradient_identities(model: Model, tokens: torch.Tensor, tol: float,
+                         moved: Callable[[], dict], with_readers: bool = True) -> dict[str, Identity]:
+    """``z``, ``input`` and ``readers`` from one backward pass (:func:`_gradient_run`) through every reader's
+    input (per head: what patching adds a value to); where those inputs cannot be read, ``z`` and ``input``
+    from the run without them. ``readers`` also compares the run's logits with ``moved()``'s, the model's
+    own run with the same z moved (:func:`_moved_run`). Without ``with_readers``, ``z`` and ``input`` only,
+    from the model's own run (no per-head copies of the stream, no run with z moved to compare with)."""
+    if not with_readers:
+        try:
+            run = _gradient_run(model, tokens, [])
+        except (Missing, *MODEL_ERRORS) as err:
+            return {name: Identity(name, False, float("nan"), tol, f"the run with gradients failed: {_failed(err)}")
+                    for name in ("z", "input")}
+        return _on_path(run["grads"], model.cfg.n_layers, tol)
+    cfg, L = model.cfg, model.cfg.n_layers
     wanted = readers(model, projected=False)
-    names = set(model.hook_dict)
-    missing = sorted({r.hook for r in wanted if r.kind in ("mlp", "logits") and r.hook not in names})
-    fwd = [(n, perturb(n)) for n in (N.z(l) for l in range(L))]
-    fwd += [(n, keep(n)) for n in (N.attn_out(l) for l in range(L))]
-    fwd += [(N.resid_pre(l), watch(f"pre{l}")) for l in range(L)]
-    out: dict[str, Identity] = {}
-    logits_of: dict[bool, torch.Tensor] = {}  # per run, with the readers' (per-head) inputs or without
-
-    def run(with_readers: bool) -> None:
-        box.clear(), grads.clear(), by_reader.clear(), fired.clear()
-        g.manual_seed(1)
-        with torch.enable_grad():
-            leaf, at_embed = zero_leaf(model)
-            hooks = [at_embed] + fwd
-            absent = sorted({n for n, _ in hooks if n not in names})
-            if absent:
-                raise Missing(absent[0])
-            with reader_gradients(model, wanted if with_readers else [], on_grad, torch.float64, extra=hooks) as runnable, \
-                    model.hooks(fwd_hooks=runnable):
-                logits = model(tokens, return_type="logits")
-                logits_of[with_readers] = logits.detach().to(torch.float64)
-                R = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(logits.device)
-                (logits.to(torch.float64) * R).sum().div(R.numel()).backward(inputs=[leaf])
-
-    def failed(err: Exception) -> str:
-        return f"the model has no hook point {err.args[0]}" if isinstance(err, Missing) else f"{type(err).__name__}: {str(err)[:200]}"
-
+    points = model.hook_dict  # (a bridge builds it at each read)
+    missing = sorted({r.hook for r in wanted if r.kind in ("mlp", "logits") and r.hook not in points})
     readers_failed = None
     try:
         if missing:
             raise Missing(missing[0])
-        run(False)  # the model's own run, which the run through the per-head inputs must reproduce (complete)
-        run(True)
+        run = _gradient_run(model, tokens, wanted)
     except (Missing, *MODEL_ERRORS) as err:  # the readers' hooks: measure the rest without them
-        readers_failed = failed(err)
+        readers_failed = _failed(err)
         try:
-            run(False)
+            run = _gradient_run(model, tokens, [])
         except (Missing, *MODEL_ERRORS) as err2:
-            for name in ("z", "heads", "input", "readers"):
-                out[name] = Identity(name, False, float("nan"), tol, f"the run with gradients failed: {failed(err2)}")
-            return out
-
-    def heads() -> tuple[float, str]:
-        worst, where = 0.0, ""
-        for l in range(L):
-            per_head, bias = frozen_heads(model, l, get(box, N.z(l)), torch.float64)  # z W_O (post-norm: scale frozen)
-            gap = rel(get(box, N.attn_out(l)), per_head.sum(0) + bias)
-            if gap > worst:
-                worst, where = gap, f"layer {l}"
-        post = " through the post-attention norm, its scale frozen," if _backend.has_post_norms(model) else ""
-        return worst, (f"the heads' z W_O + b_O{post} are not attn_out ({where}): a head's write is not what its z says "
-                       "(a norm after the attention that rs_interp does not read?)")
-
-    def z_on_path() -> tuple[float, str]:
-        # on the path iff its gradient is computed at all (0 is a gradient: a head nothing downstream reads)
-        for l in range(L):
-            if N.z(l) not in grads:
-                return float("inf"), f"{N.z(l)} is not on the forward path: no gradient reaches it"
-        return 0.0, ""
-
-    def input_on_path() -> tuple[float, str]:
-        return (0.0 if "pre0" in grads else float("inf")), f"{N.RESID0} is not on the forward path: no gradient reaches it"
+            return {name: Identity(name, False, float("nan"), tol, f"the run with gradients failed: {_failed(err2)}")
+                    for name in ("z", "input", "readers")}
+    grads, by_reader, fired = run["grads"], run["by_reader"], run["fired"]
 
     def complete() -> tuple[float, str]:
-        split = rel(logits_of[True], logits_of[False])  # e.g. a hook on a q/k/v projection module the split inputs bypass
+        # e.g. a hook on a q/k/v projection module the split inputs bypass
+        split = rel(run["logits"], get(moved(), "logits"))
         if split > tol:
             return split, ("the run through the per-head inputs (hook_q_input ... hook_v_input) gives other logits than the "
                            "model's own run: something the model computes on the way to q, k, v (a hook or a replaced "
@@ -328,45 +383,116 @@ def _gradient_run(model: Model, tokens: torch.Tensor, tol: float) -> dict[str, I
         return worst, (f"the receivers' gradients miss the stream's at {where}: some reader of the stream is not one of the "
                        "graph's receivers (a norm after a sublayer, an input the hooks do not see)")
 
-    out["z"] = judge("z", tol, z_on_path)
-    out["heads"] = judge("heads", tol, heads)
-    out["input"] = judge("input", tol, input_on_path)
-    out["readers"] = (judge("readers", tol, complete) if readers_failed is None
-                      else Identity("readers", False, float("nan"), tol, f"the receivers cannot be read: {readers_failed}"))
-    return out
+    unread = f"the receivers cannot be read: {readers_failed}"
+    return {**_on_path(grads, L, tol), "readers": (judge("readers", tol, complete) if readers_failed is None
+                                                   else Identity("readers", False, float("nan"), tol, unread))}
 
 
-def measure(model: Model, tol: float) -> dict[str, Identity]:
-    """Every identity of :data:`rs_interp.exact.certificate.IDENTITIES` but ``source`` on ``model`` (flags already
-    set by the caller).
+def _on_path(grads: dict[str, torch.Tensor], L: int, tol: float) -> dict[str, Identity]:
+    """``z`` and ``input`` from a backward pass's gradients: each on the path iff its gradient is computed at all
+    (0 is a gradient: a head nothing downstream reads)."""
+    def z_on_path() -> tuple[float, str]:
+        for l in range(L):
+            if N.z(l) not in grads:
+                return float("inf"), f"{N.z(l)} is not on the forward path: no gradient reaches it"
+        return 0.0, ""
+
+    def input_on_path() -> tuple[float, str]:
+        return (0.0 if "pre0" in grads else float("inf")), f"{N.RESID0} is not on the forward path: no gradient reaches it"
+
+    return {"z": judge("z", tol, z_on_path), "input": judge("input", tol, input_on_path)}
+
+
+#: Each measurement and the identities it yields, all at once (``source`` is the loader's:
+#: :func:`rs_interp.exact.certificate.note_source`), but the clean run's checks and ``readers`` (the gradient run
+#: through every receiver's per-head input, and the run with z moved beside it), only where asked for. Every
+#: identity is yielded by exactly one.
+MEASUREMENTS: dict[str, tuple[str, ...]] = {
+    "clean run": ("embedding", "stream", "values", "scores", "scores read", "projections", "mlp reads", "mlp writes",
+                  "mlp weights"),
+    "logits": ("readout", "vocabulary"),
+    "z moved": ("heads",),
+    "gradient": ("z", "input", "readers"),
+    "rows": ("rows",),
+    "head inputs": ("head inputs",),
+    "backward hooks": ("gradients",),
+    "from a layer": ("start at layer",),
+    "to a layer": ("stop at layer",),
+}
+#: The measurements that read the clean run's logits (the others end it at the final stream).
+_READ_LOGITS = {"logits", "from a layer"}
+#: How many of its own runs each measurement takes through the unembedding (the clean run's: :data:`_READ_LOGITS`).
+_UNEMBEDDINGS = {"gradient": 2, "rows": 4, "from a layer": 1, "backward hooks": 2}
+
+
+class _Probe:
+    """One measuring call's probe batch and its runs, each made once and only as far as it is read: the clean
+    run (:func:`rs_interp.exact._checks.clean_run`) and the run with z moved (:func:`_moved_run`)."""
+
+    def __init__(self, model: Model, measurements: set[str], reads_logits: bool) -> None:
+        self.model, self.tokens = model, C.probe(model)
+        self.box = C.clean_run(model, self.tokens, logits=bool(measurements & _READ_LOGITS))
+        self._moved: dict | None = None
+        self._moved_logits = reads_logits
+
+    def moved(self) -> dict[str, torch.Tensor]:
+        """The run with z moved (a failure of it raised again at each read, each identity failing by it)."""
+        if self._moved is None:
+            try:
+                self._moved = _moved_run(self.model, self.tokens, self._moved_logits)
+            except (Missing, *MODEL_ERRORS) as err:
+                self._moved = {"error": err}
+        if "error" in self._moved:
+            raise self._moved["error"]
+        return self._moved
+
+
+def _yielded(model: Model, probe: _Probe, measurement: str, tol: float, names: set[str]) -> dict[str, Identity]:
+    """What ``measurement`` yields (:data:`MEASUREMENTS`), measured on ``probe``: of the clean run's checks,
+    those in ``names`` (the run is the cost, shared; each check reads it by hand); of the others, all."""
+    box, tokens, mlps = probe.box, probe.tokens, not model.cfg.attn_only
+    if measurement == "clean run":
+        projected = _backend.projection_layers(model)
+        checks = {"embedding": (C.embedding, True), "stream": (C.stream, True), "values": (C.values, True),
+                  "scores": (C.scores, True), "scores read": (C.scores_read, True), "mlp reads": (C.mlp_reads, mlps),
+                  "mlp writes": (C.mlp_writes, mlps), "mlp weights": (C.mlp_weights, mlps),
+                  "projections": (lambda m, b: C.projections(m, b, projected), bool(projected))}
+        return {name: judge(name, tol, lambda fn=fn: fn(model, box), applies=applies)
+                for name, (fn, applies) in checks.items() if name in names}
+    if measurement == "logits":
+        return {"readout": judge("readout", tol, lambda: C.readout_check(model, box)),
+                "vocabulary": judge("vocabulary", tol, lambda: C.vocabulary(model, box))}
+    if measurement == "z moved":
+        return {"heads": judge("heads", tol, lambda: _heads(model, probe.moved()))}
+    if measurement == "gradient":  # the receivers' per-head copies only where readers is asked for
+        return _gradient_identities(model, tokens, tol, probe.moved, with_readers="readers" in names)
+    single = {"rows": ("rows", lambda: _rows(model)),
+              "head inputs": ("head inputs", lambda: _head_inputs(model, tokens, box)),
+              "backward hooks": ("gradients", lambda: _gradients(model, tokens)),
+              "from a layer": ("start at layer", lambda: _start(model, box)),
+              "to a layer": ("stop at layer", lambda: _stop(model, tokens, box))}
+    name, fn = single[measurement]
+    return {name: judge(name, tol, fn)}
+
+
+def measure(model: Model, tol: float, names: tuple[str, ...] | None = None) -> dict[str, Identity]:
+    """The identities ``names`` (default: every one of :data:`MEASUREMENTS`) on ``model``, flags already set by
+    the caller: each measurement that yields one of them, once, and what else it yields at no cost (every
+    identity of a run of its own; of the clean run, only those asked for: each is a computation by hand).
 
     Raises:
         ValueError: the model's forward pass fails on the probe batch (named).
     """
-    tokens = C.probe(model)
-    box = C.clean_run(model, tokens)
-    cfg = model.cfg
-    mlps = not cfg.attn_only
-    projected = _backend.projection_layers(model)
-    out = {
-        "embedding": judge("embedding", tol, lambda: C.embedding(model, box)),
-        "stream": judge("stream", tol, lambda: C.stream(model, box)),
-        "values": judge("values", tol, lambda: C.values(model, box)),
-        "scores": judge("scores", tol, lambda: C.scores(model, box)),
-        "scores read": judge("scores read", tol, lambda: _scores_read(model, tokens, box)),
-        "projections": judge("projections", tol, lambda: C.projections(model, box, projected), applies=bool(projected)),
-        "mlp reads": judge("mlp reads", tol, lambda: C.mlp_reads(model, box), applies=mlps),
-        "mlp writes": judge("mlp writes", tol, lambda: C.mlp_writes(model, box), applies=mlps),
-        "mlp weights": judge("mlp weights", tol, lambda: C.mlp_weights(model, box), applies=mlps),
-        "readout": judge("readout", tol, lambda: C.readout_check(model, box)),
-        "vocabulary": judge("vocabulary", tol, lambda: C.vocabulary(model, box)),
-        "rows": judge("rows", tol, lambda: _rows(model)),
-        "head inputs": judge("head inputs", tol, lambda: _head_inputs(model, tokens, box)),
-        "gradients": judge("gradients", tol, lambda: _gradients(model, tokens)),
-        "start at layer": judge("start at layer", tol, lambda: _start(model, box)),
-        "stop at layer": judge("stop at layer", tol, lambda: _stop(model, tokens, box)),
-    }
-    out.update(_gradient_run(model, tokens, tol))
-    if cfg.n_layers == 0:  # nothing to read: every identity is vacuous
-        out = {k: Identity(k, None, float("nan"), tol) for k in out}
+    names = set(n for ys in MEASUREMENTS.values() for n in ys) if names is None else set(names)
+    measurements = {m for m, ys in MEASUREMENTS.items() if names & set(ys)}
+    runs = [m for m in measurements if m != "backward hooks" or _backward_hooks(model)]  # (none: nothing is run)
+    unembeddings = bool(measurements & _READ_LOGITS) + sum(_UNEMBEDDINGS.get(m, 0) for m in runs)
+    # 3.x copies W_U at each unembedding: stored transposed (one copy) where more than two runs reach it
+    with _backend.unembed_stored_transposed(model) if unembeddings > 2 else contextlib.nullcontext():
+        probe = _Probe(model, measurements, reads_logits="readers" in names)
+        if model.cfg.n_layers == 0:  # nothing to read: every identity is vacuous
+            return {k: Identity(k, None, float("nan"), tol) for m in measurements for k in MEASUREMENTS[m]}
+        out: dict[str, Identity] = {}
+        for measurement in (m for m in MEASUREMENTS if m in measurements):  # in the table's order
+            out.update(_yielded(model, probe, measurement, tol, names))
     return out

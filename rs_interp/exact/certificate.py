@@ -19,7 +19,10 @@ identity misses by orders of magnitude more (measured gaps: the docs' tolerances
 
 The certificate is cached on the model under a key that covers everything that can change a number
 (``rs_interp.exact._fingerprint``: weights, dtype, device, every hook of TransformerLens's or PyTorch's on
-any module, the config and hook flags); a model whose key cannot be read is measured at every call.
+any module, the config and hook flags); a model whose key cannot be read is measured at every call. It is
+measured as far as it is read: :func:`require` measures the identities its helper needs that are not yet
+cached under the model's key (each measurement once, :data:`rs_interp.exact._runs.MEASUREMENTS`), and a
+later helper that needs more measures only the rest; :func:`certify` measures them all.
 
 >>> import rs_interp as ri
 >>> cert = ri.certify(ri.load_toy_model("induction-2l"))
@@ -132,10 +135,11 @@ def _needed(helper: str, also: tuple[str, ...] = ()) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Certificate:
-    """Every identity of :data:`IDENTITIES` on one model (:func:`certify`).
+    """The identities of :data:`IDENTITIES` measured on one model: every one (:func:`certify`), or those a
+    helper needed so far (:func:`require`).
 
     Attributes:
-        identities: one :class:`Identity` per name, in the table's order.
+        identities: one :class:`Identity` per name measured, in the table's order.
         source: ``"native"`` or ``"booted"`` (Hugging Face modules under TransformerLens 4).
         dtype: the model's dtype.
         hooks: where hooks were attached when it was measured (they are part of the model certified).
@@ -160,7 +164,14 @@ class Certificate:
         for identity in self.identities:
             if identity.name == name:
                 return identity
+        if name in IDENTITIES:
+            raise KeyError(f"the identity {name!r} was not measured for this certificate (require(model, "
+                           "helper, also=...) measures what a call reads; rs_interp.certify(model) measures all)")
         raise KeyError(f"no identity {name!r}; one of {list(IDENTITIES)}")
+
+    def measured(self) -> tuple[str, ...]:
+        """The names of the identities measured, in the table's order."""
+        return tuple(i.name for i in self.identities)
 
     def holds(self, *names: str) -> bool:
         """Whether every identity named holds (or does not apply)."""
@@ -213,12 +224,18 @@ class Certificate:
             if i.holds is False:
                 lines.append(f"{'':<15} {i.why}")
         lines += ["", f"{'helper':<34} answers"]
+        fails = set(self.failed())
+        unmeasured = [n for n in IDENTITIES if n not in self.measured()]
+        if unmeasured:
+            lines.append(f"{'':<15} not measured: {', '.join(unmeasured)} (rs_interp.certify(model) measures all)")
         for helper in NEEDS:
-            failed = [n for n in NEEDS[helper] if self[n].holds is False]
+            failed = [n for n in NEEDS[helper] if n in fails]
             config = self.refused_configuration(helper)
             word = "no: " + ", ".join(failed) if failed else f"no: {config} (configuration)" if config else "yes"
-            opt = [f"{w}: needs {n}" for n, w in OPTIONAL.get(helper, {}).items() if self[n].holds is False]
-            adapt = [f"{n} fails: {what}" for n, what in ADAPTS.get(helper, {}).items() if self[n].holds is False]
+            if not failed and not config and any(n in unmeasured for n in NEEDS[helper]):
+                word = "not measured"
+            opt = [f"{w}: needs {n}" for n, w in OPTIONAL.get(helper, {}).items() if n in fails]
+            adapt = [f"{n} fails: {what}" for n, what in ADAPTS.get(helper, {}).items() if n in fails]
             lines.append(f"{helper:<34} {word}" + "".join(f"; {x}" for x in opt + adapt))
         return "\n".join(lines)
 
@@ -232,10 +249,11 @@ def _attached(model: Model) -> tuple[str, ...]:
     """Where hooks are attached: TransformerLens hook points (once, by every name a 4.x alias gives
     them) and modules with PyTorch hooks of their own."""
     names: dict[int, list[str]] = {}
-    for name, hp in model.hook_dict.items():
+    hook_dict = model.hook_dict  # (a bridge builds it at each read)
+    for name, hp in hook_dict.items():
         if hp._forward_hooks or hp._backward_hooks:
             names.setdefault(id(hp), []).append(name)
-    points = {id(hp) for hp in model.hook_dict.values()}
+    points = {id(hp) for hp in hook_dict.values()}
     out = [" = ".join(sorted(v, key=lambda n: ("hook_in" in n or "hook_out" in n, n))) for v in names.values()]
     for name, module in model.named_modules():
         if id(module) not in points and any(not _backend.is_own_hook(fn) for d in HOOK_DICTS for fn in getattr(module, d, {}).values()):
@@ -265,39 +283,58 @@ def certify(model: Model, *, refresh: bool = False) -> Certificate:
         >>> print(ri.certify(ri.load_toy_model("induction-2l")).table().splitlines()[0])
         certificate of a native float32 model
     """
+    return _measured(model, tuple(IDENTITIES), refresh=refresh)
+
+
+def require(model: Model, helper: str, *, also: tuple[str, ...] = (), adapts: bool = True) -> Certificate:
+    """The model's certificate, if every identity ``helper`` needs (:data:`NEEDS`, plus ``also``) holds: those
+    are measured (the ones not yet cached under the model's key), with the identities the helper adapts to
+    (:data:`ADAPTS`; ``adapts=False`` where this call reads none of them), and no other.
+
+    Raises:
+        ValueError: the first identity that fails, named with its gap, what it means and what to do.
+    """
+    read = (*_needed(helper, also), *(ADAPTS.get(helper, {}) if adapts else ()))
+    cert = _measured(model, read)
+    why = cert.refusal(helper, also=also)
+    if why is not None:
+        raise ValueError(why)
+    return cert
+
+
+def _source(model: Model, tol: float) -> Identity:
+    """``source``: what :func:`note_source` recorded (the loader's measurement), or not applicable."""
+    noted = model.__dict__.get(_SOURCE)
+    if noted is None:
+        return Identity("source", None, float("nan"), tol)
+    return Identity("source", noted[0] <= noted[1], noted[0], noted[1], "the model is not its checkpoint's function")
+
+
+def _measured(model: Model, names: tuple[str, ...], *, refresh: bool = False) -> Certificate:
+    """The model's certificate with at least ``names`` measured: the cached one where its key still holds
+    and it has them, else the cached identities (key unchanged) and the missing ones measured now."""
     check_weights(model)
     try:
         key = fingerprint(model)
     except Unfingerprintable:
         key = None  # measured at every call: nothing can say a cached certificate still holds
     cached = model.__dict__.get(_CACHE)
-    if key is not None and cached is not None and cached[0] == key and not refresh:
-        return cached[1]
+    known = cached[1] if key is not None and cached is not None and cached[0] == key and not refresh else None
+    have = {} if known is None else {i.name: i for i in known.identities}
+    missing = tuple(n for n in names if n not in have)
+    if known is not None and not missing:
+        return known
     tol = TOLERANCES.get((model.cfg.dtype, _backend.model_source(model)), 1e-4)
-    hooks = _attached(model)
-    with preserve_state(model, **mlp_flags(model)):
-        measured = measure(model, tol)
-    noted = model.__dict__.get(_SOURCE)
-    measured["source"] = (Identity("source", None, float("nan"), tol) if noted is None
-                          else Identity("source", noted[0] <= noted[1], noted[0], noted[1], "the model is not its checkpoint's function"))
-    cert = Certificate(identities=tuple(measured[name] for name in IDENTITIES), source=_backend.model_source(model),
-                       dtype=model.cfg.dtype, hooks=hooks,
-                       **_configuration(model))
+    hooks = _attached(model) if known is None else known.hooks
+    wanted = tuple(n for n in missing if n != "source")
+    if wanted:
+        with preserve_state(model, **mlp_flags(model)):
+            have |= {n: i for n, i in measure(model, tol, wanted).items() if n not in have}
+    have.setdefault("source", _source(model, tol))
+    cert = Certificate(identities=tuple(have[name] for name in IDENTITIES if name in have),
+                       source=_backend.model_source(model), dtype=model.cfg.dtype, hooks=hooks, **_configuration(model))
     if key is not None:
         model.__dict__[_CACHE] = (key, cert)
-    return cert
-
-
-def require(model: Model, helper: str, *, also: tuple[str, ...] = ()) -> Certificate:
-    """The model's certificate, if every identity ``helper`` needs (:data:`NEEDS`, plus ``also``) holds.
-
-    Raises:
-        ValueError: the first identity that fails, named with its gap, what it means and what to do.
-    """
-    cert = certify(model)
-    why = cert.refusal(helper, also=also)
-    if why is not None:
-        raise ValueError(why)
     return cert
 
 

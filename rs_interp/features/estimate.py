@@ -23,8 +23,16 @@ its target, half the model on average for feature rows, all of it for logits; th
 and the MLPs cut, so per token and layer only ``W_O``, the pattern and ``W_V``: ``4 d^2 + 2 P d``), the
 rows' dot products ``2 B d (A / 2 + T)`` a batch, the transcoders' encode and decode ``4 P L d W``, four
 forward passes and the influence rounds, over a large-matmul rate (FLOP/s) measured in the same
-process (:func:`matmul_rate`). It is a lower bound the run approaches; the benchmark
-(``benchmarks/bench_features.py``) prints both.
+process (:func:`matmul_rate`): that is :attr:`GraphEstimate.flops` and the bound ``flops / rate``. The
+time, :attr:`GraphEstimate.seconds`, weighs each term by how far its kind of product runs below the
+large-matmul rate (:data:`_COST`), fitted to the CPU seconds of each phase of the graph on GPT-2 small's
+shape (12 x 24,576 TopK-64 transcoders, 1,024 feature nodes, batches of 16, one thread) at 64 and 256
+tokens, and, for the pattern's growth past 256 tokens, the 1,024-token graph's total
+(docs/project/benchmarks.md#attribution-graphs-of-long-prompts): the ``4 d^2`` products at the rate; the
+pattern's ``2 P d`` (a batched ``P x P`` by ``P x d_head`` product, one per head: far from a large matmul)
+2.5 times slower, and past 256 tokens (a head's pattern past 256 KiB) slower again as ``(P / 256)^(2/3)``;
+the rows' dot products (gathers at the active features) 5.6 times; the encoding, TopK included, 1.3; the
+forward passes 1.4; the influence rounds 7.
 """
 
 from __future__ import annotations
@@ -44,6 +52,13 @@ __all__ = ["GraphEstimate", "estimate_graph", "matmul_rate"]
 #: own), fitted to GPT-2 small's shape at 64, 256 and 1,024 tokens (docs/project/benchmarks.md).
 _ROW_SHARE = 0.7
 
+#: How many times slower than the large-matmul rate each term of the time runs (module docstring):
+#: fitted to the phases' CPU seconds on GPT-2 small's shape (64 and 256 tokens) and the 1,024-token total.
+_COST = {"dense": 1.0, "pattern": 2.5, "dots": 5.6, "encode": 1.3, "forward": 1.4, "rounds": 7.0}
+
+#: Past this many positions a head's pattern leaves the cache: the pattern's product slows as ``(P / this)^(2/3)``.
+_PATTERN_CACHED = 256
+
 #: What a graph's run holds whatever its size (autograd's and the allocator's bookkeeping, the
 #: certificate's probe): measured on GPT-2 small's shape, 64 tokens.
 _OVERHEAD = 100 * 2**20
@@ -55,7 +70,8 @@ class GraphEstimate:
 
     Attributes:
         peak_bytes: the peak memory above the loaded model and transcoders.
-        flops: the floating-point operations counted; seconds: ``flops / rate``.
+        flops: the floating-point operations counted (``flops / rate``: the bound).
+        seconds: the time, each term of ``flops`` weighed by how far it runs below ``rate`` (module docstring).
         rate: the FLOP/s used.
         n_active, n_rows: active features and feature rows computed.
         parts: each term of the peak, bytes, by name (``phase: what``).
@@ -158,14 +174,20 @@ def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature
     peak = max(sum(rows.values()), sum(assembly.values()), sum(pruning.values()))
     # the backward of the frozen model: patterns detached (no gradient to q, k) and MLPs cut, so a target's
     # gradient crosses each layer below it through W_O, the pattern and W_V only: 2 (2 d^2) + 2 P d a token
-    backward_layer = 2 * 2 * d * d + 2 * P * d
-    forward_layer = 2 * (4 * d * d + 2 * d * m) + 2 * 2 * P * d
     feature_batches, logit_batches = math.ceil(S / B), math.ceil(max_logits / B)
-    backward = (feature_batches * B * (L / 2) + logit_batches * B * L) * P * backward_layer
-    dots = (feature_batches + logit_batches) * 2 * B * d * (A / 2 + T)
-    encode = 4 * P * L * d * W + 4 * P * L * forward_layer  # the transcoders, and four forward passes
-    # eight influence estimates, each walking (at most L steps) over the rows computed so far (half of them on average)
-    rounds = 0 if max_feature_nodes is None or S >= A else 8 * L * (S / 2) * (mean_cut + T) * 4
-    flops = backward + dots + encode + rounds
+    crossed = (feature_batches * B * (L / 2) + logit_batches * B * L) * P  # (token, layer) steps of the backward
+    forward_layer = 2 * (4 * d * d + 2 * d * m) + 2 * 2 * P * d
+    terms = {
+        "dense": crossed * 2 * 2 * d * d,
+        "pattern": crossed * 2 * P * d,
+        "dots": (feature_batches + logit_batches) * 2 * B * d * (A / 2 + T),
+        "encode": 4 * P * L * d * W,  # the transcoders
+        "forward": 4 * P * L * forward_layer,  # four forward passes
+        # eight influence estimates, each walking (at most L steps) over the rows computed so far (half on average)
+        "rounds": 0 if max_feature_nodes is None or S >= A else 8 * L * (S / 2) * (mean_cut + T) * 4,
+    }
+    slower = dict(_COST, pattern=_COST["pattern"] * max(1.0, P / _PATTERN_CACHED) ** (2 / 3))
+    flops = sum(terms.values())
+    weighted = sum(slower[k] * v for k, v in terms.items())
     rate = matmul_rate() if rate is None else float(rate)
-    return GraphEstimate(int(peak), float(flops), float(flops / rate), rate, A, S, rows | assembly | pruning)
+    return GraphEstimate(int(peak), float(flops), float(weighted / rate), rate, A, S, rows | assembly | pruning)

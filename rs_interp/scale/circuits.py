@@ -107,7 +107,7 @@ def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.Attr
         ValueError: ``grad_drop=True`` (a sum of magnitudes of whole-batch estimates: not a sum over
             batches) and ``per_example=True`` (a result as large as the dataset), each saying so.
     """
-    require(model, "scale.attribution_patching")
+    require(model, "scale.attribution_patching", adapts=False)  # read by the helper each batch runs
     run_kw, options = _split(options, "attribution_patching")
     _estimate_options(options, "attribution_patching")
     rule = weighted(_c.AttributionPatching, mean=("effect", "effect_per_position", "clean", "first_order"),
@@ -127,7 +127,7 @@ def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c
         >>> eap_ig.ig_steps, eap_ig.layout.n_edges
         (2, 29)
     """
-    require(model, "scale.edge_attribution_patching")
+    require(model, "scale.edge_attribution_patching", adapts=False)  # read by the helper each batch runs
     run_kw, options = _split(options, "edge_attribution_patching")
     _estimate_options(options, "edge_attribution_patching")
     rule = weighted(_c.EdgeAttributionPatching, mean=("effect", "clean", "first_order"),
@@ -163,7 +163,7 @@ def head_ablation_scan(model: Model, data: Dataset, *, ablation: str = "zero", *
     Raises:
         ValueError: ``ablation="mean"`` or ``"position_mean"`` (module docstring).
     """
-    require(model, "scale.head_ablation_scan")
+    require(model, "scale.head_ablation_scan", adapts=False)  # read by the helper each batch runs
     _rowwise(ablation, "head_ablation_scan")
     run_kw, options = _split(options, "head_ablation_scan")
     rule = weighted(_h.HeadAblationScan, mean=("effect", "clean", "ablated"), same=("ablation", "labels"))
@@ -174,7 +174,7 @@ def head_ablation_scan(model: Model, data: Dataset, *, ablation: str = "zero", *
 def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatching:
     """:func:`rs_interp.path_patching` (every edge, or ``edges``) over a dataset; arguments as
     :func:`attribution_patching`."""
-    require(model, "scale.path_patching")
+    require(model, "scale.path_patching", adapts=False)  # read by the helper each batch runs
     run_kw, options = _split(options, "path_patching")
     rule = weighted(_c.PathPatching, mean=("effect", "clean"), same=("layout",))
     return stream(_metric_analysis("path patching", _c.path_patching, rule, options), model, data, **run_kw)

@@ -39,12 +39,20 @@ def test_every_identity_but_the_source_has_a_mutation():
     assert set(MUTATIONS) == set(IDENTITIES) - {"source"}  # the source's: test_a_dropped_bias_in_a_conversion_is_refused
 
 
+#: What each mutation breaks besides its own identity (issue 64 keeps this list: a cheaper measurement refuses
+#: exactly what the one before it did): the same on both versions but where a key says otherwise.
+ALSO_BROKEN = {"z": {"heads"}, "scores": {"scores read"}, "scores read": {"scores"}, "projections": {"scores"},
+               "input": {"readers"}, "mlp writes": {"mlp weights"} if TL4 else set(),
+               "gradients": set() if TL4 else {"readers"}, "rows": {"stream"}, "start at layer": {"values"},
+               "head inputs": {"scores", "projections"}}
+
+
 @pytest.mark.parametrize("identity", list(MUTATIONS))
 def test_each_broken_identity_is_named(identity):
     model = _model()
     MUTATIONS[identity](model)
     cert = ri.certify(model)
-    assert identity in cert.failed(), cert.table()
+    assert set(cert.failed()) == {identity} | ALSO_BROKEN.get(identity, set()), cert.table()
     assert cert[identity].why, "a failing identity says what fails"
 
 
