@@ -212,7 +212,7 @@ def edge_relevance_patching(
             (``"gauss"``, the default: Gauss-Legendre; ``"left"``, ``"right"``: :func:`rs_interp.attribution_patching`);
             default: at the run alone.
         spans: ``"each"`` or a :class:`rs_interp.circuits.positions.PositionSchema`: also each span's share,
-            ``per_span`` (:meth:`positional`), summing to ``effect``.
+            ``per_span`` (its ``positional()``), summing to ``effect``.
         per_example: keep each pair's share (error bars: :class:`rs_interp.circuits.uncertainty.Spread`).
         memory_budget: bytes one chunk of the QK fix's patched patterns may use (roughly).
         progress: a progress bar (the QK fix's layers).

@@ -75,22 +75,19 @@ class DASOptions:
         seed: the initial basis and the batch order.
         micro_batch_size: pairs per forward pass (a batch split, the same gradient); None: the whole batch.
         loss: ``"cross_entropy"`` of the class scores (TransformerLens's), or ``"squared"``: the squared error of
-            the read output to the label's, for a model whose outputs are exact (tracr's: logits 1 for the
-            label's class and 0 elsewhere, or the numerical value itself). Cross-entropy keeps rewarding a
-            larger margin, which a subspace can buy by mixing in other directions that differ with the label
-            (a variable's parents, tracr's selector-width scalar): on such models it does not recover the
-            variable's subspace (measured: docs/capabilities/variables.md); the squared error is least there.
+            the read output to the label's, for a model whose outputs are exact (tracr's). Cross-entropy keeps
+            rewarding a larger margin, which a subspace can buy by mixing in directions that differ with the
+            label (a variable's parents): there it misses the variable (docs/capabilities/variables.md).
         schedule: the learning rate over the steps: ``"constant"`` (TransformerLens's), or decayed to 0 at the
             last step, ``"linear"`` or ``"cosine"``. Adam's steps are normalised, so near an exact answer the
             smallest gradient moves the basis by about ``lr``: on a model as sharp as tracr's (softmax
             coldness in the hundreds) a constant rate walks off the answer it found; a decay lets it settle.
-        restarts: how many starts to train (the seeds ``seed``, ``seed + 1``, ...; each its own initial
-            basis and batch order), keeping the one whose mean loss over the training pairs, once trained, is
-            least (the training pairs only: never the held-out pairs). The controls get the same restarts.
+        restarts: how many starts to train (seeds ``seed``, ``seed + 1``, ...), keeping the one whose mean loss
+            over the training pairs (never the held-out pairs), once trained, is least; the controls' too.
         temper: the scale of every later attention's queries at the first step (in ``(0, 1]``; 1: none),
             raised geometrically to 1 by ``temper_until`` of the steps and 1 after: cold attention (tracr's)
-            has a loss flat away from the answer and a cliff next to it; softened, its gradients reach further.
-            The accuracies are of the untouched model.
+            has a loss flat away from the answer and a cliff next to it; softened, its gradients reach further
+            (the accuracies are of the untouched model).
         temper_until: the fraction of the steps over which ``temper`` anneals to 1, in ``(0, 1]``.
 
     Raises:

@@ -244,6 +244,8 @@ def _expected_refusals(name: str) -> set[str]:
     if TL4 and name == "gptj":  # 4.3's GPT-J hook_attn_scores holds the pattern, not the scores, and its rotary is inside
         # Hugging Face's module (`scores read`): the sensitivity reads scores. Its per-head q/k/v inputs are emulated.
         out |= {"key_score_sensitivity"}
+    if "composition_scores" in out:  # the affinities of q and k read the same bilinear form (the certificate's `scores`)
+        out |= {"head_affinity", "head_affinities"}
     return out
 
 

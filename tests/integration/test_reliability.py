@@ -79,6 +79,10 @@ HELPERS = {
         ri.edge_attribution_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
                                      reference=ri.induction_batch(4, seed=1).tokens, correction="hessian"),
         reference=ri.induction_batch(4, seed=1).tokens),
+    "relevance_patching": lambda m: ri.relevance_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
+                                                          reference=ri.induction_batch(4, seed=1).tokens),
+    "edge_relevance_patching": lambda m: ri.edge_relevance_patching(
+        m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(), reference=ri.induction_batch(4, seed=1).tokens),
     "certify": lambda m: ri.certify(m, refresh=True),
     "second_order_attribution": lambda m: ri.second_order_attribution(m, _batch().tokens, targets=_batch().tokens, positions=[-1]),
     "as_dtype": lambda m: ri.as_dtype(m, torch.float64),

@@ -88,7 +88,7 @@ def _positional(ctx: Context, name: str, model, tokens, reference, metric, spans
         rows.append(banded("faithfulness.cpr", f"{name}, {method}: CPR (positional edges, spans {what})", m.cpr))
         rows.append(banded("faithfulness.cmd", f"{name}, {method}: CMD (positional edges, spans {what})", m.cmd))
         rows.append(banded("faithfulness.cost_passes", f"{name}, {method}: cost (matmul FLOPs) beside EAP's", flops / eap_run[2],
-                           theory=f"{flops / eap_run[2]:.2f} x EAP"))
+                           note=f"{flops / eap_run[2]:.2f} x EAP's"))
         out[method] = {"cpr": m.cpr, "cmd": m.cmd, "flops_vs_eap": flops / eap_run[2], "seconds": seconds,
                        "faithfulness": m.absolute.faithfulness, "n_edges": m.absolute.n_edges, "spans": list(spans.names)}
         twin = plain.get(METHODS[method].key.removesuffix("-pos"))
@@ -96,7 +96,7 @@ def _positional(ctx: Context, name: str, model, tokens, reference, metric, spans
             whole = scores[twin].effect.nan_to_num(0)
             gap = float((runs[method][0].total().effect.nan_to_num(0) - whole).abs().max()) / max(float(whole.abs().max()), 1e-300)
             rows.append(banded("faithfulness.positions_sum", f"{name}, {method}: its positional edges summed over the spans against "
-                               f"{twin} (largest gap, relative to its largest edge)", gap, theory="0 (a sum over positions)"))
+                               f"{twin} (largest gap, relative to its largest edge)", gap, theory="0", note="a sum over positions"))
             out[method]["sum_gap"] = gap
     return rows, out
 
