@@ -306,9 +306,8 @@ def set_unembedding(model: Model, W_U: torch.Tensor) -> None:
 def _folded(model: Model, fold_ln: bool) -> Model:
     """Say ``normalization_type="LNPre"`` after folding, as 3.x does (the forward pass is unchanged).
 
-    Remove when: TransformerLens >= 4.4 (or whichever release first does) reports ``LNPre`` after
-    ``fold_ln`` (4.3 keeps ``"LN"`` with unit gains and zero biases).
-    """
+    Remove when: TransformerLens >= 4.4 (or whichever release first does) reports ``LNPre`` after ``fold_ln``
+    (4.3 keeps ``"LN"`` with unit gains and zero biases)."""
     if fold_ln and model.cfg.normalization_type == "LN":
         # every norm the blocks have (OLMo's parameter-free ones have neither gain nor bias)
         norms = [getattr(b, n) for b in model.blocks for n in ("ln1", "ln2") if n in b._modules] + [model.ln_final]

@@ -4,7 +4,7 @@ to stay exact.
 - :mod:`rs_interp.exact.certificate`: :func:`~rs_interp.exact.certificate.certify` measures every identity
   of ``IDENTITIES`` on a model; ``require`` refuses a helper, by name, where one it needs fails.
 - :mod:`rs_interp.exact.needs`: what each public helper relies on (``NEEDS``), or why it is exempt (data only).
-- ``_checks`` and ``_runs``: the identities read off the clean probe run, and those that need runs of
+- ``_checks``, ``_runs`` and ``_layer_runs``: the identities read off the clean probe run, and those that need runs of
   their own (gradients, rows, start and stop at a layer); ``_fingerprint``: the certificate's cache key.
 - :mod:`rs_interp.exact.norm`: the one norm (apply, frozen scale, affine with the backend's gain convention,
   input gradient).

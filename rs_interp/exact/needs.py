@@ -156,6 +156,9 @@ ADAPTS: dict[str, dict[str, str]] = {
            "start at layer": "the QK fix's passes from the tokens instead of from the cached stream"}
     for name in ("edge_attribution_patching", "attribution_patching", "scale.edge_attribution_patching",
                  "scale.attribution_patching", "edge_relevance_patching", "relevance_patching")
+} | {
+    "fit_jacobian_lens": {name: "the blocks' backward passes by autograd instead of written out from the weights"
+                          for name in ("stream", "heads", "values", "scores", "mlp reads", "mlp writes", "mlp weights")}
 }
 
 #: Public functions that take a model and rely on no identity, each with why.

@@ -30,13 +30,15 @@ from .. import _backend
 from .. import _names as N
 from .._backend import Model, attn_weight
 from ..exact.certificate import Certificate
+from ..exact.needs import ADAPTS
 from ..exact.norm import Norm
 from ..exact.stream import record
 
 __all__ = ["by_hand", "prompt_jacobians_by_hand"]
 
-#: The identities that make a block's function its weights' (module docstring).
-IDENTITIES = ("stream", "heads", "values", "scores", "mlp reads", "mlp writes", "mlp weights")
+#: The identities that make a block's function its weights' (module docstring): the fit adapts to them
+#: (measured with it, :data:`rs_interp.exact.needs.ADAPTS`; autograd where one fails).
+IDENTITIES = tuple(ADAPTS["fit_jacobian_lens"])
 
 
 def by_hand(model: Model, cert: Certificate) -> str | None:

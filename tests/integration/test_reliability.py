@@ -29,6 +29,21 @@ def _fixed_scores(model):
     return ri.EdgeEffects(layout=layout, effect=effect.masked_fill(~layout.exists, float("nan")), clean=0.0)
 
 
+def _jlens(model):
+    return ri.fit_jacobian_lens(model, _batch().tokens[:2], skip_first=4, progress=False)
+
+
+def _coordinate_patch(model, *, hooks):
+    """A patch of the first atom of the decomposition at layer 0's last position into token 0's coordinate."""
+    lens, seq = _jlens(model), _batch().tokens[:1]
+    dec = ri.jspace_decomposition(model, lens, seq[0], 0, position=-1, k=4)
+    source = int(dec.support[0])
+    if not hooks:
+        return ri.coordinate_patch(model, lens, seq[0], 0, source, 0, position=-1, decomposition=dec)
+    hooks = ri.coordinate_patch_hooks(model, lens, source, 0, [0], positions=[-1], k=4)
+    return model.run_with_hooks(seq, fwd_hooks=hooks).float()  # the model's logits, in float32 as the helpers' results
+
+
 HELPERS = {
     "score_model": lambda m: ri.score_model(m, _batch().tokens, targets=_batch().targets),
     "run_with_key_input": lambda m: ri.run_with_key_input(m, _batch().tokens, layer=1, keep=[(0, 0)]),
@@ -83,6 +98,18 @@ HELPERS = {
                                                           reference=ri.induction_batch(4, seed=1).tokens),
     "edge_relevance_patching": lambda m: ri.edge_relevance_patching(
         m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(), reference=ri.induction_batch(4, seed=1).tokens),
+    # the Jacobian lens (issue 62): a lens fitted to the model at hand (its dtype), the hook factories run as a user does
+    "fit_jacobian_lens": lambda m: _jlens(m),
+    "jacobian_lens": lambda m: ri.jacobian_lens(m, _batch().tokens, _jlens(m)),
+    "lens_vectors": lambda m: ri.lens_vectors(m, _jlens(m), [3, 5], 0),
+    "lens_steering_hooks": lambda m: m.run_with_hooks(_batch().tokens, fwd_hooks=ri.lens_steering_hooks(m, _jlens(m), 7, [0])),
+    "lens_ablation_hooks": lambda m: m.run_with_hooks(_batch().tokens, fwd_hooks=ri.lens_ablation_hooks(m, _jlens(m), [3, 4], [0])),
+    "lens_swap_hooks": lambda m: m.run_with_hooks(_batch().tokens, fwd_hooks=ri.lens_swap_hooks(m, _jlens(m), 3, 4, [0])),
+    "jspace_decomposition": lambda m: ri.jspace_decomposition(m, _jlens(m), _batch().tokens[0], 0, position=-1, k=4),
+    "jspace_occupancy": lambda m: ri.jspace_occupancy(m, _jlens(m), _batch().tokens[0], 0, position=-1, max_atoms=4, controls=2),
+    "jspace_variance": lambda m: ri.jspace_variance(m, _jlens(m), _batch().tokens[:1, :8], k=3, skip_first=4, progress=False),
+    "coordinate_patch": lambda m: _coordinate_patch(m, hooks=False),
+    "coordinate_patch_hooks": lambda m: _coordinate_patch(m, hooks=True),
     "certify": lambda m: ri.certify(m, refresh=True),
     "second_order_attribution": lambda m: ri.second_order_attribution(m, _batch().tokens, targets=_batch().tokens, positions=[-1]),
     "as_dtype": lambda m: ri.as_dtype(m, torch.float64),
@@ -451,7 +478,8 @@ def test_tables_are_identical_within_a_process():
 
 # ---- issue 12: half precision, empty selections ---------------------------------------------------------------
 
-_DECIDES = {"acdc", "fix_unreliable"}  # helpers whose output is a thresholded choice of edges
+# helpers whose output is a thresholded choice of edges, or a greedy choice of atoms (the J-space's OMP)
+_DECIDES = {"acdc", "fix_unreliable", "jspace_decomposition", "jspace_occupancy", "coordinate_patch", "coordinate_patch_hooks"}
 _HALF_TOLERANCE = {torch.float16: 0.05, torch.bfloat16: 0.3}  # |half - float32| on the toy model's logit-sized outputs
 
 
