@@ -80,13 +80,13 @@ def test_ground_truth_aurocs_are_the_written_scores(report_dir):
         heads_effective = {e.split(" -> ")[0] for e in effective}
         assert effective <= known and set(r["inert"]) == known - effective
         for method, scores in r["scores"].items():
-            items = list(scores)
+            items = [i.split(" @ ")[0] for i in scores]  # a positional edge ("s -> r @ span") is known when its edge is
             is_known, is_eff = (known, effective) if " -> " in items[0] else (heads_known, heads_effective)
             top = max(abs(v) for v in scores.values())
             mags = [abs(v) if abs(v) > NOISE_FLOOR * top else 0.0 for v in scores.values()]
-            for key, positive, keep in (("known", is_known, items), ("effective", is_eff, [i for i in items if i in is_eff or i not in is_known])):
-                labels = [i in positive for i in keep]
-                kept = [m for i, m in zip(items, mags) if i in keep]
+            for key, positive, keeps in (("known", is_known, lambda i: True), ("effective", is_eff, lambda i: i in is_eff or i not in is_known)):
+                labels = [i in positive for i in items if keeps(i)]
+                kept = [m for i, m in zip(items, mags) if keeps(i)]
                 want = pairwise_auroc(kept, labels) if 0 < sum(labels) < len(labels) else None
                 assert r["auroc"][method][key] == pytest.approx(want, abs=1e-12), (name, method, key)
         if name.startswith("tracr-"):  # the known circuit carries everything: it alone is the whole model
@@ -172,7 +172,8 @@ def test_the_report_holds_only_theory_values_and_folds_the_unbanded_rows(report_
     page = (report_dir / "report.html").read_text()
     discovery = page.split('<section id="faithfulness">')[1].split("</section>")[0]
     unbanded = sum(r["ok"] is None for r in data["bands"]["faithfulness"])
-    assert len(data["bands"]["faithfulness"]) - unbanded <= 4 and unbanded > 100  # 130 rows, 128 without a band
+    # 219 rows, 211 without a band: the circuit of every edge per model, and each positional method's sum over spans
+    assert len(data["bands"]["faithfulness"]) - unbanded <= 8 and unbanded > 100
     assert f"<summary>{unbanded} rows reported without a band</summary>" in discovery
     assert discovery.split("<details>")[0].count("<tr>") == len(data["bands"]["faithfulness"]) - unbanded + 1
 

@@ -97,6 +97,16 @@ def test_the_other_figures_take_results():
     assert plots.position_figure([0.5, 0.6], [0.9, 1.0], [0.1, 0.2, 0.1], head=(0, 0), drop=1).data
 
 
+def test_the_jacobian_lens_figure_draws_the_readings_it_is_given(setup):
+    model, a, _, _ = setup
+    toks = a.tokens[:2]
+    readings = ri.jacobian_lens(model, toks, ri.fit_jacobian_lens(model, toks, skip_first=4, progress=False))
+    fig = plots.jacobian_lens_figure(readings, compare=ri.logit_lens(model, toks), positions=[-2, -1])
+    assert len(fig.data) == 2 and [len(d.x) for d in fig.data] == [2, 2]
+    top = readings.top_probs[:, 0, -2:, 0]  # the colour: the top token's probability at each point and position
+    assert torch.allclose(torch.as_tensor(fig.data[0].z, dtype=top.dtype), top, atol=1e-6)
+
+
 def test_every_figure_is_covered():
     """A new figure function must be called above with a result object."""
     import inspect
