@@ -34,7 +34,7 @@ import torch
 from .. import _names as N
 from .._backend import Model, Stop, mlp_norm_name, pattern_after_attention, pre_norm, with_dtype
 from .._messages import few
-from .._state import warn_dropout
+from .._state import frozen, preserve_state
 from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
@@ -136,22 +136,10 @@ def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple
 @contextlib.contextmanager
 def quiet_model(model: Model) -> Iterator[None]:
     """Eval mode and no parameter gradients for the duration (the backward passes need input
-    gradients only); every flag restored as found, also on errors."""
-    modes = [(m, m.training) for m in model.modules()]
-    grads = [(p, p.requires_grad) for p in model.parameters()]
-    grad_mode = torch.is_grad_enabled()
-    warn_dropout(model)
-    try:
-        model.eval()
-        for p, _ in grads:
-            p.requires_grad_(False)
+    gradients only); every flag restored as found, also on errors (:func:`rs_interp._state.preserve_state`,
+    :func:`rs_interp._state.frozen`)."""
+    with preserve_state(model), frozen(model):
         yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-        for p, flag in grads:
-            p.requires_grad_(flag)
-        torch.set_grad_enabled(grad_mode)
 
 
 @dataclass(frozen=True)

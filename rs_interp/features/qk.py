@@ -51,6 +51,7 @@ from .._backend import Model
 from .._format import Top
 from .._keywords import renamed
 from .._messages import few
+from .._state import outside_inference_mode
 from ..exact.certificate import confirm
 from ..exact.postnorm import attn_frozen, attn_post
 from . import _conventions as C
@@ -195,6 +196,7 @@ class _GraphColumns:
 
 
 @renamed(top="k", edges="attention_edges")
+@outside_inference_mode
 def qk_attributions(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
                     attention_edges: Sequence[tuple[int, int, int, int]] | None = None, *, k: int = 8) -> tuple[QKAttribution, ...]:
     """Each attention score of ``attention_edges`` split into a bilinear table of query-side x key-side sources,
@@ -224,9 +226,6 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
     (True, True)
     """
     what = "features.qk_attributions"
-    if torch.is_inference_mode_enabled():
-        with torch.inference_mode(False):
-            return qk_attributions(model, transcoders, graph, attention_edges, k=k)
     model, tcs = _prepare(model, transcoders, graph, what)
     cfg, P, L, dt = model.cfg, graph.n_pos, graph.n_layers, model.cfg.dtype
     edges = attention_edges
@@ -299,6 +298,7 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
     return tuple(out)
 
 
+@outside_inference_mode
 def top_attention(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
                   k: int = 8) -> list[tuple[tuple[int, int, int, int], float]]:
     """The ``k`` attention edges ``(layer, head, query, key)`` whose write moves the graph's logit nodes
@@ -317,9 +317,6 @@ def top_attention(model: Model, transcoders: TranscoderSet, graph: AttributionGr
     >>> [len(e) for e, _ in top_attention(model, tcs, g, 3)]
     [4, 4, 4]
     """
-    if torch.is_inference_mode_enabled():
-        with torch.inference_mode(False):
-            return top_attention(model, transcoders, graph, k)
     model, tcs = _prepare(model, transcoders, graph, "features.top_attention")
     return _top_attention(model, tcs, graph, k)
 
