@@ -56,7 +56,7 @@ from ..exact.certificate import confirm
 from ..exact.postnorm import attn_frozen, attn_post
 from . import _conventions as C
 from . import _replacement as R
-from .attribution import Rows, active_nodes
+from ._direct import Rows, active_nodes
 from .graph import AttributionGraph
 from .transcoders import TranscoderSet
 
