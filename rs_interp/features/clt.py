@@ -312,24 +312,44 @@ def train_clt(model: Model, tokens: torch.Tensor, *, d_transcoder: int = 512, ac
     (2, 2)
     """
     from ..exact.certificate import require
-    from .training import _pairs
+    from .training import Recipe, _pairs
 
     require(model, "features.train_clt")
     cfg = model.cfg
-    L, d = cfg.n_layers, cfg.d_model
-    like = TranscoderSet(tuple(Transcoder(d, 1) for _ in range(L)), input_point)
+    recipe = Recipe(d_transcoder, activation, k, l1, steps, batch_size, lr, seed)
+    like = TranscoderSet(tuple(Transcoder(cfg.d_model, 1) for _ in range(cfg.n_layers)), input_point)
     with torch.no_grad():
         xs, ys = _pairs(model, like, torch.as_tensor(tokens))
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # the initialisation's draws, then the batches'
+    weights = _clt_init(ys, d_transcoder, g)
+    curve = _fit_clt(xs, ys, weights, g, recipe, progress)
+    clt = CrossLayerTranscoder.from_tensors(*weights, activation=activation, k=k if activation == "topk" else None,
+                                           input_point=input_point, scan=f"{getattr(cfg, 'model_name', 'model')}-clt")
+    ex, ey = (xs, ys) if eval_tokens is None else _pairs(model, like, torch.as_tensor(eval_tokens))
     dt = torch.float32
+    with torch.no_grad():
+        recon = clt.reconstruct([x.to(dt) for x in ex])
+        fvu = tuple(float(((ey[m].to(dt) - recon[m]) ** 2).sum(-1).mean() / ey[m].to(dt).var(0).sum().clamp(min=1e-12))
+                    for m in range(len(ey)))
+    return TrainedCLT(clt, fvu, tuple(curve))
+
+
+def _clt_init(ys: list[torch.Tensor], d_transcoder: int, g: torch.Generator) -> tuple[list[torch.nn.Parameter], ...]:
+    """The CLT's parameters before training: Gaussian encoders and decoders drawn from ``g`` (encoders first),
+    zero encoder biases, each decoder bias its layer's mean output; (W_enc, b_enc, W_dec, b_dec), float32."""
+    L, d, dt = len(ys), ys[0].shape[-1], torch.float32
     W_enc = [torch.nn.Parameter(torch.randn(d_transcoder, d, generator=g) / math.sqrt(d)) for _ in range(L)]
     b_enc = [torch.nn.Parameter(torch.zeros(d_transcoder)) for _ in range(L)]
-    W_dec = [torch.nn.Parameter(torch.randn(d_transcoder, L - l, d, generator=g) / math.sqrt(d_transcoder * (L - l))) for l in range(L)]
+    W_dec = [torch.nn.Parameter(torch.randn(d_transcoder, L - l, d, generator=g) / math.sqrt(d_transcoder * (L - l)))
+             for l in range(L)]
     b_dec = [torch.nn.Parameter(ys[m].mean(0).to(dt).clone()) for m in range(L)]
-    params = W_enc + b_enc + W_dec + b_dec
-    opt = torch.optim.Adam(params, lr=lr)
-    var = [y.var(0).sum().clamp(min=1e-12) for y in ys]
-    n = len(xs[0])
+    return W_enc, b_enc, W_dec, b_dec
+
+
+def _clt_forward(weights, batch_x: list[torch.Tensor], activation: str, k: int | None):
+    """Every layer's activations and every layer's reconstructed MLP output (the sum of the writes into it)."""
+    W_enc, b_enc, W_dec, b_dec = weights
+    L = len(W_enc)
 
     def act(pre):
         if activation == "relu":
@@ -337,32 +357,32 @@ def train_clt(model: Model, tokens: torch.Tensor, *, d_transcoder: int = 512, ac
         kept = pre.topk(k, dim=-1).indices
         return torch.zeros_like(pre).scatter(-1, kept, pre.gather(-1, kept))
 
-    def forward(batch_x):
-        acts = [act(x @ W_enc[l].T + b_enc[l]) for l, x in enumerate(batch_x)]
-        out = [b_dec[m].expand(len(batch_x[0]), -1) for m in range(L)]
-        for l in range(L):
-            for j in range(L - l):
-                out[l + j] = out[l + j] + acts[l] @ W_dec[l][:, j]
-        return acts, out
+    acts = [act(x @ W_enc[l].T + b_enc[l]) for l, x in enumerate(batch_x)]
+    out = [b_dec[m].expand(len(batch_x[0]), -1) for m in range(L)]
+    for l in range(L):
+        for j in range(L - l):
+            out[l + j] = out[l + j] + acts[l] @ W_dec[l][:, j]
+    return acts, out
 
+
+def _fit_clt(xs, ys, weights, g: torch.Generator, r, progress: bool) -> list[float]:
+    """Adam on the CLT's parameters (``weights``, trained in place) over batches drawn from ``g``; the curve."""
+    L, n, dt = len(xs), len(xs[0]), torch.float32
+    W_dec = weights[2]
+    opt = torch.optim.Adam([p for group in weights for p in group], lr=r.lr)
+    var = [y.var(0).sum().clamp(min=1e-12) for y in ys]
     curve = []
     with torch.enable_grad():
-        for step in bar(range(steps), desc="cross-layer transcoder", enabled=progress, unit="step"):
-            idx = torch.randint(0, n, (min(batch_size, n),), generator=g)
-            acts, out = forward([x[idx].to(dt) for x in xs])
+        for step in bar(range(r.steps), desc="cross-layer transcoder", enabled=progress, unit="step"):
+            idx = torch.randint(0, n, (min(r.batch_size, n),), generator=g)
+            acts, out = _clt_forward(weights, [x[idx].to(dt) for x in xs], r.activation, r.k)
             fvu = [((ys[m][idx].to(dt) - out[m]) ** 2).sum(-1).mean() / var[m] for m in range(L)]
             loss = sum(fvu)
-            if activation == "relu":
-                loss = loss + l1 * sum((acts[l] * W_dec[l].norm(dim=(1, 2))).sum(-1).mean() for l in range(L))
+            if r.activation == "relu":
+                loss = loss + r.l1 * sum((acts[l] * W_dec[l].norm(dim=(1, 2))).sum(-1).mean() for l in range(L))
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if step % max(1, steps // 100) == 0:
+            if step % max(1, r.steps // 100) == 0:
                 curve.append(float(sum(f.detach() for f in fvu)) / L)
-    clt = CrossLayerTranscoder.from_tensors(W_enc, b_enc, W_dec, b_dec, activation=activation, k=k if activation == "topk" else None,
-                                           input_point=input_point, scan=f"{getattr(cfg, 'model_name', 'model')}-clt")
-    ex, ey = (xs, ys) if eval_tokens is None else _pairs(model, like, torch.as_tensor(eval_tokens))
-    with torch.no_grad():
-        recon = clt.reconstruct([x.to(dt) for x in ex])
-        fvu = tuple(float(((ey[m].to(dt) - recon[m]) ** 2).sum(-1).mean() / ey[m].to(dt).var(0).sum().clamp(min=1e-12)) for m in range(L))
-    return TrainedCLT(clt, fvu, tuple(curve))
+    return curve
