@@ -225,77 +225,99 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
     >>> abs(float(a.table.sum()) - a.score) < 1e-3, abs(float(a.loadings.sum()) - 1) < 1e-3
     (True, True)
     """
-    what = "features.qk_attributions"
-    model, tcs = _prepare(model, transcoders, graph, what)
-    cfg, P, L, dt = model.cfg, graph.n_pos, graph.n_layers, model.cfg.dtype
+    model, tcs = _prepare(model, transcoders, graph, _QK)
     edges = attention_edges
     if edges is None:
         edges = [e for e, _ in _top_attention(model, tcs, graph, k)]
-    edges = [tuple(int(x) for x in e) for e in edges]
-    for e in edges:
-        if len(e) != 4 or not (0 <= e[0] < L and 0 <= e[1] < cfg.n_heads and 0 <= e[3] <= e[2] < P):
-            raise ValueError(f"{what}: an edge is (layer, head, query, key) with key <= query < {P}, got {e}")
+    edges = _check_edges(model, graph, edges)
     if not edges:
         return ()
     layers = sorted({e[0] for e in edges})
     names = [N.projection(l, w) for l in layers for w in "qkv"] + [N.z(l) for l in layers]
-    tokens = graph.tokens
-    n_nodes = graph.n_nodes - graph.n_logits
-    labels = graph.labels()[:n_nodes] + EXTRA_SOURCES
-    out = []
     with R.quiet_model(model):
-        clean = R.clean_run(model, tcs, tokens[None])
-        seen = _grab(model, tokens, names + [N.pattern(l) for l in layers], layers)
-        with_pos, without_pos = _constants(model, tcs, clean, tokens, names, graph.zero_positions)
-        features, activations, errors = active_nodes(tcs, clean, graph.zero_positions)
-        columns = _GraphColumns(graph, features, what)
+        run = _QKRun(model, tcs, graph, names, layers)
         with torch.enable_grad():
-            run = R.grad_forward(model, tcs, tokens[None], capture=tuple(names), patterns=clean.frozen)
-            rows = Rows(run, features, activations, tcs, errors, clean.embed, P, L)
+            return tuple(run.edge(*e) for e in edges)
 
-            def parts(name: str, pos: int, head: int, vector: torch.Tensor | None = None) -> torch.Tensor:
-                """(source, d) each source's part of ``name``'s (pos, head) vector (``vector``: of its dot with it)."""
-                t = run.captured[name]
-                d = t.shape[-1]
-                if vector is None:
-                    inject = torch.zeros(d, *t.shape, dtype=t.dtype)
-                    inject[torch.arange(d), 0, pos, head, torch.arange(d)] = 1.0
-                else:
-                    inject = torch.zeros(1, *t.shape, dtype=t.dtype)
-                    inject[0, 0, pos, head] = vector.to(t.dtype)
-                nodes = columns(rows.backward([t], [inject]))  # (d, graph sources + unselected)
-                bias = without_pos[name][pos, head]
-                const = torch.stack([with_pos[name][pos, head] - bias, bias]).to(nodes.dtype)
-                if vector is not None:
-                    const = const @ vector.to(nodes.dtype)[:, None]
-                return torch.cat([nodes.T, const])
 
-            for layer, head, q, k in edges:
-                kv = _kv(model, head)
-                qn, kn, vn = (N.projection(layer, w) for w in "qkv")
-                scale = _backend.attn_scale(model, layer)
-                q_raw, k_raw = parts(qn, q, head), parts(kn, k, kv)
-                confirm(what, "scores", q_raw.sum(0), seen[qn][q, head], q_raw, dt)
-                confirm(what, "scores", k_raw.sum(0), seen[kn][k, kv], k_raw, dt)
-                Q = q_raw @ _rotation(model, layer, q, q_raw.shape[1], q_raw.dtype) / scale
-                K = k_raw @ _rotation(model, layer, k, k_raw.shape[1], k_raw.dtype)
-                score = seen[f"scores{layer}"][head, q, k]
-                confirm(what, "scores", (Q @ K.T).sum(), score, (Q @ K.T).flatten()[:, None], dt)
-                # the head loadings: each source's part of the edge's write o along o / |o|^2
-                pattern = seen[N.pattern(layer)][head, q, k]
-                W_O = _backend.attn_weight(model.blocks[layer].attn, "W_O", cfg.n_heads)[head].detach()
-                o = pattern * seen[vn][k, kv] @ W_O
-                post = attn_post(model, layer, o.dtype)
-                if post.kind is None:
-                    along = pattern * (W_O @ (o / (o @ o).clamp(min=torch.finfo(o.dtype).tiny)))
-                else:  # a post-norm block: the write is o through the norm after the attention, its scale frozen
-                    s = attn_frozen(model, layer, seen[N.z(layer)][None], o.dtype)[1][0, q]
-                    w = post.linear(o, s)
-                    along = pattern * (W_O @ post.readout(w / (w @ w).clamp(min=torch.finfo(w.dtype).tiny), s))
-                loadings = parts(vn, k, kv, along)[:, 0]
-                out.append(QKAttribution(layer, head, q, k, float(score), float(pattern), Q.detach(), K.detach(),
-                                         loadings.detach(), labels, tokens, n_nodes))
-    return tuple(out)
+_QK = "features.qk_attributions"
+
+
+def _check_edges(model: Model, graph: AttributionGraph, edges) -> list[tuple[int, ...]]:
+    """``edges`` as tuples of ints, each (layer, head, query, key) in range with its key at or before its query."""
+    P, L = graph.n_pos, graph.n_layers
+    edges = [tuple(int(x) for x in e) for e in edges]
+    for e in edges:
+        if len(e) != 4 or not (0 <= e[0] < L and 0 <= e[1] < model.cfg.n_heads and 0 <= e[3] <= e[2] < P):
+            raise ValueError(f"{_QK}: an edge is (layer, head, query, key) with key <= query < {P}, got {e}")
+    return edges
+
+
+class _QKRun:
+    """One graph's replacement model run for the QK split: the clean run's values at the projections, their
+    constant parts, and the gradient run whose backward passes give each source's part of a projection."""
+
+    def __init__(self, model: Model, tcs: TranscoderSet, graph: AttributionGraph, names: list[str],
+                 layers: list[int]) -> None:
+        self.model, self.tcs, self.graph, tokens = model, tcs, graph, graph.tokens
+        self.n_nodes = graph.n_nodes - graph.n_logits
+        self.labels = graph.labels()[: self.n_nodes] + EXTRA_SOURCES
+        clean = R.clean_run(model, tcs, tokens[None])
+        self.seen = _grab(model, tokens, names + [N.pattern(l) for l in layers], layers)
+        self.with_pos, self.without_pos = _constants(model, tcs, clean, tokens, names, graph.zero_positions)
+        features, activations, errors = active_nodes(tcs, clean, graph.zero_positions)
+        self.columns = _GraphColumns(graph, features, _QK)
+        with torch.enable_grad():
+            self.run = R.grad_forward(model, tcs, tokens[None], capture=tuple(names), patterns=clean.frozen)
+            self.rows = Rows(self.run, features, activations, tcs, errors, clean.embed, graph.n_pos, graph.n_layers)
+
+    def parts(self, name: str, pos: int, head: int, vector: torch.Tensor | None = None) -> torch.Tensor:
+        """(source, d) each source's part of ``name``'s (pos, head) vector (``vector``: of its dot with it)."""
+        t = self.run.captured[name]
+        d = t.shape[-1]
+        if vector is None:
+            inject = torch.zeros(d, *t.shape, dtype=t.dtype)
+            inject[torch.arange(d), 0, pos, head, torch.arange(d)] = 1.0
+        else:
+            inject = torch.zeros(1, *t.shape, dtype=t.dtype)
+            inject[0, 0, pos, head] = vector.to(t.dtype)
+        nodes = self.columns(self.rows.backward([t], [inject]))  # (d, graph sources + unselected)
+        bias = self.without_pos[name][pos, head]
+        const = torch.stack([self.with_pos[name][pos, head] - bias, bias]).to(nodes.dtype)
+        if vector is not None:
+            const = const @ vector.to(nodes.dtype)[:, None]
+        return torch.cat([nodes.T, const])
+
+    def edge(self, layer: int, head: int, q: int, k: int) -> QKAttribution:
+        """One attention edge's bilinear table and head loadings, each checked against the run's own numbers."""
+        model, seen, dt = self.model, self.seen, self.model.cfg.dtype
+        kv = _kv(model, head)
+        qn, kn, vn = (N.projection(layer, w) for w in "qkv")
+        scale = _backend.attn_scale(model, layer)
+        q_raw, k_raw = self.parts(qn, q, head), self.parts(kn, k, kv)
+        confirm(_QK, "scores", q_raw.sum(0), seen[qn][q, head], q_raw, dt)
+        confirm(_QK, "scores", k_raw.sum(0), seen[kn][k, kv], k_raw, dt)
+        Q = q_raw @ _rotation(model, layer, q, q_raw.shape[1], q_raw.dtype) / scale
+        K = k_raw @ _rotation(model, layer, k, k_raw.shape[1], k_raw.dtype)
+        score = seen[f"scores{layer}"][head, q, k]
+        confirm(_QK, "scores", (Q @ K.T).sum(), score, (Q @ K.T).flatten()[:, None], dt)
+        pattern = seen[N.pattern(layer)][head, q, k]
+        loadings = self.parts(vn, k, kv, self._along(layer, head, q, k, pattern))[:, 0]
+        return QKAttribution(layer, head, q, k, float(score), float(pattern), Q.detach(), K.detach(),
+                             loadings.detach(), self.labels, self.graph.tokens, self.n_nodes)
+
+    def _along(self, layer: int, head: int, q: int, k: int, pattern: torch.Tensor) -> torch.Tensor:
+        """The head loadings' read vector: each source's part of the edge's write o along o / |o|^2."""
+        model, seen = self.model, self.seen
+        W_O = _backend.attn_weight(model.blocks[layer].attn, "W_O", model.cfg.n_heads)[head].detach()
+        o = pattern * seen[N.projection(layer, "v")][k, _kv(model, head)] @ W_O
+        post = attn_post(model, layer, o.dtype)
+        if post.kind is None:
+            return pattern * (W_O @ (o / (o @ o).clamp(min=torch.finfo(o.dtype).tiny)))
+        # a post-norm block: the write is o through the norm after the attention, its scale frozen
+        s = attn_frozen(model, layer, seen[N.z(layer)][None], o.dtype)[1][0, q]
+        w = post.linear(o, s)
+        return pattern * (W_O @ post.readout(w / (w @ w).clamp(min=torch.finfo(w.dtype).tiny), s))
 
 
 @outside_inference_mode

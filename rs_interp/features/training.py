@@ -95,7 +95,7 @@ class Recipe:
 
     def __post_init__(self) -> None:
         if self.activation not in ("relu", "topk"):
-            raise ValueError(f"train_transcoder trains relu and topk transcoders, not {self.activation!r} (JumpReLU "
+            raise ValueError(f"rs_interp trains relu and topk transcoders, not {self.activation!r} (JumpReLU "
                              "needs a straight-through estimator for its thresholds: train elsewhere and "
                              "load_transcoders)")
         if self.d_transcoder < 1 or self.steps < 1 or self.batch_size < 1:
