@@ -27,7 +27,8 @@ def active_nodes(tcs: TranscoderSet, clean: R.Clean, zero: Sequence[int] = ()):
     even at activation 0)."""
     feats, acts_list = [], []
     L, (P, d) = len(tcs), clean.embed.shape
-    recon = torch.zeros(L, P, d, dtype=clean.embed.dtype)  # each MLP output's reconstruction, from every layer writing to it
+    # each MLP output's reconstruction, from every layer writing to it
+    recon = torch.zeros(L, P, d, dtype=clean.embed.dtype)
     with torch.no_grad():
         for l, tc in enumerate(tcs):
             x = clean.inputs[l]
@@ -58,7 +59,8 @@ def _post_values(tcs: TranscoderSet, layer: int, acts: torch.Tensor, active: tor
 class Rows:
     """Direct-effect rows from batched backward passes through one :func:`~._replacement.grad_forward` run."""
 
-    def __init__(self, run: R.GradRun, features, activations, tcs: TranscoderSet, errors, embed, P: int, L: int) -> None:
+    def __init__(self, run: R.GradRun, features, activations, tcs: TranscoderSet, errors, embed, P: int,
+                 L: int) -> None:
         self.run, self.P, self.L = run, P, L
         self.errors, self.embed = errors, embed
         self.activations, self.tcs, self.index = activations, tcs, features[:, 2]
@@ -73,7 +75,8 @@ class Rows:
             cols = (features[:, 0] == l).nonzero()[:, 0]
             self.groups.append([(p, cols[features[cols, 1] == p]) for p in features[cols, 1].unique().tolist()])
         self.n_features = len(features)
-        self.layer_start = [int((features[:, 0] < l).sum()) for l in range(L + 1)]  # features are numbered layer by layer
+        # features are numbered layer by layer
+        self.layer_start = [int((features[:, 0] < l).sum()) for l in range(L + 1)]
 
     def compute(self, targets: list[tuple[int, int, torch.Tensor]], batch_size: int) -> torch.Tensor:
         """Rows (target, source) for targets ``(layer, pos, read vector)`` (layer ``L``: the final stream),

@@ -134,7 +134,8 @@ def attribution_graph(
 
     Args:
         transcoders: one per layer (:func:`rs_interp.features.load_transcoders`,
-            :func:`~rs_interp.features.train_transcoder`, :func:`~rs_interp.features.mlp_transcoders`); cast to the model's dtype.
+            :func:`~rs_interp.features.train_transcoder`, :func:`~rs_interp.features.mlp_transcoders`); cast to the
+            model's dtype.
         tokens: the prompt, (pos,) or (1, pos).
         targets: the logit nodes' tokens, read at ``position``; default the most probable tokens
             until their probability reaches ``logit_probability`` (at most ``max_logits``).
@@ -359,4 +360,5 @@ def _check_rows(graph: AttributionGraph, model: Model) -> None:
     why = (f"the run was changed by hooks attached at {hooked[:4]}: remove them (model.reset_hooks())" if hooked
            else "the model has a part the frozen replacement does not follow (e.g. an attention that neither takes its "
                 "pattern from attn.hook_pattern nor its output from attn.hook_z)")
-    raise ValueError(f"attribution_graph: a row sums to a value {float(gap.max()):.3g} away from its target's own: {why}")
+    raise ValueError(f"attribution_graph: a row sums to a value {float(gap.max()):.3g} away from its target's own: "
+                     f"{why}")
