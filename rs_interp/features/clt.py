@@ -189,7 +189,8 @@ class CrossLayerTranscoder(TranscoderSet):
                 state["W_skip"] = W_skip[l]
             if post_biases is not None and post_biases[l] is not None:
                 state["post_bias"] = post_biases[l][:, 0]
-            tcs.append(Transcoder.from_state({n: t.detach() for n, t in state.items()}, activation=activation, k=k, dtype=dtype))
+            tcs.append(Transcoder.from_state({n: t.detach() for n, t in state.items()}, activation=activation, k=k,
+                                             dtype=dtype))
         cast = lambda ts: () if ts is None else tuple(None if t is None else t.detach().to(dtype)  # noqa: E731
                                                       for t in ts)
         return cls(tuple(tcs), input_point, output_point, scan, cast(decoders), cast(skips), cast(post_biases))
@@ -201,9 +202,10 @@ class CrossLayerTranscoder(TranscoderSet):
         g = torch.Generator().manual_seed(seed)
         r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64) * scale  # noqa: E731
         L, d, W = n_layers, d_model, d_transcoder
-        return cls.from_tensors([r(W, d) for _ in range(L)], [r(W) - scale for _ in range(L)], [r(W, L - l, d) for l in range(L)],
-                                [r(d) for _ in range(L)], activation=activation, k=k,
-                                threshold=[r(W).abs() for _ in range(L)] if activation == "jumprelu" else None, dtype=dtype)
+        return cls.from_tensors([r(W, d) for _ in range(L)], [r(W) - scale for _ in range(L)],
+                                [r(W, L - l, d) for l in range(L)], [r(d) for _ in range(L)], activation=activation,
+                                k=k, threshold=[r(W).abs() for _ in range(L)] if activation == "jumprelu" else None,
+                                dtype=dtype)
 
 
 def _check_part(name: str, whole: torch.Tensor | None, shape: tuple[int, ...], own: torch.Tensor | None,
@@ -235,12 +237,13 @@ def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> Cross
         cfg = _config.loads(read_text(config, "CLT config")) if config.is_file() else {}
     kind = cfg.get("model_kind", "cross_layer_transcoder")
     if kind != "cross_layer_transcoder":
-        raise FileError(f"CLT config {config}: model_kind {kind!r}, not a cross-layer transcoder (load_transcoders reads "
-                        "per-layer sets).", config)
+        raise FileError(f"CLT config {config}: model_kind {kind!r}, not a cross-layer transcoder "
+                        "(load_transcoders reads per-layer sets).", config)
     n = len(list(folder.glob("W_enc_*.safetensors")))
     if n == 0:
         raise FileError(f"CLT folder {folder} holds no W_enc_{{i}}.safetensors (circuit-tracer's CLT layout).", folder)
-    missing = [f for i in range(n) for f in (f"W_enc_{i}.safetensors", f"W_dec_{i}.safetensors") if not (folder / f).is_file()]
+    missing = [f for i in range(n) for f in (f"W_enc_{i}.safetensors", f"W_dec_{i}.safetensors")
+               if not (folder / f).is_file()]
     if missing:
         raise FileError(f"CLT folder {folder} is missing {few(missing)}.", folder)
     enc, dec = [], []
@@ -248,12 +251,12 @@ def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> Cross
         e_path, d_path = folder / f"W_enc_{i}.safetensors", folder / f"W_dec_{i}.safetensors"
         enc.append(read_safetensors(e_path, "CLT encoder file"))
         need(enc[i], [f"W_enc_{i}", f"b_enc_{i}", f"b_dec_{i}"], e_path, "CLT encoder file")
-        check_shape(enc[i][f"W_enc_{i}"], (enc[i][f"b_enc_{i}"].numel(), enc[i][f"b_dec_{i}"].numel()), f"W_enc_{i}", e_path,
-                    "CLT encoder file")
+        check_shape(enc[i][f"W_enc_{i}"], (enc[i][f"b_enc_{i}"].numel(), enc[i][f"b_dec_{i}"].numel()), f"W_enc_{i}",
+                    e_path, "CLT encoder file")
         decoder = read_safetensors(d_path, "CLT decoder file")
         need(decoder, [f"W_dec_{i}"], d_path, "CLT decoder file")  # (d_transcoder, the layers from i on, d_model)
-        check_shape(decoder[f"W_dec_{i}"], (*enc[i][f"W_enc_{i}"].shape[:1], n - i, enc[i][f"W_enc_{i}"].shape[1]), f"W_dec_{i}",
-                    d_path, "CLT decoder file")
+        check_shape(decoder[f"W_dec_{i}"], (*enc[i][f"W_enc_{i}"].shape[:1], n - i, enc[i][f"W_enc_{i}"].shape[1]),
+                    f"W_dec_{i}", d_path, "CLT decoder file")
         dec.append(decoder[f"W_dec_{i}"])
     thresholds = [e.get(f"threshold_{i}") for i, e in enumerate(enc)]
     activation = cfg.get("activation", "jumprelu" if all(t is not None for t in thresholds) else "relu")
@@ -263,8 +266,10 @@ def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> Cross
             [e[f"W_enc_{i}"] for i, e in enumerate(enc)], [e[f"b_enc_{i}"] for i, e in enumerate(enc)], dec,
             [e[f"b_dec_{i}"] for i, e in enumerate(enc)], activation=activation, k=cfg.get("k"),
             threshold=[t.reshape(-1) for t in thresholds] if activation == "jumprelu" else None,
-            W_skip=[e.get(f"W_skip_{i}") for i, e in enumerate(enc)], input_point=cfg.get("feature_input_hook", "hook_resid_mid"),
-            output_point=cfg.get("feature_output_hook", "hook_mlp_out"), scan=str(cfg.get("scan", folder.name)), dtype=dtype)
+            W_skip=[e.get(f"W_skip_{i}") for i, e in enumerate(enc)],
+            input_point=cfg.get("feature_input_hook", "hook_resid_mid"),
+            output_point=cfg.get("feature_output_hook", "hook_mlp_out"), scan=str(cfg.get("scan", folder.name)),
+            dtype=dtype)
 
 
 def shipped_clt(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) -> CrossLayerTranscoder:
@@ -282,7 +287,8 @@ def shipped_clt(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) ->
 
 @dataclass(frozen=True)
 class TrainedCLT:
-    """A trained CLT, its per-layer FVU on held-out tokens and its training curve (mean FVU every ``steps // 100`` steps).
+    """A trained CLT, its per-layer FVU on held-out tokens and its training curve (mean FVU every ``steps // 100``
+    steps).
 
     >>> TrainedCLT(CrossLayerTranscoder.random(1, 4, 8), (0.5,), (1.0, 0.5)).fvu
     (0.5,)
@@ -295,19 +301,22 @@ class TrainedCLT:
 
 def train_clt(model: Model, tokens: torch.Tensor, *, d_transcoder: int = 512, activation: str = "topk", k: int = 16,
               l1: float = 1e-3, steps: int = 2000, batch_size: int = 1024, lr: float = 1e-3, seed: int = 0,
-              input_point: str = "mlp.hook_in", eval_tokens: torch.Tensor | None = None, progress: bool = True) -> TrainedCLT:
+              input_point: str = "mlp.hook_in", eval_tokens: torch.Tensor | None = None,
+              progress: bool = True) -> TrainedCLT:
     """Fit a cross-layer transcoder to ``model``'s MLPs on ``tokens`` (batch, pos): Adam on
 
-        sum_m ||y_m - y_hat_m||^2 / var(y_m)  +  l1 * sum_{l, i} a_{l,i} ||W_dec[l][i]||   (ReLU; TopK: the first term only)
+        sum_m ||y_m - y_hat_m||^2 / var(y_m)  +  l1 * sum_{l, i} a_{l,i} ||W_dec[l][i]||
 
-    every layer's MLP input and output collected over every token (:mod:`.training`'s pairs);
+    (ReLU; TopK: the first term only), every layer's MLP input and output collected over every token
+    (:mod:`.training`'s pairs);
     ``progress``: a progress bar over the steps (as :func:`~rs_interp.features.train_transcoder`).
 
     Raises:
         ValueError: what :func:`~rs_interp.features.train_transcoder` refuses (an attention-only model ...).
 
     >>> from rs_interp import load_toy_model
-    >>> t = train_clt(load_toy_model("code-2l"), torch.randint(0, 2048, (4, 32)), d_transcoder=32, k=4, steps=5, batch_size=64)
+    >>> t = train_clt(load_toy_model("code-2l"), torch.randint(0, 2048, (4, 32)), d_transcoder=32, k=4, steps=5,
+    ...               batch_size=64)
     >>> len(t.clt), len(t.fvu)
     (2, 2)
     """

@@ -160,7 +160,8 @@ def _constants(model: Model, tcs: TranscoderSet, clean: R.Clean, tokens: torch.T
         if drop_positions and N.POS_EMBED in model.hook_dict:
             hooks.append((N.POS_EMBED, lambda t, hook: torch.zeros_like(t)))
         with model.hooks(fwd_hooks=hooks):
-            R.frozen_forward(model, tcs, clean, tokens[None], embed=zero, outputs=C.frozen_outputs(tcs, clean, zero_positions))
+            R.frozen_forward(model, tcs, clean, tokens[None], embed=zero,
+                             outputs=C.frozen_outputs(tcs, clean, zero_positions))
         out.append(box)
     return out
 
@@ -183,7 +184,8 @@ class _GraphColumns:
         missing = [tuple(f) for f in graph.features.tolist() if tuple(f) not in index]
         if missing or len(features) != graph.n_active:
             raise ValueError(f"{what}: the graph's features are not these transcoders' active features on its prompt "
-                             f"({len(features)} active, the graph counted {graph.n_active}; e.g. {few(missing, 2)} inactive)")
+                             f"({len(features)} active, the graph counted {graph.n_active}; "
+                             f"e.g. {few(missing, 2)} inactive)")
         self.selected = torch.tensor([index[tuple(f)] for f in graph.features.tolist()], dtype=torch.long)
         self.n_active = len(features)
         self.unselected = torch.ones(self.n_active, dtype=torch.bool)
@@ -198,7 +200,8 @@ class _GraphColumns:
 @renamed(top="k", edges="attention_edges")
 @outside_inference_mode
 def qk_attributions(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
-                    attention_edges: Sequence[tuple[int, int, int, int]] | None = None, *, k: int = 8) -> tuple[QKAttribution, ...]:
+                    attention_edges: Sequence[tuple[int, int, int, int]] | None = None, *,
+                    k: int = 8) -> tuple[QKAttribution, ...]:
     """Each attention score of ``attention_edges`` split into a bilinear table of query-side x key-side sources,
     and the edge's head loadings, in the local replacement model of ``graph`` (module docstring).
 
@@ -380,7 +383,8 @@ def qk_json(graph: AttributionGraph, node_id, k: int = 10) -> list[dict]:
     for a in graph.qk:
         name = lambda i: (node_id(i) if i < a.n_graph_nodes else None) or a.labels[i]  # noqa: E731
         loads = a.loadings.abs().topk(min(k, len(a.loadings))).indices.tolist()
-        out.append({"layer": a.layer, "head": a.head, "query": a.query, "key": a.key, "score": a.score, "pattern": a.pattern,
-                    "entries": [{"query_source": name(s), "key_source": name(t), "value": v} for s, t, v in a.top_entries(k)],
+        entries = [{"query_source": name(s), "key_source": name(t), "value": v} for s, t, v in a.top_entries(k)]
+        out.append({"layer": a.layer, "head": a.head, "query": a.query, "key": a.key, "score": a.score,
+                    "pattern": a.pattern, "entries": entries,
                     "loadings": [{"source": name(i), "value": float(a.loadings[i])} for i in loads]})
     return out

@@ -64,7 +64,8 @@ class TrainedTranscoders:
     """A trained set, its measures on held-out tokens, and each layer's training curve (its FVU every
     ``steps // 100`` steps): what :func:`train_transcoder` returns (see its example).
 
-    >>> t = TrainedTranscoders(TranscoderSet((Transcoder(4, 8),)), TranscoderMetrics((1.0,), (0.0,), (1.0,), 0.0, None, None, 0), ((1.0,),))
+    >>> metrics = TranscoderMetrics((1.0,), (0.0,), (1.0,), 0.0, None, None, 0)
+    >>> t = TrainedTranscoders(TranscoderSet((Transcoder(4, 8),)), metrics, ((1.0,),))
     >>> len(t.transcoders), t.curves[0]
     (1, (1.0,))
     """
@@ -108,8 +109,8 @@ def _pairs(model: Model, transcoders_like: TranscoderSet, tokens: torch.Tensor, 
     ys = [[] for _ in range(model.cfg.n_layers)]
     hooks = []
     for l in range(model.cfg.n_layers):
-        hooks.append((R.input_hook(model, transcoders_like, l),
-                      lambda t, hook, l=l: xs[l].append(R.finish_input(model, transcoders_like, l, t).flatten(0, 1).float())))
+        hooks.append((R.input_hook(model, transcoders_like, l), lambda t, hook, l=l: xs[l].append(
+            R.finish_input(model, transcoders_like, l, t).flatten(0, 1).float())))
         hooks.append((N.mlp_out(l), lambda t, hook, l=l: ys[l].append(t.flatten(0, 1).float())))
     with R.quiet_model(model), torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, len(tokens), chunk):
@@ -148,7 +149,8 @@ def train_transcoder(
 
     Raises:
         ValueError: JumpReLU (trained with a straight-through estimator rs_interp does not implement: load
-            one instead), a bad size, or a model the replacement cannot run (:func:`rs_interp.features.attribution_graph`).
+            one instead), a bad size, or a model the replacement cannot run
+            (:func:`rs_interp.features.attribution_graph`).
 
     >>> import torch
     >>> from rs_interp import load_toy_model
@@ -176,7 +178,8 @@ def _train(xs: list[torch.Tensor], ys: list[torch.Tensor], recipe: Recipe,
     r, L, d, n = recipe, len(xs), xs[0].shape[-1], len(xs[0])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(r.seed)
-        tcs = [_init(Transcoder(d, r.d_transcoder, activation=r.activation, k=r.k, skip=r.skip), ys[l]) for l in range(L)]
+        tcs = [_init(Transcoder(d, r.d_transcoder, activation=r.activation, k=r.k, skip=r.skip), ys[l])
+               for l in range(L)]
     params = [p for tc in tcs for p in tc.parameters()]
     opt = torch.optim.Adam(params, lr=r.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.45 * (1 + math.cos(math.pi * s / r.steps)))
@@ -215,7 +218,8 @@ def _init(tc: Transcoder, y: torch.Tensor) -> Transcoder:
     return tc
 
 
-def transcoder_metrics(model: Model, transcoders: TranscoderSet, tokens: Int[torch.Tensor, "batch pos"]) -> TranscoderMetrics:
+def transcoder_metrics(model: Model, transcoders: TranscoderSet,
+                       tokens: Int[torch.Tensor, "batch pos"]) -> TranscoderMetrics:
     """FVU, L0, dead fraction per layer and the replacement model's KL and loss over ``tokens`` (module docstring).
 
     >>> import torch
@@ -241,7 +245,8 @@ def transcoder_metrics(model: Model, transcoders: TranscoderSet, tokens: Int[tor
     box: dict[int, torch.Tensor] = {}
     hooks = []
     for l in range(model.cfg.n_layers):
-        hooks.append((R.input_hook(model, tcs, l), lambda t, hook, l=l: box.__setitem__(l, R.finish_input(model, tcs, l, t))))
+        hooks.append((R.input_hook(model, tcs, l),
+                      lambda t, hook, l=l: box.__setitem__(l, R.finish_input(model, tcs, l, t))))
         hooks.append((N.mlp_out(l), lambda t, hook, l=l: tcs[l](box[l].float()).to(t.dtype)))
     with R.quiet_model(model), torch.no_grad():
         logits = model(tokens, return_type="logits").double()
