@@ -45,9 +45,8 @@ from typing import Sequence
 import torch
 from jaxtyping import Float, Int
 
-from .. import _backend
 from .. import _names as N
-from .._backend import Model
+from .._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
 from .._format import Top
 from .._keywords import renamed
 from .._messages import few
@@ -142,7 +141,7 @@ def _grab(model: Model, tokens: torch.Tensor, names: list[str], layers: Sequence
     box: dict[str, torch.Tensor] = {}
     hooks = [(n, lambda t, hook: box.__setitem__(hook.name, t.detach()[0].clone())) for n in names]
     for l in layers:
-        hooks += _backend.score_hooks(model, l, box, f"scores{l}")
+        hooks += score_hooks(model, l, box, f"scores{l}")
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         model(tokens[None], return_type="logits")
     return box | {f"scores{l}": box[f"scores{l}"][0] for l in layers}
@@ -172,7 +171,7 @@ def _rotation(model: Model, layer: int, pos: int, d_head: int, dtype: torch.dtyp
         return torch.eye(d_head, dtype=dtype)
     basis = torch.zeros(d_head, pos + 1, 1, d_head, dtype=model.cfg.dtype)
     basis[torch.arange(d_head), pos, 0, torch.arange(d_head)] = 1.0
-    return _backend.apply_rotary(model, layer, basis)[:, pos, 0, :].to(dtype)
+    return apply_rotary(model, layer, basis)[:, pos, 0, :].to(dtype)
 
 
 class _GraphColumns:
@@ -296,7 +295,7 @@ class _QKRun:
         model, seen, dt = self.model, self.seen, self.model.cfg.dtype
         kv = _kv(model, head)
         qn, kn, vn = (N.projection(layer, w) for w in "qkv")
-        scale = _backend.attn_scale(model, layer)
+        scale = attn_scale(model, layer)
         q_raw, k_raw = self.parts(qn, q, head), self.parts(kn, k, kv)
         confirm(_QK, "scores", q_raw.sum(0), seen[qn][q, head], q_raw, dt)
         confirm(_QK, "scores", k_raw.sum(0), seen[kn][k, kv], k_raw, dt)
@@ -312,7 +311,7 @@ class _QKRun:
     def _along(self, layer: int, head: int, q: int, k: int, pattern: torch.Tensor) -> torch.Tensor:
         """The head loadings' read vector: each source's part of the edge's write o along o / |o|^2."""
         model, seen = self.model, self.seen
-        W_O = _backend.attn_weight(model.blocks[layer].attn, "W_O", model.cfg.n_heads)[head].detach()
+        W_O = attn_weight(model.blocks[layer].attn, "W_O", model.cfg.n_heads)[head].detach()
         o = pattern * seen[N.projection(layer, "v")][k, _kv(model, head)] @ W_O
         post = attn_post(model, layer, o.dtype)
         if post.kind is None:
