@@ -249,6 +249,7 @@ def _check(declared: Needs, module: str) -> None:
     if before is not None and before.where != declared.where:
         raise ValueError(f"{declared.name} is declared twice: {before.where} and {declared.where}")
 
+
 _LOADED: list[bool] = []  # [True] once every module of HELPER_PACKAGES has been imported (each declares its helpers)
 
 
