@@ -34,6 +34,7 @@ from jaxtyping import Int
 from .._backend import Model
 from .._progress import DELAY
 from .._state import outside_inference_mode
+from ..exact.needs import GRAPH, TRANSCODERS, needs
 from . import _conventions as C
 from . import _direct as D
 from . import _replacement as R
@@ -108,6 +109,8 @@ class GraphOptions:
             raise ValueError("batch_size must be >= 1 and max_feature_nodes >= 0")
 
 
+@needs(*GRAPH, "gradients", name="features.attribution_graph", optional=TRANSCODERS,
+       refuses=("attention-only", "soft-capped logits"))
 @outside_inference_mode
 def attribution_graph(
     model: Model,

@@ -52,6 +52,7 @@ from .._keywords import renamed
 from .._messages import few
 from .._state import outside_inference_mode
 from ..exact.certificate import confirm
+from ..exact.needs import GRAPH, TRANSCODERS, needs
 from ..exact.postnorm import attn_frozen, attn_post
 from . import _conventions as C
 from . import _replacement as R
@@ -196,6 +197,8 @@ class _GraphColumns:
         return torch.cat([rows[:, self.selected], rows[:, n:], rows[:, :n][:, self.unselected].sum(1, keepdim=True)], 1)
 
 
+@needs(*GRAPH, "z", "heads", "values", "scores", "head inputs", "gradients", name="features.qk_attributions",
+       optional=TRANSCODERS, refuses=("attention-only", "parallel blocks", "soft-capped logits"))
 @renamed(top="k", edges="attention_edges")
 @outside_inference_mode
 def qk_attributions(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
@@ -322,6 +325,8 @@ class _QKRun:
         return pattern * (W_O @ post.readout(w / (w @ w).clamp(min=torch.finfo(w.dtype).tiny), s))
 
 
+@needs(*GRAPH, "z", "heads", "values", name="features.top_attention", optional=TRANSCODERS,
+       refuses=("attention-only", "parallel blocks", "soft-capped logits"))
 @outside_inference_mode
 def top_attention(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
                   k: int = 8) -> list[tuple[tuple[int, int, int, int], float]]:
