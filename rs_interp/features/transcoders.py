@@ -5,30 +5,27 @@ A transcoder of layer ``l`` reads the MLP's input ``x`` and writes an approximat
     f = act(x W_enc^T + b_enc)            (d_transcoder,)  the feature activations
     y = f W_dec + b_dec (+ x W_skip^T)    (d_model,)       the reconstruction
 
-with ``act`` ReLU, JumpReLU (``pre * (pre > threshold)``), TopK (circuit-tracer's: the ``k`` largest
-pre-activations kept, negative ones too, the rest 0) or ReLU-TopK (EleutherAI sparsify's ``"topk"``: the ``k``
-largest of ``relu(pre)``, so a pre-activation <= 0 is never active; where fewer than ``k`` are positive the two
-differ). ``W_enc`` and ``W_dec`` are both (d_transcoder, d_model), as circuit-tracer stores them, so row ``i`` of
-each is feature ``i``'s input and output direction.
+with ``act`` ReLU, JumpReLU (``pre * (pre > threshold)``), TopK (circuit-tracer's: the ``k`` largest pre-activations
+kept, negative ones too, the rest 0) or ReLU-TopK (EleutherAI sparsify's ``"topk"``: the ``k`` largest of ``relu(pre)``,
+so a pre-activation <= 0 is never active; where fewer than ``k`` are positive the two differ). ``W_enc`` and ``W_dec``
+are (d_transcoder, d_model) (circuit-tracer's layout): row ``i`` of each is feature ``i``'s input and output direction.
 
-A **post-encoder bias** ``c`` (sparsify's ``post_enc``; none by default): ``y = (f + c s) W_dec + b_dec (+ ...)``,
-``s`` 1 on the features selected (:meth:`Transcoder.selected`; TopK: the ``k`` picked by ``torch.topk``, zeros
-among them where fewer than ``k`` are positive). No circuit-tracer file holds it.
+A **post-encoder bias** ``c`` (sparsify's ``post_enc``; none by default): ``y = (f + c s) W_dec + b_dec (+ ...)``, ``s``
+1 on the features selected (:meth:`Transcoder.selected`; TopK: the ``k`` picked by ``torch.topk``, zeros among them
+where fewer than ``k`` are positive). No circuit-tracer file holds it.
 
 Files (circuit-tracer's per-layer transcoder set): a folder with ``layer_{i}.safetensors`` (``W_enc``, ``W_dec``,
 ``b_enc``, ``b_dec``, optional ``W_skip``, ``activation_function.threshold`` for JumpReLU, ``k`` for TopK) and a
-``config.yaml`` (``model_kind: transcoder_set``, ``feature_input_hook``, ``feature_output_hook``, ``activation``,
-``k``, ``scan``). :func:`load_transcoders` reads such a folder, :meth:`TranscoderSet.save` writes one.
+``config.yaml`` (``model_kind: transcoder_set``, ``feature_input_hook``, ``feature_output_hook``, ``activation``, ``k``,
+``scan``). :func:`load_transcoders` reads such a folder, :meth:`TranscoderSet.save` writes one.
 
-Where a transcoder reads and writes (:data:`INPUT_POINTS`, :data:`OUTPUT_POINTS`): the MLP's own input
-(``mlp.hook_in``, after the second norm, circuit-tracer's name) or the stream before the norm (``hook_resid_mid``)
-or TransformerLens's ``ln2.hook_normalized`` (the norm before its gain); and the MLP's output (``mlp.hook_out`` =
-``hook_mlp_out``). All are linear in the residual stream once the norm's scale is frozen, which is what the
-attribution graph needs.
+Where a transcoder reads and writes (:data:`INPUT_POINTS`, :data:`OUTPUT_POINTS`): the MLP's own input (``mlp.hook_in``,
+after the second norm, circuit-tracer's name) or the stream before the norm (``hook_resid_mid``) or TransformerLens's
+``ln2.hook_normalized`` (the norm before its gain); and the MLP's output (``mlp.hook_out`` = ``hook_mlp_out``). All are
+linear in the residual stream once the norm's scale is frozen, which is what the attribution graph needs.
 
 >>> import torch
->>> tc = Transcoder(4, 8, activation="topk", k=2)
->>> _ = torch.nn.init.normal_(tc.W_enc)
+>>> tc = Transcoder(4, 8, activation="topk", k=2); _ = torch.nn.init.normal_(tc.W_enc)
 >>> (tc.encode(torch.randn(3, 4)) != 0).sum(-1).tolist()
 [2, 2, 2]
 """
