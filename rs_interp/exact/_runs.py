@@ -1,7 +1,7 @@
 """The identities that need runs of their own, and :func:`measure`, which the certificate calls: the
 run with every head's z moved (``heads``, and the reference of ``readers``), the run with gradients
-(``z``, ``input``, ``readers``: one backward pass), the stacked and single-row runs (``rows``), the runs with
-one head's input moved (``head inputs``), each block run from its cached input (``start at layer``) and the
+(``z``, ``input``, ``readers``: one backward pass), the stacked and single-row runs (``rows``, against the clean
+run's logits), the runs with the first head's inputs moved (``head inputs``), each block run from its cached input (``start at layer``) and the
 runs to a layer (``stop at layer``); the last four are written in :mod:`rs_interp.exact._layer_runs`. The
 identities read off the clean run are :mod:`rs_interp.exact._checks`.
 
@@ -294,9 +294,9 @@ MEASUREMENTS: dict[str, tuple[str, ...]] = {
     "to a layer": ("stop at layer",),
 }
 #: The measurements that read the clean run's logits (the others end it at the final stream).
-_READ_LOGITS = {"logits", "from a layer"}
+_READ_LOGITS = {"logits", "from a layer", "rows"}
 #: How many of its own runs each measurement takes through the unembedding (the clean run's: :data:`_READ_LOGITS`).
-_UNEMBEDDINGS = {"gradient": 2, "rows": 4, "from a layer": 1, "backward hooks": 2}
+_UNEMBEDDINGS = {"gradient": 2, "rows": 2, "from a layer": 1, "backward hooks": 2}
 
 
 class _Probe:
@@ -340,7 +340,7 @@ def _yielded(model: Model, probe: _Probe, measurement: str, tol: float, names: s
         return {"heads": judge("heads", tol, lambda: _heads(model, probe.moved()))}
     if measurement == "gradient":  # the receivers' per-head copies only where readers is asked for
         return _gradient_identities(model, tokens, tol, probe.moved, with_readers="readers" in names)
-    single = {"rows": ("rows", lambda: _rows(model)),
+    single = {"rows": ("rows", lambda: _rows(model, tokens, box)),
               "head inputs": ("head inputs", lambda: _head_inputs(model, tokens, box)),
               "backward hooks": ("gradients", lambda: _gradients(model, tokens)),
               "from a layer": ("start at layer", lambda: _start(model, box)),
