@@ -54,8 +54,10 @@ def _start(model: Model, box: dict) -> tuple[float, str]:
         at[0] = -1
         worst.see(rel(run_from(model, get(box, N.resid_pre(L - 1)), start=L - 1, spe=spe), get(box, "logits")),
                   f"from layer {L - 1}")
-    return worst.gap, (f"running from a layer does not reproduce the full run ({worst.where}): TransformerLens's start_at_layer "
-                       "misses a step of this architecture (the scan and path patching then run every pass from the tokens)")
+    return worst.gap, (f"running from a layer does not reproduce the full run ({worst.where}): TransformerLens's "
+                       "start_at_layer "
+                       "misses a step of this architecture (the scan and path patching then run every pass from the "
+                       "tokens)")
 
 
 def _stop(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
@@ -64,8 +66,8 @@ def _stop(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
         for l in sorted({min(L // 2, 1), L}):  # the helpers run to the end (the lenses, the scan's readout); one inside
             want = get(box, N.resid_pre(l) if l < L else N.final_stream(L))
             worst.see(rel(run_from(model, tokens, stop=l), want), f"stop_at_layer={l}")
-    return worst.gap, (f"running to a layer does not return the stream there ({worst.where}): the lenses and the scan's "
-                       "readout at chosen positions read the stream it returns")
+    return worst.gap, (f"running to a layer does not return the stream there ({worst.where}): the lenses and the "
+                       "scan's readout at chosen positions read the stream it returns")
 
 
 #: The order of the probe's rows in the rows identity's stacked run: more rows than the probe (a batch of another size),
@@ -86,7 +88,8 @@ def _rows(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
     with torch.no_grad():
         worst.see(rel(model(tokens[order], return_type="logits"), logits[order]), "the rows repeated in another order")
         worst.see(rel(model(tokens[1:2], return_type="logits"), logits[1:2]), "row 1 alone")
-    return worst.gap, (f"a row's logits depend on the other rows of its batch ({worst.where} differs): a hook that reads or "
+    return worst.gap, (f"a row's logits depend on the other rows of its batch ({worst.where} differs): a hook that "
+                       "reads or "
                        "edits the batch as a whole (one prompt by index, a batch mean) is attached; helpers that stack "
                        "passes along the batch run one pass per ablation or edge instead")
 
