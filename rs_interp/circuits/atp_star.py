@@ -53,6 +53,7 @@ from .._progress import bar
 from ..exact.certificate import Certificate
 from ..exact.stream import reader_weight, readers, routed, stacked_start, watched
 from ..labels import parse
+from .correction import Passes
 from .graph import EdgeLayout
 
 __all__ = ["drop_hooks", "dropped", "z_gradients", "combine_drops", "node_qk_deltas", "edge_qk_fix", "check_drop_layers"]
@@ -87,14 +88,14 @@ def dropped(model: Model, layer: int | None, fwd: list) -> Iterator[list]:
         yield runnable
 
 
-def z_gradients(grads_z: list[dict[int, torch.Tensor]], state: dict) -> list[tuple[Callable, Callable]]:
+def z_gradients(grads_z: list[dict[int, torch.Tensor]], passes: Passes) -> list[tuple[Callable, Callable]]:
     """The hook keeping ``dm/dz`` per layer (what the QK fix contracts) in ``grads_z[round]`` (one dict per
-    GradDrop round, ``state["drop"]``), from the first-order backward pass (``state["phase"] == 1``)."""
+    GradDrop round, ``passes.drop``), from the first-order backward pass (``passes.phase == 1``)."""
 
     def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
         def keep(grad: torch.Tensor, layer: int = N.layer_of(hook.name)) -> None:
-            if state["phase"] == 1:
-                grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
+            if passes.phase == 1:
+                grads_z[passes.drop][layer] = grad.detach().to(torch.float64)
         return watched(z, keep)
 
     return [(N.every(N.z), on_z)]

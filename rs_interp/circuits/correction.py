@@ -66,8 +66,8 @@ from ._substrate import IG_RULES, backward, check_pair, ig_alphas, needs_gradien
 from .graph import EdgeEffects, edge_layout
 from .uncertainty import FLAT
 
-__all__ = ["CORRECTIONS", "RULES", "Fixed", "gauss_points", "quadrature", "run_passes", "clean_metric", "fix_unreliable",
-           "moving_edges"]
+__all__ = ["CORRECTIONS", "RULES", "Fixed", "Passes", "gauss_points", "quadrature", "run_passes", "clean_metric",
+           "fix_unreliable", "moving_edges"]
 
 #: The corrections an estimate takes (``correction=``): None, or ``"hessian"``.
 CORRECTIONS = (None, "hessian")
@@ -112,12 +112,37 @@ def quadrature(ig_steps: int | None, ig_rule: str, correction: str | None) -> tu
     return alphas, [h] * len(alphas), second
 
 
+@dataclass
+class Passes:
+    """Which pass the gradient hooks see (written by :func:`run_passes` and the estimate's loop over GradDrop's
+    rounds, read by the tensor hooks that contract each gradient as it arrives).
+
+    Attributes:
+        drop: the GradDrop round (0: no layer dropped; :mod:`rs_interp.circuits.atp_star`).
+        point: the index of the point on the line (:func:`quadrature`).
+        phase: 1 while the hooks see the gradient, 2 while they see its derivative along the line (the Hessian term).
+
+    Example:
+        >>> passes = Passes()
+        >>> passes.drop, passes.point, passes.phase, passes.at()
+        (0, 0, 1, (0, 0))
+    """
+
+    drop: int = 0
+    point: int = 0
+    phase: int = 1
+
+    def at(self) -> tuple[int, int]:
+        """(round, point): the pass, whatever its phase."""
+        return self.drop, self.point
+
+
 def run_passes(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list, *, alphas: Sequence[float], hessian: bool,
-               x_ref: torch.Tensor | None, state: dict, progress: bool) -> float:
-    """One pass per point ``alpha``: forward with ``fwd`` (whose tensor hooks read ``state``),
+               x_ref: torch.Tensor | None, passes: Passes, progress: bool) -> float:
+    """One pass per point ``alpha``: forward with ``fwd`` (whose tensor hooks read ``passes``),
     backward, and with ``hessian`` a second backward of ``dm / d alpha`` through the first.
 
-    ``state["point"]`` is the point's index, ``state["phase"]`` 1 while the hooks see the gradient,
+    ``passes.point`` is the point's index, ``passes.phase`` 1 while the hooks see the gradient,
     2 while they see its derivative along the line. Returns the run's metric where ``1`` is among
     ``alphas`` (its own pass), else None: the caller measures it once its hooks are gone (:func:`clean_metric`).
 
@@ -126,15 +151,17 @@ def run_passes(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list, *,
             differentiate twice.
     """
     clean = None
-    for i, alpha in bar(list(enumerate(alphas)), desc="gradient passes", enabled=progress and len(alphas) > 1, unit="pass"):
-        state.update(point=i, phase=1)
+    steps = list(enumerate(alphas))
+    for i, alpha in bar(steps, desc="gradient passes", enabled=progress and len(alphas) > 1, unit="pass"):
+        passes.point, passes.phase = i, 1
         hooks = list(fwd)
         if not hessian:
             # Plain points keep the substrate's pass: the run itself at alpha = 1, bit for bit.
-            interp = [] if alpha == 1.0 else [(RESID0, lambda t, *, hook, a=alpha: x_ref.to(t.dtype) + a * (t - x_ref.to(t.dtype)))]
+            interp = [] if alpha == 1.0 else [
+                (RESID0, lambda t, *, hook, a=alpha: x_ref.to(t.dtype) + a * (t - x_ref.to(t.dtype)))]
             value = backward(model, tokens, metric, interp + hooks)
         else:
-            value = _hessian_pass(model, tokens, metric, hooks, alpha, x_ref, state)
+            value = _hessian_pass(model, tokens, metric, hooks, alpha, x_ref, passes)
         if alpha == 1.0:
             clean = value
     return clean
@@ -149,7 +176,7 @@ def clean_metric(model: Model, tokens: torch.Tensor, metric: Metric, value: floa
 
 
 def _hessian_pass(model: Model, tokens: torch.Tensor, metric: Metric, hooks: list, alpha: float, x_ref: torch.Tensor,
-                  state: dict) -> float:
+                  passes: Passes) -> float:
     with torch.enable_grad():
         a = torch.tensor(float(alpha), dtype=model.cfg.dtype, requires_grad=True)
 
@@ -161,7 +188,7 @@ def _hessian_pass(model: Model, tokens: torch.Tensor, metric: Metric, hooks: lis
                 value = scalar_metric(metric, _backend.logits_with_grad(model, tokens))
                 (slope,) = torch.autograd.grad(value, a, create_graph=True)
             if slope.requires_grad:  # else the metric is linear along the line: every derivative is 0
-                state["phase"] = 2
+                passes.phase = 2
                 try:
                     torch.autograd.backward(slope, inputs=[a])
                 except RuntimeError as err:
