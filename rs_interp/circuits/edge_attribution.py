@@ -194,7 +194,8 @@ def edge_attribution_patching(
             through each (:mod:`rs_interp.circuits.correction`).
         per_example: keep each pair's share of every estimate (``per_example``, for error bars).
         spans: ``"each"`` (every position its own span) or a :class:`rs_interp.circuits.positions.PositionSchema`:
-            also each span's share of every edge, ``per_span``, summing to ``effect`` (:mod:`rs_interp.circuits.positions`).
+            also each span's share of every edge, ``per_span``, summing to ``effect``
+            (:mod:`rs_interp.circuits.positions`).
         memory_budget: bytes one chunk of the QK fix's patched patterns (or stacked pass) may use (roughly).
         progress: a progress bar over the passes.
 
@@ -276,7 +277,8 @@ class _EdgeGradients:
         self.first = [torch.zeros(shape, dtype=torch.float64) for _ in range(n_rounds)]
         self.second = torch.zeros(shape, dtype=torch.float64)
         self.column = {r: j for j, r in enumerate(layout.receivers)}
-        self.upstream = layout.exists.sum(0).tolist()  # per receiver: its senders are the first `upstream` (depth order)
+        # per receiver: its senders are the first `upstream` (depth order)
+        self.upstream = layout.exists.sum(0).tolist()
         self.grads_z: list[dict[int, torch.Tensor]] = [{} for _ in range(n_rounds)]
         self.points = sender_points(model)
         self.ref = record(model, reference, self.points)
