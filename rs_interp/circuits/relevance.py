@@ -56,6 +56,7 @@ from .. import _names as N
 from .._backend import Model, kv_groups
 from .._budget import MEMORY_BUDGET
 from ..exact.certificate import Certificate, require
+from ..exact.needs import QK_FIX, RELEVANCE, needs
 from ..exact.readout import compute_dtype
 from ..exact.stream import RESID0, ablation_values, start_points
 from ..exact.validate import Ablation, check_ablation
@@ -149,8 +150,6 @@ class RelevancePatching(Spread):
         return top_effects(self.labels, self.effect, k)
 
 
-# --- edges --------------------------------------------------------------------------------------------
-
 def _check_options(qk_fix: object, per_example: object, schema: PositionSchema | None,
                    ig_steps: int | None = None) -> None:
     for name, value in (("qk_fix", qk_fix), ("per_example", per_example)):
@@ -174,6 +173,8 @@ def _reader_labels(model: Model, layer: int, kind: str) -> list[str]:
     return [receiver_label(layer, h, "v", kv=grouped) for h in range(kv_groups(cfg) if grouped else cfg.n_heads)]
 
 
+@needs(*RELEVANCE, optional={"readers": "qk_fix=True", "projections": "qk_fix=True", "head inputs": "qk_fix=True"},
+       adapts=QK_FIX)
 @outside_inference_mode
 def edge_relevance_patching(
     model: Model,
@@ -311,8 +312,7 @@ def _edge_sums(shares: torch.Tensor, layout: EdgeLayout, schema: PositionSchema 
     return effect, per_pair, per_span
 
 
-# --- nodes --------------------------------------------------------------------------------------------
-
+@needs(*RELEVANCE, optional={"readers": "qk_fix=True", "projections": "qk_fix=True"}, adapts=QK_FIX)
 @outside_inference_mode
 def relevance_patching(
     model: Model,
