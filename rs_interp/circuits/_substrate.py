@@ -52,7 +52,8 @@ def scalar_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     if not value.requires_grad:
         raise ValueError("metric must be differentiable in the logits (its result does not require grad)")
     if not bool(torch.isfinite(value.detach()).all()):
-        raise ValueError(f"metric returned {float(value.detach())} on the run being differentiated: a metric must be finite")
+        raise ValueError(f"metric returned {float(value.detach())} on the run being differentiated: a metric must be "
+                         "finite")
     return value.reshape(())
 
 
@@ -78,7 +79,8 @@ def n_senders(model: Model) -> int:
 
 
 def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], *, patched: bool = False,
-           at: dict[str, torch.Tensor] | None = None, dtype: torch.dtype = torch.float64, frozen_norms: bool = False) -> torch.Tensor:
+           at: dict[str, torch.Tensor] | None = None, dtype: torch.dtype = torch.float64,
+           frozen_norms: bool = False) -> torch.Tensor:
     """(sender, batch, pos, d_model) in ``dtype`` (default float64; the edge estimate's contraction asks
     for its own): each sender's ``write_ref - write``, in the graph's order, written into one buffer (the
     heads' writes by one batched product per layer). On a post-norm block a head's change passes the norm
@@ -120,10 +122,12 @@ def contract(W: torch.Tensor, G: torch.Tensor, *, per_example: bool, spans: torc
     position's d_model terms, added into its span in float64; rows summed unless ``per_example``."""
     k, c, B = W.shape[0], G.shape[0], W.shape[1]
     if spans is None:
-        out = torch.bmm(W.reshape(k, B, -1).transpose(0, 1), G.reshape(c, B, -1).permute(1, 2, 0)).to(torch.float64)[..., None]
+        out = torch.bmm(W.reshape(k, B, -1).transpose(0, 1),
+                        G.reshape(c, B, -1).permute(1, 2, 0)).to(torch.float64)[..., None]
     else:
         P = W.shape[2]
-        per = torch.bmm(W.reshape(k, B * P, -1).transpose(0, 1), G.reshape(c, B * P, -1).permute(1, 2, 0)).to(torch.float64)
+        per = torch.bmm(W.reshape(k, B * P, -1).transpose(0, 1),
+                        G.reshape(c, B * P, -1).permute(1, 2, 0)).to(torch.float64)
         out = torch.einsum("bpkc,bps->bkcs", per.view(B, P, k, c), spans.to(torch.float64))
     return out if per_example else out.sum(0, keepdim=True)
 
