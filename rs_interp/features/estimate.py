@@ -77,8 +77,9 @@ class GraphEstimate:
         parts: each term of the peak, bytes, by name (``phase: what``).
 
     >>> e = GraphEstimate(2**30, 1e12, 10.0, 1e11, 100, 50, {"rows: patterns": 2**30})
-    >>> str(e)
-    'attribution graph estimate: 1.00 GB peak above the model and transcoders, 10 s at 100 GFLOP/s (100 active features, 50 rows)'
+    >>> str(e)  # doctest: +NORMALIZE_WHITESPACE
+    'attribution graph estimate: 1.00 GB peak above the model and transcoders,
+     10 s at 100 GFLOP/s (100 active features, 50 rows)'
     """
 
     peak_bytes: int
@@ -91,7 +92,8 @@ class GraphEstimate:
 
     def __str__(self) -> str:
         return (f"attribution graph estimate: {self.peak_bytes / 2**30:.2f} GB peak above the model and transcoders, "
-                f"{self.seconds:.0f} s at {self.rate / 1e9:.0f} GFLOP/s ({self.n_active} active features, {self.n_rows} rows)")
+                f"{self.seconds:.0f} s at {self.rate / 1e9:.0f} GFLOP/s "
+                f"({self.n_active} active features, {self.n_rows} rows)")
 
 
 def matmul_rate(n: int = 1024, repeats: int = 3, dtype: torch.dtype = torch.float32) -> float:
@@ -113,8 +115,8 @@ def matmul_rate(n: int = 1024, repeats: int = 3, dtype: torch.dtype = torch.floa
 
 @renamed(n_logits="max_logits")
 def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature_nodes: int | None = None,
-                   active_per_token: float | None = None, max_logits: int = 10, batch_size: int = 64, dense: bool = True,
-                   prune: bool = True, rate: float | None = None) -> GraphEstimate:
+                   active_per_token: float | None = None, max_logits: int = 10, batch_size: int = 64,
+                   dense: bool = True, prune: bool = True, rate: float | None = None) -> GraphEstimate:
     """The time and peak memory of ``attribution_graph(model, transcoders, tokens of n_pos, ...)``, from the
     shapes (module docstring for the formula). ``model`` is read for its config only (a config works too).
 
@@ -136,58 +138,90 @@ def estimate_graph(model, transcoders: TranscoderSet, n_pos: int, *, max_feature
     cfg = getattr(model, "cfg", model)
     if active_per_token is None:
         if transcoders[0].k is None:
-            raise ValueError("estimate_graph: the transcoders are not TopK, so how many features a token activates is not "
-                             "known from the shapes: pass active_per_token (e.g. measured on a few prompts)")
+            raise ValueError("estimate_graph: the transcoders are not TopK, so how many features a token activates "
+                             "is not known from the shapes: pass active_per_token (e.g. measured on a few prompts)")
         active_per_token = transcoders[0].k
     if n_pos < 1 or batch_size < 1 or max_logits < 1:
         raise ValueError("estimate_graph: n_pos, batch_size and max_logits must be >= 1")
-    P, L, d, H = int(n_pos), cfg.n_layers, cfg.d_model, cfg.n_heads
-    m, W = cfg.d_mlp or 4 * d, transcoders[0].d_transcoder
-    b = torch.finfo(cfg.dtype if cfg.dtype not in (torch.float16, torch.bfloat16) else torch.float32).bits // 8
+    P, L, d = int(n_pos), cfg.n_layers, cfg.d_model
     A = int(round(active_per_token * P * L))
-    S = A if max_feature_nodes is None else min(max_feature_nodes, A)
-    T, B = (L + 1) * P, batch_size
-    mean_cut = _ROW_SHARE * A
     V = cfg.d_vocab_out if getattr(cfg, "d_vocab_out", -1) and cfg.d_vocab_out > 0 else cfg.d_vocab
+    half = cfg.dtype in (torch.float16, torch.bfloat16)
+    z = _Sizes(P=P, L=L, d=d, H=cfg.n_heads, m=cfg.d_mlp or 4 * d, W=transcoders[0].d_transcoder,
+               b=torch.finfo(torch.float32 if half else cfg.dtype).bits // 8,
+               A=A, S=A if max_feature_nodes is None else min(max_feature_nodes, A), T=(L + 1) * P, B=batch_size,
+               V=V, n_logits=max_logits)
+    parts = _memory(z, dense, prune)
+    phases = ("rows", "assembly", "pruning")
+    peak = max(sum(v for k, v in parts.items() if k.startswith(phase + ":")) for phase in phases)
+    terms = _flops(z, capped=max_feature_nodes is not None)
+    slower = dict(_COST, pattern=_COST["pattern"] * max(1.0, P / _PATTERN_CACHED) ** (2 / 3))
+    flops = sum(terms.values())
+    weighted = sum(slower[k] * v for k, v in terms.items())
+    rate = matmul_rate() if rate is None else float(rate)
+    return GraphEstimate(int(peak), float(flops), float(weighted / rate), rate, A, z.S, parts)
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """The shapes :func:`estimate_graph` counts with (its module docstring's letters); ``n_logits`` the logit nodes."""
+
+    P: int
+    L: int
+    d: int
+    H: int
+    m: int
+    W: int
+    b: int
+    A: int
+    S: int
+    T: int
+    B: int
+    V: int
+    n_logits: int
+
+
+def _memory(z: _Sizes, dense: bool, prune: bool) -> dict[str, int]:
+    """Each term of the three phases' memory, bytes, by ``phase: what`` (module docstring)."""
+    P, L, d, H, b, A, S, T, B, V = z.P, z.L, z.d, z.H, z.b, z.A, z.S, z.T, z.B, z.V
     rows = {
         "rows: bookkeeping (autograd, allocator)": _OVERHEAD,
         "rows: patterns (frozen and saved)": 2 * L * H * P * P * b,
         "rows: the clean logits": P * V * b,
         "rows: streams": (3 * L + 1) * P * d * b,
         "rows: active features": A * (32 + b),
-        "rows: feature rows": S * (mean_cut + T) * b,
+        "rows: feature rows": S * (_ROW_SHARE * A + T) * b,
         "rows: a batch's gradients": 2 * (L + 1) * B * P * d * b,
         "rows: a batch's rows": 2 * B * (A + T) * b,
     }
-    n_nodes = S + T + max_logits
+    n_nodes = S + T + z.n_logits
     assembly = {
         "assembly: bookkeeping (autograd, allocator)": _OVERHEAD,
         "assembly: logits (clean, frozen run)": 2 * P * V * b,
         "assembly: feature rows": rows["rows: feature rows"],
         "assembly: patterns": rows["rows: patterns (frozen and saved)"],
-        "assembly: kept block": 2 * (S + max_logits) * (S + T) * b,
+        "assembly: kept block": 2 * (S + z.n_logits) * (S + T) * b,
         "assembly: dense adjacency": n_nodes * n_nodes * b if dense else 0,
     }
-    pruning = {"pruning: float copies of the block": 4 * (S + max_logits) * (S + T) * b if prune else 0,
+    pruning = {"pruning: float copies of the block": 4 * (S + z.n_logits) * (S + T) * b if prune else 0,
                "pruning: dense adjacency": assembly["assembly: dense adjacency"]}
-    rows, assembly, pruning = ({k: int(v) for k, v in part.items()} for part in (rows, assembly, pruning))
-    peak = max(sum(rows.values()), sum(assembly.values()), sum(pruning.values()))
+    return {k: int(v) for part in (rows, assembly, pruning) for k, v in part.items()}
+
+
+def _flops(z: _Sizes, capped: bool) -> dict[str, float]:
+    """Each kind of product's FLOPs (module docstring); ``capped``: ``max_feature_nodes`` given."""
+    P, L, d, A, S, T, B = z.P, z.L, z.d, z.A, z.S, z.T, z.B
     # the backward of the frozen model: patterns detached (no gradient to q, k) and MLPs cut, so a target's
     # gradient crosses each layer below it through W_O, the pattern and W_V only: 2 (2 d^2) + 2 P d a token
-    feature_batches, logit_batches = math.ceil(S / B), math.ceil(max_logits / B)
+    feature_batches, logit_batches = math.ceil(S / B), math.ceil(z.n_logits / B)
     crossed = (feature_batches * B * (L / 2) + logit_batches * B * L) * P  # (token, layer) steps of the backward
-    forward_layer = 2 * (4 * d * d + 2 * d * m) + 2 * 2 * P * d
-    terms = {
+    forward_layer = 2 * (4 * d * d + 2 * d * z.m) + 2 * 2 * P * d
+    return {
         "dense": crossed * 2 * 2 * d * d,
         "pattern": crossed * 2 * P * d,
         "dots": (feature_batches + logit_batches) * 2 * B * d * (A / 2 + T),
-        "encode": 4 * P * L * d * W,  # the transcoders
+        "encode": 4 * P * L * d * z.W,  # the transcoders
         "forward": 4 * P * L * forward_layer,  # four forward passes
         # eight influence estimates, each walking (at most L steps) over the rows computed so far (half on average)
-        "rounds": 0 if max_feature_nodes is None or S >= A else 8 * L * (S / 2) * (mean_cut + T) * 4,
+        "rounds": 0 if not capped or S >= A else 8 * L * (S / 2) * (_ROW_SHARE * A + T) * 4,
     }
-    slower = dict(_COST, pattern=_COST["pattern"] * max(1.0, P / _PATTERN_CACHED) ** (2 / 3))
-    flops = sum(terms.values())
-    weighted = sum(slower[k] * v for k, v in terms.items())
-    rate = matmul_rate() if rate is None else float(rate)
-    return GraphEstimate(int(peak), float(flops), float(weighted / rate), rate, A, S, rows | assembly | pruning)

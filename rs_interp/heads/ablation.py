@@ -36,6 +36,20 @@ from ..hooks import replace_heads_with, store
 __all__ = ["run_with_key_input", "run_with_query_input", "run_with_input"]
 
 
+def _readers(model: Model, heads: Sequence[tuple[int, int]], which: str, layer: int) -> list[int]:
+    """The head indices ``heads`` names in ``layer`` (per KV head for ``"k"``/``"v"`` under grouped-query attention)."""
+    pairs = check_heads(model, heads, "heads", allow_empty=False)
+    outside = [p for p in pairs if p[0] != layer]
+    if outside:
+        raise ValueError(f"heads entries {outside} are not in layer {layer}: heads names the readers of layer "
+                         f"{layer}'s input")
+    head_indices = [h for _, h in pairs]
+    groups = kv_groups(model.cfg)
+    if which in "kv" and groups != model.cfg.n_heads:
+        head_indices = _kv_heads(head_indices, model.cfg.n_heads // groups, which, layer)
+    return head_indices
+
+
 def run_with_input(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -46,7 +60,8 @@ def run_with_input(
     heads: Sequence[tuple[int, int]] | None = None,
     keep_biases: bool = False,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
-    """Run with layer ``layer``'s ``which`` input (for ``heads``, default all) set to ``x_0`` plus the kept heads' writes.
+    """Run with layer ``layer``'s ``which`` input (for ``heads``, default all) set to ``x_0`` plus the kept heads'
+    writes.
 
     The replacement is ``x_0 + sum over keep of z^{lh} W_O^{lh}`` (plus every earlier layer's
     ``b_O`` with ``keep_biases=True``). Identity: on an attention-only model, keeping every head
@@ -74,16 +89,7 @@ def run_with_input(
     for lk, hk in kept:
         if lk >= layer:
             raise ValueError(f"keep entry ({lk}, {hk}) must come before layer {layer} (keep layers must be < layer)")
-    head_indices = None
-    if heads is not None:
-        pairs = check_heads(model, heads, "heads", allow_empty=False)
-        outside = [p for p in pairs if p[0] != layer]
-        if outside:
-            raise ValueError(f"heads entries {outside} are not in layer {layer}: heads names the readers of layer {layer}'s input")
-        head_indices = [h for _, h in pairs]
-        groups = kv_groups(model.cfg)
-        if which in "kv" and groups != model.cfg.n_heads:
-            head_indices = _kv_heads(head_indices, model.cfg.n_heads // groups, which, layer)
+    head_indices = None if heads is None else _readers(model, heads, which, layer)
     tokens = check_tokens(model, tokens)
     # x_0 plus the kept heads' z W_O is a stream only where the stream adds up and a head writes z W_O.
     require(model, "run_with_query_input" if which == "q" else "run_with_key_input")
@@ -91,7 +97,8 @@ def run_with_input(
     box: dict[str, torch.Tensor] = {}
     fwd = [(N.RESID0, store(box, "x0"))]
     post = _backend.has_post_norms(model)
-    fwd += [(N.z(l), store(box, f"z{l}")) for l in sorted({l for l, _ in kept} | (set(range(layer)) if post and keep_biases else set()))]
+    stored = {l for l, _ in kept} | (set(range(layer)) if post and keep_biases else set())
+    fwd += [(N.z(l), store(box, f"z{l}")) for l in sorted(stored)]
 
     def new_input(_: torch.Tensor) -> torch.Tensor:
         x = box["x0"]
@@ -121,7 +128,8 @@ def _kv_heads(heads: list[int], size: int, which: str, layer: int) -> list[int]:
     split = [g for g in kv if any(g * size + i not in heads for i in range(size))]
     if split:
         g = split[0]
-        raise ValueError(f"grouped-query attention: layer {layer}'s heads {few(((layer, g * size + i) for i in range(size)), 8)} share one "
+        shared = few(((layer, g * size + i) for i in range(size)), 8)
+        raise ValueError(f"grouped-query attention: layer {layer}'s heads {shared} share one "
                          f"{which} input (KV head {g}); heads must name all of them or none")
     return kv
 

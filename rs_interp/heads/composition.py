@@ -112,8 +112,8 @@ def composition_scores(
 
     Args:
         model: any ``Model`` (toy models, GPT-2 small).
-        which: which input of the later head, ``"q"``, ``"k"`` or ``"v"`` (TransformerLens's ``all_composition_scores`` spells them
-            ``"Q"``, ``"K"``, ``"V"``; rs_interp accepts lowercase only).
+        which: which input of the later head, ``"q"``, ``"k"`` or ``"v"`` (TransformerLens's
+            ``all_composition_scores`` spells them ``"Q"``, ``"K"``, ``"V"``; rs_interp accepts lowercase only).
         full_circuit: use ``M = W_QK^T`` (k) / ``W_QK`` (q) as TransformerLens does.
         baseline: also compute the expected score of random Gaussian matrices of the same shapes
             (close to ``1/sqrt(d_model)``), to read the scores against chance.
@@ -208,7 +208,8 @@ def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], whi
     which = check_which(which)
     require(model, "virtual_weight", also=() if which == "v" else ("scores",))
     with torch.no_grad():
-        return FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[ls, hs], model.W_O[ls, hs]) @ _circuit(model, ld, hd, which)
+        ov = FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[ls, hs], model.W_O[ls, hs])
+        return ov @ _circuit(model, ld, hd, which)
 
 
 @renamed(kind="which")

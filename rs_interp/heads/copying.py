@@ -38,7 +38,8 @@ def ov_eigenvalues(model: Model) -> torch.Tensor:
     with torch.no_grad():
         W_E, W_U = model.W_E.to(torch.float64), model.W_U.to(torch.float64)
         UE = W_U @ W_E  # (d_model, d_model), formed once
-        inner = model.W_O.to(torch.float64) @ UE @ attn_weight(model, "W_V", model.cfg.n_heads).to(torch.float64)  # (layer, head, d_head, d_head)
+        W_V = attn_weight(model, "W_V", model.cfg.n_heads).to(torch.float64)
+        inner = model.W_O.to(torch.float64) @ UE @ W_V  # (layer, head, d_head, d_head)
         return torch.linalg.eigvals(inner)
 
 
@@ -57,4 +58,5 @@ def copying_scores(model: Model) -> Float[torch.Tensor, "layer head"]:
     eig = ov_eigenvalues(model)
     total = eig.abs().sum(-1)
     # 0/0 for a zero circuit: its score is 0, not NaN (a NaN would poison a max or a mean over heads)
-    return torch.where(total > 0, eig.sum(-1).real / total.clamp(min=torch.finfo(total.dtype).tiny), torch.zeros_like(total))
+    ratio = eig.sum(-1).real / total.clamp(min=torch.finfo(total.dtype).tiny)
+    return torch.where(total > 0, ratio, torch.zeros_like(total))

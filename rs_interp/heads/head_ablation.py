@@ -63,7 +63,8 @@ class HeadAblationScan:
 
     >>> from rs_interp import induction_batch, load_toy_model, next_token_loss
     >>> batch = induction_batch(16, seed=1)
-    >>> scan = head_ablation_scan(load_toy_model("induction-2l"), batch.tokens, next_token_loss(batch.targets), ablation="mean")
+    >>> model = load_toy_model("induction-2l")
+    >>> scan = head_ablation_scan(model, batch.tokens, next_token_loss(batch.targets), ablation="mean")
     >>> bool(torch.allclose(scan.effect, scan.ablated - scan.clean)), scan.labels
     (True, ('L0H0', 'L0H1', 'L1H0', 'L1H1'))
     """
@@ -95,7 +96,9 @@ def _reference_z(model: Model, reference: torch.Tensor, ablation: str, layers: S
 def _hook(ablation: str, value: torch.Tensor | None, head_indices: Sequence[int]) -> Callable:
     if ablation == "zero":
         return zero_heads(head_indices)
-    return mean_heads(value, head_indices) if ablation in ("mean", "position_mean") else resample_heads(value, head_indices)
+    if ablation in ("mean", "position_mean"):
+        return mean_heads(value, head_indices)
+    return resample_heads(value, head_indices)
 
 
 @needs("z")
@@ -149,6 +152,27 @@ def _logits(model: Model, x: torch.Tensor, start: int | None, spe: torch.Tensor 
     return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
+def _ablate_group(ablation: str, group: list[int], value: torch.Tensor | None, B: int):
+    """The hook on ``hook_z`` of a stacked pass: replica ``i`` (rows ``i B`` to ``(i + 1) B``) ablates head
+    ``group[i]``."""
+
+    def ablate(z: torch.Tensor, *, hook) -> torch.Tensor:
+        out = z.clone()
+        for i, h in enumerate(group):
+            rows = slice(i * B, (i + 1) * B)
+            if ablation == "zero":
+                out[rows, :, h] = 0
+            elif ablation == "mean":
+                out[rows, :, h] = value[h].to(z.dtype)
+            elif ablation == "position_mean":
+                out[rows, :, h] = value[:, h].to(z.dtype)
+            else:
+                out[rows, :, h] = value[rows, :, h].to(z.dtype)
+        return out
+
+    return ablate
+
+
 @needs("z", optional={"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
        adapts=ONE_PASS_EACH)
 @renamed(method="ablation")
@@ -200,13 +224,15 @@ def head_ablation_scan(
     B, P = tokens.shape
     # Several heads per pass, stacked along the batch, where each row is computed on its own (the
     # certificate's "rows": a hook reading the batch as a whole would see the stack); else one per pass.
-    per_pass = min(n_heads, stacked_copies(model, B, P, memory_budget, logit_positions=None if pos is None else len(pos)))
+    copies = stacked_copies(model, B, P, memory_budget, logit_positions=None if pos is None else len(pos))
+    per_pass = min(n_heads, copies)
     per_pass = per_pass if cert.holds("rows") else 1
     with preserve_state(model), torch.no_grad():
         refs = _reference_z(model, ref, ablation, range(L))
         with model.hooks(fwd_hooks=store_matching(box, model, start_points(model))):
             clean = metric_value(metric(_logits(model, tokens, None, None, pos)), "clean run")
-        jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads)))) for l in range(L) for h0 in range(0, n_heads, per_pass)]
+        jobs = [(l, list(range(h0, min(h0 + per_pass, n_heads))))
+                for l in range(L) for h0 in range(0, n_heads, per_pass)]
         for l, group in bar(jobs, desc="head ablation scan", enabled=progress, unit="pass"):
             k = len(group)
             # replica i ablates head group[i]
@@ -214,23 +240,9 @@ def head_ablation_scan(
             value = refs.get(l)
             if ablation == "resample":
                 value = value.repeat(k, 1, 1, 1)
-
-            def ablate(z: torch.Tensor, *, hook, group=group, value=value) -> torch.Tensor:
-                out = z.clone()
-                for i, h in enumerate(group):
-                    rows = slice(i * B, (i + 1) * B)
-                    if ablation == "zero":
-                        out[rows, :, h] = 0
-                    elif ablation == "mean":
-                        out[rows, :, h] = value[h].to(z.dtype)
-                    elif ablation == "position_mean":
-                        out[rows, :, h] = value[:, h].to(z.dtype)
-                    else:
-                        out[rows, :, h] = value[rows, :, h].to(z.dtype)
-                return out
-
-            with model.hooks(fwd_hooks=[(N.z(l), ablate)]):
+            with model.hooks(fwd_hooks=[(N.z(l), _ablate_group(ablation, group, value, B))]):
                 logits = _logits(model, x, start, spe, pos)
             for i, h in enumerate(group):
                 values[l, h] = metric_value(metric(logits[i * B : (i + 1) * B]), f"head ({l}, {h})")
-    return HeadAblationScan(effect=values - clean, clean=clean, ablated=values, ablation=ablation, labels=head_labels(L, n_heads))
+    return HeadAblationScan(effect=values - clean, clean=clean, ablated=values, ablation=ablation,
+                            labels=head_labels(L, n_heads))

@@ -46,7 +46,8 @@ def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> 
     >>> pat = attention_patterns(load_toy_model("induction-2l"), induction_batch(3, seed=0).tokens)
     >>> tuple(pat.shape)  # (layer, batch, head, query_pos, key_pos)
     (2, 3, 2, 48, 48)
-    >>> bool(torch.allclose(pat.sum(-1), torch.ones(2, 3, 2, 48))), float(pat[..., 0, 1:].abs().max())  # rows sum to 1; causal
+    >>> ones = torch.ones(2, 3, 2, 48)
+    >>> bool(torch.allclose(pat.sum(-1), ones)), float(pat[..., 0, 1:].abs().max())  # rows sum to 1; causal
     (True, 0.0)
     """
     tokens = check_tokens(model, tokens)
@@ -152,7 +153,7 @@ class InductionScores:
     >>> from rs_interp import induction_batch, induction_scores, load_toy_model
     >>> b = induction_batch(32, seed=2)
     >>> s = induction_scores(load_toy_model("induction-2l"), b.tokens, periods=b.periods)
-    >>> tuple(s.induction.shape), bool((s.after_occurrence[1] >= s.induction[1]).all())  # the target is one such position
+    >>> tuple(s.induction.shape), bool((s.after_occurrence[1] >= s.induction[1]).all())  # the target is one of them
     ((2, 2), True)
     """
 
@@ -182,7 +183,8 @@ def induction_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, pe
     """
     tokens = check_tokens(model, tokens)
     require(model, "induction_scores")
-    if not isinstance(periods, torch.Tensor) or periods.dtype.is_floating_point or tuple(periods.shape) != tokens.shape[:1]:
+    if (not isinstance(periods, torch.Tensor) or periods.dtype.is_floating_point
+            or tuple(periods.shape) != tokens.shape[:1]):
         raise ValueError(f"periods must be an integer tensor of one period per sequence, shape ({tokens.shape[0]},)")
     if bool((periods < 1).any()):
         raise ValueError("periods must be positive")
@@ -228,8 +230,9 @@ def positional_scores(model: Model, layer: int, *, max_offset: int | None = None
     n = model.cfg.n_ctx if max_offset is None else check_int_range("max_offset", max_offset, 0, model.cfg.n_ctx - 1) + 1
     attn = model.blocks[layer].attn
     with torch.no_grad():
-        q = apply_rotary(model, layer, attn_weight(attn, "b_Q", model.cfg.n_heads)[None, None].expand(1, n, -1, -1).clone())  # (1, n, head, d_head)
-        k = apply_rotary(model, layer, attn_weight(attn, "b_K", model.cfg.n_heads)[None, None].expand(1, n, -1, -1).clone())
+        b_Q, b_K = (attn_weight(attn, name, model.cfg.n_heads)[None, None] for name in ("b_Q", "b_K"))
+        q = apply_rotary(model, layer, b_Q.expand(1, n, -1, -1).clone())  # (1, n, head, d_head)
+        k = apply_rotary(model, layer, b_K.expand(1, n, -1, -1).clone())
         return torch.einsum("ohd,hd->ho", q[0], k[0, 0]) / attn_scale(model, layer)
 
 
@@ -285,7 +288,8 @@ def key_score_sensitivity(model: Model, tokens: Int[torch.Tensor, "batch pos"], 
     scores = []
     for toks in (tokens, changed):
         box: dict[str, torch.Tensor] = {}
-        with preserve_state(model), torch.no_grad(), model.hooks(fwd_hooks=score_hooks(model, model.cfg.n_layers - 1, box, "s")):
+        hooks = score_hooks(model, model.cfg.n_layers - 1, box, "s")
+        with preserve_state(model), torch.no_grad(), model.hooks(fwd_hooks=hooks):
             model(toks, return_type=None)
         scores.append(box["s"][rows, :, :, j])  # (batch, head, query)
     q = torch.arange(n)[None, :]
