@@ -44,7 +44,7 @@ from .. import circuits as _c
 from .._backend import Model
 from .._keywords import renamed
 from .._messages import few
-from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, _mib_counts
+from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, mib_counts
 from ..circuits.selection import circuit_at, mib_weights, prune
 from ..exact.certificate import require
 from ..heads import head_ablation as _h
@@ -54,7 +54,7 @@ from .pairs import Dataset
 from .sums import weighted
 
 __all__ = ["attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan", "path_patching",
-           "evaluate_circuit",
+           "run_method", "evaluate_circuit",
            "faithfulness_curve", "mib_scores", "metric_values", "MetricValues"]
 
 _ROW_COUPLED = ("mean", "position_mean")
@@ -93,6 +93,37 @@ def _metric_analysis(name: str, helper: Any, rule: tuple, options: dict, **fixed
     return Analysis(name, run, lambda r, b: parts(r, b.weight), build, {**options, **fixed_kw})
 
 
+#: How each registry helper's result streams: (the analysis's name, the result class, the fields averaged with the
+#: batches' weights, the fields every batch must give alike). One entry per helper the methods registry runs
+#: (:attr:`rs_interp.circuits.methods.Method.helper`): :func:`run_method` streams any entry built on one of them.
+_RULES: dict[str, tuple[str, Any, tuple[str, ...], tuple[str, ...]]] = {
+    "attribution_patching": ("attribution patching", _c.AttributionPatching,
+                             ("effect", "effect_per_position", "clean", "first_order"),
+                             ("labels", "ig_steps", "ig_rule", "which", "qk_fix", "grad_drop", "correction")),
+    "edge_attribution_patching": ("edge attribution patching", _c.EdgeAttributionPatching, ("effect", "clean", "first_order"),
+                                  ("layout", "ig_steps", "ig_rule", "qk_fix", "grad_drop", "correction")),
+    "edge_relevance_patching": ("relevance patching", _c.EdgeRelevancePatching, ("effect", "clean"),
+                                ("layout", "ablation", "qk_fix")),
+    "head_ablation_scan": ("head ablation scan", _h.HeadAblationScan, ("effect", "clean", "ablated"), ("ablation", "labels")),
+    "path_patching": ("path patching", _c.PathPatching, ("effect", "clean"), ("layout",)),
+}
+_HELPERS = {"head_ablation_scan": _h.head_ablation_scan}
+#: The estimates, whose options :func:`_estimate_options` checks.
+_ESTIMATES = ("attribution_patching", "edge_attribution_patching", "edge_relevance_patching")
+
+
+def _streamed(helper: str, model: Model, data: Dataset, options: dict, **fixed_kw: Any) -> Any:
+    """``helper`` (a name in :data:`_RULES`) over ``data`` by its rule: the streaming keywords split off, the options the
+    sum cannot carry refused."""
+    run_kw, options = _split(options, helper)
+    if helper in _ESTIMATES:
+        _estimate_options(options, helper)
+    what, result, mean, same = _RULES[helper]
+    fn = _HELPERS.get(helper) or getattr(_c, helper)
+    analysis = _metric_analysis(what, fn, weighted(result, mean=mean, same=same), options, **fixed_kw)
+    return stream(analysis, model, data, **run_kw)
+
+
 @renamed(nodes="which")
 def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.AttributionPatching:
     """:func:`rs_interp.attribution_patching` over a dataset: the result of one call on every pair.
@@ -108,11 +139,7 @@ def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.Attr
             batches) and ``per_example=True`` (a result as large as the dataset), each saying so.
     """
     require(model, "scale.attribution_patching", adapts=False)  # read by the helper each batch runs
-    run_kw, options = _split(options, "attribution_patching")
-    _estimate_options(options, "attribution_patching")
-    rule = weighted(_c.AttributionPatching, mean=("effect", "effect_per_position", "clean", "first_order"),
-                    same=("labels", "ig_steps", "ig_rule", "which", "qk_fix", "grad_drop", "correction"))
-    return stream(_metric_analysis("attribution patching", _c.attribution_patching, rule, options), model, data, **run_kw)
+    return _streamed("attribution_patching", model, data, options)
 
 
 def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.EdgeAttributionPatching:
@@ -122,17 +149,14 @@ def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c
     Example:
         >>> import rs_interp as ri
         >>> from rs_interp.tasks import induction_task
-        >>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
         >>> eap_ig = edge_attribution_patching(model, task, batch_size=2, ig_steps=2, progress=False)
         >>> eap_ig.ig_steps, eap_ig.layout.n_edges
         (2, 29)
     """
     require(model, "scale.edge_attribution_patching", adapts=False)  # read by the helper each batch runs
-    run_kw, options = _split(options, "edge_attribution_patching")
-    _estimate_options(options, "edge_attribution_patching")
-    rule = weighted(_c.EdgeAttributionPatching, mean=("effect", "clean", "first_order"),
-                    same=("layout", "ig_steps", "ig_rule", "qk_fix", "grad_drop", "correction"))
-    return stream(_metric_analysis("edge attribution patching", _c.edge_attribution_patching, rule, options), model, data, **run_kw)
+    return _streamed("edge_attribution_patching", model, data, options)
 
 
 def edge_relevance_patching(model: Model, data: Dataset, **options: Any) -> _c.EdgeRelevancePatching:
@@ -143,16 +167,14 @@ def edge_relevance_patching(model: Model, data: Dataset, **options: Any) -> _c.E
     Example:
         >>> import rs_interp as ri
         >>> from rs_interp.tasks import induction_task
-        >>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
         >>> relp = edge_relevance_patching(model, task, batch_size=2, progress=False)
         >>> relp.layout.n_edges, relp.ablation
         (29, 'resample')
     """
     require(model, "scale.edge_relevance_patching")
-    run_kw, options = _split(options, "edge_relevance_patching")
-    _estimate_options(options, "edge_relevance_patching")
-    rule = weighted(_c.EdgeRelevancePatching, mean=("effect", "clean"), same=("layout", "ablation", "qk_fix"))
-    return stream(_metric_analysis("relevance patching", _c.edge_relevance_patching, rule, options), model, data, **run_kw)
+    return _streamed("edge_relevance_patching", model, data, options)
 
 
 @renamed(method="ablation")
@@ -165,19 +187,42 @@ def head_ablation_scan(model: Model, data: Dataset, *, ablation: str = "zero", *
     """
     require(model, "scale.head_ablation_scan", adapts=False)  # read by the helper each batch runs
     _rowwise(ablation, "head_ablation_scan")
-    run_kw, options = _split(options, "head_ablation_scan")
-    rule = weighted(_h.HeadAblationScan, mean=("effect", "clean", "ablated"), same=("ablation", "labels"))
-    analysis = _metric_analysis("head ablation scan", _h.head_ablation_scan, rule, options, ablation=ablation)
-    return stream(analysis, model, data, **run_kw)
+    return _streamed("head_ablation_scan", model, data, options, ablation=ablation)
 
 
 def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatching:
     """:func:`rs_interp.path_patching` (every edge, or ``edges``) over a dataset; arguments as
     :func:`attribution_patching`."""
     require(model, "scale.path_patching", adapts=False)  # read by the helper each batch runs
-    run_kw, options = _split(options, "path_patching")
-    rule = weighted(_c.PathPatching, mean=("effect", "clean"), same=("layout",))
-    return stream(_metric_analysis("path patching", _c.path_patching, rule, options), model, data, **run_kw)
+    return _streamed("path_patching", model, data, options)
+
+
+def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
+    """The entry ``method`` of the methods registry (:data:`rs_interp.circuits.methods.METHODS`, by name) over a
+    dataset: its helper's streamed version run with the entry's options, ``options`` on top (``ig_steps=3``,
+    ``batch_size``, ``progress`` ...). What :func:`rs_interp.ui.circuit_command.run_circuit` scores with.
+
+    Example:
+        >>> import rs_interp as ri
+        >>> from rs_interp.tasks import induction_task
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> run_method(model, task, "EAP-IG (m = 5)", batch_size=2, progress=False).ig_steps
+        5
+
+    Raises:
+        ValueError: no method of that name, or one whose scores are not one streamed helper's call (ACDC, the
+            patched screens: each batch would choose its own edges), naming the ones that stream.
+    """
+    from ..circuits.methods import METHODS
+
+    entry = METHODS.get(method)
+    helper = None if entry is None or entry.helper is None else entry.helper.__name__
+    if helper not in _RULES:
+        streams = [name for name, m in METHODS.items() if m.helper is not None and m.helper.__name__ in _RULES]
+        raise ValueError(f"{method!r} is not a registry method that streams; these do: {few(streams)}")
+    wrapper = globals()[helper]
+    return wrapper(model, data, **{**entry.options, **options})
 
 
 @renamed(method="ablation")
@@ -268,7 +313,7 @@ def _curve_on(model: Any, batch: Any, scores: Any, options: dict) -> Faithfulnes
     return FaithfulnessCurve(fractions=fr, ranking=ranking, n_requested=tuple(int(f * total) for f in fr),
                              n_edges=tuple(int(float((weights * k).sum())) for k in keeps), values=tuple(values),
                              faithfulness=(nan,) * len(fr), clean=clean, empty=empty, area_under=nan, area_from_1=nan,
-                             mib_counts=_mib_counts(layout, chosen), higher_is_better=way and way.higher_is_better,
+                             mib_counts=mib_counts(layout, chosen), higher_is_better=way and way.higher_is_better,
                              direction_from=way and way.source)
 
 
