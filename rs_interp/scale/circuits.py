@@ -93,34 +93,45 @@ def _metric_analysis(name: str, helper: Any, rule: tuple, options: dict, **fixed
     return Analysis(name, run, lambda r, b: parts(r, b.weight), build, {**options, **fixed_kw})
 
 
-#: How each registry helper's result streams: (the analysis's name, the result class, the fields averaged with the
-#: batches' weights, the fields every batch must give alike). One entry per helper the methods registry runs
-#: (:attr:`rs_interp.circuits.methods.Method.helper`): :func:`run_method` streams any entry built on one of them.
-_RULES: dict[str, tuple[str, Any, tuple[str, ...], tuple[str, ...]]] = {
-    "attribution_patching": ("attribution patching", _c.AttributionPatching,
-                             ("effect", "effect_per_position", "clean", "first_order"),
-                             ("labels", "ig_steps", "ig_rule", "which", "qk_fix", "grad_drop", "correction")),
-    "edge_attribution_patching": ("edge attribution patching", _c.EdgeAttributionPatching, ("effect", "clean", "first_order"),
-                                  ("layout", "ig_steps", "ig_rule", "qk_fix", "grad_drop", "correction")),
-    "edge_relevance_patching": ("relevance patching", _c.EdgeRelevancePatching, ("effect", "clean"),
-                                ("layout", "ablation", "qk_fix")),
-    "head_ablation_scan": ("head ablation scan", _h.HeadAblationScan, ("effect", "clean", "ablated"), ("ablation", "labels")),
-    "path_patching": ("path patching", _c.PathPatching, ("effect", "clean"), ("layout",)),
+#: How each result of a registry helper (:attr:`rs_interp.circuits.methods.Method.helper`) streams, by the result's
+#: class: (the fields averaged with the batches' weights, the fields every batch must give alike).
+#: :func:`run_method` streams any entry whose helper returns one of them, a new helper included.
+_RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "AttributionPatching": (("effect", "effect_per_position", "clean", "first_order"),
+                            ("labels", "ig_steps", "ig_rule", "which", "qk_fix", "grad_drop", "correction")),
+    "EdgeAttributionPatching": (("effect", "clean", "first_order"),
+                                ("layout", "ig_steps", "ig_rule", "qk_fix", "grad_drop", "correction")),
+    "EdgeRelevancePatching": (("effect", "clean"), ("layout", "ablation", "qk_fix")),
+    "HeadAblationScan": (("effect", "clean", "ablated"), ("ablation", "labels")),
+    "PathPatching": (("effect", "clean"), ("layout",)),
 }
-_HELPERS = {"head_ablation_scan": _h.head_ablation_scan}
+#: The analyses' names (progress bars, resume files) of the helpers streamed before the registry drove them.
+_NAMES = {"edge_relevance_patching": "relevance patching"}
 #: The estimates, whose options :func:`_estimate_options` checks.
 _ESTIMATES = ("attribution_patching", "edge_attribution_patching", "edge_relevance_patching")
 
 
-def _streamed(helper: str, model: Model, data: Dataset, options: dict, **fixed_kw: Any) -> Any:
-    """``helper`` (a name in :data:`_RULES`) over ``data`` by its rule: the streaming keywords split off, the options the
-    sum cannot carry refused."""
-    run_kw, options = _split(options, helper)
-    if helper in _ESTIMATES:
-        _estimate_options(options, helper)
-    what, result, mean, same = _RULES[helper]
-    fn = _HELPERS.get(helper) or getattr(_c, helper)
-    analysis = _metric_analysis(what, fn, weighted(result, mean=mean, same=same), options, **fixed_kw)
+def _result_of(helper: Any) -> Any:
+    """The result class ``helper`` returns (its return annotation, a name in :mod:`rs_interp.circuits` or
+    :mod:`rs_interp.heads.head_ablation`), or None."""
+    import inspect
+
+    returned = inspect.signature(helper).return_annotation
+    name = returned if isinstance(returned, str) else getattr(returned, "__name__", "")
+    return getattr(_c, name, None) or getattr(_h, name, None) if name in _RULES else None
+
+
+def _streamed(helper: Any, model: Model, data: Dataset, options: dict, **fixed_kw: Any) -> Any:
+    """``helper`` over ``data`` by its result's rule (:data:`_RULES`): the streaming keywords split off, the options
+    the sum cannot carry refused."""
+    name = helper.__name__
+    run_kw, options = _split(options, name)
+    if name in _ESTIMATES:
+        _estimate_options(options, name)
+    result = _result_of(helper)
+    mean, same = _RULES[result.__name__]
+    analysis = _metric_analysis(_NAMES.get(name, name.replace("_", " ")), helper, weighted(result, mean=mean, same=same),
+                                options, **fixed_kw)
     return stream(analysis, model, data, **run_kw)
 
 
@@ -139,7 +150,7 @@ def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.Attr
             batches) and ``per_example=True`` (a result as large as the dataset), each saying so.
     """
     require(model, "scale.attribution_patching", adapts=False)  # read by the helper each batch runs
-    return _streamed("attribution_patching", model, data, options)
+    return _streamed(_c.attribution_patching, model, data, options)
 
 
 def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.EdgeAttributionPatching:
@@ -156,7 +167,7 @@ def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c
         (2, 29)
     """
     require(model, "scale.edge_attribution_patching", adapts=False)  # read by the helper each batch runs
-    return _streamed("edge_attribution_patching", model, data, options)
+    return _streamed(_c.edge_attribution_patching, model, data, options)
 
 
 def edge_relevance_patching(model: Model, data: Dataset, **options: Any) -> _c.EdgeRelevancePatching:
@@ -174,7 +185,7 @@ def edge_relevance_patching(model: Model, data: Dataset, **options: Any) -> _c.E
         (29, 'resample')
     """
     require(model, "scale.edge_relevance_patching")
-    return _streamed("edge_relevance_patching", model, data, options)
+    return _streamed(_c.edge_relevance_patching, model, data, options)
 
 
 @renamed(method="ablation")
@@ -187,14 +198,14 @@ def head_ablation_scan(model: Model, data: Dataset, *, ablation: str = "zero", *
     """
     require(model, "scale.head_ablation_scan", adapts=False)  # read by the helper each batch runs
     _rowwise(ablation, "head_ablation_scan")
-    return _streamed("head_ablation_scan", model, data, options, ablation=ablation)
+    return _streamed(_h.head_ablation_scan, model, data, options, ablation=ablation)
 
 
 def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatching:
     """:func:`rs_interp.path_patching` (every edge, or ``edges``) over a dataset; arguments as
     :func:`attribution_patching`."""
     require(model, "scale.path_patching", adapts=False)  # read by the helper each batch runs
-    return _streamed("path_patching", model, data, options)
+    return _streamed(_c.path_patching, model, data, options)
 
 
 def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
@@ -217,12 +228,16 @@ def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
     from ..circuits.methods import METHODS
 
     entry = METHODS.get(method)
-    helper = None if entry is None or entry.helper is None else entry.helper.__name__
-    if helper not in _RULES:
-        streams = [name for name, m in METHODS.items() if m.helper is not None and m.helper.__name__ in _RULES]
+    if entry is None or entry.helper is None or _result_of(entry.helper) is None:
+        streams = [name for name, m in METHODS.items() if m.helper is not None and _result_of(m.helper) is not None]
         raise ValueError(f"{method!r} is not a registry method that streams; these do: {few(streams)}")
-    wrapper = globals()[helper]
-    return wrapper(model, data, **{**entry.options, **options})
+    options = {**entry.options, **options}
+    wrappers = {_c.attribution_patching: attribution_patching, _c.edge_attribution_patching: edge_attribution_patching,
+                _c.edge_relevance_patching: edge_relevance_patching, _c.path_patching: path_patching,
+                _h.head_ablation_scan: head_ablation_scan}  # their own checks and certificate entries
+    if entry.helper in wrappers:
+        return wrappers[entry.helper](model, data, **options)
+    return _streamed(entry.helper, model, data, options)  # a new helper: it certifies the model in every batch
 
 
 @renamed(method="ablation")
