@@ -49,91 +49,14 @@ from ..circuits.selection import circuit_at, mib_weights, prune
 from ..exact.certificate import require
 from ..heads import head_ablation as _h
 from ..metrics import declared_direction, metric_value
-from .engine import Analysis, no_overrides, quiet, stream, weight_of
+from .engine import Analysis, quiet, stream, weight_of
+from .methods import _STREAM, _rowwise, _split, _streamed
 from .pairs import Dataset
 from .sums import weighted
 
 __all__ = ["attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan", "path_patching",
-           "run_method", "evaluate_circuit",
+           "evaluate_circuit",
            "faithfulness_curve", "mib_scores", "metric_values", "MetricValues"]
-
-_ROW_COUPLED = ("mean", "position_mean")
-_STREAM = ("batch_size", "resume", "save_every", "progress", "kind")
-
-
-def _rowwise(ablation: str, helper: str) -> None:
-    if ablation in _ROW_COUPLED:
-        raise ValueError(f"{helper}: ablation={ablation!r} ablates with the reference's mean over the whole batch; batch by batch "
-                         "that is each batch's own mean, not the dataset's, so no sum over batches gives one call's result. "
-                         f"Use 'resample' or 'zero', or call rs_interp.{helper} on the whole dataset at once")
-
-
-def _estimate_options(options: dict, helper: str) -> None:
-    """Refuse the estimates' options whose result is not a weighted sum over batches (named)."""
-    if options.get("grad_drop"):
-        raise ValueError(f"{helper}: grad_drop=True scores the sum over layers of |the estimate on the whole batch|, and "
-                         "|a + b| is not |a| + |b|: no sum over batches gives one call's result. Stream the plain or QK-fixed "
-                         f"estimate, or call rs_interp.{helper} with grad_drop=True on the whole dataset at once")
-    if options.get("spans") is not None:
-        raise ValueError(f"{helper}: spans= gives each batch's rows their own spans; streamed, the batches' schemas are not "
-                         f"carried (not built): call rs_interp.{helper} with spans= on the pairs whose positions you need")
-    if options.get("per_example"):
-        raise ValueError(f"{helper}: per_example=True keeps one share per pair, a result as large as the dataset, which the "
-                         f"streamed helpers exist to avoid holding; call rs_interp.{helper} with per_example=True on the pairs "
-                         "whose shares you need (rs_interp.circuits.uncertainty.bootstrap reads them)")
-
-
-def _metric_analysis(name: str, helper: Any, rule: tuple, options: dict, **fixed_kw: Any) -> Analysis:
-    parts, build = rule
-
-    def run(model: Any, batch: Any) -> Any:
-        weight_of(batch, name)
-        return helper(model, batch.tokens, batch.metric, reference=batch.reference, **fixed_kw, **options, **quiet(helper))
-
-    return Analysis(name, run, lambda r, b: parts(r, b.weight), build, {**options, **fixed_kw})
-
-
-#: How each result of a registry helper (:attr:`rs_interp.circuits.methods.Method.helper`) streams, by the result's
-#: class: (the fields averaged with the batches' weights, the fields every batch must give alike).
-#: :func:`run_method` streams any entry whose helper returns one of them, a new helper included.
-_RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "AttributionPatching": (("effect", "effect_per_position", "clean", "first_order"),
-                            ("labels", "ig_steps", "ig_rule", "which", "qk_fix", "grad_drop", "correction")),
-    "EdgeAttributionPatching": (("effect", "clean", "first_order"),
-                                ("layout", "ig_steps", "ig_rule", "qk_fix", "grad_drop", "correction")),
-    "EdgeRelevancePatching": (("effect", "clean"), ("layout", "ablation", "qk_fix")),
-    "HeadAblationScan": (("effect", "clean", "ablated"), ("ablation", "labels")),
-    "PathPatching": (("effect", "clean"), ("layout",)),
-}
-#: The analyses' names (progress bars, resume files) of the helpers streamed before the registry drove them.
-_NAMES = {"edge_relevance_patching": "relevance patching"}
-#: The estimates, whose options :func:`_estimate_options` checks.
-_ESTIMATES = ("attribution_patching", "edge_attribution_patching", "edge_relevance_patching")
-
-
-def _result_of(helper: Any) -> Any:
-    """The result class ``helper`` returns (its return annotation, a name in :mod:`rs_interp.circuits` or
-    :mod:`rs_interp.heads.head_ablation`), or None."""
-    import inspect
-
-    returned = inspect.signature(helper).return_annotation
-    name = returned if isinstance(returned, str) else getattr(returned, "__name__", "")
-    return getattr(_c, name, None) or getattr(_h, name, None) if name in _RULES else None
-
-
-def _streamed(helper: Any, model: Model, data: Dataset, options: dict, **fixed_kw: Any) -> Any:
-    """``helper`` over ``data`` by its result's rule (:data:`_RULES`): the streaming keywords split off, the options
-    the sum cannot carry refused."""
-    name = helper.__name__
-    run_kw, options = _split(options, name)
-    if name in _ESTIMATES:
-        _estimate_options(options, name)
-    result = _result_of(helper)
-    mean, same = _RULES[result.__name__]
-    analysis = _metric_analysis(_NAMES.get(name, name.replace("_", " ")), helper, weighted(result, mean=mean, same=same),
-                                options, **fixed_kw)
-    return stream(analysis, model, data, **run_kw)
-
 
 @renamed(nodes="which")
 def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.AttributionPatching:
@@ -150,7 +73,7 @@ def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.Attr
             batches) and ``per_example=True`` (a result as large as the dataset), each saying so.
     """
     require(model, "scale.attribution_patching", adapts=False)  # read by the helper each batch runs
-    return _streamed(_c.attribution_patching, model, data, options)
+    return _streamed(_c.attribution_patching, _c.AttributionPatching, model, data, options)
 
 
 def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.EdgeAttributionPatching:
@@ -167,7 +90,7 @@ def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c
         (2, 29)
     """
     require(model, "scale.edge_attribution_patching", adapts=False)  # read by the helper each batch runs
-    return _streamed(_c.edge_attribution_patching, model, data, options)
+    return _streamed(_c.edge_attribution_patching, _c.EdgeAttributionPatching, model, data, options)
 
 
 def edge_relevance_patching(model: Model, data: Dataset, **options: Any) -> _c.EdgeRelevancePatching:
@@ -185,7 +108,7 @@ def edge_relevance_patching(model: Model, data: Dataset, **options: Any) -> _c.E
         (29, 'resample')
     """
     require(model, "scale.edge_relevance_patching")
-    return _streamed(_c.edge_relevance_patching, model, data, options)
+    return _streamed(_c.edge_relevance_patching, _c.EdgeRelevancePatching, model, data, options)
 
 
 @renamed(method="ablation")
@@ -198,47 +121,14 @@ def head_ablation_scan(model: Model, data: Dataset, *, ablation: str = "zero", *
     """
     require(model, "scale.head_ablation_scan", adapts=False)  # read by the helper each batch runs
     _rowwise(ablation, "head_ablation_scan")
-    return _streamed(_h.head_ablation_scan, model, data, options, ablation=ablation)
+    return _streamed(_h.head_ablation_scan, _h.HeadAblationScan, model, data, options, ablation=ablation)
 
 
 def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatching:
     """:func:`rs_interp.path_patching` (every edge, or ``edges``) over a dataset; arguments as
     :func:`attribution_patching`."""
     require(model, "scale.path_patching", adapts=False)  # read by the helper each batch runs
-    return _streamed(_c.path_patching, model, data, options)
-
-
-def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
-    """The entry ``method`` of the methods registry (:data:`rs_interp.circuits.methods.METHODS`, by name) over a
-    dataset: its helper's streamed version run with the entry's options, ``options`` on top (``ig_steps=3``,
-    ``batch_size``, ``progress`` ...). What :func:`rs_interp.ui.circuit_command.run_circuit` scores with.
-
-    Example:
-        >>> import rs_interp as ri
-        >>> from rs_interp.tasks import induction_task
-        >>> model = ri.load_toy_model("induction-2l")
-        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
-        >>> run_method(model, task, "EAP-IG (m = 5)", batch_size=2, progress=False).ig_steps
-        5
-
-    Raises:
-        ValueError: no method of that name, or one whose scores are not one streamed helper's call (ACDC, the
-            patched screens: each batch would choose its own edges), naming the ones that stream.
-    """
-    from ..circuits.methods import METHODS
-
-    entry = METHODS.get(method)
-    if entry is None or entry.helper is None or _result_of(entry.helper) is None:
-        streams = [name for name, m in METHODS.items() if m.helper is not None and _result_of(m.helper) is not None]
-        raise ValueError(f"{method!r} is not a registry method that streams; these do: {few(streams)}")
-    options = {**entry.options, **options}
-    wrappers = {_c.attribution_patching: attribution_patching, _c.edge_attribution_patching: edge_attribution_patching,
-                _c.edge_relevance_patching: edge_relevance_patching, _c.path_patching: path_patching,
-                _h.head_ablation_scan: head_ablation_scan}  # their own checks and certificate entries
-    if entry.helper in wrappers:
-        return wrappers[entry.helper](model, data, **options)
-    return _streamed(entry.helper, model, data, options)  # a new helper: it certifies the model in every batch
-
+    return _streamed(_c.path_patching, _c.PathPatching, model, data, options)
 
 @renamed(method="ablation")
 def evaluate_circuit(model: Model, data: Dataset, circuit: Iterable[tuple[str, str]], *, ablation: str = "resample", **options: Any) -> float:
@@ -442,9 +332,3 @@ def metric_values(model: Model, data: Dataset, **options: Any) -> MetricValues:
 
     parts, build = weighted(MetricValues, mean=("clean", "corrupted"))
     return stream(Analysis("metric", run, lambda r, b: parts(r, b.weight), build, {}), model, data, **run_kw)
-
-
-def _split(options: dict, helper: str) -> tuple[dict, dict]:
-    """(the streaming keywords, the helper's options), refusing what the dataset provides."""
-    no_overrides(options, helper)
-    return {k: options[k] for k in _STREAM if k in options}, {k: v for k, v in options.items() if k not in _STREAM}
