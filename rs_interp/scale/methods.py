@@ -24,23 +24,27 @@ _STREAM = ("batch_size", "resume", "save_every", "progress", "kind")
 
 def _rowwise(ablation: str, helper: str) -> None:
     if ablation in _ROW_COUPLED:
-        raise ValueError(f"{helper}: ablation={ablation!r} ablates with the reference's mean over the whole batch; batch by batch "
-                         "that is each batch's own mean, not the dataset's, so no sum over batches gives one call's result. "
+        raise ValueError(f"{helper}: ablation={ablation!r} ablates with the reference's mean over the whole batch; "
+                         "batch by batch that is each batch's own mean, not the dataset's, so no sum over batches "
+                         "gives one call's result. "
                          f"Use 'resample' or 'zero', or call rs_interp.{helper} on the whole dataset at once")
 
 
 def _estimate_options(options: dict, helper: str) -> None:
     """Refuse the estimates' options whose result is not a weighted sum over batches (named)."""
     if options.get("grad_drop"):
-        raise ValueError(f"{helper}: grad_drop=True scores the sum over layers of |the estimate on the whole batch|, and "
-                         "|a + b| is not |a| + |b|: no sum over batches gives one call's result. Stream the plain or QK-fixed "
+        raise ValueError(f"{helper}: grad_drop=True scores the sum over layers of |the estimate on the whole batch|, "
+                         "and |a + b| is not |a| + |b|: no sum over batches gives one call's result. Stream the plain "
+                         "or QK-fixed "
                          f"estimate, or call rs_interp.{helper} with grad_drop=True on the whole dataset at once")
     if options.get("spans") is not None:
-        raise ValueError(f"{helper}: spans= gives each batch's rows their own spans; streamed, the batches' schemas are not "
-                         f"carried (not built): call rs_interp.{helper} with spans= on the pairs whose positions you need")
+        raise ValueError(f"{helper}: spans= gives each batch's rows their own spans; streamed, the batches' schemas "
+                         f"are not carried (not built): call rs_interp.{helper} with spans= on the pairs whose "
+                         "positions you need")
     if options.get("per_example"):
-        raise ValueError(f"{helper}: per_example=True keeps one share per pair, a result as large as the dataset, which the "
-                         f"streamed helpers exist to avoid holding; call rs_interp.{helper} with per_example=True on the pairs "
+        raise ValueError(f"{helper}: per_example=True keeps one share per pair, a result as large as the dataset, "
+                         f"which the streamed helpers exist to avoid holding; call rs_interp.{helper} with "
+                         "per_example=True on the pairs "
                          "whose shares you need (rs_interp.circuits.uncertainty.bootstrap reads them)")
 
 
@@ -49,7 +53,8 @@ def _metric_analysis(name: str, helper: Any, rule: tuple, options: dict, **fixed
 
     def run(model: Any, batch: Any) -> Any:
         weight_of(batch, name)
-        return helper(model, batch.tokens, batch.metric, reference=batch.reference, **fixed_kw, **options, **quiet(helper))
+        return helper(model, batch.tokens, batch.metric, reference=batch.reference, **fixed_kw, **options,
+                      **quiet(helper))
 
     return Analysis(name, run, lambda r, b: parts(r, b.weight), build, {**options, **fixed_kw})
 
@@ -90,8 +95,8 @@ def _streamed(helper: Any, result: Any, model: Model, data: Dataset, options: di
     if name in _ESTIMATES:
         _estimate_options(options, name)
     mean, same = _RULES[result.__name__]
-    analysis = _metric_analysis(_NAMES.get(name, name.replace("_", " ")), helper, weighted(result, mean=mean, same=same),
-                                options, **fixed_kw)
+    rule = weighted(result, mean=mean, same=same)
+    analysis = _metric_analysis(_NAMES.get(name, name.replace("_", " ")), helper, rule, options, **fixed_kw)
     return stream(analysis, model, data, **run_kw)
 
 
@@ -128,7 +133,8 @@ def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
                 _h.head_ablation_scan: streamed.head_ablation_scan}  # their own checks and certificate entries
     if entry.helper in wrappers:
         return wrappers[entry.helper](model, data, **options)
-    return _streamed(entry.helper, _result_of(entry.helper), model, data, options)  # a new helper: it certifies the model in every batch
+    # a new helper: it certifies the model in every batch
+    return _streamed(entry.helper, _result_of(entry.helper), model, data, options)
 
 
 def _split(options: dict, helper: str) -> tuple[dict, dict]:

@@ -60,7 +60,8 @@ def on_the_curve(curve: Any, scores: Any, kept: Any, n: int) -> float | None:
     from ..circuits.selection import circuit_at, prune
 
     for f, requested, value in zip(curve.fractions, curve.n_requested, curve.values):
-        picked = circuit_at(scores, f, ranking=curve.ranking, pruned=False, higher_is_better=bool(curve.higher_is_better))
+        way = dict(ranking=curve.ranking, higher_is_better=bool(curve.higher_is_better))
+        picked = circuit_at(scores, f, pruned=False, **way)
         if requested == n and torch.equal(prune(scores.layout, picked), kept):
             return value
     return None

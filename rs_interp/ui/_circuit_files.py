@@ -40,7 +40,8 @@ def write_files(run: Any, task: Any, scores: Any, curve: Any, settings: dict, fo
     write_json(files["scores_json"], {
         **settings, "clean": scores.clean, "senders": list(layout.senders), "receivers": list(layout.receivers),
         "top_edges": [[list(e), v] for e, v in run.top_edges],
-        "tensors": "scores.safetensors: effect (sender, receiver) float64, NaN off the graph; exists (sender, receiver) bool"})
+        "tensors": "scores.safetensors: effect (sender, receiver) float64, NaN off the graph; "
+                   "exists (sender, receiver) bool"})
     # the task's importances, in MIB's convention
     write_mib(files["mib"], model, scores=scores, higher_is_better=curve.higher_is_better, batch_size=batch_size)
     write_json(files["curve"], {**settings, **asdict(curve)})
@@ -60,7 +61,8 @@ def _diagram(run: Any, scores: Any, rank: dict) -> Any:
 
     circuit = list(run.edges)
     drawn = min(len(circuit), DRAWN)
-    shown = circuit if drawn == len(circuit) else sorted(circuit, key=lambda e: (-abs(scores.edge(*e)), rank[e]))[:drawn]
+    by_size = sorted(circuit, key=lambda e: (-abs(scores.edge(*e)), rank[e])) if drawn < len(circuit) else circuit
+    shown = by_size[:drawn]
     title = (f"{run.task} circuit on {run.model} ({run.method}): {len(circuit)} edges"
              + (f", the top {drawn} drawn" if drawn < len(circuit) else "") + f"; faithfulness {run.faithfulness:.3f}")
     return circuit_figure(shown, scores.layout, scores=scores, max_edges=DRAWN, title=title)

@@ -223,8 +223,8 @@ def _draw_edges(fig: go.Figure, grid: _Grid, edges: list, values: list, *, weigh
                 mids_y.append((y0 + y1[0]) / 2)
                 mids_text.append(f"{s} -> {r}" + (f": {v:.4g}" if weighted else ""))
             line = dict(color=EDGE_COLOURS[kind], width=_WIDTHS[step], dash="dot" if negative else "solid")
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=_KIND_NAMES[kind], legendgroup=kind, showlegend=False,
-                                     hoverinfo="skip", opacity=0.75, line=line))
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=_KIND_NAMES[kind], legendgroup=kind,
+                                     showlegend=False, hoverinfo="skip", opacity=0.75, line=line))
             shown.add(kind)
         if kind in shown:  # the legend's entry: solid and of middle width, whatever the kind's first edge is
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=_KIND_NAMES[kind], legendgroup=kind,
@@ -236,7 +236,8 @@ def _draw_edges(fig: go.Figure, grid: _Grid, edges: list, values: list, *, weigh
 def _draw_nodes(fig: go.Figure, grid: _Grid, edges: list) -> None:
     """The circuit's nodes, full and labelled."""
     ends = {"embed", "logits"}
-    nodes = sorted({s for s, _ in edges} | {r.split(".")[0] for _, r in edges} | ends, key=lambda n: grid.place(n)[::-1])
+    touched = {s for s, _ in edges} | {r.split(".")[0] for _, r in edges} | ends
+    nodes = sorted(touched, key=lambda n: grid.place(n)[::-1])
     symbols = ["square" if n.startswith("MLP") else "diamond" if n in ends else "circle" for n in nodes]
     fig.add_trace(go.Scatter(x=[grid.place(n)[0] for n in nodes], y=[grid.place(n)[1] for n in nodes],
                              mode="markers+text", text=nodes, textposition="middle right", textfont=dict(size=10),
@@ -248,7 +249,8 @@ def _draw_nodes(fig: go.Figure, grid: _Grid, edges: list) -> None:
 def _rows(L: int, split: bool) -> tuple[list[float], list[str]]:
     """The y axis's rows and their names: the embedding, each layer's heads (and its MLP's row where ``split``),
     the logits."""
-    rows = [0.0] + [y for l in range(L) for y in ((2.0 * l + 1, 2.0 * l + 2) if split else (2.0 * l + 1,))] + [2.0 * L + 1]
+    per_layer = [(2.0 * l + 1, 2.0 * l + 2) if split else (2.0 * l + 1,) for l in range(L)]
+    rows = [0.0] + [y for ys in per_layer for y in ys] + [2.0 * L + 1]
     names = ["embed"] + [t for l in range(L) for t in ((f"L{l}", f"MLP{l}") if split else (f"L{l}",))] + ["logits"]
     return rows, names
 
@@ -272,9 +274,10 @@ def _positional_figure(scores: Any, max_edges: int, title: str | None) -> go.Fig
     _draw_positional_edges(fig, cols, picked, spans)
     nodes = sorted({(s, u) for (s, _, u), _ in picked} | {(r.split(".")[0], u) for (_, r, u), _ in picked})
     xy = [cols.place(n, spans.index(u)) for n, u in nodes]
-    fig.add_trace(go.Scatter(x=[x for x, _ in xy], y=[y for _, y in xy], mode="markers+text", text=[n for n, _ in nodes],
-                             textposition="middle right", textfont=dict(size=9), hoverinfo="text", showlegend=False,
-                             marker=dict(size=10, color="#ffffff", line=dict(color="#222222", width=1.5)), name="nodes"))
+    fig.add_trace(go.Scatter(x=[x for x, _ in xy], y=[y for _, y in xy], mode="markers+text",
+                             text=[n for n, _ in nodes], textposition="middle right", textfont=dict(size=9),
+                             hoverinfo="text", showlegend=False, name="nodes",
+                             marker=dict(size=10, color="#ffffff", line=dict(color="#222222", width=1.5))))
     rows, names = _rows(cols.L, cols.has_mlp)
     H, step = cols.H, cols.step
     fig.update_yaxes(tickvals=rows, ticktext=names, range=[-0.8, 2 * cols.L + 1.8], showgrid=False, zeroline=False)
