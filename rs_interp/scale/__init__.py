@@ -51,7 +51,7 @@ _WHERE: dict[str, str] = {
     "metric_values": ".circuits",
     "mib_scores": ".circuits",
     "path_patching": ".circuits",
-    "run_method": ".methods",
+    "run_method": ".circuits",
     "DLASummary": ".summaries",
     "LensSummary": ".summaries",
     "direct_logit_attribution": ".summaries",
@@ -76,10 +76,10 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation
         metric_values,
         mib_scores,
         path_patching,
+        run_method,
     )
     from .distributed import rank_device, rank_gpus, world
     from .engine import Analysis, stream
-    from .methods import run_method
     from .pairs import Batch, Dataset, RowScores, batches, n_batches
     from .summaries import DLASummary, LensSummary, direct_logit_attribution, lens_kl, logit_lens
 

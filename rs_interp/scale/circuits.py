@@ -50,12 +50,12 @@ from ..exact.certificate import require
 from ..heads import head_ablation as _h
 from ..metrics import declared_direction, metric_value
 from .engine import Analysis, quiet, stream, weight_of
-from .methods import _STREAM, _rowwise, _split, _streamed
+from .methods import _STREAM, _result_of, _rowwise, _split, _streamed
 from .pairs import Dataset
 from .sums import weighted
 
 __all__ = ["attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan", "path_patching",
-           "evaluate_circuit",
+           "run_method", "evaluate_circuit",
            "faithfulness_curve", "mib_scores", "metric_values", "MetricValues"]
 
 @renamed(nodes="which")
@@ -129,6 +129,40 @@ def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatchin
     :func:`attribution_patching`."""
     require(model, "scale.path_patching", adapts=False)  # read by the helper each batch runs
     return _streamed(_c.path_patching, _c.PathPatching, model, data, options)
+
+def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
+    """The entry ``method`` of the methods registry (:data:`rs_interp.circuits.methods.METHODS`, by name) over a
+    dataset: its helper's streamed version run with the entry's options, ``options`` on top (``ig_steps=3``,
+    ``batch_size``, ``progress`` ...). What :func:`rs_interp.ui.circuit_command.run_circuit` scores with.
+
+    Example:
+        >>> import rs_interp as ri
+        >>> from rs_interp.tasks import induction_task
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> run_method(model, task, "EAP-IG (m = 5)", batch_size=2, progress=False).ig_steps
+        5
+
+    Raises:
+        ValueError: no method of that name, or one whose scores are not one streamed helper's call (ACDC, the
+            patched screens: each batch would choose its own edges), naming the ones that stream.
+    """
+    from ..circuits.methods import METHODS
+
+    entry = METHODS.get(method)
+    if entry is None or entry.helper is None or _result_of(entry.helper) is None:
+        streams = [name for name, m in METHODS.items() if m.helper is not None and _result_of(m.helper) is not None]
+        raise ValueError(f"{method!r} is not a registry method that streams; these do: {few(streams)}")
+    options = {**entry.options, **options}
+    wrappers = {_c.attribution_patching: attribution_patching, _c.path_patching: path_patching,
+                _c.edge_attribution_patching: edge_attribution_patching,
+                _c.edge_relevance_patching: edge_relevance_patching,
+                _h.head_ablation_scan: head_ablation_scan}  # their own checks and certificate entries
+    if entry.helper in wrappers:
+        return wrappers[entry.helper](model, data, **options)
+    # a new helper: it certifies the model in every batch
+    return _streamed(entry.helper, _result_of(entry.helper), model, data, options)
+
 
 @renamed(method="ablation")
 def evaluate_circuit(model: Model, data: Dataset, circuit: Iterable[tuple[str, str]], *, ablation: str = "resample", **options: Any) -> float:

@@ -1,7 +1,7 @@
 """The methods registry streamed (:data:`rs_interp.circuits.methods.METHODS`): how each helper's result adds over
 batches (:data:`_RULES`, by the result's class), the checks every streamed helper shares (what the dataset provides,
-what does not add over batches), and :func:`run_method`, which streams any registry entry that is one helper's call.
-:mod:`rs_interp.scale.circuits` writes each helper's own entry point on these.
+what does not add over batches). :mod:`rs_interp.scale.circuits` writes each helper's own entry point on these, and
+:func:`rs_interp.scale.circuits.run_method`, which streams any registry entry that is one helper's call.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from typing import Any
 
 from .. import circuits as _c
 from .._backend import Model
-from .._messages import few
 from ..heads import head_ablation as _h
 from .engine import Analysis, no_overrides, quiet, stream, weight_of
 from .pairs import Dataset
 from .sums import weighted
 
-__all__ = ["run_method"]
+__all__: list[str] = []
 
 _ROW_COUPLED = ("mean", "position_mean")
 _STREAM = ("batch_size", "resume", "save_every", "progress", "kind")
@@ -100,41 +99,6 @@ def _streamed(helper: Any, result: Any, model: Model, data: Dataset, options: di
     return stream(analysis, model, data, **run_kw)
 
 
-
-
-def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
-    """The entry ``method`` of the methods registry (:data:`rs_interp.circuits.methods.METHODS`, by name) over a
-    dataset: its helper's streamed version run with the entry's options, ``options`` on top (``ig_steps=3``,
-    ``batch_size``, ``progress`` ...). What :func:`rs_interp.ui.circuit_command.run_circuit` scores with.
-
-    Example:
-        >>> import rs_interp as ri
-        >>> from rs_interp.tasks import induction_task
-        >>> model = ri.load_toy_model("induction-2l")
-        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
-        >>> run_method(model, task, "EAP-IG (m = 5)", batch_size=2, progress=False).ig_steps
-        5
-
-    Raises:
-        ValueError: no method of that name, or one whose scores are not one streamed helper's call (ACDC, the
-            patched screens: each batch would choose its own edges), naming the ones that stream.
-    """
-    from ..circuits.methods import METHODS
-    from . import circuits as streamed
-
-    entry = METHODS.get(method)
-    if entry is None or entry.helper is None or _result_of(entry.helper) is None:
-        streams = [name for name, m in METHODS.items() if m.helper is not None and _result_of(m.helper) is not None]
-        raise ValueError(f"{method!r} is not a registry method that streams; these do: {few(streams)}")
-    options = {**entry.options, **options}
-    wrappers = {_c.attribution_patching: streamed.attribution_patching, _c.path_patching: streamed.path_patching,
-                _c.edge_attribution_patching: streamed.edge_attribution_patching,
-                _c.edge_relevance_patching: streamed.edge_relevance_patching,
-                _h.head_ablation_scan: streamed.head_ablation_scan}  # their own checks and certificate entries
-    if entry.helper in wrappers:
-        return wrappers[entry.helper](model, data, **options)
-    # a new helper: it certifies the model in every batch
-    return _streamed(entry.helper, _result_of(entry.helper), model, data, options)
 
 
 def _split(options: dict, helper: str) -> tuple[dict, dict]:
