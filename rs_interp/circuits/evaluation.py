@@ -309,12 +309,12 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
                                      values=tuple(values), faithfulness=tuple(faith), clean=clean, empty=empty,
                                      area_under=_area(fractions, faith),
                                      area_from_1=_area(fractions, [abs(1 - f) for f in faith]),
-                                     mib_counts=_mib_counts(run.layout, picked),
+                                     mib_counts=mib_counts(run.layout, picked),
                                      higher_is_better=run.way.higher_is_better, direction_from=run.way.source))
     return out
 
 
-def _mib_counts(layout: EdgeLayout, chosen: list[torch.Tensor]) -> tuple[float, ...]:
+def mib_counts(layout: EdgeLayout, chosen: list[torch.Tensor]) -> tuple[float, ...]:
     """What MIB's harness reports as each circuit's size: its edges after one pass of pruning (:func:`prune`;
     on the positional graph :func:`rs_interp.circuits.positions.positional_prune`)."""
     positional = bool(chosen) and chosen[0].ndim == 3

@@ -67,6 +67,17 @@ class Method:
     run: Callable[..., Any]
     exact: bool = False
     shares: bool = False
+    command: str | None = None  # its name in ``rs-interp circuit --method`` (an edge method of a streamed helper)
+
+    @property
+    def helper(self) -> Callable[..., Any] | None:
+        """The public helper ``run`` calls with :attr:`options` (None: ``run`` is more than one call)."""
+        return getattr(self.run, "helper", None)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options ``run`` gives :attr:`helper` (what ``rs_interp.scale.run_method`` streams)."""
+        return dict(getattr(self.run, "options", {}))
 
 
 def _edges(**options):
@@ -77,6 +88,7 @@ def _edges(**options):
     def run(model, tokens, metric, *, reference, progress=False, per_example=False):
         keywords = replace(checked, per_example=per_example).keywords()
         return edge_attribution_patching(model, tokens, metric, reference=reference, progress=progress, **keywords)
+    run.helper, run.options = edge_attribution_patching, options
     return run
 
 
@@ -87,6 +99,7 @@ def _nodes(**options):
     def run(model, tokens, metric, *, reference, progress=False, per_example=False):
         keywords = replace(checked, per_example=per_example).keywords()
         return attribution_patching(model, tokens, metric, reference=reference, progress=progress, **keywords)
+    run.helper, run.options = attribution_patching, options
     return run
 
 
@@ -109,6 +122,7 @@ def _relp(**options):
     def run(model, tokens, metric, *, reference, progress=False, per_example=False):
         return edge_relevance_patching(model, tokens, metric, reference=reference, per_example=per_example,
                                        progress=progress, **options)
+    run.helper, run.options = edge_relevance_patching, options
     return run
 
 
@@ -131,15 +145,21 @@ def _exact(model, tokens, metric, *, reference, progress=False):
     return path_patching(model, tokens, metric, reference=reference, progress=progress)
 
 
+_exact.helper, _exact.options = path_patching, {}
+
+
 def _scan(model, tokens, metric, *, reference, progress=False):
     return head_ablation_scan(model, tokens, metric, ablation="resample", reference=reference, progress=progress)
 
 
+_scan.helper, _scan.options = head_ablation_scan, {"ablation": "resample"}
+
+
 #: Every method, by name, in the order of the tables.
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("EAP", "EAP", "edge", _edges(), shares=True),
-    Method(f"EAP-IG (m = {IG_STEPS})", "EAP-IG", "edge", _edges(ig_steps=IG_STEPS), shares=True),
-    Method("exact path patching", "exact", "edge", _exact, exact=True),
+    Method("EAP", "EAP", "edge", _edges(), shares=True, command="eap"),
+    Method(f"EAP-IG (m = {IG_STEPS})", "EAP-IG", "edge", _edges(ig_steps=IG_STEPS), shares=True, command="eap-ig"),
+    Method("exact path patching", "exact", "edge", _exact, exact=True, command="exact"),
     Method("attribution patching (heads)", "AtP", "node", _nodes(), shares=True),
     Method("ablation scan (heads)", "scan", "node", _scan, exact=True),
     Method("EAP, QK fix", "EAP-QK", "edge", _edges(qk_fix=True), shares=True),
@@ -154,7 +174,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("attribution patching, GradDrop (heads)", "AtP-GD", "node", _nodes(grad_drop=True)),
     Method("attribution patching, Hessian-corrected (heads)", "AtP-H", "node", _nodes(correction="hessian"),
            shares=True),
-    Method("RelP", "RelP", "edge", _relp(), shares=True),
+    Method("RelP", "RelP", "edge", _relp(), shares=True, command="relp"),
     Method("RelP, QK fix", "RelP-QK", "edge", _relp(qk_fix=True), shares=True),
     Method(f"RelP-IG, Gauss-Legendre (m = {GAUSS_STEPS})", "RelP-IG-G2", "edge", _relp(ig_steps=GAUSS_STEPS),
            shares=True),

@@ -51,6 +51,7 @@ _WHERE: dict[str, str] = {
     "metric_values": ".circuits",
     "mib_scores": ".circuits",
     "path_patching": ".circuits",
+    "run_method": ".circuits",
     "DLASummary": ".summaries",
     "LensSummary": ".summaries",
     "direct_logit_attribution": ".summaries",
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the documentation
         metric_values,
         mib_scores,
         path_patching,
+        run_method,
     )
     from .distributed import rank_device, rank_gpus, world
     from .engine import Analysis, stream
@@ -86,7 +88,7 @@ __getattr__, __dir__ = attach(__name__, _WHERE, globals())
 __all__ = [
     "Batch", "Dataset", "RowScores", "batches", "n_batches",
     "attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan", "path_patching", "evaluate_circuit",
-    "faithfulness_curve", "mib_scores", "metric_values", "MetricValues",
+    "run_method", "faithfulness_curve", "mib_scores", "metric_values", "MetricValues",
     "direct_logit_attribution", "DLASummary", "logit_lens", "LensSummary", "lens_kl",
     "stream", "Analysis", "world", "rank_device", "rank_gpus",
 ]

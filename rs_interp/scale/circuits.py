@@ -44,55 +44,20 @@ from .. import circuits as _c
 from .._backend import Model
 from .._keywords import renamed
 from .._messages import few
-from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, _mib_counts
+from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, mib_counts
 from ..circuits.selection import circuit_at, mib_weights, prune
 from ..exact.certificate import require
 from ..exact.needs import needs
 from ..heads import head_ablation as _h
 from ..metrics import declared_direction, metric_value
-from .engine import Analysis, no_overrides, quiet, stream, weight_of
+from .engine import Analysis, quiet, stream, weight_of
+from .methods import _STREAM, _result_of, _rowwise, _split, _streamed
 from .pairs import Dataset
 from .sums import weighted
 
 __all__ = ["attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan", "path_patching",
-           "evaluate_circuit",
+           "run_method", "evaluate_circuit",
            "faithfulness_curve", "mib_scores", "metric_values", "MetricValues"]
-
-_ROW_COUPLED = ("mean", "position_mean")
-_STREAM = ("batch_size", "resume", "save_every", "progress", "kind")
-
-
-def _rowwise(ablation: str, helper: str) -> None:
-    if ablation in _ROW_COUPLED:
-        raise ValueError(f"{helper}: ablation={ablation!r} ablates with the reference's mean over the whole batch; batch by batch "
-                         "that is each batch's own mean, not the dataset's, so no sum over batches gives one call's result. "
-                         f"Use 'resample' or 'zero', or call rs_interp.{helper} on the whole dataset at once")
-
-
-def _estimate_options(options: dict, helper: str) -> None:
-    """Refuse the estimates' options whose result is not a weighted sum over batches (named)."""
-    if options.get("grad_drop"):
-        raise ValueError(f"{helper}: grad_drop=True scores the sum over layers of |the estimate on the whole batch|, and "
-                         "|a + b| is not |a| + |b|: no sum over batches gives one call's result. Stream the plain or QK-fixed "
-                         f"estimate, or call rs_interp.{helper} with grad_drop=True on the whole dataset at once")
-    if options.get("spans") is not None:
-        raise ValueError(f"{helper}: spans= gives each batch's rows their own spans; streamed, the batches' schemas are not "
-                         f"carried (not built): call rs_interp.{helper} with spans= on the pairs whose positions you need")
-    if options.get("per_example"):
-        raise ValueError(f"{helper}: per_example=True keeps one share per pair, a result as large as the dataset, which the "
-                         f"streamed helpers exist to avoid holding; call rs_interp.{helper} with per_example=True on the pairs "
-                         "whose shares you need (rs_interp.circuits.uncertainty.bootstrap reads them)")
-
-
-def _metric_analysis(name: str, helper: Any, rule: tuple, options: dict, **fixed_kw: Any) -> Analysis:
-    parts, build = rule
-
-    def run(model: Any, batch: Any) -> Any:
-        weight_of(batch, name)
-        return helper(model, batch.tokens, batch.metric, reference=batch.reference, **fixed_kw, **options, **quiet(helper))
-
-    return Analysis(name, run, lambda r, b: parts(r, b.weight), build, {**options, **fixed_kw})
-
 
 @needs(like=_c.attribution_patching, name="scale.attribution_patching")
 @renamed(nodes="which")
@@ -110,11 +75,7 @@ def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.Attr
             batches) and ``per_example=True`` (a result as large as the dataset), each saying so.
     """
     require(model, "scale.attribution_patching", adapts=False)  # read by the helper each batch runs
-    run_kw, options = _split(options, "attribution_patching")
-    _estimate_options(options, "attribution_patching")
-    rule = weighted(_c.AttributionPatching, mean=("effect", "effect_per_position", "clean", "first_order"),
-                    same=("labels", "ig_steps", "ig_rule", "which", "qk_fix", "grad_drop", "correction"))
-    return stream(_metric_analysis("attribution patching", _c.attribution_patching, rule, options), model, data, **run_kw)
+    return _streamed(_c.attribution_patching, _c.AttributionPatching, model, data, options)
 
 
 @needs(like=_c.edge_attribution_patching, name="scale.edge_attribution_patching")
@@ -125,17 +86,14 @@ def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c
     Example:
         >>> import rs_interp as ri
         >>> from rs_interp.tasks import induction_task
-        >>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
         >>> eap_ig = edge_attribution_patching(model, task, batch_size=2, ig_steps=2, progress=False)
         >>> eap_ig.ig_steps, eap_ig.layout.n_edges
         (2, 29)
     """
     require(model, "scale.edge_attribution_patching", adapts=False)  # read by the helper each batch runs
-    run_kw, options = _split(options, "edge_attribution_patching")
-    _estimate_options(options, "edge_attribution_patching")
-    rule = weighted(_c.EdgeAttributionPatching, mean=("effect", "clean", "first_order"),
-                    same=("layout", "ig_steps", "ig_rule", "qk_fix", "grad_drop", "correction"))
-    return stream(_metric_analysis("edge attribution patching", _c.edge_attribution_patching, rule, options), model, data, **run_kw)
+    return _streamed(_c.edge_attribution_patching, _c.EdgeAttributionPatching, model, data, options)
 
 
 @needs(like=_c.edge_relevance_patching, name="scale.edge_relevance_patching")
@@ -147,16 +105,14 @@ def edge_relevance_patching(model: Model, data: Dataset, **options: Any) -> _c.E
     Example:
         >>> import rs_interp as ri
         >>> from rs_interp.tasks import induction_task
-        >>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
         >>> relp = edge_relevance_patching(model, task, batch_size=2, progress=False)
         >>> relp.layout.n_edges, relp.ablation
         (29, 'resample')
     """
     require(model, "scale.edge_relevance_patching")
-    run_kw, options = _split(options, "edge_relevance_patching")
-    _estimate_options(options, "edge_relevance_patching")
-    rule = weighted(_c.EdgeRelevancePatching, mean=("effect", "clean"), same=("layout", "ablation", "qk_fix"))
-    return stream(_metric_analysis("relevance patching", _c.edge_relevance_patching, rule, options), model, data, **run_kw)
+    return _streamed(_c.edge_relevance_patching, _c.EdgeRelevancePatching, model, data, options)
 
 
 @needs(like=_h.head_ablation_scan, name="scale.head_ablation_scan")
@@ -170,10 +126,7 @@ def head_ablation_scan(model: Model, data: Dataset, *, ablation: str = "zero", *
     """
     require(model, "scale.head_ablation_scan", adapts=False)  # read by the helper each batch runs
     _rowwise(ablation, "head_ablation_scan")
-    run_kw, options = _split(options, "head_ablation_scan")
-    rule = weighted(_h.HeadAblationScan, mean=("effect", "clean", "ablated"), same=("ablation", "labels"))
-    analysis = _metric_analysis("head ablation scan", _h.head_ablation_scan, rule, options, ablation=ablation)
-    return stream(analysis, model, data, **run_kw)
+    return _streamed(_h.head_ablation_scan, _h.HeadAblationScan, model, data, options, ablation=ablation)
 
 
 @needs(like=_c.path_patching, name="scale.path_patching")
@@ -181,9 +134,40 @@ def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatchin
     """:func:`rs_interp.path_patching` (every edge, or ``edges``) over a dataset; arguments as
     :func:`attribution_patching`."""
     require(model, "scale.path_patching", adapts=False)  # read by the helper each batch runs
-    run_kw, options = _split(options, "path_patching")
-    rule = weighted(_c.PathPatching, mean=("effect", "clean"), same=("layout",))
-    return stream(_metric_analysis("path patching", _c.path_patching, rule, options), model, data, **run_kw)
+    return _streamed(_c.path_patching, _c.PathPatching, model, data, options)
+
+def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
+    """The entry ``method`` of the methods registry (:data:`rs_interp.circuits.methods.METHODS`, by name) over a
+    dataset: its helper's streamed version run with the entry's options, ``options`` on top (``ig_steps=3``,
+    ``batch_size``, ``progress`` ...). What :func:`rs_interp.ui.circuit_command.run_circuit` scores with.
+
+    Example:
+        >>> import rs_interp as ri
+        >>> from rs_interp.tasks import induction_task
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> run_method(model, task, "EAP-IG (m = 5)", batch_size=2, progress=False).ig_steps
+        5
+
+    Raises:
+        ValueError: no method of that name, or one whose scores are not one streamed helper's call (ACDC, the
+            patched screens: each batch would choose its own edges), naming the ones that stream.
+    """
+    from ..circuits.methods import METHODS
+
+    entry = METHODS.get(method)
+    if entry is None or entry.helper is None or _result_of(entry.helper) is None:
+        streams = [name for name, m in METHODS.items() if m.helper is not None and _result_of(m.helper) is not None]
+        raise ValueError(f"{method!r} is not a registry method that streams; these do: {few(streams)}")
+    options = {**entry.options, **options}
+    wrappers = {_c.attribution_patching: attribution_patching, _c.path_patching: path_patching,
+                _c.edge_attribution_patching: edge_attribution_patching,
+                _c.edge_relevance_patching: edge_relevance_patching,
+                _h.head_ablation_scan: head_ablation_scan}  # their own checks and certificate entries
+    if entry.helper in wrappers:
+        return wrappers[entry.helper](model, data, **options)
+    # a new helper: it certifies the model in every batch
+    return _streamed(entry.helper, _result_of(entry.helper), model, data, options)
 
 
 @needs(like=_c.evaluate_circuit, name="scale.evaluate_circuit")
@@ -275,7 +259,7 @@ def _curve_on(model: Any, batch: Any, scores: Any, options: dict) -> Faithfulnes
     return FaithfulnessCurve(fractions=fr, ranking=ranking, n_requested=tuple(int(f * total) for f in fr),
                              n_edges=tuple(int(float((weights * k).sum())) for k in keeps), values=tuple(values),
                              faithfulness=(nan,) * len(fr), clean=clean, empty=empty, area_under=nan, area_from_1=nan,
-                             mib_counts=_mib_counts(layout, chosen), higher_is_better=way and way.higher_is_better,
+                             mib_counts=mib_counts(layout, chosen), higher_is_better=way and way.higher_is_better,
                              direction_from=way and way.source)
 
 
@@ -391,9 +375,3 @@ def metric_values(model: Model, data: Dataset, **options: Any) -> MetricValues:
 
     parts, build = weighted(MetricValues, mean=("clean", "corrupted"))
     return stream(Analysis("metric", run, lambda r, b: parts(r, b.weight), build, {}), model, data, **run_kw)
-
-
-def _split(options: dict, helper: str) -> tuple[dict, dict]:
-    """(the streaming keywords, the helper's options), refusing what the dataset provides."""
-    no_overrides(options, helper)
-    return {k: options[k] for k in _STREAM if k in options}, {k: v for k, v in options.items() if k not in _STREAM}

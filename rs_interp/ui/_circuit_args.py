@@ -10,16 +10,57 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .._messages import few
 from ._args import count, seed, writable_dir
 
 __all__ = ["COMMAND_METHODS", "add_arguments", "check_arguments", "load_command_model", "command_task", "rs_checkpoint"]
 
-#: The edge-scoring methods: EAP, EAP-IG (ig_steps interpolation steps on the inputs), exact path patching, relevance
-#: patching (RelP).
-COMMAND_METHODS = ("eap", "eap-ig", "exact", "relp")
+
+
+class _Commands:
+    """The registry's methods that ``rs-interp circuit`` runs, by their command names (:attr:`Method.command
+    <rs_interp.circuits.methods.Method.command>`), read from the registry on first use: ``--help`` and the other
+    arguments' checks load no torch; ``--method`` loads the registry to check its value (a wrong name is answered
+    with the list)."""
+
+    def _methods(self) -> dict[str, Any]:
+        from ..circuits.methods import METHODS
+
+        return {m.command: m for m in METHODS.values() if m.command is not None}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._methods()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._methods())
+
+    def __len__(self) -> int:
+        return len(self._methods())
+
+    def __getitem__(self, name: str) -> Any:
+        """The registry entry of the command name ``name``."""
+        return self._methods()[name]
+
+    def __repr__(self) -> str:
+        return "COMMAND_METHODS (the methods registry's command names)"
+
+
+class _MethodName(argparse.Action):
+    """``--method``: a command name of the registry, checked when given (the default is one: not checked, so a
+    run that leaves it out checks its other arguments with no torch loaded)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
+                 option: str | None = None) -> None:
+        if value not in COMMAND_METHODS:
+            parser.error(f"argument --method: invalid choice: {value!r} (choose from {', '.join(COMMAND_METHODS)})")
+        setattr(namespace, self.dest, value)
+
+
+#: The edge-scoring methods of ``rs-interp circuit``: the registry's entries with a command name (``eap``, ``eap-ig``,
+#: ``exact``, ``relp`` ...), ``COMMAND_METHODS[name]`` the entry.
+COMMAND_METHODS = _Commands()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -35,10 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "rs_interp checkpoint (rs_interp.models.save_model's or rs-interp train's: PATH of PATH.json and "
                              "PATH.safetensors, or the folder holding one)")
     parser.add_argument("--task", required=True, choices=TASK_NAMES, help="required: the task (" + ", ".join(TASK_NAMES) + ")")
-    parser.add_argument("--method", default="eap", choices=COMMAND_METHODS,
-                        help="edge scores: eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
-                             "patched pass per edge, for small models; GPT-2 small has 32,491 edges), relp (relevance patching: "
-                             "LRP's coefficients in place of the gradients, one backward sweep) (default: %(default)s)")
+    parser.add_argument("--method", default="eap", action=_MethodName, metavar="METHOD",
+                        help="edge scores: a method of the registry (rs_interp.circuits.methods.METHODS) by its command "
+                             "name, e.g. eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
+                             "patched pass per edge, for small models; GPT-2 small has 32,491 edges), relp (relevance "
+                             "patching); a wrong name is answered with the list (default: %(default)s)")
     parser.add_argument("--out", required=True, metavar="DIR", help="required: the output directory (made if needed)")
     parser.add_argument("--size", type=_size, default=None, metavar="N|F",
                         help="the circuit's size: an edge count, or a fraction of the edges in (0, 1], then pruned to the "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["smallest_circuit", "chosen"]
+__all__ = ["smallest_circuit", "chosen", "on_the_curve"]
 
 
 def smallest_circuit(model: Any, task: Any, scores: Any, curve: Any, share: float, runs: tuple[float, float],
@@ -48,3 +48,20 @@ def chosen(run: Any) -> str:
     how = f"; the curve's points refined by bisection ({len(run.bisection)} more circuits)" if run.bisection else ""
     return (f"the smallest circuit on the faithfulness curve that recovers {run.share:.0%} of the metric (faithfulness "
             f">= {run.share:g}): the top {run.requested} edges by |score|, pruned{how}")
+
+
+def on_the_curve(curve: Any, scores: Any, kept: Any, n: int) -> float | None:
+    """The curve's value of the circuit ``kept`` (a mask), if the curve ran it: its circuit at a fraction
+    whose budget is ``n`` edges, chosen as the curve chooses (:func:`rs_interp.circuits.selection.circuit_at`,
+    pruned), is the same mask, so the same run (the same ablated writes, the same edges cut) gave that
+    value; else None. Saves the circuit's pass and its reference's record (the default size, 0.01, is MIB's)."""
+    import torch
+
+    from ..circuits.selection import circuit_at, prune
+
+    for f, requested, value in zip(curve.fractions, curve.n_requested, curve.values):
+        way = dict(ranking=curve.ranking, higher_is_better=bool(curve.higher_is_better))
+        picked = circuit_at(scores, f, pruned=False, **way)
+        if requested == n and torch.equal(prune(scores.layout, picked), kept):
+            return value
+    return None

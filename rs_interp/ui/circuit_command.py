@@ -2,8 +2,8 @@
 :func:`run_circuit` (and ``rs-interp circuit``, whose arguments :func:`add_arguments` declares and
 :func:`run_command` runs).
 
-The steps, each with a progress bar: score every edge of the model's graph on the task (EAP, EAP-IG
-or exact path patching, the corrupted prompts as the reference run); the faithfulness curve of the
+The steps, each with a progress bar: score every edge of the model's graph on the task (a method of the
+registry: EAP, EAP-IG, exact path patching, RelP ..., the corrupted prompts as the reference run); the faithfulness curve of the
 top edges at MIB's ten sizes; the circuit, evaluated: at the size asked for, or by default the smallest
 circuit on the curve that recovers a share of the metric (80%: faithfulness 0.8 or more; the curve's
 points refined by bisection between the last below and the first at or above it); then the files, in ``out``:
@@ -33,25 +33,20 @@ points refined by bisection between the last below and the first at or above it)
 from __future__ import annotations
 
 import argparse
-import html
-import json
-import math
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
-from ..labels import edge_string
 from ._circuit_args import COMMAND_METHODS, add_arguments, check_arguments, command_task, load_command_model
-from ._circuit_choice import chosen, smallest_circuit
+from ._circuit_choice import on_the_curve as _on_the_curve
+from ._circuit_choice import smallest_circuit
+from ._circuit_files import FILES, write_files, write_summary
 
-__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_command_model", "COMMAND_METHODS"]
-
-#: The most edges the diagram draws (the top ones of a larger circuit; the page says so).
-_DRAWN = 400
-Method = Literal["eap", "eap-ig", "exact", "relp"]
+__all__ = ["CircuitRun", "run_circuit", "add_arguments", "check_arguments", "run_command", "load_command_model",
+           "COMMAND_METHODS"]
 
 
 @dataclass(frozen=True)
@@ -144,7 +139,7 @@ def _model_label(cfg: Any) -> str:
     return name
 
 
-def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike, size: int | float | None = None,
+def run_circuit(model: Any, task: Any, *, method: str, out: str | os.PathLike, size: int | float | None = None,
                 ig_steps: int = 5, model_name: str | None = None, progress: bool = True,
                 batch_size: int | None = None, share: float | None = None) -> CircuitRun:
     """Score, curve, circuit, files (module docstring).
@@ -156,9 +151,10 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
     Args:
         model: a TransformerLens model (``rs_interp.load_gpt2``, ``load_toy_model`` ...).
         task: a :class:`rs_interp.tasks.Task`; its corrupted prompts are the reference run.
-        method: ``"eap"``, ``"eap-ig"`` (``ig_steps`` steps), ``"exact"`` (path patching: one
-            forward pass per edge, feasible on small models) or ``"relp"`` (relevance patching,
-            :func:`rs_interp.edge_relevance_patching`).
+        method: a command name of the methods registry (:data:`COMMAND_METHODS`, the entries of
+            :data:`rs_interp.circuits.methods.METHODS` with a ``command``): ``"eap"``, ``"eap-ig"`` (``ig_steps``
+            steps), ``"exact"`` (path patching: one forward pass per edge, feasible on small models), ``"relp"``
+            (relevance patching, :func:`rs_interp.edge_relevance_patching`) ...
         out: the output directory (created).
         size: the circuit's size: an edge count, or a fraction of the edges (MIB's ``int(f * N)``); by
             default the smallest circuit on the faithfulness curve that recovers ``share`` of the metric.
@@ -176,17 +172,62 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
             giving the same metric (faithfulness undefined), a bad ``batch_size``.
         OSError: ``out`` is not a writable directory.
     """
-    import torch
-    from safetensors.torch import save_file
+    from .. import scale
+    from .._progress import bar
 
+    plan = _plan(model, task, method, out, size, share, batch_size, model_name)
+    kw = dict(batch_size=plan["batch_size"], progress=progress)
+    name = plan["name"]
+    seconds: dict[str, float] = {}
+    with bar(total=4, desc=f"circuit ({task.name}, {method})", enabled=progress and plan["lead"], unit="step") as bars:
+        steps = _Steps(bars, seconds)
+        t0 = steps.start("scoring edges")
+        scores = _score(model, task, method, ig_steps, kw)
+        steps.done("scores", t0)
+        t0 = steps.start("faithfulness curve")
+        curve = scale.faithfulness_curve(model, task, scores, **kw)
+        steps.done("curve", t0)
+        t0 = steps.start("the circuit")
+        found = _choose(model, task, scores, curve, plan, kw)
+        steps.done("circuit", t0)
+        t0 = steps.start("writing files")
+        files = {key: str(plan["out"] / f) for key, f in FILES}
+        run = _record(task, method, scores, curve, found, files, seconds, plan)
+        if not plan["lead"]:  # every rank holds the numbers; rank 0 writes them
+            return run
+        steps_used = ig_steps if "ig_steps" in COMMAND_METHODS[method].options else None
+        settings = {"model": name, "task": task.name, "method": method, "ig_steps": steps_used,
+                    "n_prompts": len(task), "seed": task.seed, "metric": task.kind}
+        write_files(run, task, scores, curve, settings, found, plan["batch_size"], model)
+        steps.done("files", t0)
+    write_summary(run)  # after the last step: its timing included
+    return run
+
+
+class _Steps:
+    """The run's bar of steps and each step's wall-clock seconds."""
+
+    def __init__(self, bars: Any, seconds: dict[str, float]) -> None:
+        self.bars, self.seconds = bars, seconds
+
+    def start(self, label: str) -> float:
+        self.bars.set_postfix_str(label)
+        return time.perf_counter()
+
+    def done(self, key: str, t0: float) -> None:
+        self.seconds[key] = round(time.perf_counter() - t0, 3)
+        self.bars.update(1)
+
+
+def _plan(model: Any, task: Any, method: str, out: Any, size: Any, share: Any, batch_size: Any,
+          model_name: str | None) -> dict:
+    """The arguments checked before any pass: the method, the task against the model, the size, the share, the
+    output directory (made by the rank that writes); the batch size (one batch per rank by default), the model's
+    description."""
     import rs_interp as ri
 
     from .. import scale
-    from .._progress import bar
-    from ..circuits.selection import RECOVERED_SHARE, mask, prune
-    from ..tasks.mib import write_mib
-    from .circuit_figure import circuit_figure
-    from .plots import faithfulness_figure
+    from ..circuits.selection import RECOVERED_SHARE
 
     if method not in COMMAND_METHODS:
         raise ValueError(f"method must be one of {', '.join(COMMAND_METHODS)}, got {method!r}")
@@ -206,178 +247,68 @@ def run_circuit(model: Any, task: Any, *, method: Method, out: str | os.PathLike
         out.mkdir(parents=True, exist_ok=True)
         if not os.access(out, os.W_OK):
             raise OSError(f"{out} is not a writable directory")
-    name = model_name or _model_label(model.cfg)
-    kw = dict(batch_size=batch_size, progress=progress)
-    seconds: dict[str, float] = {}
-    with bar(total=4, desc=f"circuit ({task.name}, {method})", enabled=progress and lead, unit="step") as steps:
-
-        def step(label: str):
-            steps.set_postfix_str(label)
-            return time.perf_counter()
-
-        def done(key: str, t0: float) -> None:
-            seconds[key] = round(time.perf_counter() - t0, 3)
-            steps.update(1)
-
-        t0 = step("scoring edges")
-        if method == "exact":
-            scores = scale.path_patching(model, task, **kw)
-        elif method == "relp":
-            scores = scale.edge_relevance_patching(model, task, **kw)
-        else:
-            scores = scale.edge_attribution_patching(model, task, ig_steps=ig_steps if method == "eap-ig" else None, **kw)
-        done("scores", t0)
-
-        t0 = step("faithfulness curve")
-        curve = scale.faithfulness_curve(model, task, scores, **kw)
-        done("curve", t0)
-
-        t0 = step("the circuit")
-        rank = {e: k for k, e in enumerate(layout.edges())}
-        # the full circuit is the clean run, the empty one the corrupted run (resample ablation)
-        runs = scale.metric_values(model, task, **kw)
-        full, empty = runs.clean, runs.corrupted
-        if full == empty:
-            raise ValueError(f"the {task.name} metric is {full} on the clean and on the corrupted prompts: faithfulness is undefined")
-        bisection: tuple = ()
-        if n is None:  # the smallest circuit on the curve that recovers the share
-            n, kept, value, bisection = smallest_circuit(model, task, scores, curve, share, (full, empty), kw)
-        else:
-            # the top n edges, pruned to those on a path from the embedding to the logits (as MIB and the
-            # faithfulness curve do): an edge into a component that reaches nothing carries nothing out
-            kept = prune(layout, mask(layout, ri.top_edges(scores, n)))
-            value = _on_the_curve(curve, scores, kept, n)  # the curve ran it when it is one of its circuits
-        circuit = [e for e in layout.edges() if kept[layout.index(e)]]
-        if value is None:
-            value = scale.evaluate_circuit(model, task, circuit, **kw)
-        faith = (value - empty) / (full - empty)
-        done("circuit", t0)
-
-        t0 = step("writing files")
-        files = {key: str(out / f) for key, f in (("scores", "scores.safetensors"), ("scores_json", "scores.json"),
-                                                   ("mib", "importances_mib.json"), ("curve", "curve.json"),
-                                                   ("circuit", "circuit.json"), ("diagram", "diagram.json"),
-                                                   ("report", "report.html"), ("summary", "summary.json"))}
-        best = sorted(ri.top_edges(scores, min(10, layout.n_edges)), key=lambda e: (-abs(scores.edge(*e)), rank[e]))
-        top = tuple(((s, r), scores.edge(s, r)) for s, r in best)
-        run = CircuitRun(model=name, task=task.name, method=method, n_prompts=len(task), clean=full, corrupted=empty,
-                         n_edges=layout.n_edges, size=len(circuit), fraction=len(circuit) / layout.n_edges, value=value,
-                         faithfulness=faith, **_areas(curve), top_edges=top, files=MappingProxyType(files),
-                         seconds=MappingProxyType(seconds), requested=n, reaches_logits=bool(circuit),
-                         share=share if size is None else None, bisection=bisection, edges=tuple(circuit))
-        if not lead:  # every rank holds the numbers; rank 0 writes them
-            return run
-        save_file({"effect": scores.effect.to(torch.float64).contiguous(), "exists": layout.exists.contiguous()},
-                  files["scores"], metadata={"method": method, "task": task.name, "model": name})
-        settings = {"model": name, "task": task.name, "method": method, "ig_steps": ig_steps if method == "eap-ig" else None,
-                    "n_prompts": len(task), "seed": task.seed, "metric": task.kind}
-        _write_json(files["scores_json"], {**settings, "clean": scores.clean, "senders": list(layout.senders),
-                                           "receivers": list(layout.receivers), "top_edges": [[list(e), v] for e, v in top],
-                                           "tensors": "scores.safetensors: effect (sender, receiver) float64, NaN off "
-                                                      "the graph; exists (sender, receiver) bool"})
-        write_mib(files["mib"], model, scores=scores, higher_is_better=curve.higher_is_better, batch_size=batch_size)  # the task's
-        _write_json(files["curve"], {**settings, **asdict(curve)})
-        _write_json(files["circuit"], {**settings, "size": len(circuit), "requested": n, "reaches_logits": bool(circuit),
-                                       "chosen": chosen(run), "share": run.share,
-                                       "bisection": [list(b) for b in bisection],
-                                       "fraction": len(circuit) / layout.n_edges, "value": value,
-                                       "faithfulness": faith, "full": full, "empty": empty,
-                                       "edges": [[s, r, scores.edge(s, r)] for s, r in circuit]})
-        drawn = min(len(circuit), _DRAWN)
-        shown = circuit if drawn == len(circuit) else sorted(circuit, key=lambda e: (-abs(scores.edge(*e)), rank[e]))[:drawn]
-        diagram = circuit_figure(shown, layout, scores=scores, max_edges=_DRAWN,
-                                 title=f"{task.name} circuit on {name} ({method}): {len(circuit)} edges"
-                                       + (f", the top {drawn} drawn" if drawn < len(circuit) else "") + f"; faithfulness {faith:.3f}")
-        Path(files["diagram"]).write_text(diagram.to_json(), encoding="utf-8")
-        curve_fig = faithfulness_figure({method: curve}, title=f"Faithfulness of the top edges ({task.name}, {name})")
-        _write_page(Path(files["report"]), run, task, diagram, curve_fig)
-        done("files", t0)
-    _write_json(Path(files["summary"]), _summary_dict(run))  # after the last step: its timing included
-    return run
+    return {"layout": layout, "n": n, "share": share, "size": size, "lead": lead, "batch_size": batch_size, "out": out,
+            "name": model_name or _model_label(model.cfg)}
 
 
-def _on_the_curve(curve: Any, scores: Any, kept: Any, n: int) -> float | None:
-    """The curve's value of the circuit ``kept`` (a mask), if the curve ran it: its circuit at a fraction
-    whose budget is ``n`` edges, chosen as the curve chooses (:func:`rs_interp.circuits.selection.circuit_at`,
-    pruned), is the same mask, so the same run (the same ablated writes, the same edges cut) gave that
-    value; else None. Saves the circuit's pass and its reference's record (the default size, 0.01, is MIB's)."""
-    import torch
+def _score(model: Any, task: Any, method: str, ig_steps: int, kw: dict) -> Any:
+    """Every edge's score by the registry's entry of the command name ``method``, streamed over the task
+    (:func:`rs_interp.scale.run_method`); ``ig_steps`` where the entry interpolates."""
+    from .. import scale
 
-    from ..circuits.selection import circuit_at, prune
-
-    for f, requested, value in zip(curve.fractions, curve.n_requested, curve.values):
-        chosen = circuit_at(scores, f, ranking=curve.ranking, pruned=False, higher_is_better=bool(curve.higher_is_better))
-        if requested == n and torch.equal(prune(scores.layout, chosen), kept):
-            return value
-    return None
+    entry = COMMAND_METHODS[method]
+    steps = {"ig_steps": ig_steps} if "ig_steps" in entry.options else {}
+    return scale.run_method(model, task, entry.name, **steps, **kw)
 
 
+def _choose(model: Any, task: Any, scores: Any, curve: Any, plan: dict, kw: dict) -> dict:
+    """The circuit: the full and empty runs, then the size asked for (the top edges, pruned) or the smallest circuit
+    on the curve recovering the share; its edges in the graph's order and its metric."""
+    import rs_interp as ri
+
+    from .. import scale
+    from ..circuits.selection import mask, prune
+
+    layout, n = plan["layout"], plan["n"]
+    # the full circuit is the clean run, the empty one the corrupted run (resample ablation)
+    runs = scale.metric_values(model, task, **kw)
+    full, empty = runs.clean, runs.corrupted
+    if full == empty:
+        raise ValueError(f"the {task.name} metric is {full} on the clean and on the corrupted prompts: "
+                         "faithfulness is undefined")
+    bisection: tuple = ()
+    if n is None:  # the smallest circuit on the curve that recovers the share
+        n, kept, value, bisection = smallest_circuit(model, task, scores, curve, plan["share"], (full, empty), kw)
+    else:
+        # the top n edges, pruned to those on a path from the embedding to the logits (as MIB and the
+        # faithfulness curve do): an edge into a component that reaches nothing carries nothing out
+        kept = prune(layout, mask(layout, ri.top_edges(scores, n)))
+        value = _on_the_curve(curve, scores, kept, n)  # the curve ran it when it is one of its circuits
+    circuit = [e for e in layout.edges() if kept[layout.index(e)]]
+    if value is None:
+        value = scale.evaluate_circuit(model, task, circuit, **kw)
+    return {"full": full, "empty": empty, "n": n, "value": value, "bisection": bisection, "circuit": circuit,
+            "rank": {e: k for k, e in enumerate(layout.edges())}}
+
+
+def _record(task: Any, method: str, scores: Any, curve: Any, found: dict, files: dict,
+            seconds: dict, plan: dict) -> CircuitRun:
+    """What the run found, as returned (its ``files`` and ``seconds`` live views: the last step's time included)."""
+    import rs_interp as ri
+
+    layout, circuit, rank = plan["layout"], found["circuit"], found["rank"]
+    best = sorted(ri.top_edges(scores, min(10, layout.n_edges)), key=lambda e: (-abs(scores.edge(*e)), rank[e]))
+    top = tuple(((s, r), scores.edge(s, r)) for s, r in best)
+    full, empty, value = found["full"], found["empty"], found["value"]
+    return CircuitRun(model=plan["name"], task=task.name, method=method, n_prompts=len(task), clean=full, corrupted=empty,
+                      n_edges=layout.n_edges, size=len(circuit), fraction=len(circuit) / layout.n_edges, value=value,
+                      faithfulness=(value - empty) / (full - empty), **_areas(curve), top_edges=top,
+                      files=MappingProxyType(files), seconds=MappingProxyType(seconds), requested=found["n"],
+                      reaches_logits=bool(circuit), share=plan["share"] if plan["size"] is None else None,
+                      bisection=found["bisection"], edges=tuple(circuit))
 def _areas(curve: Any) -> dict[str, float]:
     """The curve's two areas (edges ranked by |score|: its area_from_1 is MIB's CMD)."""
     return {"area_under": curve.area_under, "area_from_1": curve.area_from_1}
-
-
-def _summary_dict(run: CircuitRun) -> dict:
-    d = {f.name: getattr(run, f.name) for f in fields(run)}  # not asdict: it deep-copies, and a mappingproxy cannot be
-    d["files"], d["seconds"] = dict(run.files), dict(run.seconds)
-    return d
-
-
-def _write_json(path: str | Path, data: dict) -> None:
-    # NaN is not JSON: written as null (e.g. the curve's value where a circuit's metric was undefined)
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
-
-    Path(path).write_text(json.dumps(clean(data), indent=1), encoding="utf-8")
-
-
-_CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
-        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
-        "td.num{text-align:right;font-variant-numeric:tabular-nums}.note{color:#555}code{background:#f4f4f4}")
-
-
-def _write_page(path: Path, run: CircuitRun, task: Any, diagram: Any, curve_fig: Any) -> None:
-    """One self-contained page: plotly's JavaScript once, the figures from inline JSON, no network request."""
-    from plotly.offline import get_plotlyjs
-
-    esc = html.escape
-    rows = [("model", run.model), ("task", f"{run.task} ({run.n_prompts} prompt pairs, metric {task.kind})"),
-            ("method", run.method), ("metric on the clean prompts", f"{run.clean:.6g}"),
-            ("metric on the corrupted prompts", f"{run.corrupted:.6g}"), ("edges in the graph", f"{run.n_edges:,}"),
-            ("circuit", f"{run.size:,} edges ({100 * run.fraction:.3g}%): {chosen(run)}"
-                        + ("" if run.reaches_logits else "; none of them reaches the logits, so the circuit is empty "
-                                                         "(faithfulness 0): ask for a larger --size")),
-            ("circuit's metric", f"{run.value:.6g}"),
-            ("circuit's faithfulness", f"{run.faithfulness:.4f}"),
-            ("curve's area: under it / between it and 1", f"{run.area_under:.4f} / {run.area_from_1:.4f}")]
-    table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
-    edges = "".join(f"<tr><td><code>{esc(edge_string(e))}</code></td><td class='num'>{v:.6g}</td></tr>" for e, v in run.top_edges)
-    examples = ""
-    if task.prompts is not None:
-        pairs = list(zip(task.prompts, task.corrupted_prompts))[:3]
-        examples = ("<h2>Prompts</h2><table><tr><th>clean</th><th>corrupted</th></tr>"
-                    + "".join(f"<tr><td>{esc(c)}</td><td>{esc(x)}</td></tr>" for c, x in pairs) + "</table>")
-    files = "".join(f"<li><code>{esc(Path(p).name)}</code></li>" for p in run.files.values())
-    timing = ", ".join(f"{k} {v:.1f} s" for k, v in run.seconds.items())
-    figs = {"diagram": diagram, "curve": curve_fig}
-    scripts = "\n".join(f"Plotly.newPlot({json.dumps(fid)}, ...(function(s){{return [s.data, s.layout, "
-                        f"{{responsive:true, displaylogo:false}}]}})({fig.to_json()}));" for fid, fig in figs.items())
-    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{esc(run.task)} circuit</title>"
-            f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>"
-            f"<h1>The {esc(run.task)} circuit of {esc(run.model)}</h1><table>{table}</table>"
-            f"<p class='note'>Faithfulness: (circuit - empty) / (full - empty) with every edge outside the circuit "
-            f"patched from the corrupted run. Steps: {esc(timing)}.</p>"
-            f"<h2>The circuit</h2><div class='fig' id='diagram'></div>"
-            f"<h2>Faithfulness of the top edges</h2><div class='fig' id='curve'></div>"
-            f"<h2>The ten largest edges</h2><table><tr><th>edge</th><th>score</th></tr>{edges}</table>{examples}"
-            f"<h2>Files</h2><ul>{files}</ul><script>{scripts}</script></body></html>")
-    path.write_text(page, encoding="utf-8")
 
 
 def run_command(args: argparse.Namespace) -> list[str]:

@@ -350,3 +350,36 @@ def test_outside_torchrun_torch_distributed_is_never_initialised(monkeypatch):
         assert scale.world() == (0, 1)
         scale.metric_values(model, task, batch_size=BATCH, progress=False)
         assert not dist.is_initialized()
+
+
+def _doubled_eap(model, tokens, metric, *, reference, progress=False, per_example=False):
+    """A new edge method: EAP's scores doubled (a helper no scale wrapper knows, returning a known result)."""
+    eap = ri.edge_attribution_patching(model, tokens, metric, reference=reference, progress=progress)
+    return dataclasses.replace(eap, effect=2 * eap.effect)
+
+
+_doubled_eap.__annotations__["return"] = "EdgeAttributionPatching"
+
+
+def test_every_registry_method_that_streams_is_its_one_call():
+    """Issue 65: scale.run_method streams a registry entry (its helper with its options) to what the entry's own
+    run gives on the concatenated batch, a method registered later included (its helper unknown to scale, its
+    result a known class); an entry that is not one helper's call (ACDC, the patched screens) is refused by name,
+    and one whose options do not stream (GradDrop) by its reason."""
+    from rs_interp.circuits.methods import METHODS, Method, registered
+
+    model = make_variant("LN", "standard", False, seed=5)
+    task = induction_task(6, seed=2, d_vocab=model.cfg.d_vocab, seq_len=10, min_period=3, max_period=5)
+    run = _doubled_eap
+    run.helper, run.options = _doubled_eap, {}
+    with registered(Method("EAP, doubled", "EAP-x2", "edge", run)):
+        streamed = [n for n, m in METHODS.items() if m.helper is not None and not m.options.get("grad_drop")]
+        assert {"EAP", "exact path patching", "RelP", "ablation scan (heads)", "EAP, doubled"} <= set(streamed)
+        for name in streamed:
+            got = scale.run_method(model, task, name, batch_size=4, progress=False)
+            want = METHODS[name].run(model, task.clean, task.metric(), reference=task.corrupted, progress=False)
+            assert type(got) is type(want) and gap(numbers(got, name), numbers(want, name)) < 1e-10, name
+    with pytest.raises(ValueError, match="not a registry method that streams.*EAP"):
+        scale.run_method(model, task, next(n for n, m in METHODS.items() if m.key == "ACDC"))
+    with pytest.raises(ValueError, match="grad_drop"):
+        scale.run_method(model, task, next(n for n, m in METHODS.items() if m.key == "AtP*"), progress=False)

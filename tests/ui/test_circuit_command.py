@@ -20,7 +20,7 @@ import rs_interp as ri
 from rs_interp import scale
 from rs_interp.circuits.selection import RECOVERED_SHARE
 from rs_interp.tasks import build_task, read_mib
-from rs_interp.ui.circuit_command import add_arguments, load_command_model, run_circuit, run_command
+from rs_interp.ui.circuit_command import COMMAND_METHODS, add_arguments, load_command_model, run_circuit, run_command
 from tests.browser import ALL_DRAWN, offline_page, remote
 from tests.circuits.test_evaluation import _on_a_path
 
@@ -139,6 +139,38 @@ def test_each_method_scores_as_its_helper(tmp_path, method):
     pruned = _on_a_path(layout, top5)
     assert run.method == method and run.requested == 5 and run.size == len(pruned)
     assert [tuple(e[:2]) for e in json.loads((tmp_path / "circuit.json").read_text())["edges"]] == pruned
+
+
+def test_a_method_registered_with_a_command_name_is_a_command(tmp_path, capsys):
+    """Issue 65: the command line's methods are the registry's (COMMAND_METHODS read from METHODS): a method
+    registered with a command name is one for ``--method`` and ``run_circuit``, its scores the entry's helper's,
+    streamed; once it is gone, its name is refused with the registry's list."""
+    import dataclasses
+
+    from rs_interp.circuits.methods import Method, registered
+
+    def doubled(model, tokens, metric, *, reference, progress=False, per_example=False):
+        eap = ri.edge_attribution_patching(model, tokens, metric, reference=reference, progress=progress)
+        return dataclasses.replace(eap, effect=2 * eap.effect)
+
+    doubled.__annotations__["return"] = "EdgeAttributionPatching"  # a known result: scale streams it
+    doubled.helper, doubled.options = doubled, {}
+    model, task = ri.load_toy_model("induction-2l"), build_task("induction", n=6, seed=2)
+    assert list(COMMAND_METHODS)[:4] == ["eap", "eap-ig", "exact", "relp"] and "eap-x2" not in COMMAND_METHODS
+    with registered(Method("EAP, doubled", "EAP-x2", "edge", doubled, command="eap-x2")):
+        parser = add_arguments(argparse.ArgumentParser(prog="rs-interp circuit"))
+        argv = ["--model", "induction-2l", "--task", "induction", "--out", str(tmp_path), "--method", "eap-x2"]
+        assert parser.parse_args(argv).method == "eap-x2"
+        run_circuit(model, task, method="eap-x2", out=tmp_path, size=5, progress=False)
+        got = load_file(str(tmp_path / "scores.safetensors"))["effect"]
+        eap = ri.edge_attribution_patching(model, task.clean, task.metric(), reference=task.corrupted)
+        assert torch.allclose(got.nan_to_num(0), 2 * eap.effect.double().nan_to_num(0), atol=1e-9, rtol=1e-6)
+    assert "eap-x2" not in COMMAND_METHODS
+    with pytest.raises(SystemExit):
+        add_arguments(argparse.ArgumentParser(prog="rs-interp circuit")).parse_args(argv)
+    assert "invalid choice: 'eap-x2' (choose from eap, eap-ig, exact, relp" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="method must be one of eap, eap-ig, exact, relp"):
+        run_circuit(model, task, method="eap-x2", out=tmp_path, progress=False)
 
 
 def test_missing_weights_say_how_to_provide_them(monkeypatch, tmp_path):
