@@ -190,7 +190,7 @@ class PositionalEdgeEffects:
         return float(self.effect[i, j, self.spans.index(span)])
 
     def total(self):
-        """The edge effects summed over the spans (:class:`rs_interp.EdgeEffects`): for a first-order estimate,
+        """The edge effects summed over the spans (:class:`rs_interp.circuits.EdgeEffects`): for a first-order estimate,
         the estimate without positions."""
         from .graph import EdgeEffects
 

@@ -121,7 +121,7 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
     ``passes=1``: one such pass, what the ``Graph.prune`` of the EAP-IG commit MIB pins (7af394a) leaves
     after ``apply_topn`` (its loop stops when the components computed from the edges are those
     ``apply_topn`` set, before the edges this pass removed are looked at again): the circuit MIB
-    counts (:attr:`rs_interp.FaithfulnessCurve.mib_counts`). Its ``evaluate_graph`` prunes again, to
+    counts (:attr:`rs_interp.circuits.FaithfulnessCurve.mib_counts`). Its ``evaluate_graph`` prunes again, to
     the end, so the circuit it evaluates is ``passes=None``'s."""
     keep = keep.clone() & layout.exists
     comp = [_component(r) for r in layout.receivers]
@@ -199,7 +199,7 @@ def circuit_at(scores: EdgeEffects, fraction: float | None = None, *, ranking: R
     Without a ``fraction``, the default circuit of a faithfulness ``curve`` of these scores: the smallest
     circuit on it whose faithfulness reaches ``share`` of the metric (:data:`RECOVERED_SHARE`, 80%), at the
     curve's fraction, in its ranking and its metric's direction (:func:`smallest_recovering`; ``curve`` a
-    :class:`~rs_interp.FaithfulnessCurve`, typed ``Any`` here: evaluation reads this module).
+    :class:`~rs_interp.circuits.FaithfulnessCurve`, typed ``Any`` here: evaluation reads this module).
 
     MIB ranks the scores of the *loss* (:func:`rs_interp.tasks.mib_importances`): by signed score,
     the edges whose patching raises the loss most come first. ``higher_is_better=True`` (a logit or
@@ -268,7 +268,7 @@ def _curve_direction(curve: Any, higher_is_better: bool | None) -> bool | None:
 
 
 def smallest_recovering(curve: Any, share: float = RECOVERED_SHARE) -> int:
-    """The index into ``curve`` (a :class:`~rs_interp.FaithfulnessCurve`) of its smallest circuit (fewest edges
+    """The index into ``curve`` (a :class:`~rs_interp.circuits.FaithfulnessCurve`) of its smallest circuit (fewest edges
     kept, then the smaller fraction) whose faithfulness reaches ``share`` (faithfulness 1: the metric of the full model; 0: of the empty circuit).
 
     Raises:

@@ -260,7 +260,7 @@ class AttributionGraph:
 
     def top(self, k: int = 5, decode=None) -> list[tuple[tuple[str, str], float]]:
         """The ``k`` edges with the largest ``|direct effect|``, each ``((source, target), effect)``
-        (an edge is a pair of labels, as in :class:`rs_interp.EdgeEffects`)."""
+        (an edge is a pair of labels, as in :class:`rs_interp.circuits.EdgeEffects`)."""
         return _top(self, self.rows(), k, decode)
 
 

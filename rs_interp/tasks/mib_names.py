@@ -94,7 +94,7 @@ def from_mib_edge(name: str, model_or_cfg: Any) -> tuple[str, str]:
 
 
 def _check_edge(sender: str, receiver: str, cfg: Any) -> None:
-    """What :meth:`rs_interp.EdgeLayout.index` checks, from the config alone (no layout built per edge).
+    """What :meth:`rs_interp.circuits.EdgeLayout.index` checks, from the config alone (no layout built per edge).
 
     Raises:
         ValueError: a label this model does not have, or a sender that is not upstream of the receiver.

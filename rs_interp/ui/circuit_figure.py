@@ -67,12 +67,12 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
     """Draw a circuit as a layered graph (module docstring).
 
     Args:
-        circuit: an :class:`rs_interp.EdgeEffects` (its top ``max_edges`` edges by ``|effect|`` are
+        circuit: an :class:`rs_interp.circuits.EdgeEffects` (its top ``max_edges`` edges by ``|effect|`` are
             drawn, weighted by it), an iterable of ``(sender, receiver)`` edges, or a
             :class:`rs_interp.circuits.positions.PositionalEdgeEffects` (its top positional edges, one column per span).
-        model_or_layout: for an edge set, the model, its config or its :class:`rs_interp.EdgeLayout`
+        model_or_layout: for an edge set, the model, its config or its :class:`rs_interp.circuits.EdgeLayout`
             (taken from ``scores`` or ``circuit`` when they carry one).
-        scores: for an edge set, an :class:`rs_interp.EdgeEffects` whose numbers weight the edges
+        scores: for an edge set, an :class:`rs_interp.circuits.EdgeEffects` whose numbers weight the edges
             (none: every edge drawn alike).
         max_edges: the most edges drawn (readability); an edge set larger than this is refused.
         title: the figure's title (default: what is drawn).
