@@ -20,7 +20,6 @@ from rs_interp.exact.certificate import ADAPTS, CONDITIONS, EXEMPT, IDENTITIES, 
 from tests.builders import make_variant
 from tests.mutations import MUTATIONS
 
-
 DEMOTED = {name for names in ri._DEMOTED.values() for name in names}
 
 
