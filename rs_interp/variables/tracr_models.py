@@ -42,8 +42,7 @@ import torch
 from jaxtyping import Float
 
 from .._messages import few
-from ..circuits.tracr import PROGRAMS, metadata
-from ..circuits.tracr import _program as program_name
+from ..circuits.tracr import PROGRAMS, metadata, program_name
 from ..exact.validate import as_int
 from .bases import neuron_basis, orthonormal_basis
 from .causal import CausalModel, Variable
