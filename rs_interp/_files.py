@@ -28,6 +28,7 @@ import functools
 import hashlib
 import io
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
@@ -39,7 +40,8 @@ if TYPE_CHECKING:  # torch is imported where a tensor is read: a reader of JSON 
 T = TypeVar("T")
 
 __all__ = ["FileError", "existing", "read_bytes", "read_text", "read_json", "read_csv", "read_safetensors", "safetensors_metadata",
-           "read_torch", "parsing", "reads", "loading", "need", "check_shape", "digest", "json_digest"]
+           "read_torch", "parsing", "reads", "loading", "need", "check_shape", "digest", "json_digest",
+           "finite_json"]
 
 
 class FileError(ValueError):
@@ -264,3 +266,20 @@ def digest(tensor: torch.Tensor) -> str:
 def json_digest(value: Any) -> str:
     """The sha256 of a JSON value in one canonical form (sorted keys, no spaces)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def finite_json(x: Any) -> Any:
+    """``x`` (dicts, lists and tuples of plain values) with every non-finite float written ``None``: NaN and
+    infinity are not JSON, ``null`` is (a curve's value where a circuit's metric was undefined). The one
+    cleaner of the JSON files rs_interp writes (the reproduction's results, ``rs-interp circuit``'s summary).
+
+    >>> finite_json({"a": [1.0, float("nan")], "b": (float("inf"), "x")})
+    {'a': [1.0, None], 'b': [None, 'x']}
+    """
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: finite_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_json(v) for v in x]
+    return x

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, fields
@@ -43,6 +42,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
+from .._files import finite_json
 from ..labels import edge_string
 from ._circuit_args import COMMAND_METHODS, add_arguments, check_arguments, command_task, load_command_model
 from ._circuit_choice import chosen, smallest_circuit
@@ -324,17 +324,7 @@ def _summary_dict(run: CircuitRun) -> dict:
 
 
 def _write_json(path: str | Path, data: dict) -> None:
-    # NaN is not JSON: written as null (e.g. the curve's value where a circuit's metric was undefined)
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
-
-    Path(path).write_text(json.dumps(clean(data), indent=1), encoding="utf-8")
+    Path(path).write_text(json.dumps(finite_json(data), indent=1), encoding="utf-8")  # NaN as null
 
 
 _CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
