@@ -28,7 +28,6 @@ the layer), ``logits`` infinity.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,16 +35,13 @@ import torch
 from jaxtyping import Bool, Float
 
 from .._backend import kv_groups
+from ..labels import parse
 
 __all__ = ["EdgeLayout", "EdgeEffects", "edge_layout", "depth", "Embedding", "EMBEDDINGS", "embedding_of"]
 
 Embedding = Literal["sum", "split", "token"]
 #: The input senders of each choice of :func:`edge_layout`'s ``embedding``.
 EMBEDDINGS: dict[str, tuple[str, ...]] = {"sum": ("embed",), "split": ("tok_embed", "pos_embed"), "token": ("tok_embed",)}
-
-_HEAD = re.compile(r"^L(\d+)(?:H|KV)(\d+)(?:\.[qkv])?$")
-_MLP = re.compile(r"^MLP(\d+)$")
-
 
 def depth(label: str, *, parallel: bool = False) -> float:
     """Where a sender or receiver sits (module docstring): a sender precedes a receiver iff its depth
@@ -54,15 +50,12 @@ def depth(label: str, *, parallel: bool = False) -> float:
     >>> depth("embed"), depth("L1H0"), depth("L1KV0.k"), depth("MLP1"), depth("MLP1", parallel=True), depth("logits")
     (0, 3, 3, 4, 3, inf)
     """
-    if label in ("embed", "tok_embed", "pos_embed"):
+    c = parse(label)  # a ValueError for anything else
+    if c.kind == "embed":
         return 0
-    if label == "logits":
+    if c.kind == "logits":
         return float("inf")
-    if m := _HEAD.match(label):
-        return 2 * int(m.group(1)) + 1
-    if m := _MLP.match(label):
-        return 2 * int(m.group(1)) + (1 if parallel else 2)
-    raise ValueError(f"not a sender or receiver label: {label!r}")
+    return 2 * c.layer + (1 if c.kind != "mlp" else 1 if parallel else 2)
 
 
 @dataclass(frozen=True)

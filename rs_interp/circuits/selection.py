@@ -28,7 +28,7 @@ import torch
 
 from .._keywords import renamed
 from .._messages import few
-from ..labels import parse
+from ..labels import count_of, node_label, parse
 from .graph import EdgeEffects, EdgeLayout
 
 __all__ = ["Ranking", "RANKINGS", "RECOVERED_SHARE", "rank", "top_edges", "mask", "prune", "mib_weights", "circuit_at",
@@ -108,8 +108,7 @@ def mask(layout: EdgeLayout, circuit: Iterable[tuple[str, str]]) -> torch.Tensor
 def _component(label: str) -> str:
     """The component a receiver feeds: the head for a query input, the KV head for a key or value
     input, the MLP for its input, ``logits``."""
-    c = parse(label)
-    return label.split(".")[0] if c.input is not None else label
+    return node_label(label)
 
 
 def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) -> torch.Tensor:
@@ -125,8 +124,8 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
     the end, so the circuit it evaluates is ``passes=None``'s."""
     keep = keep.clone() & layout.exists
     comp = [_component(r) for r in layout.receivers]
-    n_kv = sum(1 for r in layout.receivers if ".k" in r and "KV" in r and r.startswith("L0"))
-    heads_per_layer = sum(1 for r in layout.receivers if r.startswith("L0H") and r.endswith(".q"))
+    n_kv = count_of(layout.receivers, "kv_head", layer=0, input="k")
+    heads_per_layer = count_of(layout.receivers, "head", layer=0, input="q")
     group = heads_per_layer // n_kv if n_kv else 1
 
     def reads(sender: str) -> list[str]:
@@ -183,8 +182,8 @@ def check_fractions(fractions: object) -> list[float]:
 def mib_weights(layout: EdgeLayout) -> torch.Tensor:
     """(sender, receiver) how many edges of MIB's graph each edge is: 1, or the number of query heads
     reading a key/value head under grouped-query attention (MIB ungroups it); 0 where no edge."""
-    n_q = sum(1 for r in layout.receivers if r.startswith("L0H") and r.endswith(".q"))
-    n_kv = sum(1 for r in layout.receivers if r.startswith("L0KV") and r.endswith(".k"))
+    n_q = count_of(layout.receivers, "head", layer=0, input="q")
+    n_kv = count_of(layout.receivers, "kv_head", layer=0, input="k")
     w = torch.tensor([n_q // n_kv if n_kv and parse(r).kind == "kv_head" else 1 for r in layout.receivers], dtype=torch.float64)
     return layout.exists.to(torch.float64) * w[None, :]
 

@@ -35,6 +35,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from ..labels import count_of, node_label, parse
+
 __all__ = ["circuit_figure", "EDGE_COLOURS", "PORT_PIXELS", "PLOT_PIXELS"]
 
 #: Colour of an edge by the input it enters.
@@ -49,17 +51,12 @@ PLOT_PIXELS = 620.0
 
 
 def _parse(label: str) -> tuple[str, int, int]:
-    """(kind, layer, index) of a sender or receiver label: kind in embed, head, kv, mlp, logits."""
-    if label in ("embed", "logits"):
-        return label, -1, 0
-    if label.startswith("MLP"):
-        return "mlp", int(label[3:]), 0
-    head = label.split(".")[0]
-    if "KV" in head:
-        layer, g = head[1:].split("KV")
-        return "kv", int(layer), int(g)
-    layer, h = head[1:].split("H")
-    return "head", int(layer), int(h)
+    """(kind, layer, index) of a sender or receiver label (:func:`rs_interp.labels.parse`): kind in embed, head, kv,
+    mlp, logits."""
+    c = parse(label)
+    if c.layer is None:
+        return c.kind, -1, 0
+    return ("kv" if c.kind == "kv_head" else c.kind), c.layer, c.index or 0
 
 
 def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = None, max_edges: int = 400,
@@ -124,7 +121,7 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
     # Where every component sits: heads of layer l at (h, 2l + 1), its MLP at (centre, 2l + 2), or
     # beside the heads in a parallel block (one depth there: no edge runs between them).
     L = max((_parse(s)[1] for s in layout.senders), default=-1) + 1
-    H = sum(1 for s in layout.senders if s.startswith("L0H"))
+    H = count_of(layout.senders, "head", layer=0)
     has_mlp = "MLP0" in layout.senders
     parallel = has_mlp and not bool(layout.exists[layout.senders.index("L0H0"), layout.receivers.index("MLP0")])
     centre = (H - 1) / 2
@@ -140,23 +137,24 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
         if kind == "mlp":
             return (H + 0.5, 2.0 * layer + 1) if parallel else (centre, 2.0 * layer + 2)
         if kind == "kv":  # a KV head's input: under the middle of its group's query heads
-            group = H // sum(1 for r in layout.receivers if r.startswith(f"L{layer}KV") and r.endswith(".k"))
+            group = H // count_of(layout.receivers, "kv_head", layer=layer, input="k")
             return i * group + (group - 1) / 2, 2.0 * layer + 1
         return float(i), 2.0 * layer + 1
 
     def port(receiver: str) -> tuple[list[float], list[float], str]:
         """The edge's last points: into a head's input, below the head (left, middle, right) and then the head."""
         x, y = place(receiver)
-        if receiver == "logits" or receiver.startswith("MLP"):
-            return [x], [y - 0.25], "logits" if receiver == "logits" else "mlp"
-        kind = receiver[-1]
+        c = parse(receiver)
+        if c.input is None:  # the logits or an MLP
+            return [x], [y - 0.25], c.kind
+        kind = c.input
         return [x + {"q": -beside, "k": 0.0, "v": beside}[kind], x], [y - 0.22, y], kind
 
     fig = go.Figure()
     # Every component, faint: the model around the circuit.
     everything = [s for s in layout.senders if s != "embed"]
     fig.add_trace(go.Scatter(x=[place(s)[0] for s in everything], y=[place(s)[1] for s in everything], mode="markers",
-                             marker=dict(size=7, color="#dddddd", symbol=["square" if s.startswith("MLP") else "circle" for s in everything]),
+                             marker=dict(size=7, color="#dddddd", symbol=["square" if _parse(s)[0] == "mlp" else "circle" for s in everything]),
                              hoverinfo="text", text=everything, showlegend=False, name="components"))
     # Edges, grouped into one trace per (input kind, width step, sign).
     groups: dict[tuple[str, int, bool], list[tuple[str, str, float]]] = {}
@@ -189,12 +187,12 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
     fig.add_trace(go.Scatter(x=mids_x, y=mids_y, mode="markers", marker=dict(size=9, opacity=0), hoverinfo="text",
                              text=mids_text, showlegend=False, name="edges"))
     # The circuit's nodes, full and labelled.
-    nodes = sorted({s for s, _ in edges} | {r.split(".")[0] for _, r in edges} | {"embed", "logits"}, key=lambda n: place(n)[::-1])
+    nodes = sorted({s for s, _ in edges} | {node_label(r) for _, r in edges} | {"embed", "logits"}, key=lambda n: place(n)[::-1])
     fig.add_trace(go.Scatter(x=[place(n)[0] for n in nodes], y=[place(n)[1] for n in nodes], mode="markers+text",
                              text=nodes, textposition="middle right", textfont=dict(size=10), hoverinfo="text",
                              marker=dict(size=[16 if n in ("embed", "logits") else 11 for n in nodes], color="#ffffff",
                                          line=dict(color="#222222", width=1.5),
-                                         symbol=["square" if n.startswith("MLP") else "diamond" if n in ("embed", "logits") else "circle" for n in nodes]),
+                                         symbol=["square" if _parse(n)[0] == "mlp" else "diamond" if n in ("embed", "logits") else "circle" for n in nodes]),
                              showlegend=False, name="nodes"))
     if scores is not None and any(v < 0 for v in values):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="negative effect (dotted)", showlegend=True,
@@ -218,7 +216,7 @@ def _positional_figure(scores: Any, max_edges: int, title: str | None) -> go.Fig
     layout, spans = scores.layout, scores.spans
     picked = [(e, v) for e, v in scores.top(min(max_edges, scores.n_edges)) if v != 0 and not math.isnan(v)]
     L = max((_parse(s)[1] for s in layout.senders), default=-1) + 1
-    H = sum(1 for s in layout.senders if s.startswith("L0H"))
+    H = count_of(layout.senders, "head", layer=0)
     has_mlp = "MLP0" in layout.senders
     step = H + 1.5  # one span's column: its heads, then a gap
     top = max((abs(v) for _, v in picked), default=1.0) or 1.0
@@ -232,17 +230,18 @@ def _positional_figure(scores: Any, max_edges: int, title: str | None) -> go.Fig
         if kind == "mlp":
             return centre, 2.0 * layer + 2
         if kind == "kv":
-            group = H // sum(1 for r in layout.receivers if r.startswith(f"L{layer}KV") and r.endswith(".k"))
+            group = H // count_of(layout.receivers, "kv_head", layer=layer, input="k")
             return x0 + i * group + (group - 1) / 2, 2.0 * layer + 1
         return x0 + i, 2.0 * layer + 1
 
     def kind_of(receiver: str) -> str:
-        return "logits" if receiver == "logits" else "mlp" if receiver.startswith("MLP") else receiver[-1]
+        c = parse(receiver)
+        return c.input or c.kind
 
     fig = go.Figure()
     faint = [(c, u) for u in range(len(spans)) for c in layout.senders if c != "embed"]  # the model in every span's column
     fig.add_trace(go.Scatter(x=[place(c, u)[0] for c, u in faint], y=[place(c, u)[1] for c, u in faint], mode="markers",
-                             marker=dict(size=6, color="#dddddd", symbol=["square" if c.startswith("MLP") else "circle" for c, _ in faint]),
+                             marker=dict(size=6, color="#dddddd", symbol=["square" if _parse(c)[0] == "mlp" else "circle" for c, _ in faint]),
                              hoverinfo="text", text=[f"{c} @ {spans[u]}" for c, u in faint], showlegend=False, name="components"))
     for u in range(1, len(spans)):  # the columns' borders
         fig.add_vline(x=u * step - 0.9, line=dict(color="#eeeeee", width=1))
@@ -250,7 +249,7 @@ def _positional_figure(scores: Any, max_edges: int, title: str | None) -> go.Fig
         members = [(e, v) for e, v in picked if kind_of(e[1]) == kind]
         for (s, r, u), v in members:
             x0, y0 = place(s, spans.index(u))
-            x1, y1 = place(r.split(".")[0] if r not in ("logits",) else r, spans.index(u))
+            x1, y1 = place(node_label(r), spans.index(u))
             x1 += {"q": -0.22, "k": 0.0, "v": 0.22}.get(kind, 0.0)
             width = _WIDTHS[min(4, max(0, math.ceil(5 * math.sqrt(abs(v) / top)) - 1))]
             fig.add_trace(go.Scatter(x=[x0, x1], y=[y0 + 0.15, y1 - 0.22], mode="lines", hoverinfo="text", opacity=0.75,
@@ -259,7 +258,7 @@ def _positional_figure(scores: Any, max_edges: int, title: str | None) -> go.Fig
         if members:
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=_KIND_NAMES[kind], legendgroup=kind,
                                      line=dict(color=EDGE_COLOURS[kind], width=_WIDTHS[2])))
-    nodes = sorted({(s, u) for (s, _, u), _ in picked} | {(r.split(".")[0], u) for (_, r, u), _ in picked})
+    nodes = sorted({(s, u) for (s, _, u), _ in picked} | {(node_label(r), u) for (_, r, u), _ in picked})
     fig.add_trace(go.Scatter(x=[place(n, spans.index(u))[0] for n, u in nodes], y=[place(n, spans.index(u))[1] for n, u in nodes],
                              mode="markers+text", text=[n for n, _ in nodes], textposition="middle right", textfont=dict(size=9),
                              marker=dict(size=10, color="#ffffff", line=dict(color="#222222", width=1.5)), hoverinfo="text",
