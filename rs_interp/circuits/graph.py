@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Bool, Float
 
 from .._backend import kv_groups
-from ..labels import parse
+from ..labels import head_label, mlp_label, parse, receiver_label
 
 __all__ = ["EdgeLayout", "EdgeEffects", "edge_layout", "depth", "Embedding", "EMBEDDINGS", "embedding_of"]
 
@@ -135,12 +135,13 @@ def edge_layout(model_or_cfg: Any, embedding: Embedding = "sum") -> EdgeLayout:
     parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
     senders, receivers = list(EMBEDDINGS[embedding]), []
     for l in range(L):
-        senders += [f"L{l}H{h}" for h in range(H)] + ([f"MLP{l}"] if mlps else [])
+        senders += [head_label(l, h) for h in range(H)] + ([mlp_label(l)] if mlps else [])
         if G == H:
-            receivers += [f"L{l}H{h}.{x}" for h in range(H) for x in "qkv"]
+            receivers += [receiver_label(l, h, x) for h in range(H) for x in "qkv"]
         else:  # grouped-query attention: one key and one value input per KV head
-            receivers += [f"L{l}H{h}.q" for h in range(H)] + [f"L{l}KV{g}.{x}" for g in range(G) for x in "kv"]
-        receivers += [f"MLP{l}"] if mlps else []
+            receivers += [receiver_label(l, h, "q") for h in range(H)]
+            receivers += [receiver_label(l, g, x, kv=True) for g in range(G) for x in "kv"]
+        receivers += [mlp_label(l)] if mlps else []
     receivers.append("logits")
     ds = torch.tensor([depth(s, parallel=parallel) for s in senders])
     dr = torch.tensor([depth(r, parallel=parallel) for r in receivers])
