@@ -44,6 +44,7 @@ from typing import Iterator
 import torch
 from jaxtyping import Bool, Float
 
+from .. import _names as N
 from .._files import FileError, parsing, read_json, read_safetensors, read_text
 from .._messages import few
 from ..exact.certificate import require
@@ -54,9 +55,9 @@ __all__ = ["Transcoder", "TranscoderSet", "load_transcoders", "mlp_transcoders",
 
 #: Where a transcoder may read, by circuit-tracer's config name: the MLP's input (after the norm,
 #: gain and bias), the residual stream before the norm, or TransformerLens's normalized stream (before the gain).
-INPUT_POINTS = ("mlp.hook_in", "hook_resid_mid", "ln2.hook_normalized")
+INPUT_POINTS = N.TRANSCODER_INPUTS
 #: Where it writes: the MLP's output (both names are the same point).
-OUTPUT_POINTS = ("mlp.hook_out", "hook_mlp_out")
+OUTPUT_POINTS = N.TRANSCODER_OUTPUTS
 ACTIVATIONS = ("relu", "jumprelu", "topk", "relu_topk")
 #: The activations that keep the ``k`` largest (and so take a ``k``).
 TOPK_ACTIVATIONS = ("topk", "relu_topk")
@@ -228,8 +229,8 @@ class TranscoderSet:
     """
 
     transcoders: tuple[Transcoder, ...]
-    input_point: str = "mlp.hook_in"
-    output_point: str = "mlp.hook_out"
+    input_point: str = N.MLP_HOOK_IN
+    output_point: str = N.MLP_HOOK_OUT
     scan: str = "rs_interp"
 
     def __post_init__(self) -> None:
@@ -363,8 +364,8 @@ def load_transcoders(folder: str | Path, *, dtype: torch.dtype = torch.float32) 
         with parsing(f, "transcoder file"):
             tcs.append(Transcoder.from_state(state, activation=cfg.get("activation"), k=cfg.get("k"), dtype=dtype))
     with parsing(config, "transcoder config"):  # its points, and layers of one width
-        return TranscoderSet(tuple(tcs), cfg.get("feature_input_hook", "mlp.hook_in"),
-                             cfg.get("feature_output_hook", "mlp.hook_out"), str(cfg.get("scan", folder.name)))
+        return TranscoderSet(tuple(tcs), cfg.get("feature_input_hook", N.MLP_HOOK_IN),
+                             cfg.get("feature_output_hook", N.MLP_HOOK_OUT), str(cfg.get("scan", folder.name)))
 
 
 def shipped_transcoders(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) -> TranscoderSet:
