@@ -118,6 +118,7 @@ def test_the_type_checking_imports_name_exactly_the_public_names_from_their_modu
     for node in block.body:
         assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.dump(node)
         for alias in node.names:
-            imported[alias.asname or alias.name] = "." + (node.module or alias.name)  # ``from . import tasks``: ".tasks"
+            # ``from . import tasks``: ".tasks"
+            imported[alias.asname or alias.name] = "." + (node.module or alias.name)
     assert sorted(rs_interp.__all__) == sorted(rs_interp._WHERE)
     assert imported == rs_interp._WHERE
