@@ -53,11 +53,9 @@ from . import _config
 __all__ = ["Transcoder", "TranscoderSet", "load_transcoders", "mlp_transcoders", "shipped_transcoders",
            "SHIPPED_TRANSCODERS", "INPUT_POINTS", "OUTPUT_POINTS"]
 
-#: Where a transcoder may read, by circuit-tracer's config name: the MLP's input (after the norm,
-#: gain and bias), the residual stream before the norm, or TransformerLens's normalized stream (before the gain).
-INPUT_POINTS = N.TRANSCODER_INPUTS
-#: Where it writes: the MLP's output (both names are the same point).
-OUTPUT_POINTS = N.TRANSCODER_OUTPUTS
+#: Where a transcoder may read (the MLP's input after the norm, the stream before it, TransformerLens's normalized
+#: stream before the gain) and write (the MLP's output, both names one point), by circuit-tracer's names (_names').
+INPUT_POINTS, OUTPUT_POINTS = N.TRANSCODER_INPUTS, N.TRANSCODER_OUTPUTS
 ACTIVATIONS = ("relu", "jumprelu", "topk", "relu_topk")
 #: The activations that keep the ``k`` largest (and so take a ``k``).
 TOPK_ACTIVATIONS = ("topk", "relu_topk")
