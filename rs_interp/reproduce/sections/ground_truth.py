@@ -43,7 +43,6 @@ from ...circuits.induction_truth import induction_case
 from ...circuits.methods import IG_STEPS, METHODS
 from ...circuits.tracr import TRACR_PROGRAMS
 from ...circuits.tracr_truth import tracr_case
-from ...labels import node_label, parse
 from ...models.data import induction_batch
 from ...ui.plots import ground_truth_figure
 from ..context import Context, Row, Section, banded
@@ -71,10 +70,10 @@ def _fmt(x: float | None) -> str:
 def _flat_parts(case: GroundTruthCase, node: str) -> list[str]:
     """The nonlinear steps a compiled model's ``node`` (a receiver or a head) passes on its way to the
     logits, by the known edges: attention scores (for a query or key) and MLPs, in order."""
-    c, head = parse(node), node_label(node)
-    if c.kind == "logits":
+    head = node.split(".")[0]
+    if node == "logits":
         return []
-    own = [f"{head}'s attention"] if c.input in ("q", "k") else [node] if c.kind == "mlp" else []
+    own = [f"{head}'s attention"] if node.endswith((".q", ".k")) else [node] if node.startswith("MLP") else []
     after = [p for s, r in sorted(case.known) if s == head for p in _flat_parts(case, r)]
     return list(dict.fromkeys(own + after))
 
