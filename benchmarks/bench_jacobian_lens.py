@@ -16,7 +16,7 @@ Both fit every source layer on the same ``--prompts`` prompts. The table gives e
 compares what they return: the fitted matrices (max abs difference over max abs entry: float32 rounding), the
 readout of the first prompt (the top 5 tokens at every source layer and position: TransformerLens's ``readout``
 against ``ri.jacobian_lens``), and J-space decompositions of three of its activations at the middle layer (support
-and coordinates: ``lens.decompose`` against ``ri.jspace_decomposition``).
+and coordinates: ``lens.decompose`` against ``ri.readouts.jspace_decomposition``).
 
 Goal (issue 62): the matrices equal to float32 rounding, readouts and decompositions equal, the fit at least 3x
 faster (CPU seconds) at no more peak memory.
@@ -77,7 +77,7 @@ out = {"cpu_seconds": time.process_time() - cpu}
 layers = lens.source_layers
 mid = layers[len(layers) // 2]
 read = ri.jacobian_lens(model, tokens[0], lens, k=5)
-decs = [ri.jspace_decomposition(model, lens, tokens[0], mid, position=p) for p in (20, pos // 2, pos - 2)]
+decs = [ri.readouts.jspace_decomposition(model, lens, tokens[0], mid, position=p) for p in (20, pos // 2, pos - 2)]
 top = {l: read.top_tokens[1 + i, 0] for i, l in enumerate(layers)}  # point 0 is the embedding
 torch.save({"J": {l: lens.matrix(l) for l in layers}, "top": top, "dec": [(d.support, d.coordinates) for d in decs],
             "mid": mid}, out_path)

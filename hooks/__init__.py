@@ -26,8 +26,8 @@ from transformer_lens.hook_points import HookPoint
 
 from .split_qkv import split_qkv_inputs  # per-head q/k/v inputs on both TransformerLens versions
 
-__all__ = ["store", "store_matching", "replace", "replace_heads", "replace_heads_with", "add", "zero_heads", "mean_heads", "resample_heads",
-           "split_qkv_inputs"]
+__all__ = ["store", "store_matching", "replace", "replace_heads", "replace_heads_with", "add", "zero_heads",
+           "mean_heads", "resample_heads", "split_qkv_inputs"]
 
 HookFn = Callable[..., torch.Tensor | None]
 
@@ -41,7 +41,8 @@ def store(box: MutableMapping[str, torch.Tensor], key: str | None = None) -> Hoo
     return fn
 
 
-def store_matching(box: MutableMapping[str, torch.Tensor], model: Any, names: Callable[[str], bool]) -> list[tuple[str, HookFn]]:
+def store_matching(box: MutableMapping[str, torch.Tensor], model: Any,
+                   names: Callable[[str], bool]) -> list[tuple[str, HookFn]]:
     """One :func:`store` per hook point of ``model`` whose name satisfies ``names``, keyed by that name.
 
     Use it instead of a name filter with ``store(box)``: TransformerLens 4's bridge passes the
@@ -72,7 +73,8 @@ def replace_heads(value: torch.Tensor, head_indices: Sequence[int] | None = None
     return replace_heads_with(lambda _: value, head_indices)
 
 
-def replace_heads_with(make: Callable[[torch.Tensor], torch.Tensor], head_indices: Sequence[int] | None = None) -> HookFn:
+def replace_heads_with(make: Callable[[torch.Tensor], torch.Tensor],
+                       head_indices: Sequence[int] | None = None) -> HookFn:
     """Like :func:`replace_heads`, with the value computed at hook time by ``make(tensor)``.
 
     Computing late lets the value depend on activations recorded earlier in the same pass.
@@ -80,7 +82,8 @@ def replace_heads_with(make: Callable[[torch.Tensor], torch.Tensor], head_indice
 
     def fn(tensor: torch.Tensor, *, hook: HookPoint) -> torch.Tensor:
         if tensor.ndim != 4:
-            raise ValueError(f"{hook.name}: expected a per-head input (batch, pos, head_index, d_model), got {tuple(tensor.shape)}")
+            raise ValueError(f"{hook.name}: expected a per-head input (batch, pos, head_index, d_model), "
+                             f"got {tuple(tensor.shape)}")
         value = make(tensor).to(tensor.dtype)
         out = tensor.clone()
         index = slice(None) if head_indices is None else list(head_indices)
@@ -106,7 +109,8 @@ def _set_heads(value: torch.Tensor, head_indices: Sequence[int]) -> HookFn:
 
     def fn(tensor: torch.Tensor, *, hook: HookPoint) -> torch.Tensor:
         if tensor.ndim != 4:
-            raise ValueError(f"{hook.name}: expected hook_z's (batch, pos, head_index, d_head), got {tuple(tensor.shape)}")
+            raise ValueError(f"{hook.name}: expected hook_z's (batch, pos, head_index, d_head), "
+                             f"got {tuple(tensor.shape)}")
         out = tensor.clone()
         out[:, :, index] = value.to(tensor.dtype).expand_as(tensor)[:, :, index]
         return out
@@ -135,7 +139,8 @@ def mean_heads(mean: torch.Tensor, head_indices: Sequence[int]) -> HookFn:
     positions), or ``mean[pos, head]`` at each position with ``mean`` of shape (pos, head_index,
     d_head) (averaged over the batch only)."""
     if mean.ndim not in (2, 3):
-        raise ValueError(f"mean must be (head_index, d_head) or (pos, head_index, d_head), got shape {tuple(mean.shape)}")
+        raise ValueError("mean must be (head_index, d_head) or (pos, head_index, d_head), "
+                         f"got shape {tuple(mean.shape)}")
     return _set_heads(mean[None, None] if mean.ndim == 2 else mean[None], head_indices)
 
 

@@ -35,5 +35,6 @@ def stacked_copies(model: Model, batch: int, pos: int, budget: int, *, logit_pos
     """
     cfg = model.cfg
     logit_rows = pos if logit_positions is None else logit_positions
-    per_copy = (pos * (8 * cfg.d_model + (cfg.d_mlp or 0)) + logit_rows * cfg.d_vocab) * torch.finfo(cfg.dtype).bits // 8
+    per_copy = ((pos * (8 * cfg.d_model + (cfg.d_mlp or 0)) + logit_rows * cfg.d_vocab)
+                * torch.finfo(cfg.dtype).bits // 8)
     return max(1, budget // max(1, batch * per_copy))

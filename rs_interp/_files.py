@@ -28,6 +28,7 @@ import functools
 import hashlib
 import io
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
@@ -38,8 +39,9 @@ if TYPE_CHECKING:  # torch is imported where a tensor is read: a reader of JSON 
 
 T = TypeVar("T")
 
-__all__ = ["FileError", "existing", "read_bytes", "read_text", "read_json", "read_csv", "read_safetensors", "safetensors_metadata",
-           "read_torch", "parsing", "reads", "loading", "need", "check_shape", "digest", "json_digest"]
+__all__ = ["FileError", "existing", "read_bytes", "read_text", "read_json", "read_csv", "read_safetensors",
+           "safetensors_metadata", "read_torch", "parsing", "reads", "loading", "need", "check_shape", "digest",
+           "json_digest", "finite_json"]
 
 
 class FileError(ValueError):
@@ -103,7 +105,8 @@ def read_json(path: str | Path, what: str, *, expect: type | None = dict) -> Any
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise FileError(f"{what} {p} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}).", p) from err
+        raise FileError(f"{what} {p} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}).",
+                        p) from err
     if expect is not None and not isinstance(value, expect):
         kind = {dict: "an object", list: "a list"}.get(expect, expect.__name__)
         raise FileError(f"{what} {p} holds a JSON {type(value).__name__}, not {kind}.", p)
@@ -152,7 +155,8 @@ def read_torch(path: str | Path, what: str) -> Any:
     try:
         return torch.load(str(p), map_location="cpu", weights_only=True)
     except Exception as err:  # a bad zip archive, a refused object, a truncated stream: not a PyTorch file of tensors
-        raise FileError(f"{what} {p} is truncated or not a PyTorch file ({type(err).__name__}: {clip(err, 120)}).", p) from err
+        raise FileError(f"{what} {p} is truncated or not a PyTorch file ({type(err).__name__}: {clip(err, 120)}).",
+                        p) from err
 
 
 def _reason(err: Exception) -> str:
@@ -181,7 +185,8 @@ def parsing(path: str | Path, what: str, *, files: Iterable[str] = ()) -> Iterat
     except FileError:
         raise
     except OSError as err:  # a file inside a folder, opened by the code in the block
-        raise FileError(f"{what} {path} cannot be read ({err.strerror or type(err).__name__}: {err.filename}).", path) from err
+        raise FileError(f"{what} {path} cannot be read ({err.strerror or type(err).__name__}: {err.filename}).",
+                        path) from err
     except (KeyError, IndexError, TypeError, AttributeError, RuntimeError, ValueError) as err:
         if isinstance(err, ValueError) and any(str(f) in str(err) for f in (str(path), *files)):
             raise FileError(str(err), path) from err  # a refusal that already names the file
@@ -230,7 +235,8 @@ def loading(path: str | Path, what: str, reader: str) -> Iterator[None]:
     except FileError:
         raise
     except Exception as err:  # noqa: BLE001  (the other library's errors, whatever their type)
-        raise FileError(f"{what} {path} cannot be read by {reader} ({type(err).__name__}: {clip(err, 160)}).", path) from err
+        raise FileError(f"{what} {path} cannot be read by {reader} ({type(err).__name__}: {clip(err, 160)}).",
+                        path) from err
 
 
 def need(found: Iterable[str], wanted: Iterable[str], path: str | Path, what: str) -> None:
@@ -250,7 +256,8 @@ def digest(tensor: torch.Tensor) -> str:
     """The sha256 of a tensor's dtype, shape and bytes (what :func:`rs_interp.models.save_model` stores).
 
     >>> import torch
-    >>> digest(torch.zeros(2)) == digest(torch.zeros(2)), digest(torch.zeros(2)) == digest(torch.zeros(2, dtype=torch.float64))
+    >>> zeros = torch.zeros(2)
+    >>> digest(zeros) == digest(torch.zeros(2)), digest(zeros) == digest(torch.zeros(2, dtype=torch.float64))
     (True, False)
     """
     import torch
@@ -264,3 +271,20 @@ def digest(tensor: torch.Tensor) -> str:
 def json_digest(value: Any) -> str:
     """The sha256 of a JSON value in one canonical form (sorted keys, no spaces)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def finite_json(x: Any) -> Any:
+    """``x`` (dicts, lists and tuples of plain values) with every non-finite float written ``None``: NaN and
+    infinity are not JSON, ``null`` is (a curve's value where a circuit's metric was undefined). The one
+    cleaner of the JSON files rs_interp writes (the reproduction's results, ``rs-interp circuit``'s summary).
+
+    >>> finite_json({"a": [1.0, float("nan")], "b": (float("inf"), "x")})
+    {'a': [1.0, None], 'b': [None, 'x']}
+    """
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: finite_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_json(v) for v in x]
+    return x

@@ -3,8 +3,8 @@
 One decorator for every public helper whose argument was renamed to the one vocabulary of
 ``docs/getting-started.md`` ("The vocabulary"): ``old=`` becomes ``new=`` and a
 ``DeprecationWarning`` names the new keyword. Every such warning starts with ``"rs_interp: "`` (so
-``-W "error:rs_interp:DeprecationWarning"`` turns the repo's own uses into errors). Positions never change (a renamed argument keeps its
-place), so a positional call means what it meant.
+``-W "error:rs_interp:DeprecationWarning"`` turns the repo's own uses into errors). Positions never change (a renamed
+argument keeps its place), so a positional call means what it meant.
 """
 
 from __future__ import annotations

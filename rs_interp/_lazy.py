@@ -36,7 +36,8 @@ def attach(package: str, where: Mapping[str, str], namespace: dict[str, Any],
     Traceback (most recent call last):
     AttributeError: module 'json' has no attribute 'nothing'
     >>> import warnings
-    >>> getattr_, dir_ = attach("json", {}, {}, deprecated={"Decoder": ("json.decoder.JSONDecoder", DeprecationWarning)})
+    >>> old = {"Decoder": ("json.decoder.JSONDecoder", DeprecationWarning)}
+    >>> getattr_, dir_ = attach("json", {}, {}, deprecated=old)
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
     ...     getattr_("Decoder") is json.decoder.JSONDecoder, str(caught[0].message), dir_()
@@ -50,7 +51,8 @@ def attach(package: str, where: Mapping[str, str], namespace: dict[str, Any],
         if name in deprecated:
             new, category = deprecated[name]
             module, _, attr = new.rpartition(".")
-            warnings.warn(f"{package}.{name} is now {new}: the old name goes in a later release", category, stacklevel=2)
+            warnings.warn(f"{package}.{name} is now {new}: the old name goes in a later release", category,
+                          stacklevel=2)
             return getattr(importlib.import_module(module), attr)
         if name not in moved and name not in where and ("__path__" not in namespace or name.startswith("__")):
             # a module has no submodules; a dunder (__all__, __wrapped__ ...) is never one

@@ -12,7 +12,8 @@ from typing import Callable
 __all__ = [
     "EMBED", "POS_EMBED", "UNEMBED_IN", "RESID0", "block", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_in",
     "mlp_out", "z", "q", "k", "v", "pattern", "scores", "projection", "qkv_input", "normalized", "scale", "mlp_post",
-    "final_stream", "layer_of", "in_block", "norm_input", "every",
+    "final_stream", "layer_of", "in_block", "norm_input", "every", "MLP_HOOK_IN", "RESID_MID", "LN2_NORMALIZED",
+    "MLP_HOOK_OUT", "MLP_OUT", "TRANSCODER_INPUTS", "TRANSCODER_OUTPUTS",
 ]
 
 EMBED = "hook_embed"
@@ -20,6 +21,17 @@ POS_EMBED = "hook_pos_embed"
 UNEMBED_IN = "unembed.hook_in"
 #: The stream entering block 0 (what the ``embed`` sender writes).
 RESID0 = "blocks.0.hook_resid_pre"
+
+#: Where a transcoder reads and writes, by the hook's path inside a block (circuit-tracer's ``feature_input_hook``
+#: and ``feature_output_hook``): the MLP's input after the second norm, the stream before that norm, the norm before
+#: its gain; the MLP's output, under its two names.
+MLP_HOOK_IN = "mlp.hook_in"
+RESID_MID = "hook_resid_mid"
+LN2_NORMALIZED = "ln2.hook_normalized"
+MLP_HOOK_OUT = "mlp.hook_out"
+MLP_OUT = "hook_mlp_out"
+TRANSCODER_INPUTS = (MLP_HOOK_IN, RESID_MID, LN2_NORMALIZED)
+TRANSCODER_OUTPUTS = (MLP_HOOK_OUT, MLP_OUT)
 
 
 def block(l: int) -> str:

@@ -26,11 +26,13 @@ def _tqdm() -> type:
     return tqdm
 
 
-def bar(iterable: Iterable[Any] | None = None, *, desc: str, enabled: bool = True, total: int | None = None, unit: str = "it"):
+def bar(iterable: Iterable[Any] | None = None, *, desc: str, enabled: bool = True, total: int | None = None,
+        unit: str = "it"):
     """A progress bar over ``iterable`` (or a manual one of ``total`` steps), drawn after :data:`DELAY`
     seconds, with a count and an estimate of the time left; nothing where ``enabled`` is False.
 
     >>> list(bar(range(3), desc="work"))
     [0, 1, 2]
     """
-    return _tqdm()(iterable, desc=desc, total=total, disable=not enabled, leave=False, delay=DELAY, unit=unit, dynamic_ncols=True)
+    return _tqdm()(iterable, desc=desc, total=total, disable=not enabled, leave=False, delay=DELAY, unit=unit,
+                   dynamic_ncols=True)

@@ -27,7 +27,8 @@ class _HooksFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != "rs_interp.hooks":
             return None
-        return importlib.util.spec_from_file_location(fullname, self.folder / "__init__.py", submodule_search_locations=[str(self.folder)])
+        return importlib.util.spec_from_file_location(fullname, self.folder / "__init__.py",
+                                                      submodule_search_locations=[str(self.folder)])
 
 
 def register_hooks_of_the_source_tree() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
 __all__ = [
     "Component",
@@ -39,6 +40,9 @@ __all__ = [
     "lens_label",
     "edge_string",
     "parse",
+    "node_label",
+    "kind_of",
+    "count_of",
     "EMBED",
     "LOGITS",
 ]
@@ -164,15 +168,48 @@ def parse(label: str) -> Component:
     >>> parse("L0H1.q")
     Component(kind='head', layer=0, index=1, input='q')
     """
-    if label in (EMBED, "tok_embed", "pos_embed"):  # the summed input, or its two parts (rs_interp.edge_layout's embedding=)
+    if label in (EMBED, "tok_embed", "pos_embed"):  # the summed input, or its two parts (edge_layout's embedding=)
         return Component("embed", None, None, None)
     if label == LOGITS:
         return Component("logits", None, None, None)
     if isinstance(label, str) and (m := _HEAD.match(label)):
         kind = "head" if m.group(2) == "H" else "kv_head"
-        if kind == "kv_head" and m.group(4) not in ("k", "v"):
+        if kind == "kv_head" and m.group(4) == "q":  # bare, "L0KV0" names the key/value head itself (kv_label)
             raise ValueError(f"not a sender or receiver label: {label!r} (a key/value head is read as .k or .v)")
         return Component(kind, int(m.group(1)), int(m.group(3)), m.group(4))
     if isinstance(label, str) and (m := _MLP.match(label)):
         return Component("mlp", int(m.group(1)), None, None)
     raise ValueError(f"not a sender or receiver label: {label!r}")
+
+
+def node_label(label: str) -> str:
+    """The component a receiver belongs to, its input dropped (``"L1H0.k"`` -> ``"L1H0"``); any other sender or
+    receiver label (``"MLP1"``, ``"logits"``, ``"embed"``) unchanged.
+
+    >>> node_label("L1KV0.k"), node_label("MLP1"), node_label("logits")
+    ('L1KV0', 'MLP1', 'logits')
+    """
+    c = parse(label)
+    return label.partition(".")[0] if c.input is not None else label
+
+
+def kind_of(label: str) -> str:
+    """:func:`parse`'s ``kind`` of a sender or receiver label: ``"embed"``, ``"head"``, ``"kv_head"``, ``"mlp"`` or
+    ``"logits"``.
+
+    >>> kind_of("L0H1.q"), kind_of("MLP2"), kind_of("embed")
+    ('head', 'mlp', 'embed')
+    """
+    return parse(label).kind
+
+
+def count_of(labels: Iterable[str], kind: str, *, layer: int, input: str | None = None) -> int:
+    """How many of ``labels`` name a component of ``kind`` in ``layer`` (reading ``input``, when given): a layout's
+    query heads per layer, ``count_of(layout.receivers, "head", layer=0, input="q")``.
+
+    >>> count_of(["embed", "L0H0", "L0H1", "MLP0", "L1H0"], "head", layer=0)
+    2
+    >>> count_of(["L0H0.q", "L0H1.q", "L0KV0.k", "L0KV0.v", "logits"], "kv_head", layer=0, input="k")
+    1
+    """
+    return sum(1 for s in labels if (c := parse(s)).kind == kind and c.layer == layer and input in (None, c.input))

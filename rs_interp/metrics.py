@@ -59,7 +59,8 @@ def next_token_loss(targets: Int[torch.Tensor, "batch pos"]) -> Metric:
     >>> float(metric(logits)) < 1e-3
     True
     """
-    if not isinstance(targets, torch.Tensor) or targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.ndim != 2:
+    if (not isinstance(targets, torch.Tensor) or targets.dtype.is_floating_point or targets.dtype == torch.bool
+            or targets.ndim != 2):
         raise ValueError("targets must be an integer (batch, pos) tensor of token ids, -1 where a position is skipped")
     targets = targets.long()
     if int((targets >= 0).sum()) == 0:
@@ -67,7 +68,8 @@ def next_token_loss(targets: Int[torch.Tensor, "batch pos"]) -> Metric:
 
     def metric(logits: Float[torch.Tensor, "batch pos d_vocab"]) -> Float[torch.Tensor, ""]:
         if tuple(logits.shape[:2]) != tuple(targets.shape):
-            raise ValueError(f"next_token_loss: logits (batch, pos) {tuple(logits.shape[:2])} differ from targets' {tuple(targets.shape)}")
+            raise ValueError(f"next_token_loss: logits (batch, pos) {tuple(logits.shape[:2])} differ from targets' "
+                             f"{tuple(targets.shape)}")
         x = logits if logits.dtype == torch.float64 else logits.float()
         return F.cross_entropy(x.flatten(0, 1), targets.to(logits.device).flatten(), ignore_index=-1)
 
@@ -113,7 +115,8 @@ def declared_direction(metric: Metric, higher_is_better: bool | None = None) -> 
     """
     if higher_is_better is not None:
         if not isinstance(higher_is_better, bool):
-            raise ValueError(f"higher_is_better must be True, False or None (from the metric), got {higher_is_better!r}")
+            raise ValueError("higher_is_better must be True, False or None (from the metric), "
+                             f"got {higher_is_better!r}")
         return Direction(higher_is_better, "argument")
     declared = getattr(metric, "higher_is_better", None)
     return Direction(declared, "metric") if isinstance(declared, bool) else None
@@ -139,8 +142,9 @@ def direction(metric: Metric, clean: float, empty: float, higher_is_better: bool
     if known is not None:
         return known
     if clean == empty:
-        raise ValueError(f"the metric's direction cannot be read from the runs: the clean run and the empty circuit both "
-                         f"give {clean:.6g}. Pass higher_is_better=True (a logit or probability difference) or False (a loss).")
+        raise ValueError("the metric's direction cannot be read from the runs: the clean run and the empty circuit "
+                         f"both give {clean:.6g}. Pass higher_is_better=True (a logit or probability difference) or "
+                         "False (a loss).")
     return Direction(clean > empty, "clean and empty")
 
 
@@ -176,7 +180,8 @@ def metric_value(value: object, what: str) -> float:
             raise ValueError(f"metric must return a scalar, got a tensor of shape {tuple(value.shape)} ({what})")
         out = float(value.detach())
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"metric must return a number or a one-element tensor, got {type(value).__name__} {value!r:.60} ({what})")
+        raise ValueError(f"metric must return a number or a one-element tensor, got {type(value).__name__} "
+                         f"{value!r:.60} ({what})")
     else:
         out = float(value)
     if out != out or out in (float("inf"), float("-inf")):

@@ -143,7 +143,7 @@ def _jacobian_lens(tmp: Path, checkpoint: bool):
 def _mib(tmp: Path, suffix: str):
     cfg = ri.models.make_attn_only(1, d_model=8, n_heads=2, d_head=4, d_vocab=16, n_ctx=8).cfg
     layout = ri.edge_layout(cfg)
-    scores = ri.EdgeEffects(layout, torch.where(layout.exists, 1.0, torch.nan), float("nan"))
+    scores = ri.circuits.EdgeEffects(layout, torch.where(layout.exists, 1.0, torch.nan), float("nan"))
     path = write_mib(tmp / f"graph{suffix}", cfg, scores=scores)
     return (lambda: read_mib(path, cfg)), {"config" if suffix == ".json" else "weights": path}
 

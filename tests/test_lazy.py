@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the induction data, scoring. Everything else there builds, configures, trains, saves or ships a model.
 NOTEBOOK_MODELS_NAMES = {
     "load_toy_model", "load_gpt2", "load_pretrained", "WeightsUnavailable", "GPT2WeightsUnavailable", "as_dtype",
-    "count_parameters", "ParameterCount", "InductionBatch", "induction_batch", "next_token_targets",
-    "score_model", "score_logits", "Score",
+    "count_parameters", "induction_batch", "next_token_targets", "score_model", "score_logits",
 }
 
 
@@ -32,7 +31,7 @@ def test_the_top_level_holds_no_maintainer_name():
     shared = set(rs_interp.models.__all__) & set(rs_interp.__all__)
     assert shared == NOTEBOOK_MODELS_NAMES
     assert {"models", "tasks", "features", "scale", "hooks"} <= set(rs_interp.__all__)
-    assert len(rs_interp.__all__) == len(set(rs_interp.__all__)) == len(rs_interp._WHERE) == 112
+    assert len(rs_interp.__all__) == len(set(rs_interp.__all__)) == len(rs_interp._WHERE) == 68 <= 70  # issue 65
     assert set(rs_interp._DEPRECATED) & set(rs_interp.__all__) == set()
 
 
@@ -119,6 +118,7 @@ def test_the_type_checking_imports_name_exactly_the_public_names_from_their_modu
     for node in block.body:
         assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.dump(node)
         for alias in node.names:
-            imported[alias.asname or alias.name] = "." + (node.module or alias.name)  # ``from . import tasks``: ".tasks"
+            # ``from . import tasks``: ".tasks"
+            imported[alias.asname or alias.name] = "." + (node.module or alias.name)
     assert sorted(rs_interp.__all__) == sorted(rs_interp._WHERE)
     assert imported == rs_interp._WHERE

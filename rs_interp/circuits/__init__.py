@@ -32,6 +32,7 @@ from .positions import PositionalEdgeEffects, PositionSchema
 from .relevance import EdgeRelevancePatching, RelevancePatching, edge_relevance_patching, relevance_patching
 from .selection import top_edges
 from .uncertainty import Bootstrap, Stability, bootstrap, stability
+from .ungrouped import ungroup_gqa
 
 __all__ = [
     "EdgeLayout", "EdgeEffects", "edge_layout",
@@ -43,6 +44,7 @@ __all__ = [
     "MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores",
     "top_edges",
     "ACDC", "acdc", "Fixed", "fix_unreliable", "Bootstrap", "Stability", "bootstrap", "stability",
+    "ungroup_gqa",
 ]
 
 #: Every submodule answers as an attribute (``rs_interp.circuits.methods``), imported on first use.

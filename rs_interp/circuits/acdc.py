@@ -49,7 +49,7 @@ __all__ = ["ACDC", "acdc"]
 
 @dataclass(frozen=True)
 class ACDC(EdgeEffects):
-    """ACDC's run (:func:`acdc`): :class:`rs_interp.EdgeEffects` whose ``effect`` is each edge's
+    """ACDC's run (:func:`acdc`): :class:`rs_interp.circuits.EdgeEffects` whose ``effect`` is each edge's
     ``m(G - e) - m(G)`` when tried, and ``clean`` the run's metric.
 
     Attributes:

@@ -62,7 +62,7 @@ __all__ = ["EdgeAttributionPatching", "edge_attribution_patching"]
 
 @dataclass(frozen=True)
 class EdgeAttributionPatching(EdgeEffects, Spread, Positional):
-    """Edge-level estimates on the model's edge graph (:class:`rs_interp.EdgeEffects`: ``layout``,
+    """Edge-level estimates on the model's edge graph (:class:`rs_interp.circuits.EdgeEffects`: ``layout``,
     ``effect`` (sender, receiver), NaN where there is no edge, ``clean``, ``.edge(s, r)``, ``.top(k)``).
 
     Attributes:

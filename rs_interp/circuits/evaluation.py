@@ -244,7 +244,7 @@ def faithfulness_curve(
     (module docstring). CPR: ``ranking="signed"``, ``.cpr``; CMD: ``ranking="absolute"``, ``.cmd``.
 
     Args:
-        scores: edge scores of this model's graph (any :class:`rs_interp.EdgeEffects`), on any of its
+        scores: edge scores of this model's graph (any :class:`rs_interp.circuits.EdgeEffects`), on any of its
             input senders (:func:`rs_interp.edge_layout`'s ``embedding``: the curve ablates those).
         reference, ablation: as in :func:`evaluate_circuit`.
         fractions: increasing, in (0, 1].

@@ -28,7 +28,6 @@ the layer), ``logits`` infinity.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,6 +35,7 @@ import torch
 from jaxtyping import Bool, Float
 
 from .._backend import kv_groups
+from ..labels import head_label, mlp_label, parse, receiver_label
 
 __all__ = ["EdgeLayout", "EdgeEffects", "edge_layout", "depth", "Embedding", "EMBEDDINGS", "embedding_of"]
 
@@ -44,10 +44,6 @@ Embedding = Literal["sum", "split", "token"]
 EMBEDDINGS: dict[str, tuple[str, ...]] = {"sum": ("embed",), "split": ("tok_embed", "pos_embed"),
                                           "token": ("tok_embed",)}
 
-_HEAD = re.compile(r"^L(\d+)(?:H|KV)(\d+)(?:\.[qkv])?$")
-_MLP = re.compile(r"^MLP(\d+)$")
-
-
 def depth(label: str, *, parallel: bool = False) -> float:
     """Where a sender or receiver sits (module docstring): a sender precedes a receiver iff its depth
     is smaller.
@@ -55,15 +51,12 @@ def depth(label: str, *, parallel: bool = False) -> float:
     >>> depth("embed"), depth("L1H0"), depth("L1KV0.k"), depth("MLP1"), depth("MLP1", parallel=True), depth("logits")
     (0, 3, 3, 4, 3, inf)
     """
-    if label in ("embed", "tok_embed", "pos_embed"):
+    c = parse(label)  # a ValueError for anything else
+    if c.kind == "embed":
         return 0
-    if label == "logits":
+    if c.kind == "logits":
         return float("inf")
-    if m := _HEAD.match(label):
-        return 2 * int(m.group(1)) + 1
-    if m := _MLP.match(label):
-        return 2 * int(m.group(1)) + (1 if parallel else 2)
-    raise ValueError(f"not a sender or receiver label: {label!r}")
+    return 2 * c.layer + (1 if c.kind != "mlp" else 1 if parallel else 2)
 
 
 @dataclass(frozen=True)
@@ -144,12 +137,13 @@ def edge_layout(model_or_cfg: Any, embedding: Embedding = "sum") -> EdgeLayout:
     parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
     senders, receivers = list(EMBEDDINGS[embedding]), []
     for l in range(L):
-        senders += [f"L{l}H{h}" for h in range(H)] + ([f"MLP{l}"] if mlps else [])
+        senders += [head_label(l, h) for h in range(H)] + ([mlp_label(l)] if mlps else [])
         if G == H:
-            receivers += [f"L{l}H{h}.{x}" for h in range(H) for x in "qkv"]
+            receivers += [receiver_label(l, h, x) for h in range(H) for x in "qkv"]
         else:  # grouped-query attention: one key and one value input per KV head
-            receivers += [f"L{l}H{h}.q" for h in range(H)] + [f"L{l}KV{g}.{x}" for g in range(G) for x in "kv"]
-        receivers += [f"MLP{l}"] if mlps else []
+            receivers += [receiver_label(l, h, "q") for h in range(H)]
+            receivers += [receiver_label(l, g, x, kv=True) for g in range(G) for x in "kv"]
+        receivers += [mlp_label(l)] if mlps else []
     receivers.append("logits")
     ds = torch.tensor([depth(s, parallel=parallel) for s in senders])
     dr = torch.tensor([depth(r, parallel=parallel) for r in receivers])

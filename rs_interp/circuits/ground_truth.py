@@ -53,7 +53,7 @@ from .._backend import Model, per_head_inputs
 from .._state import preserve_state
 from ..exact.stream import mlp_flags, receiver_hook
 from ..hooks import store_matching
-from ..labels import edge_string
+from ..labels import edge_string, kind_of, parse
 from ..metrics import Metric
 from ..models.checkpoints import as_dtype
 from ._substrate import record, sender_points, writes
@@ -174,10 +174,11 @@ def as_float64(model: Model) -> Model:
 
 def _output_point(receiver: str, n_layers: int) -> tuple[str | None, int | None]:
     """The hook holding a receiver's own output (a head's ``z``, an MLP's output; None: the logits)."""
-    if receiver == "logits":
+    c = parse(receiver)
+    if c.kind == "logits":
         return None, None
-    if receiver.startswith("MLP"):
-        return N.mlp_out(int(receiver[3:])), None
+    if c.kind == "mlp":
+        return N.mlp_out(c.layer), None
     layer, _, index = receiver_hook(receiver, n_layers)
     return N.z(layer), index
 
@@ -244,7 +245,7 @@ def known_heads(model: Model, edges: Iterable[tuple[str, str]]) -> frozenset[str
     >>> sorted(known_heads(make_attn_only(2), [("L0H1", "L1H0.k"), ("embed", "L1H1.q")]))
     ['L0H1']
     """
-    heads = [s for s in edge_layout(model).senders if s.startswith("L")]
+    heads = [s for s in edge_layout(model).senders if kind_of(s) == "head"]
     senders = {s for s, _ in edges}
     return frozenset(h for h in heads if h in senders)
 
@@ -325,7 +326,7 @@ def score_methods(case: GroundTruthCase, *, progress: bool = True,
     layout = edge_layout(model)
     edges = layout.edges()
     items = tuple(edge_string(e) for e in edges)
-    heads = [s for s in layout.senders if s.startswith("L")]
+    heads = [s for s in layout.senders if kind_of(s) == "head"]
     known, effective = known_heads(model, case.known), known_heads(model, case.effective)
     out = {}
     for name, method in METHODS.items():

@@ -16,7 +16,7 @@ from .._messages import few
 from ..heads.composition import composition_scores
 from ..heads.copying import copying_scores
 from ..heads.roles import induction_scores, prev_token_scores
-from ..labels import head_label
+from ..labels import head_label, kind_of, node_label
 from ..metrics import Metric, next_token_loss
 from ..models.data import InductionBatch
 from .evaluation import evaluate_circuit
@@ -168,11 +168,11 @@ def _best_additions(layout: EdgeLayout, circuit: set, base: float,
     edge into and out of it added), each with its gain."""
     gains = {e: faith(circuit | {e}) - base for e in layout.edges() if e not in circuit}
     best_edge = max(gains.items(), key=lambda kv: kv[1], default=(None, 0.0))
-    inside = {x.split(".")[0] for e in circuit for x in e}
+    inside = {node_label(x) for e in circuit for x in e}
     head_gains = {}
     for h in layout.senders:
-        if h.startswith("L") and h not in inside:
-            group = {e for e in layout.edges() if e[0] == h or e[1].split(".")[0] == h}
+        if kind_of(h) == "head" and h not in inside:
+            group = {e for e in layout.edges() if e[0] == h or node_label(e[1]) == h}
             head_gains[h] = faith(circuit | group) - base
     best_head = max(head_gains.items(), key=lambda kv: kv[1], default=(None, 0.0))
     return best_edge, best_head

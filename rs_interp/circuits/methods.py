@@ -2,7 +2,7 @@
 expected values and the benchmarks read.
 
 A method is a name, a key (its entries in ``rs_interp.reproduce.expected``), a level (``"edge"``: it
-scores every edge of the graph, an :class:`rs_interp.EdgeEffects`; ``"node"``: every head, a result
+scores every edge of the graph, an :class:`rs_interp.circuits.EdgeEffects`; ``"node"``: every head, a result
 with ``labels`` and ``effect``; ``"positional"``: every positional edge, a
 :class:`rs_interp.circuits.positions.PositionalEdgeEffects`, its ``run`` also taking ``spans=``, ``"each"`` or a
 schema of the run's tokens) and a callable ``run(model, tokens, metric, *, reference, progress)``

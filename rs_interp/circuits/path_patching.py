@@ -48,7 +48,7 @@ __all__ = ["PathPatching", "path_patching"]
 
 @dataclass(frozen=True)
 class PathPatching(EdgeEffects, Positional):
-    """Measured edge effects (:class:`rs_interp.EdgeEffects`: ``layout``, ``effect`` (sender,
+    """Measured edge effects (:class:`rs_interp.circuits.EdgeEffects`: ``layout``, ``effect`` (sender,
     receiver), NaN where there is no edge or it was not asked for, ``clean``, ``.edge``, ``.top``).
 
     Attributes:

@@ -37,7 +37,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 
 from .._messages import few
-from ..labels import parse
+from ..labels import count_of, parse
 from .graph import EdgeLayout
 from .selection import fixpoint
 
@@ -190,7 +190,7 @@ class PositionalEdgeEffects:
         return float(self.effect[i, j, self.spans.index(span)])
 
     def total(self):
-        """The edge effects summed over the spans (:class:`rs_interp.EdgeEffects`): for a first-order estimate,
+        """The edge effects summed over the spans (:class:`rs_interp.circuits.EdgeEffects`): for a first-order estimate,
         the estimate without positions."""
         from .graph import EdgeEffects
 
@@ -252,8 +252,8 @@ def _input_columns(layout: EdgeLayout) -> tuple[list[str], dict[str, list[int]]]
     """Per sender, the receiver columns whose inputs feed it: a head's query and its (KV) head's key and
     value; an MLP its input; none for the input senders."""
     kv = any(parse(r).kind == "kv_head" for r in layout.receivers)
-    n_q = sum(1 for r in layout.receivers if r.startswith("L0") and r.endswith(".q"))
-    n_kv = sum(1 for r in layout.receivers if r.startswith("L0KV") and r.endswith(".k"))
+    n_q = count_of(layout.receivers, "head", layer=0, input="q")
+    n_kv = count_of(layout.receivers, "kv_head", layer=0, input="k")
     cols: dict[str, list[int]] = {}
     for s in layout.senders:
         c = parse(s)

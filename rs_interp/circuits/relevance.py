@@ -79,7 +79,7 @@ NODES = ("z", "q", "k", "v")
 
 @dataclass(frozen=True)
 class EdgeRelevancePatching(EdgeEffects, Spread, Positional):
-    """Relevance patching of every edge (:class:`rs_interp.EdgeEffects`: ``layout``, ``effect`` (sender,
+    """Relevance patching of every edge (:class:`rs_interp.circuits.EdgeEffects`: ``layout``, ``effect`` (sender,
     receiver), NaN where there is no edge, ``clean``).
 
     Attributes:

@@ -28,7 +28,7 @@ import torch
 
 from .._keywords import renamed
 from .._messages import few
-from ..labels import parse
+from ..labels import count_of, node_label, parse
 from .graph import EdgeEffects, EdgeLayout
 
 __all__ = ["Ranking", "RANKINGS", "RECOVERED_SHARE", "rank", "top_edges", "mask", "prune", "mib_weights", "circuit_at",
@@ -109,8 +109,7 @@ def mask(layout: EdgeLayout, circuit: Iterable[tuple[str, str]]) -> torch.Tensor
 def _component(label: str) -> str:
     """The component a receiver feeds: the head for a query input, the KV head for a key or value
     input, the MLP for its input, ``logits``."""
-    c = parse(label)
-    return label.split(".")[0] if c.input is not None else label
+    return node_label(label)
 
 
 def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) -> torch.Tensor:
@@ -122,12 +121,12 @@ def prune(layout: EdgeLayout, keep: torch.Tensor, *, passes: int | None = None) 
     ``passes=1``: one such pass, what the ``Graph.prune`` of the EAP-IG commit MIB pins (7af394a) leaves
     after ``apply_topn`` (its loop stops when the components computed from the edges are those
     ``apply_topn`` set, before the edges this pass removed are looked at again): the circuit MIB
-    counts (:attr:`rs_interp.FaithfulnessCurve.mib_counts`). Its ``evaluate_graph`` prunes again, to
+    counts (:attr:`rs_interp.circuits.FaithfulnessCurve.mib_counts`). Its ``evaluate_graph`` prunes again, to
     the end, so the circuit it evaluates is ``passes=None``'s."""
     keep = keep.clone() & layout.exists
     comp = [_component(r) for r in layout.receivers]
-    n_kv = sum(1 for r in layout.receivers if ".k" in r and "KV" in r and r.startswith("L0"))
-    heads_per_layer = sum(1 for r in layout.receivers if r.startswith("L0H") and r.endswith(".q"))
+    n_kv = count_of(layout.receivers, "kv_head", layer=0, input="k")
+    heads_per_layer = count_of(layout.receivers, "head", layer=0, input="q")
     group = heads_per_layer // n_kv if n_kv else 1
 
     def reads(sender: str) -> list[str]:
@@ -184,8 +183,8 @@ def check_fractions(fractions: object) -> list[float]:
 def mib_weights(layout: EdgeLayout) -> torch.Tensor:
     """(sender, receiver) how many edges of MIB's graph each edge is: 1, or the number of query heads
     reading a key/value head under grouped-query attention (MIB ungroups it); 0 where no edge."""
-    n_q = sum(1 for r in layout.receivers if r.startswith("L0H") and r.endswith(".q"))
-    n_kv = sum(1 for r in layout.receivers if r.startswith("L0KV") and r.endswith(".k"))
+    n_q = count_of(layout.receivers, "head", layer=0, input="q")
+    n_kv = count_of(layout.receivers, "kv_head", layer=0, input="k")
     w = torch.tensor([n_q // n_kv if n_kv and parse(r).kind == "kv_head" else 1 for r in layout.receivers],
                      dtype=torch.float64)
     return layout.exists.to(torch.float64) * w[None, :]
@@ -201,7 +200,7 @@ def circuit_at(scores: EdgeEffects, fraction: float | None = None, *, ranking: R
     Without a ``fraction``, the default circuit of a faithfulness ``curve`` of these scores: the smallest
     circuit on it whose faithfulness reaches ``share`` of the metric (:data:`RECOVERED_SHARE`, 80%), at the
     curve's fraction, in its ranking and its metric's direction (:func:`smallest_recovering`; ``curve`` a
-    :class:`~rs_interp.FaithfulnessCurve`, typed ``Any`` here: evaluation reads this module).
+    :class:`~rs_interp.circuits.FaithfulnessCurve`, typed ``Any`` here: evaluation reads this module).
 
     MIB ranks the scores of the *loss* (:func:`rs_interp.tasks.mib_importances`): by signed score,
     the edges whose patching raises the loss most come first. ``higher_is_better=True`` (a logit or
@@ -270,7 +269,7 @@ def _curve_direction(curve: Any, higher_is_better: bool | None) -> bool | None:
 
 
 def smallest_recovering(curve: Any, share: float = RECOVERED_SHARE) -> int:
-    """The index into ``curve`` (a :class:`~rs_interp.FaithfulnessCurve`) of its smallest circuit (fewest edges
+    """The index into ``curve`` (a :class:`~rs_interp.circuits.FaithfulnessCurve`) of its smallest circuit (fewest edges
     kept, then the smaller fraction) whose faithfulness reaches ``share`` (faithfulness 1: the metric of the full model;
     0: of the empty circuit).
 

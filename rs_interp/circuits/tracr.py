@@ -58,6 +58,7 @@ __all__ = [
     "decode",
     "run_program",
     "program_of",
+    "program_name",
     "reference",
     "ground_truth_edges",
     "depth",
@@ -138,8 +139,12 @@ PROGRAMS: Mapping[str, ProgramSpec] = {
 TRACR_PROGRAMS: tuple[str, ...] = tuple(f"tracr-{p}" for p in PROGRAMS)
 
 
-def _program(name: str) -> str:
-    """``"reverse"`` from ``"reverse"`` or ``"tracr-reverse"``."""
+def program_name(name: str) -> str:
+    """``"reverse"`` from ``"reverse"`` or ``"tracr-reverse"`` (a ValueError naming the programs for any other name).
+
+    >>> program_name("tracr-reverse"), program_name("sort")
+    ('reverse', 'sort')
+    """
     program = name.removeprefix("tracr-") if isinstance(name, str) else name
     if program not in PROGRAMS:
         raise ValueError(f"name must be one of {list(TRACR_PROGRAMS)} (or without the 'tracr-' prefix), got {name!r}")
@@ -158,7 +163,7 @@ def reference(name: str, inputs: Sequence[Value]) -> list[Value]:
     >>> reference("at_least_half", ["x", "y", "y", "x", "x"])
     [1.0, 1.0, 0.0, 1.0, 1.0]
     """
-    return PROGRAMS[_program(name)].reference(inputs)
+    return PROGRAMS[program_name(name)].reference(inputs)
 
 
 # --- the metadata a checkpoint carries --------------------------------------------------------------
@@ -232,7 +237,7 @@ def metadata(name: str) -> TracrMetadata:
     >>> m.vocab, m.max_seq_len, m.bos, m.output, m.output_values
     ((1, 2, 3), 5, 'BOS', 'categorical', (1, 2, 3))
     """
-    return _metadata(_program(name))
+    return _metadata(program_name(name))
 
 
 @functools.lru_cache(maxsize=None)
@@ -249,7 +254,7 @@ def load_tracr_model(name: str) -> Model:
     >>> load_tracr_model("hist").cfg.n_layers
     1
     """
-    return load_toy_model(f"tracr-{_program(name)}")
+    return load_toy_model(f"tracr-{program_name(name)}")
 
 
 def ground_truth_edges(name: str) -> frozenset[tuple[str, str]]:

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from .._backend import Model
+from ..labels import node_label
 from ..metrics import Metric
 from . import tracr as _tracr
 from ._substrate import record, sender_points, writes
@@ -116,7 +117,7 @@ def _variables(labels: Sequence[str], every: Sequence[str]) -> str:
 def _inert_reason(edge: tuple[str, str], kind: str, carried: str) -> str:
     if kind == "same":
         return f"carries {carried}: the same in both runs (inputs of one length)"
-    return (f"carries {carried}, which differ between the runs, but {edge[1].split('.')[0]}'s output does not "
+    return (f"carries {carried}, which differ between the runs, but {node_label(edge[1])}'s output does not "
             "depend on the difference")
 
 

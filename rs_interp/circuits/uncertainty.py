@@ -155,7 +155,7 @@ def bootstrap(scores: EdgeEffects, *, n_resamples: int = 100, k: int = 10, ranki
         scores: edge estimates computed with ``per_example=True`` (e.g. :func:`rs_interp.edge_attribution_patching`).
         n_resamples: how many resamples of the ``B`` pairs, with replacement.
         k: the size of the top sets compared (Jaccard, inclusion).
-        ranking: ``"absolute"`` or ``"signed"`` (as :meth:`rs_interp.EdgeEffects.ranked`).
+        ranking: ``"absolute"`` or ``"signed"`` (as :meth:`rs_interp.circuits.EdgeEffects.ranked`).
         seed: the resamples' generator seed.
         resamples: (resample, B) the pairs of each resample, given (instead of drawn).
 

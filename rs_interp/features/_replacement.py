@@ -52,7 +52,7 @@ def check_replacement(model: Model, transcoders: TranscoderSet, what: str) -> No
         raise ValueError(f"{what}: {len(transcoders)} transcoders for {cfg.n_layers} layers (one per layer)")
     if transcoders[0].d_model != cfg.d_model:
         raise ValueError(f"{what}: the transcoders read d_model={transcoders[0].d_model}, the model has {cfg.d_model}")
-    if transcoders.input_point == "ln2.hook_normalized" and cfg.normalization_type is None:
+    if transcoders.input_point == N.LN2_NORMALIZED and cfg.normalization_type is None:
         raise ValueError(f"{what}: the transcoders read ln2.hook_normalized, and the model has no normalization")
     missing = [n for n in hook_names(model, transcoders) if n not in model.hook_dict]
     if missing:
@@ -82,10 +82,10 @@ def input_hook(model: Model, transcoders: TranscoderSet, layer: int) -> str:
     (its scale frozen with every other, the MLP's input is then linear in ``resid_pre``:
     :func:`rs_interp._backend.mlp_norm_name`)."""
     point = transcoders.input_point
-    if point == "hook_resid_mid":
+    if point == N.RESID_MID:
         return N.resid_mid(layer)
     # the stream itself (a parallel MLP's: resid_pre)
-    if point == "mlp.hook_in" and pre_norm(model, layer, "ln2").kind is None:
+    if point == N.MLP_HOOK_IN and pre_norm(model, layer, "ln2").kind is None:
         return N.resid_pre(layer) if getattr(model.cfg, "parallel_attn_mlp", False) else N.resid_mid(layer)
     return N.normalized(layer, mlp_norm_name(model, layer))
 
@@ -95,7 +95,7 @@ def finish_input(model: Model, transcoders: TranscoderSet, layer: int, t: torch.
     precedes the norm's gain and bias, which the MLP's input has (the gain as the model applies it:
     :func:`rs_interp._backend.norm_of`; the certificate's ``mlp reads`` checks it is what the MLP reads)."""
     norm = pre_norm(model, layer, "ln2")  # the identity on a post-norm block with none before its MLP (OLMo-2)
-    if transcoders.input_point != "mlp.hook_in" or norm.kind is None:
+    if transcoders.input_point != N.MLP_HOOK_IN or norm.kind is None:
         return t
     return norm.affine(t)
 

@@ -353,9 +353,8 @@ def _assemble(ctx: _Attribution, nodes: _Nodes, computed: _Computed, values: tor
 def _check_rows(graph: AttributionGraph, model: Model) -> None:
     """Every feature and logit row plus its bias and unselected part is the target's value, to rounding."""
     rows, A = graph.target_nodes(), graph.rows()
-    total = A.sum(1) + graph.unselected[rows] + graph.bias[rows]
     size = A.abs().sum(1) + graph.values[rows].abs() + graph.bias[rows].abs() + graph.unselected[rows].abs() + 1.0
-    gap = (total - graph.values[rows]).abs()
+    gap = graph.row_gaps()
     eps = torch.finfo(graph.adjacency.dtype).eps
     if bool((gap <= _EPS_FACTOR * eps * size).all()):
         return

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from .. import _names as N
 from .._backend import Model
 from .._files import FileError, check_shape, need, parsing, read_safetensors, read_text
 from .._messages import few
@@ -170,7 +171,7 @@ class CrossLayerTranscoder(TranscoderSet):
 
     @classmethod
     def from_tensors(cls, W_enc, b_enc, decoders, b_dec, *, activation: str = "relu", k: int | None = None,
-                     threshold=None, W_skip=None, input_point: str = "mlp.hook_in", output_point: str = "mlp.hook_out",
+                     threshold=None, W_skip=None, input_point: str = N.MLP_HOOK_IN, output_point: str = N.MLP_HOOK_OUT,
                      scan: str = "rs_interp-clt", dtype: torch.dtype = torch.float32, skips=None,
                      post_biases=None) -> "CrossLayerTranscoder":
         """A CLT from per-layer lists: ``W_enc[l]`` (d_transcoder, d_model), ``b_enc[l]``, ``decoders[l]``
@@ -268,8 +269,8 @@ def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> Cross
             [e[f"b_dec_{i}"] for i, e in enumerate(enc)], activation=activation, k=cfg.get("k"),
             threshold=[t.reshape(-1) for t in thresholds] if activation == "jumprelu" else None,
             W_skip=[e.get(f"W_skip_{i}") for i, e in enumerate(enc)],
-            input_point=cfg.get("feature_input_hook", "hook_resid_mid"),
-            output_point=cfg.get("feature_output_hook", "hook_mlp_out"), scan=str(cfg.get("scan", folder.name)),
+            input_point=cfg.get("feature_input_hook", N.RESID_MID),
+            output_point=cfg.get("feature_output_hook", N.MLP_OUT), scan=str(cfg.get("scan", folder.name)),
             dtype=dtype)
 
 
@@ -303,7 +304,7 @@ class TrainedCLT:
 @needs(*MLP_IO, name="features.train_clt", refuses=("attention-only",))
 def train_clt(model: Model, tokens: torch.Tensor, *, d_transcoder: int = 512, activation: str = "topk", k: int = 16,
               l1: float = 1e-3, steps: int = 2000, batch_size: int = 1024, lr: float = 1e-3, seed: int = 0,
-              input_point: str = "mlp.hook_in", eval_tokens: torch.Tensor | None = None,
+              input_point: str = N.MLP_HOOK_IN, eval_tokens: torch.Tensor | None = None,
               progress: bool = True) -> TrainedCLT:
     """Fit a cross-layer transcoder to ``model``'s MLPs on ``tokens`` (batch, pos): Adam on
 

@@ -114,7 +114,7 @@ def load_pchlenski_transcoders(files: Sequence[str | Path], *, dtype: torch.dtyp
         W_enc, b_enc, b_dec = (sd[k].to(torch.float64) for k in ("W_enc", "b_enc", "b_dec"))
         state = {"W_enc": W_enc.T, "b_enc": b_enc - b_dec @ W_enc, "W_dec": sd["W_dec"], "b_dec": sd["b_dec_out"]}
         out.append(Transcoder.from_state(state, activation="relu", dtype=dtype))
-    return TranscoderSet(tuple(out), "ln2.hook_normalized", "mlp.hook_out", "pchlenski/gpt2-transcoders")
+    return TranscoderSet(tuple(out), N.LN2_NORMALIZED, N.MLP_HOOK_OUT, "pchlenski/gpt2-transcoders")
 
 
 #: Every field sparsify's ``SparseCoderConfig`` writes to ``cfg.json`` (on main, and on its ``clt`` branch: the
@@ -336,11 +336,11 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
                   | ({"post_bias": c.targets[0].post_bias} if c.targets[0].post_bias is not None else {})
                   for c, D, (_, bias), skip in zip(coders, decoders, into, own)]
         tcs = tuple(Transcoder.from_state(state, activation="relu_topk", k=k, dtype=dtype) for state in states)
-        return TranscoderSet(tcs, "mlp.hook_in", "mlp.hook_out", scan)
+        return TranscoderSet(tcs, N.MLP_HOOK_IN, N.MLP_HOOK_OUT, scan)
     return CrossLayerTranscoder.from_tensors([c.W_enc for c in coders], [c.b_enc for c in coders], decoders,
                                              [bias for _, bias in into], activation="relu_topk", k=k,
                                              W_skip=own if skips is None else None, skips=skips, post_biases=posts,
-                                             input_point="mlp.hook_in", scan=scan, dtype=dtype)
+                                             input_point=N.MLP_HOOK_IN, scan=scan, dtype=dtype)
 
 
 def convert_to_circuit_tracer(transcoders: TranscoderSet, folder: str | Path) -> Path:

@@ -182,6 +182,12 @@ class AttributionGraph:
         """The nodes that have inputs (features, then logits): the rows of the adjacency that can be nonzero."""
         return torch.cat([torch.arange(self.n_features), torch.arange(self.n_nodes - self.n_logits, self.n_nodes)])
 
+    def row_gaps(self) -> torch.Tensor:
+        """(target,) ``|A.sum(1) + unselected + bias - values|`` on :meth:`target_nodes`: the graph's identity (class
+        docstring), zero up to rounding; the one row-sum check (``attribution_graph``'s, the reproduction's)."""
+        rows = self.target_nodes()
+        return (self.rows().sum(1) + self.unselected[rows] + self.bias[rows] - self.values[rows]).abs()
+
     def rows(self) -> torch.Tensor:
         """(target, source) the adjacency's rows :meth:`target_nodes` over its non-logit columns."""
         return _rows.block(self.adjacency, self.target_nodes(), self.n_nodes - self.n_logits)
@@ -260,7 +266,7 @@ class AttributionGraph:
 
     def top(self, k: int = 5, decode=None) -> list[tuple[tuple[str, str], float]]:
         """The ``k`` edges with the largest ``|direct effect|``, each ``((source, target), effect)``
-        (an edge is a pair of labels, as in :class:`rs_interp.EdgeEffects`)."""
+        (an edge is a pair of labels, as in :class:`rs_interp.circuits.EdgeEffects`)."""
         return _top(self, self.rows(), k, decode)
 
 

@@ -135,7 +135,7 @@ def train_transcoder(
     lr: float = 1e-3,
     seed: int = 0,
     eval_tokens: Int[torch.Tensor, "batch pos"] | None = None,
-    input_point: str = "mlp.hook_in",
+    input_point: str = N.MLP_HOOK_IN,
     progress: bool = True,
 ) -> TrainedTranscoders:
     """Train one transcoder per layer on the model's MLP inputs and outputs over ``tokens`` (module docstring).

@@ -40,6 +40,7 @@ from typing import Iterator
 import torch
 from jaxtyping import Bool, Float
 
+from .. import _names as N
 from .._files import FileError, parsing, read_json, read_safetensors, read_text
 from .._messages import few
 from ..exact.certificate import require
@@ -49,11 +50,9 @@ from . import _config
 __all__ = ["Transcoder", "TranscoderSet", "load_transcoders", "mlp_transcoders", "shipped_transcoders",
            "SHIPPED_TRANSCODERS", "INPUT_POINTS", "OUTPUT_POINTS"]
 
-#: Where a transcoder may read, by circuit-tracer's config name: the MLP's input (after the norm,
-#: gain and bias), the residual stream before the norm, or TransformerLens's normalized stream (before the gain).
-INPUT_POINTS = ("mlp.hook_in", "hook_resid_mid", "ln2.hook_normalized")
-#: Where it writes: the MLP's output (both names are the same point).
-OUTPUT_POINTS = ("mlp.hook_out", "hook_mlp_out")
+#: Where a transcoder may read (the MLP's input after the norm, the stream before it, TransformerLens's normalized
+#: stream before the gain) and write (the MLP's output, both names one point), by circuit-tracer's names (_names').
+INPUT_POINTS, OUTPUT_POINTS = N.TRANSCODER_INPUTS, N.TRANSCODER_OUTPUTS
 ACTIVATIONS = ("relu", "jumprelu", "topk", "relu_topk")
 #: The activations that keep the ``k`` largest (and so take a ``k``).
 TOPK_ACTIVATIONS = ("topk", "relu_topk")
@@ -224,8 +223,8 @@ class TranscoderSet:
     """
 
     transcoders: tuple[Transcoder, ...]
-    input_point: str = "mlp.hook_in"
-    output_point: str = "mlp.hook_out"
+    input_point: str = N.MLP_HOOK_IN
+    output_point: str = N.MLP_HOOK_OUT
     scan: str = "rs_interp"
 
     def __post_init__(self) -> None:
@@ -361,8 +360,8 @@ def load_transcoders(folder: str | Path, *, dtype: torch.dtype = torch.float32) 
         with parsing(f, "transcoder file"):
             tcs.append(Transcoder.from_state(state, activation=cfg.get("activation"), k=cfg.get("k"), dtype=dtype))
     with parsing(config, "transcoder config"):  # its points, and layers of one width
-        return TranscoderSet(tuple(tcs), cfg.get("feature_input_hook", "mlp.hook_in"),
-                             cfg.get("feature_output_hook", "mlp.hook_out"), str(cfg.get("scan", folder.name)))
+        return TranscoderSet(tuple(tcs), cfg.get("feature_input_hook", N.MLP_HOOK_IN),
+                             cfg.get("feature_output_hook", N.MLP_HOOK_OUT), str(cfg.get("scan", folder.name)))
 
 
 def shipped_transcoders(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) -> TranscoderSet:

@@ -1,7 +1,8 @@
 """Anchored coordinate patching in J-space: edit one token's coordinate of an activation's sparse decomposition and
 keep everything else (TransformerLens 4.3's ``jacobian_lens_coordinate_patch``, from the paper's Methods).
 
-With the decomposition ``x = sum_i c_i v_i + r`` over its support (:func:`rs_interp.jspace_decomposition`; ``r`` the
+With the decomposition ``x = sum_i c_i v_i + r`` over its support (:func:`rs_interp.readouts.jspace_decomposition`;
+``r`` the
 anchored residual ``x - reconstruction``), the frame is the support with the target appended at 0 if absent:
 
 - ``mode="substitute"``: the source's coordinate moves to the target, the source's becomes 0 (an active target's old
@@ -187,7 +188,7 @@ def solve_coordinate_patch(x: torch.Tensor, dictionary: torch.Tensor, source: in
                            decomposition: JSpaceDecomposition | None = None, k: int = DEFAULT_K,
                            mode: str = "substitute", alpha: float = 1.0, algorithm: str = "omp") -> CoordinatePatch:
     """The anchored edit of ``x``'s coordinates over ``dictionary`` (module docstring): the model-free step of
-    :func:`rs_interp.coordinate_patch`. A ``decomposition`` given is checked to be one of ``x``.
+    :func:`rs_interp.readouts.coordinate_patch`. A ``decomposition`` given is checked to be one of ``x``.
 
     Raises:
         ValueError: an unknown mode, the same atom twice, a source outside the active support, a non-finite
@@ -260,15 +261,17 @@ def coordinate_patch(
     algorithm: str = "omp",
 ) -> CoordinatePatch:
     """Edit one token's coordinate of an activation at ``layer`` over the vocabulary's J-lens vectors (module
-    docstring); the activation as :func:`rs_interp.jspace_decomposition` reads it, tokens as ids or single-token
+    docstring); the activation as :func:`rs_interp.readouts.jspace_decomposition` reads it, tokens as ids or
+    single-token
     strings.
 
     >>> import rs_interp as ri
     >>> model = ri.load_toy_model("induction-2l")
     >>> toks = ri.induction_batch(2, seed=0).tokens
     >>> lens = ri.fit_jacobian_lens(model, toks, skip_first=4, progress=False)
-    >>> dec = ri.jspace_decomposition(model, lens, toks[0], 0, position=-1, k=4)
-    >>> patch = ri.coordinate_patch(model, lens, toks[0], 0, int(dec.support[0]), 0, position=-1, decomposition=dec)
+    >>> dec = ri.readouts.jspace_decomposition(model, lens, toks[0], 0, position=-1, k=4)
+    >>> patch = ri.readouts.coordinate_patch(model, lens, toks[0], 0, int(dec.support[0]), 0, position=-1,
+    ...                                      decomposition=dec)
     >>> patch.nonedited_max_delta
     0.0
     """

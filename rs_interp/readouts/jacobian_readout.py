@@ -32,7 +32,8 @@ __all__ = ["JacobianLensReadings", "jacobian_lens"]
 
 @dataclass(frozen=True)
 class JacobianLensReadings(LogitLensReadings):
-    """What the Jacobian lens read (:func:`jacobian_lens`): :class:`rs_interp.LogitLensReadings`'s fields (``labels``,
+    """What the Jacobian lens read (:func:`jacobian_lens`): :class:`rs_interp.readouts.LogitLensReadings`'s fields
+    (``labels``,
     ``target_probs``, ``top_tokens``, ``top_probs``, ``entropy``, ``log_probs``), at the reading points ``"embed"``
     (read as the logit lens reads it: the reference fits no matrix there), ``"L{l}"`` after each source layer (through
     ``J_l``) and the last block's ``"L{n-1}"`` (read as the model reads it), and which of them a matrix carried.

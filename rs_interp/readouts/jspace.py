@@ -1,6 +1,7 @@
 """J-space: an activation as a sparse non-negative sum of Jacobian-lens vectors (Gurnee et al. 2026).
 
-The J-lens vector of token ``t`` at layer ``l`` is ``v_t = J_l^T W_U[:, t]`` (:func:`rs_interp.lens_vectors`); the
+The J-lens vector of token ``t`` at layer ``l`` is ``v_t = J_l^T W_U[:, t]`` (:func:`rs_interp.readouts.lens_vectors`);
+the
 vocabulary's vectors are the *dictionary* ``D`` (d_vocab, d_model), one atom a row. An activation ``x`` is
 decomposed greedily (:func:`sparse_decomposition`): at each of at most ``k`` steps the atom most correlated with
 the residual (atoms of unit norm, so none is preferred for its length) joins the selected set, and the selected
@@ -234,7 +235,7 @@ def select_atom(D: torch.Tensor, norms: torch.Tensor, residual: torch.Tensor, ch
 def sparse_decomposition(x: Float[torch.Tensor, " d_model"], dictionary: Float[torch.Tensor, "atoms d_model"],
                          k: int = DEFAULT_K, *, algorithm: str = "omp") -> JSpaceDecomposition:
     """``x`` as at most ``k`` non-negative dictionary atoms (module docstring): the model-free step of
-    :func:`rs_interp.jspace_decomposition`.
+    :func:`rs_interp.readouts.jspace_decomposition`.
 
     Raises:
         ValueError: an unknown algorithm, shapes that do not match, ``k`` outside ``[1, atoms]``, non-finite
@@ -336,7 +337,7 @@ def jspace_decomposition(
     >>> model = ri.load_toy_model("induction-2l")
     >>> toks = ri.induction_batch(2, seed=0).tokens
     >>> lens = ri.fit_jacobian_lens(model, toks, skip_first=4, progress=False)
-    >>> dec = ri.jspace_decomposition(model, lens, toks[0], 0, position=-1, k=5)
+    >>> dec = ri.readouts.jspace_decomposition(model, lens, toks[0], 0, position=-1, k=5)
     >>> len(dec.support) <= 5, dec.kkt_gap <= 1
     (True, True)
     """

@@ -124,13 +124,14 @@ def jspace_occupancy(
     seed: int = 0,
 ) -> JSpaceOccupancy:
     """:func:`estimate_occupancy` of an activation at ``layer`` over the vocabulary's J-lens vectors (the activation as
-    :func:`rs_interp.jspace_decomposition` reads it; ``controls`` random dictionaries of the vocabulary's size).
+    :func:`rs_interp.readouts.jspace_decomposition` reads it; ``controls`` random dictionaries of the vocabulary's
+    size).
 
     >>> import rs_interp as ri
     >>> model = ri.load_toy_model("induction-2l")
     >>> toks = ri.induction_batch(2, seed=0).tokens
     >>> lens = ri.fit_jacobian_lens(model, toks, skip_first=4, progress=False)
-    >>> 1 <= ri.jspace_occupancy(model, lens, toks[0], 0, position=-1, max_atoms=4, controls=2).occupancy <= 4
+    >>> 1 <= ri.readouts.jspace_occupancy(model, lens, toks[0], 0, position=-1, max_atoms=4, controls=2).occupancy <= 4
     True
     """
     require(model, "jspace_occupancy")
@@ -185,7 +186,7 @@ def jspace_variance(
     >>> model = ri.load_toy_model("induction-2l")
     >>> toks = ri.induction_batch(2, seed=0).tokens
     >>> lens = ri.fit_jacobian_lens(model, toks, skip_first=4, progress=False)
-    >>> 0 <= ri.jspace_variance(model, lens, toks[:1, :8], k=3, skip_first=4, progress=False).pooled[0] <= 1
+    >>> 0 <= ri.readouts.jspace_variance(model, lens, toks[:1, :8], k=3, skip_first=4, progress=False).pooled[0] <= 1
     True
     """
     require(model, "jspace_variance")

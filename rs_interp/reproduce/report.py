@@ -16,6 +16,7 @@ from typing import Any
 
 from plotly.offline import get_plotlyjs
 
+from .._files import finite_json
 from . import _mean
 from .context import Row, Section
 from .expected import UNBANDED
@@ -99,16 +100,6 @@ def _band_json(row: Row) -> dict[str, Any]:
     return out
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
-
-
 def environment() -> dict[str, str]:
     """What the numbers were computed with: TransformerLens (3.x HookedTransformer or 4.x bridge), torch, Python."""
     import platform
@@ -187,7 +178,7 @@ def write_results(sections: list[Section], path: Path, *, elapsed: float | None 
     data["bands"] = {s.key: [_band_json(r) for r in s.rows] for s in sections}
     data["environment"] = environment()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_jsonable(data), indent=2))
+    path.write_text(json.dumps(finite_json(data), indent=2))
     return data
 
 
@@ -329,7 +320,7 @@ def write_files(sections: list[Section], folder: Path) -> list[Path]:
     for section in sections:
         for name, content in section.files.items():
             path = folder / name
-            path.write_text(json.dumps(_jsonable(content), indent=1, ensure_ascii=False), encoding="utf-8")
+            path.write_text(json.dumps(finite_json(content), indent=1, ensure_ascii=False), encoding="utf-8")
             paths.append(path)
     return paths
 

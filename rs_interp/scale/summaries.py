@@ -54,7 +54,7 @@ class DLASummary:
     """Direct logit attribution summed over a dataset (:func:`direct_logit_attribution`).
 
     Attributes:
-        labels: the components, as :class:`rs_interp.DirectLogitAttribution` labels them.
+        labels: the components, as :class:`rs_interp.readouts.DirectLogitAttribution` labels them.
         mean: (component,) each one's part of ``clean``: its mean over every scored position.
         by_position: (component, pos) its mean over the rows scored at each position (NaN where none is).
         clean: the metric (the target's logit difference) over every scored position.

@@ -87,7 +87,7 @@ class Sums:
 
 
 def to_json(value: Any) -> str:
-    """``value`` as canonical JSON; an :class:`rs_interp.EdgeLayout` as its labels."""
+    """``value`` as canonical JSON; an :class:`rs_interp.circuits.EdgeLayout` as its labels."""
     def plain(v: Any) -> Any:
         if isinstance(v, EdgeLayout):
             return {"edge_layout": [list(v.senders), list(v.receivers)]}
@@ -150,7 +150,7 @@ def weighted(cls: type, *, mean: Sequence[str], same: Sequence[str] = (), derive
     groups must hold its default (None or the dataclass's) in every batch, else ``parts`` refuses, naming it.
 
     Example:
-        >>> from rs_interp import HeadAblationScan
+        >>> from rs_interp.heads import HeadAblationScan
         >>> parts, build = weighted(HeadAblationScan, mean=("effect", "clean", "ablated"), same=("ablation", "labels"))
         >>> r = HeadAblationScan(torch.ones(1, 1), 2.0, torch.ones(1, 1), "zero", ("L0H0",))
         >>> s = Sums()

@@ -7,7 +7,7 @@ after an attention child. rs_interp's labels map one to one (``embed`` <-> ``inp
 under grouped-query attention: MIB's graph gives every query head its own key and value input, so
 an rs_interp edge into ``L{l}KV{g}.k`` is written as one MIB edge per query head of group ``g``, each
 with the same score and membership, and read back only where those copies agree. MIB's own files
-of a GQA model score each copy on its own: read them onto :func:`rs_interp.ungroup_gqa`'s copy of
+of a GQA model score each copy on its own: read them onto :func:`rs_interp.circuits.ungroup_gqa`'s copy of
 the model, whose graph has those copies as edges.
 
 **Whose scores.** MIB's harness attributes the *loss* of its metric (``mean=True, loss=True``: the
@@ -30,7 +30,7 @@ circuits at the nine sizes 0.1% ... 50% of the edges (:func:`write_mib_circuits`
 >>> import tempfile, rs_interp as ri
 >>> model = ri.load_toy_model("induction-2l")
 >>> layout = ri.edge_layout(model)
->>> scores = ri.EdgeEffects(layout, torch.where(layout.exists, torch.arange(5 * 13.).view(5, 13), torch.nan), float("nan"))
+>>> scores = ri.circuits.EdgeEffects(layout, torch.where(layout.exists, torch.arange(5 * 13.).view(5, 13), torch.nan), float("nan"))
 >>> path = write_mib(tempfile.mkdtemp() + "/importances.json", model, scores=scores, batch_size=4)
 >>> back = read_mib(path, model)
 >>> bool(torch.equal(back.effects().effect.nan_to_num(-1), scores.effect.nan_to_num(-1))), len(back.circuit)
@@ -68,7 +68,7 @@ class MIBGraph:
     """A MIB graph file read onto a model's edge layout.
 
     Attributes:
-        scores: every edge's score (an :class:`rs_interp.EdgeEffects`, ``clean`` NaN: a file holds no
+        scores: every edge's score (an :class:`rs_interp.circuits.EdgeEffects`, ``clean`` NaN: a file holds no
             clean metric); the score 0 or 1 of a file that held memberships only is its ``score``.
         circuit: the edges the file marks ``in_graph``.
         cfg: the file's ``cfg`` (``n_layers``, ``n_heads``, ``parallel_attn_mlp``, ``d_model``).
@@ -106,7 +106,7 @@ class MIBGraph:
             >>> import tempfile, rs_interp as ri
             >>> cfg = ri.models.make_attn_only(1, n_heads=1).cfg
             >>> layout = ri.edge_layout(cfg)
-            >>> e = ri.EdgeEffects(layout, torch.where(layout.exists, 2.0, torch.nan), float("nan"))
+            >>> e = ri.circuits.EdgeEffects(layout, torch.where(layout.exists, 2.0, torch.nan), float("nan"))
             >>> g = read_mib(write_mib(tempfile.mkdtemp() + "/i.json", cfg, scores=e, batch_size=2), cfg)
             >>> g.scores.edge("embed", "logits"), g.effects().edge("embed", "logits")
             (-1.0, 2.0)
@@ -155,12 +155,12 @@ def mib_importances(scores: Any, *, higher_is_better: bool = True, batch_size: i
     CPR ranks the largest of these first, i.e. the edges whose patching hurts the metric most.
 
     Raises:
-        ValueError: ``scores`` not an :class:`rs_interp.EdgeEffects`, ``batch_size`` not a positive int.
+        ValueError: ``scores`` not an :class:`rs_interp.circuits.EdgeEffects`, ``batch_size`` not a positive int.
 
     Example:
         >>> import rs_interp as ri
         >>> layout = ri.edge_layout(ri.models.make_attn_only(1, n_heads=1))
-        >>> e = ri.EdgeEffects(layout, torch.where(layout.exists, 3.0, torch.nan), 1.0)
+        >>> e = ri.circuits.EdgeEffects(layout, torch.where(layout.exists, 3.0, torch.nan), 1.0)
         >>> mib_importances(e, batch_size=2).edge("embed", "logits"), mib_importances(e, higher_is_better=False).edge("embed", "logits")
         (-1.5, 3.0)
     """
@@ -324,7 +324,7 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
         if edge in member and (member[edge] != inside or effect[i, j].item() != score):
             raise ValueError(f"{path}: {name} has (score {score}, in_graph {inside}) but another query head's copy of the "
                              f"same key/value edge {edge} has ({effect[i, j].item()}, {member[edge]}); rs_interp's graph has "
-                             "one key and one value input per KV head: read it onto rs_interp.ungroup_gqa(model), whose "
+                             "one key and one value input per KV head: read it onto rs_interp.circuits.ungroup_gqa(model), whose "
                              "graph has one per query head, as MIB's")
         effect[i, j], member[edge] = score, inside
     absent = [e for e in cell if e not in member]

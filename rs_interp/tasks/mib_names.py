@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from .._backend import kv_groups
+from ..labels import head_label, mlp_label, parse, receiver_label
 
 __all__ = ["mib_edge_names", "from_mib_edge"]
 
@@ -22,12 +23,10 @@ _EDGE = re.compile(r"^(input|a\d+\.h\d+|m\d+)->(a\d+\.h\d+|m\d+|logits)(?:<([qkv
 
 def _mib_node(label: str) -> str:
     """rs_interp's sender or receiver node (no .q/.k/.v) -> MIB's node name."""
-    if label in ("embed", "logits"):
-        return "input" if label == "embed" else "logits"
-    if label.startswith("MLP"):
-        return f"m{label[3:]}"
-    layer, head = label[1:].split("H")
-    return f"a{layer}.h{head}"
+    c = parse(label)
+    if c.kind in ("embed", "logits"):
+        return "input" if c.kind == "embed" else "logits"
+    return f"m{c.layer}" if c.kind == "mlp" else f"a{c.layer}.h{c.index}"
 
 
 def mib_edge_names(edge: tuple[str, str], model_or_cfg: Any) -> list[str]:
@@ -44,13 +43,13 @@ def mib_edge_names(edge: tuple[str, str], model_or_cfg: Any) -> list[str]:
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     sender, receiver = edge
     parent = _mib_node(sender)
-    if receiver in ("logits",) or receiver.startswith("MLP"):
+    c = parse(receiver)
+    if c.input is None:  # the logits or an MLP
         return [f"{parent}->{_mib_node(receiver)}"]
-    head, x = receiver.split(".")
-    layer, index = head[1:].replace("KV", "H").split("H")
-    if "KV" in head:
+    layer, index, x = c.layer, c.index, c.input
+    if c.kind == "kv_head":
         per = cfg.n_heads // kv_groups(cfg)
-        return [f"{parent}->a{layer}.h{h}<{x}>" for h in range(int(index) * per, (int(index) + 1) * per)]
+        return [f"{parent}->a{layer}.h{h}<{x}>" for h in range(index * per, (index + 1) * per)]
     return [f"{parent}->a{layer}.h{index}<{x}>"]
 
 
@@ -79,22 +78,20 @@ def from_mib_edge(name: str, model_or_cfg: Any) -> tuple[str, str]:
         if node in ("input", "logits"):
             return "embed" if node == "input" else "logits"
         if node.startswith("m"):
-            return f"MLP{node[1:]}"
+            return mlp_label(int(node[1:]))
         layer, head = node[1:].split(".h")
-        return f"L{layer}H{head}"
+        return head_label(int(layer), int(head))
 
     sender, receiver = label(parent), label(child)
     if x is not None:
-        layer, head = receiver[1:].split("H")
-        if x != "q" and kv_groups(cfg) != cfg.n_heads:
-            receiver = f"L{layer}KV{int(head) // (cfg.n_heads // kv_groups(cfg))}"
-        receiver = f"{receiver}.{x}"
+        c, kv = parse(receiver), x != "q" and kv_groups(cfg) != cfg.n_heads
+        receiver = receiver_label(c.layer, c.index // (cfg.n_heads // kv_groups(cfg)) if kv else c.index, x, kv=kv)
     _check_edge(sender, receiver, cfg)
     return sender, receiver
 
 
 def _check_edge(sender: str, receiver: str, cfg: Any) -> None:
-    """What :meth:`rs_interp.EdgeLayout.index` checks, from the config alone (no layout built per edge).
+    """What :meth:`rs_interp.circuits.EdgeLayout.index` checks, from the config alone (no layout built per edge).
 
     Raises:
         ValueError: a label this model does not have, or a sender that is not upstream of the receiver.
@@ -105,13 +102,17 @@ def _check_edge(sender: str, receiver: str, cfg: Any) -> None:
     def depth(label: str, role: str) -> float:
         if label == ("embed" if role == "sender" else "logits"):
             return 0 if role == "sender" else math.inf
-        m = re.fullmatch(r"L(\d+)(H|KV)(\d+)" + (r"\.([qkv])" if role == "receiver" else ""), label)
-        if m and int(m.group(1)) < L and ((m.group(2) == "H" and int(m.group(3)) < H and (role == "sender" or m.group(4) == "q" or G == H))
-                                           or (m.group(2) == "KV" and role == "receiver" and G != H and int(m.group(3)) < G and m.group(4) != "q")):
-            return 2 * int(m.group(1)) + 1
-        m = re.fullmatch(r"MLP(\d+)", label)
-        if m and not cfg.attn_only and int(m.group(1)) < L:
-            return 2 * int(m.group(1)) + (1 if parallel else 2)
+        try:
+            c = parse(label)
+        except ValueError:  # "L0KV0.q" too
+            c = None
+        head = c is not None and c.kind in ("head", "kv_head") and (c.input is not None) == (role == "receiver")
+        if head and c.layer < L and (
+                (c.kind == "head" and c.index < H and (role == "sender" or c.input == "q" or G == H))
+                or (c.kind == "kv_head" and role == "receiver" and G != H and c.index < G)):
+            return 2 * c.layer + 1
+        if c is not None and c.kind == "mlp" and not cfg.attn_only and c.layer < L:
+            return 2 * c.layer + (1 if parallel else 2)
         raise ValueError(f"{label!r} is not a {role} of this model")
 
     if not depth(sender, "sender") < depth(receiver, "receiver"):

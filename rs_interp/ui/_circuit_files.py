@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from .._files import finite_json
 from ..labels import edge_string
 from ._circuit_choice import chosen
 
@@ -83,17 +83,8 @@ def write_summary(run: Any) -> None:
 
 def write_json(path: str | Path, data: dict) -> None:
     """``data`` as indented JSON; NaN and the infinities (not JSON) as null (e.g. the curve's value where a
-    circuit's metric was undefined)."""
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
-
-    Path(path).write_text(json.dumps(clean(data), indent=1), encoding="utf-8")
+    circuit's metric was undefined: :func:`rs_interp._files.finite_json`)."""
+    Path(path).write_text(json.dumps(finite_json(data), indent=1), encoding="utf-8")
 
 
 _CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"

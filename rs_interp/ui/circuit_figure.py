@@ -35,6 +35,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from ..labels import count_of, node_label, parse
+
 __all__ = ["circuit_figure", "EDGE_COLOURS", "PORT_PIXELS", "PLOT_PIXELS"]
 
 #: Colour of an edge by the input it enters.
@@ -49,17 +51,12 @@ PLOT_PIXELS = 620.0
 
 
 def _parse(label: str) -> tuple[str, int, int]:
-    """(kind, layer, index) of a sender or receiver label: kind in embed, head, kv, mlp, logits."""
-    if label in ("embed", "logits"):
-        return label, -1, 0
-    if label.startswith("MLP"):
-        return "mlp", int(label[3:]), 0
-    head = label.split(".")[0]
-    if "KV" in head:
-        layer, g = head[1:].split("KV")
-        return "kv", int(layer), int(g)
-    layer, h = head[1:].split("H")
-    return "head", int(layer), int(h)
+    """(kind, layer, index) of a sender or receiver label (:func:`rs_interp.labels.parse`): kind in embed, head, kv,
+    mlp, logits."""
+    c = parse(label)
+    if c.layer is None:
+        return c.kind, -1, 0
+    return ("kv" if c.kind == "kv_head" else c.kind), c.layer, c.index or 0
 
 
 def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = None, max_edges: int = 400,
@@ -67,12 +64,12 @@ def circuit_figure(circuit: Any, model_or_layout: Any = None, *, scores: Any = N
     """Draw a circuit as a layered graph (module docstring).
 
     Args:
-        circuit: an :class:`rs_interp.EdgeEffects` (its top ``max_edges`` edges by ``|effect|`` are
+        circuit: an :class:`rs_interp.circuits.EdgeEffects` (its top ``max_edges`` edges by ``|effect|`` are
             drawn, weighted by it), an iterable of ``(sender, receiver)`` edges, or a
             :class:`rs_interp.circuits.positions.PositionalEdgeEffects` (its top positional edges, one column per span).
-        model_or_layout: for an edge set, the model, its config or its :class:`rs_interp.EdgeLayout`
+        model_or_layout: for an edge set, the model, its config or its :class:`rs_interp.circuits.EdgeLayout`
             (taken from ``scores`` or ``circuit`` when they carry one).
-        scores: for an edge set, an :class:`rs_interp.EdgeEffects` whose numbers weight the edges
+        scores: for an edge set, an :class:`rs_interp.circuits.EdgeEffects` whose numbers weight the edges
             (none: every edge drawn alike).
         max_edges: the most edges drawn (readability); an edge set larger than this is refused.
         title: the figure's title (default: what is drawn).
@@ -155,7 +152,7 @@ class _Grid:
     def __init__(self, layout: Any) -> None:
         self.layout = layout
         self.L = max((_parse(s)[1] for s in layout.senders), default=-1) + 1
-        self.H = sum(1 for s in layout.senders if s.startswith("L0H"))
+        self.H = count_of(layout.senders, "head", layer=0)
         self.has_mlp = "MLP0" in layout.senders
         self.parallel = self.has_mlp and not bool(layout.exists[layout.senders.index("L0H0"),
                                                                 layout.receivers.index("MLP0")])
@@ -186,7 +183,7 @@ class _Grid:
 
 def _kv_x(layout: Any, H: int, layer: int, i: int, x0: float) -> float:
     """A KV head's x: under the middle of its group's query heads."""
-    group = H // sum(1 for r in layout.receivers if r.startswith(f"L{layer}KV") and r.endswith(".k"))
+    group = H // count_of(layout.receivers, "kv_head", layer=layer, input="k")
     return x0 + i * group + (group - 1) / 2
 
 
@@ -236,7 +233,7 @@ def _draw_edges(fig: go.Figure, grid: _Grid, edges: list, values: list, *, weigh
 def _draw_nodes(fig: go.Figure, grid: _Grid, edges: list) -> None:
     """The circuit's nodes, full and labelled."""
     ends = {"embed", "logits"}
-    touched = {s for s, _ in edges} | {r.split(".")[0] for _, r in edges} | ends
+    touched = {s for s, _ in edges} | {node_label(r) for _, r in edges} | ends
     nodes = sorted(touched, key=lambda n: grid.place(n)[::-1])
     symbols = ["square" if n.startswith("MLP") else "diamond" if n in ends else "circle" for n in nodes]
     fig.add_trace(go.Scatter(x=[grid.place(n)[0] for n in nodes], y=[grid.place(n)[1] for n in nodes],
@@ -272,7 +269,7 @@ def _positional_figure(scores: Any, max_edges: int, title: str | None) -> go.Fig
     for u in range(1, len(spans)):  # the columns' borders
         fig.add_vline(x=u * cols.step - 0.9, line=dict(color="#eeeeee", width=1))
     _draw_positional_edges(fig, cols, picked, spans)
-    nodes = sorted({(s, u) for (s, _, u), _ in picked} | {(r.split(".")[0], u) for (_, r, u), _ in picked})
+    nodes = sorted({(s, u) for (s, _, u), _ in picked} | {(node_label(r), u) for (_, r, u), _ in picked})
     xy = [cols.place(n, spans.index(u)) for n, u in nodes]
     fig.add_trace(go.Scatter(x=[x for x, _ in xy], y=[y for _, y in xy], mode="markers+text",
                              text=[n for n, _ in nodes], textposition="middle right", textfont=dict(size=9),
@@ -297,7 +294,7 @@ class _Columns:
     def __init__(self, layout: Any) -> None:
         self.layout = layout
         self.L = max((_parse(s)[1] for s in layout.senders), default=-1) + 1
-        self.H = sum(1 for s in layout.senders if s.startswith("L0H"))
+        self.H = count_of(layout.senders, "head", layer=0)
         self.has_mlp = "MLP0" in layout.senders
         self.step = self.H + 1.5  # one span's column: its heads, then a gap
 
@@ -319,13 +316,14 @@ def _draw_positional_edges(fig: go.Figure, cols: _Columns, picked: list, spans: 
     top = max((abs(v) for _, v in picked), default=1.0) or 1.0
 
     def kind_of(receiver: str) -> str:
-        return "logits" if receiver == "logits" else "mlp" if receiver.startswith("MLP") else receiver[-1]
+        c = parse(receiver)
+        return c.input or c.kind
 
     for kind in EDGE_COLOURS:
         members = [(e, v) for e, v in picked if kind_of(e[1]) == kind]
         for (s, r, u), v in members:
             x0, y0 = cols.place(s, spans.index(u))
-            x1, y1 = cols.place(r.split(".")[0] if r not in ("logits",) else r, spans.index(u))
+            x1, y1 = cols.place(node_label(r), spans.index(u))
             x1 += {"q": -0.22, "k": 0.0, "v": 0.22}.get(kind, 0.0)
             line = dict(color=EDGE_COLOURS[kind], width=_WIDTHS[_width_step(v, top)], dash="dot" if v < 0 else "solid")
             fig.add_trace(go.Scatter(x=[x0, x1], y=[y0 + 0.15, y1 - 0.22], mode="lines", hoverinfo="text", opacity=0.75,

@@ -1,6 +1,7 @@
 """The lenses' token figures: what a lens reads at each (reading point, position), as a heatmap of the top token's
 probability with the token written in each cell, one lens or two side by side (the Jacobian lens beside the logit
-lens). They take computed readings (:class:`rs_interp.JacobianLensReadings`, :class:`rs_interp.LogitLensReadings`)
+lens). They take computed readings (:class:`rs_interp.readouts.JacobianLensReadings`,
+:class:`rs_interp.readouts.LogitLensReadings`)
 and compute nothing.
 
 >>> import rs_interp as ri
@@ -42,7 +43,7 @@ def jacobian_lens_figure(readings: Any, *, compare: Any = None, decode: Callable
     first labelled "J-lens" and the second "logit lens" (by their types).
 
     Args:
-        readings: a :class:`rs_interp.JacobianLensReadings` or :class:`rs_interp.LogitLensReadings`.
+        readings: a :class:`rs_interp.readouts.JacobianLensReadings` or :class:`rs_interp.readouts.LogitLensReadings`.
         compare: a second readings to show beside it.
         decode: token id -> text.
         batch: the sequence shown.

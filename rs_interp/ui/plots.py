@@ -75,8 +75,8 @@ def attention_figure(patterns: torch.Tensor, heads: Sequence[tuple[int, int]], *
 
 def path_contributions_figure(labels, contributions: Sequence[float] | None = None, *,
                               title: str = "The correct token's logit, split into paths") -> go.Figure:
-    """Bars of each path's (or component's) part of a logit: a :class:`~rs_interp.PathAttribution`, a
-    :class:`~rs_interp.DirectLogitAttribution` (each component's mean part), or ``labels`` and
+    """Bars of each path's (or component's) part of a logit: a :class:`~rs_interp.readouts.PathAttribution`, a
+    :class:`~rs_interp.readouts.DirectLogitAttribution` (each component's mean part), or ``labels`` and
     ``contributions``.
 
     >>> import rs_interp as ri
@@ -106,7 +106,7 @@ def path_contributions_figure(labels, contributions: Sequence[float] | None = No
 def logit_lens_figure(labels, probs: Mapping[str, Sequence[float]] | None = None, *, chance: float | None = None,
                       title: str = "Logit lens") -> go.Figure:
     """The probability of the correct token at every reading point: a
-    :class:`~rs_interp.LogitLensReadings` (its mean target probability over the positions with a
+    :class:`~rs_interp.readouts.LogitLensReadings` (its mean target probability over the positions with a
     target), or ``labels`` and ``probs`` (series name -> one value per reading point). Every series is
     named in the legend, a single one too.
 
@@ -136,7 +136,7 @@ def logit_lens_figure(labels, probs: Mapping[str, Sequence[float]] | None = None
 
 def composition_heatmaps(results) -> go.Figure:
     """Composition scores of every (earlier head, later head) pair, one panel per
-    :class:`~rs_interp.CompositionScores` (one, or several: e.g. one per kind, ``"k"``, ``"q"``,
+    :class:`~rs_interp.heads.CompositionScores` (one, or several: e.g. one per kind, ``"k"``, ``"q"``,
     ``"v"``); a result's random baseline goes in its title when it has one."""
     if hasattr(results, "scores"):
         results = [results]
@@ -210,7 +210,7 @@ def layernorm_figure(n_points: int = 40, *, seed: int = 0) -> go.Figure:
 
 
 def parameter_breakdown_figure(by_category, *, title: str = "GPT-2 small: where the parameters live") -> go.Figure:
-    """One stacked horizontal bar of parameter counts per category: a :class:`~rs_interp.ParameterCount`
+    """One stacked horizontal bar of parameter counts per category: a :class:`~rs_interp.models.ParameterCount`
     or its ``by_category``.
 
     >>> import rs_interp as ri
@@ -257,8 +257,8 @@ def position_figure(prev_weight: Sequence[float], accuracy: Sequence[float], ker
 
 
 def head_scan_figure(values, *, title: str | None = None, colorbar: str = "effect", symmetric: bool = True) -> go.Figure:
-    """A (layer, head) heatmap: a result with a (layer, head) ``effect`` (:class:`~rs_interp.HeadAblationScan`,
-    :class:`~rs_interp.AttributionPatching`) or ``induction`` (:class:`~rs_interp.InductionScores`), or
+    """A (layer, head) heatmap: a result with a (layer, head) ``effect`` (:class:`~rs_interp.heads.HeadAblationScan`,
+    :class:`~rs_interp.circuits.AttributionPatching`) or ``induction`` (:class:`~rs_interp.heads.InductionScores`), or
     the values themselves (copying scores ...). Computes nothing; ``symmetric`` centres the colour
     scale on zero; the title defaults to the result's kind.
 
@@ -298,7 +298,7 @@ def head_scan_figure(values, *, title: str | None = None, colorbar: str = "effec
 def second_order_figure(sources, destinations: Sequence[str] | None = None, matrix: torch.Tensor | None = None, *,
                         title: str | None = None, batch: int = 0, position: int = -1) -> go.Figure:
     """A (source x destination) heatmap of second-order attributions at one position: a
-    :class:`~rs_interp.SecondOrderAttribution` (at ``batch`` and the index ``position`` of its
+    :class:`~rs_interp.readouts.SecondOrderAttribution` (at ``batch`` and the index ``position`` of its
     positions), or ``sources``, ``destinations`` and a matrix.
 
     >>> import rs_interp as ri
@@ -323,8 +323,8 @@ def second_order_figure(sources, destinations: Sequence[str] | None = None, matr
 
 def estimate_vs_exact_figure(labels, exact=None, estimate: Sequence[float] | None = None, *, title: str | None = None) -> go.Figure:
     """Scatter of an estimate against the exact effect, with y = x: two results of the same items
-    (``estimate_vs_exact_figure(estimate, exact)``: an :class:`~rs_interp.AttributionPatching` and a
-    :class:`~rs_interp.HeadAblationScan`, or two :class:`~rs_interp.EdgeEffects`), or ``labels``,
+    (``estimate_vs_exact_figure(estimate, exact)``: an :class:`~rs_interp.circuits.AttributionPatching` and a
+    :class:`~rs_interp.heads.HeadAblationScan`, or two :class:`~rs_interp.circuits.EdgeEffects`), or ``labels``,
     ``exact`` and ``estimate``. Labels show on hover (a crowded plot stays legible).
 
     >>> import rs_interp as ri
@@ -356,7 +356,7 @@ def estimate_vs_exact_figure(labels, exact=None, estimate: Sequence[float] | Non
 
 def faithfulness_figure(curves, *, title: str = "Faithfulness of the top edges") -> go.Figure:
     """Faithfulness against the fraction of edges kept (log axis), one line per curve: a
-    :class:`~rs_interp.FaithfulnessCurve`, an :class:`~rs_interp.MIBScores` (both of its curves), or a
+    :class:`~rs_interp.circuits.FaithfulnessCurve`, an :class:`~rs_interp.circuits.MIBScores` (both of its curves), or a
     mapping name -> either (e.g. ``{"EAP": ..., "exact": ...}``), each curve's area in its legend entry
     (CPR for a curve ranked by signed score, CMD for one ranked by absolute score: MIB's); 1 (the full
     model) dotted.

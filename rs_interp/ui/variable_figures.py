@@ -22,7 +22,7 @@ __all__ = ["affinity_heatmaps", "interchange_figure"]
 
 def affinity_heatmaps(results) -> go.Figure:
     """Head subspace affinities of every (earlier head, later head) pair, one panel per
-    :class:`~rs_interp.HeadAffinity` (one, several, or :func:`rs_interp.head_affinities`' mapping), as the
+    :class:`~rs_interp.heads.HeadAffinity` (one, several, or :func:`rs_interp.head_affinities`' mapping), as the
     composition scores' figure: the normalized projection kernel (0 orthogonal, 1 the same subspace), the
     random-subspace mean in each title.
 

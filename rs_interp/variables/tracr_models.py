@@ -42,9 +42,9 @@ import torch
 from jaxtyping import Float
 
 from .._messages import few
-from ..circuits.tracr import PROGRAMS, metadata
-from ..circuits.tracr import _program as program_name
+from ..circuits.tracr import PROGRAMS, metadata, program_name
 from ..exact.validate import as_int
+from ..labels import parse
 from .bases import neuron_basis, orthonormal_basis
 from .causal import CausalModel, Variable
 from .kernel import ProjectionKernel, projection_kernel
@@ -254,12 +254,12 @@ class TracrVariable:
 
 
 def _site_after(writer: str) -> tuple[Site, Site | None]:
-    if writer == "embed":
+    c = parse(writer)
+    if c.kind == "embed":
         return Site("blocks.0.hook_resid_pre"), None
-    if writer.startswith("MLP"):
-        layer = int(writer[3:])
+    layer = c.layer
+    if c.kind == "mlp":
         return Site(f"blocks.{layer}.hook_resid_post"), Site(f"blocks.{layer}.hook_resid_mid")
-    layer = int(writer[1:].split("H")[0])
     return Site(f"blocks.{layer}.hook_resid_mid"), Site(f"blocks.{layer}.hook_resid_pre")
 
 
@@ -314,10 +314,10 @@ def _seen(reads: dict, labels: list[str], site: Site) -> tuple[int, ...]:
     layer, point = site.layer, site.hook.rsplit("_", 1)[-1]
 
     def after(receiver: str) -> bool:
-        if receiver == "logits":
+        c = parse(receiver)
+        if c.kind == "logits":
             return True
-        at = int(receiver[3:]) if receiver.startswith("MLP") else int(receiver[1:].split("H")[0])
-        return at > layer or (at == layer and (point == "pre" or (point == "mid" and receiver.startswith("MLP"))))
+        return c.layer > layer or (c.layer == layer and (point == "pre" or (point == "mid" and c.kind == "mlp")))
 
     seen = set().union(*(labs for r, labs in reads.items() if after(r)))
     return tuple(i for i, lab in enumerate(labels) if lab in seen)

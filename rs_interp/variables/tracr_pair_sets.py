@@ -15,8 +15,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from ..circuits.tracr import _program as program_name
-from ..circuits.tracr import metadata
+from ..circuits.tracr import metadata, program_name
 from ..exact.validate import as_int
 from .pairs import PairSet
 from .tracr_models import Value, tracr_causal_model, tracr_inputs

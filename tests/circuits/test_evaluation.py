@@ -271,7 +271,7 @@ def test_pruned_top_edges_are_the_ones_on_a_path_from_embed_to_logits(variant, n
     effect = torch.where(eap.layout.exists, 0.0, float("nan")).double()
     effect[eap.layout.index(("embed", "L0H0.q"))] = 2.0  # L0H0 writes nowhere kept
     effect[eap.layout.index(("embed", "logits"))] = 1.0
-    hand = ri.EdgeEffects(eap.layout, effect, eap.clean)
+    hand = ri.circuits.EdgeEffects(eap.layout, effect, eap.clean)
     assert ri.top_edges(hand, 2) == [("embed", "L0H0.q"), ("embed", "logits")]
     assert ri.top_edges(hand, 2, pruned=True) == [("embed", "logits")]
     with pytest.raises(ValueError, match="pruned"):
@@ -471,7 +471,7 @@ def test_faithfulness_curve_on_the_token_input():
     model, toks, ref = _standard_model()
     layout = ri.edge_layout(model, embedding="token")
     effect = torch.randn(layout.exists.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    scores = ri.EdgeEffects(layout, torch.where(layout.exists, effect, torch.nan), float("nan"))
+    scores = ri.circuits.EdgeEffects(layout, torch.where(layout.exists, effect, torch.nan), float("nan"))
     curve = ri.faithfulness_curve(model, toks, metric, scores, reference=ref, ablation="zero", progress=False, fractions=(0.2, 1.0))
     edges = [layout.edges()[i] for i in scores.ranked()[: curve.n_requested[0]]]
     kept = _on_a_path(layout, edges)

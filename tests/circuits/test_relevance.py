@@ -256,7 +256,7 @@ def test_positions_split_the_estimate_and_options_are_checked():
     """Per span the estimate sums to the position-free one (a separate call, 1e-12), for RelP, EAP and EAP-IG;
     bad options are refused by name."""
     model, toks, ref = random_pair(("LN", "standard", False))
-    schema = ri.PositionSchema(("start", "middle", "end"), torch.tensor([[0, 0, 1, 1, 1, 1, 2, 2], [0, 1, 1, 1, 2, 2, 2, 2]]))
+    schema = ri.circuits.PositionSchema(("start", "middle", "end"), torch.tensor([[0, 0, 1, 1, 1, 1, 2, 2], [0, 1, 1, 1, 2, 2, 2, 2]]))
     for fn, kw in ((ri.edge_relevance_patching, {}), (ri.edge_attribution_patching, {}), (ri.edge_attribution_patching, {"ig_steps": 3})):
         whole = fn(model, toks, metric, reference=ref, **kw)
         for positions in (schema, "each"):

@@ -34,7 +34,7 @@ def test_refusals():
         with pytest.raises(ValueError, match=r"share must be a number in \(0, 1\]"):
             smallest_recovering(_curve((1.0,), (1,)), share)
     model = ri.models.make_attn_only(1, n_heads=1, d_model=8, d_head=8, d_vocab=10, n_ctx=4)
-    scores = ri.EdgeEffects(ri.edge_layout(model), torch.zeros(ri.edge_layout(model).exists.shape), 0.0)
+    scores = ri.circuits.EdgeEffects(ri.edge_layout(model), torch.zeros(ri.edge_layout(model).exists.shape), 0.0)
     with pytest.raises(ValueError, match="circuit_at needs a fraction of the edges, or curve="):
         circuit_at(scores)
 

@@ -31,7 +31,7 @@ def metric(logits):
 @pytest.mark.parametrize("which", list(VARIANTS))
 def test_same_function_and_one_kv_input_per_query_head(which):
     model = _gqa(which)
-    flat = ri.ungroup_gqa(model)
+    flat = ri.circuits.ungroup_gqa(model)
     toks = _tokens(model, 0)
     with torch.no_grad():
         assert torch.allclose(flat(toks), model(toks), atol=1e-12, rtol=0)
@@ -53,7 +53,7 @@ def test_copies_add_up_to_the_kv_edge(which):
     """First order, a KV edge's score on the grouped model is the sum of its copies' scores on the ungrouped one
     (the gradient at the shared input is the sum of the query heads' gradients)."""
     model = _gqa(which)
-    flat = ri.ungroup_gqa(model)
+    flat = ri.circuits.ungroup_gqa(model)
     toks, ref = _tokens(model, 1), _tokens(model, 2)
     grouped = ri.edge_attribution_patching(model, toks, metric, reference=ref, progress=False)
     copies = ri.edge_attribution_patching(flat, toks, metric, reference=ref, progress=False)
@@ -69,10 +69,10 @@ def test_copies_add_up_to_the_kv_edge(which):
 @pytest.mark.parametrize("suffix", [".json", ".pt"])
 def test_mib_gqa_files_read_onto_the_ungrouped_model(tmp_path, suffix):
     model = _gqa("attn-only", dtype=torch.float32)
-    flat = ri.ungroup_gqa(model)
+    flat = ri.circuits.ungroup_gqa(model)
     layout = ri.edge_layout(flat)
     effect = torch.randn(layout.exists.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).float().double()
-    scores = ri.EdgeEffects(layout, torch.where(layout.exists, effect, torch.nan), float("nan"))
+    scores = ri.circuits.EdgeEffects(layout, torch.where(layout.exists, effect, torch.nan), float("nan"))
     path = write_mib(tmp_path / f"gqa{suffix}", flat, scores=scores, convention="as given")
     names = set(json.loads(path.read_text())["edges"]) if suffix == ".json" else None
     if names is not None:  # the same names as the grouped model's file: MIB's graph of either
@@ -87,7 +87,7 @@ def test_partial_kv_groups_at_a_budget():
     """On the ungrouped model each copy is one edge: a budget may keep part of a KV group, and the full group of
     copies evaluates as the grouped model's KV edge."""
     model = _gqa("attn-only")
-    flat = ri.ungroup_gqa(model)
+    flat = ri.circuits.ungroup_gqa(model)
     toks, ref = _tokens(model, 5), _tokens(model, 6)
     grouped_all = ri.edge_layout(model).edges()
     keep_grouped = [e for e in grouped_all if e != ("L0H1", "L1KV0.k")]
@@ -105,6 +105,6 @@ def test_partial_kv_groups_at_a_budget():
 
 def test_refusals():
     with pytest.raises(ValueError, match="no grouped-query attention"):
-        ri.ungroup_gqa(ri.models.make_attn_only(1))
+        ri.circuits.ungroup_gqa(ri.models.make_attn_only(1))
     with pytest.raises(ValueError, match="TransformerLens model"):
-        ri.ungroup_gqa("gpt2")
+        ri.circuits.ungroup_gqa("gpt2")

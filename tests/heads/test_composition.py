@@ -19,7 +19,7 @@ def _dense_theory_score(model, kind, src, dst):
 @pytest.mark.parametrize("kind", ["k", "q", "v"])
 def test_matches_dense_definition(kind, random3x3):
     result = ri.composition_scores(random3x3, kind)
-    assert isinstance(result, ri.CompositionScores) and result.which == kind and result.baseline is None
+    assert isinstance(result, ri.heads.CompositionScores) and result.which == kind and result.baseline is None
     s = result.scores
     assert s.shape == (3, 3, 3, 3)
     for l1 in range(3):
@@ -46,7 +46,7 @@ def test_full_circuit_matches_transformerlens(kind, shape):
 
 def test_baseline_is_near_one_over_sqrt_d_model(toy2):
     result = ri.composition_scores(toy2, "k", baseline=True)
-    assert isinstance(result, ri.CompositionScores)  # one return type, with or without the baseline
+    assert isinstance(result, ri.heads.CompositionScores)  # one return type, with or without the baseline
     assert abs(result.baseline - 1 / math.sqrt(toy2.cfg.d_model)) < 0.02
     assert torch.equal(result.scores.nan_to_num(-1), ri.composition_scores(toy2, "k").scores.nan_to_num(-1))
 

@@ -10,7 +10,7 @@ What they show, in float64 on both sides:
   writes by default (``-effect / B``, B its batch size);
 - MIB's ``evaluate_area_under_curve`` on our importance file gives our curve point by point, our
   CPR (``higher_is_better=True``) and CMD, and our edge counts;
-- on a grouped-query attention model, MIB's curve is the one of :func:`rs_interp.ungroup_gqa`'s copy
+- on a grouped-query attention model, MIB's curve is the one of :func:`rs_interp.circuits.ungroup_gqa`'s copy
   (partial KV groups at a budget included), and MIB's own scores are that copy's EAP;
 - EAP-IG's ``evaluate_graph`` with zero and position-mean ablation equals :func:`rs_interp.evaluate_circuit`
   on the graph whose input node is the token embedding alone (``edge_layout(model, embedding="token")``),
@@ -100,7 +100,7 @@ def test_mib_evaluation_of_our_file_is_our_curve(tmp_path, which):
     model = _model(which)
     data = _data(model, seed=1)
     clean, corrupted, labels = data
-    ours_model = ri.ungroup_gqa(model) if which == "gqa" else model
+    ours_model = ri.circuits.ungroup_gqa(model) if which == "gqa" else model
     eap = ri.edge_attribution_patching(ours_model, clean, _metric(labels), reference=corrupted, progress=False)
     path = write_mib(tmp_path / "importances.json", ours_model, scores=eap, batch_size=B)
     mib = ri.mib_scores(ours_model, clean, _metric(labels), eap, reference=corrupted, higher_is_better=True, progress=False)

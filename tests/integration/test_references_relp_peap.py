@@ -96,7 +96,7 @@ def test_positional_eap_is_peaps_non_crossing_edges(tmp_path):
     answers = torch.randint(0, model.cfg.d_vocab, (4, 2), generator=g)
     starts = [[0, 2, n - 2] for n in lengths]  # "head", "body", "end"
     names = ("head", "body", "end")
-    schema = ri.PositionSchema.from_starts((*names, "pad"), [s + [n] for s, n in zip(starts, lengths)], width)
+    schema = ri.circuits.PositionSchema.from_starts((*names, "pad"), [s + [n] for s, n in zip(starts, lengths)], width)
     metric = _answers_metric(answers, torch.tensor(lengths) - 1)
     ours = ri.edge_attribution_patching(model, clean, metric, reference=counter, spans=schema).positional()
     data = {"cfg": _config(model), "state": _backend.portable_state(model), "spans": (*names, "length"),

@@ -26,7 +26,7 @@ def _fixed_scores(model):
     """Edge scores that do not depend on the model's numbers: each edge's index in the graph."""
     layout = ri.edge_layout(model)
     effect = torch.arange(layout.exists.numel(), dtype=torch.float64).reshape(layout.exists.shape)
-    return ri.EdgeEffects(layout=layout, effect=effect.masked_fill(~layout.exists, float("nan")), clean=0.0)
+    return ri.circuits.EdgeEffects(layout=layout, effect=effect.masked_fill(~layout.exists, float("nan")), clean=0.0)
 
 
 def _jlens(model):
@@ -36,11 +36,11 @@ def _jlens(model):
 def _coordinate_patch(model, *, hooks):
     """A patch of the first atom of the decomposition at layer 0's last position into token 0's coordinate."""
     lens, seq = _jlens(model), _batch().tokens[:1]
-    dec = ri.jspace_decomposition(model, lens, seq[0], 0, position=-1, k=4)
+    dec = ri.readouts.jspace_decomposition(model, lens, seq[0], 0, position=-1, k=4)
     source = int(dec.support[0])
     if not hooks:
-        return ri.coordinate_patch(model, lens, seq[0], 0, source, 0, position=-1, decomposition=dec)
-    hooks = ri.coordinate_patch_hooks(model, lens, source, 0, [0], positions=[-1], k=4)
+        return ri.readouts.coordinate_patch(model, lens, seq[0], 0, source, 0, position=-1, decomposition=dec)
+    hooks = ri.readouts.coordinate_patch_hooks(model, lens, source, 0, [0], positions=[-1], k=4)
     return model.run_with_hooks(seq, fwd_hooks=hooks).float()  # the model's logits, in float32 as the helpers' results
 
 
@@ -75,7 +75,7 @@ HELPERS = {
     "edge_attribution_patching": lambda m: ri.edge_attribution_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
                                                                         reference=ri.induction_batch(4, seed=1).tokens),
     "edge_layout": lambda m: ri.edge_layout(m),
-    "ungroup_gqa": lambda m: ri.ungroup_gqa(m),
+    "ungroup_gqa": lambda m: ri.circuits.ungroup_gqa(m),
     "path_patching": lambda m: ri.path_patching(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
                                                 reference=ri.induction_batch(4, seed=1).tokens, edges=[("embed", "logits")]),
     "evaluate_circuit": lambda m: ri.evaluate_circuit(m, _batch().tokens, lambda lg: lg[:, -1].float().logsumexp(-1).mean(),
@@ -101,13 +101,13 @@ HELPERS = {
     # the Jacobian lens (issue 62): a lens fitted to the model at hand (its dtype), the hook factories run as a user does
     "fit_jacobian_lens": lambda m: _jlens(m),
     "jacobian_lens": lambda m: ri.jacobian_lens(m, _batch().tokens, _jlens(m)),
-    "lens_vectors": lambda m: ri.lens_vectors(m, _jlens(m), [3, 5], 0),
-    "lens_steering_hooks": lambda m: m.run_with_hooks(_batch().tokens, fwd_hooks=ri.lens_steering_hooks(m, _jlens(m), 7, [0])),
-    "lens_ablation_hooks": lambda m: m.run_with_hooks(_batch().tokens, fwd_hooks=ri.lens_ablation_hooks(m, _jlens(m), [3, 4], [0])),
-    "lens_swap_hooks": lambda m: m.run_with_hooks(_batch().tokens, fwd_hooks=ri.lens_swap_hooks(m, _jlens(m), 3, 4, [0])),
-    "jspace_decomposition": lambda m: ri.jspace_decomposition(m, _jlens(m), _batch().tokens[0], 0, position=-1, k=4),
-    "jspace_occupancy": lambda m: ri.jspace_occupancy(m, _jlens(m), _batch().tokens[0], 0, position=-1, max_atoms=4, controls=2),
-    "jspace_variance": lambda m: ri.jspace_variance(m, _jlens(m), _batch().tokens[:1, :8], k=3, skip_first=4, progress=False),
+    "lens_vectors": lambda m: ri.readouts.lens_vectors(m, _jlens(m), [3, 5], 0),
+    "lens_steering_hooks": lambda m: m.run_with_hooks(_batch().tokens, fwd_hooks=ri.readouts.lens_steering_hooks(m, _jlens(m), 7, [0])),
+    "lens_ablation_hooks": lambda m: m.run_with_hooks(_batch().tokens, fwd_hooks=ri.readouts.lens_ablation_hooks(m, _jlens(m), [3, 4], [0])),
+    "lens_swap_hooks": lambda m: m.run_with_hooks(_batch().tokens, fwd_hooks=ri.readouts.lens_swap_hooks(m, _jlens(m), 3, 4, [0])),
+    "jspace_decomposition": lambda m: ri.readouts.jspace_decomposition(m, _jlens(m), _batch().tokens[0], 0, position=-1, k=4),
+    "jspace_occupancy": lambda m: ri.readouts.jspace_occupancy(m, _jlens(m), _batch().tokens[0], 0, position=-1, max_atoms=4, controls=2),
+    "jspace_variance": lambda m: ri.readouts.jspace_variance(m, _jlens(m), _batch().tokens[:1, :8], k=3, skip_first=4, progress=False),
     "coordinate_patch": lambda m: _coordinate_patch(m, hooks=False),
     "coordinate_patch_hooks": lambda m: _coordinate_patch(m, hooks=True),
     "certify": lambda m: ri.certify(m, refresh=True),
@@ -531,7 +531,7 @@ def _tensor_pairs(a, b):
 
 def test_empty_selections_raise(toy2):
     b = _batch()
-    empty = ri.InductionBatch(tokens=b.tokens, periods=b.periods, scored=torch.zeros_like(b.scored))
+    empty = ri.models.InductionBatch(tokens=b.tokens, periods=b.periods, scored=torch.zeros_like(b.scored))
     too_long = torch.full_like(b.periods, b.tokens.shape[1])  # every period as long as the sequence: nothing scored
     for call in (lambda: ri.score_model(toy2, empty.tokens, targets=empty.targets), lambda: ri.induction_scores(toy2, empty.tokens, periods=too_long),
                  lambda: ri.path_logit_attribution(toy2, empty.tokens, targets=empty.targets), lambda: ri.score_logits(toy2(empty.tokens), empty.targets)):

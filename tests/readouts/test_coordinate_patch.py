@@ -73,16 +73,16 @@ def test_the_hooks_patch_each_position_as_the_offline_patch(fitted):
     target = next(t for t in range(60) if t != source)
     cache_of: dict = {}
     seen = {}
-    hooks = ri.coordinate_patch_hooks(model, lens, source, target, [1], positions=[-2], decomposition_cache=cache_of,
-                                      k=6, mode="swap")
+    hooks = ri.readouts.coordinate_patch_hooks(model, lens, source, target, [1], positions=[-2],
+                                               decomposition_cache=cache_of, k=6, mode="swap")
     with model.hooks(fwd_hooks=hooks + [("blocks.1.hook_resid_post", lambda t, hook: seen.__setitem__("x", t))]):
         model(tokens)
     for b in range(tokens.shape[0]):
-        want = ri.coordinate_patch(model, lens, x[b, 8], 1, source, target, k=6, mode="swap").patched
+        want = ri.readouts.coordinate_patch(model, lens, x[b, 8], 1, source, target, k=6, mode="swap").patched
         assert (seen["x"][b, 8] - want).abs().max() <= 1e-12
         assert torch.equal(seen["x"][b, :8], x[b, :8]) and (1, b, 8) in cache_of
     with pytest.raises(ValueError, match="not in the decomposition's active support"), model.hooks(
-            fwd_hooks=ri.coordinate_patch_hooks(model, lens, target, source, [1], positions=[3], k=1)):
+            fwd_hooks=ri.readouts.coordinate_patch_hooks(model, lens, target, source, [1], positions=[3], k=1)):
         model(tokens)
 
 

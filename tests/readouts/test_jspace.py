@@ -92,16 +92,16 @@ def test_the_model_helpers_read_the_stream_and_the_lens_vectors(fitted):
     assert (D - (lens.matrix(1).T @ model.W_U).T).abs().max() <= 1e-12
     _, cache = model.run_with_cache(tokens[:1])
     x = cache["blocks.1.hook_resid_post"][0, 6]
-    on_tokens = ri.jspace_decomposition(model, lens, tokens[0], 1, position=6, k=6)
-    on_vector = ri.jspace_decomposition(model, lens, x, 1, k=6)
+    on_tokens = ri.readouts.jspace_decomposition(model, lens, tokens[0], 1, position=6, k=6)
+    on_vector = ri.readouts.jspace_decomposition(model, lens, x, 1, k=6)
     assert torch.equal(on_tokens.support, on_vector.support) and kkt_holds(D, x, on_vector)
-    occ, want = ri.jspace_occupancy(model, lens, x, 1, max_atoms=4, controls=2), estimate_occupancy(x, D, max_atoms=4,
-                                                                                                    controls=2)
+    occ = ri.readouts.jspace_occupancy(model, lens, x, 1, max_atoms=4, controls=2)
+    want = estimate_occupancy(x, D, max_atoms=4, controls=2)
     assert occ.occupancy == want.occupancy and torch.equal(occ.support, want.support)
     with pytest.raises(ValueError, match="not one of the lens's source layers"):
-        ri.jspace_decomposition(model, lens, x, 2)
+        ri.readouts.jspace_decomposition(model, lens, x, 2)
     with pytest.raises(ValueError, match="without a position"):
-        ri.jspace_decomposition(model, lens, tokens[0], 1)
+        ri.readouts.jspace_decomposition(model, lens, tokens[0], 1)
 
 
 @tl43

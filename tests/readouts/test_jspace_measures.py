@@ -27,7 +27,7 @@ def fitted():
 
 def test_the_fraction_of_variance_is_the_pooled_share_of_each_position(fitted):
     model, tokens, lens = fitted
-    prof = ri.jspace_variance(model, lens, tokens, [1], k=4, skip_first=7, progress=False)
+    prof = ri.readouts.jspace_variance(model, lens, tokens, [1], k=4, skip_first=7, progress=False)
     _, cache = model.run_with_cache(tokens)
     xs = cache["blocks.1.hook_resid_post"][:, 7:].reshape(-1, 16)
     j = [sparse_decomposition(x, dictionary(model, lens, 1), 4).j_space_component for x in xs]

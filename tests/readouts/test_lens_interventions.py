@@ -32,27 +32,28 @@ def around(model, tokens, hooks, layer):
 
 def test_the_vectors_are_the_unembedding_read_back_through_the_lens(fitted):
     model, _, lens = fitted
-    v = ri.lens_vectors(model, lens, [3, 11], 1)
+    v = ri.readouts.lens_vectors(model, lens, [3, 11], 1)
     assert (v - (lens.matrix(1).T @ model.W_U[:, [3, 11]]).T).abs().max() <= 1e-12
 
 
 @pytest.mark.parametrize("positions", [None, [2, -1]])
 def test_steering_adds_exactly_the_stated_vector(fitted, positions):
     model, tokens, lens = fitted
-    h, out = around(model, tokens, ri.lens_steering_hooks(model, lens, 5, [1], alpha=1.5, positions=positions), 1)
+    steer = ri.readouts.lens_steering_hooks(model, lens, 5, [1], alpha=1.5, positions=positions)
+    h, out = around(model, tokens, steer, 1)
     at = list(range(10)) if positions is None else [2, 9]
-    v = ri.lens_vectors(model, lens, 5, 1)[0]
+    v = ri.readouts.lens_vectors(model, lens, 5, 1)[0]
     want = 1.5 * h[:, at].norm(dim=-1).median() * v / v.norm()
     assert (out[:, at] - h[:, at] - want).abs().max() <= 1e-12
     rest = [p for p in range(10) if p not in at]
     assert torch.equal(out[:, rest], h[:, rest])
-    assert torch.equal(around(model, tokens, ri.lens_steering_hooks(model, lens, 5, [1], alpha=0.0), 1)[1], h)
+    assert torch.equal(around(model, tokens, ri.readouts.lens_steering_hooks(model, lens, 5, [1], alpha=0.0), 1)[1], h)
 
 
 def test_ablation_leaves_no_component_along_the_tokens(fitted):
     model, tokens, lens = fitted
-    h, out = around(model, tokens, ri.lens_ablation_hooks(model, lens, [5, 6, 7], [1]), 1)
-    V = ri.lens_vectors(model, lens, [5, 6, 7], 1)
+    h, out = around(model, tokens, ri.readouts.lens_ablation_hooks(model, lens, [5, 6, 7], [1]), 1)
+    V = ri.readouts.lens_vectors(model, lens, [5, 6, 7], 1)
     assert (out @ V.T).abs().max() <= 1e-12 * h.abs().max() * V.norm(dim=1).max()
     removed = h - out  # within the span of the three vectors
     coef = torch.linalg.lstsq(V.T, removed.reshape(-1, 16).T).solution
@@ -61,13 +62,13 @@ def test_ablation_leaves_no_component_along_the_tokens(fitted):
 
 def test_a_swap_exchanges_the_two_coordinates_and_keeps_the_rest(fitted):
     model, tokens, lens = fitted
-    h, out = around(model, tokens, ri.lens_swap_hooks(model, lens, 3, 4, [1]), 1)
-    V = ri.lens_vectors(model, lens, [3, 4], 1).T
+    h, out = around(model, tokens, ri.readouts.lens_swap_hooks(model, lens, 3, 4, [1]), 1)
+    V = ri.readouts.lens_vectors(model, lens, [3, 4], 1).T
     P = V @ torch.linalg.pinv(V)  # the projection onto span{v_s, v_t}
     c_in, c_out = h @ torch.linalg.pinv(V).T, out @ torch.linalg.pinv(V).T
     assert (c_out - c_in[..., [1, 0]]).abs().max() <= 1e-10 * c_in.abs().max()
     assert ((out - out @ P.T) - (h - h @ P.T)).abs().max() <= 1e-10 * h.abs().max()
-    _, double = around(model, tokens, ri.lens_swap_hooks(model, lens, 3, 4, [1], alpha=2.0), 1)
+    _, double = around(model, tokens, ri.readouts.lens_swap_hooks(model, lens, 3, 4, [1], alpha=2.0), 1)
     assert ((double @ torch.linalg.pinv(V).T) - (2 * c_in[..., [1, 0]] - c_in)).abs().max() <= 1e-9 * c_in.abs().max()
 
 
@@ -75,26 +76,26 @@ def test_the_clamp_sets_the_clean_runs_exchanged_coordinates(fitted):
     model, tokens, lens = fitted
     _, clean = model.run_with_cache(tokens)
     other = torch.randint(0, 60, (2, 10), generator=torch.Generator().manual_seed(9))
-    hooks = ri.lens_swap_hooks(model, lens, 3, 4, [1], clamp_to=clean)
+    hooks = ri.readouts.lens_swap_hooks(model, lens, 3, 4, [1], clamp_to=clean)
     h, out = around(model, other, hooks, 1)
-    pinv = torch.linalg.pinv(ri.lens_vectors(model, lens, [3, 4], 1).T)
+    pinv = torch.linalg.pinv(ri.readouts.lens_vectors(model, lens, [3, 4], 1).T)
     want = (clean["blocks.1.hook_resid_post"] @ pinv.T)[..., [1, 0]]
     assert (out @ pinv.T - want).abs().max() <= 1e-10 * want.abs().max()
     assert (around(model, other, hooks + hooks, 1)[1] - out).abs().max() <= 1e-10 * out.abs().max()  # idempotent
     with pytest.raises(ValueError, match="clamp_to has no activation"):
-        ri.lens_swap_hooks(model, lens, 3, 4, [0], clamp_to={})
+        ri.readouts.lens_swap_hooks(model, lens, 3, 4, [0], clamp_to={})
 
 
 def test_degenerate_swaps_are_refused(fitted):
     model, _, lens = fitted
     with pytest.raises(ValueError, match="same token"):
-        ri.lens_swap_hooks(model, lens, 3, 3, [1])
+        ri.readouts.lens_swap_hooks(model, lens, 3, 3, [1])
     u = torch.randn(16, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     flat = ri.JacobianLens((u @ u.T).expand(2, 16, 16), (0, 1), n_prompts=1)  # every lens vector along u
     with pytest.raises(ValueError, match="near-parallel"):
-        ri.lens_swap_hooks(model, flat, 3, 4, [1])
+        ri.readouts.lens_swap_hooks(model, flat, 3, 4, [1])
     with pytest.raises(ValueError, match="source layers"):
-        ri.lens_steering_hooks(model, lens, 3, [2])
+        ri.readouts.lens_steering_hooks(model, lens, 3, [2])
 
 
 @pytest.mark.slow
@@ -118,10 +119,11 @@ def test_transformer_lens_hooks_do_the_same(tmp_path):
     tokens = torch.randint(1, 299, (1, 12), generator=torch.Generator().manual_seed(2))
     lens = ri.fit_jacobian_lens(model, tokens, skip_first=2, progress=False)
     theirs = TLLens({0: lens.matrix(0)}, n_prompts=1, d_model=32, metadata={"model_name": bridge.cfg.model_name})
-    for mine, tl in [(ri.lens_steering_hooks(model, lens, 5, [0], alpha=2.0),
+    for mine, tl in [(ri.readouts.lens_steering_hooks(model, lens, 5, [0], alpha=2.0),
                       theirs.steering_hooks(bridge, 5, [0], alpha=2.0)),
-                     (ri.lens_ablation_hooks(model, lens, [5, 6], [0]), theirs.ablation_hooks(bridge, [5, 6], [0])),
-                     (ri.lens_swap_hooks(model, lens, 5, 6, [0]), theirs.swap_hooks(bridge, 5, 6, [0]))]:
+                     (ri.readouts.lens_ablation_hooks(model, lens, [5, 6], [0]),
+                      theirs.ablation_hooks(bridge, [5, 6], [0])),
+                     (ri.readouts.lens_swap_hooks(model, lens, 5, 6, [0]), theirs.swap_hooks(bridge, 5, 6, [0]))]:
         out = {}
         with bridge.hooks(fwd_hooks=tl + [("blocks.0.hook_out", lambda t, hook: out.__setitem__("tl", t))]):
             bridge(tokens)
@@ -165,10 +167,10 @@ EDITS = [("steer", [5], [2, -1], 1.5), ("ablate", [5, 6, 7], None, 1.0), ("swap"
 
 def _helper_hooks(model, lens, kind, ids, layers, positions, alpha, clean):
     if kind == "steer":
-        return ri.lens_steering_hooks(model, lens, ids[0], layers, alpha=alpha, positions=positions)
+        return ri.readouts.lens_steering_hooks(model, lens, ids[0], layers, alpha=alpha, positions=positions)
     if kind == "ablate":
-        return ri.lens_ablation_hooks(model, lens, ids, layers, positions=positions)
-    return ri.lens_swap_hooks(model, lens, *ids, layers, alpha=alpha, positions=positions,
+        return ri.readouts.lens_ablation_hooks(model, lens, ids, layers, positions=positions)
+    return ri.readouts.lens_swap_hooks(model, lens, *ids, layers, alpha=alpha, positions=positions,
                               clamp_to=clean if kind == "clamp" else None)
 
 

@@ -111,7 +111,7 @@ def one_call(name: str, analysis: str, dtype: torch.dtype = torch.float64):
 def numbers(result, analysis: str) -> dict[str, torch.Tensor]:
     """The numbers of a result, float64, NaN as 0 (edges off the graph): what the comparisons read."""
     if analysis == "dla":
-        if isinstance(result, ri.DirectLogitAttribution):
+        if isinstance(result, ri.readouts.DirectLogitAttribution):
             return {"mean": result.mean(), "clean": result.clean}
         return {"mean": result.mean, "clean": result.clean}
     if isinstance(result, dict):
@@ -325,7 +325,7 @@ def test_refusals_name_their_reason(monkeypatch):
 
     # A field the streaming does not know (say, error bars added to a helper) is refused, not averaged.
     @dataclasses.dataclass(frozen=True)
-    class WithErrorBars(ri.AttributionPatching):
+    class WithErrorBars(ri.circuits.AttributionPatching):
         stderr: torch.Tensor | None = None
 
     real = ri.circuits.attribution_patching

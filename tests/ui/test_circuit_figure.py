@@ -28,7 +28,7 @@ def _scores(cfg, seed=0):
     # |effect| 1, 1/2, 1/3 ... in a random order (the top few spread over the widths), random signs
     size = 1.0 / (1 + torch.randperm(layout.exists.numel(), generator=g).view(layout.exists.shape).double())
     sign = torch.randint(0, 2, layout.exists.shape, generator=g) * 2 - 1
-    return ri.EdgeEffects(layout, torch.where(layout.exists, size * sign, torch.nan), 0.0)
+    return ri.circuits.EdgeEffects(layout, torch.where(layout.exists, size * sign, torch.nan), 0.0)
 
 
 def _kind(receiver: str) -> str:

@@ -61,8 +61,7 @@ def features_section(ctx: Context) -> Section:
     # exactness, in float64
     m64, t64 = as_dtype(model, torch.float64), tcs.to(torch.float64)
     g64 = attribution_graph(m64, t64, tokens, targets=[answer], progress=ctx.progress)
-    rows = torch.cat([torch.arange(g64.n_features), torch.tensor([g64.n_nodes - 1])])
-    identity = float((g64.adjacency[rows].sum(1) + g64.bias[rows] - g64.values[rows]).abs().max())
+    identity = float(g64.row_gaps().max())
     top = g64.influence()[: g64.n_features].topk(min(N_CHECKED, g64.n_features)).indices.tolist()
     frozen_gap = max(intervene(m64, t64, g64, [n], scale=2.0).gap for n in top)
     live = intervene(m64, t64, g64, top[:1], scale=2.0, frozen=False)
