@@ -8,6 +8,8 @@ report. The library (``rs_interp``) never imports this package; this package rea
   :mod:`rs_interp.models.registry`).
 - :mod:`.gpt2_check`, :mod:`.gradients`: the GPT-2 analysis and conversion check, the gradient table.
 - :mod:`.report`: the text table, ``results.json`` and ``report.html``.
+- :mod:`.geometry`, :mod:`.finance`: the study code only the reproduction reads (the theory lab; the finance
+  case study), answering as ``rs_interp.geometry`` and ``rs_interp.finance`` too.
 
 Each registry entry's cost is measured as it runs (:func:`run_sections`: CPU seconds of the process, all
 threads, and wall seconds; the first entry to use a model pays for loading it) and kept in

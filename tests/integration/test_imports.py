@@ -94,35 +94,34 @@ def test_no_import_circle():
 
 
 #: The packages' roles, bottom to top: the core (the exact core, the backend, the hook factories and the
-#: top-level modules, the common substrate), the analyses, the user-facing layer. The theory lab sits
-#: beside the analyses and reads the core; the reproduction and the case study are apart (they read
-#: everything; only the command line reads the reproduction).
+#: top-level modules, the common substrate), the analyses, the user-facing layer. The reproduction is apart,
+#: with the study code only it reads (the theory lab, the case study): it reads everything; only the command
+#: line reads it.
 ANALYSES = ("readouts", "heads", "circuits", "features", "models", "tasks", "scale", "variables")
-APART = ("reproduce", "finance")
+APART = ("reproduce",)
 #: role -> the roles it may import.
 MAY_IMPORT = {
     "core": {"core"},
     "analysis": {"analysis", "core"},
-    "lab": {"lab", "core"},
-    "ui": {"ui", "analysis", "lab", "core", "facade"},
+    "ui": {"ui", "analysis", "core", "facade"},
 }
 
 
 def _role(module: str) -> str:
     """The role of a module: ``facade`` (``rs_interp`` itself, which names every public name lazily),
-    ``analysis``, ``ui``, ``lab``, ``apart`` or ``core`` (every other package and top-level module)."""
+    ``analysis``, ``ui``, ``apart`` or ``core`` (every other package and top-level module)."""
     if module == "rs_interp":
         return "facade"
     package = module.split(".")[1]
     return ("analysis" if package in ANALYSES else "apart" if package in APART
-            else package if package in ("ui", "lab") else "core")
+            else package if package == "ui" else "core")
 
 
 def test_every_package_has_a_role():
     """A new package is placed on purpose: each package of ``rs_interp`` is one this file names (or a
     core package)."""
     packages = {p.name for p in (ROOT / "rs_interp").iterdir() if (p / "__init__.py").is_file()}
-    assert packages - {*ANALYSES, *APART, "ui", "lab"} == {"exact", "_backend"}
+    assert packages - {*ANALYSES, *APART, "ui"} == {"exact", "_backend"}
 
 
 def test_the_packages_direction():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...finance import READERS, run_case_study
+from ..finance import READERS, run_case_study
 from ...ui.plots import finance_figure
 from ..context import Context, Row, Section, banded
 from ..expected import UNBANDED

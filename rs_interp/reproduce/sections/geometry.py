@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...lab.geometry import collapse_cloud, collapse_run, count_clusters
+from ..geometry import collapse_cloud, collapse_run, count_clusters
 from ...ui.plots import collapse_figure, layernorm_figure
 from ..context import Context, Row, Section, banded, exact_row
 from ..expected import UNBANDED

@@ -12,8 +12,8 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from .._backend import Model
-from ..models.registry import Trained, TrainingCache, load_toy_model
+from ..._backend import Model
+from ...models.registry import Trained, TrainingCache, load_toy_model
 from .corpus import D_VOCAB, N_CTX, Company, Corpus, Filing, Query, demo_filing, find_queries, make_corpus
 
 __all__ = [
@@ -59,8 +59,8 @@ def train_filing_model(filings: Sequence[Filing], *, steps: int = 600, batch_siz
 
     Adam, batches of 64 random 48-symbol windows, every position scored, deterministic for a seed.
     """
-    from ..models.checkpoints import make_attn_only
-    from ..models.training import train_on_batches
+    from ...models.checkpoints import make_attn_only
+    from ...models.training import train_on_batches
 
     windows = _windows(filings)
     model = make_attn_only(2, seed=seed)
@@ -75,7 +75,7 @@ def train_filing_model(filings: Sequence[Filing], *, steps: int = 600, batch_siz
 
 
 def _model_reader(model: Model, *, direct_only: bool = False) -> Callable[[Sequence[Query]], list[int | None]]:
-    from ..readouts.paths import path_expansion
+    from ...readouts.paths import path_expansion
 
     def read(queries: Sequence[Query]) -> list[int | None]:
         preds: list[int | None] = [None] * len(queries)
@@ -163,8 +163,8 @@ def evaluate_readers(corpus: Corpus, *, filing_model: Model, induction_1l: Model
         dq = find_queries([f])
         demo = complete_queries(readers, dq)
         demo_labels = tuple(f"{q.query_word} -> {q.answer_word}" for q in dq)
-    from ..heads.roles import induction_scores
-    from ..models.data import induction_batch
+    from ...heads.roles import induction_scores
+    from ...models.data import induction_batch
 
     ambiguous = sum(int((table.counts[q.context[-1]] > 0).sum()) > 1 for q in seen_q) / len(seen_q)
     probe = induction_batch(200, seed=5, d_vocab=D_VOCAB, seq_len=N_CTX)

@@ -1,4 +1,4 @@
-"""The finance corpus: synthetic filings, hashed tokens and the queries (see :mod:`rs_interp.finance`).
+"""The finance corpus: synthetic filings, hashed tokens and the queries (see :mod:`rs_interp.reproduce.finance`).
 
 The corpus is synthetic, seeded and generated here in well under a second; nothing is downloaded.
 

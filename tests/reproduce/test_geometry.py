@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.lab.geometry import (
+from rs_interp.reproduce.geometry import (
     centering_projection,
     collapse_cloud,
     collapse_run,
