@@ -22,8 +22,8 @@ from torch import nn
 
 from .. import _names as N
 from .._backend import Model, attention_output, make_config, mlp_out_parameter, reinitialise, set_unembedding
-from .geometry import layer_norm
 from ..models.checkpoints import build_model
+from .geometry import layer_norm
 
 __all__ = ["GradientRow", "gradient_scaling", "PostLNStack", "pre_ln_stack"]
 

@@ -142,6 +142,25 @@ def test_the_packages_direction():
     assert offenders == []
 
 
+#: What the tasks read besides the core and themselves: the models' data (induction's sequences). Not a method:
+#: MIB's graph files, which describe circuits, live beside them (rs_interp.circuits.mib_files).
+TASKS_READ = ("rs_interp.tasks", "rs_interp.models")
+#: The one arrow left from the tasks up to the methods: a task's position schema is circuits.positions'
+#: PositionSchema (a class of rs_interp/circuits/, to move below the tasks with its owner's work).
+TASKS_UP = {("rs_interp.tasks.task", "rs_interp.circuits.positions")}
+
+
+def test_the_tasks_sit_below_the_methods():
+    """A task (clean and corrupted prompts, answers, a metric) is the data the methods read: ``rs_interp.tasks``
+    reads the core and the models' data, never ``circuits``, ``scale`` or another analysis (issue 65: MIB's file
+    code, which made ``tasks`` import ``circuits.graph``, moved beside the circuits)."""
+    graph = _graph()
+    assert "rs_interp.models.data" in graph["rs_interp.tasks.induction"]  # the graph sees the tasks' imports
+    up = {(m, t) for m, targets in graph.items() if m.startswith("rs_interp.tasks") for t in targets
+          if _role(t) != "core" and not t.startswith(TASKS_READ)}
+    assert up == TASKS_UP
+
+
 def test_no_version_outside_the_backend():
     """Every difference between TransformerLens versions lives in ``rs_interp._backend``: no other
     module reads ``TL_MAJOR`` or imports a version's module (the report names the version it ran on)."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..finance import READERS, run_case_study
 from ...ui.plots import finance_figure
 from ..context import Context, Row, Section, banded
 from ..expected import UNBANDED
+from ..finance import READERS, run_case_study
 
 
 def finance_section(ctx: Context) -> Section:

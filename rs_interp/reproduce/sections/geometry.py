@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ..geometry import collapse_cloud, collapse_run, count_clusters
 from ...ui.plots import collapse_figure, layernorm_figure
 from ..context import Context, Row, Section, banded, exact_row
 from ..expected import UNBANDED
+from ..geometry import collapse_cloud, collapse_run, count_clusters
 from ..gradients import gradient_scaling
 
 #: The search for Theorem 1's narrow-kernel regime: clouds ``collapse_cloud(s)`` for ``s`` in

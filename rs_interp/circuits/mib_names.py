@@ -1,5 +1,5 @@
 """MIB's names of rs_interp's edges, and where EAP-IG's ``Graph`` keeps them (the names half of
-:mod:`rs_interp.tasks.mib`, which re-exports :func:`mib_edge_names` and :func:`from_mib_edge`).
+:mod:`rs_interp.circuits.mib_files`, which re-exports :func:`mib_edge_names` and :func:`from_mib_edge`).
 
 Nodes ``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``; an edge ``parent->child``, with ``<q>``/``<k>``/``<v>``
 after an attention child; under grouped-query attention one MIB edge per query head's copy of a KV
@@ -36,7 +36,8 @@ def mib_edge_names(edge: tuple[str, str], model_or_cfg: Any) -> list[str]:
 
     Example:
         >>> from rs_interp.models import make_attn_only
-        >>> mib_edge_names(("embed", "L0H1.q"), make_attn_only(1)), mib_edge_names(("L0H0", "logits"), make_attn_only(1))
+        >>> cfg = make_attn_only(1)
+        >>> mib_edge_names(("embed", "L0H1.q"), cfg), mib_edge_names(("L0H0", "logits"), cfg)
         (['input->a0.h1<q>'], ['a0.h0->logits'])
         >>> mib_edge_names(("embed", "L0KV0.k"), make_attn_only(1, n_heads=2, n_key_value_heads=1))
         ['input->a0.h0<k>', 'input->a0.h1<k>']
@@ -106,9 +107,11 @@ def _check_edge(sender: str, receiver: str, cfg: Any) -> None:
         if label == ("embed" if role == "sender" else "logits"):
             return 0 if role == "sender" else math.inf
         m = re.fullmatch(r"L(\d+)(H|KV)(\d+)" + (r"\.([qkv])" if role == "receiver" else ""), label)
-        if m and int(m.group(1)) < L and ((m.group(2) == "H" and int(m.group(3)) < H and (role == "sender" or m.group(4) == "q" or G == H))
-                                           or (m.group(2) == "KV" and role == "receiver" and G != H and int(m.group(3)) < G and m.group(4) != "q")):
-            return 2 * int(m.group(1)) + 1
+        if m and int(m.group(1)) < L:
+            head = m.group(2) == "H" and int(m.group(3)) < H and (role == "sender" or m.group(4) == "q" or G == H)
+            kv = m.group(2) == "KV" and role == "receiver" and G != H and int(m.group(3)) < G and m.group(4) != "q"
+            if head or kv:
+                return 2 * int(m.group(1)) + 1
         m = re.fullmatch(r"MLP(\d+)", label)
         if m and not cfg.attn_only and int(m.group(1)) < L:
             return 2 * int(m.group(1)) + (1 if parallel else 2)
