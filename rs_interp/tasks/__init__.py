@@ -56,7 +56,8 @@ if TYPE_CHECKING:
 #: MIB's graph files moved beside the circuits they describe (issue 65): the old names answer for a release, warning.
 _DEPRECATED: dict[str, tuple[str, type[Warning]]] = {
     name: (f"rs_interp.circuits.{name}", DeprecationWarning) for name in (
-        "MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge", "mib_importances")}
+        "MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge",
+        "mib_importances")}
 
 __getattr__, __dir__ = attach(__name__, _WHERE, globals(), deprecated=_DEPRECATED)
 

@@ -118,7 +118,8 @@ class FinanceResult:
     diagnostics: dict[str, float] = field(default_factory=dict)
 
 
-def complete_queries(readers: Mapping[str, Callable[[Sequence[Query]], list[int | None]]], queries: Sequence[Query]) -> dict[str, list[bool]]:
+def complete_queries(readers: Mapping[str, Callable[[Sequence[Query]], list[int | None]]],
+                     queries: Sequence[Query]) -> dict[str, list[bool]]:
     """Per reader, whether each query was completed."""
     return {name: [p == q.answer for p, q in zip(read(queries), queries)] for name, read in readers.items()}
 
@@ -136,10 +137,12 @@ def run_case_study(*, seed: int = 0, induction_1l: Model | None = None,
     True
     """
     corpus = make_corpus(seed)
-    train = lambda: Trained(train_filing_model(corpus.train, seed=seed, progress=progress), {"seed": seed})  # noqa: E731
+    train = lambda: Trained(train_filing_model(corpus.train, seed=seed, progress=progress),  # noqa: E731
+                            {"seed": seed})
     filing_model = (cache.fetch("finance-filing", {"seed": seed}, train) if cache else train()).model
     demo_company = next((c for c in corpus.heldout_companies if len(c.name) == 3), corpus.heldout_companies[0])
-    return evaluate_readers(corpus, filing_model=filing_model, induction_1l=induction_1l or load_toy_model("induction-1l"),
+    return evaluate_readers(corpus, filing_model=filing_model,
+                            induction_1l=induction_1l or load_toy_model("induction-1l"),
                             induction_2l=induction_2l or load_toy_model("induction-2l"), demo_company=demo_company)
 
 

@@ -35,15 +35,18 @@ def _narrow_kernel(seed: int) -> tuple[list[Row], dict]:
     run = collapse_run(collapse_cloud(found[0]), 4.0, n_layers=NARROW_LAYERS)
     d = run.diameter
     rows += [
-        banded("geometry.narrow_tau_min", f"β = 4, cloud {found[0]}: min τ through layer 12", float(run.tau[:12].min())),
+        banded("geometry.narrow_tau_min", f"β = 4, cloud {found[0]}: min τ through layer 12",
+               float(run.tau[:12].min())),
         exact_row(f"β = 4, cloud {found[0]}: clusters at layer 12", count_clusters(run.clouds[12]), 2),
         banded("geometry.narrow_diameter_12", f"β = 4, cloud {found[0]}: diameter at layer 12", float(d[12])),
         banded("geometry.narrow_diameter_16", f"β = 4, cloud {found[0]}: diameter at layer 16", float(d[16])),
         banded("geometry.narrow_merge", f"β = 4, cloud {found[0]}: diameter at 18 / at 12", float(d[18] / d[12])),
-        Row(f"β = 4, cloud {found[0]}: diameter under the bound to layer {NARROW_LAYERS}", str(bool((d <= run.bound + 1e-12).all())),
+        Row(f"β = 4, cloud {found[0]}: diameter under the bound to layer {NARROW_LAYERS}",
+            str(bool((d <= run.bound + 1e-12).all())),
             "True", "True", bool((d <= run.bound + 1e-12).all())),
     ]
-    return rows, {"searched": NARROW_SEARCH, "found": found, "first": found[0], "diameter": d.tolist(), "tau": run.tau.tolist()}
+    return rows, {"searched": NARROW_SEARCH, "found": found, "first": found[0], "diameter": d.tolist(),
+                  "tau": run.tau.tolist()}
 
 
 def geometry_section(ctx: Context) -> Section:
@@ -72,10 +75,10 @@ def geometry_section(ctx: Context) -> Section:
     }
     notes = (f"Cloud: ten tokens in the plane, torch.randn(10, 2) seeded with {ctx.seed} (diameter "
              f"{float(pure[0.25].diameter[0]):.3f}; the theory's cloud is not published, its numbers are not targets). "
-             "Gradients: d = 64, 4 heads, ReLU MLP of width 256, RMS over 8 draws, float64. "
-             "Narrow kernel: the regime the theory shows at β = 4 (τ > 0.97 through layer 12, two clusters at layer "
-             f"12, merged by 18) is rare among random clouds; the β = 4 rows above are the search over {NARROW_SEARCH} "
-             "seeded clouds and the first cloud that shows it, run to layer 24. The default cloud collapses by layer 10.")
+             "Gradients: d = 64, 4 heads, ReLU MLP of width 256, RMS over 8 draws, float64. Narrow kernel: the regime "
+             "the theory shows at β = 4 (τ > 0.97 through layer 12, two clusters at layer 12, merged by 18) is rare "
+             f"among random clouds; the β = 4 rows above are the search over {NARROW_SEARCH} seeded clouds and the "
+             "first cloud that shows it, run to layer 24. The default cloud collapses by layer 10.")
     return Section("geometry", "Residual-stream geometry: collapse, the skip, pre-LN vs post-LN", tuple(rows), results,
                    figures=(collapse_figure(runs), layernorm_figure()), notes=notes)
 
