@@ -37,6 +37,7 @@ from .._keywords import renamed, renamed_attribute
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import EVALUATED, needs
 from ..exact.stream import mlp_flags
 from ..exact.validate import Ablation, check_ablation
 from ..metrics import Metric, metric_value
@@ -78,6 +79,7 @@ class ACDC(EdgeEffects):
         return [e for e, k in zip(self.layout.edges(), self.kept[self.layout.exists].tolist()) if k]
 
 
+@needs(*EVALUATED)
 @renamed(method="ablation")
 def acdc(
     model: Model,

@@ -57,6 +57,7 @@ from .._backend import Model
 from .._budget import MEMORY_BUDGET
 from .._progress import bar
 from ..exact.certificate import require
+from ..exact.needs import EDGE_ESTIMATES, ONE_PASS_EACH, needs
 from ..exact.readout import final_norm_of
 from ..exact.stream import RESID0, reader_weight
 from ..exact.validate import check_int_range
@@ -208,6 +209,7 @@ class Fixed(EdgeEffects):
         return self.screen.error_bar(z).masked_fill(self.fixed, 0.0)
 
 
+@needs(*EDGE_ESTIMATES, adapts=ONE_PASS_EACH)
 def fix_unreliable(model: Model, tokens: torch.Tensor, metric: Metric, scores, *, reference: torch.Tensor,
                    threshold: float = 0.5, screen: str | None = None, memory_budget: int = MEMORY_BUDGET, progress: bool = True):
     """Screen, flag, fix (Zhang & Wang 2026): the edges of a Hessian-corrected estimate whose

@@ -44,6 +44,7 @@ from .._backend import Model
 from .._budget import MEMORY_BUDGET
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import EDGE_ESTIMATES, QK_FIX, needs
 from ..exact.readout import compute_dtype
 from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, start_points
 from ..hooks import store_matching
@@ -142,6 +143,7 @@ def _flush(pending: list, rows: list[torch.Tensor], spans: torch.Tensor | None =
     pending.clear()
 
 
+@needs(*EDGE_ESTIMATES, adapts=QK_FIX)
 @outside_inference_mode
 def edge_attribution_patching(
     model: Model,

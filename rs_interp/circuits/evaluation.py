@@ -42,6 +42,7 @@ from .._keywords import renamed
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import EVALUATED, needs
 from ..exact.stream import mlp_flags
 from ..exact.validate import Ablation, check_ablation
 from ..metrics import Metric, direction, metric_value
@@ -60,6 +61,7 @@ def _reaches_logits(layout: EdgeLayout, keep: torch.Tensor) -> bool:
     return bool(prune(layout, keep).any())
 
 
+@needs(*EVALUATED, optional={"embedding": "embedding='token' or 'split'"})
 @renamed(method="ablation")
 def evaluate_circuit(
     model: Model,
@@ -218,6 +220,7 @@ def _area(x: Sequence[float], y: Sequence[float]) -> float:
     return float(sum((x[i + 1] - x[i]) * (y[i] + y[i + 1]) / 2 for i in range(len(x) - 1)))
 
 
+@needs(*EVALUATED, optional={"embedding": "scores on embedding='token' or 'split'"})
 @renamed(method="ablation")
 def faithfulness_curve(
     model: Model,
@@ -371,6 +374,7 @@ class MIBScores:
     absolute: FaithfulnessCurve
 
 
+@needs(*EVALUATED)
 @renamed(method="ablation")
 def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Metric,
                scores: EdgeEffects | Mapping[str, EdgeEffects], *, reference: Int[torch.Tensor, "batch pos"] | None = None,

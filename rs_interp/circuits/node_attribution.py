@@ -40,6 +40,7 @@ from .._backend import Model, kv_groups
 from .._keywords import renamed, renamed_attribute
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import QK_FIX, needs
 from ..exact.stream import RESID0, mlp_flags, start_points, watched
 from ..labels import head_label, kv_label
 from ..metrics import Metric, top_effects
@@ -103,6 +104,7 @@ class AttributionPatching(Spread):
         return top_effects(self.labels, self.effect, k)
 
 
+@needs("z", "input", "gradients", adapts=QK_FIX)
 @renamed(nodes="which")
 @outside_inference_mode
 def attribution_patching(

@@ -34,6 +34,7 @@ from .._budget import MEMORY_BUDGET, stacked_copies
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import EDGES, ONE_PASS_EACH, needs
 from ..exact.stream import mlp_flags, receiver_hook, routed, stacked_start, start_points
 from ..exact.validate import check_int_range
 from ..hooks import store_matching
@@ -154,6 +155,7 @@ def _wanted(layout: EdgeLayout, edges: Sequence[tuple[str, str]] | None) -> torc
     return mask
 
 
+@needs(*EDGES, adapts=ONE_PASS_EACH)
 def path_patching(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],

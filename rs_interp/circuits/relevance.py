@@ -56,6 +56,7 @@ from .. import _names as N
 from .._backend import Model, kv_groups
 from .._budget import MEMORY_BUDGET
 from ..exact.certificate import require
+from ..exact.needs import QK_FIX, RELEVANCE, needs
 from ..exact.readout import compute_dtype
 from ..exact.stream import RESID0, ablation_values, start_points
 from ..exact.validate import Ablation, check_ablation
@@ -174,6 +175,8 @@ def _reader_labels(model: Model, layer: int, kind: str) -> list[str]:
     return [receiver_label(layer, h, "v", kv=grouped) for h in range(kv_groups(cfg) if grouped else cfg.n_heads)]
 
 
+@needs(*RELEVANCE, optional={"readers": "qk_fix=True", "projections": "qk_fix=True", "head inputs": "qk_fix=True"},
+       adapts=QK_FIX)
 @outside_inference_mode
 def edge_relevance_patching(
     model: Model,
@@ -296,6 +299,7 @@ def edge_relevance_patching(
 
 # --- nodes --------------------------------------------------------------------------------------------
 
+@needs(*RELEVANCE, optional={"readers": "qk_fix=True", "projections": "qk_fix=True"}, adapts=QK_FIX)
 @outside_inference_mode
 def relevance_patching(
     model: Model,

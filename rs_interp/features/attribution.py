@@ -32,6 +32,7 @@ from jaxtyping import Int
 
 from .._backend import Model
 from .._progress import DELAY, bar
+from ..exact.needs import GRAPH, TRANSCODERS, needs
 from . import _conventions as C
 from . import _replacement as R
 from . import _rows
@@ -69,6 +70,8 @@ def _logit_targets(probs: torch.Tensor, targets, max_logits: int, logit_probabil
     return t
 
 
+@needs(*GRAPH, "gradients", name="features.attribution_graph", optional=TRANSCODERS,
+       refuses=("attention-only", "soft-capped logits"))
 def attribution_graph(
     model: Model,
     transcoders: TranscoderSet,

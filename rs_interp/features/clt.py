@@ -48,6 +48,7 @@ from .._backend import Model
 from .._files import FileError, check_shape, need, parsing, read_safetensors, read_text
 from .._messages import few
 from .._progress import bar
+from ..exact.needs import MLP_IO, needs
 from . import _config
 from .transcoders import Transcoder, TranscoderSet
 
@@ -293,6 +294,7 @@ class TrainedCLT:
     curve: tuple[float, ...]
 
 
+@needs(*MLP_IO, name="features.train_clt", refuses=("attention-only",))
 def train_clt(model: Model, tokens: torch.Tensor, *, d_transcoder: int = 512, activation: str = "topk", k: int = 16,
               l1: float = 1e-3, steps: int = 2000, batch_size: int = 1024, lr: float = 1e-3, seed: int = 0,
               input_point: str = "mlp.hook_in", eval_tokens: torch.Tensor | None = None, progress: bool = True) -> TrainedCLT:

@@ -25,6 +25,7 @@ from jaxtyping import Float
 from .. import _names as N
 from .._backend import Model
 from .._format import Top
+from ..exact.needs import GRAPH, TRANSCODERS, needs
 from . import _replacement as R
 from .graph import AttributionGraph
 from .transcoders import TranscoderSet
@@ -97,6 +98,7 @@ def _factors(graph: AttributionGraph, transcoders: TranscoderSet, nodes: Sequenc
     return out
 
 
+@needs(*GRAPH, name="features.intervene", optional=TRANSCODERS, refuses=("attention-only", "soft-capped logits"))
 def intervene(model: Model, transcoders: TranscoderSet, graph: AttributionGraph, nodes: Sequence[int], *,
               scale: float | None = None, value: float | None = None, frozen: bool = True) -> Intervention:
     """Scale the writes of graph nodes ``nodes`` (a feature's activation, an error vector, a token's

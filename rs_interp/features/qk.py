@@ -52,6 +52,7 @@ from .._format import Top
 from .._keywords import renamed
 from .._messages import few
 from ..exact.certificate import confirm
+from ..exact.needs import GRAPH, TRANSCODERS, needs
 from ..exact.postnorm import attn_frozen, attn_post
 from . import _conventions as C
 from . import _replacement as R
@@ -194,6 +195,8 @@ class _GraphColumns:
         return torch.cat([rows[:, self.selected], rows[:, n:], rows[:, :n][:, self.unselected].sum(1, keepdim=True)], 1)
 
 
+@needs(*GRAPH, "z", "heads", "values", "scores", "head inputs", "gradients", name="features.qk_attributions",
+       optional=TRANSCODERS, refuses=("attention-only", "parallel blocks", "soft-capped logits"))
 @renamed(top="k", edges="attention_edges")
 def qk_attributions(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
                     attention_edges: Sequence[tuple[int, int, int, int]] | None = None, *, k: int = 8) -> tuple[QKAttribution, ...]:
@@ -299,6 +302,8 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
     return tuple(out)
 
 
+@needs(*GRAPH, "z", "heads", "values", name="features.top_attention", optional=TRANSCODERS,
+       refuses=("attention-only", "parallel blocks", "soft-capped logits"))
 def top_attention(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
                   k: int = 8) -> list[tuple[tuple[int, int, int, int], float]]:
     """The ``k`` attention edges ``(layer, head, query, key)`` whose write moves the graph's logit nodes

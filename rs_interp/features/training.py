@@ -24,6 +24,7 @@ from jaxtyping import Int
 from .. import _names as N
 from .._backend import Model
 from .._progress import bar
+from ..exact.needs import MLP_IO, needs
 from . import _replacement as R
 from .transcoders import Transcoder, TranscoderSet
 
@@ -88,6 +89,7 @@ def _pairs(model: Model, transcoders_like: TranscoderSet, tokens: torch.Tensor, 
     return [torch.cat(x) for x in xs], [torch.cat(y) for y in ys]
 
 
+@needs(*MLP_IO, name="features.train_transcoder", refuses=("attention-only",))
 def train_transcoder(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -190,6 +192,7 @@ def _init(tc: Transcoder, y: torch.Tensor) -> Transcoder:
     return tc
 
 
+@needs(*MLP_IO, name="features.transcoder_metrics", refuses=("attention-only",))
 def transcoder_metrics(model: Model, transcoders: TranscoderSet, tokens: Int[torch.Tensor, "batch pos"]) -> TranscoderMetrics:
     """FVU, L0, dead fraction per layer and the replacement model's KL and loss over ``tokens`` (module docstring).
 

@@ -47,6 +47,7 @@ from jaxtyping import Bool, Float
 from .._files import FileError, parsing, read_json, read_safetensors, read_text
 from .._messages import few
 from ..exact.certificate import require
+from ..exact.needs import MLP_IO, needs
 from . import _config
 
 __all__ = ["Transcoder", "TranscoderSet", "load_transcoders", "mlp_transcoders", "shipped_transcoders",
@@ -393,6 +394,8 @@ def shipped_metrics(name: str = "code-2l") -> dict:
     return read_json(_SHIPPED_ROOT / name / "metrics.json", "transcoder metrics")
 
 
+@needs(*MLP_IO, "mlp weights", name="features.mlp_transcoders",
+       refuses=("attention-only", "not plain ReLU MLPs", "post-norm blocks"))
 def mlp_transcoders(model) -> TranscoderSet:
     """The exact transcoders of a ReLU MLP: each neuron a feature (``W_enc = W_in^T``, ``b_enc = b_in``,
     ``W_dec = W_out``, ``b_dec = b_out``), so the reconstruction *is* the MLP: every error node is 0

@@ -28,6 +28,7 @@ from .._backend import Model, attn_weight, kv_groups, per_head_inputs
 from .._messages import few
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import EDGES, needs
 from ..exact.postnorm import frozen_heads
 from ..exact.validate import check_heads, check_layer, check_tokens
 from ..hooks import replace_heads_with, store
@@ -125,6 +126,7 @@ def _kv_heads(heads: list[int], size: int, which: str, layer: int) -> list[int]:
     return kv
 
 
+@needs(*EDGES)
 def run_with_key_input(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -151,6 +153,7 @@ def run_with_key_input(
     return run_with_input(model, tokens, which="k", layer=layer, keep=keep, heads=heads, keep_biases=keep_biases)
 
 
+@needs(*EDGES)
 def run_with_query_input(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],

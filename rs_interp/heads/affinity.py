@@ -38,6 +38,7 @@ from jaxtyping import Float, Int
 from .._backend import Model, attn_weight, kv_groups
 from .._budget import MEMORY_BUDGET
 from ..exact.certificate import require
+from ..exact.needs import QK_SCORES, needs
 from ..exact.readout import compute_dtype
 from ..exact.validate import as_int
 from ..labels import head_labels, kv_label
@@ -168,6 +169,7 @@ def _by_factors(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@needs("heads", "values", optional=QK_SCORES, refuses=("post-norm blocks",))
 def head_affinity(model: Model, which: str, *, rank: int | None = None, rtol: float | None = None,
                   memory_budget: int = MEMORY_BUDGET) -> HeadAffinity:
     """OQ, OK or OV projection-kernel affinities of every (earlier, later) head pair (module docstring).
@@ -198,6 +200,7 @@ def head_affinity(model: Model, which: str, *, rank: int | None = None, rtol: fl
     return head_affinities(model, which=(which,), rank=rank, rtol=rtol, memory_budget=memory_budget)[which]
 
 
+@needs("heads", "values", optional={"scores": "which with 'q' or 'k'"}, refuses=("post-norm blocks",))
 def head_affinities(model: Model, *, which: tuple[str, ...] | None = None, rank: int | None = None,
                     rtol: float | None = None, memory_budget: int = MEMORY_BUDGET) -> dict[str, HeadAffinity]:
     """:func:`head_affinity` for each input in ``which`` (None: ``("q", "k", "v")``), by name; the earlier heads'

@@ -33,6 +33,7 @@ from transformer_lens import FactoredMatrix
 from .._backend import Model, attn_weight
 from .._keywords import renamed, renamed_attribute
 from ..exact.certificate import require
+from ..exact.needs import QK_SCORES, needs
 from ..exact.readout import compute_dtype
 from ..exact.validate import check_head
 
@@ -97,6 +98,7 @@ def _right_factors(
     return W_Q @ _r_factor(W_K).transpose(-1, -2)  # M = W_QK = W_Q W_K^T
 
 
+@needs("heads", "values", optional=QK_SCORES, refuses=("post-norm blocks",))
 @renamed(kind="which")
 def composition_scores(
     model: Model,
@@ -186,6 +188,7 @@ def _circuit(model: Model, layer: int, head: int, which: Kind) -> torch.Tensor |
     return FactoredMatrix(attn_weight(model, "W_V", model.cfg.n_heads)[layer, head], model.W_O[layer, head])
 
 
+@needs("heads", "values", optional=QK_SCORES, refuses=("post-norm blocks",))
 @renamed(kind="which")
 def virtual_weight(model: Model, src: tuple[int, int], dst: tuple[int, int], which: Kind) -> FactoredMatrix:
     """The virtual weight ``W_OV^src M^dst`` between two heads as a low-rank ``FactoredMatrix``.

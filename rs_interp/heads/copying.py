@@ -26,6 +26,7 @@ from jaxtyping import Float
 
 from .._backend import Model, attn_weight
 from ..exact.certificate import require
+from ..exact.needs import needs
 
 __all__ = ["copying_scores", "ov_eigenvalues"]
 
@@ -41,6 +42,7 @@ def ov_eigenvalues(model: Model) -> torch.Tensor:
         return torch.linalg.eigvals(inner)
 
 
+@needs("heads", "values", refuses=("post-norm blocks",))
 def copying_scores(model: Model) -> Float[torch.Tensor, "layer head"]:
     """``sum(eig) / sum(|eig|)`` of every head's full OV circuit (see the module docstring), float64.
 

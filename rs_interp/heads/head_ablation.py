@@ -38,6 +38,7 @@ from .._keywords import renamed, renamed_attribute
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import ONE_PASS_EACH, needs
 from ..exact.stream import ablation_values, stacked_start, start_points
 from ..exact.validate import Ablation, check_ablation, check_heads, check_int_range, check_positions
 from ..hooks import mean_heads, resample_heads, store_matching, zero_heads
@@ -97,6 +98,7 @@ def _hook(ablation: str, value: torch.Tensor | None, head_indices: Sequence[int]
     return mean_heads(value, head_indices) if ablation in ("mean", "position_mean") else resample_heads(value, head_indices)
 
 
+@needs("z")
 @renamed(method="ablation")
 def ablate_heads(
     model: Model,
@@ -147,6 +149,8 @@ def _logits(model: Model, x: torch.Tensor, start: int | None, spe: torch.Tensor 
     return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
+@needs("z", optional={"readout": "positions=", "stop at layer": "positions=", "vocabulary": "positions="},
+       adapts=ONE_PASS_EACH)
 @renamed(method="ablation")
 def head_ablation_scan(
     model: Model,

@@ -18,6 +18,7 @@ from .. import _names as N
 from .._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import PATTERNS, needs
 from ..exact.validate import check_int_range, check_layer, check_tokens
 from ..hooks import store_matching
 from ..labels import head_labels
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 
+@needs(*PATTERNS)
 def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer batch head query_pos key_pos"]:
     """Every layer's attention pattern, from one forward pass (only the patterns are kept).
 
@@ -80,6 +82,7 @@ class FirstTokenAttention:
         return self.mass / self.uniform
 
 
+@needs(*PATTERNS)
 def first_token_attention(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, min_query: int = 4) -> FirstTokenAttention:
     """Attention on the first position by head: a head "dumps" mass there (a sink) when it has nothing to copy.
 
@@ -103,6 +106,7 @@ def first_token_attention(model: Model, tokens: Int[torch.Tensor, "batch pos"], 
     return FirstTokenAttention(mass=mass, uniform=uniform, min_query=min_query)
 
 
+@needs(*PATTERNS)
 def prev_token_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer head"]:
     """Mean attention weight on the previous token, ``A[i, i-1]`` over positions ``i >= 1``.
 
@@ -119,6 +123,7 @@ def prev_token_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> F
     return pat.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(1, 3))
 
 
+@needs(*PATTERNS)
 def find_prev_token_head(model: Model, tokens: Int[torch.Tensor, "batch pos"], layer: int = 0) -> tuple[int, int]:
     """The head of ``layer`` with the highest previous-token score, as a ``(layer, head)`` pair
     (found from the scores, never by index).
@@ -160,6 +165,7 @@ class InductionScores:
         return top_effects(self.labels, self.induction, k)
 
 
+@needs(*PATTERNS)
 def induction_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, periods: Int[torch.Tensor, " batch"]) -> InductionScores:
     """Induction scores of every head on repeated sequences ``tokens`` of periods ``periods`` (see
     :class:`InductionScores`; an induction batch has both).
@@ -201,6 +207,7 @@ def induction_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, pe
                            labels=head_labels(model.cfg.n_layers, model.cfg.n_heads))
 
 
+@needs("scores", refuses=("not rotary",))
 def positional_scores(model: Model, layer: int, *, max_offset: int | None = None) -> Float[torch.Tensor, "head offset"]:
     """The content-free score ``b_q^T R(-Delta) b_k / sqrt(d_head)`` for offsets ``Delta = 0..max_offset``.
 
@@ -246,6 +253,7 @@ class ScoreSensitivity:
     n_pairs: int
 
 
+@needs("scores read")
 def key_score_sensitivity(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, seed: int = 0) -> ScoreSensitivity:
     """Proposition 5: change the token before key position ``j`` and recompute the last layer's scores.
 

@@ -13,6 +13,7 @@ from .. import _names as N
 from .._backend import Model, attn_weight, model_source
 from .._state import preserve_state
 from ..exact.certificate import confirm, require
+from ..exact.needs import needs
 from ..exact.postnorm import attn_frozen, attn_post
 from ..exact.readout import compute_dtype, d_vocab_out, final_norm, metric_of, unembed_direction
 from ..exact.validate import check_target_pair, check_tokens
@@ -65,6 +66,7 @@ class DirectLogitAttribution:
         return top_effects(self.labels, self.mean(), k)
 
 
+@needs("embedding", "stream", "z", "heads", "readout", "vocabulary", refuses=("soft-capped logits",))
 def direct_logit_attribution(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],

@@ -30,6 +30,7 @@ import torch
 from .. import _names as N
 from .._backend import Model
 from ..exact.certificate import require
+from ..exact.needs import needs
 from ..exact.readout import compute_dtype
 from ..exact.validate import check_int_range
 from .jacobian_lens import JacobianLens
@@ -242,6 +243,7 @@ def solve_coordinate_patch(x: torch.Tensor, dictionary: torch.Tensor, source: in
                            source_target_cosine=cosine, basis_rank=rank, basis_condition=cond)
 
 
+@needs("readout", "vocabulary")
 def coordinate_patch(
     model: Model,
     lens: JacobianLens,
@@ -277,6 +279,7 @@ def coordinate_patch(
                                   decomposition=decomposition, k=k, mode=mode, alpha=alpha, algorithm=algorithm)
 
 
+@needs("readout", "vocabulary")
 def coordinate_patch_hooks(
     model: Model,
     lens: JacobianLens,

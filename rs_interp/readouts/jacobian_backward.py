@@ -30,7 +30,7 @@ from .. import _backend
 from .. import _names as N
 from .._backend import Model, attn_weight
 from ..exact.certificate import Certificate
-from ..exact.needs import ADAPTS
+from ..exact.needs import BACKWARD_BY_AUTOGRAD
 from ..exact.norm import Norm
 from ..exact.stream import record
 
@@ -38,7 +38,7 @@ __all__ = ["by_hand", "prompt_jacobians_by_hand"]
 
 #: The identities that make a block's function its weights' (module docstring): the fit adapts to them
 #: (measured with it, :data:`rs_interp.exact.needs.ADAPTS`; autograd where one fails).
-IDENTITIES = tuple(ADAPTS["fit_jacobian_lens"])
+IDENTITIES = tuple(BACKWARD_BY_AUTOGRAD)
 
 
 def by_hand(model: Model, cert: Certificate) -> str | None:

@@ -36,6 +36,7 @@ from .._messages import few
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import Certificate, require
+from ..exact.needs import BACKWARD_BY_AUTOGRAD, needs
 from ..exact.readout import compute_dtype
 from ..exact.validate import check_int_range, check_tokens
 from .jacobian_backward import by_hand, prompt_jacobians_by_hand
@@ -232,6 +233,7 @@ def _write_checkpoint(path: Path, S: torch.Tensor, n_done: int, next_idx: int, f
                   "skip_first": fit.skip_first, "metadata": meta}, path)
 
 
+@needs("readout", "gradients", adapts=BACKWARD_BY_AUTOGRAD, refuses=("bidirectional attention",))
 def fit_jacobian_lens(
     model: Model,
     prompts: Int[torch.Tensor, "batch pos"] | Sequence[str | torch.Tensor],

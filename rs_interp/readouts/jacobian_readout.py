@@ -20,6 +20,7 @@ from .. import _names as N
 from .._backend import Model
 from .._budget import MEMORY_BUDGET
 from ..exact.certificate import require
+from ..exact.needs import LENS_ONE_PASS, needs
 from ..exact.validate import check_int_range, check_tokens
 from ..labels import lens_label
 from .jacobian_basis import in_model_basis
@@ -59,6 +60,7 @@ class JacobianLensReadings(LogitLensReadings):
                 for j, label in enumerate(self.labels)]
 
 
+@needs("readout", "stop at layer", "vocabulary", adapts=LENS_ONE_PASS)
 def jacobian_lens(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],

@@ -40,6 +40,7 @@ from .._backend import Model
 from .._messages import few
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import needs
 from ..exact.readout import compute_dtype
 from ..exact.stream import record
 from ..exact.validate import check_int_range, check_tokens
@@ -308,6 +309,7 @@ def activation_at(model: Model, activation: torch.Tensor, layer: int, position: 
     return box[N.resid_post(layer)][0, p].to(compute_dtype(model))
 
 
+@needs("readout", "vocabulary")
 def jspace_decomposition(
     model: Model,
     lens: JacobianLens,

@@ -21,6 +21,7 @@ from .._backend import Model
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import needs
 from ..exact.readout import compute_dtype
 from ..exact.stream import record
 from ..exact.validate import check_int_range, check_tokens
@@ -110,6 +111,7 @@ def estimate_occupancy(x: Float[torch.Tensor, " d_model"], dictionary: Float[tor
     return JSpaceOccupancy(occupancy, real, control, support)
 
 
+@needs("readout", "vocabulary")
 def jspace_occupancy(
     model: Model,
     lens: JacobianLens,
@@ -164,6 +166,7 @@ class JSpaceVariance:
     per_position: dict[int, torch.Tensor]
 
 
+@needs("readout", "vocabulary")
 def jspace_variance(
     model: Model,
     lens: JacobianLens,

@@ -31,6 +31,7 @@ from .._budget import MEMORY_BUDGET
 from .._keywords import renamed
 from .._state import preserve_state
 from ..exact.certificate import Certificate, require
+from ..exact.needs import LENS_ONE_PASS, needs
 from ..exact.readout import compute_dtype, d_vocab_out, final_norm_of, unembed_bias
 from ..exact.validate import check_int_range, check_targets, check_tokens
 from ..hooks import store
@@ -139,6 +140,7 @@ def _batch_chunk(model: Model, P: int, n_points: int, memory_budget: int) -> int
     return max(1, memory_budget // per_seq)
 
 
+@needs("readout", "stop at layer", "vocabulary", adapts=LENS_ONE_PASS)
 @renamed(top_k="k")
 def logit_lens(
     model: Model,

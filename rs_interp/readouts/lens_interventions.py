@@ -36,6 +36,7 @@ from .. import _names as N
 from .._backend import Model
 from .._messages import few
 from ..exact.certificate import require
+from ..exact.needs import needs
 from ..exact.readout import compute_dtype, d_vocab_out
 from ..exact.validate import check_int_range
 from .jacobian_basis import in_model_basis
@@ -74,6 +75,7 @@ def token_ids(model: Model, tokens: Token | Sequence[Token]) -> list[int]:
     return out
 
 
+@needs("readout", "vocabulary")
 def lens_vectors(model: Model, lens: JacobianLens, tokens: Token | Sequence[Token],
                  layer: int) -> Float[torch.Tensor, "n d_model"]:
     """``v_t = J_layer^T W_U[:, t]`` for each token (ids or single-token strings), a row each, in the model's
@@ -147,6 +149,7 @@ def position_hook(transform: Callable[[torch.Tensor, list[int] | None], torch.Te
     return fn
 
 
+@needs("readout", "vocabulary")
 def lens_steering_hooks(model: Model, lens: JacobianLens, token: Token, layers: Sequence[int], *, alpha: float = 4.0,
                         positions: Sequence[int] | None = None) -> list[tuple[str, Callable]]:
     """Hooks steering the stream after each of ``layers`` toward ``token``: ``h + alpha * median ||h|| * v / ||v||``
@@ -171,6 +174,7 @@ def lens_steering_hooks(model: Model, lens: JacobianLens, token: Token, layers: 
     return hooks
 
 
+@needs("readout", "vocabulary")
 def lens_ablation_hooks(model: Model, lens: JacobianLens, tokens: Token | Sequence[Token], layers: Sequence[int], *,
                         positions: Sequence[int] | None = None) -> list[tuple[str, Callable]]:
     """Hooks projecting the tokens' lens vectors out of the stream after each of ``layers``: ``h - Q Q^T h``, ``Q`` an
@@ -207,6 +211,7 @@ def _clean(clamp_to: Mapping[str, torch.Tensor], layer: int, d_model: int) -> to
     raise ValueError(f"clamp_to has no activation at {N.resid_post(layer)!r} (a clean run's cache)")
 
 
+@needs("readout", "vocabulary")
 def lens_swap_hooks(model: Model, lens: JacobianLens, source: Token, target: Token, layers: Sequence[int], *,
                     alpha: float = 1.0, positions: Sequence[int] | None = None,
                     clamp_to: Mapping[str, torch.Tensor] | None = None) -> list[tuple[str, Callable]]:

@@ -33,6 +33,7 @@ from .. import _names as N
 from .._backend import Model, attn_weight
 from .._state import preserve_state
 from ..exact.certificate import confirm, require
+from ..exact.needs import needs
 from ..exact.readout import compute_dtype, d_vocab_out, unembed_bias
 from ..exact.validate import check_target_pair, check_tokens
 from ..hooks import store_matching
@@ -139,6 +140,7 @@ def _stream_paths(
     return labels, heads, layers, terms, logits
 
 
+@needs("embedding", "stream", "z", "heads", "values", "readout", "vocabulary", refuses=("MLPs or a norm",))
 def path_expansion(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -236,6 +238,7 @@ class PathAttribution:
         return [(label, float(self.centered[self.labels.index(label)].mean())) for label, _ in ranked]
 
 
+@needs("embedding", "stream", "z", "heads", "values", "readout", "vocabulary", refuses=("MLPs or a norm",))
 def path_logit_attribution(
     model: Model, tokens: Int[torch.Tensor, "batch pos"], *, targets: Int[torch.Tensor, "batch pos"]
 ) -> PathAttribution:

@@ -43,6 +43,7 @@ from .._backend import Model, attn_weight, model_source, pre_norm
 from .._budget import MEMORY_BUDGET
 from .._state import preserve_state
 from ..exact.certificate import confirm, require
+from ..exact.needs import needs
 from ..exact.postnorm import attn_frozen, attn_post, frozen_heads
 from ..exact.readout import compute_dtype, d_vocab_out, final_norm, unembed_direction
 from ..exact.stream import record
@@ -94,6 +95,7 @@ class SecondOrderAttribution:
         return top_effects(pairs, self.contributions.sum((2, 3)), k)
 
 
+@needs("embedding", "stream", "z", "heads", "values", "readout", "vocabulary", refuses=("soft-capped logits",))
 def second_order_attribution(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],

@@ -34,6 +34,7 @@ from .._files import check_shape, need, parsing, read_json, read_safetensors
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import needs
 from ..exact.readout import compute_dtype, readout
 from ..exact.validate import check_int_range, check_tokens
 from ..hooks import store
@@ -122,6 +123,7 @@ def _kl(final_lp: torch.Tensor, lens_logits: torch.Tensor) -> torch.Tensor:
     return (final_lp.exp() * (final_lp - lens_lp)).sum(-1).mean()
 
 
+@needs("readout", "vocabulary")
 def train_tuned_lens(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -193,6 +195,7 @@ def _check_lens(model: Model, tuned: TunedLens, strict: bool) -> None:
                              f"pass strict=False to apply it anyway")
 
 
+@needs("readout", "vocabulary")
 def lens_kl(model: Model, tokens: Int[torch.Tensor, "batch pos"], tuned: TunedLens | None = None, *,
             strict: bool = True) -> Float[torch.Tensor, " point"]:
     """``KL(p_final || lens)`` at every reading point but the last, mean over positions: the logit

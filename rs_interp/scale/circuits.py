@@ -47,6 +47,7 @@ from .._messages import few
 from ..circuits.evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, _mib_counts
 from ..circuits.selection import circuit_at, mib_weights, prune
 from ..exact.certificate import require
+from ..exact.needs import needs
 from ..heads import head_ablation as _h
 from ..metrics import declared_direction, metric_value
 from .engine import Analysis, no_overrides, quiet, stream, weight_of
@@ -93,6 +94,7 @@ def _metric_analysis(name: str, helper: Any, rule: tuple, options: dict, **fixed
     return Analysis(name, run, lambda r, b: parts(r, b.weight), build, {**options, **fixed_kw})
 
 
+@needs(like=_c.attribution_patching, name="scale.attribution_patching")
 @renamed(nodes="which")
 def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.AttributionPatching:
     """:func:`rs_interp.attribution_patching` over a dataset: the result of one call on every pair.
@@ -115,6 +117,7 @@ def attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.Attr
     return stream(_metric_analysis("attribution patching", _c.attribution_patching, rule, options), model, data, **run_kw)
 
 
+@needs(like=_c.edge_attribution_patching, name="scale.edge_attribution_patching")
 def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c.EdgeAttributionPatching:
     """:func:`rs_interp.edge_attribution_patching` (EAP, EAP-IG with ``ig_steps``) over a dataset;
     arguments as :func:`attribution_patching`.
@@ -135,6 +138,7 @@ def edge_attribution_patching(model: Model, data: Dataset, **options: Any) -> _c
     return stream(_metric_analysis("edge attribution patching", _c.edge_attribution_patching, rule, options), model, data, **run_kw)
 
 
+@needs(like=_c.edge_relevance_patching, name="scale.edge_relevance_patching")
 def edge_relevance_patching(model: Model, data: Dataset, **options: Any) -> _c.EdgeRelevancePatching:
     """:func:`rs_interp.edge_relevance_patching` (RelP; with ``qk_fix``, ``ig_steps``) over a dataset; arguments as
     :func:`attribution_patching`. A RelP estimate is linear in the metric's gradient, each batch's row by row, so the
@@ -155,6 +159,7 @@ def edge_relevance_patching(model: Model, data: Dataset, **options: Any) -> _c.E
     return stream(_metric_analysis("relevance patching", _c.edge_relevance_patching, rule, options), model, data, **run_kw)
 
 
+@needs(like=_h.head_ablation_scan, name="scale.head_ablation_scan")
 @renamed(method="ablation")
 def head_ablation_scan(model: Model, data: Dataset, *, ablation: str = "zero", **options: Any) -> _h.HeadAblationScan:
     """:func:`rs_interp.head_ablation_scan` over a dataset (``"zero"`` or ``"resample"``, the reference
@@ -171,6 +176,7 @@ def head_ablation_scan(model: Model, data: Dataset, *, ablation: str = "zero", *
     return stream(analysis, model, data, **run_kw)
 
 
+@needs(like=_c.path_patching, name="scale.path_patching")
 def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatching:
     """:func:`rs_interp.path_patching` (every edge, or ``edges``) over a dataset; arguments as
     :func:`attribution_patching`."""
@@ -180,6 +186,7 @@ def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatchin
     return stream(_metric_analysis("path patching", _c.path_patching, rule, options), model, data, **run_kw)
 
 
+@needs(like=_c.evaluate_circuit, name="scale.evaluate_circuit")
 @renamed(method="ablation")
 def evaluate_circuit(model: Model, data: Dataset, circuit: Iterable[tuple[str, str]], *, ablation: str = "resample", **options: Any) -> float:
     """:func:`rs_interp.evaluate_circuit` over a dataset: the metric with every edge outside ``circuit``
@@ -286,6 +293,7 @@ def _check_scores(model: Any, scores: Any) -> None:
         raise ValueError("scores must be edge scores (EdgeEffects) of this model's edge layout")
 
 
+@needs(like=_c.faithfulness_curve, name="scale.faithfulness_curve")
 @renamed(method="ablation")
 def faithfulness_curve(model: Model, data: Dataset, scores: _c.EdgeEffects, **options: Any) -> FaithfulnessCurve:
     """:func:`rs_interp.faithfulness_curve` over a dataset: the circuits chosen once from ``scores``
@@ -314,6 +322,7 @@ def faithfulness_curve(model: Model, data: Dataset, scores: _c.EdgeEffects, **op
     return stream(analysis, model, data, **run_kw)
 
 
+@needs(like=_c.mib_scores, name="scale.mib_scores")
 @renamed(method="ablation")
 def mib_scores(model: Model, data: Dataset, scores: _c.EdgeEffects, *, fractions: Sequence[float] = MIB_FRACTIONS,
                ablation: str = "resample", **options: Any) -> MIBScores:

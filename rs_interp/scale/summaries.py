@@ -34,6 +34,7 @@ from .._backend import Model
 from .._keywords import renamed
 from .._messages import few
 from ..exact.certificate import require
+from ..exact.needs import needs
 from ..metrics import top_effects
 from ..readouts.attribution import direct_logit_attribution as _dla
 from ..readouts.lens import logit_lens as _lens
@@ -128,6 +129,7 @@ def _split(options: dict, helper: str, takes: tuple = ()) -> tuple[dict, dict]:
     return {k: options[k] for k in _STREAM if k in options}, {k: v for k, v in options.items() if k not in _STREAM}
 
 
+@needs(like=_dla, name="scale.direct_logit_attribution")
 def direct_logit_attribution(model: Model, data: Dataset, **options: Any) -> DLASummary:
     """:func:`rs_interp.direct_logit_attribution` over a dataset, summarised (module docstring).
 
@@ -174,6 +176,7 @@ def direct_logit_attribution(model: Model, data: Dataset, **options: Any) -> DLA
     return stream(Analysis("direct logit attribution", run, parts, build, {}), model, data, **run_kw)
 
 
+@needs(like=_lens, name="scale.logit_lens")
 @renamed(top_k="k")
 def logit_lens(model: Model, data: Dataset, **options: Any) -> LensSummary:
     """:func:`rs_interp.logit_lens` over a dataset, summarised (module docstring); the targets are a
@@ -215,6 +218,7 @@ def logit_lens(model: Model, data: Dataset, **options: Any) -> LensSummary:
     return stream(Analysis("logit lens", run, parts, build, options), model, data, **run_kw)
 
 
+@needs(like=_kl, name="scale.lens_kl")
 def lens_kl(model: Model, data: Dataset, tuned: TunedLens | None = None, **options: Any) -> Float[torch.Tensor, " point"]:
     """:func:`rs_interp.lens_kl` over a dataset: ``KL(p_final || lens)`` at every reading point but the
     last, the mean over every position of every batch (the logit lens, or ``tuned``).

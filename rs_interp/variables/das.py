@@ -43,6 +43,7 @@ from .._messages import few
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import SITES, needs
 from ..exact.validate import as_int, check_int_range
 from ._orthogonal import OrthogonalBasis, completed
 from ._runs import check_pairs, chunks, inputs, intervened, record
@@ -350,6 +351,7 @@ def _fit(model: Model, train: PairSet, test: PairSet, site: Site, options: DASOp
                   accuracy=interchange(model, test, site, swap, progress=False).accuracy, restart=restart)
 
 
+@needs("rows", "gradients", name="variables.das", optional=SITES)
 def das(model: Model, pairs: PairSet, site: Site | str | tuple[str, int], options: DASOptions, *, test: PairSet,
         controls: Sequence[str] = CONTROLS, init: torch.Tensor | None = None, progress: bool = True) -> DAS:
     """Learn the rank-``options.rank`` subspace at ``site`` whose interchange gives ``pairs``' labels, and

@@ -39,6 +39,7 @@ from .._backend import Model
 from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
+from ..exact.needs import SITES, needs
 from ..exact.validate import check_int_range
 from ._runs import Intervention, check_pairs, chunks, inputs, intervened, record
 from .bases import check_basis
@@ -169,6 +170,7 @@ def _intervention(intervention: object, width: int) -> Intervention:
     return intervention  # type: ignore[return-value]
 
 
+@needs("rows", name="variables.interchange", optional=SITES)
 def interchange(model: Model, pairs: PairSet, site: Site | str | tuple[str, int],
                 intervention: Float[torch.Tensor, "width rank"] | SubspaceInterchange | NormMatchedPlacebo, *,
                 batch_size: int = 64, progress: bool = True) -> Interchange:
@@ -208,6 +210,7 @@ def interchange(model: Model, pairs: PairSet, site: Site | str | tuple[str, int]
                        site=site, variable=pairs.variable)
 
 
+@needs("rows", name="variables.activations", optional=SITES)
 def activations(model: Model, tokens: Int[torch.Tensor, "batch pos"], site: Site | str | tuple[str, int], *,
                 at: Int[torch.Tensor, " batch"] | None = None, batch_size: int = 64) -> Float[torch.Tensor, "batch ..."]:
     """The activation at ``site`` (its view: a head's ``z``, the stream, the neurons) on ``tokens``, at one
