@@ -4,8 +4,9 @@ training mode has dropout, which every helper turns off (it computes in eval mod
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -61,3 +62,34 @@ def warn_dropout(model: Any) -> None:
             where = f"{name or 'the model'}, p = {rate:g}"
             warnings.warn(DROPOUT_WARNING.format(where=where), UserWarning, stacklevel=1)
             return
+
+
+@contextlib.contextmanager
+def frozen(model: Model) -> Iterator[None]:
+    """The model's parameters without ``requires_grad`` for the block: a backward pass to the stream
+    computes the same numbers, and the forward pass saves no layer's input for a weight's gradient
+    (GPT-2 small at 32 x 21 tokens: the peak of edge attribution patching 0.2 GB lower)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+def outside_inference_mode(fn: Callable) -> Callable:
+    """Run ``fn`` with ``torch.inference_mode`` switched off (a notebook's usual wrapper, under which nothing can be
+    backpropagated), on normal copies of its tensor arguments (an inference tensor cannot be saved for a backward
+    pass); outside inference mode ``fn`` is called as it is. The one copy of this escape in rs_interp."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_inference_mode_enabled():
+            return fn(*args, **kwargs)
+        with torch.inference_mode(False):
+            copy = lambda t: t.clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+            return fn(*[copy(a) for a in args], **{k: copy(v) for k, v in kwargs.items()})
+
+    return wrapper

@@ -58,3 +58,36 @@ def test_no_warning_without_active_dropout():
         warnings.simplefilter("error")
         tokens = torch.zeros(1, 4, dtype=torch.long)
         ri.direct_logit_attribution(model, tokens, targets=tokens)
+
+
+def test_outside_inference_mode_runs_the_function_with_autograd_on_copies():
+    """The one inference-mode escape (issue 65): inside ``torch.inference_mode()`` the function runs with it off, on
+    normal copies of its tensor arguments (an inference tensor cannot be saved for backward); outside, as called."""
+    from rs_interp._state import outside_inference_mode
+
+    @outside_inference_mode
+    def seen(x, *, scale):
+        y = (x.double() * scale).requires_grad_(True)
+        (g,) = torch.autograd.grad((y * y).sum(), y)
+        return torch.is_inference_mode_enabled(), x.is_inference(), scale.is_inference(), g
+
+    x = torch.arange(3.0)
+    assert seen(x, scale=torch.tensor(2.0))[:3] == (False, False, False)
+    with torch.inference_mode():
+        x_inf, s_inf = torch.arange(3.0), torch.tensor(2.0)
+        mode, x_is, s_is, g = seen(x_inf, scale=s_inf)
+        assert torch.is_inference_mode_enabled(), "the caller's mode is restored"
+    assert (mode, x_is, s_is) == (False, False, False) and g.tolist() == [0.0, 4.0, 8.0]
+    assert seen.__name__ == "seen"
+
+
+def test_frozen_restores_exactly_the_gradients_it_turned_off():
+    from rs_interp._state import frozen
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    model[1].bias.requires_grad_(False)
+    with pytest.raises(RuntimeError, match="inside"):
+        with frozen(model):
+            assert not any(p.requires_grad for p in model.parameters())
+            raise RuntimeError("inside")
+    assert [p.requires_grad for p in model.parameters()] == [True, True, True, False]

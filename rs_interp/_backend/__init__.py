@@ -95,7 +95,8 @@ seen_head_inputs = _impl.seen_head_inputs
 
 def attn_weight(obj: Any, name: str, n_heads: int) -> torch.Tensor:
     """``obj.<name>`` (``W_Q`` ... ``b_O``, of a model: (layer, head, ...), or of one attention
-    module: (head, ...)) with one entry per query head, and zeros for a bias the attention does not have. Under grouped-query attention 3.x's
+    module: (head, ...)) with one entry per query head, and zeros for a bias the attention does not have. Under
+    grouped-query attention 3.x's
     ``W_K``/``W_V`` are already repeated per query head and 4.x's are per KV head: both come out
     per query head here.
 
@@ -167,7 +168,8 @@ def norm_of(model: Model, module: torch.nn.Module | None) -> Norm:
     if model.cfg.normalization_type is None:
         return IDENTITY
     if module is None:
-        raise ValueError(f"the config says normalization_type={model.cfg.normalization_type!r}, but the model has no such norm here")
+        raise ValueError(f"the config says normalization_type={model.cfg.normalization_type!r}, but the model has no "
+                         "such norm here")
     return Norm(*norm_affine(model, module))
 
 
@@ -226,7 +228,8 @@ def with_dtype(model: Model, dtype: torch.dtype) -> Model:
     if _impl.is_hf_booted(model):
         return _impl.converted_copy(model, dtype)
     copy = build_model(make_config(**config_of(model) | {"dtype": dtype, "device": "cpu"}))
-    load_portable_state(copy, {k: v.to(dtype) if v.is_floating_point() else v for k, v in portable_state(model).items()})
+    load_portable_state(copy, {k: v.to(dtype) if v.is_floating_point() else v
+                               for k, v in portable_state(model).items()})
     return copy
 
 
@@ -284,7 +287,8 @@ def post_norms(model: Model, layer: int) -> tuple[Norm, Norm]:
 
 def has_post_norms(model: Model) -> bool:
     """Whether any block normalises a sublayer's output before it enters the stream (:func:`post_norms`)."""
-    return any(isinstance(getattr(block, n, None), torch.nn.Module) for block in model.blocks for n in _post_norm_names(model))
+    return any(isinstance(getattr(block, n, None), torch.nn.Module)
+               for block in model.blocks for n in _post_norm_names(model))
 
 
 def mlp_norm_name(model: Model, layer: int) -> str:
@@ -318,9 +322,10 @@ def pre_norm(model: Model, layer: int, name: str) -> Norm:
     if name in posts or (module is None and any(isinstance(getattr(block, n, None), torch.nn.Module) for n in posts)):
         return IDENTITY
     if module is None and model.cfg.normalization_type is not None:
-        raise ValueError(f"the config says normalization_type={model.cfg.normalization_type!r}, but block {layer} has no norm "
-                         f"{name!r} before its {'attention' if name == 'ln1' else 'MLP'} (nor one shared input norm 'ln1' of a "
-                         "parallel block, nor a norm after each sublayer)")
+        raise ValueError(f"the config says normalization_type={model.cfg.normalization_type!r}, but block {layer} has "
+                         "no norm "
+                         f"{name!r} before its {'attention' if name == 'ln1' else 'MLP'} (nor one shared input norm "
+                         "'ln1' of a parallel block, nor a norm after each sublayer)")
     return norm_of(model, module)
 
 

@@ -17,7 +17,8 @@ Remove when: TransformerLens 3.x reads a local Gemma-2/3 or OLMo-2 checkpoint's 
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 
 def _rope_theta(hf: Any, default: float) -> float:
@@ -29,17 +30,20 @@ def _rope_theta(hf: Any, default: float) -> float:
 
 def _gemma2(hf: Any) -> dict[str, Any]:
     n = hf.num_hidden_layers
-    types = getattr(hf, "layer_types", None) or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    types = getattr(hf, "layer_types", None) or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                                 for i in range(n)]
     cap = lambda c: -1.0 if c is None else float(c)  # noqa: E731  (3.9's "no soft-cap")
     return {
-        "d_model": hf.hidden_size, "d_head": hf.head_dim, "n_heads": hf.num_attention_heads, "d_mlp": hf.intermediate_size,
-        "n_layers": n, "n_ctx": hf.max_position_embeddings, "eps": hf.rms_norm_eps, "d_vocab": hf.vocab_size,
+        "d_model": hf.hidden_size, "d_head": hf.head_dim, "n_heads": hf.num_attention_heads,
+        "d_mlp": hf.intermediate_size, "n_layers": n, "n_ctx": hf.max_position_embeddings, "eps": hf.rms_norm_eps,
+        "d_vocab": hf.vocab_size,
         "act_fn": hf.hidden_activation, "initializer_range": hf.initializer_range, "normalization_type": "RMS",
         "rotary_base": _rope_theta(hf, 10000.0), "positional_embedding_type": "rotary", "use_attn_scale": True,
         "attn_scale": float(hf.query_pre_attn_scalar) ** 0.5, "n_key_value_heads": hf.num_key_value_heads,
         "window_size": hf.sliding_window, "use_local_attn": True,
         "attn_types": ["local" if t == "sliding_attention" else "global" for t in types],
-        "attn_scores_soft_cap": cap(hf.attn_logit_softcapping), "output_logits_soft_cap": cap(hf.final_logit_softcapping),
+        "attn_scores_soft_cap": cap(hf.attn_logit_softcapping),
+        "output_logits_soft_cap": cap(hf.final_logit_softcapping),
         "gated_mlp": True, "final_rms": True, "use_normalization_before_and_after": True,
     }
 
@@ -60,10 +64,12 @@ def _gemma3(hf: Any) -> dict[str, Any]:
 
 
 def _olmo2(hf: Any) -> dict[str, Any]:
-    """OLMo-2: norms after the sublayers only (3.9's ``POST_NORM_ARCHITECTURES``: at ``ln1``/``ln2``), query/key norms."""
+    """OLMo-2: norms after the sublayers only (3.9's ``POST_NORM_ARCHITECTURES``: at ``ln1``/``ln2``), query/key
+    norms."""
     kv = hf.num_key_value_heads
     return {  # (3.9 builds grouped-query attention wherever n_key_value_heads is set: only where it groups)
-        "d_model": hf.hidden_size, "d_head": hf.hidden_size // hf.num_attention_heads, "n_heads": hf.num_attention_heads,
+        "d_model": hf.hidden_size, "d_head": hf.hidden_size // hf.num_attention_heads,
+        "n_heads": hf.num_attention_heads,
         "n_key_value_heads": kv if kv not in (None, hf.num_attention_heads) else None, "d_mlp": hf.intermediate_size,
         "n_layers": hf.num_hidden_layers,
         "n_ctx": hf.max_position_embeddings, "eps": hf.rms_norm_eps, "d_vocab": hf.vocab_size, "act_fn": hf.hidden_act,
@@ -85,3 +91,44 @@ def checkpoint_config(hf: Any, name: str) -> dict[str, Any] | None:
     if build is None:
         return None
     return build(hf) | {"original_architecture": arch, "tokenizer_name": name, "quantization_method": None}
+
+
+@contextlib.contextmanager
+def checkpoint_configs(folder: Any) -> Iterator[None]:
+    """For the duration, 3.9's ``convert_hf_model_config`` answers for the families it converts only by hub
+    name (Gemma-2/3, OLMo-2) from the checkpoint's own config (:func:`checkpoint_config`); itself for every other."""
+    from transformer_lens import loading_from_pretrained as loading
+    from transformers import AutoConfig
+
+    cfg = checkpoint_config(AutoConfig.from_pretrained(str(folder), local_files_only=True), str(folder))
+    if cfg is None:
+        yield
+        return
+    original = loading.convert_hf_model_config
+    loading.convert_hf_model_config = lambda name, **kwargs: dict(cfg)
+    try:
+        yield
+    finally:
+        loading.convert_hf_model_config = original
+
+
+@contextlib.contextmanager
+def rope_fields_readable(folder: Any) -> Iterator[None]:
+    """For the duration, the rotary settings transformers 5 keeps under ``rope_parameters`` (e.g. Phi's
+    ``partial_rotary_factor``) readable as attributes of the checkpoint's config class, where
+    TransformerLens 3.9's conversion reads them (an AttributeError otherwise); the class as it was after.
+
+    Remove when: TransformerLens 3.x reads ``rope_parameters`` for every field (3.9 reads ``rope_theta`` only).
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    cls = type(config)
+    added = [k for k in (getattr(config, "rope_parameters", None) or {}) if k != "rope_type" and not hasattr(config, k)]
+    for k in added:
+        setattr(cls, k, property(lambda self, k=k: (self.rope_parameters or {}).get(k)))
+    try:
+        yield
+    finally:
+        for k in added:
+            delattr(cls, k)

@@ -18,7 +18,7 @@ from transformer_lens.model_bridge.sources.native.model import NativeAttention
 
 from .. import _names as N
 from .._messages import few
-from .common import PORTABLE_FIELDS, TL_VERSION
+from .common import _HT_BUFFERS, KV_WEIGHTS, PORTABLE_FIELDS, TL_VERSION
 
 __all__: list[str] = []
 
@@ -44,8 +44,8 @@ def _refuse_unbuilt(fields: dict[str, Any], known: frozenset[str]) -> None:
     base = ModelConfig(**{k: v for k, v in fields.items() if k not in extra})
     bad = {k: fields[k] for k in sorted(extra) if fields[k] != getattr(base, k, None)}
     if bad:
-        raise ValueError(f"{few((f'{k}={v!r}' for k, v in bad.items()), show=str)}: TransformerLens {TL_VERSION}'s native "
-                         f"models do not build {'this' if len(bad) == 1 else 'these'} (they would be ignored); "
+        raise ValueError(f"{few((f'{k}={v!r}' for k, v in bad.items()), show=str)}: TransformerLens {TL_VERSION}'s "
+                         f"native models do not build {'this' if len(bad) == 1 else 'these'} (they would be ignored); "
                          f"use TransformerLens 3.x")
 
 
@@ -66,7 +66,8 @@ def _norms_in_model_dtype(model: Model) -> None:
         # The Python path needs the norm's weight: 4.3 raises on a parameter-free LayerNorm (OLMo's),
         # which keeps its own path (Hugging Face's: float32 inside, within the booted tolerance).
         inner = getattr(module, "original_component", None)
-        if getattr(module, "use_native_layernorm_autograd", False) and isinstance(getattr(inner, "weight", None), torch.Tensor):
+        if (getattr(module, "use_native_layernorm_autograd", False)
+                and isinstance(getattr(inner, "weight", None), torch.Tensor)):
             module.use_native_layernorm_autograd = False
 
 
@@ -148,7 +149,8 @@ def _tl3_init(model: Model, views_of: Callable, load: Callable) -> None:
     initializer_range)`` for every ``W_*`` in its order, gains one, biases zero): a seed gives the same
     model under both versions. (Gated MLPs, whose native layout differs, keep the native initialisation.)
     Drawn a block at a time (the embedding, each layer, the unembedding) and loaded in parts of about
-    ``_INIT_CHUNK`` bytes: the weights held twice are a part's, not the model's. ``views_of(model)``: the portable tensors as views of the
+    ``_INIT_CHUNK`` bytes: the weights held twice are a part's, not the model's. ``views_of(model)``: the portable
+    tensors as views of the
     parameters (their shapes and dtypes); ``load(model, state, strict=False)``: a part loaded, its keys returned."""
     cfg, views = model.cfg, views_of(model)
     order, loaded = _tl3_order(cfg), set()
@@ -172,3 +174,76 @@ def _tl3_init(model: Model, views_of: Callable, load: Callable) -> None:
         loaded |= load(model, state, strict=False)
     if set(model.state_dict()) - loaded:
         raise ValueError(f"the initialisation did not reach {few(sorted(set(model.state_dict()) - loaded))}")
+
+
+def _portable_views(model: Model) -> dict[str, torch.Tensor]:
+    """:func:`rs_interp._backend.tl4.portable_state` before its copy: views of the parameters (a permuted copy under
+    rotary)."""
+    cfg, out = model.cfg, {}
+    if not is_native_attention(model, 0) and getattr(cfg, "architecture", None) != "GPT2LMHeadModel":  # HF-booted
+        raise ValueError(f"this model is a Hugging Face {getattr(cfg, 'architecture', 'model')} booted by "
+                         "TransformerLens "
+                         f"{TL_VERSION} (boot_transformers), which rs_interp's checkpoints do not hold (they hold "
+                         "TransformerLens-native and HookedTransformer models): load it again from its source with "
+                         "rs_interp.load_pretrained, or save it from TransformerLens 3.x")
+    folded = cfg.normalization_type in ("LNPre", "RMSPre")
+    perm = _rotary_perm(cfg)
+    inverse = None if perm is None else torch.argsort(perm)
+    out["embed.W_E"] = model.W_E
+    if cfg.positional_embedding_type == "standard":
+        out["pos_embed.W_pos"] = model.W_pos
+    for l, block in enumerate(model.blocks):
+        attn = block.attn
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+            t = getattr(attn, name)
+            if inverse is not None and name in ("W_Q", "W_K", "b_Q", "b_K"):
+                t = t[..., inverse]
+            # HookedTransformer keeps a grouped-query model's per-KV-head weights as _W_K ... _b_V
+            # (W_K is its repeated view): the portable names are those, so checkpoints cross versions.
+            grouped = getattr(cfg, "n_key_value_heads", None) and name in KV_WEIGHTS
+            out[N.in_block(l, f"attn.{'_' if grouped else ''}{name}")] = t
+        for ln in ([] if folded else ["ln1"] + ([] if cfg.attn_only else ["ln2"])):
+            out.update(_norm_state(getattr(block, ln), N.in_block(l, ln)))
+        if not cfg.attn_only:
+            for name in ("W_in", "b_in", "W_out", "b_out") + (("W_gate",) if cfg.gated_mlp else ()):
+                t = getattr(block.mlp, name)
+                if t is None:  # 4.3's native gated MLP has no biases: HookedTransformer's zeros
+                    t = torch.zeros(cfg.d_mlp if name == "b_in" else cfg.d_model, dtype=cfg.dtype)
+                out[N.in_block(l, f"mlp.{name}")] = t
+    if not folded:  # a folded GPT-2 keeps unit gains and zero biases that LNPre has no place for
+        out.update(_norm_state(model.ln_final, "ln_final"))
+    out["unembed.W_U"] = model.W_U
+    out["unembed.b_U"] = model.b_U  # the native head's bias buffer (:func:`load_portable_state`)
+    return out
+
+
+def _load_portable(model: Model, state: dict[str, torch.Tensor], strict: bool) -> set[str]:
+    """:func:`rs_interp._backend.tl4.load_portable_state`; the bridge's keys loaded (``strict=False``: some of the
+    parameters, the others kept)."""
+    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
+    state = {k: v for k, v in state.items() if not k.endswith(_HT_BUFFERS)}
+    gated = getattr(model.cfg, "gated_mlp", False)
+    for name in [k for k in state if k.endswith((".mlp.b_in", ".mlp.b_out")) and gated]:
+        # 4.3's native gated MLP has no biases (Remove when: a native gated MLP with biases exists)
+        if bool(state[name].ne(0).any()):
+            raise ValueError(f"{name} is nonzero: TransformerLens {TL_VERSION}'s native gated MLPs have no biases; "
+                             "load this checkpoint under TransformerLens 3.x")
+        del state[name]
+    b_U = state.pop("unembed.b_U", None)
+    perm = _rotary_perm(model.cfg)
+    if perm is not None:
+        # (a grouped-query model's keys are named _W_K, _b_K: permuted the same way)
+        state = {k: v[..., perm] if k.rsplit(".", 1)[-1].lstrip("_") in ("W_Q", "W_K", "b_Q", "b_K") else v
+                 for k, v in state.items()}
+    converted = convert_tl_checkpoint(state, model.cfg)
+    own = model.state_dict()
+    converted = {k: v.to(own[k].dtype) for k, v in converted.items()}
+    if b_U is not None:
+        converted["unembed.bias"] = b_U.to(own["unembed.bias"].dtype)
+    elif strict and "unembed.bias" in own and "unembed.bias" not in converted:
+        converted["unembed.bias"] = torch.zeros_like(own["unembed.bias"])
+    unexpected = model.load_state_dict(converted, strict=strict).unexpected_keys
+    if unexpected:
+        raise ValueError(f"not this model's parameters: {unexpected}")
+    return set(converted)

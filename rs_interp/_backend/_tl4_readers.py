@@ -149,7 +149,8 @@ class SharedNormMLP:
     the norm read from ``ln1`` as it is then (``norm_affine``: :func:`rs_interp._backend.norm_affine`) and
     computed in float32 at least, as the per-head inputs' (:func:`.emulation.normalise`)."""
 
-    def __init__(self, model: Any, block: torch.nn.Module, norm_affine: Callable[[Any, torch.nn.Module], tuple]) -> None:
+    def __init__(self, model: Any, block: torch.nn.Module,
+                 norm_affine: Callable[[Any, torch.nn.Module], tuple]) -> None:
         self.model, self.block, self.norm_affine = model, block, norm_affine
         self.stream: torch.Tensor | None = None
 

@@ -81,5 +81,6 @@ def readable_fields(data: Mapping[str, Any], known: frozenset[str], version: str
         if k in known or k in PORTABLE_FIELDS:
             out[k] = v
         elif not (v is None or v is False or (k in TL3_ONLY_DEFAULTS and _same(v, TL3_ONLY_DEFAULTS[k]))):
-            raise ValueError(f"field {k}={v!r} changes what the model computes and TransformerLens {version} has no such field")
+            raise ValueError(f"field {k}={v!r} changes what the model computes and TransformerLens {version} has no "
+                             "such field")
     return out

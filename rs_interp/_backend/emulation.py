@@ -35,7 +35,8 @@ def _prepend(point: Any, fn: Callable) -> Callable[[], None]:
     return remove
 
 
-def _route(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set[int]) -> tuple[dict[tuple[int, str], list[Callable]], Hooks]:
+def _route(model: Any, fwd: Sequence[tuple[Any, Callable]],
+           layers: set[int]) -> tuple[dict[tuple[int, str], list[Callable]], Hooks]:
     """Split ``fwd`` into the per-head input hooks of ``layers`` (by layer and q/k/v, in order)
     and the rest. A name filter (a callable) that matches such a hook name is narrowed to the
     other names, and the hook goes to the emulation for the matching ones."""
@@ -100,14 +101,16 @@ def qkv_input_hooks(model: Any, fwd: Sequence[tuple[Any, Callable]], layers: set
             removers.append(_prepend(model.hook_dict[N.norm_input(layer, "ln1")], keep))
         for (layer, which), fns in wanted.items():
             point = model.hook_dict[N.projection(layer, which)]
-            removers.append(_prepend(point, _projection(model, layer, which, fns, stream, norm_of(model.blocks[layer].ln1))))
+            projection = _projection(model, layer, which, fns, stream, norm_of(model.blocks[layer].ln1))
+            removers.append(_prepend(point, projection))
         yield rest
     finally:
         for remove in reversed(removers):
             remove()
 
 
-def _projection(model: Any, layer: int, which: str, fns: list[Callable], stream: dict[int, torch.Tensor], norm: Norm) -> Callable:
+def _projection(model: Any, layer: int, which: str, fns: list[Callable], stream: dict[int, torch.Tensor],
+                norm: Norm) -> Callable:
     block = model.blocks[layer]
     name = N.qkv_input(layer, which)
 

@@ -119,7 +119,8 @@ def seen_head_inputs(model: Model, box: dict) -> Iterator[None]:
 
 
 def run_from_layer(model: Model, x: torch.Tensor, start: int) -> torch.Tensor:
-    """``model(x, start_at_layer=start)``: the logits from the stream entering block ``start`` (3.x runs only the blocks from there)."""
+    """``model(x, start_at_layer=start)``: the logits from the stream entering block ``start`` (3.x runs only the blocks
+    from there)."""
     return model(x, start_at_layer=start, return_type="logits")
 
 
@@ -174,7 +175,8 @@ def gpt2_from_hf_dir(path: str, cfg: ModelConfig, *, fold_ln: bool, center_writi
     from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
     from transformers import GPT2LMHeadModel
 
-    hf_model = GPT2LMHeadModel.from_pretrained(str(path), local_files_only=True, torch_dtype=dtype)  # processed in dtype
+    # processed in dtype
+    hf_model = GPT2LMHeadModel.from_pretrained(str(path), local_files_only=True, torch_dtype=dtype)
     state = convert_gpt2_weights(hf_model, cfg)
     model = build_model(cfg)
     model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
@@ -208,6 +210,8 @@ def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_
     from transformer_lens import loading_from_pretrained as loading
     from transformers import AutoModelForCausalLM
 
+    from ._tl3_configs import checkpoint_configs, rope_fields_readable
+
     processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -216,7 +220,7 @@ def from_hf(source: str, *, fold_ln: bool, center_writing_weights: bool, center_
         with tempfile.TemporaryDirectory(prefix="rs_interp_hf_") as tmp:
             link = _linked_checkpoint(Path(source), Path(tmp) / "checkpoint")
             hf_model = AutoModelForCausalLM.from_pretrained(str(link), local_files_only=True, torch_dtype=dtype)
-            with _rope_fields_readable(link), _checkpoint_configs(link):
+            with rope_fields_readable(link), checkpoint_configs(link):
                 cfg = loading.get_pretrained_model_config(str(link), fold_ln=fold_ln, device="cpu", dtype=dtype)
             state = loading.get_pretrained_state_dict(str(link), cfg, hf_model=hf_model, dtype=dtype)
             if (cfg.output_logits_soft_cap or -1) > 0:  # a shift of the logits before a soft-cap is not one after it
@@ -254,49 +258,6 @@ def post_norm_architectures() -> frozenset[str]:
     return frozenset(POST_NORM_ARCHITECTURES)
 
 
-@contextlib.contextmanager
-def _checkpoint_configs(folder) -> Iterator[None]:
-    """For the duration, 3.9's ``convert_hf_model_config`` answers for the families it converts only by hub
-    name (Gemma-2/3, OLMo-2) from the checkpoint's own config (:mod:`._tl3_configs`); itself for every other."""
-    from transformer_lens import loading_from_pretrained as loading
-    from transformers import AutoConfig
-
-    from ._tl3_configs import checkpoint_config
-
-    cfg = checkpoint_config(AutoConfig.from_pretrained(str(folder), local_files_only=True), str(folder))
-    if cfg is None:
-        yield
-        return
-    original = loading.convert_hf_model_config
-    loading.convert_hf_model_config = lambda name, **kwargs: dict(cfg)
-    try:
-        yield
-    finally:
-        loading.convert_hf_model_config = original
-
-
-@contextlib.contextmanager
-def _rope_fields_readable(folder) -> Iterator[None]:
-    """For the duration, the rotary settings transformers 5 keeps under ``rope_parameters`` (e.g. Phi's
-    ``partial_rotary_factor``) readable as attributes of the checkpoint's config class, where
-    TransformerLens 3.9's conversion reads them (an AttributeError otherwise); the class as it was after.
-
-    Remove when: TransformerLens 3.x reads ``rope_parameters`` for every field (3.9 reads ``rope_theta`` only).
-    """
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    cls = type(config)
-    added = [k for k in (getattr(config, "rope_parameters", None) or {}) if k != "rope_type" and not hasattr(config, k)]
-    for k in added:
-        setattr(cls, k, property(lambda self, k=k: (self.rope_parameters or {}).get(k)))
-    try:
-        yield
-    finally:
-        for k in added:
-            delattr(cls, k)
-
-
 def set_tokenizer(model: Model, tokenizer: Any) -> None:
     """``model.set_tokenizer(tokenizer)``."""
     model.set_tokenizer(tokenizer)
@@ -329,14 +290,16 @@ def projection_layers(model: Model) -> set[int]:
     return set(range(cfg.n_layers))
 
 
-def norm_affine(model: Model, norm: torch.nn.Module) -> tuple[str | None, torch.Tensor | None, torch.Tensor | None, float]:
+def norm_affine(model: Model,
+                norm: torch.nn.Module) -> tuple[str | None, torch.Tensor | None, torch.Tensor | None, float]:
     """``(kind, gain, bias, eps)`` of one of the model's norms as it computes: ``kind`` as
     TransformerLens names it (None: no norm), the gain and bias it applies (None where it has none)."""
     kind = model.cfg.normalization_type
     if kind is None:
         return None, None, None, 0.0
     # the module's own kind where it says (a norm after a sublayer keeps its gain when the others are folded)
-    kind = {"LayerNorm": "LN", "LayerNormPre": "LNPre", "RMSNorm": "RMS", "RMSNormPre": "RMSPre"}.get(type(norm).__name__, kind)
+    kinds = {"LayerNorm": "LN", "LayerNormPre": "LNPre", "RMSNorm": "RMS", "RMSNormPre": "RMSPre"}
+    kind = kinds.get(type(norm).__name__, kind)
     gain = getattr(norm, "w", None) if kind in ("LN", "RMS") else None
     bias = getattr(norm, "b", None) if kind == "LN" else None
     return norm_kind(kind in ("LN", "LNPre"), gain, bias), gain, bias, float(getattr(norm, "eps", model.cfg.eps))

@@ -27,17 +27,17 @@ from .._norm import Norm
 from . import _tl4_readers, emulation
 from ._tl4_native import (
     _compatible,
-    _norm_state,
+    _load_portable,
     _norms_in_model_dtype,
+    _portable_views,
     _refuse_unbuilt,
-    _rotary_perm,
     _rotary_tables_in_model_dtype,
     _tl3_init,
     has_split_inputs,
     is_native_attention,
 )
 from ._tl4_readers import mlp_modules, pattern_after_attention, seen_head_inputs, spanning_norms  # noqa: F401
-from .common import _HT_BUFFERS, KV_WEIGHTS, PORTABLE_FIELDS, TL_VERSION, norm_kind, qkv_input_target, set_flag
+from .common import PORTABLE_FIELDS, TL_VERSION, norm_kind, qkv_input_target, set_flag
 
 NATIVE_POSITIONS = ("standard", "rotary")
 
@@ -53,20 +53,24 @@ def per_head_inputs(model: Model, fwd: Sequence[tuple[Any, Callable]]) -> Iterat
         ValueError: a hooked layer's attention has neither (named with its class).
     """
     fwd = list(fwd)
-    names = [n for n, _ in fwd if isinstance(n, str)] + [n for n in model.hook_dict if any(callable(f) and f(n) for f, _ in fwd)]
+    names = [n for n, _ in fwd if isinstance(n, str)]
+    names += [n for n in model.hook_dict if any(callable(f) and f(n) for f, _ in fwd)]
     layers = {t[0] for t in map(qkv_input_target, names) if t is not None}
     native = {l for l in layers if _tl4_readers.emulates_inputs(model, l)}  # emulated (:mod:`._tl4_readers`)
     for l in sorted(layers - native):
         if not has_split_inputs(model, l):
             raise ValueError(f"{N.qkv_input(l, 'q')} ... hook_v_input: layer {l}'s attention "
                              f"({type(model.blocks[l].attn).__name__}) has no per-head inputs in TransformerLens "
-                             f"{TL_VERSION}, and rs_interp emulates them only on native attention and on separate q, k, v "
-                             "projections without grouped keys (TransformerLens 3.x converts this architecture with them)")
+                             f"{TL_VERSION}, and rs_interp emulates them only on native attention and on separate q, "
+                             "k, v "
+                             "projections without grouped keys (TransformerLens 3.x converts this architecture with "
+                             "them)")
     saved = bool(model.cfg.use_split_qkv_input)
     if layers - native:
         set_flag(model, "use_split_qkv_input", True)
     try:
-        with emulation.qkv_input_hooks(model, fwd, native, lambda module: Norm(*norm_affine(model, module))) as runnable:
+        norm_of = lambda module: Norm(*norm_affine(model, module))  # noqa: E731
+        with emulation.qkv_input_hooks(model, fwd, native, norm_of) as runnable:
             yield runnable
     finally:
         set_flag(model, "use_split_qkv_input", saved)
@@ -91,14 +95,19 @@ def run_from_layer(model: Model, x: torch.Tensor, start: int) -> torch.Tensor:
 
 def run_to(model: Model, x: torch.Tensor, stop: int, **kwargs: Any) -> torch.Tensor:
     """The stream before block ``stop``; after the last block through :func:`.emulation.final_stream`."""
-    return model(x, stop_at_layer=stop, **kwargs) if stop < model.cfg.n_layers else emulation.final_stream(model, x, **kwargs)
+    if stop < model.cfg.n_layers:
+        return model(x, stop_at_layer=stop, **kwargs)
+    return emulation.final_stream(model, x, **kwargs)
 
 
 def apply_rotary(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
-    """The native rotary of layer ``layer`` on ``x`` (batch, pos, head, d_head); a ValueError on a Hugging Face module."""
+    """The native rotary of layer ``layer`` on ``x`` (batch, pos, head, d_head); a ValueError on a Hugging Face
+    module."""
     if not is_native_attention(model, layer):
-        raise ValueError(f"layer {layer}'s attention ({type(model.blocks[layer].attn).__name__}) applies its rotary inside the Hugging Face "
-                         f"module, which TransformerLens {TL_VERSION} does not expose: rotary positions are read on native and TransformerLens 3.x models only")
+        raise ValueError(f"layer {layer}'s attention ({type(model.blocks[layer].attn).__name__}) applies its rotary "
+                         "inside the Hugging Face "
+                         f"module, which TransformerLens {TL_VERSION} does not expose: rotary positions are read on "
+                         "native and TransformerLens 3.x models only")
     rotary = model.blocks[layer].attn.original_component.rotary
     y, _ = rotary.apply_rope(x.transpose(1, 2), x.transpose(1, 2))
     return y.transpose(1, 2)
@@ -106,7 +115,8 @@ def apply_rotary(model: Model, layer: int, x: torch.Tensor) -> torch.Tensor:
 
 def attn_scale(model: Model, layer: int) -> float:
     """The native attention's ``scale``, else ``sqrt(d_head)``."""
-    return float(s) if (s := getattr(getattr(model.blocks[layer].attn, "original_component", None), "scale", None)) is not None else math.sqrt(model.cfg.d_head)
+    s = getattr(getattr(model.blocks[layer].attn, "original_component", None), "scale", None)
+    return float(s) if s is not None else math.sqrt(model.cfg.d_head)
 
 
 # --- building -----------------------------------------------------------------------------------
@@ -123,7 +133,8 @@ def make_config(**fields: Any) -> ModelConfig:
     """A ``TransformerBridgeConfig`` for a native bridge.
 
     Raises:
-        NotImplementedError: a positional scheme the native bridge cannot build (shortformer, alibi); the message says to use 3.x.
+        NotImplementedError: a positional scheme the native bridge cannot build (shortformer, alibi); the message says
+        to use 3.x.
         ValueError: ``rotary_adjacent_pairs=True``, or another field that changes the function
             and that the native model does not read (:func:`_refuse_unbuilt`), named.
     """
@@ -135,7 +146,8 @@ def make_config(**fields: Any) -> ModelConfig:
         )
     if fields.get("rotary_adjacent_pairs"):
         raise ValueError(f"rotary_adjacent_pairs=True: TransformerLens {TL_VERSION}'s native models rotate adjacent "
-                         f"pairs internally but rs_interp's checkpoints hold the (i, i + d/2) layout; use TransformerLens 3.x")
+                         f"pairs internally but rs_interp's checkpoints hold the (i, i + d/2) layout; use "
+                         "TransformerLens 3.x")
     fields = dict(fields)
     fields.pop("rotary_adjacent_pairs", None)
     if fields.get("act_fn") is None:
@@ -164,7 +176,8 @@ def reinitialise(model: Model) -> None:
 # --- the one checkpoint format ------------------------------------------------------------------
 
 def is_hf_booted(model: Model) -> bool:
-    """Whether ``model`` wraps a Hugging Face model (``boot_transformers``) rather than TransformerLens-native modules."""
+    """Whether ``model`` wraps a Hugging Face model (``boot_transformers``) rather than TransformerLens-native
+    modules."""
     return not is_native_attention(model, 0)
 
 
@@ -188,45 +201,6 @@ def portable_state(model: Model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone().contiguous() for k, v in _portable_views(model).items()}
 
 
-def _portable_views(model: Model) -> dict[str, torch.Tensor]:
-    """:func:`portable_state` before its copy: views of the parameters (a permuted copy under rotary)."""
-    cfg, out = model.cfg, {}
-    if is_hf_booted(model) and getattr(cfg, "architecture", None) != "GPT2LMHeadModel":
-        raise ValueError(f"this model is a Hugging Face {getattr(cfg, 'architecture', 'model')} booted by TransformerLens "
-                         f"{TL_VERSION} (boot_transformers), which rs_interp's checkpoints do not hold (they hold "
-                         "TransformerLens-native and HookedTransformer models): load it again from its source with "
-                         "rs_interp.load_pretrained, or save it from TransformerLens 3.x")
-    folded = cfg.normalization_type in ("LNPre", "RMSPre")
-    perm = _rotary_perm(cfg)
-    inverse = None if perm is None else torch.argsort(perm)
-    out["embed.W_E"] = model.W_E
-    if cfg.positional_embedding_type == "standard":
-        out["pos_embed.W_pos"] = model.W_pos
-    for l, block in enumerate(model.blocks):
-        attn = block.attn
-        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
-            t = getattr(attn, name)
-            if inverse is not None and name in ("W_Q", "W_K", "b_Q", "b_K"):
-                t = t[..., inverse]
-            # HookedTransformer keeps a grouped-query model's per-KV-head weights as _W_K ... _b_V
-            # (W_K is its repeated view): the portable names are those, so checkpoints cross versions.
-            grouped = getattr(cfg, "n_key_value_heads", None) and name in KV_WEIGHTS
-            out[N.in_block(l, f"attn.{'_' if grouped else ''}{name}")] = t
-        for ln in ([] if folded else ["ln1"] + ([] if cfg.attn_only else ["ln2"])):
-            out.update(_norm_state(getattr(block, ln), N.in_block(l, ln)))
-        if not cfg.attn_only:
-            for name in ("W_in", "b_in", "W_out", "b_out") + (("W_gate",) if cfg.gated_mlp else ()):
-                t = getattr(block.mlp, name)
-                if t is None:  # 4.3's native gated MLP has no biases: HookedTransformer's zeros
-                    t = torch.zeros(cfg.d_mlp if name == "b_in" else cfg.d_model, dtype=cfg.dtype)
-                out[N.in_block(l, f"mlp.{name}")] = t
-    if not folded:  # a folded GPT-2 keeps unit gains and zero biases that LNPre has no place for
-        out.update(_norm_state(model.ln_final, "ln_final"))
-    out["unembed.W_U"] = model.W_U
-    out["unembed.b_U"] = model.b_U  # the native head's bias buffer (:func:`load_portable_state`)
-    return out
-
-
 def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
     """Load a portable state dict (buffers optional) into the bridge, in place.
 
@@ -238,35 +212,6 @@ def load_portable_state(model: Model, state: dict[str, torch.Tensor]) -> None:
         ValueError: a nonzero gated-MLP bias (4.3's native gated MLPs have none).
     """
     _load_portable(model, state, strict=True)
-
-
-def _load_portable(model: Model, state: dict[str, torch.Tensor], strict: bool) -> set[str]:
-    """:func:`load_portable_state`; the bridge's keys loaded (``strict=False``: some of the parameters, the others kept)."""
-    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
-
-    state = {k: v for k, v in state.items() if not k.endswith(_HT_BUFFERS)}
-    for name in [k for k in state if k.endswith((".mlp.b_in", ".mlp.b_out")) and getattr(model.cfg, "gated_mlp", False)]:
-        # 4.3's native gated MLP has no biases (Remove when: a native gated MLP with biases exists)
-        if bool(state[name].ne(0).any()):
-            raise ValueError(f"{name} is nonzero: TransformerLens {TL_VERSION}'s native gated MLPs have no biases; "
-                             "load this checkpoint under TransformerLens 3.x")
-        del state[name]
-    b_U = state.pop("unembed.b_U", None)
-    perm = _rotary_perm(model.cfg)
-    if perm is not None:
-        # (a grouped-query model's keys are named _W_K, _b_K: permuted the same way)
-        state = {k: v[..., perm] if k.rsplit(".", 1)[-1].lstrip("_") in ("W_Q", "W_K", "b_Q", "b_K") else v for k, v in state.items()}
-    converted = convert_tl_checkpoint(state, model.cfg)
-    own = model.state_dict()
-    converted = {k: v.to(own[k].dtype) for k, v in converted.items()}
-    if b_U is not None:
-        converted["unembed.bias"] = b_U.to(own["unembed.bias"].dtype)
-    elif strict and "unembed.bias" in own and "unembed.bias" not in converted:
-        converted["unembed.bias"] = torch.zeros_like(own["unembed.bias"])
-    unexpected = model.load_state_dict(converted, strict=strict).unexpected_keys
-    if unexpected:
-        raise ValueError(f"not this model's parameters: {unexpected}")
-    return set(converted)
 
 
 # --- parameters and modules called directly ----------------------------------------------------
@@ -370,7 +315,8 @@ def projection_layers(model: Model) -> set[int]:
     return {l for l in range(model.cfg.n_layers) if is_native_attention(model, l)}
 
 
-def norm_affine(model: Model, norm: torch.nn.Module) -> tuple[str | None, torch.Tensor | None, torch.Tensor | None, float]:
+def norm_affine(model: Model,
+                norm: torch.nn.Module) -> tuple[str | None, torch.Tensor | None, torch.Tensor | None, float]:
     """``(kind, gain, bias, eps)`` of one of the model's norms as it computes: whether it centres
     (the bridge's ``uses_rms_norm``, or the config's kind on native modules), its gain (``1 + w``
     where the bridge stores the gain as an offset, as Gemma's RMSNorm does; None where it has no
@@ -388,8 +334,8 @@ def norm_affine(model: Model, norm: torch.nn.Module) -> tuple[str | None, torch.
     gain = None if not isinstance(gain, torch.Tensor) else (1.0 + gain if offset else gain)
     bias = getattr(inner, "bias", None)
     bias = bias if isinstance(bias, torch.Tensor) else None
-    eps = next((float(e) for e in (getattr(inner, n, None) for n in ("eps", "variance_epsilon")) if isinstance(e, (int, float))),
-               float(model.cfg.eps))
+    eps = next((float(e) for e in (getattr(inner, n, None) for n in ("eps", "variance_epsilon"))
+                if isinstance(e, (int, float))), float(model.cfg.eps))
     return norm_kind(center, gain, bias), gain, bias, eps
 
 
@@ -405,7 +351,8 @@ def logits_with_grad(model: Model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def is_own_hook(fn: Callable) -> bool:
-    """Whether a PyTorch hook is the bridge's, transformers' or :mod:`._tl4_readers`'s own wiring (the first two added on
+    """Whether a PyTorch hook is the bridge's, transformers' or :mod:`._tl4_readers`'s own wiring (the first two added
+    on
     first use), not a user's: left out of the certificate's key. Remove when: both wire at construction."""
     return getattr(fn, "__module__", "").startswith(_tl4_readers.OWN_HOOK_MODULES)
 
@@ -417,4 +364,5 @@ def post_norm_architectures() -> frozenset[str]:
 
 def other_version() -> str:
     """What to try when this version cannot load a family: the other version, and how."""
-    return "TransformerLens 3.x (pip install 'transformer-lens>=3.9,<4'; RS_INTERP_TL=3), which converts the weights into its own modules"
+    return ("TransformerLens 3.x (pip install 'transformer-lens>=3.9,<4'; RS_INTERP_TL=3), which converts the weights "
+            "into its own modules")

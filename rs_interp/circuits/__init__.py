@@ -42,7 +42,8 @@ __all__ = [
     "PathPatching", "path_patching",
     "EdgeRelevancePatching", "RelevancePatching", "edge_relevance_patching", "relevance_patching",
     "PositionSchema", "PositionalEdgeEffects",
-    "MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores", "top_edges",
+    "MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores",
+    "top_edges",
     "ACDC", "acdc", "Fixed", "fix_unreliable", "Bootstrap", "Stability", "bootstrap", "stability",
     "MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge", "mib_importances",
 ]

@@ -15,7 +15,6 @@ the certificate (:func:`rs_interp.certify`) reads too.
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Callable, Iterator, Literal
 
 import torch
@@ -23,6 +22,7 @@ import torch
 from .. import _backend
 from .. import _names as N
 from .._backend import Model
+from .._state import frozen, outside_inference_mode  # noqa: F401  (the circuit methods read them here)
 from ..exact.postnorm import attn_post, frozen_changes, linearised_heads, patched_heads
 from ..exact.stream import RESID0, record, zero_leaf  # noqa: F401  (record: the circuit methods read it here)
 from ..exact.validate import check_int_range, check_tokens
@@ -52,7 +52,8 @@ def scalar_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     if not value.requires_grad:
         raise ValueError("metric must be differentiable in the logits (its result does not require grad)")
     if not bool(torch.isfinite(value.detach()).all()):
-        raise ValueError(f"metric returned {float(value.detach())} on the run being differentiated: a metric must be finite")
+        raise ValueError(f"metric returned {float(value.detach())} on the run being differentiated: a metric must be "
+                         "finite")
     return value.reshape(())
 
 
@@ -78,7 +79,8 @@ def n_senders(model: Model) -> int:
 
 
 def writes(model: Model, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], *, patched: bool = False,
-           at: dict[str, torch.Tensor] | None = None, dtype: torch.dtype = torch.float64, frozen_norms: bool = False) -> torch.Tensor:
+           at: dict[str, torch.Tensor] | None = None, dtype: torch.dtype = torch.float64,
+           frozen_norms: bool = False) -> torch.Tensor:
     """(sender, batch, pos, d_model) in ``dtype`` (default float64; the edge estimate's contraction asks
     for its own): each sender's ``write_ref - write``, in the graph's order, written into one buffer (the
     heads' writes by one batched product per layer). On a post-norm block a head's change passes the norm
@@ -120,10 +122,12 @@ def contract(W: torch.Tensor, G: torch.Tensor, *, per_example: bool, spans: torc
     position's d_model terms, added into its span in float64; rows summed unless ``per_example``."""
     k, c, B = W.shape[0], G.shape[0], W.shape[1]
     if spans is None:
-        out = torch.bmm(W.reshape(k, B, -1).transpose(0, 1), G.reshape(c, B, -1).permute(1, 2, 0)).to(torch.float64)[..., None]
+        out = torch.bmm(W.reshape(k, B, -1).transpose(0, 1),
+                        G.reshape(c, B, -1).permute(1, 2, 0)).to(torch.float64)[..., None]
     else:
         P = W.shape[2]
-        per = torch.bmm(W.reshape(k, B * P, -1).transpose(0, 1), G.reshape(c, B * P, -1).permute(1, 2, 0)).to(torch.float64)
+        per = torch.bmm(W.reshape(k, B * P, -1).transpose(0, 1),
+                        G.reshape(c, B * P, -1).permute(1, 2, 0)).to(torch.float64)
         out = torch.einsum("bpkc,bps->bkcs", per.view(B, P, k, c), spans.to(torch.float64))
     return out if per_example else out.sum(0, keepdim=True)
 
@@ -147,21 +151,6 @@ def ig_alphas(ig_steps: int | None, ig_rule: str) -> list[float]:
         return [1.0]
     m = check_int_range("ig_steps", ig_steps, 1)
     return [k / m for k in (range(m) if ig_rule == "left" else range(1, m + 1))]
-
-
-@contextlib.contextmanager
-def frozen(model: Model) -> Iterator[None]:
-    """The model's parameters without ``requires_grad`` for the block: a backward pass to the stream
-    computes the same numbers, and the forward pass saves no layer's input for a weight's gradient
-    (GPT-2 small at 32 x 21 tokens: the peak of edge attribution patching 0.2 GB lower)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    try:
-        for p in params:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p in params:
-            p.requires_grad_(True)
 
 
 @contextlib.contextmanager
@@ -201,18 +190,3 @@ def scalar_metric_value(metric: Metric, logits: torch.Tensor, what: str) -> floa
     from ..metrics import metric_value
 
     return metric_value(metric(logits), what)
-
-
-def outside_inference_mode(fn: Callable) -> Callable:
-    """Run ``fn`` with ``torch.inference_mode`` switched off (a notebook's usual wrapper, under which
-    nothing can be backpropagated), on normal copies of the token tensors."""
-
-    @functools.wraps(fn)
-    def wrapper(model: Model, tokens: torch.Tensor, metric: Metric, **kwargs):
-        if not torch.is_inference_mode_enabled():
-            return fn(model, tokens, metric, **kwargs)
-        with torch.inference_mode(False):
-            copy = lambda t: t.clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
-            return fn(model, copy(tokens), metric, **{k: copy(v) for k, v in kwargs.items()})
-
-    return wrapper

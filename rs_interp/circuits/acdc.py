@@ -62,7 +62,8 @@ class ACDC(EdgeEffects):
         >>> import rs_interp
         >>> model = rs_interp.load_toy_model("induction-1l")
         >>> a, b = rs_interp.induction_batch(2, seed=0).tokens, rs_interp.induction_batch(2, seed=1).tokens
-        >>> run = rs_interp.acdc(model, a, lambda logits: logits[:, -1, 0].mean(), reference=b, threshold=0.0, progress=False)
+        >>> metric = lambda logits: logits[:, -1, 0].mean()
+        >>> run = rs_interp.acdc(model, a, metric, reference=b, threshold=0.0, progress=False)
         >>> isinstance(run, ACDC), len(run.circuit()) == int(run.kept.sum())
         (True, True)
     """
@@ -121,17 +122,20 @@ def acdc(
     keep = layout.exists.clone()
     effect = torch.full(layout.exists.shape, float("nan"), dtype=torch.float64)
     # Receivers from the logits back; each one's senders from the latest back.
-    order = [(i, j) for j in reversed(range(len(layout.receivers))) for i in reversed(range(len(layout.senders))) if layout.exists[i, j]]
+    order = [(i, j) for j in reversed(range(len(layout.receivers))) for i in reversed(range(len(layout.senders)))
+             if layout.exists[i, j]]
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
         ablated = ablated_writes(model, tokens, reference, ablation)
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
         current = run_circuit(model, tokens, metric, layout, keep, ablated, "every edge")
         for i, j in bar(order, desc="ACDC", enabled=progress, unit="edge"):
             keep[i, j] = False
-            value = run_circuit(model, tokens, metric, layout, keep, ablated, f"without {layout.senders[i]} -> {layout.receivers[j]}")
+            value = run_circuit(model, tokens, metric, layout, keep, ablated, f"without {layout.senders[i]} -> "
+                                                                              f"{layout.receivers[j]}")
             effect[i, j] = value - current
             if abs(value - current) <= threshold:
                 current = value
             else:
                 keep[i, j] = True
-    return ACDC(layout=layout, effect=effect, clean=clean, kept=keep, threshold=float(threshold), ablation=ablation, final=current)
+    return ACDC(layout=layout, effect=effect, clean=clean, kept=keep, threshold=float(threshold), ablation=ablation,
+                final=current)

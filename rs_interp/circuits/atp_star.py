@@ -53,9 +53,11 @@ from .._progress import bar
 from ..exact.certificate import Certificate
 from ..exact.stream import reader_weight, readers, routed, stacked_start, watched
 from ..labels import parse
+from .correction import Passes
 from .graph import EdgeLayout
 
-__all__ = ["drop_hooks", "dropped", "z_gradients", "combine_drops", "node_qk_deltas", "edge_qk_fix", "check_drop_layers"]
+__all__ = ["drop_hooks", "dropped", "z_gradients", "combine_drops", "node_qk_deltas", "edge_qk_fix",
+           "check_drop_layers"]
 
 
 def check_drop_layers(model: Model) -> list[int]:
@@ -87,14 +89,14 @@ def dropped(model: Model, layer: int | None, fwd: list) -> Iterator[list]:
         yield runnable
 
 
-def z_gradients(grads_z: list[dict[int, torch.Tensor]], state: dict) -> list[tuple[Callable, Callable]]:
+def z_gradients(grads_z: list[dict[int, torch.Tensor]], passes: Passes) -> list[tuple[Callable, Callable]]:
     """The hook keeping ``dm/dz`` per layer (what the QK fix contracts) in ``grads_z[round]`` (one dict per
-    GradDrop round, ``state["drop"]``), from the first-order backward pass (``state["phase"] == 1``)."""
+    GradDrop round, ``passes.drop``), from the first-order backward pass (``passes.phase == 1``)."""
 
     def on_z(z: torch.Tensor, *, hook) -> torch.Tensor:
         def keep(grad: torch.Tensor, layer: int = N.layer_of(hook.name)) -> None:
-            if state["phase"] == 1:
-                grads_z[state["drop"]][layer] = grad.detach().to(torch.float64)
+            if passes.phase == 1:
+                grads_z[passes.drop][layer] = grad.detach().to(torch.float64)
         return watched(z, keep)
 
     return [(N.every(N.z), on_z)]
@@ -143,7 +145,8 @@ def node_qk_deltas(model: Model, tokens: torch.Tensor, ref: dict[str, torch.Tens
     alone = _backend.qk_norm_spans_heads(model)  # one head's patch moves the others' normalised queries: one copy each
     for l in bar(range(model.cfg.n_layers), desc="QK fix", enabled=progress, unit="layer"):
         name = N.projection(l, which)
-        slots = ref[name].shape[2] if alone else 1  # the heads (or KV heads) of hook_{which}, each patched on its own copy
+        # the heads (or KV heads) of hook_{which}, each patched on its own copy
+        slots = ref[name].shape[2] if alone else 1
 
         def make(m0: int, m1: int, name: str = name) -> list:
             def patch(t: torch.Tensor, *, hook) -> torch.Tensor:
@@ -166,9 +169,9 @@ def node_qk_deltas(model: Model, tokens: torch.Tensor, ref: dict[str, torch.Tens
     return out
 
 
-def edge_qk_fix(model: Model, layout: EdgeLayout, tokens: torch.Tensor, delta: torch.Tensor, grads: list[dict[int, torch.Tensor]],
-                box: dict[str, torch.Tensor], cert: Certificate, per_example: bool, budget: int,
-                progress: bool) -> list[torch.Tensor]:
+def edge_qk_fix(model: Model, layout: EdgeLayout, tokens: torch.Tensor, delta: torch.Tensor,
+                grads: list[dict[int, torch.Tensor]], box: dict[str, torch.Tensor], cert: Certificate,
+                per_example: bool, budget: int, progress: bool) -> list[torch.Tensor]:
     """The QK-fixed estimate of every edge into a query or key input, for each set of ``dm/dz``
     gradients in ``grads`` (one per GradDrop round): per set, (batch or 1, sender, receiver), NaN off
     those columns. ``delta``: the senders' writes (sender, batch, pos, d_model); ``box``: the run's
@@ -186,13 +189,17 @@ def edge_qk_fix(model: Model, layout: EdgeLayout, tokens: torch.Tensor, delta: t
     upstream = layout.exists.sum(0).tolist()
     fast = _backend.projection_layers(model) if cert.holds("scores") else set()
     for l in bar(range(cfg.n_layers), desc="QK fix", enabled=progress, unit="layer"):
-        cols = {x: [j for j, r in enumerate(layout.receivers) if r.startswith(f"L{l}") and r.endswith(f".{x}")] for x in "qk"}
+        cols = {x: [j for j, r in enumerate(layout.receivers) if r.startswith(f"L{l}") and r.endswith(f".{x}")]
+                for x in "qk"}
         senders = list(range(upstream[cols["q"][0]]))
-        chunks = _by_hand(model, l, box, delta, senders, budget) if l in fast else _by_replicas(model, tokens, l, box, delta, senders,
-                                                                                                 budget, cert)
+        if l in fast:
+            chunks = _by_hand(model, l, box, delta, senders, budget)
+        else:
+            chunks = _by_replicas(model, tokens, l, box, delta, senders, budget, cert)
         for reps, dz in chunks:  # dz: (replica, batch, pos, head, d_head), replica (sender, "q" or "k")
             for g_set, buf in zip(grads, out):
-                per_head = torch.einsum("rbphd,bphd->rbh", dz, g_set[l])  # each replica's change of the metric, per head
+                # each replica's change of the metric, per head
+                per_head = torch.einsum("rbphd,bphd->rbh", dz, g_set[l])
                 for m, (i, x) in enumerate(reps):
                     for j in cols[x]:
                         value = per_head[m][:, _heads_of(layout.receivers[j], H, len(cols["k"]))].sum(-1)
@@ -200,8 +207,8 @@ def edge_qk_fix(model: Model, layout: EdgeLayout, tokens: torch.Tensor, delta: t
     return out
 
 
-def _by_replicas(model: Model, tokens: torch.Tensor, l: int, box: dict, delta: torch.Tensor, senders: list[int], budget: int,
-                 cert: Certificate) -> Iterator[tuple[list, torch.Tensor]]:
+def _by_replicas(model: Model, tokens: torch.Tensor, l: int, box: dict, delta: torch.Tensor, senders: list[int],
+                 budget: int, cert: Certificate) -> Iterator[tuple[list, torch.Tensor]]:
     """Layer ``l``'s ``z' - z`` per (sender, q or k): ``w_s`` added to every head's query (or key)
     input of a copy of the run (:func:`_replica_z`: stacked where rows hold), the model's own pass ended
     at ``hook_z``. Each head's output is then the one with its own input moved alone: a head's q, k and v
@@ -223,7 +230,8 @@ def _by_replicas(model: Model, tokens: torch.Tensor, l: int, box: dict, delta: t
 
         def make(m0: int, m1: int, adds: dict = adds) -> list:
             def patch(x: str) -> Callable:
-                def fn(t: torch.Tensor, *, hook) -> torch.Tensor:  # a per-head input (batch, pos, head or kv_head, d_model)
+                # a per-head input (batch, pos, head or kv_head, d_model)
+                def fn(t: torch.Tensor, *, hook) -> torch.Tensor:
                     return t + adds[x][m0 * B : m1 * B, :, None, :].to(t.dtype)  # broadcast over every head
                 return fn
             return [(N.qkv_input(l, x), patch(x)) for x in "qk"]
@@ -249,7 +257,8 @@ def _pattern(model: Model, l: int, q: torch.Tensor, k: torch.Tensor) -> torch.Te
     return s.masked_fill(torch.ones(P, P, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
 
 
-def _by_hand(model: Model, l: int, box: dict, delta: torch.Tensor, senders: list[int], budget: int) -> list[tuple[list, torch.Tensor]]:
+def _by_hand(model: Model, l: int, box: dict, delta: torch.Tensor, senders: list[int],
+             budget: int) -> list[tuple[list, torch.Tensor]]:
     """Layer ``l``'s ``z' - z`` per (sender, q or k) formed from its projections: ``q' = ln1(x + w_s)
     W_Q + b_Q`` (``k'`` alike), the causal softmax of the rotated scores, ``z' - z = (A' - A) v``: on the
     layers whose projections and patterns the certificate vouches for (``projections``, ``scores``)."""

@@ -67,8 +67,8 @@ from ._substrate import IG_RULES, backward, check_pair, ig_alphas, needs_gradien
 from .graph import EdgeEffects, edge_layout
 from .uncertainty import FLAT
 
-__all__ = ["CORRECTIONS", "RULES", "Fixed", "gauss_points", "quadrature", "run_passes", "clean_metric", "fix_unreliable",
-           "moving_edges"]
+__all__ = ["CORRECTIONS", "RULES", "Fixed", "Passes", "gauss_points", "quadrature", "run_passes", "clean_metric",
+           "fix_unreliable", "moving_edges"]
 
 #: The corrections an estimate takes (``correction=``): None, or ``"hessian"``.
 CORRECTIONS = (None, "hessian")
@@ -87,7 +87,8 @@ def gauss_points(m: int) -> tuple[list[float], list[float]]:
     return ((nodes + 1) / 2).tolist(), (weights / weights.sum()).tolist()  # summing to 1: constants integrate exactly
 
 
-def quadrature(ig_steps: int | None, ig_rule: str, correction: str | None) -> tuple[list[float], list[float], list[float]]:
+def quadrature(ig_steps: int | None, ig_rule: str,
+               correction: str | None) -> tuple[list[float], list[float], list[float]]:
     """The points ``alpha_k`` of the line, the weight of each gradient and the weight of each
     gradient's derivative ``g'(alpha_k)`` (the Hessian term; zeros without it): module docstring.
 
@@ -102,8 +103,8 @@ def quadrature(ig_steps: int | None, ig_rule: str, correction: str | None) -> tu
         if ig_steps is None:
             raise ValueError("ig_rule='gauss' integrates along the line: give ig_steps, the number of points")
         if correction is not None:
-            raise ValueError("the Hessian correction expands a Riemann segment (ig_rule 'left' or 'right'); Gauss-Legendre "
-                             "points are already exact to degree 2m - 1")
+            raise ValueError("the Hessian correction expands a Riemann segment (ig_rule 'left' or 'right'); "
+                             "Gauss-Legendre points are already exact to degree 2m - 1")
         alphas, weights = gauss_points(ig_steps)
         return alphas, weights, [0.0] * len(alphas)
     alphas = ig_alphas(ig_steps, ig_rule)
@@ -113,12 +114,37 @@ def quadrature(ig_steps: int | None, ig_rule: str, correction: str | None) -> tu
     return alphas, [h] * len(alphas), second
 
 
+@dataclass
+class Passes:
+    """Which pass the gradient hooks see (written by :func:`run_passes` and the estimate's loop over GradDrop's
+    rounds, read by the tensor hooks that contract each gradient as it arrives).
+
+    Attributes:
+        drop: the GradDrop round (0: no layer dropped; :mod:`rs_interp.circuits.atp_star`).
+        point: the index of the point on the line (:func:`quadrature`).
+        phase: 1 while the hooks see the gradient, 2 while they see its derivative along the line (the Hessian term).
+
+    Example:
+        >>> passes = Passes()
+        >>> passes.drop, passes.point, passes.phase, passes.at()
+        (0, 0, 1, (0, 0))
+    """
+
+    drop: int = 0
+    point: int = 0
+    phase: int = 1
+
+    def at(self) -> tuple[int, int]:
+        """(round, point): the pass, whatever its phase."""
+        return self.drop, self.point
+
+
 def run_passes(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list, *, alphas: Sequence[float], hessian: bool,
-               x_ref: torch.Tensor | None, state: dict, progress: bool) -> float:
-    """One pass per point ``alpha``: forward with ``fwd`` (whose tensor hooks read ``state``),
+               x_ref: torch.Tensor | None, passes: Passes, progress: bool) -> float:
+    """One pass per point ``alpha``: forward with ``fwd`` (whose tensor hooks read ``passes``),
     backward, and with ``hessian`` a second backward of ``dm / d alpha`` through the first.
 
-    ``state["point"]`` is the point's index, ``state["phase"]`` 1 while the hooks see the gradient,
+    ``passes.point`` is the point's index, ``passes.phase`` 1 while the hooks see the gradient,
     2 while they see its derivative along the line. Returns the run's metric where ``1`` is among
     ``alphas`` (its own pass), else None: the caller measures it once its hooks are gone (:func:`clean_metric`).
 
@@ -127,15 +153,17 @@ def run_passes(model: Model, tokens: torch.Tensor, metric: Metric, fwd: list, *,
             differentiate twice.
     """
     clean = None
-    for i, alpha in bar(list(enumerate(alphas)), desc="gradient passes", enabled=progress and len(alphas) > 1, unit="pass"):
-        state.update(point=i, phase=1)
+    steps = list(enumerate(alphas))
+    for i, alpha in bar(steps, desc="gradient passes", enabled=progress and len(alphas) > 1, unit="pass"):
+        passes.point, passes.phase = i, 1
         hooks = list(fwd)
         if not hessian:
             # Plain points keep the substrate's pass: the run itself at alpha = 1, bit for bit.
-            interp = [] if alpha == 1.0 else [(RESID0, lambda t, *, hook, a=alpha: x_ref.to(t.dtype) + a * (t - x_ref.to(t.dtype)))]
+            interp = [] if alpha == 1.0 else [
+                (RESID0, lambda t, *, hook, a=alpha: x_ref.to(t.dtype) + a * (t - x_ref.to(t.dtype)))]
             value = backward(model, tokens, metric, interp + hooks)
         else:
-            value = _hessian_pass(model, tokens, metric, hooks, alpha, x_ref, state)
+            value = _hessian_pass(model, tokens, metric, hooks, alpha, x_ref, passes)
         if alpha == 1.0:
             clean = value
     return clean
@@ -150,7 +178,7 @@ def clean_metric(model: Model, tokens: torch.Tensor, metric: Metric, value: floa
 
 
 def _hessian_pass(model: Model, tokens: torch.Tensor, metric: Metric, hooks: list, alpha: float, x_ref: torch.Tensor,
-                  state: dict) -> float:
+                  passes: Passes) -> float:
     with torch.enable_grad():
         a = torch.tensor(float(alpha), dtype=model.cfg.dtype, requires_grad=True)
 
@@ -162,16 +190,16 @@ def _hessian_pass(model: Model, tokens: torch.Tensor, metric: Metric, hooks: lis
                 value = scalar_metric(metric, _backend.logits_with_grad(model, tokens))
                 (slope,) = torch.autograd.grad(value, a, create_graph=True)
             if slope.requires_grad:  # else the metric is linear along the line: every derivative is 0
-                state["phase"] = 2
+                passes.phase = 2
                 try:
                     torch.autograd.backward(slope, inputs=[a])
                 except RuntimeError as err:
                     if not any(word in str(err).lower() for word in ("derivative", "not implemented", "twice")):
                         raise
-                    raise ValueError("the Hessian correction differentiates the backward pass once more, and this model's "
-                                     "attention cannot be differentiated twice (a fused kernel, such as a Hugging Face "
-                                     "module's scaled-dot-product attention): load it with eager attention "
-                                     f"(attn_implementation='eager'). PyTorch says: {err}") from err
+                    raise ValueError("the Hessian correction differentiates the backward pass once more, and this "
+                                     "model's attention cannot be differentiated twice (a fused kernel, such as a "
+                                     "Hugging Face module's scaled-dot-product attention): load it with eager "
+                                     f"attention (attn_implementation='eager'). PyTorch says: {err}") from err
     return float(value.detach())
 
 
@@ -189,7 +217,8 @@ class Fixed(EdgeEffects):
         >>> model = rs_interp.load_toy_model("induction-1l")
         >>> a, b = rs_interp.induction_batch(2, seed=0).tokens, rs_interp.induction_batch(2, seed=1).tokens
         >>> metric = lambda logits: logits[:, -1, 0].mean()
-        >>> screen = rs_interp.edge_attribution_patching(model, a, metric, reference=b, correction="hessian", per_example=True)
+        >>> screen = rs_interp.edge_attribution_patching(model, a, metric, reference=b, correction="hessian",
+        ...                                              per_example=True)
         >>> fixed = rs_interp.fix_unreliable(model, a, metric, screen, reference=b)
         >>> isinstance(fixed, Fixed), len(fixed.fixed_edges()) == int(fixed.fixed.sum())
         (True, True)
@@ -211,7 +240,8 @@ class Fixed(EdgeEffects):
 
 @needs(*EDGE_ESTIMATES, adapts=ONE_PASS_EACH)
 def fix_unreliable(model: Model, tokens: torch.Tensor, metric: Metric, scores, *, reference: torch.Tensor,
-                   threshold: float = 0.5, screen: str | None = None, memory_budget: int = MEMORY_BUDGET, progress: bool = True):
+                   threshold: float = 0.5, screen: str | None = None, memory_budget: int = MEMORY_BUDGET,
+                   progress: bool = True):
     """Screen, flag, fix (Zhang & Wang 2026): the edges of a Hessian-corrected estimate whose
     reliability is below ``threshold`` (:meth:`rs_interp.circuits.uncertainty.Spread.reliability`:
     the second-order term outweighs the first, or both vanish) patched exactly
@@ -248,10 +278,11 @@ def fix_unreliable(model: Model, tokens: torch.Tensor, metric: Metric, scores, *
     if screen not in (None, "flat", "reliability"):
         raise ValueError(f"screen must be 'flat', 'reliability' or None (by the estimate), got {screen!r}")
     screen = screen or getattr(type(scores), "default_screen", "reliability")
-    if not isinstance(scores, EdgeEffects) or (screen == "reliability" and getattr(scores, "first_order", None) is None):
-        raise ValueError("fix_unreliable flags by the reliability of a Hessian-corrected estimate, or by the flat edges of "
-                         "an estimate (screen='flat', relevance patching's default): pass edge_attribution_patching(..., "
-                         "correction='hessian'), or an edge estimate with screen='flat'")
+    if not isinstance(scores, EdgeEffects) or (
+            screen == "reliability" and getattr(scores, "first_order", None) is None):
+        raise ValueError("fix_unreliable flags by the reliability of a Hessian-corrected estimate, or by the flat "
+                         "edges of an estimate (screen='flat', relevance patching's default): pass "
+                         "edge_attribution_patching(..., correction='hessian'), or an edge estimate with screen='flat'")
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
         raise ValueError(f"threshold must be a number in [0, 1], got {threshold!r}")
     layout = scores.layout
@@ -261,11 +292,13 @@ def fix_unreliable(model: Model, tokens: torch.Tensor, metric: Metric, scores, *
     effect = scores.effect.clone()
     if bool(flagged.any()):
         edges = [e for e, f in zip(layout.edges(), flagged[layout.exists].tolist()) if f]
-        exact = path_patching(model, tokens, metric, reference=reference, edges=edges, memory_budget=memory_budget, progress=progress)
+        exact = path_patching(model, tokens, metric, reference=reference, edges=edges, memory_budget=memory_budget,
+                              progress=progress)
         if exact.layout.senders != layout.senders or exact.layout.receivers != layout.receivers:
             raise ValueError("scores must be an estimate of this model's edge graph")
         effect[flagged] = exact.effect[flagged]
-    return Fixed(layout=layout, effect=effect, clean=scores.clean, fixed=flagged, screen=scores, threshold=float(threshold))
+    return Fixed(layout=layout, effect=effect, clean=scores.clean, fixed=flagged, screen=scores,
+                 threshold=float(threshold))
 
 
 def _fix_flat(model: Model, tokens: torch.Tensor, metric: Metric, scores, reference: torch.Tensor, memory_budget: int,
@@ -287,17 +320,18 @@ def _fix_flat(model: Model, tokens: torch.Tensor, metric: Metric, scores, refere
         run = prepare(model, tokens, reference, metric) if bool(flat.any()) else None
         flagged = moving_edges(model, run, flat) if run is not None else flat
         items = [(i, j, None) for i, j in flagged.nonzero().tolist()]
-        for (i, j, _), moved in (measure(model, tokens, metric, run, items, cert, memory_budget, progress) if items else {}).items():
+        measured = measure(model, tokens, metric, run, items, cert, memory_budget, progress) if items else {}
+        for (i, j, _), moved in measured.items():
             effect[i, j] = moved
     return Fixed(layout=layout, effect=effect, clean=scores.clean, fixed=flagged, screen=scores, threshold=0.0)
 
 
 def moving_edges(model: Model, run, candidates: torch.Tensor) -> torch.Tensor:
     """(sender, receiver): which of the ``candidates`` edges move what their receiver reads when patched: the sender's
-    exact change ``w_s`` (``run``: :func:`rs_interp.circuits.path_patching.prepare`) moves the receiver's input after its
-    norm, projected by its weights (a head's ``N1(x + w_s) W - N1(x) W``, an MLP's by ``W_in``, the logits' by ``W_U``),
-    by more than ``FLAT`` of that projection's own size. Where it does not, the receiver computes what it did: the
-    edge's exact effect is 0, and a screen need not patch it."""
+    exact change ``w_s`` (``run``: :func:`rs_interp.circuits.path_patching.prepare`) moves the receiver's input after
+    its norm, projected by its weights (a head's ``N1(x + w_s) W - N1(x) W``, an MLP's by ``W_in``, the logits' by
+    ``W_U``), by more than ``FLAT`` of that projection's own size. Where it does not, the receiver computes what it did:
+    the edge's exact effect is 0, and a screen need not patch it."""
     out = torch.zeros_like(candidates)
     cfg = model.cfg
     L = cfg.n_layers
@@ -309,7 +343,8 @@ def moving_edges(model: Model, run, candidates: torch.Tensor) -> torch.Tensor:
             norm, x, M = final_norm_of(model), run.box[N.final_stream(L)], model.W_U.detach()
         elif c.kind == "mlp":
             norm = _backend.pre_norm(model, c.layer, "ln2")
-            x, M = run.box[N.resid_pre(c.layer) if parallel else N.resid_mid(c.layer)], model.blocks[c.layer].mlp.W_in.detach()
+            x = run.box[N.resid_pre(c.layer) if parallel else N.resid_mid(c.layer)]
+            M = model.blocks[c.layer].mlp.W_in.detach()
         else:
             n = _backend.kv_groups(cfg) if c.kind == "kv_head" else cfg.n_heads
             norm, x = _backend.pre_norm(model, c.layer, "ln1"), run.box[N.resid_pre(c.layer)]

@@ -33,7 +33,7 @@ Options (each its own definition and test): ``qk_fix`` and ``grad_drop`` (AtP*,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from jaxtyping import Float, Int
@@ -43,7 +43,7 @@ from .. import _names as N
 from .._backend import Model
 from .._budget import MEMORY_BUDGET
 from .._state import preserve_state
-from ..exact.certificate import require
+from ..exact.certificate import Certificate, require
 from ..exact.needs import EDGE_ESTIMATES, QK_FIX, needs
 from ..exact.readout import compute_dtype
 from ..exact.stream import RESID0, Reader, mlp_flags, reader_gradients, readers, start_points
@@ -51,8 +51,9 @@ from ..hooks import store_matching
 from ..metrics import Metric
 from ._substrate import IGRule, check_pair, contract, outside_inference_mode, record, sender_points, writes
 from .atp_star import check_drop_layers, combine_drops, drop_hooks, edge_qk_fix, z_gradients
-from .correction import clean_metric, quadrature, run_passes
-from .graph import EdgeEffects, edge_layout
+from .correction import Passes, clean_metric, run_passes
+from .graph import EdgeEffects, EdgeLayout, edge_layout
+from .options import EstimateOptions
 from .positions import Positional, PositionSchema, resolve_spans
 from .uncertainty import Spread
 
@@ -100,19 +101,6 @@ class EdgeAttributionPatching(EdgeEffects, Spread, Positional):
     schema: PositionSchema | None = None
 
 
-def check_options(ig_steps: int | None, qk_fix: bool, grad_drop: bool, correction: str | None, per_example: bool) -> None:
-    """Refuse the combinations that have no single definition (named)."""
-    for name, value in (("qk_fix", qk_fix), ("grad_drop", grad_drop), ("per_example", per_example)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be True or False, got {value!r}")
-    if (qk_fix or grad_drop) and (ig_steps is not None or correction is not None):
-        raise ValueError("the QK fix and GradDrop (AtP*) correct the gradient at the run itself: they do not combine with "
-                         "ig_steps or correction (run them as separate estimates)")
-    if grad_drop and per_example:
-        raise ValueError("GradDrop scores the sum of |estimate| over its passes: it has no per-pair shares (per_example); "
-                         "bootstrap the plain or QK-fixed estimate instead")
-
-
 def _contract(buf: torch.Tensor, W: torch.Tensor, G: torch.Tensor, spans: torch.Tensor | None = None) -> torch.Tensor:
     """``W . G`` (rows of ``W`` against rows of ``G``, over batch * pos * d_model), (batch or 1, sender,
     column) as ``buf``'s first axis asks: one product per batch row in ``W``'s dtype (sums of pos *
@@ -125,21 +113,32 @@ def _contract(buf: torch.Tensor, W: torch.Tensor, G: torch.Tensor, spans: torch.
     return per_row if buf.shape[0] > 1 else per_row.sum(0, keepdim=True)
 
 
-def _flush(pending: list, rows: list[torch.Tensor], spans: torch.Tensor | None = None) -> None:
+class _Pending(NamedTuple):
+    """One reader's gradient waiting for its layer's product (:func:`_flush`)."""
+
+    buf: torch.Tensor  # the estimate it adds into: a GradDrop round's first-order term, or the second-order term
+    weight: float  # the point's weight
+    W: torch.Tensor  # the senders' writes (sender, batch, pos, d_model)
+    G: torch.Tensor  # its rows of the gradients (a view into the rows reused for every layer)
+    cols: list[int]  # its receivers' columns
+    k: int  # its senders: the first k writes
+
+
+def _flush(pending: list[_Pending], rows: torch.Tensor, spans: torch.Tensor | None = None) -> None:
     """One product for the gradients gathered (one layer's readers, one pass and phase): the senders
     upstream of all of them (a prefix of the writes) against every column at once, then the few
-    senders only some of them read, each reader alone. ``pending``: (buf, weight, W, G, cols, k), the
-    ``G`` consecutive rows of ``rows[0]`` from its first."""
+    senders only some of them read, each reader alone. The ``G`` of ``pending`` are consecutive rows of
+    ``rows`` from its first."""
     if not pending:
         return
-    buf, weight, W = pending[0][0], pending[0][1], pending[0][2]
-    k0 = min(p[5] for p in pending)
-    G = rows[0][: sum(p[3].shape[0] for p in pending)]
-    cols = [j for p in pending for j in p[4]]
+    buf, weight, W = pending[0].buf, pending[0].weight, pending[0].W
+    k0 = min(p.k for p in pending)
+    G = rows[: sum(p.G.shape[0] for p in pending)]
+    cols = [j for p in pending for j in p.cols]
     buf[:, :k0, cols] += weight * _contract(buf, W[:k0], G, spans)
-    for _, _, _, g, c, k in pending:
-        if k > k0:
-            buf[:, k0:k, c] += weight * _contract(buf, W[k0:k], g, spans)
+    for p in pending:
+        if p.k > k0:
+            buf[:, k0:p.k, p.cols] += weight * _contract(buf, W[k0:p.k], p.G, spans)
     pending.clear()
 
 
@@ -197,7 +196,8 @@ def edge_attribution_patching(
             through each (:mod:`rs_interp.circuits.correction`).
         per_example: keep each pair's share of every estimate (``per_example``, for error bars).
         spans: ``"each"`` (every position its own span) or a :class:`rs_interp.circuits.positions.PositionSchema`:
-            also each span's share of every edge, ``per_span``, summing to ``effect`` (:mod:`rs_interp.circuits.positions`).
+            also each span's share of every edge, ``per_span``, summing to ``effect``
+            (:mod:`rs_interp.circuits.positions`).
         memory_budget: bytes one chunk of the QK fix's patched patterns (or stacked pass) may use (roughly).
         progress: a progress bar over the passes.
 
@@ -224,105 +224,175 @@ def edge_attribution_patching(
         ((4, 5, 13), True)
     """
     tokens, reference = check_pair(model, tokens, reference)
-    alphas, weights, seconds = quadrature(ig_steps, ig_rule, correction)
-    check_options(ig_steps, qk_fix, grad_drop, correction, per_example)
-    schema = resolve_spans(spans, tokens)
-    if schema is not None and (qk_fix or grad_drop):
-        raise ValueError("spans= splits a sum over positions; the QK fix (a pattern recomputed with every position moved) "
-                         "and GradDrop (a sum of magnitudes) are not such sums: compute them without positions")
-    drops = [None] + (check_drop_layers(model) if grad_drop else [])
-    cert = require(model, "edge_attribution_patching", adapts=qk_fix)  # the QK fix reads rows, scores, start at layer
-    hessian = correction == "hessian"
-    if hessian and _backend.has_post_norms(model):
-        raise ValueError("correction='hessian' is not defined on post-norm blocks here: a head's edge writes through the "
-                         "norm after its attention, whose curvature along the head's own change (P''(r)[d W_O, d W_O], shared "
-                         "by every receiver) the edge's second-order term would have to split over receivers; use the plain "
-                         "or integrated-gradients estimate, or path patching (exact)")
+    options = EstimateOptions(ig_steps=ig_steps, ig_rule=ig_rule, qk_fix=qk_fix, grad_drop=grad_drop,
+                              correction=correction, per_example=per_example)
+    schema, drops, cert = _refusals(model, tokens, options, spans)
     layout = edge_layout(model)
-    B = tokens.shape[0]
-    shape = (B if per_example else 1, len(layout.senders), len(layout.receivers)) + (() if schema is None else (schema.n_spans,))
-    spans = None if schema is None else schema.one_hot()
-    first = [torch.zeros(shape, dtype=torch.float64) for _ in drops]
-    second = torch.zeros(shape, dtype=torch.float64)
-    column = {r: j for j, r in enumerate(layout.receivers)}
-    upstream = layout.exists.sum(0).tolist()  # per receiver: its senders are the first `upstream` (depth order)
-    points = sender_points(model)
-    state: dict = {}
-    grads_z: list[dict[int, torch.Tensor]] = [{} for _ in drops]  # per GradDrop round, dm/dz per layer (the QK fix's)
     with preserve_state(model, **mlp_flags(model)):
-        ref = record(model, reference, points)
+        gradients = _EdgeGradients(model, tokens, reference, options, layout, schema, len(drops))
+        value = _gradient_passes(model, tokens, metric, gradients, drops, progress)
+        value = clean_metric(model, tokens, metric, value)
+        if options.qk_fix:
+            _qk_fix(model, tokens, gradients, cert, memory_budget, progress)
+    return _result(options, layout, schema, gradients, value, model.cfg.n_layers)
+
+
+def _refusals(model: Model, tokens: torch.Tensor, options: EstimateOptions,
+              spans: str | PositionSchema | None) -> tuple[PositionSchema | None, list[int | None], Certificate]:
+    """The positions' schema, GradDrop's rounds (None: no layer dropped) and the certificate, or the refusal of
+    what the options cannot estimate on this model (named)."""
+    schema = resolve_spans(spans, tokens)
+    if schema is not None and (options.qk_fix or options.grad_drop):
+        raise ValueError("spans= splits a sum over positions; the QK fix (a pattern recomputed with every position "
+                         "moved) and GradDrop (a sum of magnitudes) are not such sums: compute them without positions")
+    drops = [None] + (check_drop_layers(model) if options.grad_drop else [])
+    # the QK fix reads rows, scores, start at layer
+    cert = require(model, "edge_attribution_patching", adapts=options.qk_fix)
+    if options.hessian and _backend.has_post_norms(model):
+        raise ValueError("correction='hessian' is not defined on post-norm blocks here: a head's edge writes through "
+                         "the norm after its attention, whose curvature along the head's own change (P''(r)[d W_O, "
+                         "d W_O], shared by every receiver) the edge's second-order term would have to split over "
+                         "receivers; use the plain or integrated-gradients estimate, or path patching (exact)")
+    return schema, drops, cert
+
+
+class _EdgeGradients:
+    """The estimate's terms, filled as the backward passes deliver each reader's gradient: the senders' writes
+    (built when the first gradient arrives: the forward pass is over) against a layer's readers' gradients at
+    once (:func:`_flush`). Owns the recorded runs, the buffers and the :class:`Passes` the hooks read.
+
+    Attributes:
+        first: per GradDrop round, the first-order term (batch or 1, sender, receiver[, span]), float64.
+        second: the second-order term (the Hessian correction), the same shape.
+        W: the senders' writes (for the QK fix), None until a gradient arrived.
+        grads_z: per GradDrop round, ``dm/dz`` per layer (the QK fix's).
+    """
+
+    def __init__(self, model: Model, tokens: torch.Tensor, reference: torch.Tensor, options: EstimateOptions,
+                 layout: EdgeLayout, schema: PositionSchema | None, n_rounds: int) -> None:
+        self.model, self.options, self.passes = model, options, Passes()
+        self.line = options.line
+        B = tokens.shape[0]
+        shape = (B if options.per_example else 1, len(layout.senders), len(layout.receivers))
+        shape += () if schema is None else (schema.n_spans,)
+        self.spans = None if schema is None else schema.one_hot()
+        self.first = [torch.zeros(shape, dtype=torch.float64) for _ in range(n_rounds)]
+        self.second = torch.zeros(shape, dtype=torch.float64)
+        self.column = {r: j for j, r in enumerate(layout.receivers)}
+        # per receiver: its senders are the first `upstream` (depth order)
+        self.upstream = layout.exists.sum(0).tolist()
+        self.grads_z: list[dict[int, torch.Tensor]] = [{} for _ in range(n_rounds)]
+        self.points = sender_points(model)
+        self.ref = record(model, reference, self.points)
         # Plain: the run's sender outputs are read in the pass itself. Else from a pass of their own
         # (the passes run at interpolated inputs).
-        plain_run = alphas == [1.0] and not hessian
-        run: dict[str, torch.Tensor] = {} if plain_run else record(model, tokens, points)
-        stack: list[torch.Tensor] = []
+        self.run: dict[str, torch.Tensor] = {} if options.plain_run else record(model, tokens, self.points)
         # The contraction in the model's dtype (float32 for a half-precision model; float64 under the
         # QK fix, whose corrections read the writes in float64): each product sums one batch row's
         # pos * d_model terms, and those results are added in float64 (_contract).
-        dt = torch.float64 if qk_fix else compute_dtype(model)
-        pending: list = []  # one layer's readers' gradients, contracted together (_flush)
-        post_norm = _backend.has_post_norms(model)
-        here: dict[str, torch.Tensor] = {}  # post-norm blocks, away from the run: this pass's heads' outputs
-        built: list = [None]  # the pass the writes were built for
-        now_pass = lambda: (state["drop"], state["point"])  # noqa: E731
-        key: list = [None]
-        rows = max(sum(len(r.labels) for r in readers(model) if r.layer == l) for l in range(model.cfg.n_layers))
-        grads: list[torch.Tensor] = []  # (rows, batch * pos * d_model): the pending gradients, reused
+        self.dt = torch.float64 if options.qk_fix else compute_dtype(model)
+        self.post_norm = _backend.has_post_norms(model)
+        self.here: dict[str, torch.Tensor] = {}  # post-norm blocks, away from the run: this pass's heads' outputs
+        self.rows = max(sum(len(r.labels) for r in readers(model) if r.layer == l) for l in range(model.cfg.n_layers))
+        self.W: torch.Tensor | None = None
+        self.grads: torch.Tensor | None = None  # (rows, batch * pos * d_model): the pending gradients, reused
+        self.built: tuple[int, int] | None = None  # the pass the writes were built for
+        self.key: tuple[int, int, int, int] | None = None  # (layer, round, point, phase) of the pending gradients
+        self.pending: list[_Pending] = []  # one layer's readers' gradients, contracted together (_flush)
 
-        def on_grad(reader: Reader, fill: Callable[[torch.Tensor], None]) -> None:
-            # The senders upstream of a receiver are a contiguous prefix of the writes: one matrix
-            # product over (batch, pos, d_model) against the gradients of a layer's readers, with no copy of them.
-            if not stack:  # built once, when the first gradient arrives (the forward is over)
-                stack.append(writes(model, ref, run, at=here or None, dtype=dt))
-                if not post_norm:  # held in the writes now (the passes keep their own x_ref); post-norm
-                    for box in (ref, run):  # blocks rebuild them at each pass's point, from these
-                        for name in [k for k in box if k != RESID0]:
-                            del box[name]
-                grads.append(torch.empty(rows, stack[0][0].numel(), dtype=dt, device=stack[0].device))
-                built[0] = now_pass()
-            now = (reader.layer, state["drop"], state["point"], state["phase"])
-            if now != key[0]:
-                _flush(pending, grads, spans)
-                key[0] = now
-                if here and built[0] != now_pass():  # post-norm heads: the Jacobian at this pass's point
-                    stack[0] = writes(model, ref, run, at=here, dtype=dt)
-                    built[0] = now_pass()
-            at = sum(len(p[4]) for p in pending)
-            G = grads[0][at : at + len(reader.labels)]
-            fill(G)
-            cols = [column[r] for r in reader.labels]
-            if state["phase"] == 1:
-                buf, w = first[state["drop"]], weights[state["point"]]
-            else:
-                buf, w = second, seconds[state["point"]]
-            pending.append((buf, w, stack[0], G, cols, upstream[cols[0]]))
+    def forward_hooks(self) -> list:
+        """The forward hooks of every pass: the run's writes (plain), ``dm/dz`` (the QK fix), the heads' outputs
+        (post-norm blocks away from the run, where their norms' Jacobians are taken)."""
+        plain_run = self.options.plain_run
+        fwd = store_matching(self.run, self.model, self.points) if plain_run else []
+        fwd += z_gradients(self.grads_z, self.passes) if self.options.qk_fix else []
+        if self.post_norm and not plain_run:
+            fwd += store_matching(self.here, self.model, N.every(N.z))
+        return fwd
 
-        fwd = (store_matching(run, model, points) if plain_run else []) + (z_gradients(grads_z, state) if qk_fix else [])
-        if post_norm and not plain_run:  # each pass's heads' outputs: where its post-norms' Jacobians are taken
-            fwd += store_matching(here, model, N.every(N.z))
-        for d, layer in enumerate(drops):
-            state["drop"] = d
-            wanted = readers(model, projected=not hessian)
-            with reader_gradients(model, wanted, on_grad, dt, extra=drop_hooks(model, layer)) as hooks:
-                value = run_passes(model, tokens, metric, fwd + hooks, alphas=alphas, hessian=hessian, x_ref=ref[RESID0],
-                                   state=state, progress=progress)
-            _flush(pending, grads, spans)
-            key[0] = None
-        value = clean_metric(model, tokens, metric, value)
-        if qk_fix:
-            box = record(model, tokens, start_points(model, attention=True))
-            fixed = edge_qk_fix(model, layout, tokens, stack[0], grads_z, box, cert, per_example, memory_budget, progress)
-            for buf, fix in zip(first, fixed):
-                buf.copy_(torch.where(fix.isnan(), buf, fix))
+    def on_grad(self, reader: Reader, fill: Callable[[torch.Tensor], None]) -> None:
+        """A reader's gradient: its rows filled in place, contracted with its layer's (the senders upstream of a
+        receiver are a contiguous prefix of the writes: one matrix product over (batch, pos, d_model))."""
+        if self.W is None:  # built once, when the first gradient arrives (the forward is over)
+            self._build()
+        passes = self.passes
+        now = (reader.layer, passes.drop, passes.point, passes.phase)
+        if now != self.key:
+            self.flush()
+            self.key = now
+            if self.here and self.built != passes.at():  # post-norm heads: the Jacobian at this pass's point
+                self.W = writes(self.model, self.ref, self.run, at=self.here, dtype=self.dt)
+                self.built = passes.at()
+        at = sum(len(p.cols) for p in self.pending)
+        G = self.grads[at : at + len(reader.labels)]
+        fill(G)
+        cols = [self.column[r] for r in reader.labels]
+        if passes.phase == 1:
+            buf, w = self.first[passes.drop], self.line.weights[passes.point]
+        else:
+            buf, w = self.second, self.line.seconds[passes.point]
+        self.pending.append(_Pending(buf, w, self.W, G, cols, self.upstream[cols[0]]))
+
+    def _build(self) -> None:
+        self.W = writes(self.model, self.ref, self.run, at=self.here or None, dtype=self.dt)
+        if not self.post_norm:  # held in the writes now (the passes keep their own x_ref); post-norm
+            for box in (self.ref, self.run):  # blocks rebuild them at each pass's point, from these
+                for name in [k for k in box if k != RESID0]:
+                    del box[name]
+        self.grads = torch.empty(self.rows, self.W[0].numel(), dtype=self.dt, device=self.W.device)
+        self.built = self.passes.at()
+
+    def flush(self) -> None:
+        """Contract the pending gradients (:func:`_flush`)."""
+        _flush(self.pending, self.grads, self.spans)
+
+    def end_round(self) -> None:
+        """After a GradDrop round's passes: its last layer contracted."""
+        self.flush()
+        self.key = None
+
+
+def _gradient_passes(model: Model, tokens: torch.Tensor, metric: Metric, gradients: _EdgeGradients,
+                     drops: list[int | None], progress: bool) -> float | None:
+    """Every GradDrop round's passes (:func:`rs_interp.circuits.correction.run_passes`), each reader's gradient
+    contracted as it arrives; the run's metric where a pass ran it, else None."""
+    options, fwd = gradients.options, gradients.forward_hooks()
+    for d, layer in enumerate(drops):
+        gradients.passes.drop = d
+        wanted = readers(model, projected=not options.hessian)
+        with reader_gradients(model, wanted, gradients.on_grad, gradients.dt, extra=drop_hooks(model, layer)) as hooks:
+            value = run_passes(model, tokens, metric, fwd + hooks, alphas=gradients.line.alphas,
+                               hessian=options.hessian, x_ref=gradients.ref[RESID0], passes=gradients.passes,
+                               progress=progress)
+        gradients.end_round()
+    return value
+
+
+def _qk_fix(model: Model, tokens: torch.Tensor, gradients: _EdgeGradients, cert: Certificate, memory_budget: int,
+            progress: bool) -> None:
+    """The QK fix's edges into queries and keys in place of the first-order term's (AtP*)."""
+    box = record(model, tokens, start_points(model, attention=True))
+    layout = edge_layout(model)
+    fixed = edge_qk_fix(model, layout, tokens, gradients.W, gradients.grads_z, box, cert,
+                        gradients.options.per_example, memory_budget, progress)
+    for buf, fix in zip(gradients.first, fixed):
+        buf.copy_(torch.where(fix.isnan(), buf, fix))
+
+
+def _result(options: EstimateOptions, layout: EdgeLayout, schema: PositionSchema | None, gradients: _EdgeGradients,
+            value: float, n_layers: int) -> EdgeAttributionPatching:
+    """The terms summed into the estimate: over spans last (float64), GradDrop's rounds combined, the Hessian
+    term added, NaN where there is no edge."""
+    first, second = gradients.first, gradients.second
     gone = ~layout.exists
     per_span = None
     if schema is not None:  # each span's share: the sum over spans is the estimate (summed last, in float64)
         per_span = (first[0] + second).sum(0)
         per_span[gone] = float("nan")
         first, second = [f.sum(-1) for f in first], second.sum(-1)
-    if grad_drop:
-        effect, shares, first_order = combine_drops([f[0] for f in first], model.cfg.n_layers), None, None
-    elif hessian:
+    if options.grad_drop:
+        effect, shares, first_order = combine_drops([f[0] for f in first], n_layers), None, None
+    elif options.hessian:
         shares = first[0] + second
         effect, first_order = shares.sum(0), first[0].sum(0)
         first_order[gone] = float("nan")
@@ -330,8 +400,10 @@ def edge_attribution_patching(
         shares, first_order = first[0], None
         effect = shares.sum(0)
     effect[gone] = float("nan")
-    if per_example:
+    if options.per_example:
         shares[:, gone] = float("nan")
-    return EdgeAttributionPatching(layout=layout, effect=effect, clean=value, ig_steps=ig_steps, ig_rule=ig_rule, qk_fix=qk_fix,
-                                   grad_drop=grad_drop, correction=correction, first_order=first_order,
-                                   per_example=shares if per_example else None, per_span=per_span, schema=schema)
+    return EdgeAttributionPatching(layout=layout, effect=effect, clean=value, ig_steps=options.ig_steps,
+                                   ig_rule=options.ig_rule, qk_fix=options.qk_fix, grad_drop=options.grad_drop,
+                                   correction=options.correction, first_order=first_order,
+                                   per_example=shares if options.per_example else None, per_span=per_span,
+                                   schema=schema)

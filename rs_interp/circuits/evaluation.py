@@ -39,17 +39,17 @@ from jaxtyping import Int
 
 from .._backend import Model
 from .._keywords import renamed
-from .._progress import bar
 from .._state import preserve_state
 from ..exact.certificate import require
 from ..exact.needs import EVALUATED, needs
 from ..exact.stream import mlp_flags
 from ..exact.validate import Ablation, check_ablation
-from ..metrics import Metric, direction, metric_value
+from ..metrics import Metric
 from . import positions as pos
 from ._ablated_run import ablated_writes, run_circuit
+from ._curves import CurveOptions, run_circuits
 from .graph import EdgeEffects, EdgeLayout, Embedding, edge_layout, embedding_of
-from .selection import Ranking, check_fractions, circuit_at, mask, mib_weights, prune
+from .selection import Ranking, check_fractions, mask, mib_weights, prune
 
 __all__ = ["MIB_FRACTIONS", "FaithfulnessCurve", "MIBScores", "evaluate_circuit", "faithfulness_curve", "mib_scores"]
 
@@ -131,10 +131,12 @@ def evaluate_circuit(
     reaches = _reaches_logits(layout, keep) if schema is None else bool(pos.positional_prune(layout, keep).any())
     if keep.any() and not reaches:  # stacklevel 3: the caller's line, past the renamed() wrapper
         warnings.warn("this circuit has no path from the embedding to the logits: every path through it is cut, so it "
-                      "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)", stacklevel=3)
+                      "computes what the empty circuit does (MIB prunes such dangling edges: faithfulness_curve)",
+                      stacklevel=3)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        return run_circuit(model, tokens, metric, layout, keep, ablated_writes(model, tokens, reference, ablation, embedding),
-                           "circuit run", masks=None if schema is None else pos.span_masks(schema))
+        return run_circuit(model, tokens, metric, layout, keep,
+                           ablated_writes(model, tokens, reference, ablation, embedding), "circuit run",
+                           masks=None if schema is None else pos.span_masks(schema))
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,8 @@ class FaithfulnessCurve:
         Raises:
             ValueError: the curve ranks by absolute score (MIB's CPR ranks by signed score).
         """
-        return self._ranked("signed", self.area_under, "CPR is the area under the curve", "area_under is ranked by |score|")
+        return self._ranked("signed", self.area_under, "CPR is the area under the curve",
+                            "area_under is ranked by |score|")
 
     @property
     def cmd(self) -> float:
@@ -211,8 +214,8 @@ class FaithfulnessCurve:
     def _ranked(self, ranking: str, area: float, what: str, instead: str) -> float:
         """``area`` where the curve ranks the edges by ``ranking`` (MIB's), else a ValueError that says so."""
         if self.ranking != ranking:
-            raise ValueError(f"{what} of the edges ranked by {ranking} score (MIB): faithfulness_curve(..., ranking='{ranking}'); "
-                             f"this curve's {instead}")
+            raise ValueError(f"{what} of the edges ranked by {ranking} score (MIB): faithfulness_curve(..., "
+                             f"ranking='{ranking}'); this curve's {instead}")
         return area
 
 
@@ -275,16 +278,16 @@ def faithfulness_curve(
     tokens, reference = check_ablation(model, tokens, ablation, reference, "faithfulness_curve")
     fr = check_fractions(fractions)
     if not isinstance(scores, (EdgeEffects, pos.PositionalEdgeEffects)):
-        raise ValueError("scores must be edge scores (EdgeEffects, or pos.PositionalEdgeEffects) of this model's edge layout")
+        raise ValueError("scores must be edge scores (EdgeEffects, or pos.PositionalEdgeEffects) of this model's edge "
+                         "layout")
     embedding = embedding_of(scores.layout)
     require(model, "faithfulness_curve", also=("embedding",) if embedding != "sum" else ())
-    return _curves(model, tokens, metric, [(scores, ranking)], reference=reference, fractions=fr, ablation=ablation, pruned=pruned,
-                   higher_is_better=higher_is_better, progress=progress)[0]
+    options = CurveOptions(reference, fr, ablation, pruned, higher_is_better, progress)
+    return _curves(model, tokens, metric, [(scores, ranking)], options)[0]
 
 
-def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequence[tuple[EdgeEffects, Ranking]], *,
-            reference: torch.Tensor | None, fractions: list[float], ablation: Ablation, pruned: bool,
-            higher_is_better: bool | None, progress: bool) -> list[FaithfulnessCurve]:
+def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequence[tuple[EdgeEffects, Ranking]],
+            options: CurveOptions) -> list[FaithfulnessCurve]:
     """One :class:`FaithfulnessCurve` per ``(scores, ranking)`` of ``requests`` (checked arguments), sharing
     what they can: the ablated writes, the clean and the empty run are computed once, and each distinct
     circuit (by its kept edges) is run once, however many curves hold it (MIB's smallest sizes round to
@@ -294,49 +297,20 @@ def _curves(model: Model, tokens: torch.Tensor, metric: Metric, requests: Sequen
     scores or all positional (:class:`rs_interp.circuits.positions.PositionalEdgeEffects`, with their spans).
     The metric's direction (the signed ranking's) is settled by :func:`rs_interp.metrics.direction` from
     the clean and the empty run before any circuit is chosen."""
-    if higher_is_better is not None and not isinstance(higher_is_better, bool):  # before any run
-        raise ValueError(f"higher_is_better must be True, False or None (from the metric), got {higher_is_better!r}")
-    first = requests[0][0]
-    embedding = embedding_of(first.layout) if isinstance(first, (EdgeEffects, pos.PositionalEdgeEffects)) else "sum"
-    layout = edge_layout(model, embedding)
-    positional = isinstance(first, pos.PositionalEdgeEffects)
-    kind = pos.PositionalEdgeEffects if positional else EdgeEffects
-    for scores, _ranking in requests:
-        if not isinstance(scores, kind) or scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
-            raise ValueError(f"scores must be edge scores ({kind.__name__}) of this model's edge layout (all on the same input senders)")
-        if positional and scores.spans != first.spans:
-            raise ValueError("positional scores compared in one call must share their spans")
-    choose, pruner, weights, masks = pos.curve_rules(first, layout, tokens) if positional else (circuit_at, prune, mib_weights(layout), None)
+    run = run_circuits(model, tokens, metric, requests, options)
+    fractions, weights, clean, empty = options.fractions, run.weights, run.clean, run.empty
     total = float(weights.sum())
-    nobody = torch.zeros_like(weights, dtype=torch.bool)
-    with preserve_state(model, **mlp_flags(model)), torch.no_grad():
-        ablated = ablated_writes(model, tokens, reference, ablation, embedding)
-        clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
-        empty = run_circuit(model, tokens, metric, layout, nobody, ablated, "empty circuit", masks=masks)
-        if clean == empty:
-            raise ValueError(f"the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
-        way = direction(metric, clean, empty, higher_is_better)
-        chosen = [[choose(scores, f, ranking=ranking, pruned=False, higher_is_better=way.higher_is_better)
-                   for f in fractions] for scores, ranking in requests]
-        circuits = [[pruner(layout, keep) if pruned else keep for keep in curve] for curve in chosen]
-        key = lambda keep: bytes(keep.flatten().tolist())  # noqa: E731  (the kept edges, as bytes)
-        distinct: dict[bytes, torch.Tensor] = {}
-        for keep in (k for curve in circuits for k in curve):
-            if key(keep) != key(nobody):
-                distinct.setdefault(key(keep), keep)
-        value = {key(nobody): empty}
-        for k, keep in bar(distinct.items(), desc="faithfulness curve", enabled=progress, unit="circuit"):
-            value[k] = run_circuit(model, tokens, metric, layout, keep, ablated, f"circuit of {int(keep.sum())} edges", masks=masks)
     out = []
-    for (_scores, ranking), curve, picked in zip(requests, circuits, chosen):
-        values = [value[key(keep)] for keep in curve]
+    for (_scores, ranking), curve, picked, values in zip(requests, run.circuits, run.chosen, run.values):
         faith = [(v - empty) / (clean - empty) for v in values]
-        out.append(FaithfulnessCurve(fractions=tuple(fractions), ranking=ranking, n_requested=tuple(int(f * total) for f in fractions),
-                                     n_edges=tuple(int(float((weights * keep).sum())) for keep in curve), values=tuple(values),
-                                     faithfulness=tuple(faith), clean=clean, empty=empty, area_under=_area(fractions, faith),
+        out.append(FaithfulnessCurve(fractions=tuple(fractions), ranking=ranking,
+                                     n_requested=tuple(int(f * total) for f in fractions),
+                                     n_edges=tuple(int(float((weights * keep).sum())) for keep in curve),
+                                     values=tuple(values), faithfulness=tuple(faith), clean=clean, empty=empty,
+                                     area_under=_area(fractions, faith),
                                      area_from_1=_area(fractions, [abs(1 - f) for f in faith]),
-                                     mib_counts=_mib_counts(layout, picked), higher_is_better=way.higher_is_better,
-                                     direction_from=way.source))
+                                     mib_counts=_mib_counts(run.layout, picked),
+                                     higher_is_better=run.way.higher_is_better, direction_from=run.way.source))
     return out
 
 
@@ -377,8 +351,9 @@ class MIBScores:
 @needs(*EVALUATED)
 @renamed(method="ablation")
 def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Metric,
-               scores: EdgeEffects | Mapping[str, EdgeEffects], *, reference: Int[torch.Tensor, "batch pos"] | None = None,
-               fractions: Sequence[float] = MIB_FRACTIONS, ablation: Ablation = "resample", higher_is_better: bool | None = None,
+               scores: EdgeEffects | Mapping[str, EdgeEffects], *,
+               reference: Int[torch.Tensor, "batch pos"] | None = None, fractions: Sequence[float] = MIB_FRACTIONS,
+               ablation: Ablation = "resample", higher_is_better: bool | None = None,
                progress: bool = True) -> MIBScores | dict[str, MIBScores]:
     """CPR and CMD as MIB's circuit track computes them: two :func:`faithfulness_curve` s, the edges
     ranked by signed score (CPR, the area under it) and by absolute score (CMD, the area between it and 1).
@@ -413,12 +388,13 @@ def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Met
     named = dict(scores) if isinstance(scores, Mapping) else {None: scores}
     if not named:
         raise ValueError("scores is an empty mapping: pass at least one result")
-    embeddings = {embedding_of(s.layout) for s in named.values() if isinstance(s, (EdgeEffects, pos.PositionalEdgeEffects))}
+    embeddings = {embedding_of(s.layout) for s in named.values()
+                  if isinstance(s, (EdgeEffects, pos.PositionalEdgeEffects))}
     if embeddings - {"sum"}:
         require(model, "mib_scores", also=("embedding",))
     requests = [(s, ranking) for s in named.values() for ranking in ("signed", "absolute")]
-    curves = _curves(model, tokens, metric, requests, reference=reference, fractions=fr, ablation=ablation, pruned=True,
-                     higher_is_better=higher_is_better, progress=progress)
+    options = CurveOptions(reference, fr, ablation, True, higher_is_better, progress)
+    curves = _curves(model, tokens, metric, requests, options)
     out = {name: MIBScores(cpr=signed.area_under, cmd=absolute.area_from_1, signed=signed, absolute=absolute)
            for name, signed, absolute in zip(named, curves[0::2], curves[1::2])}
     return out if isinstance(scores, Mapping) else out[None]

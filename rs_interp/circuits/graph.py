@@ -41,7 +41,8 @@ __all__ = ["EdgeLayout", "EdgeEffects", "edge_layout", "depth", "Embedding", "EM
 
 Embedding = Literal["sum", "split", "token"]
 #: The input senders of each choice of :func:`edge_layout`'s ``embedding``.
-EMBEDDINGS: dict[str, tuple[str, ...]] = {"sum": ("embed",), "split": ("tok_embed", "pos_embed"), "token": ("tok_embed",)}
+EMBEDDINGS: dict[str, tuple[str, ...]] = {"sum": ("embed",), "split": ("tok_embed", "pos_embed"),
+                                          "token": ("tok_embed",)}
 
 _HEAD = re.compile(r"^L(\d+)(?:H|KV)(\d+)(?:\.[qkv])?$")
 _MLP = re.compile(r"^MLP(\d+)$")
@@ -135,8 +136,9 @@ def edge_layout(model_or_cfg: Any, embedding: Embedding = "sum") -> EdgeLayout:
     if embedding not in EMBEDDINGS:
         raise ValueError(f"embedding must be one of {tuple(EMBEDDINGS)}, got {embedding!r}")
     if embedding == "split" and getattr(cfg, "positional_embedding_type", "standard") != "standard":
-        raise ValueError(f"embedding='split': this model's positions are {cfg.positional_embedding_type!r}, no position "
-                         "embedding is added to the stream (hook_pos_embed), so the input has one part: use 'token' or 'sum'")
+        raise ValueError(f"embedding='split': this model's positions are {cfg.positional_embedding_type!r}, no "
+                         "position embedding is added to the stream (hook_pos_embed), so the input has one part: use "
+                         "'token' or 'sum'")
     L, H, G = cfg.n_layers, cfg.n_heads, kv_groups(cfg)
     mlps = not cfg.attn_only
     parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
@@ -233,12 +235,15 @@ class EdgeEffects:
         if embedding not in EMBEDDINGS:
             raise ValueError(f"embedding must be one of {tuple(EMBEDDINGS)}, got {embedding!r}")
         if self.layout.senders[0] != "embed":
-            raise ValueError(f"on_inputs maps effects on the summed input (embed), these are on {embedding_of(self.layout)!r}")
+            raise ValueError("on_inputs maps effects on the summed input (embed), these are on "
+                             f"{embedding_of(self.layout)!r}")
         inputs = EMBEDDINGS[embedding]
         senders = inputs + self.layout.senders[1:]
-        rows = [self.effect[:1]] + [torch.where(self.layout.exists[:1], 0.0, torch.nan).to(self.effect.dtype)] * (len(inputs) - 1)
+        blank = torch.where(self.layout.exists[:1], 0.0, torch.nan).to(self.effect.dtype)
+        rows = [self.effect[:1]] + [blank] * (len(inputs) - 1)
         exists = torch.cat([self.layout.exists[:1]] * len(inputs) + [self.layout.exists[1:]])
-        return EdgeEffects(EdgeLayout(tuple(senders), self.layout.receivers, exists), torch.cat(rows + [self.effect[1:]]), self.clean)
+        return EdgeEffects(EdgeLayout(tuple(senders), self.layout.receivers, exists),
+                           torch.cat(rows + [self.effect[1:]]), self.clean)
 
     def top(self, k: int = 5) -> list[tuple[tuple[str, str], float]]:
         """The ``k`` edges with the largest ``|effect|``, each ``((sender, receiver), effect)``, best

@@ -4,10 +4,11 @@ scores against it by AUROC, and the known circuit's own faithfulness.
 The known circuits, in the edge layout of :mod:`rs_interp.circuits.graph`:
 
 - ``tracr-*`` (:mod:`rs_interp.circuits.tracr`): read off the compiled weights, exactly
-  (:func:`rs_interp.circuits.tracr.ground_truth_edges`). Scored on :func:`rs_interp.circuits.tracr_truth.tracr_case`: random valid inputs
-  of the program's longest length, each paired with another random valid input of that length as
-  the reference, with :func:`rs_interp.circuits.tracr_truth.tracr_metric`.
-- ``induction-2l``: derived by :func:`rs_interp.circuits.induction_truth.induction_ground_truth` from evidence computed on the model.
+  (:func:`rs_interp.circuits.tracr.ground_truth_edges`). Scored on :func:`rs_interp.circuits.tracr_truth.tracr_case`:
+  random valid inputs of the program's longest length, each paired with another random valid input of that length as the
+  reference, with :func:`rs_interp.circuits.tracr_truth.tracr_metric`.
+- ``induction-2l``: derived by :func:`rs_interp.circuits.induction_truth.induction_ground_truth` from evidence computed
+on the model.
   The theory proposes the induction circuit (the token into the previous-token head's value, the
   previous-token head into the induction heads' keys by K-composition, the token into the
   induction heads' queries and values, the induction heads into the logits), the attention and
@@ -17,21 +18,20 @@ The known circuits, in the edge layout of :mod:`rs_interp.circuits.graph`:
 
 **Which known edges carry effect.** Every method here patches from a reference run of the same
 shape, and a known edge can be inert under such a patch, however essential to the computation
-(:func:`rs_interp.circuits.tracr_truth.edge_classes`): the two runs may send the same along it (positions, the constant ``"one"``
-and what is computed from the length alone, such as ``reverse``'s length and ``opp_idx``, are
-equal in any two inputs of one length), or they differ but the receiver ignores the difference
-(``reverse``'s length head reads the tokens through an always-true selector). In a compiled
-model the exact path patch gives every inert edge, and every edge outside the known circuit,
-exactly 0: against the ``K`` known edges of which ``c`` carry effect its AUROC is
-``(1 + c / K) / 2``, and 1 against the ``c`` (:attr:`MethodScores.auroc_effective`).
+(:func:`rs_interp.circuits.tracr_truth.edge_classes`): the two runs may send the same along it (positions, the constant
+``"one"`` and what is computed from the length alone, such as ``reverse``'s length and ``opp_idx``, are equal in any two
+inputs of one length), or they differ but the receiver ignores the difference (``reverse``'s length head reads the
+tokens through an always-true selector). In a compiled model the exact path patch gives every inert edge, and every edge
+outside the known circuit, exactly 0: against the ``K`` known edges of which ``c`` carry effect its AUROC is ``(1 + c /
+K) / 2``, and 1 against the ``c`` (:attr:`MethodScores.auroc_effective`).
 
 **AUROC** (:func:`auroc`): the Mann-Whitney statistic of ``|score|``, the known items against the
 others, ties counted half. Every model runs in float64 (:func:`as_float64`), and a score at most
 :data:`NOISE_FLOOR` times the method's largest on that model counts as 0 (:func:`magnitudes`): a
 gradient through tracr's saturated softmax or a discretising MLP is 1e-14 to 1e-21 of the largest
-score in float64 (1e-10 to 1e-5 in float32: rounding noise), and it must not "rank" an edge above the exact zeros of the edges
-outside the circuit. Node-level methods (attribution patching and the resample ablation scan, per
-head) are scored over the heads, a head known when it sends a known edge (:func:`known_heads`).
+score in float64 (1e-10 to 1e-5 in float32: rounding noise), and it must not "rank" an edge above the exact zeros of the
+edges outside the circuit. Node-level methods (attribution patching and the resample ablation scan, per head) are scored
+over the heads, a head known when it sends a known edge (:func:`known_heads`).
 
 >>> auroc([0.9, 0.5, 0.5, 0.1], [True, True, False, False])
 0.875
@@ -282,8 +282,8 @@ def _scored(method: str, items: Sequence[str], values: Sequence[float], known: S
     mags = magnitudes(values)
     keep = [e or not k for k, e in zip(known, effective)]  # leave out the known items that carry nothing
     return MethodScores(method, tuple(items), tuple(float(v) for v in values), tuple(known), tuple(effective),
-                        auroc(mags, known), auroc([m for m, k in zip(mags, keep) if k], [e for e, k in zip(effective, keep) if k]),
-                        flops)
+                        auroc(mags, known),
+                        auroc([m for m, k in zip(mags, keep) if k], [e for e, k in zip(effective, keep) if k]), flops)
 
 
 class _Global:
@@ -313,7 +313,8 @@ def counted_flops(fn) -> tuple[Any, int]:
     return out, int(counter.get_total_flops())
 
 
-def score_methods(case: GroundTruthCase, *, progress: bool = True, counted: Iterable[str] = ()) -> dict[str, MethodScores]:
+def score_methods(case: GroundTruthCase, *, progress: bool = True,
+                  counted: Iterable[str] = ()) -> dict[str, MethodScores]:
     """Every registered method's scores on ``case`` (:data:`rs_interp.circuits.methods.METHODS`) and
     their AUROCs, keyed by method name: the edge methods over every edge of the layout, the node
     methods over every head, the positional methods over every positional edge (``"s -> r @ span"``; a
@@ -333,8 +334,9 @@ def score_methods(case: GroundTruthCase, *, progress: bool = True, counted: Iter
         result, flops = counted_flops(run) if method.key in counted else (run(), None)
         if method.level == "positional":
             triples = result.edges()
-            out[name] = _scored(name, tuple(f"{edge_string((s, r))} @ {u}" for s, r, u in triples), result.effect[result.exists].tolist(),
-                                [(s, r) in case.known for s, r, _ in triples], [(s, r) in case.effective for s, r, _ in triples], flops)
+            out[name] = _scored(name, tuple(f"{edge_string((s, r))} @ {u}" for s, r, u in triples),
+                                result.effect[result.exists].tolist(), [(s, r) in case.known for s, r, _ in triples],
+                                [(s, r) in case.effective for s, r, _ in triples], flops)
         elif method.level == "edge":
             out[name] = _scored(name, items, result.effect[layout.exists].tolist(), [e in case.known for e in edges],
                                 [e in case.effective for e in edges], flops)
@@ -363,7 +365,8 @@ def missed(scores: MethodScores, exact: MethodScores | None = None) -> list[dict
             continue
         row = {"item": item, "score": value} | ({"exact": exact.scores[i]} if exact is not None else {})
         if m <= top:
-            out.append(row | {"how": "outranked", "outranked_by": scores.items[top_i], "outranked_by_score": scores.scores[top_i]})
+            out.append(row | {"how": "outranked", "outranked_by": scores.items[top_i],
+                              "outranked_by_score": scores.scores[top_i]})
         elif exact is not None and abs(value) < FAINT * abs(exact.scores[i]):
             out.append(row | {"how": "faint"})
     return out

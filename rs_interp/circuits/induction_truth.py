@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,7 +20,7 @@ from ..labels import head_label
 from ..metrics import Metric, next_token_loss
 from ..models.data import InductionBatch
 from .evaluation import evaluate_circuit
-from .graph import edge_layout
+from .graph import EdgeLayout, edge_layout
 from .ground_truth import GroundTruthCase, as_float64, receiver_response
 from .positions import PositionSchema
 
@@ -68,8 +68,9 @@ class InductionGroundTruth:
     scores: dict[str, Any]
 
 
-def induction_ground_truth(model: Model, batch: InductionBatch, *, tokens: torch.Tensor, reference: torch.Tensor, metric: Metric,
-                           prev_token_head: float, induction_head: float, necessary: float) -> InductionGroundTruth:
+def induction_ground_truth(model: Model, batch: InductionBatch, *, tokens: torch.Tensor, reference: torch.Tensor,
+                           metric: Metric, prev_token_head: float, induction_head: float,
+                           necessary: float) -> InductionGroundTruth:
     """The induction circuit of a two-layer attention-only model, from evidence.
 
     The theory proposes (Definition 4, Proposition 5, "Induction heads"): a previous-token head
@@ -92,41 +93,23 @@ def induction_ground_truth(model: Model, batch: InductionBatch, *, tokens: torch
     """
     cfg = model.cfg
     if cfg.n_layers != 2 or not cfg.attn_only:
-        raise ValueError(f"the induction circuit is derived for a two-layer attention-only model, got n_layers={cfg.n_layers}, "
-                         f"attn_only={cfg.attn_only}")
+        raise ValueError(f"the induction circuit is derived for a two-layer attention-only model, got "
+                         f"n_layers={cfg.n_layers}, attn_only={cfg.attn_only}")
     prev = prev_token_scores(model, batch.tokens)[0]
     target = induction_scores(model, batch.tokens, periods=batch.periods).induction[1]
     P = [h for h in range(cfg.n_heads) if float(prev[h]) >= prev_token_head]
     I = [h for h in range(cfg.n_heads) if float(target[h]) >= induction_head]
     if not P:
-        raise ValueError(f"no previous-token head in layer 0 (weights on i-1: {few((round(float(x), 3) for x in prev), 12)}, "
-                         f"threshold {prev_token_head})")
+        raise ValueError(f"no previous-token head in layer 0 (weights on i-1: "
+                         f"{few((round(float(x), 3) for x in prev), 12)}, threshold {prev_token_head})")
     if not I:
-        raise ValueError(f"no induction head in layer 1 (weights on i-p+1: {few((round(float(x), 3) for x in target), 12)}, "
-                         f"threshold {induction_head})")
+        raise ValueError(f"no induction head in layer 1 (weights on i-p+1: "
+                         f"{few((round(float(x), 3) for x in target), 12)}, threshold {induction_head})")
     comp = {k: composition_scores(model, k).scores[0, :, 1, :] for k in "qkv"}
     copying = copying_scores(model)[1]
-    proposed: dict[tuple[str, str], str] = {}
-    for p in P:
-        lp = head_label(0, p)
-        proposed[("embed", f"{lp}.v")] = f"previous-token head {lp} (weight on i-1 {float(prev[p]):.3f}) copies the previous token"
-        for i in I:
-            k, q, v = (float(comp[x][p, i]) for x in "kqv")
-            if k > max(q, v):
-                proposed[(lp, f"{head_label(1, i)}.k")] = f"K-composition {lp} -> {head_label(1, i)} {k:.3f} (Q {q:.3f}, V {v:.3f})"
-    for i in I:
-        li = head_label(1, i)
-        proposed[("embed", f"{li}.q")] = f"induction head {li} (weight on i-p+1 {float(target[i]):.3f}) queries with the current token"
-        proposed[("embed", f"{li}.v")] = f"{li} copies the token it attends to (copying score {float(copying[i]):.3f})"
-        proposed[(li, "logits")] = f"{li} writes the prediction"
-
+    proposed = _proposal(prev, target, comp, copying, P, I)
     layout = edge_layout(model)
-    def run(circuit) -> float:  # sub-circuits cut from the proposal may reach nothing: that is what is measured
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            return evaluate_circuit(model, tokens, metric, circuit, reference=reference)
-    full, empty = run(layout.edges()), run([])
-    faith = lambda c: (run(c) - empty) / (full - empty)  # noqa: E731
+    faith = _faithfulness(model, tokens, reference, metric)
     circuit, dropped = set(proposed), {}
     while True:
         base = faith(circuit)
@@ -136,6 +119,53 @@ def induction_ground_truth(model: Model, batch: InductionBatch, *, tokens: torch
             break
         dropped.update(weak)
         circuit -= set(weak)
+    best_edge, best_head = _best_additions(layout, circuit, base, faith)
+    evidence = {e: f"{proposed[e]}; leaving it out loses {loo[e]:.3f} of the faithfulness" for e in sorted(circuit)}
+    return InductionGroundTruth(
+        edges=frozenset(circuit), prev_token_heads=tuple(head_label(0, p) for p in P),
+        induction_heads=tuple(head_label(1, i) for i in I), evidence=evidence, leave_one_out=loo, dropped=dropped,
+        faithfulness=base, best_edge=best_edge, best_head=best_head,
+        scores={"prev_token": prev.tolist(), "induction_target": target.tolist(), "copying": copying.tolist(),
+                **{f"composition_{k}": v.tolist() for k, v in comp.items()}})
+
+
+def _proposal(prev: torch.Tensor, target: torch.Tensor, comp: dict[str, torch.Tensor], copying: torch.Tensor,
+              P: list[int], I: list[int]) -> dict[tuple[str, str], str]:
+    """The theory's edges (:func:`induction_ground_truth`), each with the evidence that proposes it."""
+    proposed: dict[tuple[str, str], str] = {}
+    for p in P:
+        lp = head_label(0, p)
+        proposed[("embed", f"{lp}.v")] = (f"previous-token head {lp} (weight on i-1 {float(prev[p]):.3f}) copies the "
+                                          "previous token")
+        for i in I:
+            k, q, v = (float(comp[x][p, i]) for x in "kqv")
+            if k > max(q, v):
+                proposed[(lp, f"{head_label(1, i)}.k")] = (f"K-composition {lp} -> {head_label(1, i)} {k:.3f} "
+                                                           f"(Q {q:.3f}, V {v:.3f})")
+    for i in I:
+        li = head_label(1, i)
+        proposed[("embed", f"{li}.q")] = (f"induction head {li} (weight on i-p+1 {float(target[i]):.3f}) queries with "
+                                          "the current token")
+        proposed[("embed", f"{li}.v")] = f"{li} copies the token it attends to (copying score {float(copying[i]):.3f})"
+        proposed[(li, "logits")] = f"{li} writes the prediction"
+    return proposed
+
+
+def _faithfulness(model: Model, tokens: torch.Tensor, reference: torch.Tensor,
+                  metric: Metric) -> Callable[[set], float]:
+    """A circuit's faithfulness, ``(m(circuit) - m(empty)) / (m(full) - m(empty))`` (resample ablation)."""
+    def run(circuit) -> float:  # sub-circuits cut from the proposal may reach nothing: that is what is measured
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return evaluate_circuit(model, tokens, metric, circuit, reference=reference)
+    full, empty = run(edge_layout(model).edges()), run([])
+    return lambda c: (run(c) - empty) / (full - empty)
+
+
+def _best_additions(layout: EdgeLayout, circuit: set, base: float,
+                    faith: Callable[[set], float]) -> tuple[tuple, tuple]:
+    """The edge outside the circuit whose addition gains the most faithfulness, and the head outside it (every
+    edge into and out of it added), each with its gain."""
     gains = {e: faith(circuit | {e}) - base for e in layout.edges() if e not in circuit}
     best_edge = max(gains.items(), key=lambda kv: kv[1], default=(None, 0.0))
     inside = {x.split(".")[0] for e in circuit for x in e}
@@ -145,16 +175,12 @@ def induction_ground_truth(model: Model, batch: InductionBatch, *, tokens: torch
             group = {e for e in layout.edges() if e[0] == h or e[1].split(".")[0] == h}
             head_gains[h] = faith(circuit | group) - base
     best_head = max(head_gains.items(), key=lambda kv: kv[1], default=(None, 0.0))
-    evidence = {e: f"{proposed[e]}; leaving it out loses {loo[e]:.3f} of the faithfulness" for e in sorted(circuit)}
-    return InductionGroundTruth(
-        edges=frozenset(circuit), prev_token_heads=tuple(head_label(0, p) for p in P), induction_heads=tuple(head_label(1, i) for i in I),
-        evidence=evidence, leave_one_out=loo, dropped=dropped, faithfulness=base, best_edge=best_edge, best_head=best_head,
-        scores={"prev_token": prev.tolist(), "induction_target": target.tolist(), "copying": copying.tolist(),
-                **{f"composition_{k}": v.tolist() for k, v in comp.items()}})
+    return best_edge, best_head
 
 
-def induction_case(model: Model, batch: InductionBatch, *, n_pairs: int, reference: torch.Tensor, prev_token_head: float,
-                   induction_head: float, necessary: float) -> tuple[GroundTruthCase, InductionGroundTruth]:
+def induction_case(model: Model, batch: InductionBatch, *, n_pairs: int, reference: torch.Tensor,
+                   prev_token_head: float, induction_head: float,
+                   necessary: float) -> tuple[GroundTruthCase, InductionGroundTruth]:
     """The trained induction model's case: the first ``n_pairs`` sequences of ``batch`` against
     ``reference`` (other repeated random sequences), the loss on the induction targets as the
     metric (the faithfulness section's), and the circuit :func:`induction_ground_truth` derives
@@ -162,11 +188,12 @@ def induction_case(model: Model, batch: InductionBatch, *, n_pairs: int, referen
     the methods are scored on, is its float64 copy. ``prev_token_head``, ``induction_head``,
     ``necessary``: the derivation's thresholds."""
     tokens, metric = batch.tokens[:n_pairs], next_token_loss(batch.targets[:n_pairs])
-    truth = induction_ground_truth(model, batch, tokens=tokens, reference=reference, metric=metric, prev_token_head=prev_token_head,
-                                   induction_head=induction_head, necessary=necessary)
+    truth = induction_ground_truth(model, batch, tokens=tokens, reference=reference, metric=metric,
+                                   prev_token_head=prev_token_head, induction_head=induction_head, necessary=necessary)
     model = as_float64(model)
     response = receiver_response(model, tokens, reference, sorted(truth.edges))
     inert = {e: f"{e[1]}'s output does not move when it is patched" for e, moved in response.items() if moved <= 1e-9}
-    case = GroundTruthCase("induction-2l", model, tokens, reference, metric, truth.edges, truth.edges - set(inert), inert,
-                           "the loss on the induction targets", spans=period_spans(batch.periods[:n_pairs], tokens.shape[1]))
+    case = GroundTruthCase("induction-2l", model, tokens, reference, metric, truth.edges, truth.edges - set(inert),
+                           inert, "the loss on the induction targets",
+                           spans=period_spans(batch.periods[:n_pairs], tokens.shape[1]))
     return case, truth

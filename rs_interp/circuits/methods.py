@@ -10,8 +10,10 @@ schema of the run's tokens) and a callable ``run(model, tokens, metric, *, refer
 Adding a method is its module, one entry here (or :func:`registered` for the duration, as a test
 does), the export, its test and its reference entry.
 
->>> [m.key for m in METHODS.values()][:14]
-['EAP', 'EAP-IG', 'exact', 'AtP', 'scan', 'EAP-QK', 'AtP*', 'EAP-H', 'EAP-H2', 'EAP-IG-G2', 'EAP-H-fix', 'ACDC', 'AtP-GD', 'AtP-H']
+>>> [m.key for m in METHODS.values()][:7]
+['EAP', 'EAP-IG', 'exact', 'AtP', 'scan', 'EAP-QK', 'AtP*']
+>>> [m.key for m in METHODS.values()][7:14]
+['EAP-H', 'EAP-H2', 'EAP-IG-G2', 'EAP-H-fix', 'ACDC', 'AtP-GD', 'AtP-H']
 >>> [m.key for m in METHODS.values()][14:]
 ['RelP', 'RelP-QK', 'RelP-IG-G2', 'RelP-fix', 'EAP-IG-G2-fix', 'EAP-pos', 'EAP-IG-pos', 'RelP-pos', 'exact-pos']
 >>> METHODS["exact path patching"].exact, METHODS["EAP"].level
@@ -21,7 +23,7 @@ does), the export, its test and its reference entry.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Literal
 
 from ..heads.head_ablation import head_ablation_scan
@@ -30,6 +32,7 @@ from .correction import fix_unreliable
 from .edge_attribution import edge_attribution_patching
 from .graph import edge_layout
 from .node_attribution import attribution_patching
+from .options import EstimateOptions
 from .path_patching import path_patching
 from .relevance import edge_relevance_patching
 
@@ -67,19 +70,29 @@ class Method:
 
 
 def _edges(**options):
+    """Edge attribution patching with the options of one :class:`EstimateOptions` (checked when the registry is
+    built); ``per_example`` the caller's."""
+    checked = EstimateOptions(**options)
+
     def run(model, tokens, metric, *, reference, progress=False, per_example=False):
-        return edge_attribution_patching(model, tokens, metric, reference=reference, per_example=per_example, progress=progress, **options)
+        keywords = replace(checked, per_example=per_example).keywords()
+        return edge_attribution_patching(model, tokens, metric, reference=reference, progress=progress, **keywords)
     return run
 
 
 def _nodes(**options):
+    """Node attribution patching with the options of one :class:`EstimateOptions`; ``per_example`` the caller's."""
+    checked = EstimateOptions(**options)
+
     def run(model, tokens, metric, *, reference, progress=False, per_example=False):
-        return attribution_patching(model, tokens, metric, reference=reference, per_example=per_example, progress=progress, **options)
+        keywords = replace(checked, per_example=per_example).keywords()
+        return attribution_patching(model, tokens, metric, reference=reference, progress=progress, **keywords)
     return run
 
 
 def _fix(model, tokens, metric, *, reference, progress=False):
-    screen = edge_attribution_patching(model, tokens, metric, reference=reference, correction="hessian", per_example=True, progress=progress)
+    screen = edge_attribution_patching(model, tokens, metric, reference=reference, progress=progress,
+                                       **EstimateOptions(correction="hessian", per_example=True).keywords())
     return fix_unreliable(model, tokens, metric, screen, reference=reference, progress=progress)
 
 
@@ -88,12 +101,14 @@ def _acdc(model, tokens, metric, *, reference, progress=False):
 
     empty = evaluate_circuit(model, tokens, metric, [], reference=reference)
     full = evaluate_circuit(model, tokens, metric, edge_layout(model).edges(), reference=reference)
-    return acdc(model, tokens, metric, reference=reference, threshold=ACDC_FRACTION * abs(full - empty), progress=progress)
+    return acdc(model, tokens, metric, reference=reference, threshold=ACDC_FRACTION * abs(full - empty),
+                progress=progress)
 
 
 def _relp(**options):
     def run(model, tokens, metric, *, reference, progress=False, per_example=False):
-        return edge_relevance_patching(model, tokens, metric, reference=reference, per_example=per_example, progress=progress, **options)
+        return edge_relevance_patching(model, tokens, metric, reference=reference, per_example=per_example,
+                                       progress=progress, **options)
     return run
 
 
@@ -132,20 +147,23 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("EAP, Hessian-corrected", "EAP-H", "edge", _edges(correction="hessian"), shares=True),
     Method(f"EAP-IG, Hessian-corrected (m = {HESSIAN_STEPS})", "EAP-H2", "edge",
            _edges(correction="hessian", ig_steps=HESSIAN_STEPS), shares=True),
-    Method(f"EAP-IG, Gauss-Legendre (m = {GAUSS_STEPS})", "EAP-IG-G2", "edge", _edges(ig_steps=GAUSS_STEPS, ig_rule="gauss"),
-           shares=True),
+    Method(f"EAP-IG, Gauss-Legendre (m = {GAUSS_STEPS})", "EAP-IG-G2", "edge",
+           _edges(ig_steps=GAUSS_STEPS, ig_rule="gauss"), shares=True),
     Method("EAP, Hessian-corrected, unreliable edges patched", "EAP-H-fix", "edge", _fix),
     Method(f"ACDC (threshold {ACDC_FRACTION:g} of clean - empty)", "ACDC", "edge", _acdc, exact=True),
     Method("attribution patching, GradDrop (heads)", "AtP-GD", "node", _nodes(grad_drop=True)),
-    Method("attribution patching, Hessian-corrected (heads)", "AtP-H", "node", _nodes(correction="hessian"), shares=True),
+    Method("attribution patching, Hessian-corrected (heads)", "AtP-H", "node", _nodes(correction="hessian"),
+           shares=True),
     Method("RelP", "RelP", "edge", _relp(), shares=True),
     Method("RelP, QK fix", "RelP-QK", "edge", _relp(qk_fix=True), shares=True),
-    Method(f"RelP-IG, Gauss-Legendre (m = {GAUSS_STEPS})", "RelP-IG-G2", "edge", _relp(ig_steps=GAUSS_STEPS), shares=True),
+    Method(f"RelP-IG, Gauss-Legendre (m = {GAUSS_STEPS})", "RelP-IG-G2", "edge", _relp(ig_steps=GAUSS_STEPS),
+           shares=True),
     Method("RelP, flat edges patched", "RelP-fix", "edge", _flat_fixed(_relp())),
     Method(f"EAP-IG, Gauss-Legendre (m = {GAUSS_STEPS}), flat edges patched", "EAP-IG-G2-fix", "edge",
            _flat_fixed(_edges(ig_steps=GAUSS_STEPS, ig_rule="gauss"))),
     Method("EAP (positions)", "EAP-pos", "positional", _positional(edge_attribution_patching)),
-    Method(f"EAP-IG (m = {IG_STEPS}, positions)", "EAP-IG-pos", "positional", _positional(edge_attribution_patching, ig_steps=IG_STEPS)),
+    Method(f"EAP-IG (m = {IG_STEPS}, positions)", "EAP-IG-pos", "positional",
+           _positional(edge_attribution_patching, ig_steps=IG_STEPS)),
     Method("RelP (positions)", "RelP-pos", "positional", _positional(edge_relevance_patching)),
     Method("exact path patching (positions)", "exact-pos", "positional", _positional(path_patching), exact=True),
 )}

@@ -39,15 +39,15 @@ from .. import _names as N
 from .._backend import Model, kv_groups
 from .._keywords import renamed, renamed_attribute
 from .._state import preserve_state
-from ..exact.certificate import require
+from ..exact.certificate import Certificate, require
 from ..exact.needs import QK_FIX, needs
 from ..exact.stream import RESID0, mlp_flags, start_points, watched
 from ..labels import head_label, kv_label
 from ..metrics import Metric, top_effects
 from ._substrate import IGRule, check_pair, outside_inference_mode, record
 from .atp_star import check_drop_layers, combine_drops, dropped, node_qk_deltas, z_gradients
-from .correction import clean_metric, quadrature, run_passes
-from .edge_attribution import check_options
+from .correction import Passes, clean_metric, run_passes
+from .options import EstimateOptions
 from .uncertainty import Spread
 
 __all__ = ["AttributionPatching", "attribution_patching", "NODES"]
@@ -160,77 +160,123 @@ def attribution_patching(
         ('L0H0', 'L0H1')
     """
     tokens, reference = check_pair(model, tokens, reference)
-    alphas, weights, seconds = quadrature(ig_steps, ig_rule, correction)
-    check_options(ig_steps, qk_fix, grad_drop, correction, per_example)
+    options = EstimateOptions(ig_steps=ig_steps, ig_rule=ig_rule, qk_fix=qk_fix, grad_drop=grad_drop,
+                              correction=correction, per_example=per_example)
     if which not in NODES:
         raise ValueError(f"which must be one of {NODES}, got {which!r}")
     if qk_fix and which not in ("q", "k"):
-        raise ValueError(f"the QK fix recomputes the attention softmax after a query or key patch: which='q' or 'k', not {which!r} "
-                         "(nothing nonlinear lies between a head's value or output and its z)")
+        raise ValueError(f"the QK fix recomputes the attention softmax after a query or key patch: which='q' or 'k', "
+                         f"not {which!r} (nothing nonlinear lies between a head's value or output and its z)")
     drops = [None] + (check_drop_layers(model) if grad_drop else [])
     cert = require(model, "attribution_patching", adapts=qk_fix)  # the QK fix reads rows, scores, start at layer
     cfg = model.cfg
-    L, P, B = cfg.n_layers, tokens.shape[1], tokens.shape[0]
     n = kv_groups(cfg) if which in ("k", "v") else cfg.n_heads
-    hessian = correction == "hessian"
-    shape = (B if per_example else 1, L, n, P)
-    first = [torch.zeros(shape, dtype=torch.float64) for _ in drops]
-    second = torch.zeros(shape, dtype=torch.float64)
-    node_point = N.z if which == "z" else (lambda l: N.projection(l, which))
-    is_node = N.every(node_point)
-    fired: set[int] = set()
-    grads_z: list[dict[int, torch.Tensor]] = [{} for _ in drops]
-    state: dict = {}
     with preserve_state(model, **mlp_flags(model)):
-        ref = record(model, reference, lambda name: is_node(name) or name == RESID0)
-        # Plain: the run's own activation, read in the pass. Else from a pass of its own (the passes
-        # run at interpolated inputs).
-        plain_run = alphas == [1.0] and not hessian
-        clean = {} if plain_run else record(model, tokens, is_node)
-
-        def on_node(t: torch.Tensor, *, hook) -> torch.Tensor:
-            delta = (ref[hook.name] - (clean[hook.name] if clean else t.detach())).to(torch.float64)
-            l = N.layer_of(hook.name)
-
-            def contract(grad: torch.Tensor) -> None:
-                fired.add(l)
-                buf, w = (first[state["drop"]], weights[state["point"]]) if state["phase"] == 1 else (second, seconds[state["point"]])
-                g = grad.detach().to(torch.float64)
-                if buf.shape[0] > 1:
-                    buf[:, l] += w * einsum(delta, g, "b p n d, b p n d -> b n p")
-                else:
-                    buf[0, l] += w * einsum(delta, g, "b p n d, b p n d -> n p")
-
-            return watched(t, contract)
-
-        fwd = [(is_node, on_node)] + (z_gradients(grads_z, state) if qk_fix else [])
-        for d, layer in enumerate(drops):
-            state["drop"] = d
-            with dropped(model, layer, fwd) as hooks:
-                value = run_passes(model, tokens, metric, hooks, alphas=alphas, hessian=hessian, x_ref=ref[RESID0], state=state,
-                                   progress=progress)
+        nodes = _NodeGradients(model, tokens, reference, options, which, n, len(drops))
+        value = _node_passes(model, tokens, metric, nodes, drops, progress)
         value = clean_metric(model, tokens, metric, value)
-        if len(fired) < L:
-            missing = min(set(range(L)) - fired)
-            raise ValueError(f"{node_point(missing)} got no gradient: on this model it is off the forward path (the "
-                             f"patch would change nothing), so {which!r} nodes cannot be estimated; try which='z'")
+        nodes.check_fired()
         if qk_fix:
-            box = record(model, tokens, start_points(model))
-            moved = node_qk_deltas(model, tokens, ref, box, cert, which, progress)
-            group = cfg.n_heads // n
-            for buf, grads in zip(first, grads_z):
-                for l in range(L):
-                    part = einsum(moved[l], grads[l], "b p h d, b p h d -> b h").reshape(B, n, group).sum(-1)  # heads -> their KV head
-                    buf[:, l] = 0.0
-                    buf[:, l, :, 0] = part if buf.shape[0] > 1 else part.sum(0, keepdim=True)
-    labels = tuple((kv_label if n != cfg.n_heads else head_label)(l, h) for l in range(L) for h in range(n))
+            _node_qk_fix(model, tokens, nodes, cert, progress)
+    labels = tuple((kv_label if n != cfg.n_heads else head_label)(l, h) for l in range(cfg.n_layers) for h in range(n))
+    first, second = nodes.first, nodes.second
     per_position = None if (qk_fix or grad_drop) else (first[0] + second).sum(0)
     if grad_drop:
-        effect, shares, first_order = combine_drops([f.sum((0, 3)) for f in first], L), None, None
+        effect, shares, first_order = combine_drops([f.sum((0, 3)) for f in first], cfg.n_layers), None, None
     else:
         shares = (first[0] + second).sum(-1)
         effect = shares.sum(0)
-        first_order = first[0].sum((0, 3)) if hessian else None
-    return AttributionPatching(effect=effect, effect_per_position=per_position, clean=value, labels=labels, ig_steps=ig_steps,
-                               ig_rule=ig_rule, which=which, qk_fix=qk_fix, grad_drop=grad_drop, correction=correction,
-                               first_order=first_order, per_example=shares if per_example else None)
+        first_order = first[0].sum((0, 3)) if options.hessian else None
+    return AttributionPatching(effect=effect, effect_per_position=per_position, clean=value, labels=labels,
+                               ig_steps=ig_steps, ig_rule=ig_rule, which=which, qk_fix=qk_fix, grad_drop=grad_drop,
+                               correction=correction, first_order=first_order,
+                               per_example=shares if per_example else None)
+
+
+class _NodeGradients:
+    """The estimate's terms, filled as the backward passes deliver each node's gradient (contracted with the
+    node's patch direction ``x_ref - x`` at once). Owns the recorded runs, the buffers and the :class:`Passes`.
+
+    Attributes:
+        first: per GradDrop round, the first-order term (batch or 1, layer, head, pos), float64.
+        second: the second-order term (the Hessian correction), the same shape.
+        grads_z: per GradDrop round, ``dm/dz`` per layer (the QK fix's).
+        fired: the layers whose node received a gradient.
+    """
+
+    def __init__(self, model: Model, tokens: torch.Tensor, reference: torch.Tensor, options: EstimateOptions,
+                 which: str, n: int, n_rounds: int) -> None:
+        self.options, self.which, self.passes, self.line = options, which, Passes(), options.line
+        L, P, B = model.cfg.n_layers, tokens.shape[1], tokens.shape[0]
+        self.n_layers, self.n = L, n
+        shape = (B if options.per_example else 1, L, n, P)
+        self.first = [torch.zeros(shape, dtype=torch.float64) for _ in range(n_rounds)]
+        self.second = torch.zeros(shape, dtype=torch.float64)
+        self.node_point = N.z if which == "z" else (lambda l: N.projection(l, which))
+        self.is_node = N.every(self.node_point)
+        self.fired: set[int] = set()
+        self.grads_z: list[dict[int, torch.Tensor]] = [{} for _ in range(n_rounds)]
+        self.ref = record(model, reference, lambda name: self.is_node(name) or name == RESID0)
+        # Plain: the run's own activation, read in the pass. Else from a pass of its own (the passes
+        # run at interpolated inputs).
+        self.clean = {} if options.plain_run else record(model, tokens, self.is_node)
+
+    def forward_hooks(self) -> list:
+        """The node hook of every pass, and ``dm/dz`` under the QK fix."""
+        return [(self.is_node, self.on_node)] + (z_gradients(self.grads_z, self.passes) if self.options.qk_fix else [])
+
+    def on_node(self, t: torch.Tensor, *, hook) -> torch.Tensor:
+        """A node's activation: its gradient, when it arrives, contracted with the node's patch direction."""
+        clean = self.clean
+        delta = (self.ref[hook.name] - (clean[hook.name] if clean else t.detach())).to(torch.float64)
+        l = N.layer_of(hook.name)
+
+        def contract(grad: torch.Tensor) -> None:
+            self.fired.add(l)
+            passes = self.passes
+            if passes.phase == 1:
+                buf, w = self.first[passes.drop], self.line.weights[passes.point]
+            else:
+                buf, w = self.second, self.line.seconds[passes.point]
+            g = grad.detach().to(torch.float64)
+            if buf.shape[0] > 1:
+                buf[:, l] += w * einsum(delta, g, "b p n d, b p n d -> b n p")
+            else:
+                buf[0, l] += w * einsum(delta, g, "b p n d, b p n d -> n p")
+
+        return watched(t, contract)
+
+    def check_fired(self) -> None:
+        """Refuse nodes off the forward path (no gradient reached them: the patch would change nothing)."""
+        if len(self.fired) < self.n_layers:
+            missing = min(set(range(self.n_layers)) - self.fired)
+            raise ValueError(f"{self.node_point(missing)} got no gradient: on this model it is off the forward path "
+                             f"(the patch would change nothing), so {self.which!r} nodes cannot be estimated; "
+                             "try which='z'")
+
+
+def _node_passes(model: Model, tokens: torch.Tensor, metric: Metric, nodes: _NodeGradients, drops: list[int | None],
+                 progress: bool) -> float | None:
+    """Every GradDrop round's passes (:func:`rs_interp.circuits.correction.run_passes`); the run's metric where a
+    pass ran it, else None."""
+    fwd = nodes.forward_hooks()
+    for d, layer in enumerate(drops):
+        nodes.passes.drop = d
+        with dropped(model, layer, fwd) as hooks:
+            value = run_passes(model, tokens, metric, hooks, alphas=nodes.line.alphas, hessian=nodes.options.hessian,
+                               x_ref=nodes.ref[RESID0], passes=nodes.passes, progress=progress)
+    return value
+
+
+def _node_qk_fix(model: Model, tokens: torch.Tensor, nodes: _NodeGradients, cert: Certificate, progress: bool) -> None:
+    """The QK fix's query or key nodes in place of the first-order term (AtP*): each at position 0 of its row."""
+    box = record(model, tokens, start_points(model))
+    moved = node_qk_deltas(model, tokens, nodes.ref, box, cert, nodes.which, progress)
+    B, n = tokens.shape[0], nodes.n
+    group = model.cfg.n_heads // n
+    for buf, grads in zip(nodes.first, nodes.grads_z):
+        for l in range(nodes.n_layers):
+            # heads -> their KV head
+            part = einsum(moved[l], grads[l], "b p h d, b p h d -> b h").reshape(B, n, group).sum(-1)
+            buf[:, l] = 0.0
+            buf[:, l, :, 0] = part if buf.shape[0] > 1 else part.sum(0, keepdim=True)

@@ -74,8 +74,10 @@ class PathPatching(EdgeEffects, Positional):
 @dataclass(frozen=True)
 class Prepared:
     """What every patched pass of one run shares: the run's metric, its stream entering each layer (and what a pass
-    started there reads: :func:`rs_interp.exact.stream.start_points`, the middle of each block and the final stream too),
-    and each sender's exact write change (sender, batch, pos, d_model), float64 (:func:`._substrate.writes` ``patched``)."""
+    started there reads: :func:`rs_interp.exact.stream.start_points`, the middle of each block and the final stream
+        too),
+    and each sender's exact write change (sender, batch, pos, d_model), float64 (:func:`._substrate.writes`
+    ``patched``)."""
 
     clean: float
     box: dict
@@ -83,7 +85,8 @@ class Prepared:
 
 
 def prepare(model: Model, tokens: torch.Tensor, reference: torch.Tensor, metric: Metric) -> Prepared:
-    """One no-grad pass on ``reference`` and one on ``tokens`` (:class:`Prepared`); the caller holds ``preserve_state``."""
+    """One no-grad pass on ``reference`` and one on ``tokens`` (:class:`Prepared`); the caller holds "
+    "``preserve_state``."""
     points = sender_points(model)
     L = model.cfg.n_layers
     starts = start_points(model)
@@ -91,13 +94,14 @@ def prepare(model: Model, tokens: torch.Tensor, reference: torch.Tensor, metric:
     ref = record(model, reference, points)
     run: dict[str, torch.Tensor] = {}
     box: dict[str, torch.Tensor] = {}
-    with model.hooks(fwd_hooks=store_matching(run, model, points) + store_matching(box, model, lambda n: starts(n) or n in streams)):
+    stored = store_matching(run, model, points) + store_matching(box, model, lambda n: starts(n) or n in streams)
+    with model.hooks(fwd_hooks=stored):
         clean = metric_value(metric(model(tokens, return_type="logits")), "clean run")
     return Prepared(clean, box, writes(model, ref, run, patched=True))
 
 
-def measure(model: Model, tokens: torch.Tensor, metric: Metric, run: Prepared, items: list, cert, memory_budget: int, progress: bool,
-            schema: PositionSchema | None = None) -> dict[tuple, float]:
+def measure(model: Model, tokens: torch.Tensor, metric: Metric, run: Prepared, items: list, cert, memory_budget: int,
+            progress: bool, schema: PositionSchema | None = None) -> dict[tuple, float]:
     """The exact change of the metric for each item ``(sender row, receiver column, span index or None)``: the sender's
     write change added to the receiver's input alone (at the span's positions only). The items into one receiver layer
     share a pass, stacked along the batch where the certificate's ``rows`` holds (as many as ``memory_budget``
@@ -110,13 +114,15 @@ def measure(model: Model, tokens: torch.Tensor, metric: Metric, run: Prepared, i
     delta = run.delta
     masks = None if schema is None else schema.one_hot(delta.dtype).permute(2, 0, 1)[..., None]  # (span, batch, pos, 1)
     by_layer: dict[int, list[tuple[int, int, int | None]]] = {}
-    for item in items:
-        by_layer.setdefault(receiver_hook(layout.receivers[item[1]], cfg.n_layers)[0], []).append(item)
-    jobs = [(layer, edges[i : i + per_pass]) for layer, edges in sorted(by_layer.items()) for i in range(0, len(edges), per_pass)]
+    for row, j, u in items:
+        by_layer.setdefault(receiver_hook(layout.receivers[j], cfg.n_layers)[0], []).append((row, j, u))
+    jobs = [(layer, edges[i : i + per_pass]) for layer, edges in sorted(by_layer.items())
+            for i in range(0, len(edges), per_pass)]
     out = {}
     for layer, pairs in bar(jobs, desc="path patching", enabled=progress, unit="pass"):
         k = len(pairs)
-        targets: dict[str, list[tuple[int, int | None, torch.Tensor]]] = {}  # hook -> (replica, head index, what is added)
+        # hook -> (replica, head index, what is added)
+        targets: dict[str, list[tuple[int, int | None, torch.Tensor]]] = {}
         for i, (row, j, u) in enumerate(pairs):
             _, name, index = receiver_hook(layout.receivers[j], cfg.n_layers)
             targets.setdefault(name, []).append((i, index, delta[row] if u is None else delta[row] * masks[u]))
@@ -134,10 +140,12 @@ def measure(model: Model, tokens: torch.Tensor, metric: Metric, run: Prepared, i
 
         x, start, spe = stacked_start(model, tokens, run.box, layer, k, from_layer)
         # always split (3.x's per-head inputs on for every pass: the numbers do not depend on the receivers' kind)
-        with routed(model, [(name, patch_of(e)) for name, e in targets.items()], split=True) as runnable, model.hooks(fwd_hooks=runnable):
+        patches = [(name, patch_of(e)) for name, e in targets.items()]
+        with routed(model, patches, split=True) as runnable, model.hooks(fwd_hooks=runnable):
             logits = run_from(model, x, start=start, spe=spe)
         for i, (row, j, u) in enumerate(pairs):
-            what = f"edge {layout.senders[row]} -> {layout.receivers[j]}" + ("" if u is None else f" at span {schema.names[u]}")
+            what = f"edge {layout.senders[row]} -> {layout.receivers[j]}" + (
+                "" if u is None else f" at span {schema.names[u]}")
             out[(row, j, u)] = metric_value(metric(logits[i * B : (i + 1) * B]), what) - run.clean
     return out
 
@@ -199,14 +207,16 @@ def path_patching(
     layout = edge_layout(model)
     wanted = _wanted(layout, edges)
     effect = torch.full(wanted.shape, float("nan"), dtype=torch.float64)
-    per_span = None if schema is None else torch.full((*wanted.shape, schema.n_spans), float("nan"), dtype=torch.float64)
+    per_span = None if schema is None else torch.full((*wanted.shape, schema.n_spans), float("nan"),
+                                                      dtype=torch.float64)
     with preserve_state(model, **mlp_flags(model)), torch.no_grad():
         run = prepare(model, tokens, reference, metric)
         # every edge patched at every position, then (with a schema) at each span alone
         items = [(row, j, None) for row, j in wanted.nonzero().tolist()]
         if schema is not None:
             items += [(row, j, u) for row, j in wanted.nonzero().tolist() for u in range(schema.n_spans)]
-        for (row, j, u), moved in measure(model, tokens, metric, run, items, cert, memory_budget, progress, schema).items():
+        measured = measure(model, tokens, metric, run, items, cert, memory_budget, progress, schema)
+        for (row, j, u), moved in measured.items():
             if u is None:
                 effect[row, j] = moved
             else:

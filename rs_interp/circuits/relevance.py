@@ -47,7 +47,7 @@ one backward sweep by hand through the held layers (no autograd graph of the mod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 from jaxtyping import Float, Int
@@ -55,7 +55,7 @@ from jaxtyping import Float, Int
 from .. import _names as N
 from .._backend import Model, kv_groups
 from .._budget import MEMORY_BUDGET
-from ..exact.certificate import require
+from ..exact.certificate import Certificate, require
 from ..exact.needs import QK_FIX, RELEVANCE, needs
 from ..exact.readout import compute_dtype
 from ..exact.stream import RESID0, ablation_values, start_points
@@ -67,7 +67,7 @@ from ._lrp import recorded_gradient, run_points, sweep
 from ._substrate import contract, outside_inference_mode, record, sender_points, writes
 from .atp_star import edge_qk_fix, node_qk_deltas
 from .correction import quadrature
-from .graph import EdgeEffects, edge_layout
+from .graph import EdgeEffects, EdgeLayout, edge_layout
 from .positions import Positional, PositionSchema, resolve_spans
 from .uncertainty import Spread
 
@@ -149,8 +149,6 @@ class RelevancePatching(Spread):
 
         return top_effects(self.labels, self.effect, k)
 
-
-# --- edges --------------------------------------------------------------------------------------------
 
 def _check_options(qk_fix: object, per_example: object, schema: PositionSchema | None,
                    ig_steps: int | None = None) -> None:
@@ -251,37 +249,55 @@ def edge_relevance_patching(
     else:
         ablated = ablated_writes(model, tokens, reference, ablation)
     W = writes(model, ablated, run, dtype=torch.float64 if qk_fix else dt, frozen_norms=True)
-    B = tokens.shape[0]
-    spans = None if schema is None else schema.one_hot().to(W.device)
-    shares = torch.zeros(B if per_example else 1, len(layout.senders), len(layout.receivers),
-                         1 if schema is None else schema.n_spans,
-                         dtype=torch.float64)
-    column = {r: j for j, r in enumerate(layout.receivers)}
-    upstream = layout.exists.sum(0).tolist()
-    grads_z: dict[int, torch.Tensor] = {}
-    weight = [1.0]
-
-    def emit(layer: int, kind: str, t: torch.Tensor) -> None:
-        if kind == "z":
-            grads_z[layer] = t.to(torch.float64)
-        if kind not in ("logits", "mlp", "v"):
-            return
-        cols = [column[r] for r in _reader_labels(model, layer, kind)]
-        k = upstream[cols[0]]
-        shares[:, :k, cols] += weight[0] * contract(W[:k], t.to(W.dtype), per_example=per_example, spans=spans)
-
+    terms = _EdgeRelevance(model, W, layout, schema, tokens.shape[0], per_example)
     x_ref = ablated[RESID0].expand_as(box[RESID0])
-    for alpha, weight[0] in zip(alphas, weights):  # the run itself (alpha 1), or the integrated-gradients points
+    for alpha, terms.weight in zip(alphas, weights):  # the run itself (alpha 1), or the integrated-gradients points
         if alpha == 1.0:
-            at = (box, g)
+            at, grad = box, g
         else:
-            at = recorded_gradient(model, tokens, metric, run_points(model), line=(alpha, x_ref))[::2]
-        sweep(model, at[0], at[1], dt, emit)
+            at, _, grad = recorded_gradient(model, tokens, metric, run_points(model), line=(alpha, x_ref))
+        sweep(model, at, grad, dt, terms.emit)
     if qk_fix:
         seen = record(model, tokens, start_points(model, attention=True))
-        fixed = edge_qk_fix(model, layout, tokens, W, [grads_z], seen, cert,
+        fixed = edge_qk_fix(model, layout, tokens, W, [terms.grads_z], seen, cert,
                             per_example, memory_budget, progress)[0]
-        shares[..., 0] = torch.where(fixed.isnan(), shares[..., 0], fixed)
+        terms.shares[..., 0] = torch.where(fixed.isnan(), terms.shares[..., 0], fixed)
+    effect, per_pair, per_span = _edge_sums(terms.shares, layout, schema, per_example)
+    return EdgeRelevancePatching(layout=layout, effect=effect, clean=value, ablation=ablation, qk_fix=qk_fix,
+                                 per_example=per_pair, per_span=per_span, schema=schema)
+
+
+class _EdgeRelevance:
+    """The shares of every edge, filled as :func:`rs_interp.circuits._lrp.sweep` emits each reader's coefficients
+    (``emit``), at the point's ``weight``; ``dm/dz`` per layer kept for the QK fix (``grads_z``)."""
+
+    def __init__(self, model: Model, W: torch.Tensor, layout: EdgeLayout, schema: PositionSchema | None, batch: int,
+                 per_example: bool) -> None:
+        self.model, self.W, self.per_example = model, W, per_example
+        self.spans = None if schema is None else schema.one_hot().to(W.device)
+        self.shares = torch.zeros(batch if per_example else 1, len(layout.senders), len(layout.receivers),
+                                  1 if schema is None else schema.n_spans, dtype=torch.float64)
+        self.column = {r: j for j, r in enumerate(layout.receivers)}
+        self.upstream = layout.exists.sum(0).tolist()
+        self.grads_z: dict[int, torch.Tensor] = {}
+        self.weight = 1.0  # the point's weight on the line (set by the loop over the points)
+
+    def emit(self, layer: int, kind: str, t: torch.Tensor) -> None:
+        """A reader's coefficients contracted with its senders' writes (a head's ``z`` kept for the QK fix)."""
+        if kind == "z":
+            self.grads_z[layer] = t.to(torch.float64)
+        if kind not in ("logits", "mlp", "v"):
+            return
+        cols = [self.column[r] for r in _reader_labels(self.model, layer, kind)]
+        k = self.upstream[cols[0]]
+        part = contract(self.W[:k], t.to(self.W.dtype), per_example=self.per_example, spans=self.spans)
+        self.shares[:, :k, cols] += self.weight * part
+
+
+def _edge_sums(shares: torch.Tensor, layout: EdgeLayout, schema: PositionSchema | None,
+               per_example: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The estimate, each pair's share and each span's share from the shares (batch or 1, sender, receiver, span);
+    NaN where there is no edge."""
     gone = ~layout.exists
     effect = shares.sum((0, 3))
     effect[gone] = float("nan")
@@ -293,11 +309,8 @@ def edge_relevance_patching(
     if per_example:
         per_pair = shares.sum(3)
         per_pair[:, gone] = float("nan")
-    return EdgeRelevancePatching(layout=layout, effect=effect, clean=value, ablation=ablation, qk_fix=qk_fix,
-                                 per_example=per_pair, per_span=per_span, schema=schema)
+    return effect, per_pair, per_span
 
-
-# --- nodes --------------------------------------------------------------------------------------------
 
 @needs(*RELEVANCE, optional={"readers": "qk_fix=True", "projections": "qk_fix=True"}, adapts=QK_FIX)
 @outside_inference_mode
@@ -353,37 +366,55 @@ def relevance_patching(
     nodes = {point(l) for l in range(L)}
     box, value, g = recorded_gradient(model, tokens, metric, run_points(model) | nodes)
     shares = torch.zeros(B, L, n, P, dtype=torch.float64)
+    ablated = lambda: _ablated_nodes(model, reference, ablation, box, nodes)  # noqa: E731
     if which in ("z", "v"):
-        if ablation == "zero":
-            ablated = {name: torch.zeros_like(box[name]) for name in nodes}
-        else:
-            ablated = ablation_values(model, reference, ablation, lambda name: name in nodes)
-        kind = "z" if which == "z" else "dv"
-
-        def emit(layer: int, k: str, t: torch.Tensor) -> None:
-            if k == kind:
-                delta = (ablated[point(layer)] - box[point(layer)]).to(torch.float64)
-                shares[:, layer] = torch.einsum("bpnd,bpnd->bnp", delta, t.to(torch.float64))
-
-        sweep(model, box, g, compute_dtype(model), emit)
+        _linear_nodes(model, point, "z" if which == "z" else "dv", box, g, ablated(), shares)
     elif qk_fix:
-        grads_z: dict[int, torch.Tensor] = {}
-
-        def keep(layer: int, k: str, t: torch.Tensor) -> None:
-            if k == "z":
-                grads_z[layer] = t.to(torch.float64)
-
-        sweep(model, box, g, compute_dtype(model), keep)
-        ref = {name: torch.zeros_like(box[name]) for name in nodes} if ablation == "zero" else ablation_values(
-            model, reference, ablation, lambda name: name in nodes)
-        ref = {k: v.expand_as(box[k]) for k, v in ref.items()}
-        moved = node_qk_deltas(model, tokens, ref, record(model, tokens, start_points(model)), cert, which, progress)
-        for l in range(L):
-            part = torch.einsum("bphd,bphd->bh", moved[l], grads_z[l]).reshape(B, n, cfg.n_heads // n).sum(-1)
+        for l, part in enumerate(_qk_parts(model, tokens, which, box, g, ablated, cert, progress)):
             shares[:, l, :, 0] = part
     labels = tuple((kv_label if n != cfg.n_heads else head_label)(l, h) for l in range(L) for h in range(n))
     per_position = None if qk_fix else shares.sum(0)
     pairs = shares.sum(-1)
     return RelevancePatching(effect=pairs.sum(0), effect_per_position=per_position, clean=value, labels=labels,
-                             which=which,
-                             ablation=ablation, qk_fix=qk_fix, per_example=pairs if per_example else None)
+                             which=which, ablation=ablation, qk_fix=qk_fix, per_example=pairs if per_example else None)
+
+
+def _ablated_nodes(model: Model, reference: torch.Tensor | None, ablation: Ablation, box: dict,
+                   nodes: set[str]) -> dict[str, torch.Tensor]:
+    """What each node reads when ablated (zeros, or :func:`rs_interp.exact.stream.ablation_values`)."""
+    if ablation == "zero":
+        return {name: torch.zeros_like(box[name]) for name in nodes}
+    return ablation_values(model, reference, ablation, lambda name: name in nodes)
+
+
+def _linear_nodes(model: Model, point: Callable[[int], str], kind: str, box: dict, g: torch.Tensor,
+                  ablated: dict[str, torch.Tensor], shares: torch.Tensor) -> None:
+    """Each head's ``z`` or ``v`` node (``point``; ``kind`` its coefficient's, ``"z"`` or ``"dv"``):
+    ``(x_ablated - x) . R(x)`` per position, into ``shares``."""
+
+    def emit(layer: int, k: str, t: torch.Tensor) -> None:
+        if k == kind:
+            delta = (ablated[point(layer)] - box[point(layer)]).to(torch.float64)
+            shares[:, layer] = torch.einsum("bpnd,bpnd->bnp", delta, t.to(torch.float64))
+
+    sweep(model, box, g, compute_dtype(model), emit)
+
+
+def _qk_parts(model: Model, tokens: torch.Tensor, which: str, box: dict, g: torch.Tensor,
+              ablated: Callable[[], dict[str, torch.Tensor]], cert: Certificate, progress: bool) -> list[torch.Tensor]:
+    """Per layer, (batch, head or kv_head): each query or key node by the QK fix, the pattern recomputed with the
+    ablated query or key against RelP's coefficient at ``z``."""
+    grads_z: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int, k: str, t: torch.Tensor) -> None:
+        if k == "z":
+            grads_z[layer] = t.to(torch.float64)
+
+    sweep(model, box, g, compute_dtype(model), keep)
+    ref = {k: v.expand_as(box[k]) for k, v in ablated().items()}
+    moved = node_qk_deltas(model, tokens, ref, record(model, tokens, start_points(model)), cert, which, progress)
+    cfg = model.cfg
+    n = kv_groups(cfg) if which in ("k", "v") else cfg.n_heads
+    B = tokens.shape[0]
+    return [torch.einsum("bphd,bphd->bh", moved[l], grads_z[l]).reshape(B, n, cfg.n_heads // n).sum(-1)
+            for l in range(cfg.n_layers)]

@@ -49,7 +49,8 @@ def rank(scores: EdgeEffects, ranking: Ranking = "absolute") -> list[int]:
 
 
 @renamed(n="k")
-def top_edges(scores: EdgeEffects, k: int, *, ranking: Ranking = "absolute", pruned: bool = False) -> list[tuple[str, str]]:
+def top_edges(scores: EdgeEffects, k: int, *, ranking: Ranking = "absolute",
+              pruned: bool = False) -> list[tuple[str, str]]:
     """The ``k`` best edges of ``scores``, best first: the ranking of ``scores.top(k)``.
 
     The top ``k`` need not connect the embedding to the logits (then ablating everything else leaves
@@ -185,7 +186,8 @@ def mib_weights(layout: EdgeLayout) -> torch.Tensor:
     reading a key/value head under grouped-query attention (MIB ungroups it); 0 where no edge."""
     n_q = sum(1 for r in layout.receivers if r.startswith("L0H") and r.endswith(".q"))
     n_kv = sum(1 for r in layout.receivers if r.startswith("L0KV") and r.endswith(".k"))
-    w = torch.tensor([n_q // n_kv if n_kv and parse(r).kind == "kv_head" else 1 for r in layout.receivers], dtype=torch.float64)
+    w = torch.tensor([n_q // n_kv if n_kv and parse(r).kind == "kv_head" else 1 for r in layout.receivers],
+                     dtype=torch.float64)
     return layout.exists.to(torch.float64) * w[None, :]
 
 
@@ -269,7 +271,8 @@ def _curve_direction(curve: Any, higher_is_better: bool | None) -> bool | None:
 
 def smallest_recovering(curve: Any, share: float = RECOVERED_SHARE) -> int:
     """The index into ``curve`` (a :class:`~rs_interp.FaithfulnessCurve`) of its smallest circuit (fewest edges
-    kept, then the smaller fraction) whose faithfulness reaches ``share`` (faithfulness 1: the metric of the full model; 0: of the empty circuit).
+    kept, then the smaller fraction) whose faithfulness reaches ``share`` (faithfulness 1: the metric of the full model;
+    0: of the empty circuit).
 
     Raises:
         ValueError: ``share`` not a number in (0, 1]; no circuit on the curve reaching it (the message gives

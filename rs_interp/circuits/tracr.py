@@ -11,15 +11,14 @@ The models: no LayerNorm, ReLU MLPs, learned one-hot positions (position 0 is th
 position embedding), bidirectional attention, no unembedding bias. Each input starts with the BOS
 token; the output at the BOS position means nothing and is dropped.
 
-The edge layout is :mod:`rs_interp.circuits.graph`'s (issue 30): senders ``embed`` (token *and* position embedding, one sender: what
-enters ``blocks.0.hook_resid_pre``), every head ``L{l}H{h}`` and every MLP ``MLP{l}``; receivers
-every head's query, key and value input ``L{l}H{h}.q`` / ``.k`` / ``.v``, every MLP ``MLP{l}``
-and ``logits``. The edge ``(sender, receiver)`` exists iff the sender comes strictly before the
-receiver and the residual directions it writes (nonzero rows of its output map, in the residual
-basis) meet those the receiver reads (nonzero columns of its input map). Every bias of a compiled
-model is zero (tracr routes constants through the ``"one"`` direction), so the weights say it all.
-The metadata also keeps the embedding's two parts (``writes["embed.tokens"]``,
-``writes["embed.pos"]``) for a layout that splits them.
+The edge layout is :mod:`rs_interp.circuits.graph`'s (issue 30): senders ``embed`` (token *and* position embedding, one
+sender: what enters ``blocks.0.hook_resid_pre``), every head ``L{l}H{h}`` and every MLP ``MLP{l}``; receivers every
+head's query, key and value input ``L{l}H{h}.q`` / ``.k`` / ``.v``, every MLP ``MLP{l}`` and ``logits``. The edge
+``(sender, receiver)`` exists iff the sender comes strictly before the receiver and the residual directions it writes
+(nonzero rows of its output map, in the residual basis) meet those the receiver reads (nonzero columns of its input
+map). Every bias of a compiled model is zero (tracr routes constants through the ``"one"`` direction), so the weights
+say it all. The metadata also keeps the embedding's two parts (``writes["embed.tokens"]``, ``writes["embed.pos"]``) for
+a layout that splits them.
 
 >>> TRACR_PROGRAMS[:2]
 ('tracr-reverse', 'tracr-sort')
@@ -307,7 +306,8 @@ def encode(name: str, inputs: Sequence[Sequence[Value]]) -> Int[torch.Tensor, "b
     ids = meta.token_id
     lengths = {len(x) for x in inputs}
     if len(lengths) != 1:
-        raise ValueError(f"inputs must be a non-empty list of sequences of one length, got lengths {few(sorted(lengths))}")
+        raise ValueError("inputs must be a non-empty list of sequences of one length, got lengths "
+                         f"{few(sorted(lengths))}")
     (n,) = lengths
     if not 1 <= n <= meta.max_seq_len:
         raise ValueError(f"input length must be in [1, {meta.max_seq_len}] for {meta.name}, got {n}")
@@ -327,14 +327,16 @@ def decode(name: str, logits_or_outputs: Float[torch.Tensor, "batch pos d_vocab_
     logit itself (numerical).
 
     >>> model = load_tracr_model("frac_prevs")
-    >>> [[round(v, 4) for v in row] for row in decode("frac_prevs", model(encode("frac_prevs", [["x", "y", "y", "x"]])))]
+    >>> logits = model(encode("frac_prevs", [["x", "y", "y", "x"]]))
+    >>> [[round(v, 4) for v in row] for row in decode("frac_prevs", logits)]
     [[1.0, 0.5, 0.3333, 0.5]]
     """
     meta = metadata(name)
     t = logits_or_outputs.detach()
     if meta.output == "numerical":
         if t.ndim != 3 or t.shape[-1] != 1:
-            raise ValueError(f"{meta.name} has a numerical output: logits must be (batch, pos, 1), got {tuple(t.shape)}")
+            raise ValueError(f"{meta.name} has a numerical output: logits must be (batch, pos, 1), got "
+                             f"{tuple(t.shape)}")
         return [[float(v) for v in row[1:, 0]] for row in t]
     if t.is_floating_point():
         if t.ndim != 3 or t.shape[-1] != len(meta.output_values):

@@ -116,7 +116,8 @@ def _variables(labels: Sequence[str], every: Sequence[str]) -> str:
 def _inert_reason(edge: tuple[str, str], kind: str, carried: str) -> str:
     if kind == "same":
         return f"carries {carried}: the same in both runs (inputs of one length)"
-    return f"carries {carried}, which differ between the runs, but {edge[1].split('.')[0]}'s output does not depend on the difference"
+    return (f"carries {carried}, which differ between the runs, but {edge[1].split('.')[0]}'s output does not "
+            "depend on the difference")
 
 
 def tracr_case(name: str, *, n_pairs: int = 64, seed: int = 0) -> GroundTruthCase:
@@ -141,5 +142,7 @@ def tracr_case(name: str, *, n_pairs: int = 64, seed: int = 0) -> GroundTruthCas
     # the positional methods' spans: the BOS (what tracr's selectors fall back to) and the input's tokens
     spans = PositionSchema(("BOS", "tokens"), (torch.arange(tokens.shape[1]) >= 1).long().expand_as(tokens).clone())
     return GroundTruthCase(f"tracr-{meta.name}", model, tokens, reference, tracr_metric(meta.name, inputs),
-                           _tracr.ground_truth_edges(meta.name), frozenset(e for e, (k, _) in classes.items() if k == "effect"),
-                           {e: _inert_reason(e, k, c) for e, (k, c) in sorted(classes.items()) if k != "effect"}, what, spans=spans)
+                           _tracr.ground_truth_edges(meta.name),
+                           frozenset(e for e, (k, _) in classes.items() if k == "effect"),
+                           {e: _inert_reason(e, k, c) for e, (k, c) in sorted(classes.items()) if k != "effect"}, what,
+                           spans=spans)

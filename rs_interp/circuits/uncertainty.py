@@ -87,7 +87,8 @@ class Spread:
         """
         first = getattr(self, "first_order", None)
         if first is None:
-            raise ValueError("the reliability compares the first- and second-order terms: call the estimate with correction='hessian'")
+            raise ValueError("the reliability compares the first- and second-order terms: call the estimate with "
+                             "correction='hessian'")
         a, b = first.abs(), (self.effect - first).abs()
         total = a + b
         top = float(total.nan_to_num(0).max())
@@ -112,7 +113,8 @@ class Bootstrap:
         >>> import rs_interp
         >>> model = rs_interp.load_toy_model("induction-1l")
         >>> a, b = rs_interp.induction_batch(8, seed=0).tokens, rs_interp.induction_batch(8, seed=1).tokens
-        >>> eap = rs_interp.edge_attribution_patching(model, a, lambda lg: lg[:, -1, 0].mean(), reference=b, per_example=True)
+        >>> metric = lambda lg: lg[:, -1, 0].mean()
+        >>> eap = rs_interp.edge_attribution_patching(model, a, metric, reference=b, per_example=True)
         >>> boot = rs_interp.bootstrap(eap, n_resamples=20, k=3)
         >>> tuple(boot.resamples.shape), bool((boot.jaccard <= 1).all())
         ((20, 8), True)
@@ -171,7 +173,8 @@ def bootstrap(scores: EdgeEffects, *, n_resamples: int = 100, k: int = 10, ranki
     """
     shares = getattr(scores, "per_example", None)
     if not isinstance(scores, EdgeEffects) or shares is None:
-        raise ValueError("bootstrap resamples each pair's share of an edge estimate: pass an estimate computed with per_example=True")
+        raise ValueError("bootstrap resamples each pair's share of an edge estimate: pass an estimate computed with "
+                         "per_example=True")
     if ranking not in RANKINGS:
         raise ValueError(f"ranking must be one of {RANKINGS}, got {ranking!r}")
     B = shares.shape[0]
@@ -181,7 +184,8 @@ def bootstrap(scores: EdgeEffects, *, n_resamples: int = 100, k: int = 10, ranki
         resamples = torch.randint(0, B, (n, B), generator=torch.Generator().manual_seed(seed))
     else:
         resamples = torch.as_tensor(resamples)
-        if resamples.ndim != 2 or resamples.dtype.is_floating_point or bool((resamples < 0).any() | (resamples >= B).any()):
+        if (resamples.ndim != 2 or resamples.dtype.is_floating_point
+                or bool((resamples < 0).any() | (resamples >= B).any())):
             raise ValueError(f"resamples must be an integer (resample, draws) tensor of pair indices in [0, {B - 1}]")
     # B / draws times the resampled shares' sum: the estimate's scale whatever the draws' count.
     effect = shares[resamples].sum(1) * (B / resamples.shape[1])
@@ -192,8 +196,8 @@ def bootstrap(scores: EdgeEffects, *, n_resamples: int = 100, k: int = 10, ranki
         inclusion[list(t)] += 1
     grid = torch.full(scores.effect.shape, float("nan"), dtype=torch.float64)
     grid[scores.layout.exists] = inclusion / len(tops)
-    return Bootstrap(scores.layout, effect, resamples, grid, torch.tensor([jaccard(full, t) for t in tops], dtype=torch.float64),
-                     k, ranking)
+    overlap = torch.tensor([jaccard(full, t) for t in tops], dtype=torch.float64)
+    return Bootstrap(scores.layout, effect, resamples, grid, overlap, k, ranking)
 
 
 @dataclass(frozen=True)

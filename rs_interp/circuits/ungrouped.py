@@ -56,15 +56,17 @@ def ungroup_gqa(model: Model) -> Model:
     cfg = model.cfg
     G, H = kv_groups(cfg), cfg.n_heads
     if G == H:
-        raise ValueError(f"this model has no grouped-query attention (n_key_value_heads={getattr(cfg, 'n_key_value_heads', None)}, "
-                         f"n_heads={H}): its graph already has one key and one value input per head")
+        raise ValueError("this model has no grouped-query attention "
+                         f"(n_key_value_heads={getattr(cfg, 'n_key_value_heads', None)}, n_heads={H}): its graph "
+                         "already has one key and one value input per head")
     state = _backend.portable_state(model)  # raises for a Hugging Face-booted 4.x bridge it cannot hold
     per = H // G
     out = {}
     for name, value in state.items():
         base = name.rsplit(".", 1)
         if len(base) == 2 and base[1].lstrip("_") in _backend.KV_WEIGHTS and ".attn." in name:
-            out[f"{base[0]}.{base[1].lstrip('_')}"] = value.repeat_interleave(per, dim=0) if value.shape[0] == G else value
+            kv = value.repeat_interleave(per, dim=0) if value.shape[0] == G else value
+            out[f"{base[0]}.{base[1].lstrip('_')}"] = kv
         else:
             out[name] = value
     fields = _backend.config_of(model) | {"n_key_value_heads": None, "device": "cpu"}

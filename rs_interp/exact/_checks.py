@@ -111,12 +111,13 @@ def clean_run(model: Model, tokens: torch.Tensor, *, logits: bool = True) -> dic
     before any hook on it), each layer's scores as the helpers read them (``scores read L``:
     :func:`rs_interp._backend.score_hooks`, which only record), and the logits. Without ``logits`` the run
     ends at the final stream (:class:`rs_interp._backend.Stop`): the same activations, no unembedding."""
-    wanted = (N.EMBED, N.POS_EMBED, N.resid_pre, N.resid_mid, N.attn_out, N.mlp_in, N.mlp_out, N.resid_post, N.z, N.q, N.k, N.v,
-              N.pattern)
+    wanted = (N.EMBED, N.POS_EMBED, N.resid_pre, N.resid_mid, N.attn_out, N.mlp_in, N.mlp_out, N.resid_post, N.z,
+              N.q, N.k, N.v, N.pattern)
     box: dict[str, torch.Tensor] = {}
     if model.cfg.attn_only:  # hook_mlp_in exists but may not be switched on
         wanted = tuple(w for w in wanted if w is not N.mlp_in)
-    attached = sorted(n for n, hp in model.hook_dict.items() if hp._forward_hooks or hp._forward_pre_hooks)  # the caller's
+    # the caller's
+    attached = sorted(n for n, hp in model.hook_dict.items() if hp._forward_hooks or hp._forward_pre_hooks)
     fwd = store_matching(box, model, N.every(*wanted))
     fwd += _score_hooks(model, box)
     if not logits and model.cfg.n_layers:
@@ -130,7 +131,8 @@ def clean_run(model: Model, tokens: torch.Tensor, *, logits: bool = True) -> dic
                 pass
             except MODEL_ERRORS as err:
                 if attached:  # the caller's hooks may be the error: theirs propagates, with where it happened
-                    err.add_note(f"rs_interp: raised on the certificate's probe batch {tuple(tokens.shape)} with hooks attached "
+                    err.add_note(f"rs_interp: raised on the certificate's probe batch {tuple(tokens.shape)} with hooks "
+                                 "attached "
                                  f"at {', '.join(attached[:4])}; a hook that works at one input shape only cannot be "
                                  "checked: make it follow the shape it is given, or remove it (model.reset_hooks())")
                     raise
@@ -140,8 +142,10 @@ def clean_run(model: Model, tokens: torch.Tensor, *, logits: bool = True) -> dic
     finally:
         for handle in handles:
             handle.remove()
-    for key, t in box.items():  # a bridge's flattened region (OPT's fc1/fc2, (batch * pos, ...)): a view, the same numbers
-        if key.startswith(("mlp_in ", "mlp_out ", "mlp_write ")) and t.dim() == 2 and tokens.dim() == 2 and t.shape[0] == tokens.numel():
+    # a bridge's flattened region (OPT's fc1/fc2, (batch * pos, ...)): a view, the same numbers
+    for key, t in box.items():
+        if (key.startswith(("mlp_in ", "mlp_out ", "mlp_write ")) and t.dim() == 2 and tokens.dim() == 2
+                and t.shape[0] == tokens.numel()):
             box[key] = t.view(*tokens.shape, t.shape[-1])
     return box
 
@@ -206,7 +210,8 @@ def embedding(model: Model, box: dict) -> tuple[float, str]:
     want = get(box, N.EMBED)
     if model.cfg.positional_embedding_type == "standard":
         want = want + get(box, N.POS_EMBED)
-    return rel(get(box, N.RESID0), want), ("the stream entering block 0 is not the token (and learned position) embedding: "
+    return rel(get(box, N.RESID0), want), ("the stream entering block 0 is not the token (and learned position) "
+                                           "embedding: "
                                            "something between them (an embedding norm or scale) is not a component")
 
 
@@ -227,8 +232,8 @@ def stream(model: Model, box: dict) -> tuple[float, str]:
             pairs.append((get(box, N.resid_pre(l + 1)), post, "resid_post = the next resid_pre"))
         for lhs, rhs, what in pairs:
             worst.see(rel(lhs, rhs), f"layer {l}: {what}")
-    return worst.gap, (f"the stream does not add up ({worst.where}): a block changes what its sublayers write before adding it "
-                       "(a norm after a sublayer?) or the config's block form is not the model's")
+    return worst.gap, (f"the stream does not add up ({worst.where}): a block changes what its sublayers write before "
+                       "adding it (a norm after a sublayer?) or the config's block form is not the model's")
 
 
 def _per_query_head(t: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -270,14 +275,16 @@ def values(model: Model, box: dict) -> tuple[float, str]:
         z_hand = torch.einsum("bhqk,bkhd->bqhd", pattern, v_heads)
         worst.see(rel(v, v_hand), f"layer {l}: hook_v = ln1(resid_pre) W_V + b_V")
         worst.see(rel(get(box, N.z(l)), z_hand), f"layer {l}: z = pattern v")
-    return worst.gap, f"a head's output is not its pattern applied to its values as rs_interp reads them ({worst.where})"
+    return worst.gap, (f"a head's output is not its pattern applied to its values as rs_interp reads them "
+                       f"({worst.where})")
 
 
 def scores(model: Model, box: dict) -> tuple[float, str]:
     cfg, worst = model.cfg, _Worst()
     if _backend.has_qk_norm(model):  # the score is then not bilinear in the stream: nothing to measure
         return float("inf"), ("the model normalises its queries and keys (use_qk_norm, or a q_norm in the attention): "
-                              "the score is not a bilinear form of the stream, so no reading of it from the weights is the model's")
+                              "the score is not a bilinear form of the stream, so no reading of it from the weights is "
+                              "the model's")
     for l in range(cfg.n_layers):
         q = _projected(model, box, l, "q", cfg.n_heads)
         k = _projected(model, box, l, "k", get(box, N.k(l)).shape[2])
@@ -288,9 +295,10 @@ def scores(model: Model, box: dict) -> tuple[float, str]:
         P = s.shape[-1]
         A = s.masked_fill(torch.ones(P, P, dtype=torch.bool, device=s.device).triu(1), float("-inf")).softmax(-1)
         worst.see(rel(get(box, N.pattern(l)), A), f"layer {l}")
-    return worst.gap, (f"a pattern is not the causal softmax of the bilinear scores of ln1(resid_pre) W_Q + b_Q and W_K + b_K "
-                       f"({worst.where}): something else moves the score (a query/key norm, a soft-cap, a bias such as ALiBi, "
-                       "a sliding window), so a reading of the score from the weights alone is not the model's")
+    return worst.gap, (f"a pattern is not the causal softmax of the bilinear scores of ln1(resid_pre) W_Q + b_Q and "
+                       "W_K + b_K "
+                       f"({worst.where}): something else moves the score (a query/key norm, a soft-cap, a bias such as "
+                       "ALiBi, a sliding window), so a reading of the score from the weights alone is not the model's")
 
 
 def scores_read(model: Model, box: dict) -> tuple[float, str]:
@@ -317,7 +325,8 @@ def projections(model: Model, box: dict, layers: set[int]) -> tuple[float, str]:
         for which in "qkv":
             got = get(box, N.projection(l, which))
             worst.see(rel(got, _projected(model, box, l, which, got.shape[2])), f"layer {l}'s hook_{which}")
-    return worst.gap, (f"a projection is not ln1(resid_pre) W + b ({worst.where}): a head's q/k/v built or differentiated by hand "
+    return worst.gap, (f"a projection is not ln1(resid_pre) W + b ({worst.where}): a head's q/k/v built or "
+                       "differentiated by hand "
                          "(edge estimates, circuit evaluation) would miss what changes it")
 
 
@@ -341,8 +350,8 @@ def mlp_writes(model: Model, box: dict) -> tuple[float, str]:
         dt = compute_dtype(model)
         own = post.to(dt).apply(get(box, f"mlp_out {l}").to(dt))
         worst.see(rel(written, own), f"layer {l}: between the MLP module and hook_mlp_out")
-    return worst.gap, (f"what enters the stream is not the MLP's own output ({worst.where} changes it; or a norm after the "
-                       "MLP): a feature's write through a transcoder would miss that change")
+    return worst.gap, (f"what enters the stream is not the MLP's own output ({worst.where} changes it; or a norm after "
+                       "the MLP): a feature's write through a transcoder would miss that change")
 
 
 def _act(cfg) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -369,8 +378,8 @@ def mlp_weights(model: Model, box: dict) -> tuple[float, str]:
         else:
             hidden = act(x @ w["W_in"] + w["b_in"])
         worst.see(rel(get(box, f"mlp_out {l}"), hidden @ w["W_out"] + w["b_out"]), f"layer {l}")
-    return worst.gap, (f"an MLP's output is not its weights' function of its input ({worst.where}): a hook inside it, or a "
-                       "form rs_interp does not know; its neurons are not an exact transcoder")
+    return worst.gap, (f"an MLP's output is not its weights' function of its input ({worst.where}): a hook inside it, "
+                       "or a form rs_interp does not know; its neurons are not an exact transcoder")
 
 
 def readout_by_hand(model: Model, final: torch.Tensor) -> torch.Tensor:
@@ -383,7 +392,8 @@ def readout_check(model: Model, box: dict) -> tuple[float, str]:
     cap = logit_softcap(model)
     return rel(box["logits"], readout_by_hand(model, final)), (
         "the logits are not the unembedding of the final norm of the final stream"
-        + ("" if cap is None else f" with the soft-cap {cap:g}") + " (a step after the unembedding, or a norm rs_interp does not read)")
+        + ("" if cap is None else f" with the soft-cap {cap:g}") + " (a step after the unembedding, or a norm "
+                                                                   "rs_interp does not read)")
 
 
 def vocabulary(model: Model, box: dict) -> tuple[float, str]:

@@ -31,7 +31,8 @@ from .._backend import Model
 __all__ = ["fingerprint", "Unfingerprintable"]
 
 HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks", "_global_backward_hooks")
+_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+                 "_global_backward_hooks")
 
 
 class Unfingerprintable(ValueError):
@@ -41,7 +42,8 @@ class Unfingerprintable(ValueError):
 def _hooks(holder: object, names: tuple[str, ...]) -> tuple:
     """Every hook of ``holder``'s, by handle and function (TransformerLens 4's own wiring left out:
     :func:`rs_interp._backend.is_own_hook`)."""
-    return tuple((name, tuple((k, id(fn)) for k, fn in getattr(holder, name, {}).items() if not _backend.is_own_hook(fn)))
+    return tuple((name, tuple((k, id(fn)) for k, fn in getattr(holder, name, {}).items()
+                              if not _backend.is_own_hook(fn)))
                  for name in names)
 
 
@@ -66,5 +68,6 @@ def fingerprint(model: Model) -> tuple:
     modules = tuple((id(m), type(m).__name__, m.training, id(m.__dict__.get("forward")), _hooks(m, HOOK_DICTS))
                     for m in model.modules())
     cfg = model.cfg
-    fields = tuple((k, repr(getattr(cfg, k, None))) for k in sorted(_backend.functional_fields() | set(_backend.HOOK_FLAGS)))
+    fields = tuple((k, repr(getattr(cfg, k, None)))
+                   for k in sorted(_backend.functional_fields() | set(_backend.HOOK_FLAGS)))
     return tensors, modules, fields, _hooks(_torch_module, _GLOBAL_HOOKS)

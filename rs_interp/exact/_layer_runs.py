@@ -1,7 +1,7 @@
 """The identities measured by runs through part of the model or on a few rows, for :mod:`rs_interp.exact._runs`
 (which imports them: its :func:`~rs_interp.exact._runs.measure` calls them by name): each block run from its cached
 input (``start at layer``), the runs to a layer (``stop at layer``), the stacked and single-row runs (``rows``) and
-the runs with one head's input moved (``head inputs``)."""
+the runs with the first head's inputs moved (``head inputs``)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,10 @@ def _start(model: Model, box: dict) -> tuple[float, str]:
         at[0] = -1
         worst.see(rel(run_from(model, get(box, N.resid_pre(L - 1)), start=L - 1, spe=spe), get(box, "logits")),
                   f"from layer {L - 1}")
-    return worst.gap, (f"running from a layer does not reproduce the full run ({worst.where}): TransformerLens's start_at_layer "
-                       "misses a step of this architecture (the scan and path patching then run every pass from the tokens)")
+    return worst.gap, (f"running from a layer does not reproduce the full run ({worst.where}): TransformerLens's "
+                       "start_at_layer "
+                       "misses a step of this architecture (the scan and path patching then run every pass from the "
+                       "tokens)")
 
 
 def _stop(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
@@ -64,81 +66,94 @@ def _stop(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
         for l in sorted({min(L // 2, 1), L}):  # the helpers run to the end (the lenses, the scan's readout); one inside
             want = get(box, N.resid_pre(l) if l < L else N.final_stream(L))
             worst.see(rel(run_from(model, tokens, stop=l), want), f"stop_at_layer={l}")
-    return worst.gap, (f"running to a layer does not return the stream there ({worst.where}): the lenses and the scan's "
-                       "readout at chosen positions read the stream it returns")
+    return worst.gap, (f"running to a layer does not return the stream there ({worst.where}): the lenses and the "
+                       "scan's readout at chosen positions read the stream it returns")
 
 
-#: (rows, positions) of the rows probe: more rows than two, so that a hook on one row index (or on the rows past
-#: one) moves under the permutation, and more positions than the identities' probe.
-_ROWS_PROBE = (4, 12)
+#: The order of the probe's rows in the rows identity's stacked run: more rows than the probe (a batch of another size),
+#: each at other indices than in the probe (row ``i`` of the stack is the probe's row ``(i + 1) % 2``), and every
+#: index up to 4 holding a probe row (a hook on any one of them, or on the rows past one, moves a compared row).
+_ROWS_ORDER = (1, 0, 1, 0, 1)
 
 
-def _rows(model: Model) -> tuple[float, str]:
-    """A batch of its own, against the same rows permuted and stacked after another row, its first row
-    alone and its first two rows: a helper that stacks copies of a batch along the batch axis needs each
-    row to give what it gives alone. A hook that edits a row by index, reads the batch as a whole (a mean)
-    or depends on the batch's size moves a row in one of them. (A hook that acts only past these sizes
-    cannot be seen by any probe: the docs say so.)"""
-    R, P = _ROWS_PROBE
-    tokens = C.probe(model, seed=5, batch=R, pos=P)
-    other = C.probe(model, seed=3, batch=1, pos=tokens.shape[1])
-    perm = torch.arange(R).roll(1)  # every row moves
+def _rows(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
+    """The probe's rows repeated in another order (:data:`_ROWS_ORDER`), and its second row alone, against the
+    clean run's logits of the probe: a helper that stacks copies of a batch along the batch axis needs each row
+    to give what it gives alone. A hook that edits a row by index, reads the batch as a whole (a mean) or depends
+    on the batch's size moves a row in one of them. (A hook that acts only past these sizes cannot be seen by any
+    probe: the docs say so.) Two runs of the probe's size or a little more, the clean run shared."""
+    logits = get(box, "logits")
+    order = torch.tensor(_ROWS_ORDER, device=tokens.device) % tokens.shape[0]
     worst = C._Worst()
     with torch.no_grad():
-        logits = model(tokens, return_type="logits")
-        stacked = model(torch.cat([other, tokens[perm]]), return_type="logits")[1:]
-        worst.see(rel(stacked, logits[perm]), "permuted and stacked after another row")
-        worst.see(rel(model(tokens[:1], return_type="logits"), logits[:1]), "row 0 alone")
-        worst.see(rel(model(tokens[:2], return_type="logits"), logits[:2]), "rows 0 and 1 alone")
-    return worst.gap, (f"a row's logits depend on the other rows of its batch ({worst.where} differs): a hook that reads or "
+        worst.see(rel(model(tokens[order], return_type="logits"), logits[order]), "the rows repeated in another order")
+        worst.see(rel(model(tokens[1:2], return_type="logits"), logits[1:2]), "row 1 alone")
+    return worst.gap, (f"a row's logits depend on the other rows of its batch ({worst.where} differs): a hook that "
+                       "reads or "
                        "edits the batch as a whole (one prompt by index, a batch mean) is attached; helpers that stack "
                        "passes along the batch run one pass per ablation or edge instead")
 
 
+def _head_input_pass(model: Model, tokens: torch.Tensor, box: dict, xs: str,
+                     g: torch.Generator) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
+    """One pass through the per-head inputs (:func:`rs_interp.exact.stream.routed`) with the first slot of each
+    of ``xs``'s inputs (``q``, ``k``, ``v``: a head's, or a KV head's) moved in every layer and the stream entering
+    each layer pinned to the clean run's, ended after the last layer's attention: each layer's ``hook_z`` and the
+    fewest slots a moved input had (its first slot is read by the heads ``h < n_heads / slots``)."""
+    L = model.cfg.n_layers
+    got: dict[int, torch.Tensor] = {}
+    slots: dict[int, int] = {}
+
+    def pin(l: int) -> Callable:  # keyed by layer: 4.x calls a hook by its alias
+        return lambda t, *, hook: get(box, N.resid_pre(l)).to(t.dtype)
+
+    def move(l: int) -> Callable:
+        def fn(t: torch.Tensor, *, hook) -> torch.Tensor:
+            slots[l] = min(slots.get(l, t.shape[2]), t.shape[2])
+            d = torch.randn(t[:, :, 0].shape, generator=g, dtype=torch.float64).to(t.dtype)
+            d = d * float(t.detach().abs().mean())
+            t = t.clone()
+            t[:, :, 0] = t[:, :, 0] + d
+            return t
+        return fn
+
+    def keep(l: int) -> Callable:
+        return lambda t, *, hook: got.__setitem__(l, t.detach())
+
+    fwd = [(N.resid_pre(l), pin(l)) for l in range(L)] + [(N.qkv_input(l, x), move(l)) for l in range(L) for x in xs]
+    fwd += [(N.z(l), keep(l)) for l in range(L)]
+    with torch.no_grad(), routed(model, fwd, split=True) as runnable:
+        with model.hooks(fwd_hooks=[*runnable, (N.attn_out(L - 1), _stop_here)]):
+            try:
+                model(tokens, return_type="logits")
+            except Stop:
+                pass
+    for l in range(L):
+        if l not in slots or l not in got:
+            raise Missing(N.qkv_input(l, xs[0]) if l not in slots else N.z(l))
+    return got, slots
+
+
 def _head_inputs(model: Model, tokens: torch.Tensor, box: dict) -> tuple[float, str]:
-    """For each of q, k and v, one pass through the per-head inputs (:func:`rs_interp.exact.stream.routed`) with
-    every layer's first head's (or KV head's) input moved and the stream entering each layer pinned to the clean
-    run's: every head that does not read the moved input must keep its output (``hook_z``) the clean run's. A norm
-    across the heads' queries after the split (OLMo-2's ``q_norm``, were it not applied to each head's own copy)
-    or a hook that reads across the heads moves them. Each pass ends after the last layer's attention."""
+    """One pass with every layer's first head's q, k and v inputs moved (:func:`_head_input_pass`): every head
+    that reads none of the moved inputs must keep its output (``hook_z``) the clean run's. Where the keys and values
+    are grouped (a KV head read by several heads), a second pass moves the queries alone, so that the other heads
+    of the first group are checked too. A norm across the heads' queries after the split (OLMo-2's ``q_norm``,
+    were it not applied to each head's own copy) or a hook that reads across the heads moves them."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     g = torch.Generator().manual_seed(11)
     worst = C._Worst()
-    for x in "qkv":
-        got: dict[int, torch.Tensor] = {}
-        slots: dict[int, int] = {}
-
-        def pin(l: int) -> Callable:  # keyed by layer: 4.x calls a hook by its alias
-            return lambda t, *, hook: get(box, N.resid_pre(l)).to(t.dtype)
-
-        def move(l: int) -> Callable:
-            def fn(t: torch.Tensor, *, hook) -> torch.Tensor:
-                slots[l] = t.shape[2]
-                d = torch.randn(t[:, :, 0].shape, generator=g, dtype=torch.float64).to(t.dtype)
-                d = d * float(t.detach().abs().mean())
-                t = t.clone()
-                t[:, :, 0] = t[:, :, 0] + d
-                return t
-            return fn
-
-        def keep(l: int) -> Callable:
-            return lambda t, *, hook: got.__setitem__(l, t.detach())
-
-        fwd = [(N.resid_pre(l), pin(l)) for l in range(L)] + [(N.qkv_input(l, x), move(l)) for l in range(L)]
-        fwd += [(N.z(l), keep(l)) for l in range(L)]
-        with torch.no_grad(), routed(model, fwd, split=True) as runnable:
-            with model.hooks(fwd_hooks=[*runnable, (N.attn_out(L - 1), _stop_here)]):
-                try:
-                    model(tokens, return_type="logits")
-                except Stop:
-                    pass
+    passes = ["qkv"]
+    while passes:
+        xs = passes.pop(0)
+        got, slots = _head_input_pass(model, tokens, box, xs, g)
+        if xs == "qkv" and any(n < H for n in slots.values()):
+            passes.append("q")
         for l in range(L):
-            n = slots.get(l)
-            if n is None or l not in got:
-                raise Missing(N.qkv_input(l, x) if n is None else N.z(l))
-            others = [h for h in range(H) if h // (H // n) != 0]  # the heads that read another input than slot 0's
+            others = [h for h in range(H) if h // (H // slots[l]) != 0]  # the heads that read no moved input
             if others:
-                worst.see(rel(got[l][:, :, others], get(box, N.z(l))[:, :, others]), f"layer {l}'s hook_{x}_input")
+                where = f"layer {l}'s " + ", ".join(f"hook_{x}_input" for x in xs)
+                worst.see(rel(got[l][:, :, others], get(box, N.z(l))[:, :, others]), where)
     return worst.gap, (f"moving one head's input moves other heads' outputs ({worst.where}): something across "
                        "the heads (a norm over every head's queries or keys, or a hook reading the heads together) "
                        "carries it, so an edge into one head would move the others")

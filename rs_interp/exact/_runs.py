@@ -1,7 +1,8 @@
 """The identities that need runs of their own, and :func:`measure`, which the certificate calls: the
 run with every head's z moved (``heads``, and the reference of ``readers``), the run with gradients
-(``z``, ``input``, ``readers``: one backward pass), the stacked and single-row runs (``rows``), the runs with
-one head's input moved (``head inputs``), each block run from its cached input (``start at layer``) and the
+(``z``, ``input``, ``readers``: one backward pass), the stacked and single-row runs (``rows``, against the clean
+run's logits), the runs with the first head's inputs moved (``head inputs``), each block run from its cached input
+(``start at layer``) and the
 runs to a layer (``stop at layer``); the last four are written in :mod:`rs_interp.exact._layer_runs`. The
 identities read off the clean run are :mod:`rs_interp.exact._checks`.
 
@@ -91,8 +92,8 @@ def _gradients(model: Model, tokens: torch.Tensor) -> tuple[float, str]:
     worst = C._Worst()
     for name in points:
         worst.see(rel(get(with_hooks, name), get(without, name)), name)
-    return worst.gap, (f"a backward hook changes the gradients ({worst.where}): the gradient helpers would differentiate "
-                       "something other than the model's function")
+    return worst.gap, (f"a backward hook changes the gradients ({worst.where}): the gradient helpers would "
+                       "differentiate something other than the model's function")
 
 
 def _moving(g: torch.Generator, box: dict[str, torch.Tensor], name: str, watch: Callable | None = None) -> Callable:
@@ -211,7 +212,7 @@ def _gradient_identities(model: Model, tokens: torch.Tensor, tol: float,
             return {name: Identity(name, False, float("nan"), tol, f"the run with gradients failed: {_failed(err)}")
                     for name in ("z", "input")}
         return _on_path(run["grads"], model.cfg.n_layers, tol)
-    cfg, L = model.cfg, model.cfg.n_layers
+    L = model.cfg.n_layers
     wanted = readers(model, projected=False)
     points = model.hook_dict  # (a bridge builds it at each read)
     missing = sorted({r.hook for r in wanted if r.kind in ("mlp", "logits") and r.hook not in points})
@@ -227,39 +228,46 @@ def _gradient_identities(model: Model, tokens: torch.Tensor, tol: float,
         except (Missing, *MODEL_ERRORS) as err2:
             return {name: Identity(name, False, float("nan"), tol, f"the run with gradients failed: {_failed(err2)}")
                     for name in ("z", "input", "readers")}
+    if readers_failed is None:
+        complete = judge("readers", tol, lambda: _receivers_complete(model, run, moved, tol))
+    else:
+        complete = Identity("readers", False, float("nan"), tol, f"the receivers cannot be read: {readers_failed}")
+    return {**_on_path(run["grads"], L, tol), "readers": complete}
+
+
+def _receivers_complete(model: Model, run: dict, moved: Callable[[], dict], tol: float) -> tuple[float, str]:
+    """``readers`` from :func:`_gradient_run`'s ``run`` through every receiver's input: the run's logits are the
+    model's own (``moved()``'s, the same z moved), every kind of receiver is on the forward path, and each layer's
+    stream gradient is its receivers' summed gradients plus the next layer's (or the logits')."""
+    cfg, L = model.cfg, model.cfg.n_layers
     grads, by_reader, fired = run["grads"], run["by_reader"], run["fired"]
-
-    def complete() -> tuple[float, str]:
-        # e.g. a hook on a q/k/v projection module the split inputs bypass
-        split = rel(run["logits"], get(moved(), "logits"))
-        if split > tol:
-            return split, ("the run through the per-head inputs (hook_q_input ... hook_v_input) gives other logits than the "
-                           "model's own run: something the model computes on the way to q, k, v (a hook or a replaced "
-                           "forward on a projection module) is not computed there, so edges into heads would be another model's")
-        for kind, hook in (("mlp", "hook_mlp_in"), ("q", "hook_q_input ... hook_v_input")):
-            if (kind == "q" or not cfg.attn_only) and kind not in fired:
-                return float("inf"), (f"this model's {hook} is not on the forward path (no gradient reaches it): edges into "
-                                      f"{'MLPs' if kind == 'mlp' else 'heads'} cannot be patched or estimated")
-        worst, where = 0.0, ""
-        for l in range(L):
-            if f"pre{l}" not in grads:
-                return float("inf"), f"{N.resid_pre(l)} is not on the forward path"
-            if not cfg.attn_only and (l, "mlp") not in fired:
-                return float("inf"), (f"this model's {N.mlp_in(l)} is not on the forward path (no gradient reaches it): "
-                                      "edges into MLPs cannot be patched or estimated")
-            nxt = grads.get(f"pre{l + 1}") if l + 1 < L else by_reader.get((l, "logits"))
-            if nxt is None:
-                return float("inf"), f"the stream after layer {l} is not on the forward path"
-            rhs = by_reader.get((l, "layer"), 0) + nxt.reshape(-1)
-            gap = rel(grads[f"pre{l}"].reshape(-1), rhs)
-            if gap > worst:
-                worst, where = gap, f"layer {l}"
-        return worst, (f"the receivers' gradients miss the stream's at {where}: some reader of the stream is not one of the "
-                       "graph's receivers (a norm after a sublayer, an input the hooks do not see)")
-
-    unread = f"the receivers cannot be read: {readers_failed}"
-    return {**_on_path(grads, L, tol), "readers": (judge("readers", tol, complete) if readers_failed is None
-                                                   else Identity("readers", False, float("nan"), tol, unread))}
+    # e.g. a hook on a q/k/v projection module the split inputs bypass
+    split = rel(run["logits"], get(moved(), "logits"))
+    if split > tol:
+        return split, ("the run through the per-head inputs (hook_q_input ... hook_v_input) gives other logits than "
+                       "the model's own run: something the model computes on the way to q, k, v (a hook or a replaced "
+                       "forward on a projection module) is not computed there, so edges into heads would be another "
+                       "model's")
+    for kind, hook in (("mlp", "hook_mlp_in"), ("q", "hook_q_input ... hook_v_input")):
+        if (kind == "q" or not cfg.attn_only) and kind not in fired:
+            return float("inf"), (f"this model's {hook} is not on the forward path (no gradient reaches it): edges "
+                                  f"into {'MLPs' if kind == 'mlp' else 'heads'} cannot be patched or estimated")
+    worst, where = 0.0, ""
+    for l in range(L):
+        if f"pre{l}" not in grads:
+            return float("inf"), f"{N.resid_pre(l)} is not on the forward path"
+        if not cfg.attn_only and (l, "mlp") not in fired:
+            return float("inf"), (f"this model's {N.mlp_in(l)} is not on the forward path (no gradient reaches it): "
+                                  "edges into MLPs cannot be patched or estimated")
+        nxt = grads.get(f"pre{l + 1}") if l + 1 < L else by_reader.get((l, "logits"))
+        if nxt is None:
+            return float("inf"), f"the stream after layer {l} is not on the forward path"
+        rhs = by_reader.get((l, "layer"), 0) + nxt.reshape(-1)
+        gap = rel(grads[f"pre{l}"].reshape(-1), rhs)
+        if gap > worst:
+            worst, where = gap, f"layer {l}"
+    return worst, (f"the receivers' gradients miss the stream's at {where}: some reader of the stream is not one of "
+                   "the graph's receivers (a norm after a sublayer, an input the hooks do not see)")
 
 
 def _on_path(grads: dict[str, torch.Tensor], L: int, tol: float) -> dict[str, Identity]:
@@ -272,7 +280,8 @@ def _on_path(grads: dict[str, torch.Tensor], L: int, tol: float) -> dict[str, Id
         return 0.0, ""
 
     def input_on_path() -> tuple[float, str]:
-        return (0.0 if "pre0" in grads else float("inf")), f"{N.RESID0} is not on the forward path: no gradient reaches it"
+        return ((0.0 if "pre0" in grads else float("inf")),
+                f"{N.RESID0} is not on the forward path: no gradient reaches it")
 
     return {"z": judge("z", tol, z_on_path), "input": judge("input", tol, input_on_path)}
 
@@ -294,9 +303,9 @@ MEASUREMENTS: dict[str, tuple[str, ...]] = {
     "to a layer": ("stop at layer",),
 }
 #: The measurements that read the clean run's logits (the others end it at the final stream).
-_READ_LOGITS = {"logits", "from a layer"}
+_READ_LOGITS = {"logits", "from a layer", "rows"}
 #: How many of its own runs each measurement takes through the unembedding (the clean run's: :data:`_READ_LOGITS`).
-_UNEMBEDDINGS = {"gradient": 2, "rows": 4, "from a layer": 1, "backward hooks": 2}
+_UNEMBEDDINGS = {"gradient": 2, "rows": 2, "from a layer": 1, "backward hooks": 2}
 
 
 class _Probe:
@@ -340,7 +349,7 @@ def _yielded(model: Model, probe: _Probe, measurement: str, tol: float, names: s
         return {"heads": judge("heads", tol, lambda: _heads(model, probe.moved()))}
     if measurement == "gradient":  # the receivers' per-head copies only where readers is asked for
         return _gradient_identities(model, tokens, tol, probe.moved, with_readers="readers" in names)
-    single = {"rows": ("rows", lambda: _rows(model)),
+    single = {"rows": ("rows", lambda: _rows(model, tokens, box)),
               "head inputs": ("head inputs", lambda: _head_inputs(model, tokens, box)),
               "backward hooks": ("gradients", lambda: _gradients(model, tokens)),
               "from a layer": ("start at layer", lambda: _start(model, box)),

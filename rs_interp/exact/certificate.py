@@ -47,8 +47,8 @@ from .needs import ADAPTS, CONDITIONS, EXEMPT, IDENTITIES, NEEDS, OPTIONAL, REFU
 from .stream import mlp_flags
 from .validate import check_weights
 
-__all__ = ["Certificate", "Identity", "certify", "require", "confirm", "note_source", "NEEDS", "OPTIONAL", "ADAPTS", "EXEMPT",
-           "REFUSES", "CONDITIONS", "CONFIGURATIONS", "IDENTITIES", "TOLERANCES", "REMEDIES"]
+__all__ = ["Certificate", "Identity", "certify", "require", "confirm", "note_source", "NEEDS", "OPTIONAL", "ADAPTS",
+           "EXEMPT", "REFUSES", "CONDITIONS", "CONFIGURATIONS", "IDENTITIES", "TOLERANCES", "REMEDIES"]
 
 #: Relative tolerance of every identity, by dtype and source (``"native"``: TransformerLens's own
 #: modules, 3.x's conversions included; ``"booted"``: Hugging Face modules under TransformerLens 4).
@@ -96,11 +96,13 @@ def _soft_cap(cfg) -> bool:
     return float(getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0) > 0
 
 
-_NORM_NAMES = {"LN": "LayerNorm", "LNPre": "LayerNorm, weights folded", "RMS": "RMSNorm", "RMSPre": "RMSNorm, weights folded"}
+_NORM_NAMES = {"LN": "LayerNorm", "LNPre": "LayerNorm, weights folded", "RMS": "RMSNorm", "RMSPre": "RMSNorm, weights "
+                                                                                                    "folded"}
 
 #: How each configuration of :data:`CONDITIONS` is read off a model's config.
 CONFIGURATIONS = {  # each returns what the model has (named in the refusal), or None where it does not apply
-    "soft-capped logits": lambda cfg: f"output_logits_soft_cap {cfg.output_logits_soft_cap:g}" if _soft_cap(cfg) else None,
+    "soft-capped logits": lambda cfg: (f"output_logits_soft_cap {cfg.output_logits_soft_cap:g}" if _soft_cap(cfg)
+                                       else None),
     "MLPs or a norm": lambda cfg: (", ".join(x for x in ("MLPs" if not cfg.attn_only else "",
                                                          f"normalization_type {cfg.normalization_type!r} "
                                                          f"({_NORM_NAMES.get(cfg.normalization_type, 'a norm')})"
@@ -110,9 +112,9 @@ CONFIGURATIONS = {  # each returns what the model has (named in the refusal), or
                                if cfg.positional_embedding_type != "rotary" else None),
     "attention-only": lambda cfg: "attn_only" if cfg.attn_only else None,
     "parallel blocks": lambda cfg: "parallel_attn_mlp" if getattr(cfg, "parallel_attn_mlp", False) else None,
-    "not plain ReLU MLPs": lambda cfg: (("gated " if getattr(cfg, "gated_mlp", False) else "") + f"act_fn {cfg.act_fn!r}"
-                                        if not cfg.attn_only and (cfg.act_fn != "relu" or getattr(cfg, "gated_mlp", False))
-                                        else None),
+    "not plain ReLU MLPs": lambda cfg: (
+        ("gated " if getattr(cfg, "gated_mlp", False) else "") + f"act_fn {cfg.act_fn!r}"
+        if not cfg.attn_only and (cfg.act_fn != "relu" or getattr(cfg, "gated_mlp", False)) else None),
     "bidirectional attention": lambda cfg: (f"attention_dir {cfg.attention_dir!r}"
                                             if getattr(cfg, "attention_dir", "causal") != "causal" else None),
 }
@@ -196,7 +198,8 @@ class Certificate:
         config = self.refused_configuration(helper)
         if not failed and config is not None:  # a measured failure first: its remedy may be the user's to apply
             has = self.details[self.configuration.index(config)]
-            head, tail = f"{helper} refuses this model: {config}, here {clip(has, 80)} (", "); no identity can make it exact."
+            head = f"{helper} refuses this model: {config}, here {clip(has, 80)} ("
+            tail = "); no identity can make it exact."
             return head + clip(CONDITIONS[config], LIMIT - len(head) - len(tail)) + tail
         if not failed:
             return None
@@ -204,7 +207,8 @@ class Certificate:
         more = f" ({few((i.name for i in failed[1:]), show=str)} fail too)" if failed[1:] else ""
         gap = "not measured" if first.gap != first.gap else f"gap {first.gap:.3g} > tolerance {first.tolerance:.0e}"
         # a hook point by its first name (4.x's aliases follow " = ")
-        hooked = f" Hooks are attached at {few((h.split(' = ')[0] for h in self.hooks), 1, show=str)}." if self.hooks else ""
+        hooked = (f" Hooks are attached at {few((h.split(' = ')[0] for h in self.hooks), 1, show=str)}."
+                  if self.hooks else "")
         head = f"{helper} refuses this model: the identity '{first.name}' fails ({gap}: "
         tail = f"){more}. What to do: {REMEDIES.get(first.name, _HOOKED)}.{hooked} All: rs_interp.certify(model)."
         # the measured reason, as much of it as the limit leaves (the whole of it: certify(model))
@@ -256,19 +260,22 @@ def _attached(model: Model) -> tuple[str, ...]:
     points = {id(hp) for hp in hook_dict.values()}
     out = [" = ".join(sorted(v, key=lambda n: ("hook_in" in n or "hook_out" in n, n))) for v in names.values()]
     for name, module in model.named_modules():
-        if id(module) not in points and any(not _backend.is_own_hook(fn) for d in HOOK_DICTS for fn in getattr(module, d, {}).values()):
+        if id(module) not in points and any(not _backend.is_own_hook(fn) for d in HOOK_DICTS
+                                            for fn in getattr(module, d, {}).values()):
             out.append(f"{name or 'the model'} (PyTorch hook)")
     return tuple(out)
 
 
 #: Configurations read off the model's modules (4.x's config does not say a block is post-norm).
 MODULE_CONFIGURATIONS = {
-    "post-norm blocks": lambda model: "a norm after each sublayer (ln1_post, ln2_post)" if _backend.has_post_norms(model) else None,
+    "post-norm blocks": lambda model: ("a norm after each sublayer (ln1_post, ln2_post)"
+                                       if _backend.has_post_norms(model) else None),
 }
 
 
 def _configuration(model: Model) -> dict[str, tuple[str, ...]]:
-    found = {c: has(model.cfg) for c, has in CONFIGURATIONS.items()} | {c: has(model) for c, has in MODULE_CONFIGURATIONS.items()}
+    found = ({c: has(model.cfg) for c, has in CONFIGURATIONS.items()}
+             | {c: has(model) for c, has in MODULE_CONFIGURATIONS.items()})
     return {"configuration": tuple(c for c, v in found.items() if v is not None),
             "details": tuple(v for v in found.values() if v is not None)}
 
@@ -362,5 +369,5 @@ def confirm(helper: str, identity: str, total: torch.Tensor, target: torch.Tenso
         return
     raise ValueError(f"{helper} refuses this batch: the identity '{identity}' fails on it (the parts sum to a value "
                      f"{float(gap):.3g} away from the run's own, {float(gap / size):.2g} of their size; it held on the "
-                     "certificate's probe, so something acts on this batch only: a hook that reads the tokens, or a part "
-                     f"of the model no identity sees). What to do: {REMEDIES.get(identity, _HOOKED)}.")
+                     "certificate's probe, so something acts on this batch only: a hook that reads the tokens, or a "
+                     f"part of the model no identity sees). What to do: {REMEDIES.get(identity, _HOOKED)}.")

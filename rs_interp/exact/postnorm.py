@@ -32,7 +32,8 @@ import torch
 from .._backend import Model, attn_weight, post_norms
 from .norm import Norm
 
-__all__ = ["frozen_heads", "frozen_changes", "linearised_heads", "patched_heads", "raw_output", "attn_post", "attn_frozen"]
+__all__ = ["frozen_heads", "frozen_changes", "linearised_heads", "patched_heads", "raw_output", "attn_post",
+           "attn_frozen"]
 
 
 def attn_post(model: Model, layer: int, dt: torch.dtype) -> Norm:

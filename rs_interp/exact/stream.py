@@ -13,7 +13,8 @@ A head's input is read one of two ways:
   TransformerLens 4's native attention);
 - *projected*: the per-head projection ``blocks.L.attn.hook_{q,k,v}`` (batch, pos, head, d_head),
   whose gradient is taken back through ``W_{Q,K,V}`` and the frozen first norm by hand
-  (:meth:`rs_interp.exact.norm.Norm.input_gradient`), with no per-head copy of the stream in the forward pass. Only on layers
+  (:meth:`rs_interp.exact.norm.Norm.input_gradient`), with no per-head copy of the stream in the forward pass. Only on
+  layers
   whose projection is ``ln1(resid_pre) W + b`` (:func:`rs_interp._backend.projection_layers`; the
   certificate checks it as ``projections``).
 """
@@ -123,7 +124,8 @@ def _through_projection(model: Model, reader: Reader, stream: dict[int, torch.Te
 
 
 @contextlib.contextmanager
-def reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[Reader, Callable], None], dt: torch.dtype, *,
+def reader_gradients(model: Model, wanted: Sequence[Reader], on_grad: Callable[[Reader, Callable], None],
+                     dt: torch.dtype, *,
                      extra: Sequence[tuple[str, Callable]] = ()) -> Iterator[list[tuple[str, Callable]]]:
     """Forward hooks that call ``on_grad(reader, fill)`` as each reader's input gradient is computed in
     the backward pass, where ``fill(out)`` writes it into ``out`` (column, batch * pos * d_model) in
@@ -183,7 +185,8 @@ def start_points(model: Model, layers: set[int] | None = None, *, attention: boo
     ``attention``, also each of those layers' ``hook_q``, ``hook_k``, ``hook_v`` and ``hook_pattern``."""
     layers = set(range(model.cfg.n_layers)) if layers is None else layers
     names = {N.resid_pre(l) for l in layers}
-    names |= {N.projection(l, n) for l in layers for n in ("q", "k", "v")} | {N.pattern(l) for l in layers} if attention else set()
+    names |= ({N.projection(l, n) for l in layers for n in ("q", "k", "v")} | {N.pattern(l) for l in layers}
+              if attention else set())
     short = model.cfg.positional_embedding_type == "shortformer"
     return lambda n: n in names or (short and n == N.POS_EMBED)
 
@@ -235,7 +238,8 @@ def record(model: Model, tokens: torch.Tensor, names: Callable[[str], bool]) -> 
     return box
 
 
-def ablation_values(model: Model, reference: torch.Tensor, ablation: str, names: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+def ablation_values(model: Model, reference: torch.Tensor, ablation: str,
+                    names: Callable[[str], bool]) -> dict[str, torch.Tensor]:
     """What an ablated activation is set to, at each hook point ``names`` selects, from a run on
     ``reference`` (:func:`record`), by ``ablation`` (:data:`rs_interp.Ablation`): ``"resample"``, the
     reference's own (batch, pos, ...); ``"position_mean"``, its mean over the batch (1, pos, ...);

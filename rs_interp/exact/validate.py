@@ -50,7 +50,8 @@ def check_positions(positions: object, n: int, name: str = "positions") -> list[
         raise ValueError(f"{name} is empty; pass None for every position, or name at least one")
     twice = sorted({p for p in out if out.count(p) > 1})
     if twice:
-        raise ValueError(f"{name} names position(s) {twice} more than once (of {n}; negative entries count from the end)")
+        raise ValueError(f"{name} names position(s) {twice} more than once (of {n}; negative entries count from the "
+                         "end)")
     return out
 
 
@@ -63,7 +64,8 @@ def check_head(model: Model, layer: object, head: object, name: str = "head") ->
 
 
 def _is_scalar(x: object) -> bool:
-    return not isinstance(x, (str, bytes)) and (not hasattr(x, "__len__") or (isinstance(x, torch.Tensor) and x.ndim == 0))
+    return not isinstance(x, (str, bytes)) and (not hasattr(x, "__len__")
+                                                or (isinstance(x, torch.Tensor) and x.ndim == 0))
 
 
 def check_heads(model: Model, heads: object, name: str, *, allow_empty: bool = True) -> list[tuple[int, int]]:
@@ -152,7 +154,8 @@ def check_target_pair(
     if contrast is not None:
         contrast = check_targets(contrast, tokens, d_vocab, "contrast")
         if bool((contrast[~skip] < 0).any()):
-            raise ValueError("contrast is -1 at a position whose target is not: skip a position in targets (and contrast) together")
+            raise ValueError("contrast is -1 at a position whose target is not: skip a position in targets (and "
+                             "contrast) together")
         contrast = contrast.masked_fill(skip, 0)
     return targets.masked_fill(skip, 0), contrast, skip
 
@@ -163,9 +166,9 @@ def check_target_pair(
 #: ``"resample"`` its value in the run on ``reference``, sequence by sequence, position by position.
 Ablation = Literal["zero", "mean", "position_mean", "resample"]
 """What an ablated component writes (``ablation=`` of :func:`rs_interp.ablate_heads`,
-:func:`rs_interp.head_ablation_scan`, :func:`rs_interp.evaluate_circuit`, :func:`rs_interp.acdc` and the faithfulness curves),
-one meaning per word: ``"zero"`` nothing; ``"mean"`` its mean over the batch *and* the positions of
-``reference``; ``"position_mean"`` its mean over the batch of ``reference`` at each position;
+:func:`rs_interp.head_ablation_scan`, :func:`rs_interp.evaluate_circuit`, :func:`rs_interp.acdc` and the faithfulness
+curves), one meaning per word: ``"zero"`` nothing; ``"mean"`` its mean over the batch *and* the positions
+of ``reference``; ``"position_mean"`` its mean over the batch of ``reference`` at each position;
 ``"resample"`` its value in the run on ``reference``, sequence by sequence. Which of EAP-IG's (and MIB's)
 interventions each equals on a circuit, and which not (EAP-IG's ``"mean"`` is another quantity):
 :func:`rs_interp.evaluate_circuit`.
@@ -195,12 +198,13 @@ def check_ablation(model: Model, tokens: torch.Tensor, ablation: object, referen
         return tokens, None
     if reference is None:
         if ablation == "resample":
-            raise ValueError(f"{helper}: ablation='resample' needs reference= tokens (the run each ablated value is taken from)")
+            raise ValueError(f"{helper}: ablation='resample' needs reference= tokens (the run each ablated value is "
+                             "taken from)")
         return tokens, tokens
     reference = check_tokens(model, reference, "reference")
     if ablation == "resample" and reference.shape != tokens.shape:
-        raise ValueError(f"{helper}: reference must have the shape of tokens {tuple(tokens.shape)} for resample ablation, "
-                         f"got {tuple(reference.shape)}")
+        raise ValueError(f"{helper}: reference must have the shape of tokens {tuple(tokens.shape)} for resample "
+                         f"ablation, got {tuple(reference.shape)}")
     if ablation == "position_mean" and reference.shape[1] != tokens.shape[1]:
         raise ValueError(f"{helper}: reference must have the length of tokens ({tokens.shape[1]} positions) for "
                          f"position_mean ablation, got {reference.shape[1]}")

@@ -17,7 +17,15 @@ from .interventions import Intervention, intervene
 from .qk import QKAttribution, qk_attributions, top_attention
 from .supernodes import SupernodeGraph, same_feature_groups
 from .training import TrainedTranscoders, TranscoderMetrics, train_transcoder, transcoder_metrics
-from .transcoders import SHIPPED_TRANSCODERS, Transcoder, TranscoderSet, load_transcoders, mlp_transcoders, shipped_metrics, shipped_transcoders
+from .transcoders import (
+    SHIPPED_TRANSCODERS,
+    Transcoder,
+    TranscoderSet,
+    load_transcoders,
+    mlp_transcoders,
+    shipped_metrics,
+    shipped_transcoders,
+)
 
 __all__ = [
     "Transcoder",

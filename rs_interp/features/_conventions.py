@@ -69,7 +69,8 @@ def _bos(model, tokens: torch.Tensor, prepend_bos, gemma_it: bool) -> tuple[torc
         bos = next((int(c) for c in candidates if c is not None), None)
         if bos is None:
             raise ValueError("prepend_bos=True takes the BOS from the model's tokenizer, and "
-                             f"{'the model has none' if tok is None else 'it has no special token'}: give its id, prepend_bos=<id>")
+                             f"{'the model has none' if tok is None else 'it has no special token'}: "
+                             "give its id, prepend_bos=<id>")
     else:
         bos = int(prepend_bos)
     if not 0 <= bos < model.cfg.d_vocab:
@@ -92,7 +93,8 @@ def _zero(zero_positions, n_pos: int) -> tuple[int, ...]:
     return tuple(sorted({p % n_pos for p in out}))
 
 
-def resolve(model, tokens: torch.Tensor, convention: str, zero_positions, prepend_bos, feature_order, round_size) -> Options:
+def resolve(model, tokens: torch.Tensor, convention: str, zero_positions, prepend_bos, feature_order,
+            round_size) -> Options:
     """The options of a graph: each left at ``None`` takes ``convention``'s default (module docstring).
 
     Raises:

@@ -34,7 +34,7 @@ import torch
 from .. import _names as N
 from .._backend import Model, Stop, mlp_norm_name, pattern_after_attention, pre_norm, with_dtype
 from .._messages import few
-from .._state import warn_dropout
+from .._state import frozen, preserve_state
 from ..exact.certificate import require
 from .transcoders import TranscoderSet
 
@@ -56,7 +56,8 @@ def check_replacement(model: Model, transcoders: TranscoderSet, what: str) -> No
         raise ValueError(f"{what}: the transcoders read ln2.hook_normalized, and the model has no normalization")
     missing = [n for n in hook_names(model, transcoders) if n not in model.hook_dict]
     if missing:
-        raise ValueError(f"{what}: the model lacks the hook points {few(missing)} (a Hugging Face-booted bridge of another layout?)")
+        raise ValueError(f"{what}: the model lacks the hook points {few(missing)} "
+                         "(a Hugging Face-booted bridge of another layout?)")
 
 
 def working_copy(model: Model) -> Model:
@@ -78,11 +79,13 @@ def working_set(transcoders: TranscoderSet, dtype: torch.dtype) -> TranscoderSet
 def input_hook(model: Model, transcoders: TranscoderSet, layer: int) -> str:
     """The hook point the transcoder input of ``layer`` is read from (see :func:`finish_input`): the normalised
     stream of the norm the MLP reads through, ``ln2`` or, on a parallel block with one shared input norm, ``ln1``
-    (its scale frozen with every other, the MLP's input is then linear in ``resid_pre``: :func:`rs_interp._backend.mlp_norm_name`)."""
+    (its scale frozen with every other, the MLP's input is then linear in ``resid_pre``:
+    :func:`rs_interp._backend.mlp_norm_name`)."""
     point = transcoders.input_point
     if point == "hook_resid_mid":
         return N.resid_mid(layer)
-    if point == "mlp.hook_in" and pre_norm(model, layer, "ln2").kind is None:  # the stream itself (a parallel MLP's: resid_pre)
+    # the stream itself (a parallel MLP's: resid_pre)
+    if point == "mlp.hook_in" and pre_norm(model, layer, "ln2").kind is None:
         return N.resid_pre(layer) if getattr(model.cfg, "parallel_attn_mlp", False) else N.resid_mid(layer)
     return N.normalized(layer, mlp_norm_name(model, layer))
 
@@ -112,7 +115,8 @@ def mlp_hooks(model: Model, transcoders: TranscoderSet, at_input: Callable[[int]
               at_output: Callable[[int], Callable]) -> list[tuple[str, Callable]]:
     """What every pass of the replacement model hooks per layer: ``at_input(l)`` at the transcoder's input
     point (:func:`input_hook`), ``at_output(l)`` at ``hook_mlp_out`` (where the transcoder writes)."""
-    return [h for l in range(model.cfg.n_layers) for h in ((input_hook(model, transcoders, l), at_input(l)), (N.mlp_out(l), at_output(l)))]
+    return [h for l in range(model.cfg.n_layers)
+            for h in ((input_hook(model, transcoders, l), at_input(l)), (N.mlp_out(l), at_output(l)))]
 
 
 def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple[str, Callable]]:
@@ -136,22 +140,10 @@ def pattern_hooks(model: Model, patterns: dict[str, torch.Tensor]) -> list[tuple
 @contextlib.contextmanager
 def quiet_model(model: Model) -> Iterator[None]:
     """Eval mode and no parameter gradients for the duration (the backward passes need input
-    gradients only); every flag restored as found, also on errors."""
-    modes = [(m, m.training) for m in model.modules()]
-    grads = [(p, p.requires_grad) for p in model.parameters()]
-    grad_mode = torch.is_grad_enabled()
-    warn_dropout(model)
-    try:
-        model.eval()
-        for p, _ in grads:
-            p.requires_grad_(False)
+    gradients only); every flag restored as found, also on errors (:func:`rs_interp._state.preserve_state`,
+    :func:`rs_interp._state.frozen`)."""
+    with preserve_state(model), frozen(model):
         yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-        for p, flag in grads:
-            p.requires_grad_(flag)
-        torch.set_grad_enabled(grad_mode)
 
 
 @dataclass(frozen=True)
@@ -183,7 +175,8 @@ def clean_run(model: Model, transcoders: TranscoderSet, tokens: torch.Tensor) ->
     box: dict[str, torch.Tensor] = {}
     L = model.cfg.n_layers
     hooks = [(n, _store(box, n)) for n in freeze_names(model)] + [(N.EMBED, _store(box, "embed"))]
-    hooks += mlp_hooks(model, transcoders, lambda l: _store(box, f"in{l}", lambda t: finish_input(model, transcoders, l, t)),
+    hooks += mlp_hooks(model, transcoders,
+                       lambda l: _store(box, f"in{l}", lambda t: finish_input(model, transcoders, l, t)),
                        lambda l: _store(box, f"out{l}"))
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         logits = model(tokens, return_type="logits")
@@ -207,13 +200,15 @@ def frozen_forward(model: Model, transcoders: TranscoderSet, clean: Clean, token
     def set_out(l: int):  # the full shape: a broadcast (a bias alone) breaks a model's in-place add after it (Falcon's)
         return lambda t, hook: torch.zeros_like(t) + outputs(l, [box[f"in{i}"] for i in range(l + 1)])[None].to(t.dtype)
 
-    routed = {n for n, _ in pattern_hooks(model, clean.frozen)}  # there, hook_pattern's edit would be discarded (and warned)
+    # there, hook_pattern's edit would be discarded (and warned)
+    routed = {n for n, _ in pattern_hooks(model, clean.frozen)}
     is_pattern = N.every(N.pattern)
     hooks = [(n, freeze) for n in clean.frozen if not (is_pattern(n) and N.z(N.layer_of(n)) in routed)]
     hooks += pattern_hooks(model, clean.frozen)
     if embed is not None:
         hooks.append((N.EMBED, lambda t, hook: embed[None].to(t.dtype)))
-    hooks += mlp_hooks(model, transcoders, lambda l: lambda t, hook: box.__setitem__(f"in{l}", finish_input(model, transcoders, l, t)[0]),
+    hooks += mlp_hooks(model, transcoders,
+                       lambda l: lambda t, hook: box.__setitem__(f"in{l}", finish_input(model, transcoders, l, t)[0]),
                        set_out)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         logits = model(tokens, return_type="logits")

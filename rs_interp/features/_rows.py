@@ -140,7 +140,8 @@ class FeatureRows:
         """Rows over every source (batch, n_active + n_tail), of targets at ``layers``."""
         cut = self.layer_start[max(layers)]
         if bool(rows[:, cut : self.n_active].any()):
-            raise ValueError("a feature row reads a feature of its own layer or a later one: the model is not causal by layer")
+            raise ValueError("a feature row reads a feature of its own layer or a later one: "
+                             "the model is not causal by layer")
         feats, tail = rows[:, :cut].clone(), rows[:, self.n_active :].clone()
         self.blocks.append((cut, feats, tail))
         self.scales.append(1.0 / (feats.abs().sum(1) + tail.abs().sum(1)).clamp(min=torch.finfo(self.dtype).tiny))

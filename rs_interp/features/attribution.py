@@ -25,15 +25,18 @@ or ``ValueError``. Interventions in the frozen model move targets by exactly the
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from jaxtyping import Int
 
 from .._backend import Model
-from .._progress import DELAY, bar
+from .._progress import DELAY
+from .._state import outside_inference_mode
 from ..exact.needs import GRAPH, TRANSCODERS, needs
 from . import _conventions as C
+from . import _direct as D
 from . import _replacement as R
 from . import _rows
 from .graph import AttributionGraph
@@ -51,7 +54,8 @@ def _tokens(model: Model, tokens) -> torch.Tensor:
     if t.ndim == 2 and t.shape[0] == 1:
         t = t[0]
     if t.ndim != 1 or t.dtype.is_floating_point or t.dtype == torch.bool or len(t) == 0:
-        raise ValueError(f"tokens must be one prompt of token ids, (pos,) or (1, pos); got shape {tuple(t.shape)}, {t.dtype}")
+        raise ValueError(f"tokens must be one prompt of token ids, (pos,) or (1, pos); "
+                         f"got shape {tuple(t.shape)}, {t.dtype}")
     if len(t) > model.cfg.n_ctx:
         raise ValueError(f"tokens: {len(t)} positions, the model's context is {model.cfg.n_ctx}")
     if int(t.min()) < 0 or int(t.max()) >= model.cfg.d_vocab:
@@ -70,8 +74,44 @@ def _logit_targets(probs: torch.Tensor, targets, max_logits: int, logit_probabil
     return t
 
 
+@dataclass(frozen=True)
+class GraphOptions:
+    """:func:`attribution_graph`'s options as one value, checked when made (the arguments of the same names).
+
+    ``position`` is as given (it is checked against the prompt when the graph is made); ``convention``,
+    ``zero_positions``, ``prepend_bos``, ``feature_order`` and ``round_size`` are resolved against the model
+    and the prompt then (:func:`._conventions.resolve`).
+
+    Raises:
+        ValueError: ``batch_size`` below 1 or ``max_feature_nodes`` below 0.
+
+    >>> GraphOptions(batch_size=16).max_logits
+    10
+    """
+
+    targets: Sequence[int] | torch.Tensor | None = None
+    position: int = -1
+    max_logits: int = 10
+    logit_probability: float = 0.95
+    centered: bool = True
+    max_feature_nodes: int | None = None
+    batch_size: int = 64
+    progress: bool = True
+    dense: bool = True
+    convention: C.GraphConvention = "rs_interp"
+    zero_positions: slice | int | Sequence[int] | None = None
+    prepend_bos: bool | int | None = None
+    feature_order: C.FeatureOrder | None = None
+    round_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or (self.max_feature_nodes is not None and self.max_feature_nodes < 0):
+            raise ValueError("batch_size must be >= 1 and max_feature_nodes >= 0")
+
+
 @needs(*GRAPH, "gradients", name="features.attribution_graph", optional=TRANSCODERS,
        refuses=("attention-only", "soft-capped logits"))
+@outside_inference_mode
 def attribution_graph(
     model: Model,
     transcoders: TranscoderSet,
@@ -97,7 +137,8 @@ def attribution_graph(
 
     Args:
         transcoders: one per layer (:func:`rs_interp.features.load_transcoders`,
-            :func:`~rs_interp.features.train_transcoder`, :func:`~rs_interp.features.mlp_transcoders`); cast to the model's dtype.
+            :func:`~rs_interp.features.train_transcoder`, :func:`~rs_interp.features.mlp_transcoders`); cast to the
+            model's dtype.
         tokens: the prompt, (pos,) or (1, pos).
         targets: the logit nodes' tokens, read at ``position``; default the most probable tokens
             until their probability reaches ``logit_probability`` (at most ``max_logits``).
@@ -150,258 +191,162 @@ def attribution_graph(
     >>> ct.tokens[:2].tolist(), ct.zero_positions, int((ct.features[:, 1] == 0).sum())
     ([0, 100], (0,), 0)
     """
-    if torch.is_inference_mode_enabled():  # a notebook's usual wrapper: the backward passes need autograd
-        with torch.inference_mode(False):
-            return attribution_graph(model, transcoders, torch.as_tensor(tokens).clone(), targets=targets, position=position,
-                                     max_logits=max_logits, logit_probability=logit_probability, centered=centered,
-                                     max_feature_nodes=max_feature_nodes, batch_size=batch_size, progress=progress,
-                                     dense=dense, convention=convention, zero_positions=zero_positions,
-                                     prepend_bos=prepend_bos, feature_order=feature_order, round_size=round_size)
-    given = _tokens(model, tokens)
-    opt = C.resolve(model, given, convention, zero_positions, prepend_bos, feature_order, round_size)
-    tokens = _tokens(model, opt.tokens)
-    R.check_replacement(model, transcoders, "features.attribution_graph")
-    model = R.working_copy(model)
-    P, L, dt = len(tokens), model.cfg.n_layers, model.cfg.dtype
-    if not -len(given) <= int(position) < len(given):
-        raise ValueError(f"position must be in [{-len(given)}, {len(given) - 1}], got {position}")
-    position = int(position) % len(given) + P - len(given)
-    if batch_size < 1 or (max_feature_nodes is not None and max_feature_nodes < 0):
-        raise ValueError("batch_size must be >= 1 and max_feature_nodes >= 0")
-    tcs = R.working_set(transcoders, dt)
-    if progress and tcs[0].k is not None:  # the cost, before the run (TopK: the active features are known from the shapes)
+    return _Attribution(model, transcoders, tokens, GraphOptions(
+        targets=targets, position=position, max_logits=max_logits, logit_probability=logit_probability,
+        centered=centered, max_feature_nodes=max_feature_nodes, batch_size=batch_size, progress=progress, dense=dense,
+        convention=convention, zero_positions=zero_positions, prepend_bos=prepend_bos, feature_order=feature_order,
+        round_size=round_size)).graph()
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    """What the clean run gives (phase 1): the run itself, the next-token probabilities at the target position,
+    the logit nodes' tokens, every active feature (layer, pos, index) with its activation, the error vectors."""
+
+    clean: R.Clean
+    probs: torch.Tensor
+    logit_tokens: torch.Tensor
+    features: torch.Tensor
+    activations: torch.Tensor
+    errors: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _Computed:
+    """What the backward passes give (phase 2): the logit rows, the selected features' rows (in the order
+    computed), the selected features in the nodes' order, and in the order computed."""
+
+    logit_rows: torch.Tensor
+    feature_rows: _rows.FeatureRows
+    selected: torch.Tensor
+    computed: torch.Tensor
+
+
+class _Attribution:
+    """One attribution graph in the making (circuit-tracer's ``AttributionContext``): the working model and
+    transcoders, the prompt with its conventions resolved, the options; it owns the replacement model's state
+    (:meth:`replacement`: eval mode, no parameter gradients, every flag restored) and runs the phases in turn:
+    the cost announced, the clean run, the rows, the constants, the graph assembled and checked."""
+
+    def __init__(self, model: Model, transcoders: TranscoderSet, tokens, options: GraphOptions) -> None:
+        o, given = options, _tokens(model, tokens)
+        self.options, self.n_given = o, len(given)
+        self.resolved = C.resolve(model, given, o.convention, o.zero_positions, o.prepend_bos, o.feature_order,
+                                  o.round_size)
+        self.tokens = _tokens(model, self.resolved.tokens)
+        R.check_replacement(model, transcoders, "features.attribution_graph")
+        self.model = R.working_copy(model)
+        self.P, self.L = len(self.tokens), self.model.cfg.n_layers
+        if not -len(given) <= int(o.position) < len(given):
+            raise ValueError(f"position must be in [{-len(given)}, {len(given) - 1}], got {o.position}")
+        self.position = int(o.position) % len(given) + self.P - len(given)
+        self.tcs = R.working_set(transcoders, self.model.cfg.dtype)
+
+    def graph(self) -> AttributionGraph:
+        """Every phase in turn."""
+        self.announce_cost()
+        with R.quiet_model(self.model):
+            nodes = self.clean_nodes()
+            computed = self.rows(nodes)
+            values, bias = self.constants(nodes, nodes.features[computed.selected], nodes.logit_tokens)
+        return _assemble(self, nodes, computed, values, bias)
+
+    def announce_cost(self) -> None:
+        """The estimate of time and peak memory, written above the progress bar before a long run (TopK
+        transcoders: the active features are known from the shapes)."""
+        o = self.options
+        if not o.progress or self.tcs[0].k is None:
+            return
         from tqdm.std import tqdm  # write() only: no widget import (rs_interp._progress)
 
         from .estimate import estimate_graph, matmul_rate
 
         rate = matmul_rate(512, 2)  # ~10 ms: a rate for the line written above the bar, not a benchmark's
-        cost = estimate_graph(model, tcs, P, max_feature_nodes=max_feature_nodes, max_logits=max_logits, batch_size=batch_size,
-                              dense=dense, rate=rate)
+        cost = estimate_graph(self.model, self.tcs, self.P, max_feature_nodes=o.max_feature_nodes,
+                              max_logits=o.max_logits, batch_size=o.batch_size, dense=o.dense, rate=rate)
         if cost.seconds >= DELAY:  # long work only, as the bars: a short call stays quiet
             tqdm.write(str(cost), file=sys.stderr)  # where the bars go: a script's stdout stays its own
-    with R.quiet_model(model):
-        clean = R.clean_run(model, tcs, tokens[None])
-        probs = clean.logits[position].double().softmax(-1)
-        logit_tokens = _logit_targets(probs, targets, max_logits, logit_probability)
-        features, activations, errors = active_nodes(tcs, clean, opt.zero)
-        W_U = model.W_U.detach().to(dt)
-        logit_reads = (W_U[:, logit_tokens] - (W_U.mean(1, keepdim=True) if centered else 0.0)).T  # (logit, d_model)
-        n_active = len(features)
+
+    def clean_nodes(self) -> _Nodes:
+        """Phase 1: the clean run, the logit targets and the active features and error vectors."""
+        clean = R.clean_run(self.model, self.tcs, self.tokens[None])
+        probs = clean.logits[self.position].double().softmax(-1)
+        logit_tokens = _logit_targets(probs, self.options.targets, self.options.max_logits,
+                                      self.options.logit_probability)
+        features, activations, errors = D.active_nodes(self.tcs, clean, self.resolved.zero)
+        return _Nodes(clean, probs, logit_tokens, features, activations, errors)
+
+    def rows(self, nodes: _Nodes) -> _Computed:
+        """Phase 2: the logit rows, then the feature rows (every active feature's, or the most influential's),
+        from batched backward passes through one run of the replacement model."""
+        o, dt = self.options, self.model.cfg.dtype
+        W_U = self.model.W_U.detach().to(dt)
+        centre = W_U.mean(1, keepdim=True) if o.centered else 0.0
+        logit_reads = (W_U[:, nodes.logit_tokens] - centre).T  # (logit, d_model)
         with torch.enable_grad():
-            run = R.grad_forward(model, tcs, tokens[None], patterns=clean.frozen)
-            rows = Rows(run, features, activations, tcs, errors, clean.embed, P, L)
-            logit_rows = rows.compute([(L, position, v) for v in logit_reads], batch_size)
-            feature_rows, selected = _feature_rows(rows, features, tcs, logit_rows, probs[logit_tokens],
-                                                   max_feature_nodes, batch_size, progress, opt.round_size)
+            run = R.grad_forward(self.model, self.tcs, self.tokens[None], patterns=nodes.clean.frozen)
+            rows = D.Rows(run, nodes.features, nodes.activations, self.tcs, nodes.errors, nodes.clean.embed,
+                          self.P, self.L)
+            logit_rows = rows.compute([(self.L, self.position, v) for v in logit_reads], o.batch_size)
+            feature_rows, selected = D.feature_rows(rows, nodes.features, logit_rows, nodes.probs[nodes.logit_tokens],
+                                                    o.max_feature_nodes, o.batch_size, o.progress,
+                                                    self.resolved.round_size)
         del run, rows
         computed = selected  # the rows' order; the nodes': as computed, or (circuit-tracer's) the active order
-        if opt.feature_order == "index":
+        if self.resolved.feature_order == "index":
             selected = selected.sort().values
-        values, bias = _values_and_bias(model, tcs, clean, tokens, features[selected], logit_tokens, position, centered,
-                                        opt.zero)
-    return _assemble(features, activations, selected, feature_rows, logit_rows, logit_tokens, probs, values, bias,
-                     tokens, errors, L, position, n_active, tcs.scan, centered, model, dense, opt.zero, computed)
+        return _Computed(logit_rows, feature_rows, selected, computed)
+
+    def constants(self, nodes: _Nodes, feats: torch.Tensor, logit_tokens: torch.Tensor):
+        """Phase 3: each target's value in the run and its constant part, from the frozen model with every node off
+        (no token embedding; each MLP writes only its transcoder's ``b_dec`` and skip, and at the zeroed positions
+        what no node there carries: :func:`._conventions.frozen_outputs`)."""
+        tcs, clean, zero = self.tcs, nodes.clean, torch.zeros_like(nodes.clean.embed)
+        inputs, logits = R.frozen_forward(self.model, tcs, clean, self.tokens[None], embed=zero,
+                                          outputs=C.frozen_outputs(tcs, clean, self.resolved.zero))
+
+        def read(ins, lg):
+            pre = [(ins[int(l)][int(p)] @ tcs[int(l)].W_enc[int(f)] + tcs[int(l)].b_enc[int(f)])
+                   for l, p, f in feats.tolist()]
+            last = lg[self.position] - (lg[self.position].mean() if self.options.centered else 0.0)
+            return torch.cat([torch.stack(pre).to(lg.dtype) if pre else torch.zeros(0, dtype=lg.dtype),
+                              last[logit_tokens]])
+
+        with torch.no_grad():
+            return read(list(clean.inputs), clean.logits), read(inputs, logits)
 
 
-def active_nodes(tcs: TranscoderSet, clean: R.Clean, zero: Sequence[int] = ()):
-    """The feature nodes of a clean run: every active feature (layer, pos, index) and its activation
-    (numbered layer by layer, then by position); and the error vectors (layer, pos, d_model). At the
-    positions ``zero`` (circuit-tracer's ``zero_positions``) no feature is a node and the error vectors are 0.
-    Active: a nonzero activation; in a layer with a post-encoder bias, every selected feature (it writes ``c W_dec``
-    even at activation 0)."""
-    feats, acts_list = [], []
-    L, (P, d) = len(tcs), clean.embed.shape
-    recon = torch.zeros(L, P, d, dtype=clean.embed.dtype)  # each MLP output's reconstruction, from every layer writing to it
-    with torch.no_grad():
-        for l, tc in enumerate(tcs):
-            x = clean.inputs[l]
-            acts = tc.encode(x)
-            acts[list(zero)] = 0.0
-            if tc.post_bias is None:
-                active = acts
-            else:  # every selected feature is a node (zeros included): it writes c W_dec
-                active = tc.selected(x).index_fill_(0, torch.tensor(list(zero), dtype=torch.long), False)
-            pos, idx = active.nonzero(as_tuple=True)
-            feats.append(torch.stack([torch.full_like(pos, l), pos, idx], 1))
-            acts_list.append(acts[pos, idx])
-            for (out, W), v in zip(tcs.writes_from(l), _post_values(tcs, l, acts, active)):
-                recon[out] += v @ W
-            del acts
-        errors = torch.stack([clean.outputs[l] - (recon[l] + tc.b_dec + tcs.skip_into(l, clean.inputs))
-                              for l, tc in enumerate(tcs)])
-        errors[:, list(zero)] = 0.0
-    return torch.cat(feats), torch.cat(acts_list), errors
-
-
-def _post_values(tcs: TranscoderSet, layer: int, acts: torch.Tensor, active: torch.Tensor) -> list[torch.Tensor]:
-    """What each of ``layer``'s decoders reads: ``acts`` plus the post-encoder bias on the ``active`` (selected, not
-    zeroed) features."""
-    return [acts if c is None else acts + active.to(acts.dtype) * c for c in tcs.post_biases_from(layer)]
-
-
-class Rows:
-    """Direct-effect rows from batched backward passes through one :func:`~._replacement.grad_forward` run."""
-
-    def __init__(self, run: R.GradRun, features, activations, tcs: TranscoderSet, errors, embed, P: int, L: int) -> None:
-        self.run, self.P, self.L = run, P, L
-        self.errors, self.embed = errors, embed
-        self.activations, self.tcs, self.index = activations, tcs, features[:, 2]
-        # per output layer: (source layer, decoder, post-encoder bias or None)
-        self.into: list[list[tuple[int, torch.Tensor, torch.Tensor | None]]] = [[] for _ in range(L)]
-        for src in range(L):
-            for (out, W), c in zip(tcs.writes_from(src), tcs.post_biases_from(src)):
-                self.into[out].append((src, W, c))
-        # per layer: the feature nodes' columns, grouped by position for one small matmul per position
-        self.groups = []
-        for l in range(L):
-            cols = (features[:, 0] == l).nonzero()[:, 0]
-            self.groups.append([(p, cols[features[cols, 1] == p]) for p in features[cols, 1].unique().tolist()])
-        self.n_features = len(features)
-        self.layer_start = [int((features[:, 0] < l).sum()) for l in range(L + 1)]  # features are numbered layer by layer
-
-    def compute(self, targets: list[tuple[int, int, torch.Tensor]], batch_size: int) -> torch.Tensor:
-        """Rows (target, source) for targets ``(layer, pos, read vector)`` (layer ``L``: the final stream),
-        over every active feature, then error nodes, then tokens."""
-        out = torch.zeros(len(targets), self.n_features + (self.L + 1) * self.P, dtype=self.embed.dtype)
-        for start in range(0, len(targets), batch_size):
-            batch = targets[start : start + batch_size]
-            out[start : start + len(batch)] = self._batch(batch)
-        return out
-
-    def _batch(self, batch) -> torch.Tensor:
-        B, run = len(batch), self.run
-        points = run.inputs + [run.final]
-        injected: dict[int, torch.Tensor] = {}
-        for b, (layer, pos, vector) in enumerate(batch):
-            if layer not in injected:
-                injected[layer] = torch.zeros(B, *points[layer].shape, dtype=points[layer].dtype)
-            injected[layer][b, 0, pos] = vector.to(points[layer].dtype)
-        layers = sorted(injected)
-        return self.backward([points[l] for l in layers], [injected[l] for l in layers])
-
-    def backward(self, tensors: list[torch.Tensor], grad_outputs: list[torch.Tensor]) -> torch.Tensor:
-        """The rows (batch, source) of the targets ``sum (grad_outputs * tensors)``, one per batch row of
-        ``grad_outputs`` (each shaped (batch, *tensor.shape)): each source's write dotted with the
-        target's gradient at its write point."""
-        B, run = grad_outputs[0].shape[0], self.run
-        grads = torch.autograd.grad(tensors, run.outputs + [run.embed], grad_outputs,
-                                    retain_graph=True, allow_unused=True, is_grads_batched=True)
-        with torch.no_grad():  # the writes are made here from the transcoders' parameters: no graph for them
-            return self._rows(grads, B)
-
-    def _rows(self, grads, B: int) -> torch.Tensor:
-        row = torch.zeros(B, self.n_features + (self.L + 1) * self.P, dtype=self.embed.dtype)
-        err0 = self.n_features
-        for l in range(self.L):
-            g = grads[l]
-            if g is None:
-                continue
-            g = g[:, 0].to(row.dtype)  # (B, pos, d_model)
-            for src, W_dec, c in self.into[l]:  # every layer whose features write into this MLP output
-                for p, cols in self.groups[src]:  # the writes a W_dec[i] of one position, made here (never all at once)
-                    a = self.activations[cols] if c is None else self.activations[cols] + c[self.index[cols]]
-                    a = a[:, None]
-                    row[:, cols] += g[:, p] @ (a * W_dec[self.index[cols]]).T
-            row[:, err0 + l * self.P : err0 + (l + 1) * self.P] = (g * self.errors[l]).sum(-1)
-        if grads[-1] is not None:
-            row[:, err0 + self.L * self.P :] = (grads[-1][:, 0].to(row.dtype) * self.embed).sum(-1)
-        return row
-
-
-def _feature_rows(rows: Rows, features, tcs, logit_rows, logit_p, max_nodes, batch_size, progress, round_size=None):
-    """The rows of the selected features (a :class:`~._rows.FeatureRows`, in the order computed) and which
-    they are: every active feature, or (``max_nodes``) circuit-tracer's choice, the most influential on the
-    rows computed so far, a round at a time."""
-    n = len(features)
-    n_select = n if max_nodes is None else min(max_nodes, n)
-    targets = lambda idx: [(int(features[i, 0]), int(features[i, 1]), tcs[int(features[i, 0])].W_enc[int(features[i, 2])].detach())  # noqa: E731
-                           for i in idx]
-    out = _rows.FeatureRows(n, rows.layer_start, logit_rows.shape[1] - n, logit_rows.dtype)
-    order: list[int] = []
-    visited = torch.zeros(n, dtype=torch.bool)
-    # a round: the features chosen from one influence estimate (at most ~8 rounds: each estimate reads every row so far)
-    per_round = n_select if n_select == n else round_size or max(4 * batch_size, -(-n_select // 8))
-    with bar(total=n_select, desc="feature rows", enabled=progress) as rows_bar:
-        while len(order) < n_select:
-            if n_select == n:
-                pending = list(range(n))
-            else:
-                infl = _partial_influence(logit_rows, logit_p, out, order)
-                rank = infl[:n].argsort(descending=True)
-                pending = rank[~visited[rank]][: min(per_round, n_select - len(order))].tolist()
-                # a backward pass costs as much as its deepest target: batch a round's features layer by layer
-                pending.sort(key=lambda i: (int(features[i, 0]), int(features[i, 1])))
-            for start in range(0, len(pending), batch_size):
-                idx = pending[start : start + batch_size]
-                out.add(rows.compute(targets(idx), batch_size), [int(features[i, 0]) for i in idx])
-                order += idx
-                rows_bar.update(len(idx))
-            visited[pending] = True
-    return out, torch.tensor(order, dtype=torch.long)
-
-
-def _partial_influence(logit_rows, logit_p, feature_rows: _rows.FeatureRows, order) -> torch.Tensor:
-    """Each node's influence on the logits through the rows known so far (the logits', then the
-    computed features'), each row's absolute values scaled to sum 1."""
-    a = logit_rows.abs()
-    step = (logit_p.to(a.dtype) / a.sum(1).clamp(min=torch.finfo(a.dtype).tiny)) @ a
-    node = torch.tensor(order, dtype=torch.long)
-    total = step.clone()
-    for _ in range(len(order) + 1):  # the graph is acyclic: the walk ends
-        if len(order) == 0:
-            break
-        step = feature_rows.spread(step[node])
-        if not bool(step.any()):
-            break
-        total += step
-    return total
-
-
-def _values_and_bias(model, tcs, clean, tokens, feats, logit_tokens, position, centered, zero_positions=()):
-    """Each target's value in the run and its constant part, from the frozen model with every node off
-    (no token embedding; each MLP writes only its transcoder's ``b_dec`` and skip, and at ``zero_positions``
-    what no node there carries: :func:`._conventions.frozen_outputs`)."""
-    zero = torch.zeros_like(clean.embed)
-    inputs, logits = R.frozen_forward(model, tcs, clean, tokens[None], embed=zero,
-                                      outputs=C.frozen_outputs(tcs, clean, zero_positions))
-
-    def read(ins, lg):
-        pre = [(ins[int(l)][int(p)] @ tcs[int(l)].W_enc[int(f)] + tcs[int(l)].b_enc[int(f)]) for l, p, f in feats.tolist()]
-        last = lg[position] - (lg[position].mean() if centered else 0.0)
-        return torch.cat([torch.stack(pre).to(lg.dtype) if pre else torch.zeros(0, dtype=lg.dtype), last[logit_tokens]])
-
-    with torch.no_grad():
-        return read(list(clean.inputs), clean.logits), read(inputs, logits)
-
-
-def _assemble(features, activations, selected, feature_rows, logit_rows, logit_tokens, probs, values, bias, tokens, errors,
-              L, position, n_active, scan, centered, model, dense, zero=(), computed=None) -> AttributionGraph:
-    n_sel, P, n_logit = len(selected), len(tokens), len(logit_tokens)
+def _assemble(ctx: _Attribution, nodes: _Nodes, computed: _Computed, values: torch.Tensor,
+              bias: torch.Tensor) -> AttributionGraph:
+    """Phase 4: the graph from the rows (the selected features', then the logits'), checked row by row."""
+    selected, logit_rows, L, P = computed.selected, computed.logit_rows, ctx.L, ctx.P
+    n_sel, n_logit, n_active = len(selected), len(nodes.logit_tokens), len(nodes.features)
     n_nodes = n_sel + (L + 1) * P + n_logit
     dropped = torch.ones(n_active, dtype=logit_rows.dtype)
     dropped[selected] = 0.0
-    kept, unselected_features = feature_rows.columns(selected, dropped)  # (rows as computed, selected + errors + tokens)
-    if computed is not None and not torch.equal(computed, selected):  # the rows in the nodes' order
+    kept, unselected_features = computed.feature_rows.columns(selected, dropped)  # (rows as computed, kept sources)
+    if not torch.equal(computed.computed, selected):  # the rows in the nodes' order
         where = torch.empty(n_active, dtype=torch.long)
-        where[computed] = torch.arange(len(computed))
+        where[computed.computed] = torch.arange(len(computed.computed))
         kept, unselected_features = kept[where[selected]], unselected_features[where[selected]]
     keep = torch.cat([selected, torch.arange(n_active, n_active + (L + 1) * P)])  # the logit rows' columns kept
     unselected_rows = torch.cat([unselected_features, logit_rows[:, :n_active] @ dropped])
     block = torch.cat([kept, logit_rows[:, keep]])  # every row that can be nonzero: the features', then the logits'
     del kept
     target_rows = torch.cat([torch.arange(n_sel), torch.arange(n_nodes - n_logit, n_nodes)])
-    if dense:
+    if ctx.options.dense:
         adjacency = torch.zeros(n_nodes, n_nodes, dtype=block.dtype)
         adjacency[target_rows, : n_nodes - n_logit] = block
     else:
         adjacency = _rows.RowMatrix(block, target_rows, n_nodes)
     full = lambda v: torch.zeros(n_nodes, dtype=block.dtype).index_put_((target_rows,), v.to(block.dtype))  # noqa: E731
     graph = AttributionGraph(
-        tokens=tokens, features=features[selected], activations=activations[selected], logit_tokens=logit_tokens,
-        logit_probabilities=probs[logit_tokens].to(block.dtype), adjacency=adjacency, values=full(values),
-        bias=full(bias), unselected=full(unselected_rows), errors=errors, n_layers=L, position=position, n_active=n_active,
-        scan=scan, centered=centered, zero_positions=tuple(zero))
-    _check_rows(graph, model)
+        tokens=ctx.tokens, features=nodes.features[selected], activations=nodes.activations[selected],
+        logit_tokens=nodes.logit_tokens, logit_probabilities=nodes.probs[nodes.logit_tokens].to(block.dtype),
+        adjacency=adjacency, values=full(values), bias=full(bias), unselected=full(unselected_rows),
+        errors=nodes.errors, n_layers=L, position=ctx.position, n_active=n_active, scan=ctx.tcs.scan,
+        centered=ctx.options.centered, zero_positions=tuple(ctx.resolved.zero))
+    _check_rows(graph, ctx.model)
     return graph
 
 
@@ -418,4 +363,5 @@ def _check_rows(graph: AttributionGraph, model: Model) -> None:
     why = (f"the run was changed by hooks attached at {hooked[:4]}: remove them (model.reset_hooks())" if hooked
            else "the model has a part the frozen replacement does not follow (e.g. an attention that neither takes its "
                 "pattern from attn.hook_pattern nor its output from attn.hook_z)")
-    raise ValueError(f"attribution_graph: a row sums to a value {float(gap.max()):.3g} away from its target's own: {why}")
+    raise ValueError(f"attribution_graph: a row sums to a value {float(gap.max()):.3g} away from its target's own: "
+                     f"{why}")

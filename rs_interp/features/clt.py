@@ -190,7 +190,8 @@ class CrossLayerTranscoder(TranscoderSet):
                 state["W_skip"] = W_skip[l]
             if post_biases is not None and post_biases[l] is not None:
                 state["post_bias"] = post_biases[l][:, 0]
-            tcs.append(Transcoder.from_state({n: t.detach() for n, t in state.items()}, activation=activation, k=k, dtype=dtype))
+            tcs.append(Transcoder.from_state({n: t.detach() for n, t in state.items()}, activation=activation, k=k,
+                                             dtype=dtype))
         cast = lambda ts: () if ts is None else tuple(None if t is None else t.detach().to(dtype)  # noqa: E731
                                                       for t in ts)
         return cls(tuple(tcs), input_point, output_point, scan, cast(decoders), cast(skips), cast(post_biases))
@@ -202,9 +203,10 @@ class CrossLayerTranscoder(TranscoderSet):
         g = torch.Generator().manual_seed(seed)
         r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64) * scale  # noqa: E731
         L, d, W = n_layers, d_model, d_transcoder
-        return cls.from_tensors([r(W, d) for _ in range(L)], [r(W) - scale for _ in range(L)], [r(W, L - l, d) for l in range(L)],
-                                [r(d) for _ in range(L)], activation=activation, k=k,
-                                threshold=[r(W).abs() for _ in range(L)] if activation == "jumprelu" else None, dtype=dtype)
+        return cls.from_tensors([r(W, d) for _ in range(L)], [r(W) - scale for _ in range(L)],
+                                [r(W, L - l, d) for l in range(L)], [r(d) for _ in range(L)], activation=activation,
+                                k=k, threshold=[r(W).abs() for _ in range(L)] if activation == "jumprelu" else None,
+                                dtype=dtype)
 
 
 def _check_part(name: str, whole: torch.Tensor | None, shape: tuple[int, ...], own: torch.Tensor | None,
@@ -236,12 +238,13 @@ def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> Cross
         cfg = _config.loads(read_text(config, "CLT config")) if config.is_file() else {}
     kind = cfg.get("model_kind", "cross_layer_transcoder")
     if kind != "cross_layer_transcoder":
-        raise FileError(f"CLT config {config}: model_kind {kind!r}, not a cross-layer transcoder (load_transcoders reads "
-                        "per-layer sets).", config)
+        raise FileError(f"CLT config {config}: model_kind {kind!r}, not a cross-layer transcoder "
+                        "(load_transcoders reads per-layer sets).", config)
     n = len(list(folder.glob("W_enc_*.safetensors")))
     if n == 0:
         raise FileError(f"CLT folder {folder} holds no W_enc_{{i}}.safetensors (circuit-tracer's CLT layout).", folder)
-    missing = [f for i in range(n) for f in (f"W_enc_{i}.safetensors", f"W_dec_{i}.safetensors") if not (folder / f).is_file()]
+    missing = [f for i in range(n) for f in (f"W_enc_{i}.safetensors", f"W_dec_{i}.safetensors")
+               if not (folder / f).is_file()]
     if missing:
         raise FileError(f"CLT folder {folder} is missing {few(missing)}.", folder)
     enc, dec = [], []
@@ -249,12 +252,12 @@ def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> Cross
         e_path, d_path = folder / f"W_enc_{i}.safetensors", folder / f"W_dec_{i}.safetensors"
         enc.append(read_safetensors(e_path, "CLT encoder file"))
         need(enc[i], [f"W_enc_{i}", f"b_enc_{i}", f"b_dec_{i}"], e_path, "CLT encoder file")
-        check_shape(enc[i][f"W_enc_{i}"], (enc[i][f"b_enc_{i}"].numel(), enc[i][f"b_dec_{i}"].numel()), f"W_enc_{i}", e_path,
-                    "CLT encoder file")
+        check_shape(enc[i][f"W_enc_{i}"], (enc[i][f"b_enc_{i}"].numel(), enc[i][f"b_dec_{i}"].numel()), f"W_enc_{i}",
+                    e_path, "CLT encoder file")
         decoder = read_safetensors(d_path, "CLT decoder file")
         need(decoder, [f"W_dec_{i}"], d_path, "CLT decoder file")  # (d_transcoder, the layers from i on, d_model)
-        check_shape(decoder[f"W_dec_{i}"], (*enc[i][f"W_enc_{i}"].shape[:1], n - i, enc[i][f"W_enc_{i}"].shape[1]), f"W_dec_{i}",
-                    d_path, "CLT decoder file")
+        check_shape(decoder[f"W_dec_{i}"], (*enc[i][f"W_enc_{i}"].shape[:1], n - i, enc[i][f"W_enc_{i}"].shape[1]),
+                    f"W_dec_{i}", d_path, "CLT decoder file")
         dec.append(decoder[f"W_dec_{i}"])
     thresholds = [e.get(f"threshold_{i}") for i, e in enumerate(enc)]
     activation = cfg.get("activation", "jumprelu" if all(t is not None for t in thresholds) else "relu")
@@ -264,8 +267,10 @@ def load_clt(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> Cross
             [e[f"W_enc_{i}"] for i, e in enumerate(enc)], [e[f"b_enc_{i}"] for i, e in enumerate(enc)], dec,
             [e[f"b_dec_{i}"] for i, e in enumerate(enc)], activation=activation, k=cfg.get("k"),
             threshold=[t.reshape(-1) for t in thresholds] if activation == "jumprelu" else None,
-            W_skip=[e.get(f"W_skip_{i}") for i, e in enumerate(enc)], input_point=cfg.get("feature_input_hook", "hook_resid_mid"),
-            output_point=cfg.get("feature_output_hook", "hook_mlp_out"), scan=str(cfg.get("scan", folder.name)), dtype=dtype)
+            W_skip=[e.get(f"W_skip_{i}") for i, e in enumerate(enc)],
+            input_point=cfg.get("feature_input_hook", "hook_resid_mid"),
+            output_point=cfg.get("feature_output_hook", "hook_mlp_out"), scan=str(cfg.get("scan", folder.name)),
+            dtype=dtype)
 
 
 def shipped_clt(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) -> CrossLayerTranscoder:
@@ -283,7 +288,8 @@ def shipped_clt(name: str = "code-2l", *, dtype: torch.dtype = torch.float32) ->
 
 @dataclass(frozen=True)
 class TrainedCLT:
-    """A trained CLT, its per-layer FVU on held-out tokens and its training curve (mean FVU every ``steps // 100`` steps).
+    """A trained CLT, its per-layer FVU on held-out tokens and its training curve (mean FVU every ``steps // 100``
+    steps).
 
     >>> TrainedCLT(CrossLayerTranscoder.random(1, 4, 8), (0.5,), (1.0, 0.5)).fvu
     (0.5,)
@@ -297,41 +303,64 @@ class TrainedCLT:
 @needs(*MLP_IO, name="features.train_clt", refuses=("attention-only",))
 def train_clt(model: Model, tokens: torch.Tensor, *, d_transcoder: int = 512, activation: str = "topk", k: int = 16,
               l1: float = 1e-3, steps: int = 2000, batch_size: int = 1024, lr: float = 1e-3, seed: int = 0,
-              input_point: str = "mlp.hook_in", eval_tokens: torch.Tensor | None = None, progress: bool = True) -> TrainedCLT:
+              input_point: str = "mlp.hook_in", eval_tokens: torch.Tensor | None = None,
+              progress: bool = True) -> TrainedCLT:
     """Fit a cross-layer transcoder to ``model``'s MLPs on ``tokens`` (batch, pos): Adam on
 
-        sum_m ||y_m - y_hat_m||^2 / var(y_m)  +  l1 * sum_{l, i} a_{l,i} ||W_dec[l][i]||   (ReLU; TopK: the first term only)
+        sum_m ||y_m - y_hat_m||^2 / var(y_m)  +  l1 * sum_{l, i} a_{l,i} ||W_dec[l][i]||
 
-    every layer's MLP input and output collected over every token (:mod:`.training`'s pairs);
+    (ReLU; TopK: the first term only), every layer's MLP input and output collected over every token
+    (:mod:`.training`'s pairs);
     ``progress``: a progress bar over the steps (as :func:`~rs_interp.features.train_transcoder`).
 
     Raises:
         ValueError: what :func:`~rs_interp.features.train_transcoder` refuses (an attention-only model ...).
 
     >>> from rs_interp import load_toy_model
-    >>> t = train_clt(load_toy_model("code-2l"), torch.randint(0, 2048, (4, 32)), d_transcoder=32, k=4, steps=5, batch_size=64)
+    >>> t = train_clt(load_toy_model("code-2l"), torch.randint(0, 2048, (4, 32)), d_transcoder=32, k=4, steps=5,
+    ...               batch_size=64)
     >>> len(t.clt), len(t.fvu)
     (2, 2)
     """
     from ..exact.certificate import require
-    from .training import _pairs
+    from .training import Recipe, _pairs
 
     require(model, "features.train_clt")
     cfg = model.cfg
-    L, d = cfg.n_layers, cfg.d_model
-    like = TranscoderSet(tuple(Transcoder(d, 1) for _ in range(L)), input_point)
+    recipe = Recipe(d_transcoder, activation, k, l1, steps, batch_size, lr, seed)
+    like = TranscoderSet(tuple(Transcoder(cfg.d_model, 1) for _ in range(cfg.n_layers)), input_point)
     with torch.no_grad():
         xs, ys = _pairs(model, like, torch.as_tensor(tokens))
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # the initialisation's draws, then the batches'
+    weights = _clt_init(ys, d_transcoder, g)
+    curve = _fit_clt(xs, ys, weights, g, recipe, progress)
+    clt = CrossLayerTranscoder.from_tensors(*weights, activation=activation, k=k if activation == "topk" else None,
+                                           input_point=input_point, scan=f"{getattr(cfg, 'model_name', 'model')}-clt")
+    ex, ey = (xs, ys) if eval_tokens is None else _pairs(model, like, torch.as_tensor(eval_tokens))
     dt = torch.float32
+    with torch.no_grad():
+        recon = clt.reconstruct([x.to(dt) for x in ex])
+        fvu = tuple(float(((ey[m].to(dt) - recon[m]) ** 2).sum(-1).mean() / ey[m].to(dt).var(0).sum().clamp(min=1e-12))
+                    for m in range(len(ey)))
+    return TrainedCLT(clt, fvu, tuple(curve))
+
+
+def _clt_init(ys: list[torch.Tensor], d_transcoder: int, g: torch.Generator) -> tuple[list[torch.nn.Parameter], ...]:
+    """The CLT's parameters before training: Gaussian encoders and decoders drawn from ``g`` (encoders first),
+    zero encoder biases, each decoder bias its layer's mean output; (W_enc, b_enc, W_dec, b_dec), float32."""
+    L, d, dt = len(ys), ys[0].shape[-1], torch.float32
     W_enc = [torch.nn.Parameter(torch.randn(d_transcoder, d, generator=g) / math.sqrt(d)) for _ in range(L)]
     b_enc = [torch.nn.Parameter(torch.zeros(d_transcoder)) for _ in range(L)]
-    W_dec = [torch.nn.Parameter(torch.randn(d_transcoder, L - l, d, generator=g) / math.sqrt(d_transcoder * (L - l))) for l in range(L)]
+    W_dec = [torch.nn.Parameter(torch.randn(d_transcoder, L - l, d, generator=g) / math.sqrt(d_transcoder * (L - l)))
+             for l in range(L)]
     b_dec = [torch.nn.Parameter(ys[m].mean(0).to(dt).clone()) for m in range(L)]
-    params = W_enc + b_enc + W_dec + b_dec
-    opt = torch.optim.Adam(params, lr=lr)
-    var = [y.var(0).sum().clamp(min=1e-12) for y in ys]
-    n = len(xs[0])
+    return W_enc, b_enc, W_dec, b_dec
+
+
+def _clt_forward(weights, batch_x: list[torch.Tensor], activation: str, k: int | None):
+    """Every layer's activations and every layer's reconstructed MLP output (the sum of the writes into it)."""
+    W_enc, b_enc, W_dec, b_dec = weights
+    L = len(W_enc)
 
     def act(pre):
         if activation == "relu":
@@ -339,32 +368,32 @@ def train_clt(model: Model, tokens: torch.Tensor, *, d_transcoder: int = 512, ac
         kept = pre.topk(k, dim=-1).indices
         return torch.zeros_like(pre).scatter(-1, kept, pre.gather(-1, kept))
 
-    def forward(batch_x):
-        acts = [act(x @ W_enc[l].T + b_enc[l]) for l, x in enumerate(batch_x)]
-        out = [b_dec[m].expand(len(batch_x[0]), -1) for m in range(L)]
-        for l in range(L):
-            for j in range(L - l):
-                out[l + j] = out[l + j] + acts[l] @ W_dec[l][:, j]
-        return acts, out
+    acts = [act(x @ W_enc[l].T + b_enc[l]) for l, x in enumerate(batch_x)]
+    out = [b_dec[m].expand(len(batch_x[0]), -1) for m in range(L)]
+    for l in range(L):
+        for j in range(L - l):
+            out[l + j] = out[l + j] + acts[l] @ W_dec[l][:, j]
+    return acts, out
 
+
+def _fit_clt(xs, ys, weights, g: torch.Generator, r, progress: bool) -> list[float]:
+    """Adam on the CLT's parameters (``weights``, trained in place) over batches drawn from ``g``; the curve."""
+    L, n, dt = len(xs), len(xs[0]), torch.float32
+    W_dec = weights[2]
+    opt = torch.optim.Adam([p for group in weights for p in group], lr=r.lr)
+    var = [y.var(0).sum().clamp(min=1e-12) for y in ys]
     curve = []
     with torch.enable_grad():
-        for step in bar(range(steps), desc="cross-layer transcoder", enabled=progress, unit="step"):
-            idx = torch.randint(0, n, (min(batch_size, n),), generator=g)
-            acts, out = forward([x[idx].to(dt) for x in xs])
+        for step in bar(range(r.steps), desc="cross-layer transcoder", enabled=progress, unit="step"):
+            idx = torch.randint(0, n, (min(r.batch_size, n),), generator=g)
+            acts, out = _clt_forward(weights, [x[idx].to(dt) for x in xs], r.activation, r.k)
             fvu = [((ys[m][idx].to(dt) - out[m]) ** 2).sum(-1).mean() / var[m] for m in range(L)]
             loss = sum(fvu)
-            if activation == "relu":
-                loss = loss + l1 * sum((acts[l] * W_dec[l].norm(dim=(1, 2))).sum(-1).mean() for l in range(L))
+            if r.activation == "relu":
+                loss = loss + r.l1 * sum((acts[l] * W_dec[l].norm(dim=(1, 2))).sum(-1).mean() for l in range(L))
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if step % max(1, steps // 100) == 0:
+            if step % max(1, r.steps // 100) == 0:
                 curve.append(float(sum(f.detach() for f in fvu)) / L)
-    clt = CrossLayerTranscoder.from_tensors(W_enc, b_enc, W_dec, b_dec, activation=activation, k=k if activation == "topk" else None,
-                                           input_point=input_point, scan=f"{getattr(cfg, 'model_name', 'model')}-clt")
-    ex, ey = (xs, ys) if eval_tokens is None else _pairs(model, like, torch.as_tensor(eval_tokens))
-    with torch.no_grad():
-        recon = clt.reconstruct([x.to(dt) for x in ex])
-        fvu = tuple(float(((ey[m].to(dt) - recon[m]) ** 2).sum(-1).mean() / ey[m].to(dt).var(0).sum().clamp(min=1e-12)) for m in range(L))
-    return TrainedCLT(clt, fvu, tuple(curve))
+    return curve

@@ -46,8 +46,8 @@ def _text(token: str) -> str:
 
 def _node(node_id: str, feature: int, layer: str, pos: int, kind: str, js: str, **extra) -> dict:
     return {"node_id": node_id, "feature": feature, "layer": layer, "ctx_idx": pos, "feature_type": kind,
-            "token_prob": 0.0, "is_target_logit": False, "run_idx": 0, "reverse_ctx_idx": 0, "jsNodeId": js, "clerp": "",
-            "influence": None, "activation": None} | extra
+            "token_prob": 0.0, "is_target_logit": False, "run_idx": 0, "reverse_ctx_idx": 0, "jsNodeId": js,
+            "clerp": "", "influence": None, "activation": None} | extra
 
 
 def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_threshold: float = 0.8,
@@ -83,8 +83,8 @@ def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_t
         kind = kinds[n]
         if kind == "feature":
             l, p, i = graph.features[n].tolist()
-            nodes[n] = _node(f"{l}_{i}_{p}", (l + i) * (l + i + 1) // 2 + i, str(l), p, "cross layer transcoder", f"{l}_{i}-0",
-                             influence=influence[n], activation=float(graph.activations[n]))
+            nodes[n] = _node(f"{l}_{i}_{p}", (l + i) * (l + i + 1) // 2 + i, str(l), p, "cross layer transcoder",
+                             f"{l}_{i}-0", influence=influence[n], activation=float(graph.activations[n]))
         elif kind == "error":
             l, p = divmod(n - graph.n_features, P)
             ids = (f"0_{l}_{p}", f"{l}_{p}-0") if ct else (f"err_{l}_{p}", f"{l}_{p}-0")
@@ -96,8 +96,9 @@ def graph_json(graph: AttributionGraph, *, slug: str = "rs-interp-graph", node_t
         else:
             i = n - (graph.n_nodes - graph.n_logits)
             t, prob = int(graph.logit_tokens[i]), float(graph.logit_probabilities[i])
-            nodes[n] = _node(f"{L + 1}_{t}_{graph.position}", t, str(L + 1), graph.position, "logit", f"L_{t}-{graph.position}",
-                             token_prob=prob, is_target_logit=i == 0, clerp=f'Output "{text(t)}" (p={prob:.3f})')
+            nodes[n] = _node(f"{L + 1}_{t}_{graph.position}", t, str(L + 1), graph.position, "logit",
+                             f"L_{t}-{graph.position}", token_prob=prob, is_target_logit=i == 0,
+                             clerp=f'Output "{text(t)}" (p={prob:.3f})')
     if ct:
         _unique_error_ids(nodes)
     targets, sources = pruned.edges.nonzero(as_tuple=True)
@@ -129,9 +130,10 @@ def _unique_error_ids(nodes: dict[int, dict]) -> None:
             d["node_id"], d["jsNodeId"] = f"{l}_-1_{p}", f"{l}_-1-{p}"
 
 
-def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = "rs-interp-graph", node_threshold: float = 0.8,
-                    edge_threshold: float = 0.98, decode: Callable[[int], str] | None = None,
-                    convention: ExportConvention = "circuit-tracer", prompt: str | None = None) -> Path:
+def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = "rs-interp-graph",
+                    node_threshold: float = 0.8, edge_threshold: float = 0.98,
+                    decode: Callable[[int], str] | None = None, convention: ExportConvention = "circuit-tracer",
+                    prompt: str | None = None) -> Path:
     """Write ``folder/{slug}.json`` (:func:`graph_json`) and list it in ``folder/graph-metadata.json``,
     the index circuit-tracer's local server reads (``circuit_tracer.frontend.local_server.serve(data_dir=folder)``).
 
@@ -139,7 +141,8 @@ def save_graph_json(graph: AttributionGraph, folder: str | Path, *, slug: str = 
     >>> from rs_interp import load_toy_model
     >>> from rs_interp.features import attribution_graph, mlp_transcoders
     >>> model = load_toy_model("tracr-sort")
-    >>> path = save_graph_json(attribution_graph(model, mlp_transcoders(model), torch.tensor([4, 3, 0, 2])), tempfile.mkdtemp(), slug="sort")
+    >>> graph = attribution_graph(model, mlp_transcoders(model), torch.tensor([4, 3, 0, 2]))
+    >>> path = save_graph_json(graph, tempfile.mkdtemp(), slug="sort")
     >>> path.name, sorted(p.name for p in path.parent.iterdir())
     ('sort.json', ['graph-metadata.json', 'sort.json'])
     """

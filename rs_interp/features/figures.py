@@ -42,19 +42,41 @@ def graph_figure(graph: AttributionGraph | PrunedGraph, *, decode: Callable[[int
     g = pruned.graph
     kinds, labels = g.kinds(), g.labels(decode)
     L, P = g.n_layers, g.n_pos
-    xy: dict[int, tuple[float, float]] = {}
     kept = pruned.nodes.nonzero()[:, 0].tolist()
+    xy = _positions(g, kinds, kept)
+    fig = go.Figure()
+    biggest = _edge_traces(fig, pruned, xy, max_edges)
+    if g.qk:  # the attached QK attributions: dashed arcs from each key to its query, at the head's layer
+        _qk_traces(fig, g)
+    _node_traces(fig, g, kept, labels, xy)
+    tick = [decode(int(t)) if decode else str(int(t)) for t in g.tokens]
+    counts = pruned.counts()
+    fig.update_layout(
+        title=title or (f"attribution graph: {counts['feature']} features, {counts['error']} error nodes, "
+                        f"{counts['edges']} edges (biggest |effect| {biggest:.3g})"),
+        xaxis=dict(tickmode="array", tickvals=list(range(P)), ticktext=[repr(t)[1:-1] for t in tick], title="position"),
+        yaxis=dict(tickmode="array", tickvals=list(range(L + 2)),
+                   ticktext=["tokens"] + [f"layer {l}" for l in range(L)] + ["logits"]),
+        template="plotly_white", height=360 + 60 * L, legend=dict(orientation="h", y=-0.3))
+    return fig
+
+
+def _positions(g: AttributionGraph, kinds: list[str], kept: list[int]) -> dict[int, tuple[float, float]]:
+    """Each kept node's (x, y): its position and its layer (module docstring)."""
+    L, P = g.n_layers, g.n_pos
+    xy: dict[int, tuple[float, float]] = {}
     per_cell: dict[tuple[int, int], list[int]] = {}
     for n in kept:
         if kinds[n] == "feature":
             l, p, _ = g.features[n].tolist()
             per_cell.setdefault((l, p), []).append(n)
-    for (l, p), members in per_cell.items():  # a cell's features on a small grid: 0.8 of a position wide, 0.3 of a layer high
+    for (l, p), members in per_cell.items():  # a cell's features on a small grid: 0.8 of a position wide, 0.3 high
         cols = max(1, math.ceil(math.sqrt(2 * len(members))))
         rows = math.ceil(len(members) / cols)
         for j, n in enumerate(members):
             r, c = divmod(j, cols)
-            xy[n] = (p + (c - (cols - 1) / 2) * 0.8 / max(cols - 1, 1), l + 1.0 + (r - (rows - 1) / 2) * 0.3 / max(rows - 1, 1))
+            xy[n] = (p + (c - (cols - 1) / 2) * 0.8 / max(cols - 1, 1),
+                     l + 1.0 + (r - (rows - 1) / 2) * 0.3 / max(rows - 1, 1))
     for n in kept:
         if kinds[n] == "error":
             l, p = divmod(n - g.n_features, P)
@@ -64,9 +86,12 @@ def graph_figure(graph: AttributionGraph | PrunedGraph, *, decode: Callable[[int
         elif kinds[n] == "logit":
             i = n - (g.n_nodes - g.n_logits)
             xy[n] = (g.position + (i - (g.n_logits - 1) / 2) * 0.3, L + 1.0)
-    infl = g.influence()
-    top = float(infl[kept].max()) if kept else 1.0
-    fig = go.Figure()
+    return xy
+
+
+def _edge_traces(fig: go.Figure, pruned: PrunedGraph, xy: dict[int, tuple[float, float]], max_edges: int) -> float:
+    """The kept edges, the strongest ``max_edges``, as lines in three widths per sign; the biggest |effect|."""
+    g = pruned.graph
     targets, sources = pruned.edges.nonzero(as_tuple=True)
     weights = g.adjacency[targets, sources]
     order = weights.abs().argsort(descending=True)[:max_edges]
@@ -84,23 +109,36 @@ def graph_figure(graph: AttributionGraph | PrunedGraph, *, decode: Callable[[int
                 (x0, y0), (x1, y1) = xy[int(sources[k])], xy[int(targets[k])]
                 xs += [x0, x1, None]
                 ys += [y0, y1, None]
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, legendgroup=name, showlegend=bool(xs) and not shown,
-                                     hoverinfo="skip", line=dict(color=color, width=width)))
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, legendgroup=name,
+                                     showlegend=bool(xs) and not shown, hoverinfo="skip",
+                                     line=dict(color=color, width=width)))
             shown = shown or bool(xs)
-    if g.qk:  # the attached QK attributions: dashed arcs from each key to its query, at the head's layer
-        xs, ys, hx, hy, text = [], [], [], [], []
-        for a in g.qk:
-            y = a.layer + 0.45
-            xs += [a.key, (a.key + a.query) / 2, a.query, None]
-            ys += [y, y + 0.25, y, None]
-            parts = "<br>".join(f"{qs} x {ks}: {v:.3g}" for (qs, ks), v in a.top(3))
-            hx.append((a.key + a.query) / 2)
-            hy.append(y + 0.25)
-            text.append(f"L{a.layer}H{a.head} {a.query} <- {a.key}: score {a.score:.3g}, pattern {a.pattern:.3g}<br>{parts}")
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="attention (QK)", hoverinfo="skip",
-                                 line=dict(color="rgba(148,103,189,0.8)", width=1.5, dash="dash")))
-        fig.add_trace(go.Scatter(x=hx, y=hy, mode="markers", name="QK", text=text, hoverinfo="text", showlegend=False,
-                                 marker=dict(symbol="diamond", size=8, color="rgba(148,103,189,0.9)")))
+    return biggest
+
+
+def _qk_traces(fig: go.Figure, g: AttributionGraph) -> None:
+    """The attached QK attributions: an arc per head edge, its midpoint hovered for the score and top entries."""
+    xs, ys, hx, hy, text = [], [], [], [], []
+    for a in g.qk:
+        y = a.layer + 0.45
+        xs += [a.key, (a.key + a.query) / 2, a.query, None]
+        ys += [y, y + 0.25, y, None]
+        parts = "<br>".join(f"{qs} x {ks}: {v:.3g}" for (qs, ks), v in a.top(3))
+        hx.append((a.key + a.query) / 2)
+        hy.append(y + 0.25)
+        text.append(f"L{a.layer}H{a.head} {a.query} <- {a.key}: score {a.score:.3g}, "
+                    f"pattern {a.pattern:.3g}<br>{parts}")
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="attention (QK)", hoverinfo="skip",
+                             line=dict(color="rgba(148,103,189,0.8)", width=1.5, dash="dash")))
+    fig.add_trace(go.Scatter(x=hx, y=hy, mode="markers", name="QK", text=text, hoverinfo="text", showlegend=False,
+                             marker=dict(symbol="diamond", size=8, color="rgba(148,103,189,0.9)")))
+
+
+def _node_traces(fig: go.Figure, g: AttributionGraph, kept: list[int], labels: list[str],
+                 xy: dict[int, tuple[float, float]]) -> None:
+    """One marker trace per kind of node, sized by influence, hovered for label, activation and influence."""
+    kinds, infl = g.kinds(), g.influence()
+    top = float(infl[kept].max()) if kept else 1.0
     for kind, color in _COLORS.items():
         ns = [n for n in kept if kinds[n] == kind]
         text = []
@@ -109,18 +147,10 @@ def graph_figure(graph: AttributionGraph | PrunedGraph, *, decode: Callable[[int
             if kind == "logit":
                 extra = f"<br>p = {float(g.logit_probabilities[n - (g.n_nodes - g.n_logits)]):.3g}"
             text.append(f"{labels[n]}{extra}<br>influence {float(infl[n]):.3g}")
-        fig.add_trace(go.Scatter(x=[xy[n][0] for n in ns], y=[xy[n][1] for n in ns], mode="markers", name=kind, text=text,
-                                 hoverinfo="text", marker=dict(color=color, line=dict(width=0.5, color="white"),
-                                                               size=[7 + 18 * float(infl[n]) / top if top > 0 else 7 for n in ns])))
-    tick = [decode(int(t)) if decode else str(int(t)) for t in g.tokens]
-    counts = pruned.counts()
-    fig.update_layout(
-        title=title or (f"attribution graph: {counts['feature']} features, {counts['error']} error nodes, {counts['edges']} edges "
-                        f"(biggest |effect| {biggest:.3g})"),
-        xaxis=dict(tickmode="array", tickvals=list(range(P)), ticktext=[repr(t)[1:-1] for t in tick], title="position"),
-        yaxis=dict(tickmode="array", tickvals=list(range(L + 2)), ticktext=["tokens"] + [f"layer {l}" for l in range(L)] + ["logits"]),
-        template="plotly_white", height=360 + 60 * L, legend=dict(orientation="h", y=-0.3))
-    return fig
+        sizes = [7 + 18 * float(infl[n]) / top if top > 0 else 7 for n in ns]
+        fig.add_trace(go.Scatter(x=[xy[n][0] for n in ns], y=[xy[n][1] for n in ns], mode="markers", name=kind,
+                                 text=text, hoverinfo="text",
+                                 marker=dict(color=color, line=dict(width=0.5, color="white"), size=sizes)))
 
 
 def supernode_figure(sg, *, title: str | None = None, max_edges: int = 500) -> go.Figure:
@@ -166,13 +196,16 @@ def supernode_figure(sg, *, title: str | None = None, max_edges: int = 500) -> g
             if (float(w[k]) > 0) != (sign > 0):
                 continue
             (x0, y0), (x1, y1) = xy[int(s[k])], xy[int(t[k])]
-            fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", name=name, legendgroup=name, showlegend=False,
-                                     hoverinfo="skip", line=dict(color=color, width=0.5 + 3.0 * abs(float(w[k])) / biggest)))
+            width = 0.5 + 3.0 * abs(float(w[k])) / biggest
+            fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", name=name, legendgroup=name,
+                                     showlegend=False, hoverinfo="skip", line=dict(color=color, width=width)))
     text = [f"{sg.names[i]}<br>{len(m)} node(s)<br>value {float(sg.values[i]):.3g}" for i, m in enumerate(sg.groups)]
-    fig.add_trace(go.Scatter(x=[x for x, _ in xy], y=[y for _, y in xy], mode="markers", name="supernodes", text=text,
-                             hoverinfo="text", marker=dict(color=["#b279a2" if len(m) > 1 else "#9d9d9d" for m in sg.groups],
-                                                           size=[7 + 3 * min(len(m), 6) for m in sg.groups])))
+    colors = ["#b279a2" if len(m) > 1 else "#9d9d9d" for m in sg.groups]
+    fig.add_trace(go.Scatter(x=[x for x, _ in xy], y=[y for _, y in xy], mode="markers", name="supernodes",
+                             text=text, hoverinfo="text",
+                             marker=dict(color=colors, size=[7 + 3 * min(len(m), 6) for m in sg.groups])))
     fig.update_layout(title=title or f"supernode graph: {sg.n_given} supernodes, {sg.n_groups} nodes, {len(w)} edges",
                       xaxis=dict(title="position"), template="plotly_white", height=360 + 60 * L,
-                      yaxis=dict(tickmode="array", tickvals=list(range(L + 2)), ticktext=["tokens"] + [f"layer {l}" for l in range(L)] + ["logits"]))
+                      yaxis=dict(tickmode="array", tickvals=list(range(L + 2)),
+                                 ticktext=["tokens"] + [f"layer {l}" for l in range(L)] + ["logits"]))
     return fig

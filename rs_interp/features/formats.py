@@ -59,7 +59,8 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-_PICKLE = types.SimpleNamespace(Unpickler=_Unpickler, load=lambda f, **kw: _Unpickler(f, **kw).load(), __name__="rs_interp_pickle")
+_PICKLE = types.SimpleNamespace(Unpickler=_Unpickler, load=lambda f, **kw: _Unpickler(f, **kw).load(),
+                                __name__="rs_interp_pickle")
 
 
 def _field(cfg, name: str, default=None):
@@ -301,7 +302,8 @@ def load_sparsify_transcoders(folder: str | Path, *, hookpoints: Sequence[str] |
     >>> import tempfile, json, os
     >>> from safetensors.torch import save_file
     >>> d = tempfile.mkdtemp(); os.makedirs(os.path.join(d, "layers.0.mlp"))
-    >>> _ = open(os.path.join(d, "layers.0.mlp", "cfg.json"), "w").write(json.dumps({"d_in": 4, "k": 2, "transcode": True}))
+    >>> cfg = json.dumps({"d_in": 4, "k": 2, "transcode": True})
+    >>> _ = open(os.path.join(d, "layers.0.mlp", "cfg.json"), "w").write(cfg)
     >>> save_file({"encoder.weight": torch.ones(8, 4), "encoder.bias": torch.zeros(8), "W_dec": torch.ones(8, 4),
     ...            "b_dec": torch.zeros(4)}, os.path.join(d, "layers.0.mlp", "sae.safetensors"))
     >>> tcs = load_sparsify_transcoders(d); tcs[0].k, tcs[0].activation, tcs.input_point

@@ -81,10 +81,12 @@ def _factors(graph: AttributionGraph, transcoders: TranscoderSet, nodes: Sequenc
     for n in nodes:
         n = int(n)
         if not 0 <= n < graph.n_nodes or kinds[n] == "logit":
-            raise ValueError(f"node {n} is not a feature, error or token node of this graph (0..{graph.n_nodes - graph.n_logits - 1})")
+            raise ValueError(f"node {n} is not a feature, error or token node of this graph "
+                             f"(0..{graph.n_nodes - graph.n_logits - 1})")
         if kinds[n] == "error" and (n - graph.n_features) % graph.n_pos in graph.zero_positions:
             raise ValueError(f"node {n} is an error node at a zeroed position (zero_positions={graph.zero_positions}): "
-                             "no node carries what that MLP output holds (it is part of the bias), so it has nothing to scale")
+                             "no node carries what that MLP output holds (it is part of the bias), "
+                             "so it has nothing to scale")
         if value is not None:
             if kinds[n] != "feature":
                 raise ValueError(f"value sets a feature's activation; node {n} is a {kinds[n]} node (use scale)")

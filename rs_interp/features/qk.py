@@ -45,18 +45,18 @@ from typing import Sequence
 import torch
 from jaxtyping import Float, Int
 
-from .. import _backend
 from .. import _names as N
-from .._backend import Model
+from .._backend import Model, apply_rotary, attn_scale, attn_weight, score_hooks
 from .._format import Top
 from .._keywords import renamed
 from .._messages import few
+from .._state import outside_inference_mode
 from ..exact.certificate import confirm
 from ..exact.needs import GRAPH, TRANSCODERS, needs
 from ..exact.postnorm import attn_frozen, attn_post
 from . import _conventions as C
 from . import _replacement as R
-from .attribution import Rows, active_nodes
+from ._direct import Rows, active_nodes
 from .graph import AttributionGraph
 from .transcoders import TranscoderSet
 
@@ -142,7 +142,7 @@ def _grab(model: Model, tokens: torch.Tensor, names: list[str], layers: Sequence
     box: dict[str, torch.Tensor] = {}
     hooks = [(n, lambda t, hook: box.__setitem__(hook.name, t.detach()[0].clone())) for n in names]
     for l in layers:
-        hooks += _backend.score_hooks(model, l, box, f"scores{l}")
+        hooks += score_hooks(model, l, box, f"scores{l}")
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         model(tokens[None], return_type="logits")
     return box | {f"scores{l}": box[f"scores{l}"][0] for l in layers}
@@ -160,7 +160,8 @@ def _constants(model: Model, tcs: TranscoderSet, clean: R.Clean, tokens: torch.T
         if drop_positions and N.POS_EMBED in model.hook_dict:
             hooks.append((N.POS_EMBED, lambda t, hook: torch.zeros_like(t)))
         with model.hooks(fwd_hooks=hooks):
-            R.frozen_forward(model, tcs, clean, tokens[None], embed=zero, outputs=C.frozen_outputs(tcs, clean, zero_positions))
+            R.frozen_forward(model, tcs, clean, tokens[None], embed=zero,
+                             outputs=C.frozen_outputs(tcs, clean, zero_positions))
         out.append(box)
     return out
 
@@ -171,7 +172,7 @@ def _rotation(model: Model, layer: int, pos: int, d_head: int, dtype: torch.dtyp
         return torch.eye(d_head, dtype=dtype)
     basis = torch.zeros(d_head, pos + 1, 1, d_head, dtype=model.cfg.dtype)
     basis[torch.arange(d_head), pos, 0, torch.arange(d_head)] = 1.0
-    return _backend.apply_rotary(model, layer, basis)[:, pos, 0, :].to(dtype)
+    return apply_rotary(model, layer, basis)[:, pos, 0, :].to(dtype)
 
 
 class _GraphColumns:
@@ -183,7 +184,8 @@ class _GraphColumns:
         missing = [tuple(f) for f in graph.features.tolist() if tuple(f) not in index]
         if missing or len(features) != graph.n_active:
             raise ValueError(f"{what}: the graph's features are not these transcoders' active features on its prompt "
-                             f"({len(features)} active, the graph counted {graph.n_active}; e.g. {few(missing, 2)} inactive)")
+                             f"({len(features)} active, the graph counted {graph.n_active}; "
+                             f"e.g. {few(missing, 2)} inactive)")
         self.selected = torch.tensor([index[tuple(f)] for f in graph.features.tolist()], dtype=torch.long)
         self.n_active = len(features)
         self.unselected = torch.ones(self.n_active, dtype=torch.bool)
@@ -198,8 +200,10 @@ class _GraphColumns:
 @needs(*GRAPH, "z", "heads", "values", "scores", "head inputs", "gradients", name="features.qk_attributions",
        optional=TRANSCODERS, refuses=("attention-only", "parallel blocks", "soft-capped logits"))
 @renamed(top="k", edges="attention_edges")
+@outside_inference_mode
 def qk_attributions(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
-                    attention_edges: Sequence[tuple[int, int, int, int]] | None = None, *, k: int = 8) -> tuple[QKAttribution, ...]:
+                    attention_edges: Sequence[tuple[int, int, int, int]] | None = None, *,
+                    k: int = 8) -> tuple[QKAttribution, ...]:
     """Each attention score of ``attention_edges`` split into a bilinear table of query-side x key-side sources,
     and the edge's head loadings, in the local replacement model of ``graph`` (module docstring).
 
@@ -226,84 +230,104 @@ def qk_attributions(model: Model, transcoders: TranscoderSet, graph: Attribution
     >>> abs(float(a.table.sum()) - a.score) < 1e-3, abs(float(a.loadings.sum()) - 1) < 1e-3
     (True, True)
     """
-    what = "features.qk_attributions"
-    if torch.is_inference_mode_enabled():
-        with torch.inference_mode(False):
-            return qk_attributions(model, transcoders, graph, attention_edges, k=k)
-    model, tcs = _prepare(model, transcoders, graph, what)
-    cfg, P, L, dt = model.cfg, graph.n_pos, graph.n_layers, model.cfg.dtype
+    model, tcs = _prepare(model, transcoders, graph, _QK)
     edges = attention_edges
     if edges is None:
         edges = [e for e, _ in _top_attention(model, tcs, graph, k)]
-    edges = [tuple(int(x) for x in e) for e in edges]
-    for e in edges:
-        if len(e) != 4 or not (0 <= e[0] < L and 0 <= e[1] < cfg.n_heads and 0 <= e[3] <= e[2] < P):
-            raise ValueError(f"{what}: an edge is (layer, head, query, key) with key <= query < {P}, got {e}")
+    edges = _check_edges(model, graph, edges)
     if not edges:
         return ()
     layers = sorted({e[0] for e in edges})
     names = [N.projection(l, w) for l in layers for w in "qkv"] + [N.z(l) for l in layers]
-    tokens = graph.tokens
-    n_nodes = graph.n_nodes - graph.n_logits
-    labels = graph.labels()[:n_nodes] + EXTRA_SOURCES
-    out = []
     with R.quiet_model(model):
-        clean = R.clean_run(model, tcs, tokens[None])
-        seen = _grab(model, tokens, names + [N.pattern(l) for l in layers], layers)
-        with_pos, without_pos = _constants(model, tcs, clean, tokens, names, graph.zero_positions)
-        features, activations, errors = active_nodes(tcs, clean, graph.zero_positions)
-        columns = _GraphColumns(graph, features, what)
+        run = _QKRun(model, tcs, graph, names, layers)
         with torch.enable_grad():
-            run = R.grad_forward(model, tcs, tokens[None], capture=tuple(names), patterns=clean.frozen)
-            rows = Rows(run, features, activations, tcs, errors, clean.embed, P, L)
+            return tuple(run.edge(*e) for e in edges)
 
-            def parts(name: str, pos: int, head: int, vector: torch.Tensor | None = None) -> torch.Tensor:
-                """(source, d) each source's part of ``name``'s (pos, head) vector (``vector``: of its dot with it)."""
-                t = run.captured[name]
-                d = t.shape[-1]
-                if vector is None:
-                    inject = torch.zeros(d, *t.shape, dtype=t.dtype)
-                    inject[torch.arange(d), 0, pos, head, torch.arange(d)] = 1.0
-                else:
-                    inject = torch.zeros(1, *t.shape, dtype=t.dtype)
-                    inject[0, 0, pos, head] = vector.to(t.dtype)
-                nodes = columns(rows.backward([t], [inject]))  # (d, graph sources + unselected)
-                bias = without_pos[name][pos, head]
-                const = torch.stack([with_pos[name][pos, head] - bias, bias]).to(nodes.dtype)
-                if vector is not None:
-                    const = const @ vector.to(nodes.dtype)[:, None]
-                return torch.cat([nodes.T, const])
 
-            for layer, head, q, k in edges:
-                kv = _kv(model, head)
-                qn, kn, vn = (N.projection(layer, w) for w in "qkv")
-                scale = _backend.attn_scale(model, layer)
-                q_raw, k_raw = parts(qn, q, head), parts(kn, k, kv)
-                confirm(what, "scores", q_raw.sum(0), seen[qn][q, head], q_raw, dt)
-                confirm(what, "scores", k_raw.sum(0), seen[kn][k, kv], k_raw, dt)
-                Q = q_raw @ _rotation(model, layer, q, q_raw.shape[1], q_raw.dtype) / scale
-                K = k_raw @ _rotation(model, layer, k, k_raw.shape[1], k_raw.dtype)
-                score = seen[f"scores{layer}"][head, q, k]
-                confirm(what, "scores", (Q @ K.T).sum(), score, (Q @ K.T).flatten()[:, None], dt)
-                # the head loadings: each source's part of the edge's write o along o / |o|^2
-                pattern = seen[N.pattern(layer)][head, q, k]
-                W_O = _backend.attn_weight(model.blocks[layer].attn, "W_O", cfg.n_heads)[head].detach()
-                o = pattern * seen[vn][k, kv] @ W_O
-                post = attn_post(model, layer, o.dtype)
-                if post.kind is None:
-                    along = pattern * (W_O @ (o / (o @ o).clamp(min=torch.finfo(o.dtype).tiny)))
-                else:  # a post-norm block: the write is o through the norm after the attention, its scale frozen
-                    s = attn_frozen(model, layer, seen[N.z(layer)][None], o.dtype)[1][0, q]
-                    w = post.linear(o, s)
-                    along = pattern * (W_O @ post.readout(w / (w @ w).clamp(min=torch.finfo(w.dtype).tiny), s))
-                loadings = parts(vn, k, kv, along)[:, 0]
-                out.append(QKAttribution(layer, head, q, k, float(score), float(pattern), Q.detach(), K.detach(),
-                                         loadings.detach(), labels, tokens, n_nodes))
-    return tuple(out)
+_QK = "features.qk_attributions"
+
+
+def _check_edges(model: Model, graph: AttributionGraph, edges) -> list[tuple[int, ...]]:
+    """``edges`` as tuples of ints, each (layer, head, query, key) in range with its key at or before its query."""
+    P, L = graph.n_pos, graph.n_layers
+    edges = [tuple(int(x) for x in e) for e in edges]
+    for e in edges:
+        if len(e) != 4 or not (0 <= e[0] < L and 0 <= e[1] < model.cfg.n_heads and 0 <= e[3] <= e[2] < P):
+            raise ValueError(f"{_QK}: an edge is (layer, head, query, key) with key <= query < {P}, got {e}")
+    return edges
+
+
+class _QKRun:
+    """One graph's replacement model run for the QK split: the clean run's values at the projections, their
+    constant parts, and the gradient run whose backward passes give each source's part of a projection."""
+
+    def __init__(self, model: Model, tcs: TranscoderSet, graph: AttributionGraph, names: list[str],
+                 layers: list[int]) -> None:
+        self.model, self.tcs, self.graph, tokens = model, tcs, graph, graph.tokens
+        self.n_nodes = graph.n_nodes - graph.n_logits
+        self.labels = graph.labels()[: self.n_nodes] + EXTRA_SOURCES
+        clean = R.clean_run(model, tcs, tokens[None])
+        self.seen = _grab(model, tokens, names + [N.pattern(l) for l in layers], layers)
+        self.with_pos, self.without_pos = _constants(model, tcs, clean, tokens, names, graph.zero_positions)
+        features, activations, errors = active_nodes(tcs, clean, graph.zero_positions)
+        self.columns = _GraphColumns(graph, features, _QK)
+        with torch.enable_grad():
+            self.run = R.grad_forward(model, tcs, tokens[None], capture=tuple(names), patterns=clean.frozen)
+            self.rows = Rows(self.run, features, activations, tcs, errors, clean.embed, graph.n_pos, graph.n_layers)
+
+    def parts(self, name: str, pos: int, head: int, vector: torch.Tensor | None = None) -> torch.Tensor:
+        """(source, d) each source's part of ``name``'s (pos, head) vector (``vector``: of its dot with it)."""
+        t = self.run.captured[name]
+        d = t.shape[-1]
+        if vector is None:
+            inject = torch.zeros(d, *t.shape, dtype=t.dtype)
+            inject[torch.arange(d), 0, pos, head, torch.arange(d)] = 1.0
+        else:
+            inject = torch.zeros(1, *t.shape, dtype=t.dtype)
+            inject[0, 0, pos, head] = vector.to(t.dtype)
+        nodes = self.columns(self.rows.backward([t], [inject]))  # (d, graph sources + unselected)
+        bias = self.without_pos[name][pos, head]
+        const = torch.stack([self.with_pos[name][pos, head] - bias, bias]).to(nodes.dtype)
+        if vector is not None:
+            const = const @ vector.to(nodes.dtype)[:, None]
+        return torch.cat([nodes.T, const])
+
+    def edge(self, layer: int, head: int, q: int, k: int) -> QKAttribution:
+        """One attention edge's bilinear table and head loadings, each checked against the run's own numbers."""
+        model, seen, dt = self.model, self.seen, self.model.cfg.dtype
+        kv = _kv(model, head)
+        qn, kn, vn = (N.projection(layer, w) for w in "qkv")
+        scale = attn_scale(model, layer)
+        q_raw, k_raw = self.parts(qn, q, head), self.parts(kn, k, kv)
+        confirm(_QK, "scores", q_raw.sum(0), seen[qn][q, head], q_raw, dt)
+        confirm(_QK, "scores", k_raw.sum(0), seen[kn][k, kv], k_raw, dt)
+        Q = q_raw @ _rotation(model, layer, q, q_raw.shape[1], q_raw.dtype) / scale
+        K = k_raw @ _rotation(model, layer, k, k_raw.shape[1], k_raw.dtype)
+        score = seen[f"scores{layer}"][head, q, k]
+        confirm(_QK, "scores", (Q @ K.T).sum(), score, (Q @ K.T).flatten()[:, None], dt)
+        pattern = seen[N.pattern(layer)][head, q, k]
+        loadings = self.parts(vn, k, kv, self._along(layer, head, q, k, pattern))[:, 0]
+        return QKAttribution(layer, head, q, k, float(score), float(pattern), Q.detach(), K.detach(),
+                             loadings.detach(), self.labels, self.graph.tokens, self.n_nodes)
+
+    def _along(self, layer: int, head: int, q: int, k: int, pattern: torch.Tensor) -> torch.Tensor:
+        """The head loadings' read vector: each source's part of the edge's write o along o / |o|^2."""
+        model, seen = self.model, self.seen
+        W_O = attn_weight(model.blocks[layer].attn, "W_O", model.cfg.n_heads)[head].detach()
+        o = pattern * seen[N.projection(layer, "v")][k, _kv(model, head)] @ W_O
+        post = attn_post(model, layer, o.dtype)
+        if post.kind is None:
+            return pattern * (W_O @ (o / (o @ o).clamp(min=torch.finfo(o.dtype).tiny)))
+        # a post-norm block: the write is o through the norm after the attention, its scale frozen
+        s = attn_frozen(model, layer, seen[N.z(layer)][None], o.dtype)[1][0, q]
+        w = post.linear(o, s)
+        return pattern * (W_O @ post.readout(w / (w @ w).clamp(min=torch.finfo(w.dtype).tiny), s))
 
 
 @needs(*GRAPH, "z", "heads", "values", name="features.top_attention", optional=TRANSCODERS,
        refuses=("attention-only", "parallel blocks", "soft-capped logits"))
+@outside_inference_mode
 def top_attention(model: Model, transcoders: TranscoderSet, graph: AttributionGraph,
                   k: int = 8) -> list[tuple[tuple[int, int, int, int], float]]:
     """The ``k`` attention edges ``(layer, head, query, key)`` whose write moves the graph's logit nodes
@@ -322,9 +346,6 @@ def top_attention(model: Model, transcoders: TranscoderSet, graph: AttributionGr
     >>> [len(e) for e, _ in top_attention(model, tcs, g, 3)]
     [4, 4, 4]
     """
-    if torch.is_inference_mode_enabled():
-        with torch.inference_mode(False):
-            return top_attention(model, transcoders, graph, k)
     model, tcs = _prepare(model, transcoders, graph, "features.top_attention")
     return _top_attention(model, tcs, graph, k)
 
@@ -366,7 +387,8 @@ def qk_json(graph: AttributionGraph, node_id, k: int = 10) -> list[dict]:
     for a in graph.qk:
         name = lambda i: (node_id(i) if i < a.n_graph_nodes else None) or a.labels[i]  # noqa: E731
         loads = a.loadings.abs().topk(min(k, len(a.loadings))).indices.tolist()
-        out.append({"layer": a.layer, "head": a.head, "query": a.query, "key": a.key, "score": a.score, "pattern": a.pattern,
-                    "entries": [{"query_source": name(s), "key_source": name(t), "value": v} for s, t, v in a.top_entries(k)],
+        entries = [{"query_source": name(s), "key_source": name(t), "value": v} for s, t, v in a.top_entries(k)]
+        out.append({"layer": a.layer, "head": a.head, "query": a.query, "key": a.key, "score": a.score,
+                    "pattern": a.pattern, "entries": entries,
                     "loadings": [{"source": name(i), "value": float(a.loadings[i])} for i in loads]})
     return out

@@ -140,8 +140,8 @@ def supernodes(graph: AttributionGraph, groups: Sequence[Sequence[int]] | None =
     def summed(v: torch.Tensor) -> torch.Tensor:
         return torch.zeros(G, dtype=v.dtype).index_add_(0, group_of, v)
 
-    return SupernodeGraph(graph, all_groups, all_names, reduced, summed(graph.values), summed(graph.bias), summed(graph.unselected),
-                          len(groups))
+    return SupernodeGraph(graph, all_groups, all_names, reduced, summed(graph.values), summed(graph.bias),
+                          summed(graph.unselected), len(groups))
 
 
 def _name(graph: AttributionGraph, members: list[int], labels) -> str:
@@ -167,7 +167,8 @@ def supernode_json(sg: SupernodeGraph, data: dict, node_id: Callable[[int], str 
     >>> model = load_toy_model("tracr-sort")
     >>> g = attribution_graph(model, mlp_transcoders(model), torch.tensor([4, 3, 0, 2]))
     >>> out = supernode_json(supernodes(g), graph_json(g))
-    >>> sorted(out["supernode_graph"]), out["qParams"]["supernodes"] == [s for s in out["qParams"]["supernodes"] if len(s) > 1]
+    >>> listed = out["qParams"]["supernodes"]
+    >>> sorted(out["supernode_graph"]), listed == [s for s in listed if len(s) > 1]
     (['links', 'nodes'], True)
     """
     data = dict(data)
@@ -185,8 +186,10 @@ def supernode_json(sg: SupernodeGraph, data: dict, node_id: Callable[[int], str 
     data["qParams"] = qparams
     t, s = sg.adjacency.nonzero(as_tuple=True)
     data["supernode_graph"] = {
-        "nodes": [{"name": sg.names[g], "members": present[g], "value": float(sg.values[g])} for g in range(sg.n_groups)],
-        "links": [{"source": sg.names[int(b)], "target": sg.names[int(a)], "weight": float(sg.adjacency[a, b])} for a, b in zip(t, s)],
+        "nodes": [{"name": sg.names[g], "members": present[g], "value": float(sg.values[g])}
+                  for g in range(sg.n_groups)],
+        "links": [{"source": sg.names[int(b)], "target": sg.names[int(a)], "weight": float(sg.adjacency[a, b])}
+                  for a, b in zip(t, s)],
     }
     return data
 

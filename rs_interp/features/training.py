@@ -24,6 +24,7 @@ from jaxtyping import Int
 from .. import _names as N
 from .._backend import Model
 from .._progress import bar
+from .._state import outside_inference_mode
 from ..exact.needs import MLP_IO, needs
 from . import _replacement as R
 from .transcoders import Transcoder, TranscoderSet
@@ -64,7 +65,8 @@ class TrainedTranscoders:
     """A trained set, its measures on held-out tokens, and each layer's training curve (its FVU every
     ``steps // 100`` steps): what :func:`train_transcoder` returns (see its example).
 
-    >>> t = TrainedTranscoders(TranscoderSet((Transcoder(4, 8),)), TranscoderMetrics((1.0,), (0.0,), (1.0,), 0.0, None, None, 0), ((1.0,),))
+    >>> metrics = TranscoderMetrics((1.0,), (0.0,), (1.0,), 0.0, None, None, 0)
+    >>> t = TrainedTranscoders(TranscoderSet((Transcoder(4, 8),)), metrics, ((1.0,),))
     >>> len(t.transcoders), t.curves[0]
     (1, (1.0,))
     """
@@ -74,14 +76,42 @@ class TrainedTranscoders:
     curves: tuple[tuple[float, ...], ...]
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """How transcoders are trained (:func:`train_transcoder`'s and :func:`~rs_interp.features.train_clt`'s
+    arguments of the same names), as one value checked when made.
+
+    Raises:
+        ValueError: an activation other than ``"relu"`` or ``"topk"``, or a size below 1.
+    """
+
+    d_transcoder: int
+    activation: str = "relu"
+    k: int | None = None
+    l1: float = 1e-3
+    steps: int = 2000
+    batch_size: int = 1024
+    lr: float = 1e-3
+    seed: int = 0
+    skip: bool = False
+
+    def __post_init__(self) -> None:
+        if self.activation not in ("relu", "topk"):
+            raise ValueError(f"rs_interp trains relu and topk transcoders, not {self.activation!r} (JumpReLU "
+                             "needs a straight-through estimator for its thresholds: train elsewhere and "
+                             "load_transcoders)")
+        if self.d_transcoder < 1 or self.steps < 1 or self.batch_size < 1:
+            raise ValueError("d_transcoder, steps and batch_size must be >= 1")
+
+
 def _pairs(model: Model, transcoders_like: TranscoderSet, tokens: torch.Tensor, chunk: int = 64):
     """Per layer, (MLP inputs, MLP outputs) over every token, each (n_tokens, d_model), in float32."""
     xs = [[] for _ in range(model.cfg.n_layers)]
     ys = [[] for _ in range(model.cfg.n_layers)]
     hooks = []
     for l in range(model.cfg.n_layers):
-        hooks.append((R.input_hook(model, transcoders_like, l),
-                      lambda t, hook, l=l: xs[l].append(R.finish_input(model, transcoders_like, l, t).flatten(0, 1).float())))
+        hooks.append((R.input_hook(model, transcoders_like, l), lambda t, hook, l=l: xs[l].append(
+            R.finish_input(model, transcoders_like, l, t).flatten(0, 1).float())))
         hooks.append((N.mlp_out(l), lambda t, hook, l=l: ys[l].append(t.flatten(0, 1).float())))
     with R.quiet_model(model), torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, len(tokens), chunk):
@@ -90,6 +120,7 @@ def _pairs(model: Model, transcoders_like: TranscoderSet, tokens: torch.Tensor, 
 
 
 @needs(*MLP_IO, name="features.train_transcoder", refuses=("attention-only",))
+@outside_inference_mode
 def train_transcoder(
     model: Model,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -120,7 +151,8 @@ def train_transcoder(
 
     Raises:
         ValueError: JumpReLU (trained with a straight-through estimator rs_interp does not implement: load
-            one instead), a bad size, or a model the replacement cannot run (:func:`rs_interp.features.attribution_graph`).
+            one instead), a bad size, or a model the replacement cannot run
+            (:func:`rs_interp.features.attribution_graph`).
 
     >>> import torch
     >>> from rs_interp import load_toy_model
@@ -130,45 +162,43 @@ def train_transcoder(
     >>> len(t.transcoders), t.metrics.l0[0] <= 16
     (2, True)
     """
-    if activation not in ("relu", "topk"):
-        raise ValueError(f"train_transcoder trains relu and topk transcoders, not {activation!r} (JumpReLU needs a "
-                         "straight-through estimator for its thresholds: train elsewhere and load_transcoders)")
-    if d_transcoder < 1 or steps < 1 or batch_size < 1:
-        raise ValueError("d_transcoder, steps and batch_size must be >= 1")
+    recipe = Recipe(d_transcoder, activation, k, l1, steps, batch_size, lr, seed, skip)
     L, d = model.cfg.n_layers, model.cfg.d_model
     probe = TranscoderSet(tuple(Transcoder(d, 1) for _ in range(L)), input_point=input_point)
     R.check_replacement(model, probe, "features.train_transcoder")
-    with torch.inference_mode(False):  # training needs autograd, whatever the caller's mode (inputs copied out of it)
-        copy = lambda t: None if t is None else torch.as_tensor(t).clone()  # noqa: E731
-        return _train(model, copy(tokens), probe, d_transcoder, activation, k, l1, skip, steps, batch_size, lr, seed,
-                      copy(eval_tokens), input_point, progress)
-
-
-def _train(model, tokens, probe, d_transcoder, activation, k, l1, skip, steps, batch_size, lr, seed, eval_tokens, input_point,
-           progress) -> TrainedTranscoders:
-    L, d = model.cfg.n_layers, model.cfg.d_model
+    # training needs autograd, whatever the caller's mode: the decorator leaves inference mode, inputs copied out of it
     xs, ys = _pairs(model, probe, torch.as_tensor(tokens).long())
-    n = len(xs[0])
+    tcs, curves = _train(xs, ys, recipe, progress)
+    tset = TranscoderSet(tuple(tcs), input_point=input_point)
+    metrics = transcoder_metrics(model, tset, tokens if eval_tokens is None else eval_tokens)
+    return TrainedTranscoders(tset, metrics, tuple(tuple(c) for c in curves))
+
+
+def _train(xs: list[torch.Tensor], ys: list[torch.Tensor], recipe: Recipe,
+           progress: bool) -> tuple[list[Transcoder], list[list[float]]]:
+    """Adam on every layer's transcoder at once (module docstring); the transcoders and their curves."""
+    r, L, d, n = recipe, len(xs), xs[0].shape[-1], len(xs[0])
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        tcs = [_init(Transcoder(d, d_transcoder, activation=activation, k=k, skip=skip), ys[l]) for l in range(L)]
+        torch.manual_seed(r.seed)
+        tcs = [_init(Transcoder(d, r.d_transcoder, activation=r.activation, k=r.k, skip=r.skip), ys[l])
+               for l in range(L)]
     params = [p for tc in tcs for p in tc.parameters()]
-    opt = torch.optim.Adam(params, lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.45 * (1 + math.cos(math.pi * s / steps)))
+    opt = torch.optim.Adam(params, lr=r.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.45 * (1 + math.cos(math.pi * s / r.steps)))
     var = [y.var(0).sum() for y in ys]
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = torch.Generator().manual_seed(r.seed + 1)
     curves: list[list[float]] = [[] for _ in range(L)]
     with torch.enable_grad():
-        for step in bar(range(steps), desc="transcoders", enabled=progress, unit="step"):
-            idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
+        for step in bar(range(r.steps), desc="transcoders", enabled=progress, unit="step"):
+            idx = torch.randint(0, n, (min(r.batch_size, n),), generator=gen)
             total = 0.0
             for l, tc in enumerate(tcs):
                 x, y = xs[l][idx], ys[l][idx]
                 acts = tc.encode(x)
                 fvu = (tc.decode(acts, x) - y).pow(2).sum(-1).mean() / var[l]
-                loss = fvu + (l1 * (acts * tc.W_dec.norm(dim=-1)).sum(-1).mean() if activation == "relu" else 0.0)
+                loss = fvu + (r.l1 * (acts * tc.W_dec.norm(dim=-1)).sum(-1).mean() if r.activation == "relu" else 0.0)
                 total = total + loss
-                if step % max(1, steps // 100) == 0:
+                if step % max(1, r.steps // 100) == 0:
                     curves[l].append(float(fvu.detach()))
             opt.zero_grad()
             total.backward()
@@ -176,9 +206,7 @@ def _train(model, tokens, probe, d_transcoder, activation, k, l1, skip, steps, b
             sched.step()
     for tc in tcs:
         tc.requires_grad_(False)
-    tset = TranscoderSet(tuple(tcs), input_point=input_point)
-    metrics = transcoder_metrics(model, tset, tokens if eval_tokens is None else eval_tokens)
-    return TrainedTranscoders(tset, metrics, tuple(tuple(c) for c in curves))
+    return tcs, curves
 
 
 def _init(tc: Transcoder, y: torch.Tensor) -> Transcoder:
@@ -193,7 +221,8 @@ def _init(tc: Transcoder, y: torch.Tensor) -> Transcoder:
 
 
 @needs(*MLP_IO, name="features.transcoder_metrics", refuses=("attention-only",))
-def transcoder_metrics(model: Model, transcoders: TranscoderSet, tokens: Int[torch.Tensor, "batch pos"]) -> TranscoderMetrics:
+def transcoder_metrics(model: Model, transcoders: TranscoderSet,
+                       tokens: Int[torch.Tensor, "batch pos"]) -> TranscoderMetrics:
     """FVU, L0, dead fraction per layer and the replacement model's KL and loss over ``tokens`` (module docstring).
 
     >>> import torch
@@ -219,7 +248,8 @@ def transcoder_metrics(model: Model, transcoders: TranscoderSet, tokens: Int[tor
     box: dict[int, torch.Tensor] = {}
     hooks = []
     for l in range(model.cfg.n_layers):
-        hooks.append((R.input_hook(model, tcs, l), lambda t, hook, l=l: box.__setitem__(l, R.finish_input(model, tcs, l, t))))
+        hooks.append((R.input_hook(model, tcs, l),
+                      lambda t, hook, l=l: box.__setitem__(l, R.finish_input(model, tcs, l, t))))
         hooks.append((N.mlp_out(l), lambda t, hook, l=l: tcs[l](box[l].float()).to(t.dtype)))
     with R.quiet_model(model), torch.no_grad():
         logits = model(tokens, return_type="logits").double()

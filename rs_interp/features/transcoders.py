@@ -5,31 +5,27 @@ A transcoder of layer ``l`` reads the MLP's input ``x`` and writes an approximat
     f = act(x W_enc^T + b_enc)            (d_transcoder,)  the feature activations
     y = f W_dec + b_dec (+ x W_skip^T)    (d_model,)       the reconstruction
 
-with ``act`` ReLU, JumpReLU (``pre * (pre > threshold)``), TopK (circuit-tracer's: the ``k`` largest
-pre-activations kept, negative ones too, the rest 0) or ReLU-TopK (EleutherAI sparsify's ``"topk"``: the ``k``
-largest of ``relu(pre)``, so a pre-activation <= 0 is never active; where fewer than ``k`` are positive the two
-differ). ``W_enc`` and ``W_dec`` are both (d_transcoder, d_model), as circuit-tracer stores them, so row ``i`` of
-each is feature ``i``'s input and output direction.
+with ``act`` ReLU, JumpReLU (``pre * (pre > threshold)``), TopK (circuit-tracer's: the ``k`` largest pre-activations
+kept, negative ones too, the rest 0) or ReLU-TopK (EleutherAI sparsify's ``"topk"``: the ``k`` largest of ``relu(pre)``,
+so a pre-activation <= 0 is never active; where fewer than ``k`` are positive the two differ). ``W_enc`` and ``W_dec``
+are (d_transcoder, d_model) (circuit-tracer's layout): row ``i`` of each is feature ``i``'s input and output direction.
 
-A **post-encoder bias** ``c`` (sparsify's ``post_enc``; none by default): ``y = (f + c s) W_dec + b_dec (+ ...)``,
-``s`` 1 on the features selected (:meth:`Transcoder.selected`; TopK: the ``k`` picked by ``torch.topk``, zeros
-among them where fewer than ``k`` are positive). No circuit-tracer file holds it.
+A **post-encoder bias** ``c`` (sparsify's ``post_enc``; none by default): ``y = (f + c s) W_dec + b_dec (+ ...)``, ``s``
+1 on the features selected (:meth:`Transcoder.selected`; TopK: the ``k`` picked by ``torch.topk``, zeros among them
+where fewer than ``k`` are positive). No circuit-tracer file holds it.
 
-Files (circuit-tracer's per-layer transcoder set): a folder with ``layer_{i}.safetensors`` (``W_enc``,
-``W_dec``, ``b_enc``, ``b_dec``, optional ``W_skip``, ``activation_function.threshold`` for JumpReLU,
-``k`` for TopK) and a ``config.yaml`` (``model_kind: transcoder_set``, ``feature_input_hook``,
-``feature_output_hook``, ``activation``, ``k``, ``scan``). :func:`load_transcoders` reads such a
-folder, :meth:`TranscoderSet.save` writes one.
+Files (circuit-tracer's per-layer transcoder set): a folder with ``layer_{i}.safetensors`` (``W_enc``, ``W_dec``,
+``b_enc``, ``b_dec``, optional ``W_skip``, ``activation_function.threshold`` for JumpReLU, ``k`` for TopK) and a
+``config.yaml`` (``model_kind: transcoder_set``, ``feature_input_hook``, ``feature_output_hook``, ``activation``, ``k``,
+``scan``). :func:`load_transcoders` reads such a folder, :meth:`TranscoderSet.save` writes one.
 
-Where a transcoder reads and writes (:data:`INPUT_POINTS`, :data:`OUTPUT_POINTS`): the MLP's own
-input (``mlp.hook_in``, after the second norm, circuit-tracer's name) or the stream before the norm
-(``hook_resid_mid``) or TransformerLens's ``ln2.hook_normalized`` (the norm before its gain); and the
-MLP's output (``mlp.hook_out`` = ``hook_mlp_out``). All are linear in the residual stream once the
-norm's scale is frozen, which is what the attribution graph needs.
+Where a transcoder reads and writes (:data:`INPUT_POINTS`, :data:`OUTPUT_POINTS`): the MLP's own input (``mlp.hook_in``,
+after the second norm, circuit-tracer's name) or the stream before the norm (``hook_resid_mid``) or TransformerLens's
+``ln2.hook_normalized`` (the norm before its gain); and the MLP's output (``mlp.hook_out`` = ``hook_mlp_out``). All are
+linear in the residual stream once the norm's scale is frozen, which is what the attribution graph needs.
 
 >>> import torch
->>> tc = Transcoder(4, 8, activation="topk", k=2)
->>> _ = torch.nn.init.normal_(tc.W_enc)
+>>> tc = Transcoder(4, 8, activation="topk", k=2); _ = torch.nn.init.normal_(tc.W_enc)
 >>> (tc.encode(torch.randn(3, 4)) != 0).sum(-1).tolist()
 [2, 2, 2]
 """
@@ -144,8 +140,7 @@ class Transcoder(torch.nn.Module):
 
     def with_post_bias(self, acts: Float[torch.Tensor, "... d_transcoder"], x: torch.Tensor | None,
                        post_bias: torch.Tensor | None) -> Float[torch.Tensor, "... d_transcoder"]:
-        """What a decoder reads: the activations ``acts`` of the input ``x``, plus ``post_bias`` (None: none) on the
-        selected features (module docstring)."""
+        """What a decoder reads: ``acts`` (of the input ``x``) plus ``post_bias`` (or none) on the selected features."""
         if post_bias is not None and x is None:
             raise ValueError("this transcoder has a post-encoder bias: decode needs the input x (what is selected)")
         return acts if post_bias is None else acts + self.selected(x).to(acts.dtype) * post_bias
@@ -340,7 +335,8 @@ def load_transcoders(folder: str | Path, *, dtype: torch.dtype = torch.float32) 
     folder = Path(folder)
     config = folder / "config.yaml"
     if not config.is_file():
-        raise FileError(f"transcoder folder {folder} has no config.yaml (circuit-tracer's transcoder-set config).", config)
+        raise FileError(f"transcoder folder {folder} has no config.yaml (circuit-tracer's transcoder-set config).",
+                        config)
     with parsing(config, "transcoder config"):
         cfg = _config.loads(read_text(config, "transcoder config"))
         paths = [str(p) for p in cfg["transcoders"]] if "transcoders" in cfg else None
@@ -348,7 +344,8 @@ def load_transcoders(folder: str | Path, *, dtype: torch.dtype = torch.float32) 
         raise FileError(f"transcoder config {config}: model_kind {cfg.get('model_kind')!r}; load_transcoders reads "
                         "per-layer sets (cross-layer transcoders: rs_interp.features.load_clt).", config)
     if paths is None:  # layer_0 ... layer_{n-1}: a gap in the numbers is a file missing, not a shorter set
-        found = [m.group(1) for f in folder.glob("layer_*.safetensors") if (m := re.fullmatch(r"layer_(\d+)\.safetensors", f.name))]
+        found = [m.group(1) for f in folder.glob("layer_*.safetensors")
+                 if (m := re.fullmatch(r"layer_(\d+)\.safetensors", f.name))]
         paths = [f"layer_{i}.safetensors" for i in range(max(map(int, found), default=-1) + 1)]
     if not paths:
         raise FileError(f"transcoder folder {folder} holds no layer_{{i}}.safetensors.", folder)

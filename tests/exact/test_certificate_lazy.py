@@ -115,3 +115,53 @@ def test_the_run_from_a_layer_runs_each_block_once():
     with preserve_state(model, **mlp_flags(model)):
         measured = _runs.measure(model, 1e-10, ("start at layer",))
     assert measured["start at layer"].holds and len(calls) == 2 * model.cfg.n_layers
+
+
+@pytest.mark.parametrize("row", range(5))
+def test_rows_sees_a_hook_on_any_one_row_index(row):
+    """``rows`` reads the clean run's logits and two runs of its own (the probe's rows repeated in another order, 5
+    rows; one row alone): a hook that edits row ``row`` of any batch that has it moves a compared row, whichever
+    index it is up to the stacked run's last."""
+    model = _model()
+
+    def edit(t, hook):
+        if t.shape[0] <= row:
+            return t
+        t = t.clone()
+        t[row, -1] += torch.linspace(-1.0, 1.0, t.shape[-1], dtype=t.dtype)
+        return t
+
+    from rs_interp._state import preserve_state
+    from rs_interp.exact.stream import mlp_flags
+
+    model.add_hook("blocks.0.hook_resid_post", edit)
+    with preserve_state(model, **mlp_flags(model)):
+        measured = _runs.measure(model, 1e-10, ("rows",))
+    assert measured["rows"].holds is False and "rows" in measured["rows"].why
+
+
+@pytest.mark.parametrize("feature", [None, "gqa"])
+def test_head_inputs_sees_a_query_read_across_the_heads_of_one_kv_group(feature, monkeypatch):
+    """``head inputs`` moves the first head's q, k and v inputs in one pass; where the keys and values are grouped
+    that pass cannot compare the first group's other heads, so a second pass moves the queries alone: a hook that
+    lets head 1 read head 0's query (both in KV group 0 with one KV head) is seen either way, in one pass without
+    grouping (``calls``)."""
+    model = make_variant("RMS", "rotary", False, feature, n_heads=4, d_model=32, act_fn="relu")
+    from rs_interp._state import preserve_state
+    from rs_interp.exact import _layer_runs
+    from rs_interp.exact.stream import mlp_flags
+
+    def mix(t, hook):
+        t = t.clone()
+        t[:, :, 1] = t[:, :, 1] + 0.5 * t[:, :, 0]
+        return t
+
+    calls = []
+    real = _layer_runs._head_input_pass
+    monkeypatch.setattr(_layer_runs, "_head_input_pass", lambda *a: calls.append(a[3]) or real(*a))
+    with preserve_state(model, **mlp_flags(model)):
+        clean = _runs.measure(model, 1e-10, ("head inputs",))["head inputs"]
+        model.add_hook("blocks.1.attn.hook_q", mix)
+        mixed = _runs.measure(model, 1e-10, ("head inputs",))["head inputs"]
+    assert clean.holds and mixed.holds is False and "layer 1's" in mixed.why
+    assert calls == (["qkv", "q"] * 2 if feature == "gqa" else ["qkv"] * 2)

@@ -108,6 +108,15 @@ def test_training_lowers_the_error():
     assert t.curve[-1] < 0.6 * t.curve[0] and all(f < 0.8 for f in t.fvu), (t.curve[0], t.curve[-1], t.fvu)
 
 
+def test_training_refuses_what_it_cannot_train():
+    """train_clt checks its recipe as train_transcoder does (it ran a JumpReLU request as TopK, silently)."""
+    model, tokens = relu_model(), torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="JumpReLU"):
+        train_clt(model, tokens, d_transcoder=8, activation="jumprelu")
+    with pytest.raises(ValueError, match="d_transcoder, steps and batch_size must be >= 1"):
+        train_clt(model, tokens, d_transcoder=8, steps=0)
+
+
 def test_the_shipped_clt_reconstructs_as_recorded_and_graphs_with_it():
     """code-2l's shipped CLT: its held-out FVU as recorded when trained (recomputed here on fresh windows of the
     same mixture would differ; the record is checked for shape and range), every write reaching the later layer,

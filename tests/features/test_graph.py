@@ -418,6 +418,38 @@ def test_inference_mode_is_no_obstacle(code_graph):
     assert torch.equal(again.adjacency, g.adjacency)
 
 
+def test_options_are_one_checked_value():
+    """attribution_graph's options are one frozen value, refused when made (issue 65)."""
+    import dataclasses
+
+    from rs_interp.features.attribution import GraphOptions
+
+    assert GraphOptions().batch_size == 64 and GraphOptions(max_feature_nodes=0).max_feature_nodes == 0
+    for bad in ({"batch_size": 0}, {"max_feature_nodes": -1}):
+        with pytest.raises(ValueError, match="batch_size must be >= 1 and max_feature_nodes >= 0"):
+            GraphOptions(**bad)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        GraphOptions().batch_size = 2
+
+
+def test_the_model_is_left_as_it_was_found():
+    """Modes, parameter gradients and grad mode are restored after the graph (and after a refusal): the
+    replacement model's state is the context's, not the caller's."""
+    model = relu_model("LN", seed=2)
+    tcs = random_transcoders(2, 16, 8)
+    model.train()
+    model.blocks[0].eval()  # a submodule in another mode than its parent's, kept so
+    list(model.parameters())[3].requires_grad_(False)  # one parameter a caller froze, left frozen
+    state = lambda: ([p.requires_grad for p in model.parameters()], [m.training for m in model.modules()])  # noqa: E731
+    before = state()
+    with torch.no_grad():
+        attribution_graph(model, tcs, torch.arange(1, 7), targets=[3], progress=False)
+        with pytest.raises(ValueError, match="targets"):
+            attribution_graph(model, tcs, torch.arange(1, 7), targets=[3, 3], progress=False)
+        assert not torch.is_grad_enabled()
+    assert state() == before
+
+
 def test_half_models_are_computed_in_float32(code_graph):
     """A float16 model's graph is its float32 copy's (as elsewhere in rs_interp), and still sums exactly."""
     model, g = code_graph

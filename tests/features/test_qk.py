@@ -216,6 +216,16 @@ def test_refusals(code_qk):
         qk_attributions(model, other, g, [(1, 0, 5, 1)])
 
 
+def test_inference_mode_is_no_obstacle(code_qk):
+    """The QK split's backward passes need autograd: a caller in inference mode gets the same numbers."""
+    model, tcs, g, qk = code_qk
+    with torch.inference_mode():
+        again = qk_attributions(model, tcs, g, [(a.layer, a.head, a.query, a.key) for a in qk[:1]])
+        top = top_attention(model, tcs, g, 3)
+    assert torch.equal(again[0].table, qk[0].table) and torch.equal(again[0].loadings, qk[0].loadings)
+    assert top == top_attention(model, tcs, g, 3)
+
+
 @pytest.mark.skipif(TL4, reason="TransformerLens 4.3's native models build no ALiBi")
 def test_alibi_is_refused_by_the_scores_identity():
     model = make_variant("LN", "alibi", False, seed=1)

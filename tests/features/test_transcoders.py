@@ -306,6 +306,16 @@ def test_training_refuses_jumprelu():
         train_transcoder(relu_model(), torch.zeros(2, 4, dtype=torch.long), d_transcoder=8, activation="jumprelu")
 
 
+def test_training_in_inference_mode_is_the_same():
+    """Training needs autograd: a caller in inference mode gets the same transcoders (its tokens copied out)."""
+    model, tokens = relu_model(seed=3), torch.randint(0, 50, (4, 12), generator=torch.Generator().manual_seed(1))
+    t = train_transcoder(model, tokens, d_transcoder=8, steps=3, batch_size=16, progress=False)
+    with torch.inference_mode():
+        inside = train_transcoder(model, tokens.clone(), d_transcoder=8, steps=3, batch_size=16, progress=False)
+    assert all(torch.equal(a.W_dec, b.W_dec) for a, b in zip(t.transcoders, inside.transcoders))
+    assert t.metrics == inside.metrics
+
+
 # --- the shipped set -------------------------------------------------------------------------------
 
 
