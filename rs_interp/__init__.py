@@ -153,7 +153,7 @@ _MOVED = {
     **{m: f".readouts.{m}" for m in ("attribution", "second_order", "paths", "lens", "tuned_lens")},
     **{m: f".heads.{m}" for m in ("composition", "copying", "ablation", "head_ablation")},
     **{m: f".ui.{m}" for m in ("plots", "circuit_figure", "cli", "circuit_command")},
-    "geometry": ".lab.geometry",
+    "geometry": ".reproduce.geometry", "finance": ".reproduce.finance",  # study code, with the reproduction (issue 65)
 }
 
 #: Names that left the top level in issue 65 (at most 70 names there): the result types, which a notebook holds but

@@ -17,10 +17,11 @@ from safetensors.torch import load_file, save_file
 import rs_interp as ri
 from rs_interp._files import digest, read_csv, read_json, read_safetensors, read_torch
 from rs_interp._messages import LIMIT
+from rs_interp.circuits import read_mib, write_mib
 from rs_interp.features import CrossLayerTranscoder, Transcoder, TranscoderSet, load_clt, load_transcoders
 from rs_interp.features.formats import load_pchlenski_transcoders, load_sparsify_transcoders
 from rs_interp.models.code_model import read_tokenizer
-from rs_interp.tasks import read_eap_csv, read_mib, write_mib
+from rs_interp.tasks import read_eap_csv
 
 G = torch.Generator().manual_seed(0)
 

@@ -17,6 +17,7 @@ one list.
 - :mod:`.evaluation`: circuits, faithfulness and its curve;
 - :mod:`.ungrouped`: grouped-query attention with one key/value edge per query head, MIB's graph of it;
 - :mod:`.methods`: the registry of methods;
+- :mod:`.mib_files`, :mod:`.mib_names`: circuits and edge scores in the MIB circuit track's graph files;
 - :mod:`.ground_truth`, :mod:`.tracr`: models whose circuits are known, and how each method scores on them.
 """
 
@@ -26,6 +27,7 @@ from .correction import Fixed, fix_unreliable
 from .edge_attribution import EdgeAttributionPatching, edge_attribution_patching
 from .evaluation import MIB_FRACTIONS, FaithfulnessCurve, MIBScores, evaluate_circuit, faithfulness_curve, mib_scores
 from .graph import EdgeEffects, EdgeLayout, edge_layout
+from .mib_files import MIBGraph, from_mib_edge, mib_edge_names, mib_importances, read_mib, write_mib, write_mib_circuits
 from .node_attribution import AttributionPatching, attribution_patching
 from .path_patching import PathPatching, path_patching
 from .positions import PositionalEdgeEffects, PositionSchema
@@ -45,6 +47,7 @@ __all__ = [
     "top_edges",
     "ACDC", "acdc", "Fixed", "fix_unreliable", "Bootstrap", "Stability", "bootstrap", "stability",
     "ungroup_gqa",
+    "MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge", "mib_importances",
 ]
 
 #: Every submodule answers as an attribute (``rs_interp.circuits.methods``), imported on first use.

@@ -252,7 +252,7 @@ def faithfulness_curve(
         pruned: prune dangling edges as MIB does (``False``: every chosen edge stays, rs_interp's
             earlier rule; a circuit may then hold edges that reach nothing).
         higher_is_better: the metric's direction, for ``ranking="signed"``: MIB ranks the scores of
-            the loss, largest first (:func:`rs_interp.tasks.mib_importances`), so with a logit or
+            the loss, largest first (:func:`rs_interp.circuits.mib_importances`), so with a logit or
             probability difference (``True``) the smallest effects come first, with a loss (``False``)
             the largest. ``None`` (the default): the one rule, :func:`rs_interp.metrics.direction`, the
             metric's own declaration (a task's metric: ``True``; :func:`rs_interp.next_token_loss`:
@@ -360,7 +360,7 @@ def mib_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], metric: Met
     MIB's signed ranking is of the loss's scores, so it depends on the metric's direction: by default
     (``higher_is_better=None``) the one rule of :func:`rs_interp.metrics.direction` (the metric's own
     declaration, else the clean run against the empty circuit), which gives a logit or probability
-    difference ``True``, as :func:`rs_interp.tasks.write_mib` writes by default: the CPR is then the one
+    difference ``True``, as :func:`rs_interp.circuits.write_mib` writes by default: the CPR is then the one
     MIB's evaluation gives on that file. The curves say which direction was used (``signed.higher_is_better``).
 
     ``scores`` may be one result or a mapping name -> result (several methods compared): then a dict

@@ -202,7 +202,7 @@ def circuit_at(scores: EdgeEffects, fraction: float | None = None, *, ranking: R
     curve's fraction, in its ranking and its metric's direction (:func:`smallest_recovering`; ``curve`` a
     :class:`~rs_interp.circuits.FaithfulnessCurve`, typed ``Any`` here: evaluation reads this module).
 
-    MIB ranks the scores of the *loss* (:func:`rs_interp.tasks.mib_importances`): by signed score,
+    MIB ranks the scores of the *loss* (:func:`rs_interp.circuits.mib_importances`): by signed score,
     the edges whose patching raises the loss most come first. ``higher_is_better=True`` (a logit or
     probability difference) ranks ``-effect`` so, the smallest effect first; ``False`` (the
     default, ``None``, with no curve: the metric is a loss) ranks ``effect``, the largest first. ``|effect|``

@@ -16,7 +16,7 @@ so every run computes what the grouped model computes (tested to float rounding)
 graph has one key and one value input per query head. Every method then runs on it unchanged: EAP
 and EAP-IG score each copy as MIB does (the gradient at head ``h``'s own input), a faithfulness
 curve keeps partial KV groups at a budget as MIB's does (each copy one edge), and MIB's importance
-files of GQA models, whose copies differ, read onto it (:func:`rs_interp.tasks.read_mib`). On the
+files of GQA models, whose copies differ, read onto it (:func:`rs_interp.circuits.read_mib`). On the
 grouped model each KV edge's score is the sum of its copies' scores (first order, exactly).
 
 >>> import rs_interp as ri

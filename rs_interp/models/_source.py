@@ -62,11 +62,13 @@ def weight_files(folder: Path) -> list[Path]:
         if not index:
             return [folder / name]
         with parsing(folder / name, "Hugging Face weight index"):
-            shards = sorted({str(v) for v in read_json(folder / name, "Hugging Face weight index")["weight_map"].values()})
+            shards = sorted({str(v) for v in read_json(folder / name,
+                                                       "Hugging Face weight index")["weight_map"].values()})
         missing = [f for f in shards if not (folder / f).is_file()]
         if not shards or missing:
             raise FileError(f"Hugging Face weight index {folder / name} names "
-                            f"{'no shard' if not shards else 'shards that are missing: ' + few(missing)}.", folder / name)
+                            f"{'no shard' if not shards else 'shards that are missing: ' + few(missing)}.",
+                            folder / name)
         return [folder / f for f in shards]
     raise FileError(f"Hugging Face checkpoint {folder} holds no weights (no model.safetensors, pytorch_model.bin or "
                     "index of their shards).", folder)
@@ -98,16 +100,16 @@ def _loaded(source: str, local: bool, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
     with loading(source, "Hugging Face checkpoint", "transformers") if local else contextlib.nullcontext():
-        hf, info = AutoModelForCausalLM.from_pretrained(source, local_files_only=local, dtype=dtype, output_loading_info=True,
-                                                        ignore_mismatched_sizes=True)
+        hf, info = AutoModelForCausalLM.from_pretrained(source, local_files_only=local, dtype=dtype,
+                                                        output_loading_info=True, ignore_mismatched_sizes=True)
     missing = sorted(info.get("missing_keys") or ())
     shapes = sorted(str(m[0] if isinstance(m, (tuple, list)) else m) for m in info.get("mismatched_keys") or ())
     if missing or shapes:
         what = (f"lack {few(missing)}" if missing else "") + (" and " if missing and shapes else "") + \
                (f"hold {few(shapes)} in another shape than the config's" if shapes else "")
         files = f" ({few(f.name for f in weight_files(Path(source)))})" if local else ""
-        raise FileError(f"the weights of Hugging Face checkpoint {source}{files} {what}: the files are incomplete or do "
-                        "not belong to this config.json. Save the checkpoint again (save_pretrained).", source)
+        raise FileError(f"the weights of Hugging Face checkpoint {source}{files} {what}: the files are incomplete or "
+                        "do not belong to this config.json. Save the checkpoint again (save_pretrained).", source)
     return hf.eval()
 
 
@@ -170,14 +172,16 @@ def reference(source: str, dtype: torch.dtype, *, local: bool) -> Reference:
     n_ctx = int(config.get("max_position_embeddings") or config.get("n_positions") or config.get("seq_length") or 8)
     declared = windows(config)
     g = torch.Generator().manual_seed(0)
-    tokens = tuple(torch.randint(0, vocab, (2 if n == min(8, n_ctx) else 1, n), generator=g) for n in probe_lengths(n_ctx, declared))
+    tokens = tuple(torch.randint(0, vocab, (2 if n == min(8, n_ctx) else 1, n),
+                                 generator=g) for n in probe_lengths(n_ctx, declared))
     try:
         with torch.no_grad():
             log_probs = tuple(hf(t).logits.to(torch.float64).log_softmax(-1) for t in tokens)
     except Exception as err:
         dtype_error = any(w in str(err) for w in ("Float", "Double", "dtype", "Half", "BFloat16"))
         hint = ("load it with dtype=torch.float32" if dtype_error else
-                "the checkpoint or transformers' implementation of this family does not run, so there is nothing to convert")
+                "the checkpoint or transformers' implementation of this family does not run, so there is nothing to "
+                "convert")
         raise ValueError(f"transformers' own {arch} fails on a probe batch in {dtype} ({type(err).__name__}: "
                          f"{clip(err)}): {hint}") from err
     finally:
@@ -214,11 +218,14 @@ def compare(model: Model, ref: Reference, dtype: torch.dtype) -> float:
         if not here <= gap:
             gap, where = here, f"{tokens.shape[1]} tokens"
     if not gap <= tol:
-        flags = f" (the checkpoint sets {', '.join(ref.flags)}: parameters a conversion may leave out)" if ref.flags else ""
+        flags = (f" (the checkpoint sets {', '.join(ref.flags)}: parameters a conversion may leave out)"
+                 if ref.flags else "")
         past = [f"{name} {w}" for name, w in ref.windows if w < int(where.split()[0])]
-        window = f", past the {' and '.join(past)} the config declares (a window or scaling the conversion may drop)" if past else ""
-        raise ValueError(f"TransformerLens {_backend.TL_VERSION}'s conversion of {ref.architecture} does not compute the "
-                         f"checkpoint's function: its log-probabilities differ from the Hugging Face model's by {gap:.3g} "
-                         f"at {where}{window} (tolerance {tol:g} in {dtype}){flags}; try {_backend.other_version()}")
+        window = (f", past the {' and '.join(past)} the config declares (a window or scaling the conversion may drop)"
+                  if past else "")
+        raise ValueError(f"TransformerLens {_backend.TL_VERSION}'s conversion of {ref.architecture} does not compute "
+                         "the checkpoint's function: its log-probabilities differ from the Hugging Face model's by "
+                         f"{gap:.3g} at {where}{window} (tolerance {tol:g} in {dtype}){flags}; try "
+                         f"{_backend.other_version()}")
     note_source(model, gap, tol)
     return gap

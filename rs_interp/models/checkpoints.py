@@ -155,7 +155,8 @@ _REQUIRED_FIELDS = {"n_layers": int, "d_model": int, "n_ctx": int, "d_head": int
 
 def _config_from_json(data: Any, where: Path) -> ModelConfig:
     if not isinstance(data, dict):
-        raise CheckpointError(f"checkpoint config {where}: 'config' holds a {type(data).__name__}, not a JSON object.", where)
+        raise CheckpointError(f"checkpoint config {where}: 'config' holds a {type(data).__name__}, not a JSON object.",
+                              where)
     for key, typ in _REQUIRED_FIELDS.items():
         if key not in data:
             raise CheckpointError(f"checkpoint config {where} lacks the field {key!r}.", where)
@@ -177,7 +178,8 @@ def _config_from_json(data: Any, where: Path) -> ModelConfig:
     try:
         return _backend.make_config(**fields)
     except Exception as err:  # TransformerLens raises assorted errors for inconsistent configs
-        raise CheckpointError(f"checkpoint config {where} is not a valid config for TransformerLens {_backend.TL_VERSION} "
+        raise CheckpointError(f"checkpoint config {where} is not a valid config for TransformerLens "
+                              f"{_backend.TL_VERSION} "
                               f"({clip(err)}).", where) from err
 
 
@@ -196,7 +198,8 @@ def made_with() -> dict[str, str]:
 
 def _digests(config: dict[str, Any], state: dict[str, torch.Tensor]) -> dict[str, Any]:
     """What :func:`save_model` stores beside the config: the sha256 of the config and of every tensor."""
-    return {"algorithm": "sha256", "config": json_digest(config), "tensors": {k: digest(v) for k, v in sorted(state.items())}}
+    return {"algorithm": "sha256", "config": json_digest(config),
+            "tensors": {k: digest(v) for k, v in sorted(state.items())}}
 
 
 def save_model(model: Model, path: str | Path, *, metadata: dict[str, Any] | None = None) -> Path:
@@ -218,7 +221,8 @@ def save_model(model: Model, path: str | Path, *, metadata: dict[str, Any] | Non
     state = _backend.portable_state(model)
     save_file(state, str(w_path))
     config = json.loads(json.dumps(_config_to_json(model.cfg)))  # as load_model will read it back
-    payload = {"config": config, "metadata": {"versions": made_with(), **(metadata or {})}, "digests": _digests(config, state)}
+    payload = {"config": config, "metadata": {"versions": made_with(), **(metadata or {})},
+               "digests": _digests(config, state)}
     cfg_path.write_text(json.dumps(payload, indent=2, sort_keys=True))
     return cfg_path.with_suffix("")
 
@@ -276,7 +280,8 @@ def load_model(path: str | Path) -> Model:
 
 def _check_digests(digests: Any, config: Any, state: dict[str, torch.Tensor], cfg_path: Path, w_path: Path) -> None:
     """Refuse a config or a tensor that differs from the digest :func:`save_model` stored (``digests``)."""
-    if not isinstance(digests, dict) or digests.get("algorithm") != "sha256" or not isinstance(digests.get("tensors"), dict):
+    if (not isinstance(digests, dict) or digests.get("algorithm") != "sha256"
+            or not isinstance(digests.get("tensors"), dict)):
         raise CheckpointError(f"checkpoint config {cfg_path}: its 'digests' entry is malformed (save_model writes "
                               "an algorithm, a config digest and one digest per tensor).", cfg_path)
     if digests.get("config") != json_digest(config):
@@ -285,13 +290,13 @@ def _check_digests(digests: Any, config: Any, state: dict[str, torch.Tensor], cf
     listed = digests["tensors"]
     if set(listed) != set(state):
         odd = sorted(set(listed) ^ set(state))
-        raise CheckpointError(f"checkpoint weights {w_path}: its tensors differ from those whose digests {cfg_path.name} "
-                              f"lists ({few(odd)}). Restore the file, or save the model again.", w_path)
+        raise CheckpointError(f"checkpoint weights {w_path}: its tensors differ from those whose digests "
+                              f"{cfg_path.name} lists ({few(odd)}). Restore the file, or save the model again.", w_path)
     for name, tensor in state.items():
         if listed[name] != digest(tensor):
             raise CheckpointError(f"checkpoint weights {w_path}: tensor {name!r} does not match its sha256 digest in "
-                                  f"{cfg_path.name} (the file changed after it was saved). Restore it, or save the model "
-                                  "again.", w_path)
+                                  f"{cfg_path.name} (the file changed after it was saved). Restore it, or save the "
+                                  "model again.", w_path)
 
 
 def _load(cfg_path: Path, w_path: Path) -> Model:

@@ -108,9 +108,9 @@ def code_corpus() -> CodeCorpus:
 def code_model_config(**overrides: Any) -> ModelConfig:
     """GPT-2's architecture at toy size: 2 layers, ``d_model=128``, 2 heads of GPT-2's width 64, GELU MLPs of 512,
     LayerNorm, learned positions, context 64, :data:`CODE_VOCAB` tokens."""
-    fields: dict[str, Any] = dict(n_layers=2, d_model=128, n_heads=2, d_head=64, d_mlp=512, d_vocab=CODE_VOCAB, n_ctx=64,
-                                  act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
-                                  seed=None, device="cpu")
+    fields: dict[str, Any] = dict(n_layers=2, d_model=128, n_heads=2, d_head=64, d_mlp=512, d_vocab=CODE_VOCAB,
+                                  n_ctx=64, act_fn="gelu_new", normalization_type="LN",
+                                  positional_embedding_type="standard", seed=None, device="cpu")
     fields.update(overrides)
     return make_config(**fields)
 
@@ -120,7 +120,8 @@ def train_code_tokenizer(corpus: CodeCorpus, vocab_size: int = CODE_VOCAB):
     from tokenizers import ByteLevelBPETokenizer
 
     tok = ByteLevelBPETokenizer()
-    tok.train_from_iterator(list(corpus.train), vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT], show_progress=False)
+    tok.train_from_iterator(list(corpus.train), vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT],
+                            show_progress=False)
     return tok
 
 
@@ -165,7 +166,8 @@ def _batch(stream: torch.Tensor, n: int, width: int, generator: torch.Generator,
 
     Why the periodic rows: on code alone (and with one repeated span per row, of code or of random
     tokens) no induction head formed within the budget; rows that repeat from start to end make
-    copying pay at almost every position, and the circuit forms within the first 2,000 steps (near 1,850 in the shipped model)."""
+    copying pay at almost every position, and the circuit forms within the first 2,000 steps (near 1,850 in the
+    shipped model)."""
     k = round(n * periodic_fraction)
     starts = torch.randint(0, len(stream) - width, (n - k,), generator=generator)
     code = stream[starts[:, None] + torch.arange(width)]
@@ -199,16 +201,19 @@ def train_code_model(*, steps: int, batch_size: int, lr: float, warmup: int, see
     mask = torch.ones(batch_size, cfg.n_ctx - 1, dtype=torch.bool)
     if not 0.0 <= periodic_fraction <= 1.0:
         raise ValueError(f"periodic_fraction must be in [0, 1], got {periodic_fraction}")
-    batches = lambda _: (_batch(train_ids, batch_size, cfg.n_ctx, gen, periodic_fraction, cfg.d_vocab), mask)  # noqa: E731
+    batches = lambda _: (_batch(train_ids, batch_size, cfg.n_ctx, gen, periodic_fraction, cfg.d_vocab),  # noqa: E731
+                         mask)
     start = time.perf_counter()
-    # GPT-2 has no unembedding bias (TransformerLens 3.x carries a parameter, 4.x's native models a buffer): it stays at zero.
-    losses = train_on_batches(model, batches, steps=steps, lr=lr, warmup=warmup, progress=progress, desc="training code-2l",
-                              params=trainable_parameters(model, frozen=("b_U",)))
+    # GPT-2 has no unembedding bias (TransformerLens 3.x carries a parameter, 4.x's native models a buffer): it
+    # stays at zero.
+    losses = train_on_batches(model, batches, steps=steps, lr=lr, warmup=warmup, progress=progress,
+                              desc="training code-2l", params=trainable_parameters(model, frozen=("b_U",)))
     meta = {"training": dict(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                              periodic_fraction=periodic_fraction, seconds=round(time.perf_counter() - start, 1)),
             "corpus": {"folders": list(CORPUS_FOLDERS), "sha256": corpus.sha256, "torch": corpus.torch_version,
                        "files": [len(corpus.train), len(corpus.heldout)], "tokens": [len(train_ids), len(held_ids)]},
-            "heldout_loss": heldout_loss(model, held_ids), "unigram_loss": unigram_loss(train_ids, held_ids, cfg.d_vocab),
+            "heldout_loss": heldout_loss(model, held_ids),
+            "unigram_loss": unigram_loss(train_ids, held_ids, cfg.d_vocab),
             **dict(zip(("repeat_first_loss", "repeat_loss"), repeated_sequence_losses(model, seed=REPEAT_SEED))),
             "loss_curve": losses[::50]}
     return model, tokenizer, meta
@@ -240,7 +245,8 @@ def repeated_tokens(d_vocab: int, *, n: int, half: int, seed: int) -> torch.Tens
     return torch.cat([seq, seq], 1)
 
 
-def repeated_sequence_losses(model: Model, *, n: int = 64, half: int | None = None, seed: int = 0) -> tuple[float, float]:
+def repeated_sequence_losses(model: Model, *, n: int = 64, half: int | None = None,
+                             seed: int = 0) -> tuple[float, float]:
     """Loss on the first and on the second occurrence of ``n`` random token sequences of length
     ``half`` (default: half the context) repeated once: (first, repeat). Induction makes the repeat cheap."""
     half = model.cfg.n_ctx // 2 if half is None else half

@@ -2,8 +2,8 @@
 
 Sources:
 
-- ``"hub"``: ``HookedTransformer.from_pretrained`` on TransformerLens 3.x, ``TransformerBridge.boot_transformers`` on 4.x (honours the Hugging Face cache and
-  ``HF_HUB_OFFLINE``);
+- ``"hub"``: ``HookedTransformer.from_pretrained`` on TransformerLens 3.x, ``TransformerBridge.boot_transformers``
+  on 4.x (honours the Hugging Face cache and ``HF_HUB_OFFLINE``);
 - a path to a local Hugging Face GPT-2 checkpoint directory (``config.json`` plus
   ``model.safetensors``): converted offline with TransformerLens's own weight conversion, no
   network call;
@@ -66,7 +66,8 @@ def load_gpt2(
     >>> import tempfile
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> path = tempfile.mkdtemp()
-    >>> GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=16)).save_pretrained(path)
+    >>> config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=16)
+    >>> GPT2LMHeadModel(config).save_pretrained(path)
     >>> model = load_gpt2(path)  # folded and centred as from_pretrained does
     >>> model.cfg.n_layers, model.cfg.d_model, model.cfg.d_vocab
     (2, 32, 100)
@@ -96,7 +97,8 @@ def load_gpt2(
         return model.eval()
     path = Path(source)
     if not path.exists():
-        raise GPT2WeightsUnavailable(f"source {str(source)!r} is neither 'hub', 'random' nor an existing directory. {_HOW}")
+        raise GPT2WeightsUnavailable(f"source {str(source)!r} is neither 'hub', 'random' nor an existing directory. "
+                                     f"{_HOW}")
     return _gpt2_from_dir(path, fold_ln=fold_ln, center_writing_weights=cww, center_unembed=cu, dtype=dtype)
 
 
@@ -114,7 +116,8 @@ def find_pretrained_gpt2(*, fold_ln: bool = True) -> tuple[Model | None, str]:
         except (GPT2WeightsUnavailable, FileError) as err:
             return None, str(err)
     if not _in_hf_cache(_HF_NAMES["small"]):
-        return None, f"no pretrained GPT-2 weights here: {ENV_VAR} is unset and the Hugging Face cache has no 'gpt2'. {_HOW}"
+        return None, (f"no pretrained GPT-2 weights here: {ENV_VAR} is unset and the Hugging Face cache has no "
+                      f"'gpt2'. {_HOW}")
     try:
         return load_gpt2("hub", fold_ln=fold_ln), "pretrained weights from the Hugging Face cache"
     except GPT2WeightsUnavailable as err:

@@ -52,8 +52,8 @@ class WeightsUnavailable(RuntimeError):
 ENV_VAR = "RS_INTERP_GPT2_PATH"
 
 _GPT2_HOW = (
-    "GPT-2's weights come from source='hub' (the network, or a Hugging Face cache holding 'gpt2'), a local "
-    f"checkpoint folder (pass it, or set {ENV_VAR}), or source='random'; how to save one: docs/capabilities/models.md."
+    "GPT-2's weights come from source='hub' (the network, or a Hugging Face cache holding 'gpt2'), a local checkpoint "
+    f"folder (pass it, or set {ENV_VAR}), or source='random'; how to save one: docs/capabilities/models.md."
 )
 
 
@@ -69,7 +69,8 @@ class GPT2WeightsUnavailable(WeightsUnavailable):
     """
 
 
-def _gpt2_from_dir(path: Path, *, fold_ln: bool, center_writing_weights: bool, center_unembed: bool, dtype: torch.dtype) -> Model:
+def _gpt2_from_dir(path: Path, *, fold_ln: bool, center_writing_weights: bool, center_unembed: bool,
+                   dtype: torch.dtype) -> Model:
     from transformers import AutoTokenizer, GPT2Config
 
     if not (path / "config.json").is_file():
@@ -139,7 +140,8 @@ def load_pretrained(
     >>> import tempfile
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> path = tempfile.mkdtemp()  # a checkpoint as save_pretrained writes it (tiny, random)
-    >>> GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=100, n_positions=16)).save_pretrained(path)
+    >>> config = GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=100, n_positions=16)
+    >>> GPT2LMHeadModel(config).save_pretrained(path)
     >>> model = load_pretrained(path, dtype=torch.float64)
     >>> model.cfg.n_layers, model.cfg.dtype
     (1, torch.float64)
@@ -156,8 +158,8 @@ def load_pretrained(
         if model_type == "gpt2":  # TransformerLens 3.9's own conversion cannot read a GPT-2 directory
             return _gpt2_from_dir(path, fold_ln=fold_ln, center_writing_weights=cww, center_unembed=cu, dtype=dtype)
         if not any((path / f).is_file() for f in _TOKENIZER_FILES):
-            raise WeightsUnavailable(f"{path} holds no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); save it beside "
-                                     f"the weights: AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR)")
+            raise WeightsUnavailable(f"{path} holds no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); save it "
+                                     "beside the weights: AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR)")
     elif str(source).startswith(("/", ".", "~")) or str(source).count("/") > 1:
         raise WeightsUnavailable(f"{str(source)!r} is neither a directory nor a hub name. {_HOW}")
     where = str(path.resolve() if local else source)

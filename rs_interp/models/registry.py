@@ -124,9 +124,9 @@ class ShippedModel:
             from .code_model import EOT
 
             # add_bos_token: TransformerLens takes the tokenizer as it is (it reloads one without it by name)
-            _backend.set_tokenizer(model, PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, unk_token=EOT,
-                                                                  pad_token=EOT, add_bos_token=True, name_or_path=self.name,
-                                                                  model_max_length=model.cfg.n_ctx))
+            _backend.set_tokenizer(model, PreTrainedTokenizerFast(
+                tokenizer_object=tok, bos_token=EOT, eos_token=EOT, unk_token=EOT, pad_token=EOT, add_bos_token=True,
+                name_or_path=self.name, model_max_length=model.cfg.n_ctx))
         return model
 
     def metadata(self) -> dict[str, Any]:
@@ -157,7 +157,8 @@ class ShippedModel:
         """The tolerance keys on which ``metadata`` (of a retrained model) is *outside* the tolerance
         of the shipped values: ``{key: (retrained, shipped)}``; empty when it reproduces them."""
         shipped = self.metadata()
-        return {k: (metadata[k], shipped[k]) for k, tol in self.tolerance.items() if not abs(metadata[k] - shipped[k]) <= tol}
+        return {k: (metadata[k], shipped[k])
+                for k, tol in self.tolerance.items() if not abs(metadata[k] - shipped[k]) <= tol}
 
 
 def _train_induction(settings: dict[str, Any], progress: bool) -> Trained:
@@ -213,7 +214,9 @@ SHIPPED_MODELS: dict[str, ShippedModel] = {
         {"steps": 4000, "batch_size": 32, "lr": 6e-3, "warmup": 200, "seed": 0, "periodic_fraction": 0.5},
         _CODE_TOLERANCE, extra_files=(".tokenizer.json",), trainer=_train_code),
     # Compiled, not trained: scripts/compile_tracr.py (tracr, JAX) writes them; rs_interp.circuits.tracr reads them.
-    **{f"tracr-{program}": ShippedModel(f"tracr-{program}", f"compiled by tracr from the RASP program {program!r} (rs_interp.circuits.tracr); "
+    **{f"tracr-{program}": ShippedModel(f"tracr-{program}",
+                                        f"compiled by tracr from the RASP program {program!r} "
+                                        "(rs_interp.circuits.tracr); "
                                         "its circuit is known by construction", {}, {})
        for program in ("reverse", "sort", "hist", "frac_prevs", "at_least_half")},
 }
@@ -332,7 +335,8 @@ class TrainingCache:
         return Trained(load_model(folder / "model"), read_metadata(folder / "model"), tokenizer)
 
 
-def train_shipped(name: str, seed: int | None = None, *, progress: bool = True, cache: TrainingCache | None = None) -> Trained:
+def train_shipped(name: str, seed: int | None = None, *, progress: bool = True,
+                  cache: TrainingCache | None = None) -> Trained:
     """Retrain the shipped model ``name`` from its recorded recipe (``seed``: the recorded one by default).
 
     With ``cache``, a model already trained from the same recipe and seed (on this kernel path and

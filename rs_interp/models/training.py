@@ -130,7 +130,8 @@ def score_logits(logits: Float[torch.Tensor, "batch pos d_vocab"], targets: Int[
     >>> model, batch = load_toy_model("induction-2l"), induction_batch(50, seed=1)
     >>> score_logits(model(batch.tokens), batch.targets) == score_model(model, batch.tokens, targets=batch.targets)
     True
-    >>> score_logits(run_with_key_input(model, batch.tokens, layer=1), batch.targets).accuracy < 0.2  # keys from x_0 alone
+    >>> keys_from_x0 = run_with_key_input(model, batch.tokens, layer=1)  # layer 1's keys from x_0 alone
+    >>> score_logits(keys_from_x0, batch.targets).accuracy < 0.2
     True
     """
     targets = check_targets(targets, logits[..., 0], logits.shape[-1])
@@ -257,7 +258,8 @@ def train_induction_model(
         b = induction_batch(batch_size, generator=gen, d_vocab=model.cfg.d_vocab, seq_len=model.cfg.n_ctx)
         return b.tokens, b.scored
 
-    train_on_batches(model, batches, steps=steps, lr=lr, progress=progress, desc=f"training {n_layers}-layer induction model")
+    train_on_batches(model, batches, steps=steps, lr=lr, progress=progress,
+                     desc=f"training {n_layers}-layer induction model")
     return model
 
 

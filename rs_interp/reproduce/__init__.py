@@ -8,6 +8,8 @@ report. The library (``rs_interp``) never imports this package; this package rea
   :mod:`rs_interp.models.registry`).
 - :mod:`.gpt2_check`, :mod:`.gradients`: the GPT-2 analysis and conversion check, the gradient table.
 - :mod:`.report`: the text table, ``results.json`` and ``report.html``.
+- :mod:`.geometry`, :mod:`.finance`: the study code only the reproduction reads (the theory lab; the finance
+  case study), answering as ``rs_interp.geometry`` and ``rs_interp.finance`` too.
 
 Each registry entry's cost is measured as it runs (:func:`run_sections`: CPU seconds of the process, all
 threads, and wall seconds; the first entry to use a model pays for loading it) and kept in
@@ -97,13 +99,15 @@ def run_sections(ctx: Context, only: Iterable[str] | None = None, *,
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     if jobs > 1 and ctx.retrain:
-        raise ValueError("jobs > 1 runs the shipped models; with retrain each worker would train the same models: jobs=1")
+        raise ValueError("jobs > 1 runs the shipped models; with retrain each worker would train the same models: "
+                         "jobs=1")
     names = [name for name in SECTIONS if name in wanted]
     done: dict[str, list[Section]] = {}
 
     def finished(name: str, sections: list[Section], cost: dict[str, float]) -> None:
         done[name] = [dataclasses.replace(s, part=name, cost=cost) for s in sections]
-        ctx.log(f"section {len(done)} of {len(names)} done: {name}, {cost['wall_seconds']:.1f} s wall, {cost['cpu_seconds']:.1f} CPU s")
+        ctx.log(f"section {len(done)} of {len(names)} done: {name}, {cost['wall_seconds']:.1f} s wall, "
+                f"{cost['cpu_seconds']:.1f} CPU s")
         if on_section is not None:
             on_section([s for n in names if n in done for s in done[n]])
 
@@ -121,8 +125,8 @@ def run_sections(ctx: Context, only: Iterable[str] | None = None, *,
         # fork where there is one (the workers start with torch and TransformerLens imported, as PyTorch's
         # DataLoader workers do, one thread each); spawn elsewhere
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method), initializer=_worker_init,
-                                 initargs=settings) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method),
+                                 initializer=_worker_init, initargs=settings) as pool:
             pending = {pool.submit(_worker_run, name): name for name in order}
             while pending:
                 ready, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -160,14 +164,14 @@ def _worker_run(name: str) -> tuple[list[Section], dict[str, float]]:
     return _timed(_WORKER["ctx"], name)
 
 
-def run_seeds(seed: int = 0, n: int = 1, only: Iterable[str] | None = None, *, retrain: bool = False, progress: bool = True,
-              log: Callable[[str], None] = lambda _msg: None, cache: TrainingCache | None = None,
+def run_seeds(seed: int = 0, n: int = 1, only: Iterable[str] | None = None, *, retrain: bool = False,
+              progress: bool = True, log: Callable[[str], None] = lambda _msg: None, cache: TrainingCache | None = None,
               on_section: Callable[[list[Section]], None] | None = None, jobs: int = 1) -> list[Section]:
     """Every table over the seeds ``seed, seed + 1, ..., seed + n - 1``.
 
-    ``n = 1`` is the fast path on the shipped models (``retrain=True``: retrained from ``seed``). ``n > 1`` retrains every seeded piece for each
-    seed (the toy models, the finance corpus and models, the collapse cloud, the gradient draws; through ``cache``
-    where given) and returns the first seed's tables with every row holding
+    ``n = 1`` is the fast path on the shipped models (``retrain=True``: retrained from ``seed``). ``n > 1`` retrains
+    every seeded piece for each seed (the toy models, the finance corpus and models, the collapse cloud, the
+    gradient draws; through ``cache`` where given) and returns the first seed's tables with every row holding
     its per-seed values (:attr:`Row.per_seed`); a numeric row's value is then the mean over seeds.
     ``on_section(done)``: as in :func:`run_sections` with one seed; with several, after each seed with the
     seeds done so far merged (a section's cost is then summed over them). ``jobs``: as in
@@ -178,13 +182,13 @@ def run_seeds(seed: int = 0, n: int = 1, only: Iterable[str] | None = None, *, r
     if n < 1:
         raise ValueError(f"n (the number of seeds) must be >= 1, got {n}")
     if n == 1:
-        return run_sections(Context(retrain=retrain, seed=seed, progress=progress, log=log, cache=cache), only, on_section=on_section,
-                            jobs=1 if retrain else jobs)
+        return run_sections(Context(retrain=retrain, seed=seed, progress=progress, log=log, cache=cache), only,
+                            on_section=on_section, jobs=1 if retrain else jobs)
     runs = []
     for i, s in enumerate(range(seed, seed + n)):
         log(f"seed {s} ({i + 1} of {n})")
-        runs.append(run_sections(Context(retrain=True, seed=s, progress=progress, log=lambda m, s=s: log(f"[seed {s}] {m}"), cache=cache),
-                                 only))
+        runs.append(run_sections(Context(retrain=True, seed=s, progress=progress,
+                                         log=lambda m, s=s: log(f"[seed {s}] {m}"), cache=cache), only))
         if on_section is not None and i + 1 < n:
             on_section([_merge(sections, seed) for sections in zip(*runs)])
     return [_merge(sections, seed) for sections in zip(*runs)]

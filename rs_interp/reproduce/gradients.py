@@ -22,8 +22,8 @@ from torch import nn
 
 from .. import _names as N
 from .._backend import Model, attention_output, make_config, mlp_out_parameter, reinitialise, set_unembedding
-from ..lab.geometry import layer_norm
 from ..models.checkpoints import build_model
+from .geometry import layer_norm
 
 __all__ = ["GradientRow", "gradient_scaling", "PostLNStack", "pre_ln_stack"]
 
@@ -75,7 +75,8 @@ def _rms(xs: list[float]) -> float:
     return float(torch.tensor(xs).pow(2).mean().sqrt())
 
 
-def gradient_scaling(depths: Sequence[int] = (6, 12, 24), *, n_draws: int = 8, seed: int = 0, n_tokens: int = 16) -> list[GradientRow]:
+def gradient_scaling(depths: Sequence[int] = (6, 12, 24), *, n_draws: int = 8, seed: int = 0,
+                     n_tokens: int = 16) -> list[GradientRow]:
     """Measure the table: per depth, RMS over ``n_draws`` random stacks and inputs (float64).
 
     The loss is ``mean over tokens of sum_k (LN(x_L) W_U)_k c_k`` with a random readout ``W_U``
@@ -86,7 +87,8 @@ def gradient_scaling(depths: Sequence[int] = (6, 12, 24), *, n_draws: int = 8, s
         acc: dict[str, list[float]] = {k: [] for k in ("pre_last", "post_last", "pre_first", "pre_norm", "post_norm")}
         model = pre_ln_stack(depth, seed=seed + 1000 * depth, n_ctx=n_tokens)
         for draw in range(n_draws):
-            if draw:  # the weights pre_ln_stack(depth, seed=seed + 1000 * depth + draw) would have, without building it again
+            # the weights pre_ln_stack(depth, seed=seed + 1000 * depth + draw) would have, without building it again
+            if draw:
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(seed + 1000 * depth + draw)
                     reinitialise(model)
@@ -95,7 +97,9 @@ def gradient_scaling(depths: Sequence[int] = (6, 12, 24), *, n_draws: int = 8, s
             g = torch.Generator().manual_seed(seed + draw)
             x0 = torch.randn(1, n_tokens, model.cfg.d_model, generator=g, dtype=torch.float64)
             c = torch.randn(model.cfg.d_vocab, generator=g, dtype=torch.float64)
-            set_unembedding(model, torch.randn(model.W_U.shape, generator=g, dtype=torch.float64) * model.cfg.initializer_range)
+            set_unembedding(model,
+                            torch.randn(model.W_U.shape, generator=g,
+                                        dtype=torch.float64) * model.cfg.initializer_range)
             W_last, W_first = mlp_out_parameter(model, depth - 1), mlp_out_parameter(model, 0)
 
             box = {}

@@ -43,7 +43,8 @@ def format_table(section: Section) -> str:
     column at most :data:`COLUMN_WIDTHS` wide (a longer cell wraps onto the next lines).
 
     >>> from rs_interp.reproduce.context import Row, Section
-    >>> row = Row("a measure whose description runs on well past the width of its column", -0.0, "0", "= 0 ± 1e-09", True)
+    >>> label = "a measure whose description runs on well past the width of its column"
+    >>> row = Row(label, -0.0, "0", "= 0 ± 1e-09", True)
     >>> print(format_table(Section("k", "A table", (row,), {})))
     == A table
     measure                                   ours  theory  band
@@ -63,7 +64,8 @@ def format_table(section: Section) -> str:
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     for note in section.notes.splitlines():  # a long line of the notes wraps too; shorter ones keep their layout
-        lines.extend(textwrap.wrap(note, WIDTH, break_on_hyphens=False, subsequent_indent=" " * (len(note) - len(note.lstrip())))
+        lines.extend(textwrap.wrap(note, WIDTH, break_on_hyphens=False,
+                                   subsequent_indent=" " * (len(note) - len(note.lstrip())))
                      if len(note) > WIDTH else [note])
     return "\n".join(lines)
 
@@ -115,8 +117,8 @@ def environment() -> dict[str, str]:
 def describe_environment() -> str:
     """One line for the top of the text output and the report."""
     env = environment()
-    return (f"TransformerLens {env['transformer_lens']} ({env['model_class']}), torch {env['torch']}, "
-            f"Python {env['python']}")
+    return (f"TransformerLens {env['transformer_lens']} ({env['model_class']}), torch {env['torch']}, Python "
+            f"{env['python']}")
 
 
 def section_costs(sections: list[Section], elapsed: float | None = None) -> dict[str, dict[str, float]]:
@@ -154,7 +156,8 @@ def format_cost(sections: list[Section], elapsed: float | None = None) -> str:
     total    1.2    2.5
     """
     costs = section_costs(sections, elapsed)
-    rows = [("section", "CPU s", "wall s")] + [(k, f"{c['cpu_seconds']:.1f}", f"{c['wall_seconds']:.1f}") for k, c in costs.items()]
+    rows = [("section", "CPU s", "wall s")] + [(k, f"{c['cpu_seconds']:.1f}", f"{c['wall_seconds']:.1f}")
+                                               for k, c in costs.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = ["== Cost per section (CPU seconds: every thread of the process; wall seconds)"]
     for i, r in enumerate(rows):
@@ -257,15 +260,14 @@ def _about(docs_link: str | None) -> str:
             f"<em>{html.escape(THEORY_GPT2)}</em>: attention's contraction and the skip (Theorem 1, Proposition 2), "
             "LayerNorm's geometry (Proposition 3, Corollary 1), the identity path (Theorem 2), the path expansion "
             "(Theorem 3, Propositions 4 and 5), the induction-head experiments, the finance case study and GPT-2's "
-            f"parameter counts; beyond the theory, circuit discovery and its ground truth, and a GPT-2-shaped model "
-            f"trained here. See {where}.</p>"
-            "<p><strong>How to read a row.</strong> <em>ours</em> is what rs_interp measured (on the shipped models, "
-            "or those retrained with --retrain or --seeds); "
-            "<em>theory</em> is the theory's own value where it gives one (from its NumPy reference implementation, "
-            "with its own initialisation), - where it gives none; <em>band</em> is the range the row is held to "
-            "(ours is judged, not the theory's digits): &#10003; within band, &#10007; outside. <em>Beside it</em> "
-            "says what else stands beside the value (an estimate, a cost relative to EAP, what a band means in words). "
-            "Rows without a band are reported, not judged: each table folds them below its banded rows.</p></section>")
+            "parameter counts; beyond the theory, circuit discovery and its ground truth, and a GPT-2-shaped model "
+            f"trained here. See {where}.</p><p><strong>How to read a row.</strong> <em>ours</em> is what rs_interp "
+            "measured (on the shipped models, or those retrained with --retrain or --seeds); <em>theory</em> is the "
+            "theory's own value where it gives one (from its NumPy reference implementation, with its own "
+            "initialisation), - where it gives none; <em>band</em> is the range the row is held to (ours is judged, "
+            "not the theory's digits): &#10003; within band, &#10007; outside. <em>Beside it</em> says what else "
+            "stands beside the value (an estimate, a cost relative to EAP, what a band means in words). Rows without a "
+            "band are reported, not judged: each table folds them below its banded rows.</p></section>")
 
 
 def write_report(sections: list[Section], path: Path, *, title: str = f"{THEORY}: reproduced by rs_interp",
@@ -284,16 +286,18 @@ def write_report(sections: list[Section], path: Path, *, title: str = f"{THEORY}
             fid = f"fig-{section.key}-{i}"
             ids.append(fid)
             spec = fig.to_plotly_json()
-            payload = json.dumps({"data": spec.get("data", []), "layout": spec.get("layout", {})}, default=_json_default)
+            payload = json.dumps({"data": spec.get("data", []), "layout": spec.get("layout", {})},
+                                 default=_json_default)
             scripts.append(f"Plotly.newPlot({json.dumps(fid)}, ...(function(s){{return [s.data, s.layout, "
                            f"{{responsive:true, displaylogo:false}}]}})({payload}));")
         body.append(_section_html(section, ids))
     costs = section_costs(sections, elapsed)
     if costs:
-        cells = "".join(f"<tr><td>{html.escape(k)}</td><td>{c['cpu_seconds']:.1f}</td><td>{c['wall_seconds']:.1f}</td></tr>"
-                        for k, c in costs.items())
+        cells = "".join(f"<tr><td>{html.escape(k)}</td><td>{c['cpu_seconds']:.1f}</td>"
+                        f"<td>{c['wall_seconds']:.1f}</td></tr>" for k, c in costs.items())
         body.append('<section id="cost"><h2>Cost per section</h2><table><tr><th>section</th><th>CPU seconds</th>'
-                    f'<th>wall seconds</th></tr>{cells}</table><p class="note">CPU seconds of the process (every thread) '
+                    f'<th>wall seconds</th></tr>{cells}</table><p class="note">CPU seconds of the process (every '
+                    'thread) '
                     "and wall seconds of each registry entry; the first entry to use a model pays for loading it"
                     + (f"; the whole run {elapsed:.1f} s wall" if elapsed is not None else "") + ".</p></section>")
     n_ok = sum(r.ok is True for s in sections for r in s.rows)
@@ -303,8 +307,7 @@ def write_report(sections: list[Section], path: Path, *, title: str = f"{THEORY}
             else " with the shipped models (one seed; `rs-interp reproduce --seeds N` retrains over N seeds)")
     summary = (_about(docs_link or docs_map_link())
                + f"<p>{n_ok} rows within band, {n_out} outside{over}; theory values from the NumPy reference "
-               "implementation.</p>"
-               f"<p>Computed with {html.escape(describe_environment())}.</p>")
+                 f"implementation.</p><p>Computed with {html.escape(describe_environment())}.</p>")
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body><h1>{html.escape(title)}</h1>{summary}"
             + "".join(body) + "<script>" + "\n".join(scripts) + "</script></body></html>")

@@ -8,7 +8,8 @@
 - ``tasks.induction``: repeated random sequences (:func:`rs_interp.induction_batch`);
 - ``tasks.prompts``: your own task from your own prompt pairs and answers (:func:`prompt_task`), and which
   words are one token for a model (:func:`word_pieces`, :func:`one_token_words`);
-- ``tasks.eap_csv``: EAP-IG's task CSV; ``tasks.mib``: the MIB circuit track's graph files.
+- ``tasks.eap_csv``: EAP-IG's task CSV (the MIB circuit track's graph files describe circuits: they live beside
+  them, :mod:`rs_interp.circuits.mib_files`).
 
 Every builder is seeded (the same seed, the same task byte for byte) and refuses, naming the words,
 a tokenizer under which its words are not single tokens.
@@ -33,13 +34,6 @@ _WHERE: dict[str, str] = {
     "induction_task": ".induction",
     "read_eap_csv": ".eap_csv",
     "write_eap_csv": ".eap_csv",
-    "MIBGraph": ".mib",
-    "from_mib_edge": ".mib",
-    "mib_edge_names": ".mib",
-    "mib_importances": ".mib",
-    "read_mib": ".mib",
-    "write_mib": ".mib",
-    "write_mib_circuits": ".mib",
     "ioi_task": ".ioi",
     "one_token_words": ".prompts",
     "prompt_task": ".prompts",
@@ -55,18 +49,22 @@ if TYPE_CHECKING:
     from .greater_than import greater_than_task
     from .induction import induction_task
     from .ioi import ioi_task
-    from .mib import MIBGraph, from_mib_edge, mib_edge_names, mib_importances, read_mib, write_mib, write_mib_circuits
     from .prompts import one_token_words, prompt_task, word_pieces
     from .sva import sva_task
     from .task import MetricKind, NotSingleTokens, Task
 
-__getattr__, __dir__ = attach(__name__, _WHERE, globals())
+#: MIB's graph files moved beside the circuits they describe (issue 65): the old names answer for a release, warning.
+_DEPRECATED: dict[str, tuple[str, type[Warning]]] = {
+    name: (f"rs_interp.circuits.{name}", DeprecationWarning) for name in (
+        "MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge",
+        "mib_importances")}
+
+__getattr__, __dir__ = attach(__name__, _WHERE, globals(), deprecated=_DEPRECATED)
 
 __all__ = [
     "Task", "MetricKind", "NotSingleTokens", "TASK_NAMES", "build_task",
     "ioi_task", "greater_than_task", "sva_task", "induction_task", "prompt_task", "word_pieces", "one_token_words",
-    "write_eap_csv", "read_eap_csv", "MIBGraph", "write_mib", "read_mib", "write_mib_circuits",
-    "mib_edge_names", "from_mib_edge", "mib_importances",
+    "write_eap_csv", "read_eap_csv",
 ]
 
 #: The task names :func:`build_task` (and ``rs-interp circuit --task``) accept.

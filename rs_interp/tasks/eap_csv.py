@@ -37,8 +37,9 @@ def write_eap_csv(task: Task, path: str | Path) -> Path:
         >>> from rs_interp.tokenizers import gpt2_tokenizer
         >>> from rs_interp.tasks import greater_than_task
         >>> path = write_eap_csv(greater_than_task(gpt2_tokenizer(), 2, seed=0), tempfile.mkdtemp() + "/gt.csv")
-        >>> path.read_text().splitlines()[:2]
-        ['clean,corrupted,label', 'The testing lasted from the year 1578 to 15,The testing lasted from the year 1501 to 15,78']
+        >>> print("\\n".join(path.read_text().splitlines()[:2]))
+        clean,corrupted,label
+        The testing lasted from the year 1578 to 15,The testing lasted from the year 1501 to 15,78
     """
     if task.prompts is None or task.corrupted_prompts is None:
         raise ValueError(f"the {task.name} task has no texts (token ids only): EAP-IG's CSV holds texts")
@@ -97,7 +98,8 @@ def read_eap_csv(path: str | Path, task: str, tokenizer: Any, *, prepend_bos: bo
         try:
             value = int(text)
         except (TypeError, ValueError):
-            raise FileError(f"EAP-IG CSV {path} row {i}: {col} is {clip(repr(text), 40)}, not an integer.", path) from None
+            raise FileError(f"EAP-IG CSV {path} row {i}: {col} is {clip(repr(text), 40)}, not an integer.",
+                            path) from None
         if not lo <= value < hi:
             raise FileError(f"EAP-IG CSV {path} row {i}: {col} {value} is outside [{lo}, {hi}).", path)
         return value

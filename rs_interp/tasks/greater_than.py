@@ -122,8 +122,8 @@ def greater_than_task(tokenizer: Any, n: int = 32, *, seed: int = 0, prepend_bos
         noun, year = rng.choice(nouns), rng.choice(years)
         yy, century = year % 100, year // 100
         clean.append(TEMPLATE.format(noun=noun, year=year, century=century))
-        segments.append([("prefix", "The"), ("noun", f" {noun}"), ("context", " lasted from the year"), ("XX1", f" {century}"),
-                         ("YY", f"{yy:02d}"), ("to", " to"), ("XX2", f" {century}")])
+        segments.append([("prefix", "The"), ("noun", f" {noun}"), ("context", " lasted from the year"),
+                         ("XX1", f" {century}"), ("YY", f"{yy:02d}"), ("to", " to"), ("XX2", f" {century}")])
         corrupted.append(TEMPLATE.format(noun=noun, year=f"{century}01", century=century))
         answers.append(digits[yy + 1:])
         wrong.append(digits[: yy + 1])

@@ -1,4 +1,5 @@
-"""The induction task as a :class:`~rs_interp.tasks.Task`: repeated random sequences (:func:`rs_interp.induction_batch`).
+"""The induction task as a :class:`~rs_interp.tasks.Task`: repeated random sequences
+(:func:`rs_interp.induction_batch`).
 
 Each clean row is a block of ``p`` random tokens repeated to ``seq_len`` tokens; its corrupted row is
 another such sequence, drawn independently. At the last position induction predicts the token one

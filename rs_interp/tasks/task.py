@@ -98,10 +98,12 @@ class Task:
         if B == 0 or P == 0:
             raise ValueError(f"Task.clean is empty: shape {(B, P)}")
         if self.corrupted.shape != self.clean.shape:
-            raise ValueError(f"Task.corrupted has shape {tuple(self.corrupted.shape)}, clean {(B, P)}: the pairs must be as long")
+            raise ValueError(f"Task.corrupted has shape {tuple(self.corrupted.shape)}, clean {(B, P)}: the pairs must "
+                             "be as long")
         for field in ("answers", "wrong", "positions") + (("label",) if self.label is not None else ()):
             t = getattr(self, field)
-            if field in ("positions", "label") and (not isinstance(t, torch.Tensor) or t.ndim != 1 or t.dtype != torch.long):
+            if field in ("positions", "label") and (not isinstance(t, torch.Tensor) or t.ndim != 1
+                                                    or t.dtype != torch.long):
                 raise ValueError(f"Task.{field} must be a 1-D torch.long tensor, got {_describe(t)}")
             if t.shape[0] != B:
                 raise ValueError(f"Task.{field} has {t.shape[0]} rows, clean has {B}")
@@ -122,12 +124,14 @@ class Task:
             if texts is not None and len(texts) != B:
                 raise ValueError(f"Task.{field} has {len(texts)} texts for {B} rows")
         if self.spans is not None and tuple(self.spans.span_of.shape) != (B, P):
-            raise ValueError(f"Task.spans gives spans to {tuple(self.spans.span_of.shape)} positions, clean has {(B, P)}")
+            raise ValueError(f"Task.spans gives spans to {tuple(self.spans.span_of.shape)} positions, clean has "
+                             f"{(B, P)}")
 
     def __len__(self) -> int:
         return self.clean.shape[0]
 
-    def scores(self, logits: Float[torch.Tensor, "batch pos d_vocab"], kind: MetricKind | None = None) -> Float[torch.Tensor, " batch"]:
+    def scores(self, logits: Float[torch.Tensor, "batch pos d_vocab"],
+               kind: MetricKind | None = None) -> Float[torch.Tensor, " batch"]:
         """The metric of each row (module docstring) from logits of this task's prompts, in float32
         at least (float64 stays float64), differentiable.
 
@@ -138,7 +142,8 @@ class Task:
         if kind not in _KINDS:
             raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
         if logits.ndim != 3 or tuple(logits.shape[:2]) != tuple(self.clean.shape):
-            raise ValueError(f"{self.name}: logits of shape {tuple(logits.shape)} do not match the prompts' (batch, pos) {tuple(self.clean.shape)}")
+            raise ValueError(f"{self.name}: logits of shape {tuple(logits.shape)} do not match the prompts' (batch, "
+                             f"pos) {tuple(self.clean.shape)}")
         top = int(max(self.answers.max(), self.wrong.max()))
         if top >= logits.shape[-1]:
             raise ValueError(f"{self.name}: answer id {top} is outside the model's {logits.shape[-1]} logits")
@@ -181,7 +186,8 @@ class Task:
 
         Example:
             >>> from rs_interp.tasks import induction_task
-            >>> induction_task(4, seed=1).digest() == induction_task(4, seed=1).digest() != induction_task(4, seed=2).digest()
+            >>> a, b, c = (induction_task(4, seed=s).digest() for s in (1, 1, 2))
+            >>> a == b != c
             True
         """
         h = hashlib.sha256()
@@ -268,8 +274,8 @@ class NotSingleTokens(ValueError):
         shown = few((f"{w!r} -> {n} tokens" for w, n in words.items()), show=str)
         advice = (f"Pass {keyword}= a list of words that are one token each" if keyword else
                   "Use a tokenizer in which they are (GPT-2's is)")
-        super().__init__(f"{len(words)} of {total} {what} are not single tokens under this tokenizer: {shown}. {advice}; "
-                         "this error's .words holds them all.")
+        super().__init__(f"{len(words)} of {total} {what} are not single tokens under this tokenizer: {shown}. "
+                         f"{advice}; this error's .words holds them all.")
         self.words, self.what, self.total, self.keyword = dict(words), what, total, keyword
 
 
@@ -328,7 +334,8 @@ def pack(tokenizer: Any, name: str, clean: Sequence[str], corrupted: Sequence[st
                 prompts=tuple(clean), corrupted_prompts=tuple(corrupted), seed=seed)
 
 
-def segment_spans(tokenizer: Any, names: Sequence[str], segments: Sequence[Sequence[tuple[str, str]]], texts: Sequence[str],
+def segment_spans(tokenizer: Any, names: Sequence[str], segments: Sequence[Sequence[tuple[str, str]]],
+                  texts: Sequence[str],
                   prepend_bos: bool, width: int) -> Any:
     """A task's position schema from each row's segments, ``(span name, text)`` in order, whose texts make the row's
     prompt: each segment's tokens in its span (the BOS in the first span), the right padding in the last (``"pad"``).

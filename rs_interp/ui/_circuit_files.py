@@ -32,7 +32,7 @@ def write_files(run: Any, task: Any, scores: Any, curve: Any, settings: dict, fo
     import torch
     from safetensors.torch import save_file
 
-    from ..tasks.mib import write_mib
+    from ..circuits.mib_files import write_mib
 
     layout, files, circuit = scores.layout, run.files, list(run.edges)
     save_file({"effect": scores.effect.to(torch.float64).contiguous(), "exists": layout.exists.contiguous()},

@@ -12,7 +12,7 @@ points refined by bisection between the last below and the first at or above it)
   and ``scores.json`` (the labels of its rows and columns, the run's settings, the top edges);
 - ``importances_mib.json``: the scores as a MIB circuit-track importance file, in MIB's convention
   (the scores of the task's loss, ``-effect / B`` with ``B`` the pairs per batch:
-  :func:`rs_interp.tasks.mib_importances`), so MIB's evaluation ranks them as rs_interp does;
+  :func:`rs_interp.circuits.mib_importances`), so MIB's evaluation ranks them as rs_interp does;
 - ``curve.json``: the faithfulness curve (fractions, edges kept, values, faithfulness, its areas);
 - ``circuit.json``: the circuit's edges with their scores, its metric and faithfulness;
 - ``diagram.json``: the circuit diagram (:func:`rs_interp.ui.circuit_figure.circuit_figure`), plotly JSON;

@@ -185,12 +185,12 @@ def collapse_figure(runs: Sequence) -> go.Figure:
 
 def layernorm_figure(n_points: int = 40, *, seed: int = 0) -> go.Figure:
     """LayerNorm at d = 3: the plane x + y + z = 0, the circle of radius sqrt(3), a cloud before and after."""
-    from ..lab.geometry import layer_norm
+    from ..exact.norm import Norm  # LayerNorm with gain 1, bias 0, no epsilon (LNPre): Definition 3
 
     g = torch.Generator().manual_seed(seed)
     scale, shift = torch.tensor([1.5, 0.7, 0.4], dtype=torch.float64), torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
     cloud = torch.randn(n_points, 3, generator=g, dtype=torch.float64) * scale + shift
-    after = layer_norm(cloud)
+    after = Norm("LNPre").apply(cloud)
     e1 = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64) / math.sqrt(2)
     e2 = torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64) / math.sqrt(6)
     t = torch.linspace(0, 2 * math.pi, 120, dtype=torch.float64)

@@ -150,8 +150,8 @@ def test_one_default_direction_rs_interp_and_mibs_reading_of_its_file_agree(tmp_
     model, toks, ref = _setup()
     eap = ri.edge_attribution_patching(model, toks, _logit_diff, reference=ref)
     ours = ri.mib_scores(model, toks, _logit_diff, eap, reference=ref, progress=False)
-    path = ri.tasks.write_mib(tmp_path / "importances.json", model, scores=eap)
-    theirs = ri.faithfulness_curve(model, toks, _logit_diff, ri.tasks.read_mib(path, model).scores, reference=ref,
+    path = ri.circuits.write_mib(tmp_path / "importances.json", model, scores=eap)
+    theirs = ri.faithfulness_curve(model, toks, _logit_diff, ri.circuits.read_mib(path, model).scores, reference=ref,
                                    ranking="signed", higher_is_better=False, progress=False)
     assert ours.signed.clean > ours.signed.empty  # so the rule reads: higher is better
     assert (ours.signed.higher_is_better, ours.signed.direction_from) == (True, "clean and empty")

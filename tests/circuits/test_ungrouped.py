@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.tasks import mib_edge_names, read_mib, write_mib
+from rs_interp.circuits import mib_edge_names, read_mib, write_mib
 
 VARIANTS = {
     "attn-only": dict(),

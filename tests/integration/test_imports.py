@@ -94,35 +94,34 @@ def test_no_import_circle():
 
 
 #: The packages' roles, bottom to top: the core (the exact core, the backend, the hook factories and the
-#: top-level modules, the common substrate), the analyses, the user-facing layer. The theory lab sits
-#: beside the analyses and reads the core; the reproduction and the case study are apart (they read
-#: everything; only the command line reads the reproduction).
+#: top-level modules, the common substrate), the analyses, the user-facing layer. The reproduction is apart,
+#: with the study code only it reads (the theory lab, the case study): it reads everything; only the command
+#: line reads it.
 ANALYSES = ("readouts", "heads", "circuits", "features", "models", "tasks", "scale", "variables")
-APART = ("reproduce", "finance")
+APART = ("reproduce",)
 #: role -> the roles it may import.
 MAY_IMPORT = {
     "core": {"core"},
     "analysis": {"analysis", "core"},
-    "lab": {"lab", "core"},
-    "ui": {"ui", "analysis", "lab", "core", "facade"},
+    "ui": {"ui", "analysis", "core", "facade"},
 }
 
 
 def _role(module: str) -> str:
     """The role of a module: ``facade`` (``rs_interp`` itself, which names every public name lazily),
-    ``analysis``, ``ui``, ``lab``, ``apart`` or ``core`` (every other package and top-level module)."""
+    ``analysis``, ``ui``, ``apart`` or ``core`` (every other package and top-level module)."""
     if module == "rs_interp":
         return "facade"
     package = module.split(".")[1]
     return ("analysis" if package in ANALYSES else "apart" if package in APART
-            else package if package in ("ui", "lab") else "core")
+            else package if package == "ui" else "core")
 
 
 def test_every_package_has_a_role():
     """A new package is placed on purpose: each package of ``rs_interp`` is one this file names (or a
     core package)."""
     packages = {p.name for p in (ROOT / "rs_interp").iterdir() if (p / "__init__.py").is_file()}
-    assert packages - {*ANALYSES, *APART, "ui", "lab"} == {"exact", "_backend"}
+    assert packages - {*ANALYSES, *APART, "ui"} == {"exact", "_backend"}
 
 
 def test_the_packages_direction():
@@ -141,6 +140,25 @@ def test_the_packages_direction():
             if _role(target) not in MAY_IMPORT[role] and not (module == "rs_interp.ui.cli" and target.startswith("rs_interp.reproduce")):
                 offenders.append((module, target))
     assert offenders == []
+
+
+#: What the tasks read besides the core and themselves: the models' data (induction's sequences). Not a method:
+#: MIB's graph files, which describe circuits, live beside them (rs_interp.circuits.mib_files).
+TASKS_READ = ("rs_interp.tasks", "rs_interp.models")
+#: The one arrow left from the tasks up to the methods: a task's position schema is circuits.positions'
+#: PositionSchema (a class of rs_interp/circuits/, to move below the tasks with its owner's work).
+TASKS_UP = {("rs_interp.tasks.task", "rs_interp.circuits.positions")}
+
+
+def test_the_tasks_sit_below_the_methods():
+    """A task (clean and corrupted prompts, answers, a metric) is the data the methods read: ``rs_interp.tasks``
+    reads the core and the models' data, never ``circuits``, ``scale`` or another analysis (issue 65: MIB's file
+    code, which made ``tasks`` import ``circuits.graph``, moved beside the circuits)."""
+    graph = _graph()
+    assert "rs_interp.models.data" in graph["rs_interp.tasks.induction"]  # the graph sees the tasks' imports
+    up = {(m, t) for m, targets in graph.items() if m.startswith("rs_interp.tasks") for t in targets
+          if _role(t) != "core" and not t.startswith(TASKS_READ)}
+    assert up == TASKS_UP
 
 
 def test_no_version_outside_the_backend():

@@ -20,7 +20,7 @@ def test_the_notebooks_exist():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path, train_cache, monkeypatch):
     # The kernel inherits the environment: a notebook's TrainingCache.default() is the session's cache,
-    # so the finance notebook reads back the filing model tests/finance/test_finance.py trained.
+    # so the finance notebook reads back the filing model tests/reproduce/test_finance.py trained.
     monkeypatch.setenv(TrainingCache.ENV, str(train_cache.root))
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()

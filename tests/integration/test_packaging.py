@@ -29,7 +29,8 @@ SHIPPED = {"rs_interp": "rs_interp", "hooks": "rs_interp/hooks"}
 
 
 def _ignored(path: Path) -> bool:
-    return "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo") or any(p.endswith(".egg-info") for p in path.parts)
+    """Compiled files, build records and test scaffolding (a ``conftest.py``: pytest reads it from the source)."""
+    return path.name == "conftest.py" or "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo") or any(p.endswith(".egg-info") for p in path.parts)
 
 
 def tree_files() -> dict[str, str]:
@@ -87,6 +88,7 @@ def test_wheel_holds_every_file(built):
     # hooks/ is rs_interp.hooks, never a global `hooks` package; nothing compiled ships.
     assert not [n for n in names if n.startswith("hooks/")]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    assert not [n for n in names if n.endswith("conftest.py")]  # test scaffolding (rs_interp/_backend's) never ships
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "rs-interp = rs_interp.ui.cli:main" in zipfile.ZipFile(built["wheel"]).read(entry_points).decode()
 
@@ -118,6 +120,7 @@ def test_sdist_holds_every_file(built):
     missing = sorted(src for src in tree_files() if src not in names)
     assert not missing, f"not in the sdist: {missing}"
     assert {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md"} <= names
+    assert not [n for n in names if n.endswith("conftest.py")]  # test scaffolding never ships
 
 
 @pytest.fixture(scope="module")

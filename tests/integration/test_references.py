@@ -6,7 +6,7 @@ pins, MIB-circuit-track) and runs them, each calling scripts/reference_mib.py th
 data and the files written here. Without ``RS_REF_PYTHON`` they skip.
 
 What they show, in float64 on both sides:
-- MIB's own EAP attribution (``loss=True, mean=True``) writes the scores :func:`rs_interp.tasks.write_mib`
+- MIB's own EAP attribution (``loss=True, mean=True``) writes the scores :func:`rs_interp.circuits.write_mib`
   writes by default (``-effect / B``, B its batch size);
 - MIB's ``evaluate_area_under_curve`` on our importance file gives our curve point by point, our
   CPR (``higher_is_better=True``) and CMD, and our edge counts;
@@ -30,7 +30,7 @@ import torch
 
 import rs_interp as ri
 from rs_interp import _backend
-from rs_interp.tasks import read_mib, write_mib
+from rs_interp.circuits import read_mib, write_mib
 
 pytestmark = [pytest.mark.reference,
               pytest.mark.skipif(not os.environ.get("RS_REF_PYTHON"), reason="RS_REF_PYTHON (scripts/test_references.sh) not set")]
@@ -129,7 +129,7 @@ def test_mib_evaluation_of_our_file_is_our_curve(tmp_path, which):
         theirs = read_mib(out["eap"], ours_model)
         with pytest.raises(ValueError, match="ungroup_gqa"):
             read_mib(out["eap"], model)
-        ours = ri.tasks.mib_importances(eap, batch_size=B)
+        ours = ri.circuits.mib_importances(eap, batch_size=B)
         assert torch.allclose(theirs.scores.effect.nan_to_num(0), ours.effect.nan_to_num(0), rtol=2 ** -23, atol=1e-15)
 
 

@@ -36,6 +36,7 @@ def _helpers():
     roles = [info.name for info in pkgutil.iter_modules(ri.__path__) if info.ispkg and not info.name.startswith("_")]
     packages = [(ri, ""), (F, "features."), (M, "models."), (T, "tasks."), (S, "scale.")]
     packages += [(importlib.import_module(f"rs_interp.{r}"), f"{r}.") for r in roles if r not in ("features", "models", "tasks", "scale", "reproduce")]
+    packages += [(importlib.import_module("rs_interp.reproduce.finance"), "finance.")]  # the case study: ri.finance
     for mod, prefix in packages:
         for name in getattr(mod, "__all__", ()):
             obj = getattr(mod, name)

@@ -18,8 +18,9 @@ from safetensors.torch import load_file
 
 import rs_interp as ri
 from rs_interp import scale
+from rs_interp.circuits import read_mib
 from rs_interp.circuits.selection import RECOVERED_SHARE
-from rs_interp.tasks import build_task, read_mib
+from rs_interp.tasks import build_task
 from rs_interp.ui.circuit_command import COMMAND_METHODS, add_arguments, load_command_model, run_circuit, run_command
 from tests.browser import ALL_DRAWN, offline_page, remote
 from tests.circuits.test_evaluation import _on_a_path
@@ -320,7 +321,8 @@ def test_help_lists_every_default(capsys):
 
 def test_writers_make_their_folder(tmp_path):
     """write_mib, write_mib_circuits and write_eap_csv into a folder that does not exist yet."""
-    from rs_interp.tasks import greater_than_task, write_eap_csv, write_mib, write_mib_circuits
+    from rs_interp.circuits import write_mib, write_mib_circuits
+    from rs_interp.tasks import greater_than_task, write_eap_csv
     from rs_interp.tokenizers import gpt2_tokenizer
 
     model = ri.load_toy_model("induction-2l")

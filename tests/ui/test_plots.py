@@ -81,7 +81,7 @@ def test_path_and_lens_figures_take_results(setup):
 def test_the_other_figures_take_results():
     from rs_interp.circuits import ground_truth as gt
     from rs_interp.circuits.tracr_truth import tracr_case
-    from rs_interp.lab.geometry import collapse_cloud, collapse_run
+    from rs_interp.reproduce.geometry import collapse_cloud, collapse_run
 
     pc = ri.count_parameters(ri.models.gpt2_config("small"))
     assert sum(d.x[0] for d in plots.parameter_breakdown_figure(pc).data) == sum(pc.by_category.values())

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import re
 
-from ...circuits.ground_truth import FAINT, NOISE_FLOOR, GroundTruthCase, MethodScores, faithfulness, missed, score_methods
+from ...circuits import ground_truth as gt
+from ...circuits.ground_truth import GroundTruthCase, MethodScores, faithfulness, missed, score_methods
 from ...circuits.induction_truth import induction_case
 from ...circuits.methods import IG_STEPS, METHODS
 from ...circuits.tracr import TRACR_PROGRAMS
@@ -93,8 +94,8 @@ def _why(case: GroundTruthCase, miss: dict, method: str, truth) -> tuple[str, st
     cause = f"below {by} ({miss['outranked_by_score']:.3g}), outside the circuit"
     extra, gain = truth.best_head
     if extra is not None and by is not None and extra in by:
-        cause += (f": {extra} is a second, weaker route the theory's circuit leaves out (it with all its edges adds {gain:.3f} "
-                  f"faithfulness), and a patch from the reference moves all of its write at once")
+        cause += (f": {extra} is a second, weaker route the theory's circuit leaves out (it with all its edges adds "
+                  f"{gain:.3f} faithfulness), and a patch from the reference moves all of its write at once")
     return cause, ""
 
 
@@ -134,99 +135,142 @@ def _goal_rows(scores_by_case: dict[str, dict[str, MethodScores]]) -> tuple[list
         ok = gaps[worst] <= GOAL_GAP + 1e-12 and costs[dearest] <= GOAL_COST
         met += [name] if ok else []
         results[name] = {"gap": gaps, "cost": costs, "met": ok}
-        rows.append(banded("ground_truth.goal_gap", f"{name}: largest AUROC short of exact patching's over the {len(gaps)} models "
-                           f"({worst}); cost at most {costs[dearest]:.2f} x EAP ({dearest})", gaps[worst],
-                           theory=f"<= {GOAL_GAP}", note=f"at <= {GOAL_COST:g} x EAP's cost: {'met' if ok else 'not met'}"))
-    text = (f"Issue 66's goal (a fast method within {GOAL_GAP} of exact patching's AUROC on every model at no more than "
-            f"{GOAL_COST:g} x EAP's FLOPs): " + (f"met by {', '.join(met)}." if met else "met by no method.") + " " + "; ".join(
-                f"{name}: " + ", ".join(f"{case} {r['gap'][case]:+.3f} at {r['cost'][case]:.2f}x" for case in r["gap"]
-                                        if r["gap"][case] > GOAL_GAP + 1e-12 or r["cost"][case] > GOAL_COST)
-                for name, r in results.items() if not r["met"]) + ".")
+        rows.append(banded("ground_truth.goal_gap", f"{name}: largest AUROC short of exact patching's over the "
+                           f"{len(gaps)} models ({worst}); cost at most {costs[dearest]:.2f} x EAP ({dearest})",
+                           gaps[worst], theory=f"<= {GOAL_GAP}",
+                           note=f"at <= {GOAL_COST:g} x EAP's cost: {'met' if ok else 'not met'}"))
+    unmet = "; ".join(
+        f"{name}: " + ", ".join(f"{case} {r['gap'][case]:+.3f} at {r['cost'][case]:.2f}x" for case in r["gap"]
+                                if r["gap"][case] > GOAL_GAP + 1e-12 or r["cost"][case] > GOAL_COST)
+        for name, r in results.items() if not r["met"])
+    text = (f"Issue 66's goal (a fast method within {GOAL_GAP} of exact patching's AUROC on every model at no more "
+            f"than {GOAL_COST:g} x EAP's FLOPs): " + (f"met by {', '.join(met)}." if met else "met by no method.")
+            + " " + unmet + ".")
     return rows, results, text
 
 
 def ground_truth_section(ctx: Context) -> Section:
     """Every ground-truth model: the known circuit, each method's AUROC against it and the circuit's faithfulness."""
     rows, results, aurocs, notes, derived, by_case = [], {}, {}, [], "", {}
-    cases: list[tuple[GroundTruthCase, object]] = [(tracr_case(name, n_pairs=TRACR_PAIRS, seed=ctx.seed), None) for name in TRACR_PROGRAMS]
-    cases.append(induction_case(ctx.model("induction-2l"), ctx.batch, n_pairs=N_PAIRS, reference=induction_batch(N_PAIRS, seed=ctx.seed + 13).tokens,
-                                prev_token_head=PREV_TOKEN_HEAD, induction_head=INDUCTION_HEAD, necessary=NECESSARY_EDGE))
-    for case, truth in cases:
-        name, K, c = case.name, len(case.known), len(case.effective)
+    for case, truth in _cases(ctx):
+        name = case.name
         scores = score_methods(case, progress=ctx.progress, counted=("EAP", *GOAL_METHODS))
         by_case[name] = scores
         n_edges = len(scores[_exact("edge")].items)
         if truth is None:
-            rows.append(banded("ground_truth.effective_edges", f"{name}: the known circuit, {K} of {n_edges} edges: those that carry effect "
-                               "under the patch", c, theory=f"<= {K}"))
+            rows.append(banded("ground_truth.effective_edges", f"{name}: the known circuit, {len(case.known)} of "
+                               f"{n_edges} edges: those that carry effect under the patch", len(case.effective),
+                               theory=f"<= {len(case.known)}"))
         else:
-            circuit = ", ".join(f"{e[0]} -> {e[1]}" for e in sorted(truth.edges, key=lambda e: (e[0] != "embed", e)))
-            rows.append(banded("ground_truth.induction_faithfulness", f"{name}: the derived circuit, {K} of {n_edges} edges ({circuit}; "
-                               "the evidence in the note), faithfulness", truth.faithfulness))
-            weakest = min(truth.leave_one_out, key=truth.leave_one_out.get)
-            rows.append(banded("ground_truth.induction_leave_one_out", f"{name}: the smallest loss without one edge ({weakest[0]} -> {weakest[1]})",
-                               truth.leave_one_out[weakest], theory=f">= {NECESSARY_EDGE:g}",
-                               note="for the edge to stay"))
-            derived = (f"{name}'s circuit, derived (the theory proposes, the scores pick, the ablations keep): "
-                       + "; ".join(f"{e[0]} -> {e[1]}: {why}" for e, why in truth.evidence.items())
-                       + (". Dropped: " + ", ".join(f"{e[0]} -> {e[1]} ({d:.3f})" for e, d in truth.dropped.items()) if truth.dropped else "")
-                       + ".")
-            best, gain = truth.best_edge
-            rows.append(banded("ground_truth.induction_best_edge", f"{name}: largest gain from adding one more edge ({best[0]} -> {best[1]})", gain))
-            head, head_gain = truth.best_head
-            rows.append(banded("ground_truth.induction_best_head", f"{name}: largest gain from adding one more head with all its edges ({head})",
-                               head_gain))
+            derived = _derivation(case, truth, n_edges, rows)
         rows += _method_rows(name, scores, case)
-        if truth is None:
-            faith = {"known": faithfulness(case, case.known), "effective": faithfulness(case, case.effective)}
-            rows.append(banded("ground_truth.exact_effective", f"{name}, exact path patching: AUROC vs the {c} known edges that carry effect",
-                               scores[_exact("edge")].auroc_effective))
-            rows.append(banded("ground_truth.tracr_faithfulness", f"{name}: the known circuit ({K} edges), faithfulness", faith["known"]))
-            rows.append(banded("ground_truth.tracr_faithfulness", f"{name}: its {c} edges that carry effect alone, faithfulness",
-                               faith["effective"]))
-        else:
-            faith = {"known": truth.faithfulness}
+        faith = _faithfulness(case, scores, truth, rows)
         misses = {}
         for method, s in scores.items():
             exact = scores[_exact(METHODS[method].level)]
             found = missed(s, None if s is exact else exact)
             if found:
                 misses[method] = [m | dict(zip(("why", "detail"), _why(case, m, method, truth))) for m in found]
-        edge = lambda e: f"{e[0]} -> {e[1]}"  # noqa: E731
-        results[name] = {
-            "n_edges": n_edges, "n_pairs": int(case.tokens.shape[0]), "metric": case.metric_description,
-            "known": sorted(edge(e) for e in case.known), "effective": sorted(edge(e) for e in case.effective),
-            "inert": {edge(e): why for e, why in case.inert.items()},
-            "auroc": {m: {"known": s.auroc, "effective": s.auroc_effective} for m, s in scores.items()},
-            "scores": {m: dict(zip(s.items, s.scores)) for m, s in scores.items()},
-            "flops": {m: s.flops for m, s in scores.items() if s.flops is not None},
-            "missed": misses, "faithfulness": faith,
-        }
-        if truth is not None:
-            results[name]["derivation"] = {
-                "prev_token_heads": list(truth.prev_token_heads), "induction_heads": list(truth.induction_heads),
-                "evidence": {edge(e): why for e, why in truth.evidence.items()},
-                "dropped": {edge(e): d for e, d in truth.dropped.items()},
-                "best_edge": {"edge": edge(truth.best_edge[0]) if truth.best_edge[0] else None, "gain": truth.best_edge[1]},
-                "best_head": {"head": truth.best_head[0], "gain": truth.best_head[1]}, "scores": truth.scores,
-                "thresholds": {"prev_token_head": PREV_TOKEN_HEAD, "induction_head": INDUCTION_HEAD, "necessary": NECESSARY_EDGE}}
+        results[name] = _case_results(case, scores, n_edges, misses, faith, truth)
         aurocs[name] = {m: (s.auroc, s.auroc_effective) for m, s in scores.items()}
         for method, found in misses.items():
             causes: dict[str, list[str]] = {}
             for m in found:
                 causes.setdefault(m["why"], []).append(m["item"] + (f" ({m['detail']})" if m["detail"] else ""))
-            notes.append(f"{name}, {method} misses " + "; ".join(f"{', '.join(items)}: {why}" for why, items in causes.items()) + ".")
+            notes.append(f"{name}, {method} misses "
+                         + "; ".join(f"{', '.join(items)}: {why}" for why, items in causes.items()) + ".")
     goal_rows, goal, goal_text = _goal_rows(by_case)
     rows += goal_rows
-    inert = "; ".join(f"{name}: " + ", ".join(sorted(r["inert"])) for name, r in results.items() if r["inert"])
-    text = (derived + f" AUROC of |score| (a score under {NOISE_FLOOR:g} of the method's largest counts as 0), the known items against "
-            "the rest, ties half; a head is known when it sends a known edge. Known edges that carry no effect under a "
-            "same-length patch (the two runs send the same along them, or the receiver ignores the difference; results.json "
-            f"says which for each): {inert}. In the compiled models the exact scan gives them 0, as it gives every edge outside the circuit, so its "
-            f"AUROC against the known edges is (1 + c/K)/2 and 1 against those that carry effect. Misses (an effective known item "
-            f"not ranked above every other item, or estimated under {FAINT:.0%} of its exact effect); in the compiled models, tracr's "
-            "attention is a saturated softmax and its MLPs discretise (lookup tables, steps), all flat at the inputs they see, "
-            "so a gradient through them vanishes: " + " ".join(notes) + " " + goal_text)
     return Section("ground_truth", f"Ground truth: each method against the known circuit (tracr {TRACR_PAIRS} pairs, "
                    f"induction-2l {N_PAIRS}, float64)", tuple(rows), results | {"ig_steps": IG_STEPS, "goal": goal},
-                   figures=(ground_truth_figure(aurocs),), notes=re.sub(r"\s+", " ", text))
+                   figures=(ground_truth_figure(aurocs),), notes=_notes(derived, results, notes, goal_text))
+
+
+def _cases(ctx: Context) -> list[tuple[GroundTruthCase, object]]:
+    """The five compiled programs (no derivation) and induction-2l with its derived circuit."""
+    cases: list[tuple[GroundTruthCase, object]] = [(tracr_case(name, n_pairs=TRACR_PAIRS, seed=ctx.seed), None)
+                                                   for name in TRACR_PROGRAMS]
+    cases.append(induction_case(ctx.model("induction-2l"), ctx.batch, n_pairs=N_PAIRS,
+                                reference=induction_batch(N_PAIRS, seed=ctx.seed + 13).tokens,
+                                prev_token_head=PREV_TOKEN_HEAD, induction_head=INDUCTION_HEAD,
+                                necessary=NECESSARY_EDGE))
+    return cases
+
+
+def _derivation(case: GroundTruthCase, truth, n_edges: int, rows: list[Row]) -> str:
+    """induction-2l's derived circuit: its rows (appended to ``rows``) and the note's account of it."""
+    name, K = case.name, len(case.known)
+    circuit = ", ".join(f"{e[0]} -> {e[1]}" for e in sorted(truth.edges, key=lambda e: (e[0] != "embed", e)))
+    rows.append(banded("ground_truth.induction_faithfulness", f"{name}: the derived circuit, {K} of {n_edges} edges "
+                       f"({circuit}; the evidence in the note), faithfulness", truth.faithfulness))
+    weakest = min(truth.leave_one_out, key=truth.leave_one_out.get)
+    rows.append(banded("ground_truth.induction_leave_one_out",
+                       f"{name}: the smallest loss without one edge ({weakest[0]} -> {weakest[1]})",
+                       truth.leave_one_out[weakest], theory=f">= {NECESSARY_EDGE:g}", note="for the edge to stay"))
+    derived = (f"{name}'s circuit, derived (the theory proposes, the scores pick, the ablations keep): "
+               + "; ".join(f"{e[0]} -> {e[1]}: {why}" for e, why in truth.evidence.items())
+               + (". Dropped: " + ", ".join(f"{e[0]} -> {e[1]} ({d:.3f})" for e, d in truth.dropped.items())
+                  if truth.dropped else "")
+               + ".")
+    best, gain = truth.best_edge
+    rows.append(banded("ground_truth.induction_best_edge",
+                       f"{name}: largest gain from adding one more edge ({best[0]} -> {best[1]})", gain))
+    head, head_gain = truth.best_head
+    rows.append(banded("ground_truth.induction_best_head",
+                       f"{name}: largest gain from adding one more head with all its edges ({head})", head_gain))
+    return derived
+
+
+def _faithfulness(case: GroundTruthCase, scores: dict[str, MethodScores], truth, rows: list[Row]) -> dict:
+    """The known circuit's faithfulness (a compiled program's rows appended to ``rows``)."""
+    if truth is not None:
+        return {"known": truth.faithfulness}
+    name, K, c = case.name, len(case.known), len(case.effective)
+    faith = {"known": faithfulness(case, case.known), "effective": faithfulness(case, case.effective)}
+    rows.append(banded("ground_truth.exact_effective",
+                       f"{name}, exact path patching: AUROC vs the {c} known edges that carry effect",
+                       scores[_exact("edge")].auroc_effective))
+    rows.append(banded("ground_truth.tracr_faithfulness", f"{name}: the known circuit ({K} edges), faithfulness",
+                       faith["known"]))
+    rows.append(banded("ground_truth.tracr_faithfulness",
+                       f"{name}: its {c} edges that carry effect alone, faithfulness", faith["effective"]))
+    return faith
+
+
+def _case_results(case: GroundTruthCase, scores: dict[str, MethodScores], n_edges: int, misses: dict, faith: dict,
+                  truth) -> dict:
+    """One model's entry of results.json."""
+    edge = lambda e: f"{e[0]} -> {e[1]}"  # noqa: E731
+    out = {
+        "n_edges": n_edges, "n_pairs": int(case.tokens.shape[0]), "metric": case.metric_description,
+        "known": sorted(edge(e) for e in case.known), "effective": sorted(edge(e) for e in case.effective),
+        "inert": {edge(e): why for e, why in case.inert.items()},
+        "auroc": {m: {"known": s.auroc, "effective": s.auroc_effective} for m, s in scores.items()},
+        "scores": {m: dict(zip(s.items, s.scores)) for m, s in scores.items()},
+        "flops": {m: s.flops for m, s in scores.items() if s.flops is not None},
+        "missed": misses, "faithfulness": faith,
+    }
+    if truth is not None:
+        out["derivation"] = {
+            "prev_token_heads": list(truth.prev_token_heads), "induction_heads": list(truth.induction_heads),
+            "evidence": {edge(e): why for e, why in truth.evidence.items()},
+            "dropped": {edge(e): d for e, d in truth.dropped.items()},
+            "best_edge": {"edge": edge(truth.best_edge[0]) if truth.best_edge[0] else None, "gain": truth.best_edge[1]},
+            "best_head": {"head": truth.best_head[0], "gain": truth.best_head[1]}, "scores": truth.scores,
+            "thresholds": {"prev_token_head": PREV_TOKEN_HEAD, "induction_head": INDUCTION_HEAD,
+                           "necessary": NECESSARY_EDGE}}
+    return out
+
+
+def _notes(derived: str, results: dict, notes: list[str], goal_text: str) -> str:
+    inert = "; ".join(f"{name}: " + ", ".join(sorted(r["inert"])) for name, r in results.items() if r["inert"])
+    text = (derived + f" AUROC of |score| (a score under {gt.NOISE_FLOOR:g} of the method's largest counts as 0), the "
+            "known items against the rest, ties half; a head is known when it sends a known edge. Known edges that "
+            "carry no effect under a same-length patch (the two runs send the same along them, or the receiver ignores "
+            f"the difference; results.json says which for each): {inert}. In the compiled models the exact scan gives "
+            "them 0, as it gives every edge outside the circuit, so its AUROC against the known edges is (1 + c/K)/2 "
+            "and 1 against those that carry effect. Misses (an effective known item not ranked above every other item, "
+            f"or estimated under {gt.FAINT:.0%} of its exact effect); in the compiled models, tracr's attention is a "
+            "saturated softmax and its MLPs discretise (lookup tables, steps), all flat at the inputs they see, so a "
+            "gradient through them vanishes: " + " ".join(notes) + " " + goal_text)
+    return re.sub(r"\s+", " ", text)

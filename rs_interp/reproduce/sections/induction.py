@@ -28,7 +28,8 @@ def induction_section(ctx: Context) -> Section:
         banded("induction.two_layers_accuracy", "two layers: accuracy", s2.accuracy),
         banded("induction.one_layer_loss", "one layer: loss (nats)", s1.loss),
         banded("induction.one_layer_accuracy", "one layer: accuracy", s1.accuracy),
-        banded("induction.embedding_rms_cosine", f"superposition: RMS cosine between the trained token embeddings, two layers "
+        banded("induction.embedding_rms_cosine", "superposition: RMS cosine between the trained token embeddings, "
+               "two layers "
                f"(random directions: 1/sqrt(d_model) = {m2.cfg.d_model ** -0.5:.3f})", cos),
     )
     results = {"two_layers": {"loss": s2.loss, "accuracy": s2.accuracy},
@@ -74,8 +75,10 @@ def _by_position(model, batch, ph: int, kernel: torch.Tensor) -> dict:
     before = float(w_prev[: max(second - 3, 1)].mean())  # through a couple of positions before the drop
     from_drop = float(w_prev[second - 1 :].mean())
     rows = [
-        banded("heads.kernel_second_peak_offset", f"prev-token head {head_label(0, ph)}: the kernel's next peak, offset", second),
-        banded("heads.kernel_second_peak_ratio", "its score over the score at offset 1", float(kernel[second] / kernel[1])),
+        banded("heads.kernel_second_peak_offset",
+               f"prev-token head {head_label(0, ph)}: the kernel's next peak, offset", second),
+        banded("heads.kernel_second_peak_ratio", "its score over the score at offset 1",
+               float(kernel[second] / kernel[1])),
         banded("heads.prev_weight_before_drop", f"weight on i-1, queries before {second - 2}", before),
         banded("heads.prev_weight_after_drop", f"weight on i-1, queries from {second}", from_drop),
         banded("heads.accuracy_after_drop_min", f"lowest accuracy of a query position from {second}", min(after)),
@@ -90,65 +93,9 @@ def circuits_section(ctx: Context) -> list[Section]:
     prev = prev_token_scores(model, batch.tokens)
     ph = int(prev[0].argmax())  # the previous-token head: found from the scores, never by index
     other = [h for h in range(model.cfg.n_heads) if h != ph]
-    other_label = " + ".join(head_label(0, h) for h in other)
-    ablations = {
-        "keys_from_x0": score_logits(run_with_key_input(model, batch.tokens, layer=1), batch.targets),
-        "keys_x0_plus_prev_token_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, ph)]), batch.targets),
-        "keys_x0_plus_other_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, h) for h in other]), batch.targets),
-    }
-    a = ablations
-    abl_rows = (
-        banded("key_ablation.x0_loss", "layer 1's keys read from x_0: loss", a["keys_from_x0"].loss),
-        banded("key_ablation.x0_accuracy", "layer 1's keys read from x_0: accuracy", a["keys_from_x0"].accuracy),
-        banded("key_ablation.prev_head_accuracy", f"keys = x_0 + prev-token head {head_label(0, ph)}: accuracy", a["keys_x0_plus_prev_token_head"].accuracy),
-        banded("key_ablation.prev_head_loss", f"keys = x_0 + prev-token head {head_label(0, ph)}: loss", a["keys_x0_plus_prev_token_head"].loss),
-        _other_head_row(a["keys_x0_plus_other_head"].accuracy, other_label, float(prev[0, other].max())),
-        banded("key_ablation.other_head_loss", f"keys = x_0 + other head {other_label}: loss", a["keys_x0_plus_other_head"].loss),
-    )
-    key_ablation = Section("key_ablation", "Per-head key ablation (layer 1's key input)", abl_rows,
-                           {k: {"loss": v.loss, "accuracy": v.accuracy} for k, v in ablations.items()} | {"prev_token_head": [0, ph]})
-
-    ind = induction_scores(model, batch.tokens, periods=batch.periods)
-    pos = positional_scores(model, 0, max_offset=model.cfg.n_ctx - 1)
-    head_rows = [banded("heads.prev_token_weight", f"prev-token head {head_label(0, ph)}: weight on i-1", float(prev[0, ph]))]
-    for h in range(model.cfg.n_heads):
-        head_rows.append(banded(f"heads.induction_target_h{h % 2}", f"head {head_label(1, h)}: weight on i-p+1", float(ind.induction[1, h])))
-        head_rows.append(banded(f"heads.after_occurrence_h{h % 2}", f"head {head_label(1, h)}: weight after any earlier occurrence",
-                                float(ind.after_occurrence[1, h])))
-    head_rows.append(banded("heads.positional_offset1", f"prev-token head {head_label(0, ph)}: content-free score at offset 1", float(pos[ph, 1])))
-    head_rows.append(banded("heads.positional_offset0", f"prev-token head {head_label(0, ph)}: content-free score at offset 0", float(pos[ph, 0])))
-    by_pos = _by_position(model, batch, ph, pos[ph])
-    head_rows += by_pos.pop("rows")
-    heads = Section("heads", "Head roles on the two-layer model", tuple(head_rows), {
-        "prev_token": prev.tolist(), "induction_target": ind.induction.tolist(), "after_occurrence": ind.after_occurrence.tolist(),
-        "prev_token_head": [0, ph], "positional_score_prev_head": pos[ph].tolist()} | by_pos)
-
-    results = {k: composition_scores(model, k, baseline=True) for k in "kqv"}
-    comp = {k: r.scores for k, r in results.items()}
-    init = make_attn_only(2, seed=ctx.seed if ctx.retrain else SHIPPED_MODELS["induction-2l"].seed)
-    init_k = float(composition_scores(init, "k").scores[0, :, 1, :].max())
-    k_prev = comp["k"][0, ph, 1, :]
-    qv_max = float(torch.maximum(comp["q"][0, ph, 1, :], comp["v"][0, ph, 1, :]).max())
-    comp_rows = [banded("composition.k_prev_to_layer1", f"K: prev-token head {head_label(0, ph)} -> {head_label(1, h)}", float(k_prev[h]),
-                        lo=max(qv_max, init_k))
-                 for h in range(model.cfg.n_heads)]
-    comp_rows.append(banded("composition.qv_max", "max Q and V score of the same pairs", qv_max))
-    for h in other:  # the theory: every layer-0 head's K scores in 0.245-0.272, Q and V far below
-        k_other = float(comp["k"][0, h, 1, :].max())
-        qv_other = float(torch.maximum(comp["q"][0, h, 1, :], comp["v"][0, h, 1, :]).max())
-        separated = k_other > max(qv_other, init_k)
-        row = banded("composition.k_other_to_layer1", f"K: other layer-0 head {head_label(0, h)} -> layer 1 (max; max Q/V {qv_other:.3f})", k_other)
-        comp_rows.append(dataclasses.replace(row, band="above Q, V and init", ok=True) if separated else dataclasses.replace(
-            row, band="differs", ok=None, label=row.label + ": not above Q, V and init, see the note"))
-    comp_rows.append(banded("composition.init_k_max", "max K score at initialisation", init_k))
-    composition = Section("composition", "Composition scores (theory's definition)", tuple(comp_rows), {
-        k: v[0, :, 1, :].tolist() for k, v in comp.items()} | {"init_max_K": init_k, "prev_token_head": [0, ph]},
-        figures=(composition_heatmaps(list(results.values())),),
-        notes="Band of the K rows: above every Q and V score of the same pairs and above the largest K score at initialisation. "
-              "The theory's model has every layer-0 head's K scores in 0.245-0.272 (its scores 'do not separate the two "
-              "layer-0 heads'). Where the other head's row says 'differs', that head is not read by layer 1's keys in "
-              "this model: its K scores sit with its Q and V scores, below the initialisation maximum, and the key "
-              "ablation shows layer 1 fails with its write alone. The scores then do separate the heads.")
+    key_ablation = _key_ablation(model, batch, prev, ph, other)
+    heads, ind, pos, by_pos = _heads(model, batch, prev, ph)
+    composition = _composition(ctx, model, ph, other)
     induction_head = (1, int(ind.induction[1].argmax()))
     patterns = attention_patterns(model, period_sequence(11, seed=ctx.seed))[:, 0]
     heads = dataclasses.replace(heads, figures=(
@@ -156,3 +103,88 @@ def circuits_section(ctx: Context) -> list[Section]:
         position_figure(by_pos["prev_weight_by_position"], by_pos["accuracy_by_position"], pos[ph].tolist(),
                         head=(0, ph), drop=by_pos["kernel_second_peak_offset"])))
     return [key_ablation, heads, composition]
+
+
+def _key_ablation(model, batch, prev: torch.Tensor, ph: int, other: list[int]) -> Section:
+    """Layer 1's keys read from x_0 alone, plus the previous-token head, plus the other layer-0 heads."""
+    other_label = " + ".join(head_label(0, h) for h in other)
+    ablations = {
+        "keys_from_x0": score_logits(run_with_key_input(model, batch.tokens, layer=1), batch.targets),
+        "keys_x0_plus_prev_token_head": score_logits(run_with_key_input(model, batch.tokens, layer=1, keep=[(0, ph)]),
+                                                     batch.targets),
+        "keys_x0_plus_other_head": score_logits(run_with_key_input(model, batch.tokens, layer=1,
+                                                                   keep=[(0, h) for h in other]), batch.targets),
+    }
+    a, prev_label = ablations, head_label(0, ph)
+    abl_rows = (
+        banded("key_ablation.x0_loss", "layer 1's keys read from x_0: loss", a["keys_from_x0"].loss),
+        banded("key_ablation.x0_accuracy", "layer 1's keys read from x_0: accuracy", a["keys_from_x0"].accuracy),
+        banded("key_ablation.prev_head_accuracy", f"keys = x_0 + prev-token head {prev_label}: accuracy",
+               a["keys_x0_plus_prev_token_head"].accuracy),
+        banded("key_ablation.prev_head_loss", f"keys = x_0 + prev-token head {prev_label}: loss",
+               a["keys_x0_plus_prev_token_head"].loss),
+        _other_head_row(a["keys_x0_plus_other_head"].accuracy, other_label, float(prev[0, other].max())),
+        banded("key_ablation.other_head_loss", f"keys = x_0 + other head {other_label}: loss",
+               a["keys_x0_plus_other_head"].loss),
+    )
+    return Section("key_ablation", "Per-head key ablation (layer 1's key input)", abl_rows,
+                   {k: {"loss": v.loss, "accuracy": v.accuracy} for k, v in ablations.items()}
+                   | {"prev_token_head": [0, ph]})
+
+
+def _heads(model, batch, prev: torch.Tensor, ph: int) -> tuple[Section, object, torch.Tensor, dict]:
+    """The head roles: the previous-token head, the induction heads, the positional kernel, by query position."""
+    ind = induction_scores(model, batch.tokens, periods=batch.periods)
+    pos = positional_scores(model, 0, max_offset=model.cfg.n_ctx - 1)
+    prev_label = head_label(0, ph)
+    head_rows = [banded("heads.prev_token_weight", f"prev-token head {prev_label}: weight on i-1", float(prev[0, ph]))]
+    for h in range(model.cfg.n_heads):
+        head_rows.append(banded(f"heads.induction_target_h{h % 2}", f"head {head_label(1, h)}: weight on i-p+1",
+                                float(ind.induction[1, h])))
+        head_rows.append(banded(f"heads.after_occurrence_h{h % 2}",
+                                f"head {head_label(1, h)}: weight after any earlier occurrence",
+                                float(ind.after_occurrence[1, h])))
+    head_rows.append(banded("heads.positional_offset1", f"prev-token head {prev_label}: content-free score at offset 1",
+                            float(pos[ph, 1])))
+    head_rows.append(banded("heads.positional_offset0", f"prev-token head {prev_label}: content-free score at offset 0",
+                            float(pos[ph, 0])))
+    by_pos = _by_position(model, batch, ph, pos[ph])
+    head_rows += by_pos.pop("rows")
+    heads = Section("heads", "Head roles on the two-layer model", tuple(head_rows), {
+        "prev_token": prev.tolist(), "induction_target": ind.induction.tolist(),
+        "after_occurrence": ind.after_occurrence.tolist(), "prev_token_head": [0, ph],
+        "positional_score_prev_head": pos[ph].tolist()} | by_pos)
+    return heads, ind, pos, by_pos
+
+
+def _composition(ctx: Context, model, ph: int, other: list[int]) -> Section:
+    """K, Q and V composition scores of layer 0 into layer 1, against their values at initialisation."""
+    results = {k: composition_scores(model, k, baseline=True) for k in "kqv"}
+    comp = {k: r.scores for k, r in results.items()}
+    init = make_attn_only(2, seed=ctx.seed if ctx.retrain else SHIPPED_MODELS["induction-2l"].seed)
+    init_k = float(composition_scores(init, "k").scores[0, :, 1, :].max())
+    k_prev = comp["k"][0, ph, 1, :]
+    qv_max = float(torch.maximum(comp["q"][0, ph, 1, :], comp["v"][0, ph, 1, :]).max())
+    comp_rows = [banded("composition.k_prev_to_layer1", f"K: prev-token head {head_label(0, ph)} -> {head_label(1, h)}",
+                        float(k_prev[h]), lo=max(qv_max, init_k))
+                 for h in range(model.cfg.n_heads)]
+    comp_rows.append(banded("composition.qv_max", "max Q and V score of the same pairs", qv_max))
+    for h in other:  # the theory: every layer-0 head's K scores in 0.245-0.272, Q and V far below
+        k_other = float(comp["k"][0, h, 1, :].max())
+        qv_other = float(torch.maximum(comp["q"][0, h, 1, :], comp["v"][0, h, 1, :]).max())
+        separated = k_other > max(qv_other, init_k)
+        row = banded("composition.k_other_to_layer1",
+                     f"K: other layer-0 head {head_label(0, h)} -> layer 1 (max; max Q/V {qv_other:.3f})", k_other)
+        comp_rows.append(dataclasses.replace(row, band="above Q, V and init", ok=True) if separated
+                         else dataclasses.replace(row, band="differs", ok=None,
+                                                  label=row.label + ": not above Q, V and init, see the note"))
+    comp_rows.append(banded("composition.init_k_max", "max K score at initialisation", init_k))
+    return Section("composition", "Composition scores (theory's definition)", tuple(comp_rows), {
+        k: v[0, :, 1, :].tolist() for k, v in comp.items()} | {"init_max_K": init_k, "prev_token_head": [0, ph]},
+        figures=(composition_heatmaps(list(results.values())),),
+        notes="Band of the K rows: above every Q and V score of the same pairs and above the largest K score at "
+              "initialisation. The theory's model has every layer-0 head's K scores in 0.245-0.272 (its scores 'do not "
+              "separate the two layer-0 heads'). Where the other head's row says 'differs', that head is not read by "
+              "layer 1's keys in this model: its K scores sit with its Q and V scores, below the initialisation "
+              "maximum, and the key ablation shows layer 1 fails with its write alone. The scores then do separate the "
+              "heads.")

@@ -31,7 +31,8 @@ def paths_section(ctx: Context) -> list[Section]:
     pos = seq.shape[1] - 2  # the last position with a next token
     one = path_expansion(model, seq, targets=next_token_targets(seq))
     fig = path_contributions_figure(one.labels, one.contributions[:, 0, pos].tolist(),
-                                    title=f"The correct token's logit at position {pos} (period 11), split into its {len(one.labels)} paths")
+                                    title=f"The correct token's logit at position {pos} (period 11), split into its "
+                                          f"{len(one.labels)} paths")
     paths = Section("paths", "Theorem 3: the path expansion", (
         exact_row("number of paths", len(pe.labels), 9),
         banded("paths.max_error", "max |path sum - logits| (float64)", err),
@@ -44,10 +45,12 @@ def paths_section(ctx: Context) -> list[Section]:
     p = [float(lens.target_probs[i][scored].mean()) for i in range(len(lens.labels))]
     names = (("embed", "after the embedding"), ("layer0", "after layer 0"), ("layer1", "after layer 1"))
     lens_rows = tuple(banded(f"logit_lens.{k}", f"P(correct) {n}", v) for (k, n), v in zip(names, p))
-    lens_fig = logit_lens_figure(lens.labels, {"P(correct), mean over scored positions": p}, chance=1 / model.cfg.d_vocab,
+    lens_fig = logit_lens_figure(lens.labels, {"P(correct), mean over scored positions": p},
+                                 chance=1 / model.cfg.d_vocab,
                                  title="Logit lens on the two-layer model: the answer exists only after layer 1")
-    return [paths, Section("logit_lens", "The logit lens on the two-layer model", lens_rows, {"p_correct": p, "labels": list(lens.labels)},
-                           figures=(lens_fig,)), propositions_section(ctx)]
+    lens_section = Section("logit_lens", "The logit lens on the two-layer model", lens_rows,
+                           {"p_correct": p, "labels": list(lens.labels)}, figures=(lens_fig,))
+    return [paths, lens_section, propositions_section(ctx)]
 
 
 def orthogonal_model(*, restrict_queries: bool, seed: int = 0) -> Model:
@@ -91,7 +94,8 @@ def propositions_section(ctx: Context) -> Section:
     with_l0, without_l0 = (_layer1_pattern(model, tokens, remove_layer0=r) for r in (False, True))
     tv = float(0.5 * (with_l0 - without_l0).abs().sum(-1).mean())
     model_q = orthogonal_model(restrict_queries=True)
-    q_gap = float((_layer1_pattern(model_q, tokens, remove_layer0=False) - _layer1_pattern(model_q, tokens, remove_layer0=True)).abs().max())
+    q_gap = float((_layer1_pattern(model_q, tokens, remove_layer0=False)
+                   - _layer1_pattern(model_q, tokens, remove_layer0=True)).abs().max())
     one = key_score_sensitivity(as_dtype(ctx.model("induction-1l"), torch.float64), tokens)
     two = key_score_sensitivity(as_dtype(ctx.model("induction-2l"), torch.float64), tokens)
     rows = (
@@ -99,8 +103,10 @@ def propositions_section(ctx: Context) -> Section:
         banded("propositions.p4_keys_from_x0", "Prop. 4: logits with layer 1's keys from x_0, max change", keys_gap),
         banded("propositions.p4_pattern_tv", "Prop. 4: queries still read x_1: pattern's mean TV without layer 0", tv),
         banded("propositions.p4_queries_restricted", "Prop. 4: queries restricted too: max pattern change", q_gap),
-        banded("propositions.p5_one_layer", "Prop. 5: one layer: max score change (float64)", float(one.max_abs_change.max())),
-        banded("propositions.p5_two_layers", "Prop. 5: two layers: mean score change (nats)", float(two.mean_abs_change.mean())),
+        banded("propositions.p5_one_layer", "Prop. 5: one layer: max score change (float64)",
+               float(one.max_abs_change.max())),
+        banded("propositions.p5_two_layers", "Prop. 5: two layers: mean score change (nats)",
+               float(two.mean_abs_change.mean())),
     )
     return Section("propositions", "Propositions 4 and 5: what a layer's keys can see", rows, {
         "p4": {"k_composition_max": k_comp, "keys_from_x0_max_change": keys_gap, "pattern_mean_tv": tv,
@@ -109,5 +115,5 @@ def propositions_section(ctx: Context) -> Section:
                "pairs": two.n_pairs}},
         notes="Proposition 4's total variation depends on the constructed model's random weights (here 0.3 N(0, 1), "
               "the theory's notebook has its own): the claim is that it is not zero while the queries read layer 0's "
-              "subspace, and zero once they do not. Proposition 5's 4.45 nats is the theory's model; ours is banded "
-              "by the claim, a change far above rounding.")
+              "subspace, and zero once they do not. Proposition 5's 4.45 nats is the theory's model; ours is banded by "
+              "the claim, a change far above rounding.")

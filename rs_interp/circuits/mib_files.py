@@ -30,7 +30,8 @@ circuits at the nine sizes 0.1% ... 50% of the edges (:func:`write_mib_circuits`
 >>> import tempfile, rs_interp as ri
 >>> model = ri.load_toy_model("induction-2l")
 >>> layout = ri.edge_layout(model)
->>> scores = ri.circuits.EdgeEffects(layout, torch.where(layout.exists, torch.arange(5 * 13.).view(5, 13), torch.nan), float("nan"))
+>>> effect = torch.where(layout.exists, torch.arange(5 * 13.).view(5, 13), torch.nan)
+>>> scores = ri.circuits.EdgeEffects(layout, effect, float("nan"))
 >>> path = write_mib(tempfile.mkdtemp() + "/importances.json", model, scores=scores, batch_size=4)
 >>> back = read_mib(path, model)
 >>> bool(torch.equal(back.effects().effect.nan_to_num(-1), scores.effect.nan_to_num(-1))), len(back.circuit)
@@ -51,10 +52,12 @@ import torch
 
 from .._files import FileError, need, parsing, read_json, read_torch
 from .._messages import few
-from .mib_names import _EDGE, _cfg_dict, _check_edge, _eap_index, _edges, _nodes, from_mib_edge, mib_edge_names  # noqa: F401
+from ..exact.validate import check_int_range
+from .graph import EdgeEffects, EdgeLayout, edge_layout
+from .mib_names import _cfg_dict, _eap_index, _edges, _nodes, from_mib_edge, mib_edge_names
 
-__all__ = ["MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge", "mib_importances",
-           "MIB_SUBMISSION_FRACTIONS", "Convention"]
+__all__ = ["MIBGraph", "write_mib", "read_mib", "write_mib_circuits", "mib_edge_names", "from_mib_edge",
+           "mib_importances", "MIB_SUBMISSION_FRACTIONS", "Convention"]
 
 #: How :func:`write_mib` writes scores: MIB's (the loss's, ``-effect / B``) or as given.
 Convention = Literal["mib", "as given"]
@@ -111,9 +114,6 @@ class MIBGraph:
             >>> g.scores.edge("embed", "logits"), g.effects().edge("embed", "logits")
             (-1.0, 2.0)
         """
-        from ..circuits.graph import EdgeEffects
-        from ..exact.validate import check_int_range
-
         if self.convention.get("convention") in ("as given", "memberships"):
             return self.scores
         hib = self.convention.get("higher_is_better", True) if higher_is_better is None else bool(higher_is_better)
@@ -140,7 +140,8 @@ class MIBGraph:
             return float(len(self.in_graph))
         d_model = int(self.cfg["d_model"])
         kept = {node: int(torch.as_tensor(mask).sum()) for node, mask in self.neurons.items()}
-        return float(sum(kept.get(name.split("->")[0], 0) for name in self.in_graph)) / d_model  # EAP-IG: no mask, no neuron
+        # EAP-IG: no mask, no neuron
+        return float(sum(kept.get(name.split("->")[0], 0) for name in self.in_graph)) / d_model
 
 
 def mib_importances(scores: Any, *, higher_is_better: bool = True, batch_size: int = 1) -> Any:
@@ -161,12 +162,10 @@ def mib_importances(scores: Any, *, higher_is_better: bool = True, batch_size: i
         >>> import rs_interp as ri
         >>> layout = ri.edge_layout(ri.models.make_attn_only(1, n_heads=1))
         >>> e = ri.circuits.EdgeEffects(layout, torch.where(layout.exists, 3.0, torch.nan), 1.0)
-        >>> mib_importances(e, batch_size=2).edge("embed", "logits"), mib_importances(e, higher_is_better=False).edge("embed", "logits")
+        >>> a, b = mib_importances(e, batch_size=2), mib_importances(e, higher_is_better=False)
+        >>> a.edge("embed", "logits"), b.edge("embed", "logits")
         (-1.5, 3.0)
     """
-    from ..circuits.graph import EdgeEffects
-    from ..exact.validate import check_int_range
-
     if not isinstance(scores, EdgeEffects):
         raise ValueError(f"scores must be edge scores (an EdgeEffects), got {type(scores).__name__}")
     if not isinstance(higher_is_better, bool):
@@ -199,8 +198,6 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
             edge that is not an edge of this model; a suffix other than .json or .pt; an unknown
             convention.
     """
-    from ..circuits.graph import EdgeEffects, EdgeLayout, edge_layout
-
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     layout = edge_layout(cfg)
     path = Path(path)
@@ -210,30 +207,51 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
         raise ValueError("give scores (an importance file), a circuit, or both")
     if convention not in ("mib", "as given"):
         raise ValueError(f"convention must be 'mib' or 'as given', got {convention!r}")
-    record: dict = {"convention": "memberships"}
     edges = _edges(layout)
+    record: dict = {"convention": "memberships"}
     if scores is not None:
-        if scores.layout.senders[:1] == ("tok_embed",) and scores.layout.senders[1:2] != ("pos_embed",):
-            # EAP-IG's graph (edge_layout(model, embedding="token")): its input node is MIB's `input`
-            scores = EdgeEffects(EdgeLayout(("embed",) + scores.layout.senders[1:], scores.layout.receivers, scores.layout.exists),
-                                 scores.effect, scores.clean)
-        if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
-            raise ValueError("scores belong to another model's edge layout (MIB's input node is the token embedding: "
-                             "scores on edge_layout(model, embedding='sum') or 'token', not 'split')")
-        if convention == "mib":
-            scores = mib_importances(scores, higher_is_better=higher_is_better, batch_size=batch_size)
-            record = {"convention": "mib", "higher_is_better": higher_is_better, "batch_size": batch_size}
-        else:
-            record = {"convention": "as given"}
-        values = scores.effect[layout.exists].tolist()  # row-major, as edges() lists them
-        bad = [f"{s} -> {r}" for (s, r), v in zip(edges, values) if math.isnan(v)]
-        if bad:
-            raise ValueError(f"{len(bad)} edges have no score (NaN), e.g. {few(bad, 2, show=str)}: MIB needs a score for every edge")
-    keep = set(edges) if circuit is None else {("embed" if e[0] == "tok_embed" else e[0], e[1]) for e in map(tuple, circuit)}
+        values, record = _written_scores(scores, layout, edges, convention, higher_is_better, batch_size)
+    keep = (set(edges) if circuit is None
+            else {("embed" if e[0] == "tok_embed" else e[0], e[1]) for e in map(tuple, circuit)})
     for e in keep - set(edges):
         layout.index(e)  # raises naming an unknown label or a non-edge
     if scores is None:
         values = [1.0 if e in keep else 0.0 for e in edges]
+    edge_dict, touched = _edge_entries(edges, values, keep, cfg)
+    nodes = {n: {"in_graph": n in touched} for n in _nodes(cfg)}
+    path.parent.mkdir(parents=True, exist_ok=True)  # the folder made, as every writer here does
+    if path.suffix == ".json":
+        path.write_text(json.dumps({"cfg": _cfg_dict(cfg), "nodes": nodes, "edges": edge_dict, "rs_interp": record}))
+    else:
+        _write_pt(path, cfg, edge_dict, nodes, record)
+    return path
+
+
+def _written_scores(scores: Any, layout: Any, edges: list[tuple[str, str]], convention: Convention,
+                    higher_is_better: bool, batch_size: int) -> tuple[list[float], dict]:
+    """:func:`write_mib`'s scores, one per edge in ``edges``' order, in the file's convention, and its record."""
+    if scores.layout.senders[:1] == ("tok_embed",) and scores.layout.senders[1:2] != ("pos_embed",):
+        # EAP-IG's graph (edge_layout(model, embedding="token")): its input node is MIB's `input`
+        scores = EdgeEffects(EdgeLayout(("embed",) + scores.layout.senders[1:], scores.layout.receivers,
+                                        scores.layout.exists), scores.effect, scores.clean)
+    if scores.layout.senders != layout.senders or scores.layout.receivers != layout.receivers:
+        raise ValueError("scores belong to another model's edge layout (MIB's input node is the token embedding: "
+                         "scores on edge_layout(model, embedding='sum') or 'token', not 'split')")
+    if convention == "mib":
+        scores = mib_importances(scores, higher_is_better=higher_is_better, batch_size=batch_size)
+        record = {"convention": "mib", "higher_is_better": higher_is_better, "batch_size": batch_size}
+    else:
+        record = {"convention": "as given"}
+    values = scores.effect[layout.exists].tolist()  # row-major, as edges() lists them
+    bad = [f"{s} -> {r}" for (s, r), v in zip(edges, values) if math.isnan(v)]
+    if bad:
+        raise ValueError(f"{len(bad)} edges have no score (NaN), e.g. {few(bad, 2, show=str)}: MIB needs a score "
+                         "for every edge")
+    return values, record
+
+
+def _edge_entries(edges: list[tuple[str, str]], values: list[float], keep: set, cfg: Any) -> tuple[dict, set[str]]:
+    """Every MIB edge's ``{"score", "in_graph"}`` by its MIB name, and the nodes an edge in the graph touches."""
     edge_dict: dict[str, dict] = {}
     touched = {"logits"}
     for e, v in zip(edges, values):
@@ -243,22 +261,22 @@ def write_mib(path: str | Path, model_or_cfg: Any, *, scores: Any = None,
             if inside:
                 parent, child = name.split("->")
                 touched |= {parent, child.split("<")[0]}
-    nodes = {n: {"in_graph": n in touched} for n in _nodes(cfg)}
-    path.parent.mkdir(parents=True, exist_ok=True)  # the folder made, as every writer here does
-    if path.suffix == ".json":
-        path.write_text(json.dumps({"cfg": _cfg_dict(cfg), "nodes": nodes, "edges": edge_dict, "rs_interp": record}))
-        return path
+    return edge_dict, touched
+
+
+def _write_pt(path: Path, cfg: Any, edge_dict: dict, nodes: dict, record: dict) -> None:
+    """EAP-IG's ``to_pt`` file: its edge matrices (MLP slots even for attention-only models) and node lists."""
     H, L = cfg.n_heads, cfg.n_layers
-    n_fwd, n_bwd = 1 + L * (H + 1), L * (3 * H + 1) + 1  # EAP-IG's shapes: MLP slots even for attention-only models
+    n_fwd, n_bwd = 1 + L * (H + 1), L * (3 * H + 1) + 1
     score_m, in_m = torch.zeros(n_fwd, n_bwd), torch.zeros(n_fwd, n_bwd, dtype=torch.bool)
     for name, d in edge_dict.items():
         i, j = _eap_index(name, cfg)
         score_m[i, j], in_m[i, j] = d["score"], d["in_graph"]
     src = ["input"] + [n for l in range(L) for n in [f"a{l}.h{h}" for h in range(H)] + [f"m{l}"]]
     dst = [n for l in range(L) for n in [f"a{l}.h{h}<{x}>" for x in "qkv" for h in range(H)] + [f"m{l}"]] + ["logits"]
-    torch.save({"cfg": _cfg_dict(cfg), "src_nodes": src, "dst_nodes": dst, "edges_scores": score_m, "edges_in_graph": in_m,
-                "nodes_in_graph": torch.tensor([nodes.get(n, {"in_graph": False})["in_graph"] for n in src]), "rs_interp": record}, path)
-    return path
+    nodes_in = torch.tensor([nodes.get(n, {"in_graph": False})["in_graph"] for n in src])
+    torch.save({"cfg": _cfg_dict(cfg), "src_nodes": src, "dst_nodes": dst, "edges_scores": score_m,
+                "edges_in_graph": in_m, "nodes_in_graph": nodes_in, "rs_interp": record}, path)
 
 
 def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
@@ -271,13 +289,26 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
             does not have (e.g. into an MLP of an attention-only model), an edge of the model the
             file lacks, or, under grouped-query attention, copies of one KV edge that disagree.
     """
-    from ..circuits.graph import EdgeEffects, edge_layout
-
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     layout = edge_layout(cfg)
     path = Path(path)
     if path.suffix not in (".json", ".pt"):
         raise ValueError(f"{path}: a MIB graph file is .json or .pt")
+    data, file_cfg, entries, neurons = _read_graph(path)
+    mine = _cfg_dict(cfg)
+    differ = {k: (file_cfg.get(k), v) for k, v in mine.items() if k != "d_model" and file_cfg.get(k) != v}
+    if differ:
+        raise ValueError(f"{path} is a graph of another model: (file, this model) {differ}")
+    if entries is None:  # .pt: read this model's edges out of EAP-IG's matrices
+        entries = _matrix_entries(path, data, layout, cfg)
+    effect, member = _onto_layout(path, entries, layout, cfg)
+    record = data.get("rs_interp") or {}
+    return MIBGraph(EdgeEffects(layout, effect, float("nan")), frozenset(e for e, v in member.items() if v),
+                    dict(file_cfg), dict(record), frozenset(n for n, (_, inside) in entries.items() if inside), neurons)
+
+
+def _read_graph(path: Path) -> tuple[dict, dict, dict | None, dict | None]:
+    """A MIB graph file, its ``cfg``, edges ``name -> (score, in_graph)`` (None in ``.pt``), neuron masks (or None)."""
     data = read_json(path, "MIB graph") if path.suffix == ".json" else read_torch(path, "MIB graph")
     if not isinstance(data, dict):
         raise FileError(f"MIB graph {path} holds a {type(data).__name__}, not a graph's dictionary.", path)
@@ -296,21 +327,28 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
                 neurons = dict(zip(data["src_nodes"], data["neurons_in_graph"].bool()))
     if not isinstance(file_cfg, dict):
         raise FileError(f"MIB graph {path}: its cfg is a {type(file_cfg).__name__}, not a dictionary.", path)
-    mine = _cfg_dict(cfg)
-    differ = {k: (file_cfg.get(k), v) for k, v in mine.items() if k != "d_model" and file_cfg.get(k) != v}
-    if differ:
-        raise ValueError(f"{path} is a graph of another model: (file, this model) {differ}")
-    if entries is None:  # .pt: read this model's edges out of EAP-IG's matrices
-        names = [n for e in _edges(layout) for n in mib_edge_names(e, cfg)]
-        scores_m, in_m = data["edges_scores"], data["edges_in_graph"]
-        if tuple(in_m.shape) != (1 + cfg.n_layers * (cfg.n_heads + 1), cfg.n_layers * (3 * cfg.n_heads + 1) + 1):
-            raise ValueError(f"{path}: edge matrices of shape {tuple(in_m.shape)} are not EAP-IG's for this cfg")
-        rows, cols = (torch.tensor(ix) for ix in zip(*(_eap_index(n, cfg) for n in names)))
-        entries = dict(zip(names, zip(scores_m[rows, cols].double().tolist(), in_m[rows, cols].tolist())))
-        known = torch.zeros_like(in_m)
-        known[rows, cols] = True
-        if bool((in_m & ~known).any()):
-            raise ValueError(f"{path} marks in_graph an entry that is not an edge of this model (e.g. into an MLP it does not have)")
+    return data, file_cfg, entries, neurons
+
+
+def _matrix_entries(path: Path, data: dict, layout: Any, cfg: Any) -> dict[str, tuple[float, bool]]:
+    """This model's edges ``name -> (score, in_graph)`` read out of EAP-IG's matrices (a ``.pt`` file)."""
+    names = [n for e in _edges(layout) for n in mib_edge_names(e, cfg)]
+    scores_m, in_m = data["edges_scores"], data["edges_in_graph"]
+    if tuple(in_m.shape) != (1 + cfg.n_layers * (cfg.n_heads + 1), cfg.n_layers * (3 * cfg.n_heads + 1) + 1):
+        raise ValueError(f"{path}: edge matrices of shape {tuple(in_m.shape)} are not EAP-IG's for this cfg")
+    rows, cols = (torch.tensor(ix) for ix in zip(*(_eap_index(n, cfg) for n in names)))
+    entries = dict(zip(names, zip(scores_m[rows, cols].double().tolist(), in_m[rows, cols].tolist())))
+    known = torch.zeros_like(in_m)
+    known[rows, cols] = True
+    if bool((in_m & ~known).any()):
+        raise ValueError(f"{path} marks in_graph an entry that is not an edge of this model (e.g. into an MLP it "
+                         "does not have)")
+    return entries
+
+
+def _onto_layout(path: Path, entries: dict[str, tuple[float, bool]], layout: Any,
+                 cfg: Any) -> tuple[torch.Tensor, dict[tuple[str, str], bool]]:
+    """The file's edges on the layout, each once (its GQA copies agreeing): its score (NaN off it) and membership."""
     effect = torch.full(layout.exists.shape, float("nan"), dtype=torch.float64)
     cell = {(layout.senders[i], layout.receivers[j]): (i, j) for i, j in layout.exists.nonzero().tolist()}
     lookup = {n: e for e in cell for n in mib_edge_names(e, cfg)}
@@ -319,25 +357,24 @@ def read_mib(path: str | Path, model_or_cfg: Any) -> MIBGraph:
         edge = lookup.get(name)
         if edge is None:
             from_mib_edge(name, cfg)  # raises: not a MIB name, or not an edge of this model
-            raise ValueError(f"{path}: {name!r} is not an edge of this model")  # pragma: no cover (from_mib_edge raised)
+            raise ValueError(f"{path}: {name!r} is not an edge of this model")  # pragma: no cover (raised above)
         i, j = cell[edge]
         if edge in member and (member[edge] != inside or effect[i, j].item() != score):
-            raise ValueError(f"{path}: {name} has (score {score}, in_graph {inside}) but another query head's copy of the "
-                             f"same key/value edge {edge} has ({effect[i, j].item()}, {member[edge]}); rs_interp's graph has "
-                             "one key and one value input per KV head: read it onto rs_interp.circuits.ungroup_gqa(model), whose "
-                             "graph has one per query head, as MIB's")
+            raise ValueError(f"{path}: {name} has (score {score}, in_graph {inside}) but another query head's copy of "
+                             f"the same key/value edge {edge} has ({effect[i, j].item()}, {member[edge]}); rs_interp's "
+                             "graph has one key and one value input per KV head: read it onto "
+                             "rs_interp.circuits.ungroup_gqa(model), whose graph has one per query head, as MIB's")
         effect[i, j], member[edge] = score, inside
     absent = [e for e in cell if e not in member]
     if absent:
         raise ValueError(f"{path} lacks {len(absent)} edges of this model, e.g. {few(absent, 2)}.")
-    record = data.get("rs_interp") or {}
-    return MIBGraph(EdgeEffects(layout, effect, float("nan")), frozenset(e for e, v in member.items() if v), dict(file_cfg),
-                    dict(record), frozenset(n for n, (_, inside) in entries.items() if inside), neurons)
+    return effect, member
 
 
 def write_mib_circuits(folder: str | Path, model_or_cfg: Any, scores: Any, *,
                        fractions: Sequence[float] = MIB_SUBMISSION_FRACTIONS, suffix: str = ".json",
-                       convention: Convention = "mib", higher_is_better: bool = True, batch_size: int = 1) -> list[Path]:
+                       convention: Convention = "mib", higher_is_better: bool = True,
+                       batch_size: int = 1) -> list[Path]:
     """One MIB circuit file per fraction ``f``: the top edges of ``scores`` by ``|score|`` (as
     :func:`rs_interp.top_edges` orders them) while MIB's edge count stays at most ``int(f * N)``
     (``N`` MIB's edges: per query head under grouped-query attention), as ``circuit_{f}{suffix}``;
@@ -355,8 +392,6 @@ def write_mib_circuits(folder: str | Path, model_or_cfg: Any, scores: Any, *,
         >>> [p.name for p in paths], [len(read_mib(p, model).circuit) for p in paths]
         (['circuit_0.1.json', 'circuit_0.5.json'], [2, 14])
     """
-    from ..circuits.graph import edge_layout
-
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     if any(not 0 < f <= 1 for f in fractions):
         raise ValueError(f"fractions must lie in (0, 1], got {few(fractions, 10)}")

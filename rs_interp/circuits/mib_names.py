@@ -1,5 +1,5 @@
 """MIB's names of rs_interp's edges, and where EAP-IG's ``Graph`` keeps them (the names half of
-:mod:`rs_interp.tasks.mib`, which re-exports :func:`mib_edge_names` and :func:`from_mib_edge`).
+:mod:`rs_interp.circuits.mib_files`, which re-exports :func:`mib_edge_names` and :func:`from_mib_edge`).
 
 Nodes ``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``; an edge ``parent->child``, with ``<q>``/``<k>``/``<v>``
 after an attention child; under grouped-query attention one MIB edge per query head's copy of a KV
@@ -35,7 +35,8 @@ def mib_edge_names(edge: tuple[str, str], model_or_cfg: Any) -> list[str]:
 
     Example:
         >>> from rs_interp.models import make_attn_only
-        >>> mib_edge_names(("embed", "L0H1.q"), make_attn_only(1)), mib_edge_names(("L0H0", "logits"), make_attn_only(1))
+        >>> cfg = make_attn_only(1)
+        >>> mib_edge_names(("embed", "L0H1.q"), cfg), mib_edge_names(("L0H0", "logits"), cfg)
         (['input->a0.h1<q>'], ['a0.h0->logits'])
         >>> mib_edge_names(("embed", "L0KV0.k"), make_attn_only(1, n_heads=2, n_key_value_heads=1))
         ['input->a0.h0<k>', 'input->a0.h1<k>']

@@ -12,8 +12,8 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from .._backend import Model
-from ..models.registry import Trained, TrainingCache, load_toy_model
+from ..._backend import Model
+from ...models.registry import Trained, TrainingCache, load_toy_model
 from .corpus import D_VOCAB, N_CTX, Company, Corpus, Filing, Query, demo_filing, find_queries, make_corpus
 
 __all__ = [
@@ -59,8 +59,8 @@ def train_filing_model(filings: Sequence[Filing], *, steps: int = 600, batch_siz
 
     Adam, batches of 64 random 48-symbol windows, every position scored, deterministic for a seed.
     """
-    from ..models.checkpoints import make_attn_only
-    from ..models.training import train_on_batches
+    from ...models.checkpoints import make_attn_only
+    from ...models.training import train_on_batches
 
     windows = _windows(filings)
     model = make_attn_only(2, seed=seed)
@@ -75,7 +75,7 @@ def train_filing_model(filings: Sequence[Filing], *, steps: int = 600, batch_siz
 
 
 def _model_reader(model: Model, *, direct_only: bool = False) -> Callable[[Sequence[Query]], list[int | None]]:
-    from ..readouts.paths import path_expansion
+    from ...readouts.paths import path_expansion
 
     def read(queries: Sequence[Query]) -> list[int | None]:
         preds: list[int | None] = [None] * len(queries)
@@ -118,7 +118,8 @@ class FinanceResult:
     diagnostics: dict[str, float] = field(default_factory=dict)
 
 
-def complete_queries(readers: Mapping[str, Callable[[Sequence[Query]], list[int | None]]], queries: Sequence[Query]) -> dict[str, list[bool]]:
+def complete_queries(readers: Mapping[str, Callable[[Sequence[Query]], list[int | None]]],
+                     queries: Sequence[Query]) -> dict[str, list[bool]]:
     """Per reader, whether each query was completed."""
     return {name: [p == q.answer for p, q in zip(read(queries), queries)] for name, read in readers.items()}
 
@@ -136,10 +137,12 @@ def run_case_study(*, seed: int = 0, induction_1l: Model | None = None,
     True
     """
     corpus = make_corpus(seed)
-    train = lambda: Trained(train_filing_model(corpus.train, seed=seed, progress=progress), {"seed": seed})  # noqa: E731
+    train = lambda: Trained(train_filing_model(corpus.train, seed=seed, progress=progress),  # noqa: E731
+                            {"seed": seed})
     filing_model = (cache.fetch("finance-filing", {"seed": seed}, train) if cache else train()).model
     demo_company = next((c for c in corpus.heldout_companies if len(c.name) == 3), corpus.heldout_companies[0])
-    return evaluate_readers(corpus, filing_model=filing_model, induction_1l=induction_1l or load_toy_model("induction-1l"),
+    return evaluate_readers(corpus, filing_model=filing_model,
+                            induction_1l=induction_1l or load_toy_model("induction-1l"),
                             induction_2l=induction_2l or load_toy_model("induction-2l"), demo_company=demo_company)
 
 
@@ -163,8 +166,8 @@ def evaluate_readers(corpus: Corpus, *, filing_model: Model, induction_1l: Model
         dq = find_queries([f])
         demo = complete_queries(readers, dq)
         demo_labels = tuple(f"{q.query_word} -> {q.answer_word}" for q in dq)
-    from ..heads.roles import induction_scores
-    from ..models.data import induction_batch
+    from ...heads.roles import induction_scores
+    from ...models.data import induction_batch
 
     ambiguous = sum(int((table.counts[q.context[-1]] > 0).sum()) > 1 for q in seen_q) / len(seen_q)
     probe = induction_batch(200, seed=5, d_vocab=D_VOCAB, seq_len=N_CTX)

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from rs_interp import finance as F
+from rs_interp.reproduce import finance as F
 from rs_interp.reproduce.expected import EXPECTED
 
 

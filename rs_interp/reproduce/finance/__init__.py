@@ -1,7 +1,7 @@
 """The finance case study: completing company names in filings by induction.
 
-:mod:`~rs_interp.finance.corpus` makes the synthetic filings (seeded, in-process, nothing
-downloaded), hashes words to 256 symbols and finds the queries; :mod:`~rs_interp.finance.study`
+:mod:`~rs_interp.reproduce.finance.corpus` makes the synthetic filings (seeded, in-process, nothing
+downloaded), hashes words to 256 symbols and finds the queries; :mod:`~rs_interp.reproduce.finance.study`
 holds the readers (the bigram table, the filing-trained model and its direct path, the induction
 models) and runs them.
 

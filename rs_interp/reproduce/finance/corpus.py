@@ -1,4 +1,4 @@
-"""The finance corpus: synthetic filings, hashed tokens and the queries (see :mod:`rs_interp.finance`).
+"""The finance corpus: synthetic filings, hashed tokens and the queries (see :mod:`rs_interp.reproduce.finance`).
 
 The corpus is synthetic, seeded and generated here in well under a second; nothing is downloaded.
 
@@ -67,13 +67,13 @@ _SECTORS = {
     "foods": ("Foods", ("Brands", "Farms")), "steel": ("Steel", ("Works", "Forge")),
 }
 _FIRST = (
-    "Tamsin Harlow Bexley Corwin Dunmore Elstree Fenwick Garrow Halden Islay Jessop Kelvin Lorne Marden Norland "
-    "Orwell Pellam Quarry Rennick Selby Tarrant Ulster Vance Wexford Yarrow Ashby Brantley Calder Dalby Eskdale "
-    "Farrow Glenmore Hawick Ingram Jarrow Kirkby Lomond Merrow Nairn Ossory Penrith Quinlan Rydal Stanmore Thirsk "
-    "Upton Verity Walden Ardmore Bramwell Carrick Denholm Ellery Foxley Gilmour Hadley Inverness Juniper Kestrel "
-    "Larkin Morven Nettle Oakham Prescott Ravel Sutter Tolland Umber Valen Winslow Arden Blythe Colwyn Darrow "
-    "Elgin Fairlie Gresham Holloway Ivory Jolliet Kenmare Linden Mallory Newell Orrin Pryor Redfern Sorrel "
-    "Tavish Ulric Vesper Whitby Alder Brigham Castell Delmore"
+    "Tamsin Harlow Bexley Corwin Dunmore Elstree Fenwick Garrow Halden Islay Jessop Kelvin Lorne Marden Norland Orwell "
+    "Pellam Quarry Rennick Selby Tarrant Ulster Vance Wexford Yarrow Ashby Brantley Calder Dalby Eskdale Farrow "
+    "Glenmore Hawick Ingram Jarrow Kirkby Lomond Merrow Nairn Ossory Penrith Quinlan Rydal Stanmore Thirsk Upton "
+    "Verity Walden Ardmore Bramwell Carrick Denholm Ellery Foxley Gilmour Hadley Inverness Juniper Kestrel Larkin "
+    "Morven Nettle Oakham Prescott Ravel Sutter Tolland Umber Valen Winslow Arden Blythe Colwyn Darrow Elgin Fairlie "
+    "Gresham Holloway Ivory Jolliet Kenmare Linden Mallory Newell Orrin Pryor Redfern Sorrel Tavish Ulric Vesper "
+    "Whitby Alder Brigham Castell Delmore"
 ).split()
 _QUALIFIERS = ("North", "United", "Pacific", "Atlantic", "General", "First", "National", "Western")
 _FILLER = [
@@ -243,7 +243,8 @@ def demo_filing(company: Company, *, seed: int = 1, mentions: int = 8) -> Filing
     rng = random.Random(seed)
     parts = [f"{company.full_name} ( {company.ticker} ) reported quarterly revenue of {rng.choice(_NUMS)} million ."]
     templates = ["{name} said revenue rose {pct} percent .", "Shares of {name} closed at {small} .",
-                 "{name} declared a dividend of {small} per share .", "Analysts expect {name} to report {num} million ."]
+                 "{name} declared a dividend of {small} per share .",
+                 "Analysts expect {name} to report {num} million ."]
     for i in range(mentions - 1):
         parts.append(templates[i % len(templates)].format(name=company.full_name, pct=rng.randint(1, 30),
                                                           small=rng.choice(_SMALL), num=rng.choice(_NUMS)))

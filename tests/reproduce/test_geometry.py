@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import rs_interp as ri
-from rs_interp.lab.geometry import (
+from rs_interp.reproduce.expected import EXPECTED
+from rs_interp.reproduce.geometry import (
     centering_projection,
     collapse_cloud,
     collapse_run,
@@ -18,7 +19,6 @@ from rs_interp.lab.geometry import (
     residual_jacobian_expansion,
     rms_norm,
 )
-from rs_interp.reproduce.expected import EXPECTED
 
 NORMS = [1, 2, "inf"]
 F64 = torch.float64

@@ -210,7 +210,8 @@ class SubsetExpansion:
         return torch.stack(list(self.terms.values())).sum(0)
 
 
-def residual_jacobian_expansion(fs: Sequence[Callable[[torch.Tensor], torch.Tensor]], x: Float[torch.Tensor, " d"]) -> SubsetExpansion:
+def residual_jacobian_expansion(fs: Sequence[Callable[[torch.Tensor], torch.Tensor]],
+                                x: Float[torch.Tensor, " d"]) -> SubsetExpansion:
     """Jacobian of ``x_{k+1} = x_k + f_k(x_k)`` as a product and as a sum over subsets of layers."""
     from torch.autograd.functional import jacobian
 
