@@ -1,16 +1,15 @@
 """Distributed alignment search (DAS; Geiger et al., 2024): learn the subspace whose interchange makes the
 model give the high-level model's counterfactual outputs, and train the controls the same way.
 
-DAS trains an orthonormal (width, rank) basis ``B`` (kept orthonormal by PyTorch's ``orthogonal``
-parametrisation, :mod:`rs_interp.variables._orthogonal`) so that the interchange
-``h + s (h_s - h) B B^T`` at the site makes the model's class scores on each pair's base give the pair's
-counterfactual label: cross-entropy, summed over a batch's pairs and divided by the batch (so a batch
-split by length or by ``micro_batch_size`` gives the same gradient), Adam, the model frozen. The source
-activations are recorded once, before training. It is TransformerLens 4.3's ``fit_das``, step for step:
-the batches are drawn by ``numpy.random.default_rng(seed)``'s permutations as there, and from the same
-initial ``base`` (``init=``) the losses are the same floats (``tests/variables/test_das.py``). The initial
-basis is drawn by a ``torch.Generator`` of its own (TransformerLens seeds the global one): the caller's
-random state is never read or moved, and the same seed gives the same result.
+DAS trains an orthonormal (width, rank) basis ``B`` (kept orthonormal by PyTorch's ``orthogonal`` parametrisation,
+:mod:`rs_interp.variables._orthogonal`) so that the interchange ``h + s (h_s - h) B B^T`` at the site makes the model's
+class scores on each pair's base give the pair's counterfactual label: cross-entropy, summed over a batch's pairs and
+divided by the batch (so a batch split by length or by ``micro_batch_size`` gives the same gradient), Adam, the model
+frozen. The source activations are recorded once, before training. It is TransformerLens 4.3's ``fit_das``, step for
+step: the batches are drawn by ``numpy.random.default_rng(seed)``'s permutations as there, and from the same initial
+``base`` (``init=``) the losses are the same floats (``tests/variables/test_das.py``). The initial basis is drawn by a
+``torch.Generator`` of its own (TransformerLens seeds the global one): the caller's random state is never read or moved,
+and the same seed gives the same result.
 
 The controls are trained with the same pairs, rank, budget and initial basis: **arbitrary labels** (a fixed
 pseudo-random class per source, :func:`~rs_interp.variables.arbitrary_labels`) and an **untrained model**
@@ -305,8 +304,7 @@ def _tempered(model: Model, site: Site, options: DASOptions, done: float) -> lis
     scale = options.temper ** max(0.0, 1.0 - done / options.temper_until)
     if scale == 1.0:
         return []
-    # the queries, not hook_attn_scores: TransformerLens 4.3 fires that hook after the fact on native attention
-    # (a write there is not used); scaling q scales the scores, the mask applied after
+    # q, not hook_attn_scores (TL 4.3 fires it too late on native attention): scaling q scales the scores, masked after
     first = site.layer + (0 if site.hook.endswith("hook_resid_pre") else 1)
     names = [f"blocks.{layer}.attn.hook_q" for layer in range(first, model.cfg.n_layers)]
     missing = [name for name in names if name not in model.hook_dict]
