@@ -219,11 +219,11 @@ def _source_activations(model: Model, pairs: PairSet, site: Site, batch: int) ->
 
 
 def _loss(model: Model, pairs: PairSet, site: Site, swap: "_Swap", rows: torch.Tensor, acts: list[torch.Tensor],
-          labels: torch.Tensor, denominator: int, kind: str) -> torch.Tensor:
+          denominator: int, kind: str) -> torch.Tensor:
     tokens, at = inputs(pairs, rows, "base")
     source = torch.stack([acts[i] for i in rows.tolist()])
     logits = intervened(model, site, swap, tokens, at, source)
-    target = labels[rows].to(logits.device)
+    target = pairs.labels[rows].to(logits.device)
     if kind == "squared":
         return _squared(pairs, logits, rows, target).sum() / denominator
     return F.cross_entropy(pairs.task_logits(logits, rows), target, reduction="sum") / denominator
@@ -252,8 +252,8 @@ class _Swap:
         return base + self.strength * ((source - base) @ B) @ B.T
 
 
-def _train(model: Model, pairs: PairSet, site: Site, labels: torch.Tensor, options: DASOptions,
-           base: torch.Tensor, progress: bool, what: str) -> tuple[torch.Tensor, tuple[float, ...]]:
+def _train(model: Model, pairs: PairSet, site: Site, options: DASOptions, base: torch.Tensor, progress: bool,
+           what: str) -> tuple[torch.Tensor, tuple[float, ...]]:
     """The learned basis and the loss of each step (module docstring)."""
     micro = options.micro_batch_size or options.batch_size
     acts = _source_activations(model, pairs, site, micro)
@@ -276,7 +276,7 @@ def _train(model: Model, pairs: PairSet, site: Site, labels: torch.Tensor, optio
                     total = 0.0
                     with model.hooks(fwd_hooks=_tempered(model, site, options, len(losses) / steps)):
                         for rows in _parts(pairs, batch, micro):
-                            loss = _loss(model, pairs, site, swap, rows, acts, labels, len(batch), options.loss)
+                            loss = _loss(model, pairs, site, swap, rows, acts, len(batch), options.loss)
                             loss.backward()
                             total += loss.item() * len(batch)
                     optimizer.step()
@@ -318,7 +318,7 @@ def _final_loss(model: Model, pairs: PairSet, site: Site, basis: torch.Tensor, o
     micro = options.micro_batch_size or options.batch_size
     acts, swap = _source_activations(model, pairs, site, micro), _Swap(lambda: basis, options.strength)
     with torch.no_grad():
-        return sum(float(_loss(model, pairs, site, swap, rows, acts, pairs.labels, len(pairs), options.loss))
+        return sum(float(_loss(model, pairs, site, swap, rows, acts, len(pairs), options.loss))
                    for rows in chunks(pairs, micro))
 
 
@@ -338,8 +338,7 @@ def _fit(model: Model, train: PairSet, test: PairSet, site: Site, options: DASOp
     for r in range(options.restarts):
         start = base if r == 0 else completed(None, base.shape[0], options.rank,
                                               torch.Generator().manual_seed(options.seed + r))
-        basis, losses = _train(model, train, site, train.labels, replace(options, seed=options.seed + r), start,
-                               progress, what)
+        basis, losses = _train(model, train, site, replace(options, seed=options.seed + r), start, progress, what)
         final = _final_loss(model, train, site, basis, options) if options.restarts > 1 else 0.0
         runs.append((final, r, basis, losses))
     _, restart, basis, losses = min(runs, key=lambda run: (run[0], run[1]))
