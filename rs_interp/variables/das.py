@@ -113,7 +113,8 @@ class DASOptions:
         for name in counts:
             object.__setattr__(self, name, check_int_range(name, getattr(self, name), 1))
         object.__setattr__(self, "seed", as_int("seed", self.seed))
-        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
+                                             and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
