@@ -116,7 +116,8 @@ EXEMPT: dict[str, str] = {
     "score_model": "the model's own loss and accuracy: its logits as they are, nothing decomposed",
     "scale.metric_values": "the metric of the model's own logits, batch by batch: nothing decomposed",
     "scale.stream": "runs the analysis it is given, which certifies the model itself",
-    "scale.run_method": "runs the scale helper of the registry entry's helper (scale.<helper>), which certifies the model",
+    "scale.run_method": "runs the scale helper of the registry entry's helper (scale.<helper>), which certifies the "
+                        "model",
     "features.estimate_graph": "reads the config's shapes only; nothing is run",
     "hooks.store_matching": "builds hooks that record activations; nothing is computed",
     "hooks.split_qkv_inputs": "routes the caller's own per-head input hooks; the caller's hooks say what they compute",

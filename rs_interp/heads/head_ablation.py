@@ -82,7 +82,8 @@ class HeadAblationScan:
         return top_effects(self.labels, self.effect, k)
 
 
-def _reference_z(model: Model, reference: torch.Tensor, ablation: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
+def _reference_z(model: Model, reference: torch.Tensor, ablation: str,
+                 layers: Sequence[int]) -> dict[int, torch.Tensor]:
     """Per layer, what ablated heads output: the mean (head, d_head), the per-position mean (pos, head,
     d_head) or the reference z (batch, pos, head, d_head)."""
     if ablation == "zero":
@@ -138,7 +139,8 @@ def ablate_heads(
             return model(tokens, return_type="logits")
 
 
-def _logits(model: Model, x: torch.Tensor, start: int | None, spe: torch.Tensor | None, pos: list[int] | None) -> torch.Tensor:
+def _logits(model: Model, x: torch.Tensor, start: int | None, spe: torch.Tensor | None,
+            pos: list[int] | None) -> torch.Tensor:
     """The logits from tokens (``start=None``) or from the stream before layer ``start``; with ``pos``,
     the final norm and the unembedding run at those positions only (both act position by position:
     the certificate's ``readout``)."""

@@ -39,7 +39,8 @@ __all__ = [
 
 
 @needs(*PATTERNS)
-def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "layer batch head query_pos key_pos"]:
+def attention_patterns(model: Model, tokens: Int[torch.Tensor, "batch pos"]
+                       ) -> Float[torch.Tensor, "layer batch head query_pos key_pos"]:
     """Every layer's attention pattern, from one forward pass (only the patterns are kept).
 
     >>> from rs_interp import induction_batch, load_toy_model
@@ -84,7 +85,8 @@ class FirstTokenAttention:
 
 
 @needs(*PATTERNS)
-def first_token_attention(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, min_query: int = 4) -> FirstTokenAttention:
+def first_token_attention(model: Model, tokens: Int[torch.Tensor, "batch pos"], *,
+                          min_query: int = 4) -> FirstTokenAttention:
     """Attention on the first position by head: a head "dumps" mass there (a sink) when it has nothing to copy.
 
     ``mass[l, h] = mean over sequences and queries i >= min_query of A^{lh}[i, 0]``, beside the uniform
@@ -167,7 +169,8 @@ class InductionScores:
 
 
 @needs(*PATTERNS)
-def induction_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], *, periods: Int[torch.Tensor, " batch"]) -> InductionScores:
+def induction_scores(model: Model, tokens: Int[torch.Tensor, "batch pos"], *,
+                     periods: Int[torch.Tensor, " batch"]) -> InductionScores:
     """Induction scores of every head on repeated sequences ``tokens`` of periods ``periods`` (see
     :class:`InductionScores`; an induction batch has both).
 

@@ -42,7 +42,8 @@ class DirectLogitAttribution:
     >>> model = SHIPPED_MODELS["code-2l"].load()  # LayerNorm, MLPs, learned positions: GPT-2's architecture
     >>> tokens = torch.arange(10)[None]
     >>> dla = direct_logit_attribution(model, tokens, targets=next_token_targets(tokens))
-    >>> dla.labels[:3], dla.contributions.shape[0] == len(dla.labels), float((dla.total() - dla.per_position).abs().max()) < 1e-3
+    >>> (dla.labels[:3], dla.contributions.shape[0] == len(dla.labels),
+    ...  float((dla.total() - dla.per_position).abs().max()) < 1e-3)
     (('W_E', 'W_pos', 'L0H0'), True, True)
     """
 
@@ -133,7 +134,8 @@ def direct_logit_attribution(
             # back through that too (rs_interp.exact.postnorm); its bias joins b_O's term
             post = attn_post(model, l, dt)
             g_l = g if post.kind is None else post.readout(g, attn_frozen(model, l, z, dt)[1])
-            g_heads = einsum(g_l, attn.W_O.to(dt), "batch pos d_model, head_index d_head d_model -> batch pos head_index d_head")
+            g_heads = einsum(g_l, attn.W_O.to(dt),
+                             "batch pos d_model, head_index d_head d_model -> batch pos head_index d_head")
             labels += list(head_labels(cfg.n_layers, cfg.n_heads)[l * cfg.n_heads : (l + 1) * cfg.n_heads])
             out.append((z * g_heads).sum(-1).permute(2, 0, 1))  # (head, batch, pos)
             labels.append(bias_label(l))
@@ -152,7 +154,9 @@ def direct_logit_attribution(
         contributions = torch.cat(out).masked_fill(skip, 0.0)  # skipped positions: no part, excluded from the check
         metric = metric.masked_fill(skip, 0.0)
     # The identities the certificate measured on its probe, checked again on this batch at no cost.
-    confirm("direct_logit_attribution", "readout", contributions.sum(0), metric, contributions, cfg.dtype, model_source(model))
+    confirm("direct_logit_attribution", "readout", contributions.sum(0), metric, contributions, cfg.dtype,
+            model_source(model))
     scored = ~skip
     clean = float(metric[scored].mean()) if bool(scored.any()) else 0.0
-    return DirectLogitAttribution(labels=tuple(labels), contributions=contributions, per_position=metric, clean=clean, scored=scored)
+    return DirectLogitAttribution(labels=tuple(labels), contributions=contributions, per_position=metric, clean=clean,
+                                  scored=scored)

@@ -157,11 +157,24 @@ def _whole_mlp(blk: _Block, R: torch.Tensor, s0: int, first: bool, positions: in
         into[t] += Kt if first else torch.bmm(R[t], Kt)
 
 
-def _whole(blocks: dict[int, _Block], L: int, start: int, d: int, P: int, s0: int, batch_size: int,
-           dt: torch.dtype, where: dict[int, int], out: torch.Tensor) -> None:
+@dataclass(frozen=True)
+class _Layers:
+    """The blocks run backward, ``start`` to ``L - 1`` (``blocks``), from position ``s0``, in ``dt``; ``where``: the
+    row of ``out`` each requested layer fills."""
+
+    blocks: dict[int, _Block]
+    L: int
+    start: int
+    s0: int
+    dt: torch.dtype
+    where: dict[int, int]
+
+
+def _whole(run: _Layers, d: int, P: int, batch_size: int, out: torch.Tensor) -> None:
     """Every cotangent at once, (pos, d_model cotangents, d_model), the MLPs by their per-position Jacobians
     (:func:`_whole_mlp`, in place on a sequential block), the attention ``batch_size`` cotangents at a time; ``out``
     filled by layer."""
+    blocks, L, start, s0, dt, where = run.blocks, run.L, run.start, run.s0, run.dt, run.where
     R = torch.eye(d, dtype=dt).expand(P, d, d).clone()
     positions = max(1, batch_size // 4)
     for l in range(L - 1, start - 1, -1):
@@ -204,7 +217,7 @@ def prompt_jacobians_by_hand(model: Model, tokens: torch.Tensor, layers: tuple[i
     where = {l: i for i, l in enumerate(layers)}
     wide = not cfg.attn_only and (cfg.d_mlp or 4 * d) > d
     if wide and whole_fits(d, e - s0, dt, memory_budget):
-        _whole(blocks, L, start, d, e - s0, s0, batch_size, dt, where, out)
+        _whole(_Layers(blocks, L, start, s0, dt, where), d, e - s0, batch_size, out)
         return out
     for s in range(0, d, batch_size):
         rows = torch.arange(s, min(s + batch_size, d))

@@ -83,7 +83,8 @@ def reading_points(model: Model, sublayers: bool = False) -> list[tuple[str, str
 
 
 def _read_tiled(x: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor | None, top_k: int, targets: torch.Tensor | None,
-                tile: int, cap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                tile: int, cap: float | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Top-k probabilities and tokens, entropy and target probabilities of ``softmax(x W_U + b_U)``,
     reading the vocabulary ``tile`` columns at a time (online softmax).
 

@@ -125,11 +125,12 @@ def _stream_paths(
             new: list[tuple[str, tuple, int, torch.Tensor]] = []
             for label, chain, term in zip(labels, heads, terms):
                 for h in range(model.cfg.n_heads):
-                    new.append((f"{label}>{head_label(l, h)}" if label != DIRECT else head_label(l, h), chain + ((l, h),), l,
-                                pattern[:, h] @ (term @ W_OV[h])))
+                    new.append((f"{label}>{head_label(l, h)}" if label != DIRECT else head_label(l, h),
+                                chain + ((l, h),), l, pattern[:, h] @ (term @ W_OV[h])))
             # b_V reaches the output as b_V W_O (pattern rows sum to one); with b_O it is a constant
             # written by layer l (so it belongs to layer l), then carried by later heads like x_0.
-            bias = torch.einsum("hd,hdm->m", attn_weight(attn, "b_V", model.cfg.n_heads).to(dt), W_O) + attn_weight(attn, "b_O", model.cfg.n_heads).to(dt)
+            bias = (torch.einsum("hd,hdm->m", attn_weight(attn, "b_V", model.cfg.n_heads).to(dt), W_O)
+                    + attn_weight(attn, "b_O", model.cfg.n_heads).to(dt))
             if bool(bias.any()):
                 new.append((f"bias L{l}", (), l, bias.expand_as(terms[0])))
             for label, chain, layer, term in new:
@@ -196,7 +197,8 @@ def path_expansion(
             layers.append(-1)
             out = torch.cat([out, b_U.expand_as(out[0])[None]])
     confirm("path_expansion", "values", out.sum(0), run, out, model.cfg.dtype)
-    return PathExpansion(labels=tuple(labels), contributions=out, chains=tuple(heads), targets=targets, layers=tuple(layers))
+    return PathExpansion(labels=tuple(labels), contributions=out, chains=tuple(heads), targets=targets,
+                         layers=tuple(layers))
 
 
 @dataclass(frozen=True)
@@ -280,8 +282,8 @@ def path_logit_attribution(
             centered = torch.cat([centered, (b_U[correct] - b_U.mean())[None]])
             last = torch.cat([last, last.new_tensor([-1])])
         run = logits[mask].to(dt)
-        confirm("path_logit_attribution", "values", centered.sum(0), run.gather(-1, correct[:, None])[:, 0] - run.mean(-1),
-                centered, model.cfg.dtype)
+        confirm("path_logit_attribution", "values", centered.sum(0),
+                run.gather(-1, correct[:, None])[:, 0] - run.mean(-1), centered, model.cfg.dtype)
         partial = stack[last[: len(stack)] != model.cfg.n_layers - 1].sum(0) @ W_U + b_U
         top1 = float((partial.argmax(-1) == correct).float().mean())
     return PathAttribution(labels=tuple(labels), centered=centered, share=centered / centered.sum(0),

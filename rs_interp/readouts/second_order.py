@@ -207,7 +207,8 @@ def second_order_attribution(
                 out[c0:c1, l] = T.mul_(A_t).sum(2).view(B, c1 - c0, n_heads, Q).permute(1, 2, 0, 3)
             # The destination's own constants: pattern rows sum to one, so they pass A unchanged.
             b_V = attn_weight(attn, "b_V", n_heads).to(dt)  # (head, d_head)
-            consts = [(ln1[l].bias if ln1[l].bias is not None else torch.zeros(cfg.d_model, dtype=dt)) @ W_V] if has_ln1_bias else []
+            consts = ([(ln1[l].bias if ln1[l].bias is not None else torch.zeros(cfg.d_model, dtype=dt)) @ W_V]
+                      if has_ln1_bias else [])
             for j, c in enumerate(consts + [b_V]):
                 out[n_src + j, l] = torch.einsum("hd,hdm,bqm->hbq", c, W_O, g_l)
             z = box[N.z(l)].to(dt)[:, q]  # (batch, Q, head, d_head)

@@ -56,7 +56,8 @@ class TunedLens:
     >>> import tempfile
     >>> from rs_interp.models import SHIPPED_MODELS
     >>> model = SHIPPED_MODELS["code-2l"].load()
-    >>> tuned = train_tuned_lens(model, torch.randint(0, 2048, (4, 64), generator=torch.Generator().manual_seed(0)), steps=2, progress=False)
+    >>> tokens = torch.randint(0, 2048, (4, 64), generator=torch.Generator().manual_seed(0))
+    >>> tuned = train_tuned_lens(model, tokens, steps=2, progress=False)
     >>> tuned.labels, tuple(tuned.weight.shape)  # every reading point but the last; (point, d_model, d_model)
     (('embed', 'L0'), (2, 128, 128))
     >>> TunedLens.load(tuned.save(tempfile.mkdtemp() + "/lens")).labels == tuned.labels
@@ -75,8 +76,10 @@ class TunedLens:
         """Write ``path.safetensors`` (weights) and ``path.json`` (labels, metadata)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({"weight": self.weight.contiguous(), "bias": self.bias.contiguous()}, str(path.with_suffix(".safetensors")))
-        path.with_suffix(".json").write_text(json.dumps({"labels": list(self.labels), "metadata": self.metadata}, indent=2))
+        save_file({"weight": self.weight.contiguous(), "bias": self.bias.contiguous()},
+                  str(path.with_suffix(".safetensors")))
+        path.with_suffix(".json").write_text(json.dumps({"labels": list(self.labels), "metadata": self.metadata},
+                                                        indent=2))
         return path
 
     @classmethod
@@ -188,11 +191,12 @@ def _check_lens(model: Model, tuned: TunedLens, strict: bool) -> None:
     recorded = tuned.metadata.get("model")
     if strict and recorded:
         mine = _fingerprint(model)
-        off = [(k, v, mine.get(k)) for k, v in recorded.items() if mine.get(k) is None or abs(mine[k] - v) > 1e-3 * max(abs(v), 1e-12)]
+        off = [(k, v, mine.get(k)) for k, v in recorded.items()
+               if mine.get(k) is None or abs(mine[k] - v) > 1e-3 * max(abs(v), 1e-12)]
         if off:
             name, theirs, ours = off[0]
-            raise ValueError(f"this tuned lens was trained on another model (|{name}| {theirs:.6g} there, {ours} here); "
-                             f"pass strict=False to apply it anyway")
+            raise ValueError(f"this tuned lens was trained on another model (|{name}| {theirs:.6g} there, {ours} "
+                             f"here); pass strict=False to apply it anyway")
 
 
 @needs("readout", "vocabulary")

@@ -1,13 +1,13 @@
 """The trainable orthonormal basis of DAS, written out as PyTorch's ``orthogonal`` parametrisation computes it.
 
-TransformerLens 4.3's ``LearnedSubspace`` is ``torch.nn.utils.parametrizations.orthogonal(nn.Linear(rank, d, bias=False))``.
-Registering it draws the completion of the initial weight from the global random generator; its forward
-map is then ``base @ Q(X)``: ``base`` a (d, d) orthogonal matrix fixed at registration, ``X`` the (d, rank)
-parameter (``-I`` at the start), ``Q`` the first ``rank`` columns of a product of Householder reflections
-built from ``X``'s strictly lower triangle (``rank < d``), or ``matrix_exp(tril(X) - tril(X)^T)`` (``rank = d``).
-Written here with the same operations in the same order, from a ``base`` given or drawn by the caller's
-own generator, so that from the same ``base`` the bases, and the losses of a training run, are the same
-floats as TransformerLens's, and the global random state is never read or moved.
+TransformerLens 4.3's ``LearnedSubspace`` is
+``torch.nn.utils.parametrizations.orthogonal(nn.Linear(rank, d, bias=False))``. Registering it draws the completion
+of the initial weight from the global random generator; its forward map is then ``base @ Q(X)``: ``base`` a (d, d)
+orthogonal matrix fixed at registration, ``X`` the (d, rank) parameter (``-I`` at the start), ``Q`` the first
+``rank`` columns of a product of Householder reflections built from ``X``'s strictly lower triangle (``rank < d``),
+or ``matrix_exp(tril(X) - tril(X)^T)`` (``rank = d``). Written here with the same operations in the same order, from
+a ``base`` given or drawn by the caller's own generator, so that from the same ``base`` the bases, and the losses of
+a training run, are the same floats as TransformerLens's, and the global random state is never read or moved.
 """
 
 from __future__ import annotations

@@ -34,11 +34,14 @@ def check_pairs(model: Model, pairs: PairSet) -> None:
         if bool(((t < 0) | (t >= model.cfg.d_vocab))[mask].any()):
             raise ValueError(f"pairs.{name} holds token ids outside the model's vocabulary [0, {model.cfg.d_vocab})")
         if int(n.max()) > model.cfg.n_ctx:
-            raise ValueError(f"pairs.{name} has rows of {int(n.max())} tokens, past the model's n_ctx={model.cfg.n_ctx}")
+            raise ValueError(f"pairs.{name} has rows of {int(n.max())} tokens, past the model's "
+                             f"n_ctx={model.cfg.n_ctx}")
     if pairs.candidates is not None and int(pairs.candidates.max()) >= d_vocab_out(model):
-        raise ValueError(f"pairs.candidates name logit {int(pairs.candidates.max())}: the model has {d_vocab_out(model)}")
+        raise ValueError(f"pairs.candidates name logit {int(pairs.candidates.max())}: the model has "
+                         f"{d_vocab_out(model)}")
     if pairs.values is not None and d_vocab_out(model) != 1:
-        raise ValueError(f"pairs read a numerical output (values=) but the model has {d_vocab_out(model)} logits, not 1")
+        raise ValueError(f"pairs read a numerical output (values=) but the model has {d_vocab_out(model)} logits, "
+                         f"not 1")
 
 
 def chunks(pairs: PairSet, batch_size: int) -> Iterator[torch.Tensor]:

@@ -16,9 +16,10 @@ column span and ``B B^T`` the orthogonal projection onto it (the convention of T
 >>> B = random_basis(8, 3, seed=0)
 >>> tuple(B.shape), bool(torch.allclose(B.T @ B, torch.eye(3), atol=1e-6))
 ((8, 3), True)
->>> check_basis(2 * B, 8)
+>>> check_basis(2 * B, 8)  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
-ValueError: basis columns are not orthonormal: max |B^T B - I| = 3 (tolerance 9.5e-06); orthonormalise it (rs_interp.variables.orthonormal_basis)
+ValueError: basis columns are not orthonormal: max |B^T B - I| = 3 (tolerance 9.5e-06); orthonormalise it
+(rs_interp.variables.orthonormal_basis)
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def check_basis(basis: object, dim: int | None = None, *, name: str = "basis") -
     if dim is not None and rows != dim:
         raise ValueError(f"{name} has {rows} rows but the activation it acts on has {dim} dimensions")
     if not 1 <= rank <= rows:
-        raise ValueError(f"{name} has rank {rank}: the rank must be in [1, {rows}] (no subspace of a {rows}-dimensional "
-                         "space has more orthonormal directions)")
+        raise ValueError(f"{name} has rank {rank}: the rank must be in [1, {rows}] (no subspace of a "
+                         f"{rows}-dimensional space has more orthonormal directions)")
     if not bool(torch.isfinite(basis).all()):
         raise ValueError(f"{name} holds a non-finite entry")
     work = basis.detach().to(_work_dtype(basis.dtype))
@@ -88,7 +89,8 @@ def orthonormal_basis(matrix: Float[torch.Tensor, "dim width"], *, rank: int | N
     torch.Size([3, 1])
     """
     if not isinstance(matrix, torch.Tensor) or matrix.ndim != 2 or not matrix.is_floating_point() or 0 in matrix.shape:
-        raise ValueError(f"matrix must be a non-empty 2-D floating tensor, got {getattr(matrix, 'shape', type(matrix))}")
+        raise ValueError(f"matrix must be a non-empty 2-D floating tensor, got "
+                         f"{getattr(matrix, 'shape', type(matrix))}")
     if not bool(torch.isfinite(matrix).all()):
         raise ValueError("matrix holds a non-finite entry")
     work = matrix.detach().to(_work_dtype(matrix.dtype))
@@ -163,7 +165,8 @@ def _neuron_indices(dim: int, neurons: object, name: str = "neurons") -> Int[tor
     if index.numel() == 0:
         return torch.empty(0, dtype=torch.long)
     if index.dtype == torch.bool or index.is_floating_point() or index.is_complex() or index.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D list of integer indices, got {index.dtype} of shape {tuple(index.shape)}")
+        raise ValueError(f"{name} must be a 1-D list of integer indices, got {index.dtype} of shape "
+                         f"{tuple(index.shape)}")
     index = index.long().cpu()
     if bool(((index < 0) | (index >= dim)).any()):
         raise ValueError(f"{name} must lie in [0, {dim}), got {few(index.tolist())}")

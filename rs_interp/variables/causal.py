@@ -71,7 +71,8 @@ class CausalModel:
         known = {"input"}
         for v in self.variables:
             if v.name in known:
-                raise ValueError(f"{self.name}: the variable name {v.name!r} is used twice (or is the reserved 'input')")
+                raise ValueError(f"{self.name}: the variable name {v.name!r} is used twice (or is the reserved "
+                                 f"'input')")
             missing = [p for p in v.parents if p not in known]
             if missing:
                 raise ValueError(f"{self.name}: {v.name}'s parents {few(missing)} are not computed before it")
@@ -110,7 +111,8 @@ class CausalModel:
         fixed = dict(fixed or {})
         unknown = set(fixed) - set(self.names)
         if unknown:
-            raise ValueError(f"{self.name} has no variable(s) {few(sorted(unknown))} to fix; its variables: {few(self.names, 8)}")
+            raise ValueError(f"{self.name} has no variable(s) {few(sorted(unknown))} to fix; its variables: "
+                             f"{few(self.names, 8)}")
         values: dict[str, Any] = {"input": x}
         for v in self.variables:
             value = v.mechanism(*(values[p] for p in v.parents))

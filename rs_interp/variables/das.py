@@ -1,16 +1,15 @@
 """Distributed alignment search (DAS; Geiger et al., 2024): learn the subspace whose interchange makes the
 model give the high-level model's counterfactual outputs, and train the controls the same way.
 
-DAS trains an orthonormal (width, rank) basis ``B`` (kept orthonormal by PyTorch's ``orthogonal``
-parametrisation, :mod:`rs_interp.variables._orthogonal`) so that the interchange
-``h + s (h_s - h) B B^T`` at the site makes the model's class scores on each pair's base give the pair's
-counterfactual label: cross-entropy, summed over a batch's pairs and divided by the batch (so a batch
-split by length or by ``micro_batch_size`` gives the same gradient), Adam, the model frozen. The source
-activations are recorded once, before training. It is TransformerLens 4.3's ``fit_das``, step for step:
-the batches are drawn by ``numpy.random.default_rng(seed)``'s permutations as there, and from the same
-initial ``base`` (``init=``) the losses are the same floats (``tests/variables/test_das.py``). The initial
-basis is drawn by a ``torch.Generator`` of its own (TransformerLens seeds the global one): the caller's
-random state is never read or moved, and the same seed gives the same result.
+DAS trains an orthonormal (width, rank) basis ``B`` (kept orthonormal by PyTorch's ``orthogonal`` parametrisation,
+:mod:`rs_interp.variables._orthogonal`) so that the interchange ``h + s (h_s - h) B B^T`` at the site makes the model's
+class scores on each pair's base give the pair's counterfactual label: cross-entropy, summed over a batch's pairs and
+divided by the batch (so a batch split by length or by ``micro_batch_size`` gives the same gradient), Adam, the model
+frozen. The source activations are recorded once, before training. It is TransformerLens 4.3's ``fit_das``, step for
+step: the batches are drawn by ``numpy.random.default_rng(seed)``'s permutations as there, and from the same initial
+``base`` (``init=``) the losses are the same floats (``tests/variables/test_das.py``). The initial basis is drawn by a
+``torch.Generator`` of its own (TransformerLens seeds the global one): the caller's random state is never read or moved,
+and the same seed gives the same result.
 
 The controls are trained with the same pairs, rank, budget and initial basis: **arbitrary labels** (a fixed
 pseudo-random class per source, :func:`~rs_interp.variables.arbitrary_labels`) and an **untrained model**
@@ -114,7 +113,8 @@ class DASOptions:
         for name in counts:
             object.__setattr__(self, name, check_int_range(name, getattr(self, name), 1))
         object.__setattr__(self, "seed", as_int("seed", self.seed))
-        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
+                                             and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
@@ -220,11 +220,11 @@ def _source_activations(model: Model, pairs: PairSet, site: Site, batch: int) ->
 
 
 def _loss(model: Model, pairs: PairSet, site: Site, swap: "_Swap", rows: torch.Tensor, acts: list[torch.Tensor],
-          labels: torch.Tensor, denominator: int, kind: str) -> torch.Tensor:
+          denominator: int, kind: str) -> torch.Tensor:
     tokens, at = inputs(pairs, rows, "base")
     source = torch.stack([acts[i] for i in rows.tolist()])
     logits = intervened(model, site, swap, tokens, at, source)
-    target = labels[rows].to(logits.device)
+    target = pairs.labels[rows].to(logits.device)
     if kind == "squared":
         return _squared(pairs, logits, rows, target).sum() / denominator
     return F.cross_entropy(pairs.task_logits(logits, rows), target, reduction="sum") / denominator
@@ -253,8 +253,8 @@ class _Swap:
         return base + self.strength * ((source - base) @ B) @ B.T
 
 
-def _train(model: Model, pairs: PairSet, site: Site, labels: torch.Tensor, options: DASOptions,
-           base: torch.Tensor, progress: bool, what: str) -> tuple[torch.Tensor, tuple[float, ...]]:
+def _train(model: Model, pairs: PairSet, site: Site, options: DASOptions, base: torch.Tensor, progress: bool,
+           what: str) -> tuple[torch.Tensor, tuple[float, ...]]:
     """The learned basis and the loss of each step (module docstring)."""
     micro = options.micro_batch_size or options.batch_size
     acts = _source_activations(model, pairs, site, micro)
@@ -277,7 +277,7 @@ def _train(model: Model, pairs: PairSet, site: Site, labels: torch.Tensor, optio
                     total = 0.0
                     with model.hooks(fwd_hooks=_tempered(model, site, options, len(losses) / steps)):
                         for rows in _parts(pairs, batch, micro):
-                            loss = _loss(model, pairs, site, swap, rows, acts, labels, len(batch), options.loss)
+                            loss = _loss(model, pairs, site, swap, rows, acts, len(batch), options.loss)
                             loss.backward()
                             total += loss.item() * len(batch)
                     optimizer.step()
@@ -305,8 +305,7 @@ def _tempered(model: Model, site: Site, options: DASOptions, done: float) -> lis
     scale = options.temper ** max(0.0, 1.0 - done / options.temper_until)
     if scale == 1.0:
         return []
-    # the queries, not hook_attn_scores: TransformerLens 4.3 fires that hook after the fact on native attention
-    # (a write there is not used); scaling q scales the scores, the mask applied after
+    # q, not hook_attn_scores (TL 4.3 fires it too late on native attention): scaling q scales the scores, masked after
     first = site.layer + (0 if site.hook.endswith("hook_resid_pre") else 1)
     names = [f"blocks.{layer}.attn.hook_q" for layer in range(first, model.cfg.n_layers)]
     missing = [name for name in names if name not in model.hook_dict]
@@ -320,7 +319,7 @@ def _final_loss(model: Model, pairs: PairSet, site: Site, basis: torch.Tensor, o
     micro = options.micro_batch_size or options.batch_size
     acts, swap = _source_activations(model, pairs, site, micro), _Swap(lambda: basis, options.strength)
     with torch.no_grad():
-        return sum(float(_loss(model, pairs, site, swap, rows, acts, pairs.labels, len(pairs), options.loss))
+        return sum(float(_loss(model, pairs, site, swap, rows, acts, len(pairs), options.loss))
                    for rows in chunks(pairs, micro))
 
 
@@ -340,8 +339,7 @@ def _fit(model: Model, train: PairSet, test: PairSet, site: Site, options: DASOp
     for r in range(options.restarts):
         start = base if r == 0 else completed(None, base.shape[0], options.rank,
                                               torch.Generator().manual_seed(options.seed + r))
-        basis, losses = _train(model, train, site, train.labels, replace(options, seed=options.seed + r), start,
-                               progress, what)
+        basis, losses = _train(model, train, site, replace(options, seed=options.seed + r), start, progress, what)
         final = _final_loss(model, train, site, basis, options) if options.restarts > 1 else 0.0
         runs.append((final, r, basis, losses))
     _, restart, basis, losses = min(runs, key=lambda run: (run[0], run[1]))

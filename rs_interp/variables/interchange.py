@@ -140,7 +140,8 @@ class Interchange:
 
     @property
     def effect(self) -> Float[torch.Tensor, " batch"]:
-        """Per row, the change of ``logit[label] - logit[base label]`` the intervention makes (0 where they coincide)."""
+        """Per row, the change of ``logit[label] - logit[base label]`` the intervention makes (0 where they
+        coincide)."""
         def diff(x: torch.Tensor) -> torch.Tensor:
             return x.gather(1, self.labels[:, None])[:, 0] - x.gather(1, self.base_labels[:, None])[:, 0]
         return diff(self.logits) - diff(self.base_logits)
@@ -212,7 +213,8 @@ def interchange(model: Model, pairs: PairSet, site: Site | str | tuple[str, int]
 
 @needs("rows", name="variables.activations", optional=SITES)
 def activations(model: Model, tokens: Int[torch.Tensor, "batch pos"], site: Site | str | tuple[str, int], *,
-                at: Int[torch.Tensor, " batch"] | None = None, batch_size: int = 64) -> Float[torch.Tensor, "batch ..."]:
+                at: Int[torch.Tensor, " batch"] | None = None, batch_size: int = 64
+                ) -> Float[torch.Tensor, "batch ..."]:
     """The activation at ``site`` (its view: a head's ``z``, the stream, the neurons) on ``tokens``, at one
     position per row (``at``: (batch, width)) or every position ((batch, pos, width)), on the CPU: what
     :func:`~rs_interp.variables.mean_difference_basis` and a probe are fit on.

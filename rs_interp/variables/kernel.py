@@ -69,8 +69,8 @@ def clamp_kernel(scores: torch.Tensor, upper: int) -> torch.Tensor:
     tol = 100 * torch.finfo(scores.dtype).eps * max(1, upper)
     low, high = float(scores.min()), float(scores.max())
     if low < -tol or high > upper + tol:
-        raise ValueError(f"a projection kernel lies outside [0, {upper}]: [{low:.6g}, {high:.6g}] (tolerance {tol:.2g}): "
-                         "the bases are not orthonormal")
+        raise ValueError(f"a projection kernel lies outside [0, {upper}]: [{low:.6g}, {high:.6g}] "
+                         f"(tolerance {tol:.2g}): the bases are not orthonormal")
     return scores.clamp(0.0, float(upper))
 
 

@@ -98,7 +98,8 @@ class PairSet:
 
     def _check_classes(self, n: int) -> None:
         if (self.candidates is None) == (self.values is None):
-            raise ValueError("PairSet needs exactly one of candidates (logit indices per row) and values (a numerical output)")
+            raise ValueError("PairSet needs exactly one of candidates (logit indices per row) and values (a numerical "
+                             "output)")
         if self.candidates is not None:
             c = self.candidates
             if not isinstance(c, torch.Tensor) or c.ndim != 2 or c.shape[0] != n or c.is_floating_point():
@@ -118,7 +119,8 @@ class PairSet:
         if (self.base_positions is None) != (self.source_positions is None):
             raise ValueError("PairSet takes base_positions and source_positions together (or neither: every position)")
         b_len, s_len = self.lengths("base"), self.lengths("source")
-        if bool(((b_len < 1) | (b_len > self.base.shape[1])).any()) or bool(((s_len < 1) | (s_len > self.source.shape[1])).any()):
+        if (bool(((b_len < 1) | (b_len > self.base.shape[1])).any())
+                or bool(((s_len < 1) | (s_len > self.source.shape[1])).any())):
             raise ValueError("PairSet lengths must lie in [1, the tensor's width]")
         if bool(((self.read < 0) | (self.read >= b_len)).any()):
             raise ValueError("PairSet.read must lie inside each base row's length")
@@ -219,7 +221,8 @@ def arbitrary_labels(pairs: PairSet, *, seed: int = 0) -> Int[torch.Tensor, " ba
     >>> bool(a[0] == a[1]), bool(((a >= 0) & (a < 3)).all())
     (True, True)
     """
-    classes = (pairs.candidates >= 0).sum(1).tolist() if pairs.candidates is not None else [len(pairs.values)] * len(pairs)
+    classes = ((pairs.candidates >= 0).sum(1).tolist() if pairs.candidates is not None
+               else [len(pairs.values)] * len(pairs))
     seed = as_int("seed", seed)
 
     def draw(key: Hashable, k: int) -> int:

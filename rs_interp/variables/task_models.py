@@ -104,7 +104,8 @@ def greater_than_causal_model() -> CausalModel:
 def sva_causal_model() -> CausalModel:
     """Subject-verb agreement on ``(template, subject, plural, attractor, attractor plural)`` (module docstring).
 
-    >>> sva_causal_model().counterfactual((1, "author", False, "guard", True), (1, "pilot", True, "guard", False), "number")
+    >>> sva_causal_model().counterfactual((1, "author", False, "guard", True), (1, "pilot", True, "guard", False),
+    ...                                   "number")
     'plural'
     """
     return CausalModel("sva", (

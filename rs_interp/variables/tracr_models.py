@@ -8,13 +8,13 @@ the variable" is known in advance, and an interchange on those dimensions, at th
 component that writes them, must give the counterfactual of the program with that variable taken from
 another input: the ground truth of :mod:`rs_interp.variables`.
 
-Each program (:func:`tracr_causal_model`) is written here in plain Python from tracr's library, variable
-by variable, under tracr's labels (``length_5``, ``opp_idx_4``, ...). Its per-position values are
-indexed from 0 over the input (model position ``p + 1``: position 0 is the BOS). A categorical
-``Aggregate`` that selects nothing, or several different values, has no defined output (``None``): pair
-sets (:mod:`rs_interp.variables.tracr_pair_sets`) leave out the rows where the counterfactual is undefined. The selector-width helpers'
-``*_selector_width_attn_output`` dimensions are tracr's implementation of ``SelectorWidth`` (an attention
-output its MLP reads), not RASP variables, and ``one`` is the constant direction.
+Each program (:func:`tracr_causal_model`) is written here in plain Python from tracr's library, variable by
+variable, under tracr's labels (``length_5``, ``opp_idx_4``, ...). Its per-position values are indexed from 0 over
+the input (model position ``p + 1``: position 0 is the BOS). A categorical ``Aggregate`` that selects nothing, or
+several different values, has no defined output (``None``): pair sets (:mod:`rs_interp.variables.tracr_pair_sets`)
+leave out the rows where the counterfactual is undefined. The selector-width helpers'
+``*_selector_width_attn_output`` dimensions are tracr's implementation of ``SelectorWidth`` (an attention output
+its MLP reads), not RASP variables, and ``one`` is the constant direction.
 
 :func:`tracr_variables` gives, per variable, where it is written (the :class:`~rs_interp.variables.Site`
 after its writer, and the one before it), its dimensions, which of them take a value on some input and
@@ -59,7 +59,8 @@ Seq = tuple
 # --- RASP's primitives, on whole sequences ------------------------------------------------------------
 
 def _select(keys: Seq, queries: Seq, predicate: Callable[[Any, Any], bool]) -> list[list[int]]:
-    """tracr's ``Select(keys, queries, predicate)``: for each query, the keys ``k`` with ``predicate(keys[k], query)``."""
+    """tracr's ``Select(keys, queries, predicate)``: for each query, the keys ``k`` with
+    ``predicate(keys[k], query)``."""
     return [[k for k, key in enumerate(keys) if predicate(key, q)] for q in queries]
 
 
@@ -125,15 +126,16 @@ def _programs(max_seq_len: int) -> dict[str, tuple[Variable, ...]]:
                              "SelectorWidth(Select(tokens, tokens, TRUE)): the length"),
                     Variable("opp_idx_4", ("length_5", "indices"), _zip(lambda n, i: n - i), True, "length - indices"),
                     Variable("opp_idx-1_3", ("opp_idx_4",), _map(lambda x: x - 1), True, "opp_idx - 1"),
-                    Variable("reverse_1", ("indices", "opp_idx-1_3", "tokens"), lambda i, o, t: _aggregate(i, o, _eq, t),
-                             True, "Aggregate(Select(indices, opp_idx-1, EQ), tokens)")),
+                    Variable("reverse_1", ("indices", "opp_idx-1_3", "tokens"),
+                             lambda i, o, t: _aggregate(i, o, _eq, t), True,
+                             "Aggregate(Select(indices, opp_idx-1, EQ), tokens)")),
         "sort": (*_inputs(),
                  Variable("sequence_map_5", ("tokens", "indices"), _zip(lambda x, i: x + 1 * i / max_seq_len), True,
                           "tokens + indices / max_seq_len: keys made unique"),
                  Variable("target_pos_3", ("sequence_map_5",), lambda k: _width(k, k, _lt), True,
                           "SelectorWidth(Select(keys, keys, LT)): how many keys are smaller"),
-                 Variable("sort_1", ("target_pos_3", "indices", "tokens"), lambda p, i, t: _aggregate(p, i, _eq, t), True,
-                          "Aggregate(Select(target_pos, indices, EQ), tokens)")),
+                 Variable("sort_1", ("target_pos_3", "indices", "tokens"), lambda p, i, t: _aggregate(p, i, _eq, t),
+                          True, "Aggregate(Select(target_pos, indices, EQ), tokens)")),
         "hist": (*_inputs(),
                  Variable("hist_1", ("tokens",), lambda t: _width(t, t, _eq), True,
                           "SelectorWidth(Select(tokens, tokens, EQ)): each token's count")),
@@ -297,7 +299,8 @@ def _variables(program: str) -> tuple[tuple[str, TracrVariable], ...]:
         used = {_label(v.name, value, kind) for value in taken[v.name]}
         missing = used - set(own)
         if missing:
-            raise AssertionError(f"tracr-{program}: values {few(sorted(missing))} of {v.name} have no residual dimension")
+            raise AssertionError(f"tracr-{program}: values {few(sorted(missing))} of {v.name} have no residual "
+                                 f"dimension")
         dims = tuple(labels.index(lab) for lab in own if lab in used and lab in read)
         rank = 0 if not dims else 1 if kind == "numerical" else len(dims) - (1 if used <= read else 0)
         site, before = _site_after(writers[0])

@@ -141,7 +141,7 @@ def _pair_set(program: str, variable: str, rows: list[tuple]) -> PairSet:
     every = rows[0][2] is None
     return PairSet(base=base, source=source, labels=torch.tensor([cls(r[6]) for r in rows]),
                    base_labels=torch.tensor([cls(r[5]) for r in rows]), read=col(4),
-                   base_positions=None if every else col(2), source_positions=None if every else col(3), base_lengths=base_len,
-                   source_lengths=source_len, several=torch.tensor([r[7] for r in rows]), variable=variable,
-                   keys=tuple((r[1], r[3]) for r in rows), **readout)
+                   base_positions=None if every else col(2), source_positions=None if every else col(3),
+                   base_lengths=base_len, source_lengths=source_len, several=torch.tensor([r[7] for r in rows]),
+                   variable=variable, keys=tuple((r[1], r[3]) for r in rows), **readout)
 
