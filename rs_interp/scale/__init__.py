@@ -87,7 +87,8 @@ __getattr__, __dir__ = attach(__name__, _WHERE, globals())
 
 __all__ = [
     "Batch", "Dataset", "RowScores", "batches", "n_batches",
-    "attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan", "path_patching", "evaluate_circuit",
+    "attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan",
+    "path_patching", "evaluate_circuit",
     "run_method", "faithfulness_curve", "mib_scores", "metric_values", "MetricValues",
     "direct_logit_attribution", "DLASummary", "logit_lens", "LensSummary", "lens_kl",
     "stream", "Analysis", "world", "rank_device", "rank_gpus",

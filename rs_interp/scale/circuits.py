@@ -12,9 +12,10 @@ batches' fields:
 (the estimates are linear in the metric's gradient, their Hessian correction in its Hessian, the
 exact effects in its value; EAP-IG's interpolation, the QK fix's recomputed attention, are row by
 row). Faithfulness is not linear: the curve's ``values``, ``clean`` and ``empty`` are summed first
-and its ratio and areas computed from the totals, its circuits chosen from the dataset's scores. Options pass through to the helper (``ig_steps``, ``edges``,
-``positions``, ``fractions`` ... and those added later), so a new option streams as long as its
-result's fields are declared (:func:`rs_interp.scale.sums.weighted` refuses one it does not know).
+and its ratio and areas computed from the totals, its circuits chosen from the dataset's scores.
+Options pass through to the helper (``ig_steps``, ``edges``, ``positions``, ``fractions`` ... and
+those added later), so a new option streams as long as its result's fields are declared
+(:func:`rs_interp.scale.sums.weighted` refuses one it does not know).
 
 Refused, naming why: the ablations ``"mean"`` and ``"position_mean"`` (they ablate with the mean over
 the whole batch, which per batch is not the dataset's mean), GradDrop (a sum of magnitudes of
@@ -55,7 +56,8 @@ from .methods import _STREAM, _result_of, _rowwise, _split, _streamed
 from .pairs import Dataset
 from .sums import weighted
 
-__all__ = ["attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan", "path_patching",
+__all__ = ["attribution_patching", "edge_attribution_patching", "edge_relevance_patching", "head_ablation_scan",
+           "path_patching",
            "run_method", "evaluate_circuit",
            "faithfulness_curve", "mib_scores", "metric_values", "MetricValues"]
 
@@ -172,7 +174,8 @@ def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
 
 @needs(like=_c.evaluate_circuit, name="scale.evaluate_circuit")
 @renamed(method="ablation")
-def evaluate_circuit(model: Model, data: Dataset, circuit: Iterable[tuple[str, str]], *, ablation: str = "resample", **options: Any) -> float:
+def evaluate_circuit(model: Model, data: Dataset, circuit: Iterable[tuple[str, str]], *, ablation: str = "resample",
+                     **options: Any) -> float:
     """:func:`rs_interp.evaluate_circuit` over a dataset: the metric with every edge outside ``circuit``
     ablated; arguments as :func:`attribution_patching`."""
     require(model, "scale.evaluate_circuit")
@@ -182,14 +185,17 @@ def evaluate_circuit(model: Model, data: Dataset, circuit: Iterable[tuple[str, s
 
     def run(model: Any, batch: Any) -> float:
         weight_of(batch, "evaluate_circuit")
-        return _c.evaluate_circuit(model, batch.tokens, batch.metric, circuit, reference=batch.reference, ablation=ablation, **options,
+        return _c.evaluate_circuit(model, batch.tokens, batch.metric, circuit, reference=batch.reference,
+                                   ablation=ablation, **options,
                                    **quiet(_c.evaluate_circuit))
 
     def parts(value: float, batch: Any) -> tuple[dict, dict]:
-        return {"value": batch.weight * torch.tensor(value, dtype=torch.float64), "weight": torch.tensor(batch.weight, dtype=torch.float64)}, {}
+        return {"value": batch.weight * torch.tensor(value, dtype=torch.float64),
+                "weight": torch.tensor(batch.weight, dtype=torch.float64)}, {}
 
     build = lambda totals, fixed, model: float(totals["value"] / totals["weight"])  # noqa: E731
-    return stream(Analysis("circuit", run, parts, build, {"circuit": circuit, "ablation": ablation, **options}), model, data, **run_kw)
+    return stream(Analysis("circuit", run, parts, build, {"circuit": circuit, "ablation": ablation, **options}),
+                  model, data, **run_kw)
 
 
 def _area(x: Sequence[float], y: Sequence[float]) -> float:
@@ -200,16 +206,19 @@ def _area(x: Sequence[float], y: Sequence[float]) -> float:
 def _finish(v: dict) -> dict:
     clean, empty = v["clean"], v["empty"]
     if clean == empty:
-        raise ValueError(f"over the dataset the clean run and the empty circuit give the same metric ({clean}): faithfulness is undefined")
+        raise ValueError(f"over the dataset the clean run and the empty circuit give the same metric ({clean}): "
+                         "faithfulness is undefined")
     faith = tuple((x - empty) / (clean - empty) for x in v["values"])
     # a direction no argument or metric gave (only an absolute ranking runs without one): the dataset's runs'
-    way = {} if v.get("higher_is_better") is not None else {"higher_is_better": clean > empty, "direction_from": "clean and empty"}
+    way = ({} if v.get("higher_is_better") is not None
+           else {"higher_is_better": clean > empty, "direction_from": "clean and empty"})
     return {"faithfulness": faith, "area_under": _area(v["fractions"], faith),
             "area_from_1": _area(v["fractions"], [abs(1 - f) for f in faith])} | way
 
 
 _CURVE = weighted(FaithfulnessCurve, mean=("values", "clean", "empty"),
-                  same=("fractions", "ranking", "n_requested", "n_edges", "mib_counts", "higher_is_better", "direction_from"),
+                  same=("fractions", "ranking", "n_requested", "n_edges", "mib_counts", "higher_is_better",
+                        "direction_from"),
                   derived=("faithfulness", "area_under", "area_from_1"), finish=_finish)
 
 
@@ -220,7 +229,8 @@ def _declared(metric: Any, options: dict, ranking: str) -> Any:
     way = declared_direction(metric, options.get("higher_is_better"))
     if way is None and ranking == "signed":
         raise ValueError("over a dataset the signed ranking needs the metric's direction before the batches run: pass "
-                         "higher_is_better=True (a logit or probability difference) or False (a loss), or a task's batches.")
+                         "higher_is_better=True (a logit or probability difference) or False (a loss), or a task's "
+                         "batches.")
     return way
 
 
@@ -236,9 +246,11 @@ def _curve_on(model: Any, batch: Any, scores: Any, options: dict) -> Faithfulnes
         curve = _c.faithfulness_curve(model, batch.tokens, batch.metric, scores, reference=batch.reference, **options,
                                       **quiet(_c.faithfulness_curve))
         # the direction is the dataset's: the declared one, or left to the totals (an absolute ranking: unused here)
-        return dataclasses.replace(curve, higher_is_better=way and way.higher_is_better, direction_from=way and way.source)
+        return dataclasses.replace(curve, higher_is_better=way and way.higher_is_better,
+                                   direction_from=way and way.source)
     except ValueError as err:
-        if "faithfulness is undefined" not in str(err) or set(options) - {"fractions", "ranking", "ablation", "pruned", "higher_is_better"}:
+        if ("faithfulness is undefined" not in str(err)
+                or set(options) - {"fractions", "ranking", "ablation", "pruned", "higher_is_better"}):
             raise
     fr = tuple(float(f) for f in options.get("fractions", MIB_FRACTIONS))
     ranking, ablation = options.get("ranking", "absolute"), options.get("ablation", "resample")
@@ -302,7 +314,8 @@ def faithfulness_curve(model: Model, data: Dataset, scores: _c.EdgeEffects, **op
         weight_of(batch, "faithfulness_curve")
         return _curve_on(model, batch, scores, options)
 
-    analysis = Analysis("faithfulness curve", run, lambda r, b: parts(r, b.weight), build, {"scores": scores, **options})
+    analysis = Analysis("faithfulness curve", run, lambda r, b: parts(r, b.weight), build,
+                        {"scores": scores, **options})
     return stream(analysis, model, data, **run_kw)
 
 
@@ -325,7 +338,8 @@ def mib_scores(model: Model, data: Dataset, scores: _c.EdgeEffects, *, fractions
 
     def split(curves: tuple, batch: Any) -> tuple[dict, dict]:
         (ps, fs), (pa, fa) = (parts(c, batch.weight) for c in curves)
-        return {**{f"signed.{k}": v for k, v in ps.items()}, **{f"absolute.{k}": v for k, v in pa.items()}}, {"signed": fs, "absolute": fa}
+        return ({**{f"signed.{k}": v for k, v in ps.items()}, **{f"absolute.{k}": v for k, v in pa.items()}},
+                {"signed": fs, "absolute": fa})
 
     def assemble(totals: dict, fixed: dict, model: Any) -> MIBScores:
         s, a = (build({k.split(".", 1)[1]: v for k, v in totals.items() if k.startswith(f"{r}.")}, fixed[r], model)
@@ -356,7 +370,8 @@ def metric_values(model: Model, data: Dataset, **options: Any) -> MetricValues:
     Example:
         >>> import rs_interp as ri
         >>> from rs_interp.tasks import induction_task
-        >>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
         >>> v = metric_values(model, task, batch_size=2, progress=False)
         >>> abs(v.clean - float(task.metric()(model(task.clean)).detach())) < 1e-5
         True

@@ -62,7 +62,8 @@ def world() -> tuple[int, int]:
     if _env_int("WORLD_SIZE", 1) <= 1:
         return 0, 1
     if not dist.is_available():
-        raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} (torchrun), but this torch build has no torch.distributed")
+        raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} (torchrun), but this torch build has no "
+                         "torch.distributed")
     cuda = torch.cuda.is_available() and dist.is_nccl_available()
     if cuda:
         torch.cuda.set_device(rank_device())
@@ -120,8 +121,8 @@ def reduce(sums: Sums, fingerprint: dict[str, str]) -> Sums:
     for r, theirs in enumerate(every):
         differ = [k for k in sorted(fingerprint) if theirs["fingerprint"].get(k) != fingerprint[k]]
         if differ:
-            raise ValueError(f"rank {r} ran another {few(differ, show=str)} than rank {dist.get_rank()}: the ranks of one streamed "
-                             "call must run the same analysis on the same model and dataset")
+            raise ValueError(f"rank {r} ran another {few(differ, show=str)} than rank {dist.get_rank()}: the ranks "
+                             "of one streamed call must run the same analysis on the same model and dataset")
     have = [(r, o) for r, o in enumerate(every) if o["batches"]]
     if not have:
         return Sums()

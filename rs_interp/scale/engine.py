@@ -61,7 +61,8 @@ class Analysis:
 
 
 def stream(analysis: Analysis, model: Model, data: Dataset, *, batch_size: int | None = None,
-           resume: str | os.PathLike | None = None, save_every: int = 1, progress: bool = True, kind: str | None = None) -> Any:
+           resume: str | os.PathLike | None = None, save_every: int = 1, progress: bool = True,
+           kind: str | None = None) -> Any:
     """Run ``analysis`` over the dataset (module docstring) and return what one call on the
     concatenated batch returns.
 
@@ -85,7 +86,8 @@ def stream(analysis: Analysis, model: Model, data: Dataset, *, batch_size: int |
     rank, size = world()
     path = None if resume is None else rank_path(resume, rank, size)
     # what a resume file and the other ranks must match (not needed by one process without a file)
-    fp = fingerprint(analysis.name, {**analysis.options, "kind": kind}, model, data, batch_size, size) if path or size > 1 else {}
+    fp = (fingerprint(analysis.name, {**analysis.options, "kind": kind}, model, data, batch_size, size)
+          if path or size > 1 else {})
     sums, done, digest = Sums(), 0, None
     if path is not None and path.exists():
         sums, done, digest = load(path, fp, rank)
@@ -104,8 +106,8 @@ def stream(analysis: Analysis, model: Model, data: Dataset, *, batch_size: int |
                 batch_digest(h, batch)
                 i += 1
                 if i == done and h.hexdigest() != digest:
-                    raise ValueError(f"{path}: this dataset's first {done} batches (of rank {rank}) are not the ones the "
-                                     "interrupted run read; delete the file or pass the same dataset")
+                    raise ValueError(f"{path}: this dataset's first {done} batches (of rank {rank}) are not the ones "
+                                     "the interrupted run read; delete the file or pass the same dataset")
                 continue
             sums.add(*analysis.parts(analysis.run(model, batch), batch))
             batch_digest(h, batch)
@@ -157,9 +159,10 @@ def no_overrides(options: Mapping[str, Any], helper: str, takes: Iterable[str] =
             exactly), ``tokens=`` or ``reference=`` (the dataset's), or ``progress``-like inner options.
     """
     if "metric" in options:
-        raise ValueError(f"{helper}: the streamed helpers take no metric=: a metric given as a bare function does not say what "
-                         "it averages over, so no sum over batches reproduces it exactly. A Task carries its own (kind= picks "
-                         "it); a Batch takes metric= with weight=, scores= (one score per row) or targets= (next-token loss)")
+        raise ValueError(f"{helper}: the streamed helpers take no metric=: a metric given as a bare function does not "
+                         "say what it averages over, so no sum over batches reproduces it exactly. A Task carries its "
+                         "own (kind= picks it); a Batch takes metric= with weight=, scores= (one score per row) or "
+                         "targets= (next-token loss)")
     for name in ("tokens", "reference", "targets", "contrast"):
         if name in options and name not in takes:
             raise ValueError(f"{helper}: {name}= comes from the dataset (each batch's), not from an option")

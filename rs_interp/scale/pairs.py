@@ -87,7 +87,8 @@ class Batch:
     def __post_init__(self) -> None:
         for name in ("tokens", "reference", "targets", "contrast"):
             t = getattr(self, name)
-            if t is not None and (not isinstance(t, torch.Tensor) or t.ndim != 2 or t.dtype.is_floating_point or t.dtype == torch.bool):
+            if t is not None and (not isinstance(t, torch.Tensor) or t.ndim != 2 or t.dtype.is_floating_point
+                                  or t.dtype == torch.bool):
                 raise ValueError(f"Batch.{name} must be a (batch, pos) integer tensor, got {_describe(t)}")
         if self.metric is not None and self.scores is not None:
             raise ValueError("Batch: give metric (with its weight) or scores, not both")
@@ -95,9 +96,10 @@ class Batch:
         weight = self.weight
         if self.metric is not None:
             if weight is None:
-                raise ValueError("Batch.metric needs its weight: the number of examples (or scored positions) the metric's value "
-                                 "is the mean over. The dataset's metric is sum_b weight_b metric_b / sum_b weight_b, exact only "
-                                 "with each batch's weight (or give scores=, one score per row: the weight is then the rows)")
+                raise ValueError("Batch.metric needs its weight: the number of examples (or scored positions) the "
+                                 "metric's value is the mean over. The dataset's metric is sum_b weight_b metric_b / "
+                                 "sum_b weight_b, exact only with each batch's weight (or give scores=, one score per "
+                                 "row: the weight is then the rows)")
         elif self.scores is not None:
             weight = _agree("scores", weight, rows)
             object.__setattr__(self, "metric", _mean_of(self.scores, rows))
@@ -145,10 +147,12 @@ def _from_task(task: Task, rows: range | None = None, kind: str | None = None) -
     """The Batch of ``task``'s ``rows`` (all by default): its own metric, weight = its rows."""
     if rows is not None and (rows.start, rows.stop) != (0, len(task)):
         s = slice(rows.start, rows.stop)
-        task = Task(task.name, clean=task.clean[s], corrupted=task.corrupted[s], answers=task.answers[s], wrong=task.wrong[s],
-                    positions=task.positions[s], kind=task.kind, label=None if task.label is None else task.label[s],
+        task = Task(task.name, clean=task.clean[s], corrupted=task.corrupted[s], answers=task.answers[s],
+                    wrong=task.wrong[s], positions=task.positions[s], kind=task.kind,
+                    label=None if task.label is None else task.label[s],
                     prompts=None if task.prompts is None else task.prompts[s],
-                    corrupted_prompts=None if task.corrupted_prompts is None else task.corrupted_prompts[s], seed=task.seed)
+                    corrupted_prompts=None if task.corrupted_prompts is None else task.corrupted_prompts[s],
+                    seed=task.seed)
     return Batch(task.clean, task.corrupted, metric=task.metric(kind), weight=len(task), rows=rows, task=task)
 
 
@@ -157,10 +161,11 @@ def _check_batch_size(data: Any, batch_size: int | None) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int (rows per batch of the Task), got {batch_size!r}")
     elif batch_size is not None:
-        raise ValueError("batch_size cuts a Task into batches; an iterable of batches is read as it comes (its items are "
-                         f"the batches): pass batch_size=None, got {batch_size!r}")
+        raise ValueError("batch_size cuts a Task into batches; an iterable of batches is read as it comes (its items "
+                         f"are the batches): pass batch_size=None, got {batch_size!r}")
     elif isinstance(data, (torch.Tensor, str, bytes)) or not isinstance(data, Iterable):
-        raise ValueError(f"the dataset must be a rs_interp.tasks.Task or an iterable of Batch (or Task), got {type(data).__name__}")
+        raise ValueError("the dataset must be a rs_interp.tasks.Task or an iterable of Batch (or Task), got "
+                         f"{type(data).__name__}")
 
 
 def n_batches(data: Dataset, batch_size: int | None = None) -> int | None:
@@ -192,7 +197,8 @@ def batches(data: Dataset, batch_size: int | None = None, *, rank: int = 0, worl
             metric, or an item that is neither a Batch nor a Task.
     """
     _check_batch_size(data, batch_size)
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1 or not isinstance(rank, int) or not 0 <= rank < world:
+    if (isinstance(world, bool) or not isinstance(world, int) or world < 1 or not isinstance(rank, int)
+            or not 0 <= rank < world):
         raise ValueError(f"rank must lie in [0, world) and world be a positive int, got rank={rank!r}, world={world!r}")
     if isinstance(data, Task):
         for start in range(rank * batch_size, len(data), world * batch_size):
@@ -208,7 +214,8 @@ def batches(data: Dataset, batch_size: int | None = None, *, rank: int = 0, worl
                 raise ValueError("kind= chooses a Task's metric; a Batch carries its own metric")
             yield item
         else:
-            raise ValueError(f"item {k} of the dataset is a {type(item).__name__}: every item must be a Batch or a Task")
+            raise ValueError(f"item {k} of the dataset is a {type(item).__name__}: every item must be a Batch or a "
+                             "Task")
 
 
 def batch_digest(h: Any, batch: Batch) -> None:

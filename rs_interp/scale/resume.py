@@ -61,15 +61,18 @@ def _describe(value: Any, h: Any) -> None:
         h.update(f"{type(value).__name__}:{value!r}".encode())
 
 
-def fingerprint(analysis: str, options: dict, model: Any, data: Any, batch_size: int | None, world: int) -> dict[str, str]:
+def fingerprint(analysis: str, options: dict, model: Any, data: Any, batch_size: int | None,
+                world: int) -> dict[str, str]:
     """What a resume file must match (module docstring), as strings; every rank of a run gives the same."""
     h = hashlib.sha256()
     _describe(options, h)
     cfg = model.cfg
     with torch.no_grad():
         sums = [float(w.sum(dtype=torch.float64)) for w in (model.W_E, model.W_U)]
-    shape = {k: str(getattr(cfg, k, None)) for k in ("model_name", "n_layers", "d_model", "n_heads", "d_vocab", "attn_only", "dtype")}
-    return {"analysis": analysis, "options": h.hexdigest(), "model": json.dumps({**shape, "W_E, W_U sums": [f"{s:.17g}" for s in sums]}),
+    shape = {k: str(getattr(cfg, k, None))
+             for k in ("model_name", "n_layers", "d_model", "n_heads", "d_vocab", "attn_only", "dtype")}
+    return {"analysis": analysis, "options": h.hexdigest(),
+            "model": json.dumps({**shape, "W_E, W_U sums": [f"{s:.17g}" for s in sums]}),
             "data": data.digest() if isinstance(data, Task) else "an iterable of batches (checked batch by batch)",
             "batch_size": str(batch_size), "world": str(world)}
 
@@ -84,8 +87,8 @@ def save(path: Path, sums: Sums, *, done: int, digest: str, fingerprint: dict[st
     """Write the run's state to ``path`` (written beside, then renamed over it)."""
     from safetensors.torch import save_file
 
-    meta = {"format": _FORMAT, "fingerprint": json.dumps({**fingerprint, "rank": str(rank)}, sort_keys=True), "done": str(done),
-            "digest": digest, "fixed": to_json(sums.fixed), "batches": str(sums.batches)}
+    meta = {"format": _FORMAT, "fingerprint": json.dumps({**fingerprint, "rank": str(rank)}, sort_keys=True),
+            "done": str(done), "digest": digest, "fixed": to_json(sums.fixed), "batches": str(sums.batches)}
     tmp = path.with_name(path.name + ".partial")
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in sums.totals.items()}, str(tmp), metadata=meta)
@@ -111,7 +114,7 @@ def load(path: Path, fingerprint: dict[str, str], rank: int) -> tuple[Sums, int,
     differ = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     if differ:
         k = differ[0]
-        raise ValueError(f"resume file {path} was written by another run: {few(differ, show=str)} differ (e.g. {k}: file "
-                         f"{clip(theirs.get(k), 60)!r}, this run {clip(mine.get(k), 60)!r}). Delete it, or pass another "
-                         "resume= path.")
+        raise ValueError(f"resume file {path} was written by another run: {few(differ, show=str)} differ (e.g. "
+                         f"{k}: file {clip(theirs.get(k), 60)!r}, this run {clip(mine.get(k), 60)!r}). Delete it, or "
+                         "pass another resume= path.")
     return sums, done, digest

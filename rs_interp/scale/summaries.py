@@ -101,7 +101,8 @@ class LensSummary:
             ValueError: the summary has no targets.
         """
         if self.target_prob is None:
-            raise ValueError("this lens summary has no targets: top(k) ranks the reading points by the target's probability")
+            raise ValueError("this lens summary has no targets: top(k) ranks the reading points by the target's "
+                             "probability")
         return top_effects(self.labels, self.target_prob, k)
 
 
@@ -113,8 +114,8 @@ def _targets(batch: Any, with_contrast: bool) -> tuple[torch.Tensor | None, torc
     for name in ("answers", "wrong") if with_contrast else ("answers",):
         ids = getattr(task, name)
         if bool(((ids >= 0).sum(1) != 1).any()):
-            raise ValueError(f"the {task.name} task has several {name} in a row: a logit or probability is read for one token "
-                             "(give Batch(tokens, targets=..., contrast=...) instead)")
+            raise ValueError(f"the {task.name} task has several {name} in a row: a logit or probability is read for "
+                             "one token (give Batch(tokens, targets=..., contrast=...) instead)")
     rows = torch.arange(len(task))
     out = []
     for ids in (task.answers, task.wrong) if with_contrast else (task.answers,):
@@ -145,7 +146,8 @@ def direct_logit_attribution(model: Model, data: Dataset, **options: Any) -> DLA
     Example:
         >>> import rs_interp as ri
         >>> from rs_interp.tasks import induction_task
-        >>> model, task = ri.load_toy_model("induction-2l"), induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
+        >>> model = ri.load_toy_model("induction-2l")
+        >>> task = induction_task(5, seed=0, seq_len=12, max_period=5, min_period=3)
         >>> dla = direct_logit_attribution(model, task, batch_size=2, progress=False)
         >>> dla.n_scored, abs(float(dla.mean.sum()) - dla.clean) < 1e-4   # the parts add up to the metric
         (5, True)
@@ -153,7 +155,8 @@ def direct_logit_attribution(model: Model, data: Dataset, **options: Any) -> DLA
     require(model, "scale.direct_logit_attribution")
     run_kw, options = _split(options, "direct_logit_attribution")
     if options:
-        raise ValueError(f"direct_logit_attribution over a dataset takes no options beyond {_STREAM}, got {few(sorted(options))}")
+        raise ValueError(f"direct_logit_attribution over a dataset takes no options beyond {_STREAM}, got "
+                         f"{few(sorted(options))}")
 
     def run(model: Any, batch: Any) -> Any:
         targets, contrast = _targets(batch, True)
@@ -164,14 +167,16 @@ def direct_logit_attribution(model: Model, data: Dataset, **options: Any) -> DLA
     def parts(r: Any, batch: Any) -> tuple[dict, dict]:
         c, scored = r.contributions.to(F64), r.scored
         return ({"sum": c[:, scored].sum(-1), "by_position": c.sum(1), "count": scored.sum().to(F64),
-                 "position_count": scored.sum(0).to(F64), "clean": r.per_position.to(F64)[scored].sum()}, {"labels": r.labels})
+                 "position_count": scored.sum(0).to(F64), "clean": r.per_position.to(F64)[scored].sum()},
+                {"labels": r.labels})
 
     def build(t: dict, fixed: dict, model: Any) -> DLASummary:
         n = t["count"]
         if float(n) == 0:
             raise ValueError("no position of the dataset has a target: nothing to attribute")
-        return DLASummary(labels=tuple(fixed["labels"]), mean=t["sum"] / n, by_position=t["by_position"] / t["position_count"],
-                          clean=float(t["clean"] / n), n_scored=int(n))
+        return DLASummary(labels=tuple(fixed["labels"]), mean=t["sum"] / n,
+                          by_position=t["by_position"] / t["position_count"], clean=float(t["clean"] / n),
+                          n_scored=int(n))
 
     return stream(Analysis("direct logit attribution", run, parts, build, {}), model, data, **run_kw)
 
@@ -189,7 +194,8 @@ def logit_lens(model: Model, data: Dataset, **options: Any) -> LensSummary:
     require(model, "scale.logit_lens")
     run_kw, options = _split(options, "logit_lens")
     if options.get("full"):
-        raise ValueError("logit_lens over a dataset summarises; full=True (every distribution) is one call's, on one batch")
+        raise ValueError("logit_lens over a dataset summarises; full=True (every distribution) is one call's, on one "
+                         "batch")
 
     def run(model: Any, batch: Any) -> tuple[Any, Any]:
         targets, _ = _targets(batch, False)
@@ -198,7 +204,8 @@ def logit_lens(model: Model, data: Dataset, **options: Any) -> LensSummary:
     def parts(out: tuple, batch: Any) -> tuple[dict, dict]:
         r, targets = out
         ent = r.entropy.to(F64)
-        p = {"entropy": ent.sum((1, 2)), "entropy_by_position": ent.sum(1), "rows": torch.tensor(float(ent.shape[1]), dtype=F64)}
+        p = {"entropy": ent.sum((1, 2)), "entropy_by_position": ent.sum(1),
+             "rows": torch.tensor(float(ent.shape[1]), dtype=F64)}
         if targets is not None:
             scored = targets >= 0
             p["target_prob"] = r.target_probs.to(F64)[:, scored].sum(-1)
@@ -219,12 +226,14 @@ def logit_lens(model: Model, data: Dataset, **options: Any) -> LensSummary:
 
 
 @needs(like=_kl, name="scale.lens_kl")
-def lens_kl(model: Model, data: Dataset, tuned: TunedLens | None = None, **options: Any) -> Float[torch.Tensor, " point"]:
+def lens_kl(model: Model, data: Dataset, tuned: TunedLens | None = None,
+            **options: Any) -> Float[torch.Tensor, " point"]:
     """:func:`rs_interp.lens_kl` over a dataset: ``KL(p_final || lens)`` at every reading point but the
     last, the mean over every position of every batch (the logit lens, or ``tuned``).
 
     Args:
-        **options: ``batch_size``, ``resume``, ``save_every``, ``progress``; ``strict`` passes to :func:`rs_interp.lens_kl`.
+        **options: ``batch_size``, ``resume``, ``save_every``, ``progress``; ``strict`` passes to
+            :func:`rs_interp.lens_kl`.
     """
     require(model, "scale.lens_kl")
     run_kw, options = _split(options, "lens_kl")

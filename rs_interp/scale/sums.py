@@ -61,13 +61,14 @@ class Sums:
         fixed = from_json(to_json(fixed))  # the form a resume file or another rank gives back
         self.check(self.fixed, fixed, "this batch")
         if self.totals and set(parts) != set(self.totals):
-            raise ValueError(f"this batch's parts {few(sorted(parts))} differ from the earlier batches' {few(sorted(self.totals))}")
+            raise ValueError(f"this batch's parts {few(sorted(parts))} differ from the earlier batches' "
+                             f"{few(sorted(self.totals))}")
         for name, value in parts.items():
             value = value.detach().to("cpu", torch.float64)
             if name in self.totals and self.totals[name].shape != value.shape:
-                raise ValueError(f"{name}: shape {tuple(value.shape)} in this batch, {tuple(self.totals[name].shape)} in the earlier "
-                                 "ones; a streamed result is one call's on the concatenated batch, so every batch must give it "
-                                 "the same shape (e.g. pad every batch to one length)")
+                raise ValueError(f"{name}: shape {tuple(value.shape)} in this batch, {tuple(self.totals[name].shape)} "
+                                 "in the earlier ones; a streamed result is one call's on the concatenated batch, so "
+                                 "every batch must give it the same shape (e.g. pad every batch to one length)")
             if name in self.totals:
                 self.totals[name] += value
             else:
@@ -97,7 +98,8 @@ def to_json(value: Any) -> str:
             return [plain(x) for x in v]
         if v is None or isinstance(v, (bool, int, float, str)):
             return v
-        raise ValueError(f"a fixed field holds a {type(v).__name__}, which rs_interp.scale cannot compare across batches")
+        raise ValueError(f"a fixed field holds a {type(v).__name__}, which rs_interp.scale cannot compare across "
+                         "batches")
 
     return json.dumps(plain(value), sort_keys=True)
 
@@ -177,9 +179,10 @@ def weighted(cls: type, *, mean: Sequence[str], same: Sequence[str] = (), derive
                 fixed[f.name] = v
             elif f.name not in known and not _is_default(f, v):
                 shown = f"a tensor of shape {tuple(v.shape)}" if isinstance(v, torch.Tensor) else f"{v!r:.60}"
-                raise ValueError(f"{type(result).__name__}.{f.name} ({shown}): rs_interp.scale does not know how this field combines over "
-                                 "batches, so it cannot return one call's result on the concatenated batch (a field at its "
-                                 "default streams; declare this one in rs_interp.scale to stream it)")
+                raise ValueError(f"{type(result).__name__}.{f.name} ({shown}): rs_interp.scale does not know how "
+                                 "this field combines over batches, so it cannot return one call's result on the "
+                                 "concatenated batch (a field at its default streams; declare this one in "
+                                 "rs_interp.scale to stream it)")
         return out, fixed
 
     def build(totals: Parts, fixed: dict, model: Any) -> Any:

@@ -71,21 +71,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from ..tasks import TASK_NAMES
 
     parser.add_argument("--model", required=True, metavar="MODEL",
-                        help="required: gpt2 (pretrained: $RS_INTERP_GPT2_PATH or the Hugging Face cache), gpt2-random, a shipped "
-                             "model's name (" + ", ".join(SHIPPED) + "), a Hugging Face checkpoint directory, or an "
-                             "rs_interp checkpoint (rs_interp.models.save_model's or rs-interp train's: PATH of PATH.json and "
-                             "PATH.safetensors, or the folder holding one)")
-    parser.add_argument("--task", required=True, choices=TASK_NAMES, help="required: the task (" + ", ".join(TASK_NAMES) + ")")
+                        help="required: gpt2 (pretrained: $RS_INTERP_GPT2_PATH or the Hugging Face cache), "
+                             "gpt2-random, a shipped model's name (" + ", ".join(SHIPPED) + "), a Hugging Face "
+                             "checkpoint directory, or an rs_interp checkpoint (rs_interp.models.save_model's or "
+                             "rs-interp train's: PATH of PATH.json and PATH.safetensors, or the folder holding one)")
+    parser.add_argument("--task", required=True, choices=TASK_NAMES,
+                        help="required: the task (" + ", ".join(TASK_NAMES) + ")")
     parser.add_argument("--method", default="eap", action=_MethodName, metavar="METHOD",
-                        help="edge scores: a method of the registry (rs_interp.circuits.methods.METHODS) by its command "
-                             "name, e.g. eap (one backward pass), eap-ig (--ig-steps of them), exact (path patching: one "
-                             "patched pass per edge, for small models; GPT-2 small has 32,491 edges), relp (relevance "
-                             "patching); a wrong name is answered with the list (default: %(default)s)")
+                        help="edge scores: a method of the registry (rs_interp.circuits.methods.METHODS) by its "
+                             "command name, e.g. eap (one backward pass), eap-ig (--ig-steps of them), exact (path "
+                             "patching: one patched pass per edge, for small models; GPT-2 small has 32,491 edges), "
+                             "relp (relevance patching); a wrong name is answered with the list (default: "
+                             "%(default)s)")
     parser.add_argument("--out", required=True, metavar="DIR", help="required: the output directory (made if needed)")
     parser.add_argument("--size", type=_size, default=None, metavar="N|F",
-                        help="the circuit's size: an edge count, or a fraction of the edges in (0, 1], then pruned to the "
-                             "edges on a path from the embedding to the logits (default: the smallest circuit on the "
-                             "faithfulness curve that recovers --share of the metric)")
+                        help="the circuit's size: an edge count, or a fraction of the edges in (0, 1], then pruned to "
+                             "the edges on a path from the embedding to the logits (default: the smallest circuit on "
+                             "the faithfulness curve that recovers --share of the metric)")
     parser.add_argument("--share", type=_share, default=None, metavar="F",
                         help="without --size, the share of the metric the circuit recovers: its faithfulness, in "
                              "(0, 1] (default: 0.8, rs_interp.circuits.selection.RECOVERED_SHARE)")
@@ -93,9 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=seed, default=0, help="the task's seed (default: %(default)s)")
     parser.add_argument("--ig-steps", type=count, default=5, metavar="M", help="EAP-IG's steps (default: %(default)s)")
     parser.add_argument("--batch-size", type=count, default=None, metavar="B",
-                        help="prompt pairs per batch: memory holds one batch, the results are the whole task's; each batch "
-                             "repeats the per-batch work (choosing the curve's circuits, each circuit's pass), so fewer, larger "
-                             "batches are faster (default: the whole task; under torchrun an even share per rank)")
+                        help="prompt pairs per batch: memory holds one batch, the results are the whole task's; each "
+                             "batch repeats the per-batch work (choosing the curve's circuits, each circuit's pass), "
+                             "so fewer, larger batches are faster (default: the whole task; under torchrun an even "
+                             "share per rank)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (default: bars on stderr)")
     return parser
 
@@ -249,7 +252,8 @@ def command_task(args: argparse.Namespace, tokenizer: Any, model: Any) -> Any:
     from ..tasks import NotSingleTokens, build_task
 
     try:
-        return build_task(args.task, tokenizer, n=args.n, seed=args.seed, d_vocab=model.cfg.d_vocab, n_ctx=model.cfg.n_ctx)
+        return build_task(args.task, tokenizer, n=args.n, seed=args.seed, d_vocab=model.cfg.d_vocab,
+                          n_ctx=model.cfg.n_ctx)
     except NotSingleTokens as err:
         shown = few((f"{w!r} -> {n} tokens" for w, n in err.words.items()), 2, show=str)
         raise ValueError(f"--task {args.task} needs {err.what} that are one token each under the tokenizer of --model "

@@ -3,10 +3,11 @@
 :func:`run_command` runs).
 
 The steps, each with a progress bar: score every edge of the model's graph on the task (a method of the
-registry: EAP, EAP-IG, exact path patching, RelP ..., the corrupted prompts as the reference run); the faithfulness curve of the
-top edges at MIB's ten sizes; the circuit, evaluated: at the size asked for, or by default the smallest
-circuit on the curve that recovers a share of the metric (80%: faithfulness 0.8 or more; the curve's
-points refined by bisection between the last below and the first at or above it); then the files, in ``out``:
+registry: EAP, EAP-IG, exact path patching, RelP ..., the corrupted prompts as the reference run); the
+faithfulness curve of the top edges at MIB's ten sizes; the circuit, evaluated: at the size asked for, or by
+default the smallest circuit on the curve that recovers a share of the metric (80%: faithfulness 0.8 or more;
+the curve's points refined by bisection between the last below and the first at or above it); then the files,
+in ``out``:
 
 - ``scores.safetensors`` (``effect``: (sender, receiver) float64, NaN off the graph; ``exists``)
   and ``scores.json`` (the labels of its rows and columns, the run's settings, the top edges);
@@ -124,10 +125,11 @@ def _check(model: Any, task: Any) -> None:
     cfg = model.cfg
     top = int(max(task.clean.max(), task.corrupted.max(), task.answers.max(), task.wrong.max()))
     if top >= cfg.d_vocab:
-        raise ValueError(f"the {task.name} task uses token id {top}, outside this model's {cfg.d_vocab}-token vocabulary "
-                         "(was it built with another model's tokenizer?)")
+        raise ValueError(f"the {task.name} task uses token id {top}, outside this model's {cfg.d_vocab}-token "
+                         "vocabulary (was it built with another model's tokenizer?)")
     if task.clean.shape[1] > cfg.n_ctx:
-        raise ValueError(f"the {task.name} task's prompts have {task.clean.shape[1]} tokens, more than the model's n_ctx {cfg.n_ctx}")
+        raise ValueError(f"the {task.name} task's prompts have {task.clean.shape[1]} tokens, more than the model's "
+                         f"n_ctx {cfg.n_ctx}")
 
 
 def _model_label(cfg: Any) -> str:
@@ -300,7 +302,8 @@ def _record(task: Any, method: str, scores: Any, curve: Any, found: dict, files:
     best = sorted(ri.top_edges(scores, min(10, layout.n_edges)), key=lambda e: (-abs(scores.edge(*e)), rank[e]))
     top = tuple(((s, r), scores.edge(s, r)) for s, r in best)
     full, empty, value = found["full"], found["empty"], found["value"]
-    return CircuitRun(model=plan["name"], task=task.name, method=method, n_prompts=len(task), clean=full, corrupted=empty,
+    return CircuitRun(model=plan["name"], task=task.name, method=method, n_prompts=len(task), clean=full,
+                      corrupted=empty,
                       n_edges=layout.n_edges, size=len(circuit), fraction=len(circuit) / layout.n_edges, value=value,
                       faithfulness=(value - empty) / (full - empty), **_areas(curve), top_edges=top,
                       files=MappingProxyType(files), seconds=MappingProxyType(seconds), requested=found["n"],
@@ -312,9 +315,9 @@ def _areas(curve: Any) -> dict[str, float]:
 
 
 def run_command(args: argparse.Namespace) -> list[str]:
-    """Run ``rs-interp circuit`` with parsed ``args``; the summary's lines (the command line prints them). Under ``torchrun``
-    every rank runs it on its share of the pairs and rank 0 writes and reports (the other ranks return no lines)
-    (``torchrun --nproc_per_node=N -m rs_interp.ui.cli circuit ...``).
+    """Run ``rs-interp circuit`` with parsed ``args``; the summary's lines (the command line prints them). Under
+    ``torchrun`` every rank runs it on its share of the pairs and rank 0 writes and reports (the other ranks
+    return no lines) (``torchrun --nproc_per_node=N -m rs_interp.ui.cli circuit ...``).
 
     Raises:
         rs_interp.WeightsUnavailable, ValueError, OSError: with a message for one line (the CLI prints it).
@@ -335,12 +338,14 @@ def run_command(args: argparse.Namespace) -> list[str]:
         return []
     lines = [f"{run.task} on {run.model}, {run.method}: metric {run.clean:.4g} clean, {run.corrupted:.4g} corrupted",
              f"curve: area under {run.area_under:.4f}, from 1 {run.area_from_1:.4f}; circuit of {run.size} edges "
-             f"({100 * run.fraction:.3g}%; the top {run.requested} pruned to what reaches the logits): faithfulness {run.faithfulness:.4f}"]
+             f"({100 * run.fraction:.3g}%; the top {run.requested} pruned to what reaches the logits): "
+             f"faithfulness {run.faithfulness:.4f}"]
     if run.share is not None:
         refined = f"; the curve refined by bisection, {len(run.bisection)} more circuits" if run.bisection else ""
         lines.append(f"the circuit is the smallest on the faithfulness curve that recovers {run.share:.0%} of the "
                      f"metric (faithfulness >= {run.share:g}{refined}); --size N or F asks for another size")
     if not run.reaches_logits:
-        lines.append(f"none of the top {run.requested} edges lies on a path from the embedding to the logits: the circuit is "
-                     "empty; ask for a larger --size")
-    return lines + [f"wrote {len(run.files)} files to {args.out}: {', '.join(Path(p).name for p in run.files.values())}"]
+        lines.append(f"none of the top {run.requested} edges lies on a path from the embedding to the logits: the "
+                     "circuit is empty; ask for a larger --size")
+    return lines + [f"wrote {len(run.files)} files to {args.out}: "
+                    f"{', '.join(Path(p).name for p in run.files.values())}"]

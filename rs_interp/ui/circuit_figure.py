@@ -7,8 +7,8 @@ touches are drawn full and labelled. An edge runs from its sender to the receivi
 its component: an edge into a head's query, key or value input comes in just below the head, from
 its left, its middle or its right (:data:`PORT_PIXELS` beside it, on a plot of :data:`PLOT_PIXELS`),
 and ends at the head, in its own colour (q blue, k green, v red; MLP inputs purple, the logits grey). With
-scores, an edge's width grows with ``|effect|`` (five steps of ``sqrt(|effect| / largest)``) and a negative effect is dotted; hovering
-an edge's middle shows its label and number.
+scores, an edge's width grows with ``|effect|`` (five steps of ``sqrt(|effect| / largest)``) and a negative
+effect is dotted; hovering an edge's middle shows its label and number.
 
 What the ACDC and EAP-IG repositories draw with graphviz, drawn with plotly (the project's figure
 library: offline, no system binary): readable for GPT-2 small's 32,491-edge graph cut to a few
@@ -41,7 +41,8 @@ __all__ = ["circuit_figure", "EDGE_COLOURS", "PORT_PIXELS", "PLOT_PIXELS"]
 
 #: Colour of an edge by the input it enters.
 EDGE_COLOURS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#d62728", "mlp": "#9467bd", "logits": "#555555"}
-_KIND_NAMES = {"q": "into a query", "k": "into a key", "v": "into a value", "mlp": "into an MLP", "logits": "into the logits"}
+_KIND_NAMES = {"q": "into a query", "k": "into a key", "v": "into a value", "mlp": "into an MLP",
+               "logits": "into the logits"}
 _WIDTHS = (0.8, 1.6, 2.6, 3.8, 5.2)  # five steps of |effect| / max
 #: How far beside its head a query or value edge comes in (pixels, on a plot area :data:`PLOT_PIXELS` wide).
 PORT_PIXELS = 8.0

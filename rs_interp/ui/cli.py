@@ -22,7 +22,14 @@ def _log(msg: str) -> None:
 
 def _reproduce(args: argparse.Namespace) -> int:
     from ..reproduce import run_seeds
-    from ..reproduce.report import describe_environment, format_cost, format_table, write_files, write_report, write_results
+    from ..reproduce.report import (
+        describe_environment,
+        format_cost,
+        format_table,
+        write_files,
+        write_report,
+        write_results,
+    )
 
     out = _writable_dir(args.out)
     print(f"rs-interp reproduce on {describe_environment()}\n", flush=True)
@@ -46,8 +53,8 @@ def _reproduce(args: argparse.Namespace) -> int:
         write_files(done, out)
         write_report(done, out / "report.html")
 
-    sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log, cache=cache,
-                         on_section=finished, jobs=args.jobs)
+    sections = run_seeds(args.seed, args.seeds, args.only, retrain=args.retrain, progress=not args.quiet, log=_log,
+                         cache=cache, on_section=finished, jobs=args.jobs)
     elapsed = time.perf_counter() - start
     for s in sections:
         if s.key not in printed:
@@ -70,7 +77,8 @@ def _train(args: argparse.Namespace) -> int:
     trained = train_shipped(args.name, args.seed, progress=not args.quiet)
     path = save_model(trained.model, out / args.name, metadata=trained.metadata)
     if trained.tokenizer is not None:
-        trained.tokenizer.save(str(path.with_name(path.name + ".tokenizer.json")))  # read back by load_code_tokenizer(path)
+        # read back by load_code_tokenizer(path)
+        trained.tokenizer.save(str(path.with_name(path.name + ".tokenizer.json")))
     metrics = {k: v for k, v in trained.metadata.items() if isinstance(v, float)}
     print(f"{args.name}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())) + f"; saved to {path}")
     return 0
@@ -99,7 +107,8 @@ def _gpt2(args: argparse.Namespace) -> int:
     print("top induction heads:     ", ", ".join(a.top_induction))
     if a.prompt is not None:
         print(f"prompt {a.prompt!r}: top prediction {a.final_top_token!r}")
-        print("logit lens, P(%r): " % a.prompt_answer + ", ".join(f"{l} {p:.3f}" for l, p in zip(a.lens_labels, a.lens_p_answer)))
+        print("logit lens, P(%r): " % a.prompt_answer
+              + ", ".join(f"{l} {p:.3f}" for l, p in zip(a.lens_labels, a.lens_p_answer)))
     else:
         print("no tokenizer with these weights: the logit-lens prompt is skipped")
     if out is not None:
@@ -128,48 +137,57 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="rs-interp", description="Residual-stream interpretability on TransformerLens: reproduce the theory's tables, "
-                                               "run the GPT-2 analyses, train the toy models, find a task's circuit.")
+    p = _Parser(prog="rs-interp",
+                description="Residual-stream interpretability on TransformerLens: reproduce the theory's tables, "
+                            "run the GPT-2 analyses, train the toy models, find a task's circuit.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    r = sub.add_parser("reproduce", help="reproduce every table of the theory offline; write results.json and report.html",
-                       description="Reproduce every table of the theory offline, print each beside the theory's values, "
-                                   "and write DIR/results.json and DIR/report.html.")
+    r = sub.add_parser("reproduce",
+                       help="reproduce every table of the theory offline; write results.json and report.html",
+                       description="Reproduce every table of the theory offline, print each beside the theory's "
+                                   "values, and write DIR/results.json and DIR/report.html.")
     r.add_argument("--out", default="rs_interp_out", metavar="DIR", help="output directory (default: %(default)s)")
-    r.add_argument("--retrain", action="store_true", help="retrain the toy models instead of loading the shipped ones (~1 minute)")
-    r.add_argument("--seed", type=_seed, default=0, help="seed of retraining (with --retrain), the collapse cloud, the gradient draws, the finance corpus and "
-                        "model (default: %(default)s, the shipped models' seed)")
+    r.add_argument("--retrain", action="store_true",
+                   help="retrain the toy models instead of loading the shipped ones (~1 minute)")
+    r.add_argument("--seed", type=_seed, default=0,
+                   help="seed of retraining (with --retrain), the collapse cloud, the gradient draws, the finance "
+                        "corpus and model (default: %(default)s, the shipped models' seed)")
     r.add_argument("--seeds", type=_positive, default=1, metavar="N",
-                   help="1 (default): the shipped models; N > 1: retrain every seeded piece for seeds SEED..SEED+N-1 and report "
-                        "each banded row per seed and 'k of N within band'")
-    r.add_argument("--only", nargs="+", metavar="SECTION", choices=list(SECTIONS), help="compute only these sections: " + ", ".join(SECTIONS))
-    r.add_argument("--cache", metavar="DIR", help="keep every model trained in the run under DIR and read it back in later runs "
-                                                   "instead of training again (keyed by recipe, seed, kernel path and versions)")
+                   help="1 (default): the shipped models; N > 1: retrain every seeded piece for seeds SEED..SEED+N-1 "
+                        "and report each banded row per seed and 'k of N within band'")
+    r.add_argument("--only", nargs="+", metavar="SECTION", choices=list(SECTIONS),
+                   help="compute only these sections: " + ", ".join(SECTIONS))
+    r.add_argument("--cache", metavar="DIR",
+                   help="keep every model trained in the run under DIR and read it back in later runs "
+                        "instead of training again (keyed by recipe, seed, kernel path and versions)")
     r.add_argument("--jobs", type=_positive, default=_default_jobs(), metavar="N",
-                   help="worker processes for the sections, one thread each, the longest section first (default: %(default)s, "
-                        "the machine's cores up to 2; with --retrain or --seeds > 1: 1)")
+                   help="worker processes for the sections, one thread each, the longest section first "
+                        "(default: %(default)s, the machine's cores up to 2; with --retrain or --seeds > 1: 1)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_reproduce)
     g = sub.add_parser("gpt2", help="run the GPT-2 small analyses and say which weights were used",
-                       description="Run the GPT-2 small analyses (parameter count, head roles, logit lens). Weights: --weights PATH "
-                                   "(a local Hugging Face checkpoint directory), --weights random, or by default $RS_INTERP_GPT2_PATH "
-                                   "or the Hugging Face cache.")
+                       description="Run the GPT-2 small analyses (parameter count, head roles, logit lens). Weights: "
+                                   "--weights PATH (a local Hugging Face checkpoint directory), --weights random, or "
+                                   "by default $RS_INTERP_GPT2_PATH or the Hugging Face cache.")
     g.add_argument("--weights", metavar="PATH", help="a local Hugging Face GPT-2 checkpoint directory, or 'random'")
-    g.add_argument("--seed", type=_seed, default=0, help="seed of the random tokens (and random weights) (default: %(default)s)")
+    g.add_argument("--seed", type=_seed, default=0,
+                   help="seed of the random tokens (and random weights) (default: %(default)s)")
     g.add_argument("--out", metavar="DIR", help="also write DIR/gpt2.json with the scores")
     g.set_defaults(func=_gpt2)
     trainable = [name for name, entry in SHIPPED_MODELS.items() if entry.trainer is not None]
     t = sub.add_parser("train", help="retrain a shipped model from its recipe and save it",
-                       description="Retrain a shipped model with its recorded settings and save it as safetensors + JSON: "
-                                   + "; ".join(f"{n}: {SHIPPED_MODELS[n].description}" for n in trainable) + ".")
+                       description="Retrain a shipped model with its recorded settings and save it as safetensors + "
+                                   "JSON: " + "; ".join(f"{n}: {SHIPPED_MODELS[n].description}" for n in trainable)
+                                   + ".")
     t.add_argument("name", choices=trainable)
     t.add_argument("--seed", type=_seed, default=None, help="training seed (default: the recorded one, 0)")
     t.add_argument("--out", default="rs_interp_out", metavar="DIR", help="output directory (default: %(default)s)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
     c = sub.add_parser("circuit", help="find a task's circuit: edge scores, faithfulness curve, diagram, one HTML page",
-                       description="Score every edge on a task (EAP, EAP-IG or exact path patching), the faithfulness curve at "
-                                   "MIB's ten sizes and the circuit at --size; write DIR/scores.safetensors, scores.json, "
-                                   "importances_mib.json, curve.json, circuit.json, diagram.json, report.html, summary.json.")
+                       description="Score every edge on a task (EAP, EAP-IG or exact path patching), the faithfulness "
+                                   "curve at MIB's ten sizes and the circuit at --size; write DIR/scores.safetensors, "
+                                   "scores.json, importances_mib.json, curve.json, circuit.json, diagram.json, "
+                                   "report.html, summary.json.")
     circuit_command.add_arguments(c)
     c.set_defaults(func=_circuit)
     return p

@@ -19,24 +19,13 @@ from plotly.subplots import make_subplots
 
 from ..labels import head_label, head_labels
 from .circuit_figure import circuit_figure
+from .geometry_figures import collapse_figure, layernorm_figure
 from .lens_figures import jacobian_lens_figure
 
-__all__ = [
-    "faithfulness_figure",
-    "ground_truth_figure",
-    "attention_figure",
-    "path_contributions_figure",
-    "logit_lens_figure",
-    "jacobian_lens_figure",
-    "composition_heatmaps",
-    "collapse_figure",
-    "layernorm_figure",
-    "parameter_breakdown_figure",
-    "finance_figure",
-    "head_scan_figure",
-    "second_order_figure",
-    "estimate_vs_exact_figure",
-    "period_sequence", "position_figure", "circuit_figure"]
+__all__ = ["faithfulness_figure", "ground_truth_figure", "attention_figure", "path_contributions_figure",
+           "logit_lens_figure", "jacobian_lens_figure", "composition_heatmaps", "collapse_figure", "layernorm_figure",
+           "parameter_breakdown_figure", "finance_figure", "head_scan_figure", "second_order_figure",
+           "estimate_vs_exact_figure", "period_sequence", "position_figure", "circuit_figure"]
 
 
 def period_sequence(period: int = 11, *, seed: int = 0, d_vocab: int = 256, seq_len: int = 48) -> torch.Tensor:
@@ -46,10 +35,11 @@ def period_sequence(period: int = 11, *, seed: int = 0, d_vocab: int = 256, seq_
     return induction_batch(1, seed=seed, d_vocab=d_vocab, seq_len=seq_len, min_period=period, max_period=period).tokens
 
 
-def attention_figure(patterns: torch.Tensor, heads: Sequence[tuple[int, int]], *, period: int | None = None) -> go.Figure:
+def attention_figure(patterns: torch.Tensor, heads: Sequence[tuple[int, int]], *,
+                     period: int | None = None) -> go.Figure:
     """Attention patterns of ``heads`` on one sequence, from ``patterns`` (layer, head, query, key), e.g.
-    ``rs_interp.attention_patterns(model, tokens)[:, 0]``; with ``period``, the induction target
-    ``i - p + 1`` is outlined.
+    ``rs_interp.attention_patterns(model, tokens)[:, 0]``; with ``period``, the induction target ``i - p + 1`` is
+    outlined.
 
     >>> from rs_interp import load_toy_model, attention_patterns
     >>> pat = attention_patterns(load_toy_model(), period_sequence(11))[:, 0]
@@ -57,15 +47,18 @@ def attention_figure(patterns: torch.Tensor, heads: Sequence[tuple[int, int]], *
     True
     """
     pat = patterns
-    fig = make_subplots(rows=1, cols=len(heads), subplot_titles=[f"head {head_label(l, h)}" for l, h in heads], horizontal_spacing=0.08)
+    fig = make_subplots(rows=1, cols=len(heads), subplot_titles=[f"head {head_label(l, h)}" for l, h in heads],
+                        horizontal_spacing=0.08)
     n = pat.shape[-1]
     for c, (l, h) in enumerate(heads, start=1):
         fig.add_trace(go.Heatmap(z=pat[l, h].tolist(), colorscale="Blues", zmin=0, zmax=1, showscale=c == len(heads),
                                  hovertemplate="query %{y}, key %{x}: %{z:.3f}<extra></extra>"), row=1, col=c)
         if period is not None:
             qs = list(range(period, n))
-            fig.add_trace(go.Scatter(x=[q - period + 1 for q in qs], y=qs, mode="markers", name="induction target i-p+1",
-                                     marker=dict(symbol="square-open", size=7, color="#d62728"), showlegend=c == 1), row=1, col=c)
+            fig.add_trace(go.Scatter(x=[q - period + 1 for q in qs], y=qs, mode="markers",
+                                     name="induction target i-p+1",
+                                     marker=dict(symbol="square-open", size=7, color="#d62728"), showlegend=c == 1),
+                          row=1, col=c)
         fig.update_yaxes(autorange="reversed", title_text="query position i" if c == 1 else None, row=1, col=c)
         fig.update_xaxes(title_text="key position j", row=1, col=c)
     fig.update_layout(title="Attention patterns" + (f" on a sequence of period {period}" if period else ""), height=500,
@@ -93,22 +86,22 @@ def path_contributions_figure(labels, contributions: Sequence[float] | None = No
         elif hasattr(result, "mean"):  # DirectLogitAttribution
             contributions = result.mean().tolist()
         else:
-            raise ValueError(f"path_contributions_figure takes a PathAttribution, a DirectLogitAttribution, or labels and "
-                             f"contributions; got {type(result).__name__}")
+            raise ValueError("path_contributions_figure takes a PathAttribution, a DirectLogitAttribution, or labels "
+                             f"and contributions; got {type(result).__name__}")
     vals = [float(v) for v in contributions]
     colors = ["#1f77b4" if v >= 0 else "#d62728" for v in vals]
     fig = go.Figure(go.Bar(x=list(labels), y=vals, marker_color=colors, hovertemplate="%{x}: %{y:.3f}<extra></extra>"))
     fig.add_hline(y=0, line_color="#444")
-    fig.update_layout(title=f"{title} (total {sum(vals):.2f})", xaxis_title="path", yaxis_title="logit contribution", height=420)
+    fig.update_layout(title=f"{title} (total {sum(vals):.2f})", xaxis_title="path", yaxis_title="logit contribution",
+                      height=420)
     return fig
 
 
 def logit_lens_figure(labels, probs: Mapping[str, Sequence[float]] | None = None, *, chance: float | None = None,
                       title: str = "Logit lens") -> go.Figure:
-    """The probability of the correct token at every reading point: a
-    :class:`~rs_interp.readouts.LogitLensReadings` (its mean target probability over the positions with a
-    target), or ``labels`` and ``probs`` (series name -> one value per reading point). Every series is
-    named in the legend, a single one too.
+    """The probability of the correct token at every reading point: a :class:`~rs_interp.readouts.LogitLensReadings`
+    (its mean target probability over the positions with a target), or ``labels`` and ``probs`` (series name -> one
+    value per reading point). Every series is named in the legend, a single one too.
 
     >>> import rs_interp as ri
     >>> b = ri.induction_batch(4, seed=0)
@@ -129,15 +122,15 @@ def logit_lens_figure(labels, probs: Mapping[str, Sequence[float]] | None = None
         fig.add_trace(go.Scatter(x=list(labels), y=[float(y) for y in ys], mode="lines+markers", name=name))
     if chance is not None:
         fig.add_hline(y=chance, line_dash="dot", line_color="#888", annotation_text="chance")
-    fig.update_layout(title=title, xaxis_title="reading point", yaxis_title="probability of the correct token", height=380,
-                      showlegend=True)
+    fig.update_layout(title=title, xaxis_title="reading point", yaxis_title="probability of the correct token",
+                      height=380, showlegend=True)
     return fig
 
 
 def composition_heatmaps(results) -> go.Figure:
     """Composition scores of every (earlier head, later head) pair, one panel per
-    :class:`~rs_interp.heads.CompositionScores` (one, or several: e.g. one per kind, ``"k"``, ``"q"``,
-    ``"v"``); a result's random baseline goes in its title when it has one."""
+    :class:`~rs_interp.heads.CompositionScores` (one, or several: e.g. one per kind, ``"k"``, ``"q"``, ``"v"``); a
+    result's random baseline goes in its title when it has one."""
     if hasattr(results, "scores"):
         results = [results]
     if not results:
@@ -152,60 +145,14 @@ def composition_heatmaps(results) -> go.Figure:
     names = list(head_labels(L, H))  # not "0.1": plotly would read it as a number
     for c, kind in enumerate(kinds, start=1):
         z = [[None if math.isnan(v) else v for v in row] for row in mats[kind].tolist()]
-        fig.add_trace(go.Heatmap(z=z, x=names, y=names, zmin=0, zmax=zmax, colorscale="Viridis", showscale=c == len(kinds),
+        fig.add_trace(go.Heatmap(z=z, x=names, y=names, zmin=0, zmax=zmax, colorscale="Viridis",
+                                 showscale=c == len(kinds),
                                  hovertemplate="src %{y} -> dst %{x}: %{z:.3f}<extra></extra>"), row=1, col=c)
         base = f" (random baseline {baselines[kind]:.3f})" if baselines and kind in baselines else ""
         fig.layout.annotations[c - 1].text = f"{kind.upper()}-composition{base}"
         fig.update_xaxes(title_text="later head", row=1, col=c)
         fig.update_yaxes(title_text="earlier head" if c == 1 else None, autorange="reversed", row=1, col=c)
     fig.update_layout(title="Composition scores (empty: the later head is not later)", height=430)
-    return fig
-
-
-def collapse_figure(runs: Sequence) -> go.Figure:
-    """Diameter per layer, pure stack vs skip, with Theorem 1 (iii)'s bound, one panel per beta (log scale)."""
-    betas = sorted({r.beta for r in runs})
-    fig = make_subplots(rows=1, cols=len(betas), subplot_titles=[f"β = {b:g}" for b in betas], horizontal_spacing=0.05)
-    style = {False: ("pure attention", "#d62728"), True: ("with the skip", "#1f77b4")}
-    for c, beta in enumerate(betas, start=1):
-        for run in (r for r in runs if r.beta == beta):
-            name, color = style[run.skip]
-            layers = list(range(len(run.diameter)))
-            fig.add_trace(go.Scatter(x=layers, y=[max(float(v), 1e-16) for v in run.diameter], name=name, mode="lines+markers",
-                                     line=dict(color=color), legendgroup=name, showlegend=c == 1), row=1, col=c)
-            if not run.skip:
-                fig.add_trace(go.Scatter(x=layers, y=[max(float(v), 1e-16) for v in run.bound], name="Theorem 1 bound",
-                                         line=dict(color="#555", dash="dash"), legendgroup="bound", showlegend=c == 1), row=1, col=c)
-        fig.update_xaxes(title_text="layer", row=1, col=c)
-    fig.update_yaxes(type="log", exponentformat="power")
-    fig.update_yaxes(title_text="diameter (log; 0 drawn at 1e-16)", row=1, col=1)
-    fig.update_layout(title="Attention collapses; the skip keeps the diameter", height=420)
-    return fig
-
-
-def layernorm_figure(n_points: int = 40, *, seed: int = 0) -> go.Figure:
-    """LayerNorm at d = 3: the plane x + y + z = 0, the circle of radius sqrt(3), a cloud before and after."""
-    from ..exact.norm import Norm  # LayerNorm with gain 1, bias 0, no epsilon (LNPre): Definition 3
-
-    g = torch.Generator().manual_seed(seed)
-    scale, shift = torch.tensor([1.5, 0.7, 0.4], dtype=torch.float64), torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
-    cloud = torch.randn(n_points, 3, generator=g, dtype=torch.float64) * scale + shift
-    after = Norm("LNPre").apply(cloud)
-    e1 = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64) / math.sqrt(2)
-    e2 = torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64) / math.sqrt(6)
-    t = torch.linspace(0, 2 * math.pi, 120, dtype=torch.float64)
-    circle = math.sqrt(3) * (torch.cos(t)[:, None] * e1 + torch.sin(t)[:, None] * e2)
-    s = torch.linspace(-3, 3, 2, dtype=torch.float64)
-    grid = s[:, None, None] * e1 + s[None, :, None] * e2
-    fig = go.Figure()
-    fig.add_trace(go.Surface(x=grid[..., 0].tolist(), y=grid[..., 1].tolist(), z=grid[..., 2].tolist(), opacity=0.25,
-                             showscale=False, colorscale=[[0, "#9ecae1"], [1, "#9ecae1"]], name="plane x+y+z=0", hoverinfo="skip"))
-    fig.add_trace(go.Scatter3d(x=circle[:, 0].tolist(), y=circle[:, 1].tolist(), z=circle[:, 2].tolist(), mode="lines",
-                               line=dict(color="#1f77b4", width=5), name="circle of radius √3"))
-    for pts, name, color in ((cloud, "a cloud", "#ff7f0e"), (after, "LN(cloud)", "#2ca02c")):
-        fig.add_trace(go.Scatter3d(x=pts[:, 0].tolist(), y=pts[:, 1].tolist(), z=pts[:, 2].tolist(), mode="markers",
-                                   marker=dict(size=3, color=color), name=name))
-    fig.update_layout(title="LayerNorm is a sphere in a hyperplane (d = 3)", height=520, scene=dict(aspectmode="data"))
     return fig
 
 
@@ -244,23 +191,26 @@ def position_figure(prev_weight: Sequence[float], accuracy: Sequence[float], ker
                     head: tuple[int, int], drop: int) -> go.Figure:
     """The previous-token head by query position (its weight on ``i - 1``, the model's accuracy) and its
     content-free kernel by offset, with the position ``drop`` where the weight moves (a dotted line)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"by query position (head {head_label(*head)})", "content-free score by offset"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"by query position (head {head_label(*head)})",
+                                                        "content-free score by offset"))
     x = list(range(1, len(prev_weight) + 1))
     fig.add_trace(go.Scatter(x=x, y=list(prev_weight), name="weight on i-1", mode="lines"), row=1, col=1)
     fig.add_trace(go.Scatter(x=x, y=list(accuracy), name="accuracy", mode="lines"), row=1, col=1)
     fig.add_vline(x=drop, line_dash="dot", row=1, col=1)
-    fig.add_trace(go.Scatter(x=list(range(len(kernel))), y=list(kernel), name="kernel", mode="lines+markers"), row=1, col=2)
+    fig.add_trace(go.Scatter(x=list(range(len(kernel))), y=list(kernel), name="kernel", mode="lines+markers"),
+                  row=1, col=2)
     fig.update_xaxes(title_text="query position i", row=1, col=1)
     fig.update_xaxes(title_text="offset Delta", row=1, col=2)
     fig.update_layout(title="The previous-token head and the kernel's next peak", height=380)
     return fig
 
 
-def head_scan_figure(values, *, title: str | None = None, colorbar: str = "effect", symmetric: bool = True) -> go.Figure:
+def head_scan_figure(values, *, title: str | None = None, colorbar: str = "effect",
+                     symmetric: bool = True) -> go.Figure:
     """A (layer, head) heatmap: a result with a (layer, head) ``effect`` (:class:`~rs_interp.heads.HeadAblationScan`,
     :class:`~rs_interp.circuits.AttributionPatching`) or ``induction`` (:class:`~rs_interp.heads.InductionScores`), or
-    the values themselves (copying scores ...). Computes nothing; ``symmetric`` centres the colour
-    scale on zero; the title defaults to the result's kind.
+    the values themselves (copying scores ...). Computes nothing; ``symmetric`` centres the colour scale on zero; the
+    title defaults to the result's kind.
 
     >>> import rs_interp as ri
     >>> b = ri.induction_batch(8, seed=0)
@@ -277,16 +227,19 @@ def head_scan_figure(values, *, title: str | None = None, colorbar: str = "effec
             default = ("Head ablation scan" + (f" ({ablation})" if ablation else "") + ": change of the metric"
                        if kind == "HeadAblationScan" else f"{kind}: estimated change of the metric")
         elif hasattr(result, "induction"):
-            values, default, symmetric, colorbar = result.induction, "Induction scores: weight on i - p + 1", False, "weight"
+            values, default, symmetric, colorbar = (result.induction, "Induction scores: weight on i - p + 1",
+                                                    False, "weight")
         else:
-            raise ValueError(f"head_scan_figure takes a (layer, head) tensor or a result with effect or induction, got {kind}")
+            raise ValueError("head_scan_figure takes a (layer, head) tensor or a result with effect or induction, "
+                             f"got {kind}")
         title = title or default
     if values.ndim != 2:
         raise ValueError(f"head_scan_figure takes (layer, head) values, got shape {tuple(values.shape)}")
     L, H = values.shape
     z = values.double().tolist()
     zmax = float(values.abs().max()) if symmetric else None
-    fig = go.Figure(go.Heatmap(z=z, x=[f"H{h}" for h in range(H)], y=[f"L{l}" for l in range(L)], colorscale="RdBu_r" if symmetric else "Viridis",
+    fig = go.Figure(go.Heatmap(z=z, x=[f"H{h}" for h in range(H)], y=[f"L{l}" for l in range(L)],
+                               colorscale="RdBu_r" if symmetric else "Viridis",
                                zmid=0 if symmetric else None, zmin=-zmax if symmetric else None, zmax=zmax,
                                colorbar=dict(title=colorbar), hovertemplate="%{y}%{x}: %{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", title="layer")
@@ -298,8 +251,8 @@ def head_scan_figure(values, *, title: str | None = None, colorbar: str = "effec
 def second_order_figure(sources, destinations: Sequence[str] | None = None, matrix: torch.Tensor | None = None, *,
                         title: str | None = None, batch: int = 0, position: int = -1) -> go.Figure:
     """A (source x destination) heatmap of second-order attributions at one position: a
-    :class:`~rs_interp.readouts.SecondOrderAttribution` (at ``batch`` and the index ``position`` of its
-    positions), or ``sources``, ``destinations`` and a matrix.
+    :class:`~rs_interp.readouts.SecondOrderAttribution` (at ``batch`` and the index ``position`` of its positions), or
+    ``sources``, ``destinations`` and a matrix.
 
     >>> import rs_interp as ri
     >>> b = ri.induction_batch(2, seed=0)
@@ -310,18 +263,21 @@ def second_order_figure(sources, destinations: Sequence[str] | None = None, matr
     if destinations is None or matrix is None:
         result = sources
         sources, destinations, matrix = result.sources, result.destinations, result.matrix(batch, position)
-        title = title or f"Second order: each head's direct part, split over its sources (position {result.positions[position]})"
+        title = title or ("Second order: each head's direct part, split over its sources "
+                          f"(position {result.positions[position]})")
     z = matrix.double()
     zmax = float(z.abs().max()) or 1.0
-    fig = go.Figure(go.Heatmap(z=z.tolist(), x=list(destinations), y=list(sources), colorscale="RdBu_r", zmid=0, zmin=-zmax, zmax=zmax,
-                               colorbar=dict(title="logit"), hovertemplate="%{y} -> %{x}: %{z:.3f}<extra></extra>"))
+    fig = go.Figure(go.Heatmap(z=z.tolist(), x=list(destinations), y=list(sources), colorscale="RdBu_r", zmid=0,
+                               zmin=-zmax, zmax=zmax, colorbar=dict(title="logit"),
+                               hovertemplate="%{y} -> %{x}: %{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", title="source (what the head read)")
     fig.update_xaxes(title="destination head")
     fig.update_layout(title=title or "Second-order attribution", height=200 + 18 * len(sources))
     return fig
 
 
-def estimate_vs_exact_figure(labels, exact=None, estimate: Sequence[float] | None = None, *, title: str | None = None) -> go.Figure:
+def estimate_vs_exact_figure(labels, exact=None, estimate: Sequence[float] | None = None, *,
+                             title: str | None = None) -> go.Figure:
     """Scatter of an estimate against the exact effect, with y = x: two results of the same items
     (``estimate_vs_exact_figure(estimate, exact)``: an :class:`~rs_interp.circuits.AttributionPatching` and a
     :class:`~rs_interp.heads.HeadAblationScan`, or two :class:`~rs_interp.circuits.EdgeEffects`), or ``labels``,
@@ -343,23 +299,25 @@ def estimate_vs_exact_figure(labels, exact=None, estimate: Sequence[float] | Non
             estimate, exact = est.effect[keep].tolist(), ex.effect[keep].tolist()
             what = "edges"
         else:
-            labels, estimate, exact, what = list(est.labels), est.effect.flatten().tolist(), ex.effect.flatten().tolist(), "heads"
+            labels, estimate, exact, what = (list(est.labels), est.effect.flatten().tolist(),
+                                             ex.effect.flatten().tolist(), "heads")
         title = title or f"{type(est).__name__} against {type(ex).__name__} ({what})"
     pairs = [(x, y) for x, y in zip(exact, estimate) if not (math.isnan(x) or math.isnan(y))]
     lo, hi = min(v for p in pairs for v in p), max(v for p in pairs for v in p)
-    fig = go.Figure([go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(dash="dot", color="grey"), name="estimate = exact"),
-                     go.Scatter(x=list(exact), y=list(estimate), mode="markers", text=list(labels),
-                                name="items", hovertemplate="%{text}: exact %{x:.3f}, estimate %{y:.3f}<extra></extra>")])
-    fig.update_layout(title=title or "Estimate against the exact effect", xaxis_title="exact effect", yaxis_title="estimate", height=420)
+    fig = go.Figure([go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(dash="dot", color="grey"),
+                                name="estimate = exact"),
+                     go.Scatter(x=list(exact), y=list(estimate), mode="markers", text=list(labels), name="items",
+                                hovertemplate="%{text}: exact %{x:.3f}, estimate %{y:.3f}<extra></extra>")])
+    fig.update_layout(title=title or "Estimate against the exact effect", xaxis_title="exact effect",
+                      yaxis_title="estimate", height=420)
     return fig
 
 
 def faithfulness_figure(curves, *, title: str = "Faithfulness of the top edges") -> go.Figure:
     """Faithfulness against the fraction of edges kept (log axis), one line per curve: a
-    :class:`~rs_interp.circuits.FaithfulnessCurve`, an :class:`~rs_interp.circuits.MIBScores` (both of its curves), or a
-    mapping name -> either (e.g. ``{"EAP": ..., "exact": ...}``), each curve's area in its legend entry
-    (CPR for a curve ranked by signed score, CMD for one ranked by absolute score: MIB's); 1 (the full
-    model) dotted.
+    :class:`~rs_interp.circuits.FaithfulnessCurve`, an :class:`~rs_interp.circuits.MIBScores` (both of its curves), or
+    a mapping name -> either (e.g. ``{"EAP": ..., "exact": ...}``), each curve's area in its legend entry (CPR for a
+    curve ranked by signed score, CMD for one ranked by absolute score: MIB's); 1 (the full model) dotted.
 
     >>> import rs_interp as ri
     >>> m, a, b = ri.load_toy_model(), ri.induction_batch(4, seed=0), ri.induction_batch(4, seed=1)
@@ -386,24 +344,26 @@ def faithfulness_figure(curves, *, title: str = "Faithfulness of the top edges")
         fig.add_trace(go.Scatter(x=[100 * f for f in c.fractions], y=list(c.faithfulness), mode="lines+markers",
                                  name=f"{name} ({area})"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
-    ticks = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)]  # one label a tick: plotly's own repeats 2, 5 per decade
-    fig.update_layout(title=title, xaxis_title="edges kept (%)", yaxis_title="faithfulness", xaxis_type="log", height=400)
+    ticks = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)]  # one label a tick: plotly's repeats 2, 5 a decade
+    fig.update_layout(title=title, xaxis_title="edges kept (%)", yaxis_title="faithfulness", xaxis_type="log",
+                      height=400)
     fig.update_xaxes(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
     return fig
 
 
 def ground_truth_figure(aurocs, *, title: str = "Each method's scores against the known circuit (AUROC)") -> go.Figure:
-    """Grouped bars: per model (x), one bar per method, its AUROC against the known circuit (left)
-    and against the known edges that carry effect under the patch (right); ``aurocs[model][method]``
-    is a :class:`~rs_interp.circuits.ground_truth.MethodScores` (what ``score_methods`` returns per model)
-    or ``(vs known, vs effective)``, None where undefined (no bar). Chance (0.5) dotted."""
+    """Grouped bars: per model (x), one bar per method, its AUROC against the known circuit (left) and against the
+    known edges that carry effect under the patch (right); ``aurocs[model][method]`` is a
+    :class:`~rs_interp.circuits.ground_truth.MethodScores` (what ``score_methods`` returns per model) or ``(vs known,
+    vs effective)``, None where undefined (no bar). Chance (0.5) dotted."""
     aurocs = {model: {m: (v.auroc, v.auroc_effective) if hasattr(v, "auroc") else v for m, v in per.items()}
               for model, per in aurocs.items()}
     if not aurocs:
         raise ValueError("aurocs is empty; pass at least one model")
     models = list(aurocs)
     methods = list(dict.fromkeys(m for per in aurocs.values() for m in per))
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=("vs the known circuit", "vs its edges that carry effect"))
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True,
+                        subplot_titles=("vs the known circuit", "vs its edges that carry effect"))
     colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf"]
     for j, method in enumerate(methods):
         for col in (0, 1):
