@@ -33,6 +33,8 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
+from .._messages import few
+
 __all__ = ["IDENTITIES", "NEEDS", "OPTIONAL", "ADAPTS", "EXEMPT", "CONDITIONS", "REFUSES", "Needs", "needs",
            "HELPER_PACKAGES", "EDGES", "EVALUATED", "EDGE_ESTIMATES", "PATTERNS", "GRAPH", "RELEVANCE",
            "MLP_IO", "QK_FIX", "ONE_PASS_EACH", "LENS_ONE_PASS", "BACKWARD_BY_AUTOGRAD", "QK_SCORES", "TRANSCODERS",
@@ -243,7 +245,7 @@ def _check(declared: Needs, module: str) -> None:
     named = {*declared.identities, *declared.optional, *declared.adapts}
     if named - set(IDENTITIES) or set(declared.refuses) - set(CONDITIONS):
         raise ValueError(f"{declared.name}: no identity or configuration "
-                         f"{sorted(named - set(IDENTITIES) | set(declared.refuses) - set(CONDITIONS))}")
+                         f"{few(sorted(named - set(IDENTITIES) | set(declared.refuses) - set(CONDITIONS)))}")
     parts = module.split(".")
     if len(parts) < 3 or parts[0] != "rs_interp" or parts[1] not in HELPER_PACKAGES:  # never in a full read
         raise ValueError(f"{declared.name}: declared in {module}, outside rs_interp's {HELPER_PACKAGES}")

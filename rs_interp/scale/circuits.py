@@ -138,8 +138,8 @@ def path_patching(model: Model, data: Dataset, **options: Any) -> _c.PathPatchin
     require(model, "scale.path_patching", adapts=False)  # read by the helper each batch runs
     return _streamed(_c.path_patching, _c.PathPatching, model, data, options)
 
-def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
-    """The entry ``method`` of the methods registry (:data:`rs_interp.circuits.methods.METHODS`, by name) over a
+def run_method(model: Model, data: Dataset, name: str, **options: Any) -> Any:
+    """The entry ``name`` of the methods registry (:data:`rs_interp.circuits.methods.METHODS`, by name) over a
     dataset: its helper's streamed version run with the entry's options, ``options`` on top (``ig_steps=3``,
     ``batch_size``, ``progress`` ...). What :func:`rs_interp.ui.circuit_command.run_circuit` scores with.
 
@@ -157,10 +157,10 @@ def run_method(model: Model, data: Dataset, method: str, **options: Any) -> Any:
     """
     from ..circuits.methods import METHODS
 
-    entry = METHODS.get(method)
+    entry = METHODS.get(name)
     if entry is None or entry.helper is None or _result_of(entry.helper) is None:
-        streams = [name for name, m in METHODS.items() if m.helper is not None and _result_of(m.helper) is not None]
-        raise ValueError(f"{method!r} is not a registry method that streams; these do: {few(streams)}")
+        streams = [n for n, m in METHODS.items() if m.helper is not None and _result_of(m.helper) is not None]
+        raise ValueError(f"{name!r} is not a registry method that streams; these do: {few(streams)}")
     options = {**entry.options, **options}
     wrappers = {_c.attribution_patching: attribution_patching, _c.path_patching: path_patching,
                 _c.edge_attribution_patching: edge_attribution_patching,

@@ -344,7 +344,7 @@ def segment_spans(tokenizer: Any, names: Sequence[str], segments: Sequence[Seque
         ValueError: a row whose segments do not tokenize to its prompt's tokens (a token across two segments), or
             whose segments do not make its text (each named).
     """
-    from ..circuits.positions import PositionSchema
+    from .schema import PositionSchema
 
     rows = []
     for i, (parts, text) in enumerate(zip(segments, texts)):

@@ -9,7 +9,17 @@ import torch
 
 import rs_interp as ri
 from rs_interp import _backend
-from tests.builders import architecture_params, grab, make_variant, needs_tl3, patching_metric, random_pair, sender_write_change, tl3_only, variant_id
+from tests.builders import (
+    architecture_params,
+    grab,
+    make_variant,
+    needs_tl3,
+    patching_metric,
+    random_pair,
+    sender_write_change,
+    tl3_only,
+    variant_id,
+)
 from tests.builders import ln1_by_hand as _norm
 
 EPS = 1e-4

@@ -12,7 +12,17 @@ import torch
 import rs_interp as ri
 from rs_interp import _backend
 from rs_interp.circuits.correction import gauss_points
-from tests.builders import ARCHITECTURES, architecture_params, grab, make_variant, needs_tl3, patching_metric, random_pair, sender_write_change, variant_id
+from tests.builders import (
+    ARCHITECTURES,
+    architecture_params,
+    grab,
+    make_variant,
+    needs_tl3,
+    patching_metric,
+    random_pair,
+    sender_write_change,
+    variant_id,
+)
 from tests.builders import ln1_by_hand as _norm
 
 D = 1e-4  # steps of the mixed central differences: truncation O(D^2), rounding ~1e-16 / D^2

@@ -66,7 +66,7 @@ def test_mib_edge_check_agrees_with_the_layout(which):
 def _random_scores(cfg, seed=0):
     layout = ri.edge_layout(cfg)
     effect = torch.randn(layout.exists.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    return ri.EdgeEffects(layout, torch.where(layout.exists, effect.float().double(), torch.nan), float("nan"))
+    return ri.circuits.EdgeEffects(layout, torch.where(layout.exists, effect.float().double(), torch.nan), float("nan"))
 
 
 @pytest.mark.parametrize("suffix", [".json", ".pt"])
@@ -182,7 +182,7 @@ def test_mib_refusals(tmp_path):
     cfg, gqa = _models()["induction-2l"], _models()["gqa"]
     scores = _random_scores(cfg)
     with pytest.raises(ValueError, match="no score"):
-        write_mib(tmp_path / "x.json", cfg, scores=ri.EdgeEffects(scores.layout, torch.full_like(scores.effect, math.nan), math.nan))
+        write_mib(tmp_path / "x.json", cfg, scores=ri.circuits.EdgeEffects(scores.layout, torch.full_like(scores.effect, math.nan), math.nan))
     with pytest.raises(ValueError, match="not a receiver"):
         write_mib(tmp_path / "x.json", cfg, circuit=[("embed", "MLP0")])
     path = write_mib(tmp_path / "ok.json", cfg, scores=scores)

@@ -4,7 +4,15 @@ import pytest
 import torch
 
 import rs_interp as ri
-from tests.builders import ARCHITECTURES, architecture_params, needs_tl3, patching_metric, random_pair, sender_write_change, variant_id
+from tests.builders import (
+    ARCHITECTURES,
+    architecture_params,
+    needs_tl3,
+    patching_metric,
+    random_pair,
+    sender_write_change,
+    variant_id,
+)
 from tests.builders import ln1_by_hand as _norm
 
 metric = patching_metric

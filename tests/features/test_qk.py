@@ -17,7 +17,13 @@ import pytest
 import torch
 
 from rs_interp import _backend
-from rs_interp.features import CrossLayerTranscoder, attribution_graph, qk_attributions, shipped_transcoders, top_attention
+from rs_interp.features import (
+    CrossLayerTranscoder,
+    attribution_graph,
+    qk_attributions,
+    shipped_transcoders,
+    top_attention,
+)
 from rs_interp.features.export import graph_json
 from rs_interp.features.figures import graph_figure
 from tests.builders import TL4, make_variant

@@ -145,9 +145,9 @@ def test_the_packages_direction():
 #: What the tasks read besides the core and themselves: the models' data (induction's sequences). Not a method:
 #: MIB's graph files, which describe circuits, live beside them (rs_interp.circuits.mib_files).
 TASKS_READ = ("rs_interp.tasks", "rs_interp.models")
-#: The one arrow left from the tasks up to the methods: a task's position schema is circuits.positions'
-#: PositionSchema (a class of rs_interp/circuits/, to move below the tasks with its owner's work).
-TASKS_UP = {("rs_interp.tasks.task", "rs_interp.circuits.positions")}
+#: No arrow from the tasks up to the methods: a task's position schema (``PositionSchema``) lives in
+#: ``rs_interp.tasks.schema``, and ``circuits.positions`` reads it from there.
+TASKS_UP: set = set()
 
 
 def test_the_tasks_sit_below_the_methods():

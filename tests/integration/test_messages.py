@@ -49,6 +49,7 @@ MEASURED = {
     ("rs_interp/exact/certificate.py", "why"): "tests/integration/test_certificate_api.py",
     ("rs_interp/_files.py", "str(err)"): "tests/test_files.py (a refusal re-raised as a FileError, measured there)",
     ("rs_interp/models/checkpoints.py", "str(err)"): "tests/test_files.py (a FileError re-raised as a CheckpointError)",
+    ("rs_interp/exact/needs.py", "helper"): "tests/exact/test_needs.py (the tables' KeyError: the helper's name, as a dict's)",
 }
 
 
