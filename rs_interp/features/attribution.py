@@ -225,7 +225,8 @@ class _Computed:
 class _Attribution:
     """One attribution graph in the making (circuit-tracer's ``AttributionContext``): the working model and
     transcoders, the prompt with its conventions resolved, the options; it owns the replacement model's state
-    (:meth:`replacement`: eval mode, no parameter gradients, every flag restored) and runs the phases in turn:
+    (``quiet_model`` in :meth:`graph`: eval mode, no parameter gradients, every flag restored) and runs the phases
+    in turn:
     the cost announced, the clean run, the rows, the constants, the graph assembled and checked."""
 
     def __init__(self, model: Model, transcoders: TranscoderSet, tokens, options: GraphOptions) -> None:

@@ -51,8 +51,9 @@ __all__ = ["Transcoder", "TranscoderSet", "load_transcoders", "mlp_transcoders",
            "SHIPPED_TRANSCODERS", "INPUT_POINTS", "OUTPUT_POINTS"]
 
 #: Where a transcoder may read (the MLP's input after the norm, the stream before it, TransformerLens's normalized
-#: stream before the gain) and write (the MLP's output, both names one point), by circuit-tracer's names (_names').
-INPUT_POINTS, OUTPUT_POINTS = N.TRANSCODER_INPUTS, N.TRANSCODER_OUTPUTS
+#: stream before the gain) and write (OUTPUT_POINTS: the MLP's output, both names one point), circuit-tracer's names.
+INPUT_POINTS = N.TRANSCODER_INPUTS
+OUTPUT_POINTS = N.TRANSCODER_OUTPUTS
 ACTIVATIONS = ("relu", "jumprelu", "topk", "relu_topk")
 #: The activations that keep the ``k`` largest (and so take a ``k``).
 TOPK_ACTIVATIONS = ("topk", "relu_topk")
