@@ -20,15 +20,17 @@ run allocates (its bytes), and one is the allocator's:
   mmapped, 32 MiB and up);
 - rows (the backward passes), above that: the gradient run's saved patterns ``L H P^2 b`` and its streams
   ``(2 L + 1) P d b``; one batch's gradients at the MLP outputs below its targets and the embeddings
-  ``max(L B, (L + 1) n_logit) P d b``, its backward in flight (the targets' gradients, the stream's, the
-  attention's ``z`` and ``v``: ``4 B P d b``) and its rows ``2 B (A + T) b`` (computed, gathered);
+  ``max(L B, (L + 1) n_logit) P d b``, its backward in flight (the targets' gradients, the stream's and the
+  attention's, ``3 B P d b``, and the frozen pattern expanded over the batch by the batched backward of its
+  product with ``v``, ``B H P^2 b``) and its rows ``2 B (A + T) b`` (computed, gathered);
 - assembly: the frozen run's logits ``P V b``, the kept block ``(S + n_logit) (S + T) b`` twice (gathered,
   stacked) and the dense ``(S + T + n_logit)^2 b`` (``dense=True``); pruning: four float copies of the block.
 
 Measured on GPT-2 small's shape (``benchmarks/bench_long_graphs.py``; docs/project/benchmarks.md): the run's
-allocations (glibc's ``mallinfo2``) peak within 6% of the terms without the holes at 64 and 256 tokens, and
-with the allocator returning every freed block of 128 KiB or more (``MALLOC_MMAP_THRESHOLD_=131072``) the peak
-resident memory is those allocations; with the default allocator the holes are what is added.
+allocations (glibc's ``mallinfo2``) peak within 10% of the terms without the holes at 64, 256 and 1,024 tokens
+(0.166, 0.714 and 4.22 GiB against 0.173, 0.779 and 4.52); with the allocator returning every freed block of
+128 KiB or more (``MALLOC_MMAP_THRESHOLD_=131072``) the peak resident memory is those allocations (0.165 and
+0.712 GiB at 64 and 256 tokens); with the default allocator the holes are what is added.
 
 Time: the FLOPs of the backward passes (one per batch of ``B`` targets, each through the layers below
 its target, half the model on average for feature rows, all of it for logits; the patterns are frozen
@@ -215,7 +217,8 @@ def _memory(z: _Sizes, dense: bool, prune: bool) -> dict[str, int]:
         "rows: gradient run's patterns (saved for the backward)": L * H * P * P * b,
         "rows: gradient run's streams (transcoder inputs, MLP outputs, final)": (2 * L + 1) * P * d * b,
         "rows: a batch's gradients": max(L * B, (L + 1) * min(B, z.n_logits)) * P * d * b,
-        "rows: a batch's backward in flight": 4 * B * P * d * b,
+        # the targets' gradients, the stream's and the attention's, and the pattern expanded over the batch
+        "rows: a batch's backward in flight": 3 * B * P * d * b + B * H * P * P * b,
         "rows: a batch's rows (computed, gathered)": 2 * B * (A + T) * b,
     }
     n_nodes, block = S + T + z.n_logits, (S + z.n_logits) * (S + T) * b
