@@ -41,13 +41,16 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from jaxtyping import Float
 
+from .._backend import Model
 from .._messages import few
 from ..circuits.tracr import PROGRAMS, metadata, program_name
 from ..exact.validate import as_int
 from ..labels import parse
+from ._runs import check_pairs, chunks, inputs, record
 from .bases import neuron_basis, orthonormal_basis
 from .causal import CausalModel, Variable
 from .kernel import ProjectionKernel, projection_kernel
+from .pairs import PairSet
 from .sites import Site
 
 __all__ = ["tracr_causal_model", "TracrVariable", "tracr_variables", "tracr_inputs"]
@@ -237,8 +240,39 @@ class TracrVariable:
         centred = torch.eye(len(self.dims), dtype=dtype) - 1.0 / len(self.dims)
         return torch.linalg.svd(basis @ centred, full_matrices=False)[0][:, : self.rank]
 
-    def kernel(self, basis: Float[torch.Tensor, "d_model r"]) -> ProjectionKernel:
-        """The projection kernel of :meth:`identifiable` with what later components see of ``basis``'s span
+    def identified(self, model: Model, pairs: PairSet, *, rtol: float = 1e-6) -> Float[torch.Tensor, "d_model k"]:
+        """The part of :meth:`identifiable` that ``pairs`` can identify: an orthonormal basis (float64) of the
+        span of the moves ``h_source - h_base`` at :attr:`site`, projected on it, over every pair's intervened
+        positions (singular values below ``rtol`` of the largest dropped). An interchange acts on those moves
+        alone, so no loss on these pairs sees a direction of the variable they never move: sort's
+        ``sequence_map_5`` interchanged at every position of two inputs as long never moves which position a
+        value belongs to (15 of its 19 directions; one position at a time, all 19). DAS on ``pairs`` can be
+        asked for this many directions, not more.
+
+        Raises:
+            ValueError: no later component reads the variable, or ``pairs`` the model cannot run.
+
+        >>> import rs_interp as ri
+        >>> from rs_interp.variables import tracr_pairs
+        >>> v = tracr_variables("tracr-sort")["sequence_map_5"]
+        >>> pairs = tracr_pairs("tracr-sort", v.name, n=60, seed=0, lengths=[5], every_position=True)
+        >>> v.rank, v.identified(ri.load_toy_model("tracr-sort"), pairs).shape[1]
+        (19, 15)
+        """
+        ident = self.identifiable(model.cfg.d_model)
+        check_pairs(model, pairs)
+        moves = []
+        with torch.no_grad():
+            for rows in chunks(pairs, 64):
+                base = record(model, self.site, *inputs(pairs, rows, "base"))
+                source = record(model, self.site, *inputs(pairs, rows, "source"))
+                moves.append((source - base).reshape(-1, base.shape[-1]).to(torch.float64) @ ident)
+        left, values, _ = torch.linalg.svd(torch.cat(moves).T, full_matrices=False)
+        return ident @ left[:, values > rtol * values[0]]
+
+    def kernel(self, basis: Float[torch.Tensor, "d_model r"], of: torch.Tensor | None = None) -> ProjectionKernel:
+        """The projection kernel of :meth:`identifiable` (or ``of``: :meth:`identified`) with what later
+        components see of ``basis``'s span
         (its part on :attr:`seen`, re-orthonormalised, in float64): a direction of an unread dimension moves
         nothing a later component reads, so only the part on :attr:`seen` is compared (tracr leaves every
         variable in the stream, and a value that is a function of another one, as ``map_3`` of ``tokens``, may
@@ -252,7 +286,7 @@ class TracrVariable:
         seen = torch.zeros(d_model, 1, dtype=torch.float64)
         seen[list(self.seen)] = 1.0
         part = orthonormal_basis(basis.detach().to(torch.float64) * seen)
-        return projection_kernel(part, self.identifiable(d_model))
+        return projection_kernel(part, self.identifiable(d_model) if of is None else of.to(torch.float64))
 
 
 def _site_after(writer: str) -> tuple[Site, Site | None]:

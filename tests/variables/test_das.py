@@ -190,3 +190,21 @@ def test_tempered_das_recovers_variables_read_through_cold_attention(name, varia
     """Where the plain fit fails (its figures in the docs' table), the tempered one recovers these
     (:func:`_recovers`), measured on the untouched model."""
     _recovers(name, variable, **TEMPERED)
+
+
+@pytest.mark.parametrize("name, variable, sharp", [("tracr-reverse", "tokens", True),
+                                                   ("tracr-reverse", "reverse_1", False)])
+def test_one_adam_step_from_tracrs_own_subspace(name, variable, sharp):
+    """Why DAS misses the variables read through tracr's sharp components: started at tracr's own subspace
+    (squared loss ~1e-13), ONE full-batch Adam step at lr 1e-3 (a turn of about 1e-4 in the kernel) already
+    costs reverse's `tokens` a loss above 0.1, while the output variable, which the unembedding reads
+    linearly, stays below 1e-3: the exact answer's basin is narrower than the steps DAS takes
+    (docs/capabilities/variables.md measures every variable)."""
+    model, var = ri.load_toy_model(name), tracr_variables(name)[variable]
+    pairs = tracr_pairs(name, variable, n=30, seed=0, lengths=[5], every_position=True, changed_only=True)
+    start = var.identified(model, pairs).float()
+    options = DASOptions(rank=start.shape[1], epochs=2, batch_size=len(pairs), lr=1e-3, loss="squared")
+    fit = das(model, pairs, var.site, options, test=pairs, controls=(), init=start, progress=False)
+    assert fit.losses[0] < 1e-9  # tracr's subspace is exact
+    assert (fit.losses[1] > 0.1) if sharp else (fit.losses[1] < 1e-3)
+    assert float(var.kernel(fit.basis).score) / var.rank > 0.999  # a turn DAS would not notice in the kernel

@@ -68,3 +68,51 @@ def test_the_identifiable_subspace_and_the_kernel():
     mixed = torch.zeros(18, 1, dtype=torch.float64)
     mixed[var.dims[0]], mixed[var.dims[1]] = 2**-0.5, -(2**-0.5)
     assert round(float(var.kernel(mixed).score), 9) == 1.0
+
+
+@pytest.mark.parametrize("every, expected", [(True, 15), (False, 19)])
+def test_what_a_pair_set_identifies(every, expected):
+    """Interchanged at every position of inputs as long, sort's sequence_map_5 (token + index / 5) never moves
+    which position a value belongs to: 4 of its 19 directions (5 position groups, less their common mean) are
+    never moved, and no loss on those pairs can see them; one position at a time (source and base positions
+    drawn apart) moves all 19."""
+    from rs_interp.variables import tracr_pairs
+
+    model, var = ri.load_toy_model("tracr-sort"), tracr_variables("tracr-sort")["sequence_map_5"]
+    pairs = tracr_pairs("tracr-sort", var.name, n=150 if not every else 60, seed=0, lengths=[5],
+                        every_position=every)
+    ident = var.identified(model, pairs)
+    assert var.rank == 19 and ident.shape == (model.cfg.d_model, expected)
+    assert torch.allclose(ident.T @ ident, torch.eye(expected, dtype=torch.float64), atol=1e-12)
+    full = var.identifiable(model.cfg.d_model)
+    assert torch.allclose(full @ (full.T @ ident), ident, atol=1e-12)  # inside the variable's subspace
+    assert abs(float(var.kernel(ident, of=ident).score) - expected) < 1e-9
+    if every:
+        group = torch.zeros(model.cfg.d_model, dtype=torch.float64)  # a position's values, less the mean of all
+        first = [d for d, lab in zip(var.dims, var.labels) if float(lab.split(":")[1]) % 1 == 0]  # index 0
+        assert len(first) == 4
+        group[first] = 1.0
+        group[list(var.dims)] -= 4 / 20
+        assert float((ident.T @ group).norm()) < 1e-9
+
+
+def test_a_subspace_the_loss_cannot_tell_from_tracrs():
+    """frac_prevs' `tokens` at the embedding: MLP0 reads tokens:x only to write map_3 = tokens:x (linear in the
+    one-hot), and map_3's dimension is empty before MLP0. So the interchange along (tokens:x + map_3) / sqrt 2
+    gives the exact counterfactual on every pair (tokens:x moves half way, map_3 gets the other half), though
+    its kernel with tracr's tokens:x is 1/2: no pair set can ask DAS for more (docs/capabilities/variables.md)."""
+    from rs_interp.variables import interchange, tracr_pairs
+
+    model, var = ri.load_toy_model("tracr-frac_prevs"), tracr_variables("tracr-frac_prevs")["tokens"]
+    labels = metadata("tracr-frac_prevs").residual_labels
+    pairs = tracr_pairs("tracr-frac_prevs", "tokens", n=24, seed=0, lengths=[5], every_position=True,
+                        changed_only=True)
+    mix = torch.zeros(model.cfg.d_model, 1)
+    mix[labels.index("tokens:x")] = mix[labels.index("map_3")] = 2**-0.5
+    exact = interchange(model, pairs, var.site, var.basis(model.cfg.d_model), progress=False)
+    other = interchange(model, pairs, var.site, mix, progress=False)
+    assert exact.accuracy == other.accuracy == 1.0
+    assert torch.allclose(other.logits, exact.logits, atol=1e-5)
+    assert abs(float(var.kernel(mix).score) - 0.5) < 1e-6
+    with pytest.raises(ValueError, match="not orthonormal"):
+        var.kernel(mix, of=2 * var.identifiable(model.cfg.d_model))
