@@ -29,7 +29,8 @@ g = torch.Generator().manual_seed(0)
 tc_bytes = sum(p.numel() * p.element_size() for tc in tcs for p in tc.parameters())
 rate = max(matmul_rate(2048), matmul_rate(2048))
 est = estimate_graph(model, tcs, pos, max_feature_nodes=max_nodes, batch_size=batch, dense=False, rate=rate)
-try:  # glibc: give back what the setup freed, so the graph reuses none of it (the peak varied 0.12-0.33 GB at 64 tokens)
+# glibc: give back what the setup freed, so the graph reuses none of it (the peak varied 0.12-0.33 GB at 64 tokens)
+try:
     import ctypes
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 except OSError:
@@ -56,8 +57,8 @@ def main() -> None:
     ap.add_argument("--max-nodes", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=16)
     args = ap.parse_args()
-    print(f"{'tokens':>6} {'active':>8} {'nodes':>6} {'seconds':>8} {'cpu s':>7} {'est s':>6} {'cpu/est':>7} {'bound s':>7} "
-          f"{'ratio':>5} {'GFLOP/s':>7} "
+    print(f"{'tokens':>6} {'active':>8} {'nodes':>6} {'seconds':>8} {'cpu s':>7} {'est s':>6} {'cpu/est':>7} "
+          f"{'bound s':>7} {'ratio':>5} {'GFLOP/s':>7} "
           f"{'peak extra':>10} {'estimate':>9} {'est/meas':>8} {'dense would be':>14} {'replacement':>11}")
     for pos in args.pos:
         r = run_child(_SETUP, _BODY, pos, args.width, args.k, args.max_nodes, args.batch)
