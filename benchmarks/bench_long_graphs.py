@@ -2,8 +2,9 @@
 weights) with 12 x 24,576 random TopK transcoders, the graph of a 64- and a 1,024-token prompt, one thread,
 each in its own subprocess: the estimate made before the run (:func:`rs_interp.features.estimate_graph`),
 then the run (rows kept as :class:`~rs_interp.features._rows.RowMatrix`, ``dense=False``) with its pruning
-and scores; seconds, CPU seconds and the peak memory above the loaded model and transcoders, against the
-estimate and against the bound, the FLOPs counted over the large-matmul rate measured in the same process.
+and scores; seconds, CPU seconds and the peak memory above the loaded model and transcoders (measured from a
+heap trimmed of what the setup freed: glibc's ``malloc_trim``), against the estimate and against the bound, the
+FLOPs counted over the large-matmul rate measured in the same process.
 
 Usage: python benchmarks/bench_long_graphs.py [--pos 64 1024] [--width 24576] [--k 64] [--max-nodes 1024] [--batch 16]
 
@@ -28,6 +29,12 @@ g = torch.Generator().manual_seed(0)
 tc_bytes = sum(p.numel() * p.element_size() for tc in tcs for p in tc.parameters())
 rate = max(matmul_rate(2048), matmul_rate(2048))
 est = estimate_graph(model, tcs, pos, max_feature_nodes=max_nodes, batch_size=batch, dense=False, rate=rate)
+# glibc: give back what the setup freed, so the graph reuses none of it (the peak varied 0.12-0.33 GB at 64 tokens)
+try:
+    import ctypes
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+except OSError:
+    pass
 """)
 
 _BODY = r"""
@@ -50,12 +57,14 @@ def main() -> None:
     ap.add_argument("--max-nodes", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=16)
     args = ap.parse_args()
-    print(f"{'tokens':>6} {'active':>8} {'nodes':>6} {'seconds':>8} {'cpu s':>7} {'bound s':>7} {'ratio':>5} {'GFLOP/s':>7} "
+    print(f"{'tokens':>6} {'active':>8} {'nodes':>6} {'seconds':>8} {'cpu s':>7} {'est s':>6} {'cpu/est':>7} "
+          f"{'bound s':>7} {'ratio':>5} {'GFLOP/s':>7} "
           f"{'peak extra':>10} {'estimate':>9} {'est/meas':>8} {'dense would be':>14} {'replacement':>11}")
     for pos in args.pos:
         r = run_child(_SETUP, _BODY, pos, args.width, args.k, args.max_nodes, args.batch)
         bound = r["flops"] / r["rate"]
-        print(f"{pos:>6} {r['active']:>8} {r['nodes']:>6} {r['seconds']:8.1f} {r['cpu_seconds']:7.1f} {bound:7.1f} "
+        print(f"{pos:>6} {r['active']:>8} {r['nodes']:>6} {r['seconds']:8.1f} {r['cpu_seconds']:7.1f} "
+              f"{r['estimate_seconds']:6.1f} {r['cpu_seconds'] / r['estimate_seconds']:7.2f} {bound:7.1f} "
               f"{r['cpu_seconds'] / bound:5.2f} {r['rate'] / 1e9:7.0f} {r['peak_extra_bytes'] / 2**30:7.2f} GB "
               f"{r['estimate_peak'] / 2**30:6.2f} GB {r['estimate_peak'] / r['peak_extra_bytes']:8.2f} "
               f"{r['dense_bytes'] / 2**30:11.2f} GB {r['replacement']:11.3f}", flush=True)

@@ -36,6 +36,7 @@ from .common import (  # noqa: F401
     TL_MAJOR,
     TL_VERSION,
     Stop,
+    kept_caches,
     kv_groups,
     logit_softcap,  # noqa: F401  (the backend's face: the library reads them here)
     per_query_head,

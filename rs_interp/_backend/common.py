@@ -5,8 +5,9 @@ Nothing here branches on the version; :mod:`.tl3` and :mod:`.tl4` import from it
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -128,3 +129,22 @@ def norm_kind(center: bool, gain: Any, bias: Any) -> str:
     if center:
         return "LN" if gain is not None or bias is not None else "LNPre"
     return "RMS" if gain is not None else "RMSPre"
+
+
+@contextlib.contextmanager
+def kept_caches(model: Any) -> Iterator[None]:
+    """Every cache a forward pass fills on the model, as found again afterwards, also on errors.
+
+    Workaround: TransformerLens 3.x's attention caches ALiBi's bias on the module (``attn.alibi``,
+    ``AbstractAttention.forward``), built for the longest key length run so far, and a shorter run reads its
+    last rows: a bias built for another length, constant per query row (the patterns the same to rounding, the
+    ``attn_scores`` shifted). A run of ours (the certificate's 8-position probe) would leave a user's model
+    computing on another bias than before it. Remove when 3.x is no longer supported (4.x's bridge builds no
+    ALiBi model) or when its attention stops keeping the bias between runs.
+    """
+    saved = [(m, m.__dict__["alibi"]) for m in model.modules() if "alibi" in m.__dict__]
+    try:
+        yield
+    finally:
+        for module, bias in saved:
+            module.__dict__["alibi"] = bias

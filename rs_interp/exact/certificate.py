@@ -335,7 +335,7 @@ def _measured(model: Model, names: tuple[str, ...], *, refresh: bool = False) ->
     hooks = _attached(model) if known is None else known.hooks
     wanted = tuple(n for n in missing if n != "source")
     if wanted:
-        with preserve_state(model, **mlp_flags(model)):
+        with preserve_state(model, **mlp_flags(model)), _backend.kept_caches(model):
             have |= {n: i for n, i in measure(model, tol, wanted).items() if n not in have}
     have.setdefault("source", _source(model, tol))
     cert = Certificate(identities=tuple(have[name] for name in IDENTITIES if name in have),

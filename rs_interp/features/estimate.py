@@ -4,19 +4,33 @@ With ``P`` positions, ``L`` layers, width ``d``, ``H`` heads, MLP width ``m``, `
 features (``a`` a token and layer: TopK's ``k``, else given), ``S`` feature rows computed (the
 ``max_feature_nodes`` cap, else ``A``), ``T = (L + 1) P`` error and token columns, ``B`` the batch and
 ``b`` bytes a number (the model's dtype), the peak above the loaded model and transcoders is the
-largest of the two phases' sums (:attr:`GraphEstimate.parts` names every term):
+largest of the three phases' sums (:attr:`GraphEstimate.parts` names every term). Each term is a tensor the
+run allocates (its bytes), and one is the allocator's:
 
-- rows: a fixed ~0.1 GB (autograd's and the allocator's bookkeeping); the clean logits ``P V b``; the
-  clean run's patterns, frozen, and the backward's saved copy, ``2 L H P^2 b``; the
-  streams the run keeps, ``(3 L + 1) P d b``; the active features' indices and activations, ``A (32 + b)``;
-  the feature rows, each over the features of the layers before its own, counted as ``S (0.7 A + T) b``
-  (the features chosen by their influence on the logits sit mostly in the later layers; 0.7 is fitted
-  to the peaks measured at 64, 256 and 1,024 tokens on GPT-2 small's shape, ``benchmarks/bench_long_graphs.py``)
-  (:class:`~rs_interp.features._rows.FeatureRows`); one batch's gradients, ``(L + 1) B P d b`` twice
-  (the backward's own and the returned), and its rows ``B (A + T) b`` twice (computed, kept);
-- assembly: the same fixed part, the logits of the clean and the frozen run ``2 P V b``, the feature
-  rows, the kept block ``(S + n_logit) (S + T) b`` twice, the dense
-  ``(S + T + n_logit)^2 b`` (``dense=True``), and the pruning's float copies of the block (four).
+- held from the clean run on: its logits ``P V b``, its frozen patterns ``L H P^2 b``, its streams (transcoder
+  inputs, MLP outputs, error vectors, embeddings) ``(3 L + 1) P d b``, the active features' index triples and
+  activations ``A (24 + b)``, the logit rows ``n_logit (A + T) b`` and the feature rows
+  (:class:`~rs_interp.features._rows.FeatureRows`): a row of a feature at layer ``l`` spans the active features
+  of the layers before it, ``l / L`` of them, ``(L - 1) / (2 L)`` on average when the chosen features spread
+  over the layers, so ``S ((L - 1) / (2 L) A + T) b``;
+- the heap's holes (glibc's allocator): a freed block under glibc's largest mmap threshold (32 MiB) stays in the
+  heap, and while the batch's ``(B, P, d)`` tensors are under it, each block of ``B`` feature rows is kept in a
+  hole a batch's tensor left, the rest of the hole too small for the next batch's: the heap holds ``B P d b``
+  for a block, ``S max(0, P d - (L - 1) / (2 L) A - T) b`` more than the rows (0 once a batch's tensor is
+  mmapped, 32 MiB and up);
+- rows (the backward passes), above that: the gradient run's saved patterns ``L H P^2 b`` and its streams
+  ``(2 L + 1) P d b``; one batch's gradients at the MLP outputs below its targets and the embeddings
+  ``max(L B, (L + 1) n_logit) P d b``, its backward in flight (the targets' gradients, the stream's and the
+  attention's, ``3 B P d b``, and the frozen pattern expanded over the batch by the batched backward of its
+  product with ``v``, ``B H P^2 b``) and its rows ``2 B (A + T) b`` (computed, gathered);
+- assembly: the frozen run's logits ``P V b``, the kept block ``(S + n_logit) (S + T) b`` twice (gathered,
+  stacked) and the dense ``(S + T + n_logit)^2 b`` (``dense=True``); pruning: four float copies of the block.
+
+Measured on GPT-2 small's shape (``benchmarks/bench_long_graphs.py``; docs/project/benchmarks.md): the run's
+allocations (glibc's ``mallinfo2``) peak within 10% of the terms without the holes at 64, 256 and 1,024 tokens
+(0.166, 0.714 and 4.22 GiB against 0.173, 0.779 and 4.52); with the allocator returning every freed block of
+128 KiB or more (``MALLOC_MMAP_THRESHOLD_=131072``) the peak resident memory is those allocations (0.165 and
+0.712 GiB at 64 and 256 tokens); with the default allocator the holes are what is added.
 
 Time: the FLOPs of the backward passes (one per batch of ``B`` targets, each through the layers below
 its target, half the model on average for feature rows, all of it for logits; the patterns are frozen
@@ -32,7 +46,7 @@ tokens, and, for the pattern's growth past 256 tokens, the 1,024-token graph's t
 pattern's ``2 P d`` (a batched ``P x P`` by ``P x d_head`` product, one per head: far from a large matmul)
 2.5 times slower, and past 256 tokens (a head's pattern past 256 KiB) slower again as ``(P / 256)^(2/3)``;
 the rows' dot products (gathers at the active features) 5.6 times; the encoding, TopK included, 1.3; the
-forward passes 1.4; the influence rounds 7.
+forward passes 1.4; the influence rounds (over the rows' ``(L - 1) / (2 L)`` share) 10.5.
 """
 
 from __future__ import annotations
@@ -48,21 +62,13 @@ from .transcoders import TranscoderSet
 
 __all__ = ["GraphEstimate", "estimate_graph", "matmul_rate"]
 
-#: The share of the active features a chosen feature's row spans (the features of the layers before its
-#: own), fitted to GPT-2 small's shape at 64, 256 and 1,024 tokens (docs/project/benchmarks.md).
-_ROW_SHARE = 0.7
-
 #: How many times slower than the large-matmul rate each term of the time runs (module docstring):
-#: fitted to the phases' CPU seconds on GPT-2 small's shape (64 and 256 tokens) and the 1,024-token total.
-_COST = {"dense": 1.0, "pattern": 2.5, "dots": 5.6, "encode": 1.3, "forward": 1.4, "rounds": 7.0}
+#: fitted to the phases' CPU seconds on GPT-2 small's shape (64 and 256 tokens) and the 1,024-token total
+#: (the rounds' 10.5: their 7 when a row was counted over 0.7 of the active features, over the derived share).
+_COST = {"dense": 1.0, "pattern": 2.5, "dots": 5.6, "encode": 1.3, "forward": 1.4, "rounds": 10.5}
 
 #: Past this many positions a head's pattern leaves the cache: the pattern's product slows as ``(P / this)^(2/3)``.
 _PATTERN_CACHED = 256
-
-#: What a graph's run holds whatever its size (autograd's and the allocator's bookkeeping, the
-#: certificate's probe): measured on GPT-2 small's shape, 64 tokens.
-_OVERHEAD = 100 * 2**20
-
 
 @dataclass(frozen=True)
 class GraphEstimate:
@@ -181,29 +187,47 @@ class _Sizes:
     n_logits: int
 
 
+#: A row of a feature at layer ``l`` spans the active features of the layers before it, ``l / L`` of them when the
+#: chosen features spread evenly over the layers: ``(L - 1) / (2 L)`` on average (module docstring).
+def _row_share(n_layers: int) -> float:
+    return (n_layers - 1) / (2 * n_layers)
+
+
+#: glibc's largest mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit): a freed block of this size or more
+#: goes back to the system at once; smaller ones are served from the heap, which keeps them (module docstring).
+_MMAP_CEILING = 32 * 2**20
+
+
 def _memory(z: _Sizes, dense: bool, prune: bool) -> dict[str, int]:
     """Each term of the three phases' memory, bytes, by ``phase: what`` (module docstring)."""
     P, L, d, H, b, A, S, T, B, V = z.P, z.L, z.d, z.H, z.b, z.A, z.S, z.T, z.B, z.V
-    rows = {
-        "rows: bookkeeping (autograd, allocator)": _OVERHEAD,
-        "rows: patterns (frozen and saved)": 2 * L * H * P * P * b,
-        "rows: the clean logits": P * V * b,
-        "rows: streams": (3 * L + 1) * P * d * b,
-        "rows: active features": A * (32 + b),
-        "rows: feature rows": S * (_ROW_SHARE * A + T) * b,
-        "rows: a batch's gradients": 2 * (L + 1) * B * P * d * b,
-        "rows: a batch's rows": 2 * B * (A + T) * b,
+    share = _row_share(L)
+    held = {  # from the clean run to the end of the rows: what every phase after it holds as well
+        "clean run: logits": P * V * b,
+        "clean run: frozen patterns": L * H * P * P * b,
+        "clean run: streams (transcoder inputs, MLP outputs, errors, embeddings)": (3 * L + 1) * P * d * b,
+        "clean run: active features (index triples, activations)": A * (24 + b),
+        "logit rows": z.n_logits * (A + T) * b,
+        "feature rows": S * (share * A + T) * b,
     }
-    n_nodes = S + T + z.n_logits
-    assembly = {
-        "assembly: bookkeeping (autograd, allocator)": _OVERHEAD,
-        "assembly: logits (clean, frozen run)": 2 * P * V * b,
-        "assembly: feature rows": rows["rows: feature rows"],
-        "assembly: patterns": rows["rows: patterns (frozen and saved)"],
-        "assembly: kept block": 2 * (S + z.n_logits) * (S + T) * b,
+    slot = B * P * d * b  # a batch's (batch, pos, d_model) tensor, the size of the holes the heap keeps
+    holes = S * max(0.0, P * d - share * A - T) * b if slot < _MMAP_CEILING else 0
+    held["heap holes around the feature rows (glibc)"] = holes
+    rows = {f"rows: {k}": v for k, v in held.items()} | {
+        "rows: gradient run's patterns (saved for the backward)": L * H * P * P * b,
+        "rows: gradient run's streams (transcoder inputs, MLP outputs, final)": (2 * L + 1) * P * d * b,
+        "rows: a batch's gradients": max(L * B, (L + 1) * min(B, z.n_logits)) * P * d * b,
+        # the targets' gradients, the stream's and the attention's, and the pattern expanded over the batch
+        "rows: a batch's backward in flight": 3 * B * P * d * b + B * H * P * P * b,
+        "rows: a batch's rows (computed, gathered)": 2 * B * (A + T) * b,
+    }
+    n_nodes, block = S + T + z.n_logits, (S + z.n_logits) * (S + T) * b
+    assembly = {f"assembly: {k}": v for k, v in held.items()} | {
+        "assembly: the frozen run's logits": P * V * b,
+        "assembly: kept block (gathered, stacked)": 2 * block,
         "assembly: dense adjacency": n_nodes * n_nodes * b if dense else 0,
     }
-    pruning = {"pruning: float copies of the block": 4 * (S + z.n_logits) * (S + T) * b if prune else 0,
+    pruning = {"pruning: float copies of the block": 4 * block if prune else 0,
                "pruning: dense adjacency": assembly["assembly: dense adjacency"]}
     return {k: int(v) for part in (rows, assembly, pruning) for k, v in part.items()}
 
@@ -223,5 +247,5 @@ def _flops(z: _Sizes, capped: bool) -> dict[str, float]:
         "encode": 4 * P * L * d * z.W,  # the transcoders
         "forward": 4 * P * L * forward_layer,  # four forward passes
         # eight influence estimates, each walking (at most L steps) over the rows computed so far (half on average)
-        "rounds": 0 if not capped or S >= A else 8 * L * (S / 2) * (_ROW_SHARE * A + T) * 4,
+        "rounds": 0 if not capped or S >= A else 8 * L * (S / 2) * (_row_share(L) * A + T) * 4,
     }

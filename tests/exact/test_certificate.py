@@ -14,7 +14,7 @@ import torch
 import rs_interp as ri
 from rs_interp import _backend, features
 from rs_interp.exact.certificate import IDENTITIES
-from tests.builders import TL4, make_variant, sender_write_change, tl3_only
+from tests.builders import TL4, make_variant, needs_tl3, sender_write_change, tl3_only
 from tests.mutations import MUTATIONS, start_skips_a_step
 
 METRIC = lambda lg: lg[:, -1, 0].mean()  # noqa: E731
@@ -419,3 +419,22 @@ def test_a_window_past_the_probe_is_exercised_at_load(tmp_path):
     else:
         with pytest.raises(ValueError, match="past the sliding_window 8 the config declares"):
             ri.load_pretrained(tmp_path, dtype=torch.float64)
+
+
+@needs_tl3
+def test_certify_leaves_the_alibi_bias_cache_as_it_found_it():
+    """TransformerLens 3.x caches ALiBi's bias on each attention module at the longest key length run so far; the
+    certificate's 8-position probe would leave a model that had run 4 positions reading a bias built for 8 (the
+    scores shifted by a constant per row, the patterns moved by rounding). certify() puts every cache back:
+    the certified model's caches and outputs are bit for bit an uncertified twin's (fails without
+    _backend.kept_caches: the cache is 8 long after the certificate)."""
+    models = [make_variant("LN", "alibi", False, seed=3, n_ctx=16) for _ in range(2)]
+    tokens = torch.arange(4)[None]
+    for m in models:
+        m(tokens)  # each caches a 4-long bias
+    ri.certify(models[0], refresh=True)
+    caches = [[a.alibi for a in (b.attn for b in m.blocks)] for m in models]
+    assert all(c.shape[-1] == 4 and torch.equal(c, d) for c, d in zip(*caches))
+    _, run = models[0].run_with_cache(tokens)
+    _, twin = models[1].run_with_cache(tokens)
+    assert all(torch.equal(run[n], twin[n]) for n in twin)
