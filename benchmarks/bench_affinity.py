@@ -19,21 +19,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import time
 
 import torch
+from _child import best_of
 
 import rs_interp as ri
 from rs_interp.heads.affinity import head_affinities, head_affinity
-
-
-def _best(fn, repeats: int):
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
 
 
 def main() -> None:
@@ -48,9 +39,9 @@ def main() -> None:
     ri.certify(model)
     print(f"GPT-2-small-shaped model, random weights; torch threads = {torch.get_num_threads()}; "
           f"load average {os.getloadavg()[0]:.1f}")
-    ours_all, mine = _best(lambda: head_affinities(model), args.repeats)
-    ours_one, _ = _best(lambda: [head_affinity(model, w) for w in "qkv"], args.repeats)
-    theirs_all, theirs = _best(lambda: {w: tl.attention_head_subspace_affinity(model, target_role=w.upper())
+    ours_all, mine = best_of(lambda: head_affinities(model), args.repeats)
+    ours_one, _ = best_of(lambda: [head_affinity(model, w) for w in "qkv"], args.repeats)
+    theirs_all, theirs = best_of(lambda: {w: tl.attention_head_subspace_affinity(model, target_role=w.upper())
                                         for w in "qkv"}, args.repeats)
     gap = max(float((mine[w].scores[t.valid_mask] - t.scores[t.valid_mask]).abs().max()) for w, t in theirs.items())
     print(f"max |ours - TL| over the valid pairs (kernels up to 64, float32): {gap:.2e}")

@@ -16,31 +16,21 @@ Usage: OMP_NUM_THREADS=2 python benchmarks/bench_composition_floor.py
 
 from __future__ import annotations
 
-import time
-
 import torch
+from _child import best_of
 
 import rs_interp as ri
 from rs_interp._backend import attn_weight
 from rs_interp.heads.composition import _left_factors, _right_factors
 
 
-def _best(fn, reps: int = 3):
-    best, out = float("inf"), None
-    for _ in range(reps):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
-
-
 def _rates() -> float:
     rate = 0.0
     for dt in (torch.float32, torch.float64):
         a, b = torch.randn(3072, 3072, dtype=dt), torch.randn(3072, 3072, dtype=dt)
-        s, _ = _best(lambda: a @ b)
+        s, _ = best_of(lambda: a @ b, 3)
         c, d = torch.randn(768, 768, dtype=dt), torch.randn(768, 11 * 768, dtype=dt)
-        s2, _ = _best(lambda: c @ d)
+        s2, _ = best_of(lambda: c @ d, 3)
         print(f"matmul {dt}: 3072^3 {2 * 3072**3 / s / 1e9:.1f} GFLOP/s; 768 x 768 x 8448 "
               f"{2 * 768 * 768 * 8448 / s2 / 1e9:.1f} GFLOP/s")
         rate = rate or 2 * 3072**3 / s
@@ -92,14 +82,14 @@ def main() -> None:
     floor = 2 * macs / rate
     print(f"the per-pair products, K + Q + V: {macs / 1e9:.2f} G multiply-adds; at the large matmul's rate {floor:.2f} s")
     ri.composition_scores(model, "k", full_circuit=True)  # the certificate measured: warm calls below
-    ours, ref = _best(lambda: [ri.composition_scores(model, k, full_circuit=True).scores for k in "kqv"])
+    ours, ref = best_of(lambda: [ri.composition_scores(model, k, full_circuit=True).scores for k in "kqv"], 3)
     print(f"composition_scores, K + Q + V (warm): {ours:.3f} s")
     for dt in (torch.float32, torch.float64):
-        s, g = _best(lambda: _gram_form(left, rights, dt), reps=2)
+        s, g = best_of(lambda: _gram_form(left, rights, dt), 2)
         diff = max(float(((g[k].reshape(L, H, L, H) - ref[i].to(dt)) / ref[i].to(dt)).abs().nan_to_num(0).max())
                    for i, k in enumerate("kqv"))
         print(f"the Gram form, {dt}: {s:.3f} s (largest relative difference from composition_scores {diff:.1e})")
-    theirs, _ = _best(lambda: [model.all_composition_scores(k) for k in "KQV"], reps=1)
+    theirs, _ = best_of(lambda: [model.all_composition_scores(k) for k in "KQV"], 1)
     print(f"TransformerLens all_composition_scores, K + Q + V: {theirs:.2f} s; the floor allows at most "
           f"{theirs / floor:.1f}x, composition_scores measures {theirs / ours:.1f}x (issue 64 asks 30x)")
     _zero_scores()
